@@ -1,0 +1,1 @@
+"""Everything torch lives here. Nothing in this package imports ui/ or chat/."""

@@ -1,0 +1,89 @@
+"""What `Engine.generate` yields: plain dataclasses, no torch, so the UI can import them freely."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    prompt_tokens: int
+    reused_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verify step (or one autoregressive step): the tokens it committed."""
+
+    token_ids: list[int]
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    # acceptance_histogram[k] = number of verify steps that accepted exactly k drafted tokens
+    acceptance_histogram: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    peak_memory_bytes: int = 0
+    speculative: bool = False
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafted tokens over drafted tokens (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens committed per verify step (accepted drafts + the target's own token)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """New tokens after the first, over the time spent producing them."""
+        produced = self.new_tokens - 1
+        return produced / self.decode_s if produced > 0 and self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens,
+            "new_tokens": self.new_tokens,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_histogram": list(self.acceptance_histogram),
+            "prefill_s": self.prefill_s,
+            "ttft_s": self.ttft_s,
+            "decode_s": self.decode_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "speculative": self.speculative,
+        }
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" | "length" | "cancelled" | "error"
+    stats: GenerationStats
+    error: str | None = None
+
+
+Event = Prefilled | Step | Finished
