@@ -1,0 +1,1 @@
+"""The Textual app: screens, widgets and styles. Nothing here imports torch at import time."""
