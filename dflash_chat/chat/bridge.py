@@ -1,0 +1,116 @@
+"""The worker side of a streamed answer: engine events in, a few batched updates out.
+
+Runs in a thread worker. Every Step's tokens are decoded and split into
+thinking and answer text at once, but `post` is called only every `interval`
+seconds (about 25 times a second), so the UI handles a batch, never a token.
+`post` must not block (Textual's post_message from a thread does not).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from dflash_chat.chat.detokenize import IncrementalDecoder
+from dflash_chat.chat.live_stats import LiveStats
+from dflash_chat.chat.prompt import ThinkingSplitter
+from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
+from dflash_chat.errors import describe
+
+POST_INTERVAL_S = 0.04
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """New text since the last chunk, and the running figures."""
+
+    thinking: str
+    answer: str
+    live: LiveStats
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """The answer is over; the full texts, and the engine's own stats when it finished."""
+
+    reason: str  # stop | length | cancelled | error
+    thinking: str
+    answer: str
+    stats: GenerationStats | None
+    error: str | None = None
+
+
+def stream_answer(
+    events: Iterable[Event],
+    decoder: IncrementalDecoder,
+    splitter: ThinkingSplitter,
+    post: Callable[[object], None],
+    *,
+    interval: float = POST_INTERVAL_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> StreamEnd:
+    """Drain `events`, posting StreamChunks at most every `interval` s, then one StreamEnd."""
+    start = clock()
+    last_post = start
+    live = LiveStats()
+    thinking_parts: list[str] = []
+    answer_parts: list[str] = []
+    pending_thinking: list[str] = []
+    pending_answer: list[str] = []
+
+    def take(pieces: tuple[str, str]) -> None:
+        think, answer = pieces
+        if think:
+            thinking_parts.append(think)
+            pending_thinking.append(think)
+        if answer:
+            answer_parts.append(answer)
+            pending_answer.append(answer)
+
+    def send_chunk() -> None:
+        post(StreamChunk("".join(pending_thinking), "".join(pending_answer), live.snapshot()))
+        pending_thinking.clear()
+        pending_answer.clear()
+
+    reason, stats, error = "error", None, None
+    try:
+        for event in events:
+            if isinstance(event, Prefilled):
+                live.on_prefilled(event)
+            elif isinstance(event, Step):
+                live.on_step(event, clock() - start)
+                take(splitter.feed(decoder.push(event.token_ids)))
+            elif isinstance(event, Finished):
+                reason, stats, error = event.reason, event.stats, event.error
+                break
+            now = clock()
+            if now - last_post >= interval:
+                send_chunk()
+                last_post = now
+        else:
+            error = "the engine stopped without finishing the answer"
+    except Exception as exc:  # noqa: BLE001 - any failure ends this answer, not the app
+        reason, error = "error", failure_message(exc)
+    take(splitter.feed(decoder.flush()))
+    take(splitter.flush())
+    if pending_thinking or pending_answer:
+        send_chunk()
+    end = StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error)
+    post(end)
+    return end
+
+
+def failure_message(exc: BaseException) -> str:
+    """One line for a generation that failed: known errors as they are, out-of-memory
+    with what to do, anything else with its type so it can be reported."""
+    known = describe(exc)
+    if known:
+        return known
+    text = str(exc)
+    if "out of memory" in text.lower():
+        return (
+            "out of memory while generating: lower max_new_tokens or context_length in "
+            "settings, or use a smaller quant"
+        )
+    return f"generation failed ({type(exc).__name__}: {text})"

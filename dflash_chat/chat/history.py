@@ -1,0 +1,233 @@
+"""Conversations saved in SQLite (paths.history_db()).
+
+Each message is written when it is sent or as its answer streams: an answer
+is saved as "partial" while it is written and updated when it ends, so a
+crash keeps everything before it and the part of the answer already seen.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_chat.chat.conversation import COMPLETE, PARTIAL, Conversation, Message
+from dflash_chat.engine.events import GenerationStats
+from dflash_chat.errors import UserError
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    thinking TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,
+    stats TEXT,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+"""
+
+
+class HistoryCorruptError(UserError):
+    """The history file exists but SQLite cannot read it."""
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    id: int
+    title: str
+    created: float
+    updated: float
+    messages: int
+
+
+class HistoryStore:
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.clock = clock
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None)
+            self.db.execute("PRAGMA foreign_keys = ON")
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise HistoryCorruptError(
+                    f"{path} was written by a newer dflash-chat; upgrade, or move the file away"
+                )
+            self.db.executescript(SCHEMA)
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise HistoryCorruptError(f"the history file {path} cannot be read ({exc})") from None
+
+    @classmethod
+    def open_or_recover(cls, path: Path, **kwargs) -> tuple[HistoryStore, str | None]:
+        """Open the store; a corrupt file is moved aside and a new one started.
+        Returns the store and, after a recovery, a line saying what happened."""
+        try:
+            return cls(path, **kwargs), None
+        except HistoryCorruptError as exc:
+            aside = _free_name(path.with_name(path.name + ".corrupt"))
+            path.rename(aside)
+            for suffix in ("-wal", "-shm", "-journal"):
+                path.with_name(path.name + suffix).unlink(missing_ok=True)
+            note = f"{exc}. It was moved to {aside} and a new history was started."
+            return cls(path, **kwargs), note
+
+    def close(self) -> None:
+        self.db.close()
+
+    # conversations
+
+    def create(self, title: str) -> int:
+        now = self.clock()
+        cursor = self.db.execute(
+            "INSERT INTO conversations (title, created, updated) VALUES (?, ?, ?)",
+            (title, now, now),
+        )
+        return cursor.lastrowid
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        title = title.strip()
+        if not title:
+            raise UserError("a conversation title cannot be empty")
+        self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def delete(self, conversation_id: int) -> None:
+        self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def summaries(self) -> list[ConversationSummary]:
+        rows = self.db.execute(
+            "SELECT c.id, c.title, c.created, c.updated, COUNT(m.id) FROM conversations c "
+            "LEFT JOIN messages m ON m.conversation_id = c.id "
+            "GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
+        ).fetchall()
+        return [ConversationSummary(*row) for row in rows]
+
+    def load(self, conversation_id: int) -> Conversation:
+        row = self.db.execute(
+            "SELECT title FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        if row is None:
+            raise UserError(f"conversation {conversation_id} is not in the history")
+        messages = [
+            Message(
+                role=role,
+                content=content,
+                thinking=thinking,
+                status=status,
+                stats=_stats_from_json(stats),
+                id=message_id,
+            )
+            for message_id, role, content, thinking, status, stats in self.db.execute(
+                "SELECT id, role, content, thinking, status, stats FROM messages "
+                "WHERE conversation_id = ? ORDER BY id",
+                (conversation_id,),
+            )
+        ]
+        return Conversation(title=row[0], messages=messages, id=conversation_id)
+
+    # messages
+
+    def add(self, conversation_id: int, message: Message) -> int:
+        now = self.clock()
+        cursor = self.db.execute(
+            "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                conversation_id,
+                message.role,
+                message.content,
+                message.thinking,
+                message.status,
+                _stats_to_json(message.stats),
+                now,
+            ),
+        )
+        self._touch(conversation_id, now)
+        message.id = cursor.lastrowid
+        return message.id
+
+    def update(self, message: Message) -> None:
+        """Rewrite a saved message (an answer as it streams, then as it ended)."""
+        self.db.execute(
+            "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ? WHERE id = ?",
+            (message.content, message.thinking, message.status, _stats_to_json(message.stats), message.id),
+        )
+
+    def remove_message(self, message_id: int) -> None:
+        self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    def recent_prompts(self, limit: int = 200) -> list[str]:
+        """The user's latest prompts, oldest first (for Up/Down in the input)."""
+        rows = self.db.execute(
+            "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [content for (content,) in reversed(rows)]
+
+    def _touch(self, conversation_id: int, now: float) -> None:
+        self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+
+
+def to_markdown(conversation: Conversation) -> str:
+    """A conversation as a Markdown document (thinking kept in a collapsed <details>)."""
+    lines = [f"# {conversation.title}", ""]
+    for message in conversation.messages:
+        lines.append("## You" if message.role == "user" else "## Assistant")
+        lines.append("")
+        if message.thinking:
+            lines += ["<details><summary>Thinking</summary>", "", message.thinking.strip(), "", "</details>", ""]
+        lines.append(message.content.rstrip())
+        if message.role == "assistant" and message.status != COMPLETE:
+            lines += ["", f"*({status_note(message.status)})*"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def status_note(status: str) -> str:
+    return {
+        PARTIAL: "interrupted: the app stopped while this answer was written",
+        "cancelled": "stopped",
+        "error": "failed",
+    }.get(status, status)
+
+
+def export_filename(title: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", title).strip("-").lower()[:60]
+    return f"{slug or 'conversation'}.md"
+
+
+def _free_name(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
+def _stats_to_json(stats: GenerationStats | None) -> str | None:
+    if stats is None:
+        return None
+    record = stats.as_dict()
+    fields = GenerationStats.__dataclass_fields__
+    return json.dumps({k: v for k, v in record.items() if k in fields})
+
+
+def _stats_from_json(text: str | None) -> GenerationStats | None:
+    if not text:
+        return None
+    record = json.loads(text)
+    fields = GenerationStats.__dataclass_fields__
+    return GenerationStats(**{k: v for k, v in record.items() if k in fields})

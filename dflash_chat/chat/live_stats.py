@@ -1,0 +1,57 @@
+"""Running figures for the side panel while an answer streams.
+
+The engine's GenerationStats arrive only with Finished; until then the panel
+shows these, counted from the same Prefilled and Step events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash_chat.engine.events import Prefilled, Step
+
+RECENT_STEPS = 48  # how many acceptance lengths the sparkline keeps
+
+
+@dataclass
+class LiveStats:
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    ttft_s: float | None = None
+    elapsed_s: float = 0.0  # since the first new token
+    recent_lengths: list[int] = field(default_factory=list)  # tokens committed per step
+
+    def on_prefilled(self, event: Prefilled) -> None:
+        self.prompt_tokens = event.prompt_tokens
+        self.reused_tokens = event.reused_tokens
+
+    def on_step(self, event: Step, since_start_s: float) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = since_start_s
+        self.new_tokens += len(event.token_ids)
+        self.steps += 1
+        self.drafted += event.drafted
+        self.accepted += event.accepted
+        self.elapsed_s = since_start_s - self.ttft_s
+        self.recent_lengths.append(len(event.token_ids))
+        del self.recent_lengths[:-RECENT_STEPS]
+
+    @property
+    def tokens_per_s(self) -> float:
+        produced = self.new_tokens - 1
+        return produced / self.elapsed_s if produced > 0 and self.elapsed_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    def snapshot(self) -> LiveStats:
+        return LiveStats(**{**self.__dict__, "recent_lengths": list(self.recent_lengths)})

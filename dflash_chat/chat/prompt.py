@@ -1,0 +1,121 @@
+"""From a conversation to the token ids the engine gets, and from its output back to
+thinking and answer text.
+
+The chat template comes with the tokenizer (transformers' apply_chat_template);
+`enable_thinking` is the template flag Qwen3.x uses. With thinking on, Qwen3.6's
+generation prompt already opens `<think>`, so the model's first words are
+thinking; with it off the prompt carries an empty think block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash_chat.errors import UserError
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    ids: list[int]
+    thinking: bool  # the flag passed to the template
+
+    @property
+    def opens_thinking(self) -> bool:
+        """True when the prompt ends inside an open <think> block."""
+        return self.text.rfind(THINK_OPEN) > self.text.rfind(THINK_CLOSE)
+
+
+def build_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool) -> Prompt:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            "the model's tokenizer has no chat template; use a target directory whose "
+            "tokenizer_config.json (or chat_template.jinja) has one"
+        )
+    text = tokenizer.apply_chat_template(
+        turns, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+    )
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return Prompt(text=text, ids=list(ids), thinking=thinking)
+
+
+def stop_token_ids(tokenizer) -> tuple[int, ...]:
+    """End-of-turn ids: the chat stop tokens the vocabulary has, plus eos."""
+    ids = set()
+    vocab = tokenizer.get_vocab()
+    for token in STOP_TOKENS:
+        if token in vocab:
+            ids.add(vocab[token])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))
+
+
+class ThinkingSplitter:
+    """Splits streamed model text into (thinking, answer) pieces at the think tags.
+
+    Tags can arrive cut across chunks; text that might be the start of a tag is
+    held back until the next chunk says what it is.
+    """
+
+    def __init__(self, *, thinking: bool) -> None:
+        self.in_thinking = thinking
+        self.seen_answer = False
+        self._held = ""
+        self._strip_answer_start = False
+
+    def feed(self, text: str) -> tuple[str, str]:
+        text = self._held + text
+        self._held = ""
+        thinking, answer = [], []
+        while text:
+            tag = THINK_CLOSE if self.in_thinking else THINK_OPEN
+            at = text.find(tag)
+            if at >= 0:
+                self._emit(text[:at], thinking, answer)
+                text = text[at + len(tag):]
+                if self.in_thinking:
+                    self.in_thinking = False
+                    self._strip_answer_start = True
+                elif not self.seen_answer:
+                    self.in_thinking = True
+                else:  # a think tag in the middle of an answer is just text
+                    self._emit(tag, thinking, answer)
+                continue
+            keep = _partial_tag_suffix(text, tag)
+            self._emit(text[: len(text) - keep], thinking, answer)
+            self._held = text[len(text) - keep:]
+            break
+        return "".join(thinking), "".join(answer)
+
+    def flush(self) -> tuple[str, str]:
+        held, self._held = self._held, ""
+        thinking, answer = [], []
+        self._emit(held, thinking, answer)
+        return "".join(thinking), "".join(answer)
+
+    def _emit(self, text: str, thinking: list[str], answer: list[str]) -> None:
+        if not text:
+            return
+        if self.in_thinking:
+            thinking.append(text)
+            return
+        if self._strip_answer_start or not self.seen_answer:
+            text = text.lstrip("\n")
+            if not text:
+                return
+            self._strip_answer_start = False
+        if text.strip():
+            self.seen_answer = True
+        answer.append(text)
+
+
+def _partial_tag_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `tag`."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0

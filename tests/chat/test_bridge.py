@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import itertools
+
+from dflash_chat.chat.bridge import StreamChunk, StreamEnd, failure_message, stream_answer
+from dflash_chat.chat.detokenize import IncrementalDecoder
+from dflash_chat.chat.prompt import ThinkingSplitter
+from dflash_chat.engine.events import Finished, GenerationStats, Prefilled, Step
+from dflash_chat.engine.errors import ContextLengthError
+
+
+class Clock:
+    """Advances a fixed amount each time it is read (the worker reads it once or twice per event)."""
+
+    def __init__(self, tick: float) -> None:
+        self.now = 0.0
+        self.tick = tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def events_for(tokenizer, text, block=4, reason="stop"):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    yield Prefilled(prompt_tokens=11, reused_tokens=3, seconds=0.01)
+    for at in range(0, len(ids), block):
+        chunk = ids[at : at + block]
+        yield Step(token_ids=chunk, drafted=block - 1, accepted=len(chunk) - 1, draft_s=0.0, verify_s=0.0)
+    stats = GenerationStats(prompt_tokens=11, new_tokens=len(ids), steps=-(-len(ids) // block))
+    yield Finished(reason=reason, stats=stats)
+
+
+def run(tokenizer, events, tick=0.005, thinking=False):
+    posted = []
+    end = stream_answer(
+        events,
+        IncrementalDecoder(tokenizer),
+        ThinkingSplitter(thinking=thinking),
+        posted.append,
+        interval=0.04,
+        clock=Clock(tick),
+    )
+    return posted, end
+
+
+def test_updates_are_batched_and_lose_nothing(tokenizer):
+    text = "<think>\nfirst a plan</think>\n\n" + "The quick brown fox jumps. " * 30
+    posted, end = run(tokenizer, events_for(tokenizer, text), tick=0.0025)
+    chunks = [p for p in posted if isinstance(p, StreamChunk)]
+    steps = sum(1 for e in events_for(tokenizer, text) if isinstance(e, Step))
+    assert posted[-1] is end and isinstance(end, StreamEnd)
+    assert steps > 40
+    # two clock reads per step at 2.5 ms each: 40 ms pass every 8 steps
+    assert steps // 8 <= len(chunks) <= steps // 8 + 2
+    assert "".join(c.thinking for c in chunks) == end.thinking == "\nfirst a plan"
+    assert "".join(c.answer for c in chunks) == end.answer == ("The quick brown fox jumps. " * 30)
+    assert end.reason == "stop" and end.stats.new_tokens > 0
+
+
+def test_live_figures_follow_the_steps(tokenizer):
+    text = "The quick brown fox jumps. " * 10
+    posted, end = run(tokenizer, events_for(tokenizer, text, block=5))
+    last = [p for p in posted if isinstance(p, StreamChunk)][-1].live
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert last.prompt_tokens == 11 and last.reused_tokens == 3
+    assert last.new_tokens == len(ids)
+    assert last.steps == -(-len(ids) // 5)
+    assert last.drafted == 4 * last.steps
+    assert last.accepted == len(ids) - last.steps
+    assert last.tokens_per_s > 0 and last.ttft_s is not None
+    assert last.recent_lengths[-1] == len(ids) - 5 * (last.steps - 1)
+
+
+def test_an_engine_failure_keeps_the_partial_answer(tokenizer):
+    def failing():
+        gen = events_for(tokenizer, "Hello there, general. " * 4)
+        yield from itertools.islice(gen, 4)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    posted, end = run(tokenizer, failing())
+    assert end.reason == "error" and "out of memory" in end.error and "max_new_tokens" in end.error
+    assert end.answer and "Hello there, general. ".startswith(end.answer[:10])
+    assert "".join(p.answer for p in posted if isinstance(p, StreamChunk)) == end.answer
+
+
+def test_cancelled_run_reports_the_engine_reason(tokenizer):
+    posted, end = run(tokenizer, events_for(tokenizer, "short", reason="cancelled"))
+    assert end.reason == "cancelled" and end.answer == "short"
+
+
+def test_failure_messages():
+    assert failure_message(ContextLengthError("prompt too long: raise context_length")) == (
+        "prompt too long: raise context_length"
+    )
+    assert "ValueError: bad" in failure_message(ValueError("bad"))
+    assert "out of memory" in failure_message(MemoryError())

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL, Message
+from dflash_chat.chat.history import HistoryCorruptError, HistoryStore, export_filename, to_markdown
+from dflash_chat.engine.events import GenerationStats
+from dflash_chat.errors import UserError
+
+
+def store_at(path):
+    counter = itertools.count(1000)
+    return HistoryStore(path, clock=lambda: float(next(counter)))
+
+
+def test_messages_round_trip_with_stats(tmp_path):
+    store = store_at(tmp_path / "h.sqlite3")
+    cid = store.create("first")
+    store.add(cid, Message("user", "hello"))
+    stats = GenerationStats(prompt_tokens=9, new_tokens=20, steps=6, drafted=75, accepted=14,
+                            acceptance_histogram=[1, 2, 3], speculative=True)
+    store.add(cid, Message("assistant", "hi", thinking="hm", stats=stats))
+    loaded = store.load(cid)
+    assert [(m.role, m.content, m.thinking, m.status) for m in loaded.messages] == [
+        ("user", "hello", "", COMPLETE),
+        ("assistant", "hi", "hm", COMPLETE),
+    ]
+    assert loaded.messages[1].stats == stats
+    assert loaded.title == "first"
+
+
+def test_a_crash_mid_answer_keeps_the_partial_answer(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    cid = store.create("chat")
+    store.add(cid, Message("user", "tell me"))
+    answer = Message("assistant", "", status=PARTIAL)
+    store.add(cid, answer)
+    answer.content = "Once upon"
+    store.update(answer)
+    del store  # no close, no final update: what a crash leaves
+
+    again = store_at(path)
+    messages = again.load(cid).messages
+    assert [m.content for m in messages] == ["tell me", "Once upon"]
+    assert messages[1].status == PARTIAL
+    assert "interrupted" in to_markdown(again.load(cid))
+
+
+def test_list_rename_delete(tmp_path):
+    store = store_at(tmp_path / "h.sqlite3")
+    a = store.create("a")
+    b = store.create("b")
+    store.add(a, Message("user", "newest activity"))
+    assert [(s.title, s.messages) for s in store.summaries()] == [("a", 1), ("b", 0)]
+    store.rename(b, "  renamed ")
+    assert store.load(b).title == "renamed"
+    with pytest.raises(UserError):
+        store.rename(b, "  ")
+    store.delete(a)
+    assert [s.id for s in store.summaries()] == [b]
+    with pytest.raises(UserError, match="not in the history"):
+        store.load(a)
+    assert store.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+
+
+def test_recent_prompts_oldest_first(tmp_path):
+    store = store_at(tmp_path / "h.sqlite3")
+    cid = store.create("c")
+    for text in ["one", "two", "three"]:
+        store.add(cid, Message("user", text))
+        store.add(cid, Message("assistant", "ok"))
+    assert store.recent_prompts(limit=2) == ["two", "three"]
+
+
+def test_corrupt_file_is_moved_aside(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    path.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(HistoryCorruptError):
+        HistoryStore(path)
+    store, note = HistoryStore.open_or_recover(path)
+    assert note and "moved to" in note and "h.sqlite3.corrupt" in note
+    assert (tmp_path / "h.sqlite3.corrupt").read_bytes().startswith(b"this is not")
+    assert store.summaries() == []
+    store.add(store.create("fresh"), Message("user", "works"))
+
+
+def test_markdown_export(tmp_path):
+    store = store_at(tmp_path / "h.sqlite3")
+    cid = store.create("Python: with?")
+    store.add(cid, Message("user", "What does `with` do?"))
+    store.add(cid, Message("assistant", "It manages a context.", thinking="recall PEP 343"))
+    store.add(cid, Message("assistant", "Part", status=CANCELLED))
+    text = to_markdown(store.load(cid))
+    assert text.startswith("# Python: with?\n")
+    assert "## You\n\nWhat does `with` do?" in text
+    assert "<summary>Thinking</summary>\n\nrecall PEP 343" in text
+    assert "*(stopped)*" in text
+    assert export_filename("Python: with?") == "python-with.md"
+    assert export_filename("???") == "conversation.md"

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dflash_chat.chat.conversation import Conversation, Message, title_from
+from dflash_chat.chat.detokenize import IncrementalDecoder
+from dflash_chat.chat.prompt import ThinkingSplitter, build_prompt, stop_token_ids
+from dflash_chat.errors import UserError
+
+
+def turns():
+    conversation = Conversation(
+        messages=[
+            Message("user", "hello"),
+            Message("assistant", "hi there", thinking="greet back"),
+            Message("assistant", "", status="error"),
+            Message("user", "what does the with statement do?"),
+        ]
+    )
+    return conversation.chat_turns("be brief")
+
+
+def test_chat_turns_drop_thinking_and_empty_answers():
+    assert turns() == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi there"},
+        {"role": "user", "content": "what does the with statement do?"},
+    ]
+
+
+def test_thinking_flag_changes_the_prompt_tokens(tokenizer):
+    on = build_prompt(tokenizer, turns(), thinking=True)
+    off = build_prompt(tokenizer, turns(), thinking=False)
+    close_id = tokenizer.convert_tokens_to_ids("</think>")
+    assert on.ids != off.ids
+    assert on.ids == off.ids[: len(on.ids)]  # same conversation, different generation prompt
+    assert close_id in off.ids[len(on.ids):] and close_id not in on.ids
+    assert on.opens_thinking and not off.opens_thinking
+    assert tokenizer.decode(off.ids) == off.text
+
+
+def test_missing_chat_template_is_a_user_error(tokenizer):
+    bare = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    bare.chat_template = None
+    with pytest.raises(UserError, match="no chat template"):
+        build_prompt(bare, turns(), thinking=False)
+
+
+def test_stop_token_ids(tokenizer):
+    vocab = tokenizer.get_vocab()
+    assert set(stop_token_ids(tokenizer)) == {vocab["<|im_end|>"], vocab["<|endoftext|>"]}
+
+
+def test_incremental_decoder_never_splits_characters(tokenizer):
+    text = "Café naïve 東京 🙂 def hello(name): return 1"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > 10
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    decoder = IncrementalDecoder(tokenizer, skip_ids=(stop,))
+    pieces = [decoder.push([i]) for i in ids] + [decoder.push([stop]), decoder.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_incremental_decoder_in_blocks(tokenizer):
+    text = "<think>\nhmm</think>\n\nThe quick brown fox 🙂"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    decoder = IncrementalDecoder(tokenizer)
+    out = "".join(decoder.push(ids[i : i + 3]) for i in range(0, len(ids), 3)) + decoder.flush()
+    assert out == text
+
+
+def split_all(text, thinking, sizes):
+    splitter = ThinkingSplitter(thinking=thinking)
+    think, answer, at = [], [], 0
+    for size in sizes:
+        t, a = splitter.feed(text[at : at + size])
+        think.append(t)
+        answer.append(a)
+        at += size
+    t, a = splitter.flush()
+    return "".join(think) + t, "".join(answer) + a
+
+
+@pytest.mark.parametrize(
+    "text, thinking, expected",
+    [
+        ("<think>\nplan it</think>\n\nHello!", False, ("\nplan it", "Hello!")),
+        ("plan it\n</think>\n\nHello!", True, ("plan it\n", "Hello!")),
+        ("Hello, no tags", False, ("", "Hello, no tags")),
+        ("Use <think> tags like </think> this", False, ("", "Use <think> tags like </think> this")),
+        ("still thinking <thi", True, ("still thinking <thi", "")),
+    ],
+)
+def test_splitter_is_independent_of_chunking(text, thinking, expected):
+    rng = random.Random(0)
+    assert split_all(text, thinking, [len(text)]) == expected
+    assert split_all(text, thinking, [1] * len(text)) == expected
+    for _ in range(20):
+        sizes = [rng.randint(1, 5) for _ in range(len(text))]
+        assert split_all(text, thinking, sizes) == expected
+
+
+def test_title_from():
+    assert title_from("  hello   world \nsecond line") == "hello world"
+    long = "explain " * 20
+    title = title_from(long)
+    assert title.endswith("…") and len(title) <= 49 and " " not in title[-2:]
+    assert title_from("   ") == "New chat"
