@@ -119,7 +119,7 @@ def _keymap(key: str, value: Any) -> dict[str, str]:
 
 VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "temperature": _number(float, 0.0, 2.0),
-    "top_p": _number(float, 0.0, 1.0),
+    "top_p": _number(float, 0.01, 1.0),
     "top_k": _number(int, 0, 100_000),
     "max_new_tokens": _number(int, 1, 1_000_000),
     "system_prompt": _text,
@@ -133,7 +133,7 @@ VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
 
 DESCRIPTIONS: dict[str, str] = {
     "temperature": "sampling temperature, 0 = greedy (0-2)",
-    "top_p": "nucleus sampling mass (0-1, 1 = off)",
+    "top_p": "nucleus sampling mass (0.01-1, 1 = off)",
     "top_k": "keep the k likeliest tokens (0 = off)",
     "max_new_tokens": "longest answer, in tokens",
     "system_prompt": "text sent as the system message (empty = none)",

@@ -23,16 +23,18 @@ class LiveStats:
     accepted: int = 0
     ttft_s: float | None = None
     elapsed_s: float = 0.0  # since the first new token
-    recent_lengths: list[int] = field(default_factory=list)  # tokens committed per step
+    recent_lengths: list[int] = field(default_factory=list)  # tokens committed per decode step
 
     def on_prefilled(self, event: Prefilled) -> None:
         self.prompt_tokens = event.prompt_tokens
         self.reused_tokens = event.reused_tokens
 
     def on_step(self, event: Step, since_start_s: float) -> None:
-        if self.ttft_s is None:
-            self.ttft_s = since_start_s
         self.new_tokens += len(event.token_ids)
+        if self.ttft_s is None:
+            # the engine's first Step is the token the prefill produced, not a decode step
+            self.ttft_s = since_start_s
+            return
         self.steps += 1
         self.drafted += event.drafted
         self.accepted += event.accepted
@@ -51,7 +53,7 @@ class LiveStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        return self.new_tokens / self.steps if self.steps else 0.0
+        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
 
     def snapshot(self) -> LiveStats:
         return LiveStats(**{**self.__dict__, "recent_lengths": list(self.recent_lengths)})

@@ -24,10 +24,11 @@ class Clock:
 def events_for(tokenizer, text, block=4, reason="stop"):
     ids = tokenizer.encode(text, add_special_tokens=False)
     yield Prefilled(prompt_tokens=11, reused_tokens=3, seconds=0.01)
-    for at in range(0, len(ids), block):
+    yield Step(token_ids=ids[:1], drafted=0, accepted=0, draft_s=0.0, verify_s=0.0)  # the prefill's token
+    for at in range(1, len(ids), block):
         chunk = ids[at : at + block]
         yield Step(token_ids=chunk, drafted=block - 1, accepted=len(chunk) - 1, draft_s=0.0, verify_s=0.0)
-    stats = GenerationStats(prompt_tokens=11, new_tokens=len(ids), steps=-(-len(ids) // block))
+    stats = GenerationStats(prompt_tokens=11, new_tokens=len(ids), steps=-(-(len(ids) - 1) // block))
     yield Finished(reason=reason, stats=stats)
 
 
@@ -65,11 +66,12 @@ def test_live_figures_follow_the_steps(tokenizer):
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert last.prompt_tokens == 11 and last.reused_tokens == 3
     assert last.new_tokens == len(ids)
-    assert last.steps == -(-len(ids) // 5)
+    assert last.steps == -(-(len(ids) - 1) // 5)
     assert last.drafted == 4 * last.steps
-    assert last.accepted == len(ids) - last.steps
+    assert last.accepted == len(ids) - 1 - last.steps
+    assert last.mean_acceptance_length == (len(ids) - 1) / last.steps
     assert last.tokens_per_s > 0 and last.ttft_s is not None
-    assert last.recent_lengths[-1] == len(ids) - 5 * (last.steps - 1)
+    assert sum(last.recent_lengths) == len(ids) - 1  # fewer steps than the sparkline keeps
 
 
 def test_an_engine_failure_keeps_the_partial_answer(tokenizer):
