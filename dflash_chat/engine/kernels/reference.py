@@ -1,0 +1,27 @@
+"""Torch reference path: dequantize a tile of weight rows, matmul. Runs on any device."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_chat.engine.weights.formats import Format, dequantize
+
+# Dequantize at most this many weight values at once (bounds the float scratch to ~64 MB in fp32).
+_TILE_VALUES = 16 * 1024 * 1024
+
+
+def dequantize_rows(packed: torch.Tensor, fmt: Format, dtype: torch.dtype) -> torch.Tensor:
+    return dequantize(packed, fmt).to(dtype)
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, out_features: int) -> torch.Tensor:
+    """x [M, K] @ W.T where W [N, K] is packed rows uint8 [N, row_bytes] -> [M, N] in x.dtype."""
+    k = x.shape[-1]
+    rows_per_tile = max(1, _TILE_VALUES // max(k, 1))
+    if rows_per_tile >= out_features:
+        return x @ dequantize_rows(packed, fmt, x.dtype).T
+    out = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
+    for start in range(0, out_features, rows_per_tile):
+        w = dequantize_rows(packed[start:start + rows_per_tile], fmt, x.dtype)
+        out[:, start:start + w.shape[0]] = x @ w.T
+    return out
