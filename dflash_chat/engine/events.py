@@ -28,7 +28,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     reused_tokens: int = 0
     new_tokens: int = 0
-    steps: int = 0
+    steps: int = 0  # decode steps (verify steps with a drafter); the prefill's first token is not one
     drafted: int = 0
     accepted: int = 0
     # acceptance_histogram[k] = number of verify steps that accepted exactly k drafted tokens
@@ -48,8 +48,8 @@ class GenerationStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        """Tokens committed per verify step (accepted drafts + the target's own token)."""
-        return self.new_tokens / self.steps if self.steps else 0.0
+        """Tokens produced per verify step (accepted drafts + the target's own token)."""
+        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:

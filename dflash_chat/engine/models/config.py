@@ -1,0 +1,209 @@
+"""Model configurations read from HF config.json dicts (both Qwen3.5/3.6 and Qwen3 schemas).
+
+Only the fields the engine uses are kept. Unknown architectures and missing fields raise
+ModelFormatError with a message naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash_chat.engine.errors import ModelFormatError
+
+TARGET_MODEL_TYPES = {
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_text": "qwen3_5_moe",
+    "qwen3": "qwen3",
+}
+
+
+def _rope(d: dict) -> tuple[float, float]:
+    """(theta, partial_rotary_factor) from either `rope_theta` or `rope_parameters`."""
+    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    theta = params.get("rope_theta", d.get("rope_theta"))
+    if theta is None:
+        theta = 10000.0
+    partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise ModelFormatError(f"rope type {rope_type!r} is not supported (only plain RoPE)")
+    return float(theta), float(partial)
+
+
+def _need(d: dict, key: str, what: str):
+    if key not in d:
+        raise ModelFormatError(f"{what} config.json has no {key!r}: the file is incomplete or not a supported model")
+    return d[key]
+
+
+@dataclass
+class TargetConfig:
+    arch: str  # "qwen3_5" | "qwen3_5_moe" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    partial_rotary_factor: float
+    layer_types: list[str]
+    tie_word_embeddings: bool = False
+    # Gated DeltaNet (linear attention) layers
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    # MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    eos_token_id: list[int] = field(default_factory=list)
+    max_position_embeddings: int = 32768
+
+    @property
+    def zero_centred_norm(self) -> bool:
+        """Qwen3.5/3.6 RMSNorms compute x * (1 + w); Qwen3's compute x * w."""
+        return self.arch != "qwen3"
+
+    @property
+    def gated_attention(self) -> bool:
+        return self.arch != "qwen3"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.arch == "qwen3_5_moe"
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "TargetConfig":
+        model_type = raw.get("model_type")
+        d = raw
+        if "text_config" in raw and isinstance(raw["text_config"], dict):
+            d = dict(raw["text_config"])
+            d.setdefault("model_type", model_type + "_text" if model_type else None)
+            d.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", False))
+            d.setdefault("eos_token_id", raw.get("eos_token_id"))
+        model_type = d.get("model_type")
+        arch = TARGET_MODEL_TYPES.get(model_type)
+        if arch is None:
+            known = ", ".join(sorted(set(TARGET_MODEL_TYPES)))
+            raise ModelFormatError(f"unknown target architecture {model_type!r}; supported model_type: {known}")
+        what = f"target ({model_type})"
+        hidden = _need(d, "hidden_size", what)
+        heads = _need(d, "num_attention_heads", what)
+        layers = _need(d, "num_hidden_layers", what)
+        theta, partial = _rope(d)
+        if arch != "qwen3" and "partial_rotary_factor" not in (d.get("rope_parameters") or {}) and "partial_rotary_factor" not in d:
+            partial = 0.25
+        layer_types = d.get("layer_types")
+        if arch == "qwen3":
+            layer_types = ["full_attention"] * layers
+        elif layer_types is None:
+            interval = d.get("full_attention_interval", 4)
+            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+        if len(layer_types) < layers:
+            raise ModelFormatError(f"{what}: layer_types lists {len(layer_types)} layers, expected {layers}")
+        eos = d.get("eos_token_id")
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        cfg = cls(
+            arch=arch,
+            vocab_size=_need(d, "vocab_size", what),
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=d.get("num_key_value_heads", heads),
+            head_dim=d.get("head_dim") or hidden // heads,
+            intermediate_size=d.get("intermediate_size", 0),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            partial_rotary_factor=partial,
+            layer_types=list(layer_types[:layers]),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            linear_num_key_heads=d.get("linear_num_key_heads", 0),
+            linear_num_value_heads=d.get("linear_num_value_heads", 0),
+            linear_key_head_dim=d.get("linear_key_head_dim", 0),
+            linear_value_head_dim=d.get("linear_value_head_dim", 0),
+            linear_conv_kernel_dim=d.get("linear_conv_kernel_dim", 4),
+            num_experts=d.get("num_experts", 0),
+            num_experts_per_tok=d.get("num_experts_per_tok", 0),
+            moe_intermediate_size=d.get("moe_intermediate_size", 0),
+            shared_expert_intermediate_size=d.get("shared_expert_intermediate_size", 0),
+            eos_token_id=eos,
+            max_position_embeddings=d.get("max_position_embeddings", 32768),
+        )
+        if arch == "qwen3_5_moe" and not (cfg.num_experts and cfg.num_experts_per_tok and cfg.moe_intermediate_size):
+            raise ModelFormatError(f"{what}: num_experts, num_experts_per_tok and moe_intermediate_size are required")
+        if "linear_attention" in cfg.layer_types and not (cfg.linear_num_key_heads and cfg.linear_num_value_heads):
+            raise ModelFormatError(f"{what}: linear attention layers need linear_num_key_heads/linear_num_value_heads")
+        return cfg
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: list[int]
+    layer_types: list[str]
+    sliding_window: int | None
+    num_target_layers: int | None = None
+    vocab_size: int | None = None
+    # Sliding layers attend causally inside the block (llama.cpp's fork, vLLM, SGLang); full layers never do.
+    causal_sliding: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DrafterConfig":
+        archs = d.get("architectures") or []
+        if archs and not any("DFlash" in a for a in archs):
+            raise ModelFormatError(f"not a DFlash drafter: architectures is {archs}")
+        what = "drafter"
+        dflash = d.get("dflash_config") or {}
+        block = dflash.get("block_size", d.get("block_size"))
+        mask = dflash.get("mask_token_id", d.get("mask_token_id"))
+        taps = dflash.get("target_layer_ids", d.get("target_layer_ids"))
+        for name, value in (("block_size", block), ("mask_token_id", mask), ("target_layer_ids", taps)):
+            if value is None:
+                raise ModelFormatError(f"drafter config.json has no {name} (top level or in dflash_config)")
+        hidden = _need(d, "hidden_size", what)
+        heads = _need(d, "num_attention_heads", what)
+        layers = _need(d, "num_hidden_layers", what)
+        theta, _ = _rope(d)
+        layer_types = d.get("layer_types") or ["full_attention"] * layers
+        window = d.get("sliding_window")
+        if not d.get("use_sliding_window", "sliding_attention" in layer_types):
+            layer_types = ["full_attention"] * layers
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=_need(d, "intermediate_size", what),
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=d.get("num_key_value_heads", heads),
+            head_dim=d.get("head_dim") or hidden // heads,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            block_size=int(block),
+            mask_token_id=int(mask),
+            target_layer_ids=[int(i) for i in taps],
+            layer_types=list(layer_types[:layers]),
+            sliding_window=window if "sliding_attention" in layer_types else None,
+            num_target_layers=d.get("num_target_layers"),
+            vocab_size=d.get("vocab_size"),
+            causal_sliding=bool(dflash.get("causal_sliding", d.get("causal_sliding", True))),
+        )

@@ -1,0 +1,197 @@
+"""The DFlash draft model: a few Qwen3-style layers drafting a whole block in one forward.
+
+It has no embedding or LM head of its own: `bind()` borrows the target's. Context comes from the
+target's hidden states after the layers in `target_layer_ids`, concatenated, projected by `fc` and
+normed by `hidden_norm`; every draft layer turns those rows into extra keys/values (its own k_proj,
+v_proj, k_norm, RoPE at the context positions). Queries come only from the block
+[last committed token, mask x (B-1)]. Full-attention layers see the whole block both ways; sliding
+layers see the last `sliding_window` positions and, by default, attend causally inside the block.
+
+Inference keeps the context K/V of committed positions only (`propose` appends the newly committed
+rows, then drafts); `forward_train` runs many blocks over one sequence at once, for training.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_chat.engine.models.attention import attend
+from dflash_chat.engine.models.config import DrafterConfig
+from dflash_chat.engine.models.layers import MLP, RMSNorm, Rotary, apply_rotary
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer_type: str):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.sliding = layer_type == "sliding_attention"
+        self.window = cfg.sliding_window if self.sliding else None
+        self.causal = self.sliding and cfg.causal_sliding
+
+    def keys_values(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.k_norm(self.k_proj(h).view(h.shape[0], self.num_kv_heads, self.head_dim))
+        v = self.v_proj(h).view(h.shape[0], self.num_kv_heads, self.head_dim)
+        return apply_rotary(k, cos, sin), v
+
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q = self.q_norm(self.q_proj(x).view(x.shape[0], self.num_heads, self.head_dim))
+        return apply_rotary(q, cos, sin)
+
+    def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, same_block: torch.Tensor) -> torch.Tensor | None:
+        """Visibility [Q, K]: context keys (k_pos < block start) always, block keys within the block.
+
+        `same_block` [Q, K] is True where key and query belong to the same block (or the key is context
+        that precedes the query's block).
+        """
+        visible = same_block.clone()
+        if self.causal:
+            visible &= k_pos[None, :] <= q_pos[:, None]
+        if self.window is not None:
+            visible &= (q_pos[:, None] - k_pos[None, :]) < self.window
+        return visible
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer_type: str):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg, layer_type)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.o_proj(attn_out)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig, target_hidden_size: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.block_size = cfg.block_size
+        self.mask_token_id = cfg.mask_token_id
+        self.target_layer_ids = list(cfg.target_layer_ids)
+        target_hidden = target_hidden_size or cfg.hidden_size
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * target_hidden, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg, t) for t in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.scale = cfg.head_dim**-0.5
+        self._embed: nn.Module | None = None
+        self._lm_head: nn.Module | None = None
+        self.cache_k: torch.Tensor | None = None
+        self.cache_v: torch.Tensor | None = None
+        self.ctx_len = 0
+
+    # -- wiring -----------------------------------------------------------------
+    def bind(self, embed_tokens: nn.Module, lm_head: nn.Module) -> None:
+        """Borrow the target's embedding and LM head (not registered: they are not our weights)."""
+        object.__setattr__(self, "_embed", embed_tokens)
+        object.__setattr__(self, "_lm_head", lm_head)
+
+    def allocate(self, max_context: int) -> None:
+        """Preallocate the context K/V cache for `max_context` committed positions."""
+        p = self.fc.weight
+        shape = (len(self.layers), max_context, self.cfg.num_kv_heads, self.cfg.head_dim)
+        dtype = p.dtype if p.dtype.is_floating_point else torch.float32
+        self.cache_k = torch.zeros(shape, dtype=dtype, device=p.device)
+        self.cache_v = torch.zeros(shape, dtype=dtype, device=p.device)
+        self.ctx_len = 0
+
+    def truncate(self, length: int) -> None:
+        """Forget context positions >= length (prefix reuse after the prompt diverged)."""
+        self.ctx_len = min(self.ctx_len, length)
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(features))
+
+    # -- inference --------------------------------------------------------------
+    @torch.no_grad()
+    def propose(self, features: torch.Tensor, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
+        """Draft `length` (default B-1) tokens following `last_token` at position `start`.
+
+        features: [n, K*H] target features of the newly committed positions start-n .. start-1.
+        Returns greedy draft token ids [length].
+        """
+        n = features.shape[0]
+        if self.ctx_len + n != start:
+            raise RuntimeError(f"drafter context out of sync: have {self.ctx_len} + {n} rows for position {start}")
+        B = self.block_size if length is None else length + 1
+        device = self.fc.weight.device
+        dtype = self.cache_k.dtype
+        ids = torch.full((B,), self.mask_token_id, dtype=torch.long, device=device)
+        ids[0] = last_token
+        x = self._embed(ids).to(dtype)
+        h_ctx = self.project_context(features.to(dtype)) if n else None
+        ctx_pos = torch.arange(start - n, start, device=device)
+        blk_pos = torch.arange(start, start + B, device=device)
+        k_pos = torch.arange(0, start + B, device=device)
+        cos_c, sin_c = self.rotary.cos_sin(ctx_pos, dtype)
+        cos_b, sin_b = self.rotary.cos_sin(blk_pos, dtype)
+        masks = {}
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            if n:
+                k_c, v_c = attn.keys_values(h_ctx, cos_c, sin_c)
+                self.cache_k[i, start - n : start] = k_c
+                self.cache_v[i, start - n : start] = v_c
+            xn = layer.input_layernorm(x)
+            q = attn.queries(xn, cos_b, sin_b)
+            k_b, v_b = attn.keys_values(xn, cos_b, sin_b)
+            k = torch.cat((self.cache_k[i, :start], k_b))
+            v = torch.cat((self.cache_v[i, :start], v_b))
+            key = (attn.causal, attn.window)
+            if key not in masks:
+                masks[key] = None if not (attn.causal or attn.window) else attn.mask(
+                    blk_pos, k_pos, torch.ones(B, start + B, dtype=torch.bool, device=device)
+                )
+            x = layer.finish(x, attend(q, k, v, masks[key], self.scale))
+        self.ctx_len = start
+        hidden = self.norm(x[1:])
+        logits = self._lm_head(hidden)
+        return logits.argmax(dim=-1)
+
+    # -- training ---------------------------------------------------------------
+    def forward_train(self, features: torch.Tensor, block_embeddings: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """Many blocks over one sequence, differentiable.
+
+        features: [S, K*H] target features at positions 0..S-1; block_embeddings: [A, B, H] embeddings of
+        [token at anchor, mask x (B-1)]; anchors: [A] positions of each block's first token. Block a sees
+        context positions < anchors[a] and its own block. Returns final-normed hidden states [A, B, H].
+        """
+        S = features.shape[0]
+        A, B, H = block_embeddings.shape
+        device = features.device
+        dtype = block_embeddings.dtype
+        h_ctx = self.project_context(features)
+        ctx_pos = torch.arange(S, device=device)
+        blk_pos = (anchors[:, None] + torch.arange(B, device=device)[None, :]).reshape(-1)
+        k_pos = torch.cat((ctx_pos, blk_pos))
+        block_of_q = torch.arange(A, device=device).repeat_interleave(B)
+        sees_ctx = ctx_pos[None, :] < anchors[block_of_q][:, None]
+        sees_blk = block_of_q[:, None] == block_of_q[None, :]
+        base = torch.cat((sees_ctx, sees_blk), dim=1)
+        cos_c, sin_c = self.rotary.cos_sin(ctx_pos, dtype)
+        cos_b, sin_b = self.rotary.cos_sin(blk_pos, dtype)
+        x = block_embeddings.reshape(A * B, H)
+        for layer in self.layers:
+            attn = layer.self_attn
+            k_c, v_c = attn.keys_values(h_ctx, cos_c, sin_c)
+            xn = layer.input_layernorm(x)
+            q = attn.queries(xn, cos_b, sin_b)
+            k_b, v_b = attn.keys_values(xn, cos_b, sin_b)
+            mask = attn.mask(blk_pos, k_pos, base)
+            out = attend(q, torch.cat((k_c, k_b)), torch.cat((v_c, v_b)), mask, self.scale)
+            x = layer.finish(x, out)
+        return self.norm(x).view(A, B, H)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._lm_head(hidden)

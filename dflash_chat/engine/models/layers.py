@@ -1,0 +1,133 @@
+"""Building blocks shared by the target models and the drafter (batch size 1, tokens along dim 0)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim; `zero_centred` stores w with the scale 1 + w (Qwen3.5/3.6)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, zero_centred: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.zero_centred = zero_centred
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centred:
+            return (xf * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * xf.type_as(x)
+
+
+class GatedRMSNorm(nn.Module):
+    """The GDN output norm: plain RMSNorm, then times silu(gate)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * xf.to(dtype)
+        return (out * F.silu(gate.float())).to(dtype)
+
+
+class Rotary(nn.Module):
+    """RoPE on the first `rotary_dim` channels of each head (rotate-half layout)."""
+
+    def __init__(self, rotary_dim: int, theta: float):
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos/sin: [T, rotary_dim]."""
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    rot = rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat((rot, rest), dim=-1) if rest.shape[-1] else rot
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """Routed experts as 3-D weights: gate_up_proj [E, 2I, H] (gate rows, then up rows), down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        flat = top_k_index.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        token_of = order // top_k_index.shape[1]
+        weights = top_k_weights.reshape(-1)[order]
+        start = 0
+        for expert, n in enumerate(counts):
+            if n == 0:
+                continue
+            rows = token_of[start : start + n]
+            gate, up = F.linear(x[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down_proj[expert])
+            out.index_add_(0, rows, (y * weights[start : start + n, None]).to(out.dtype))
+            start += n
+        return out
+
+
+class Router(nn.Module):
+    def __init__(self, num_experts: int, hidden: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(F.linear(x, self.weight), dim=-1, dtype=torch.float)
+        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        return top_i, top_w.to(x.dtype)
+
+
+class SparseMoE(nn.Module):
+    """Top-k routed experts plus a sigmoid-gated shared expert (Qwen3.5/3.6 MoE)."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, intermediate: int, shared_intermediate: int):
+        super().__init__()
+        self.gate = Router(num_experts, hidden, top_k)
+        self.experts = Experts(num_experts, hidden, intermediate)
+        self.shared_expert = MLP(hidden, shared_intermediate)
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top_i, top_w = self.gate(x)
+        routed = self.experts(x, top_i, top_w)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return routed + shared

@@ -1,0 +1,176 @@
+"""Target models: Qwen3.5/3.6 dense and MoE (Gated DeltaNet + gated attention) and Qwen3 (attention only).
+
+One file, read top to bottom. Parameter names follow the HF checkpoints (`model.layers.N...`,
+`lm_head.weight`) so their safetensors load directly. Batch size 1; tokens along dim 0.
+
+`forward(ids, state, ...)` runs new tokens at positions state.length.. against the preallocated
+state, returns logits for the positions asked for and the context features (hidden states after
+the given 0-based layers, concatenated) that the DFlash drafter reads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_chat.engine.errors import ContextLengthError
+from dflash_chat.engine.models.attention import attend, causal_mask
+from dflash_chat.engine.models.config import TargetConfig
+from dflash_chat.engine.models.gdn import GatedDeltaNet
+from dflash_chat.engine.models.layers import MLP, RMSNorm, Rotary, SparseMoE, apply_rotary
+from dflash_chat.engine.state import AttentionCache, GDNCache, ModelState
+
+
+class Attention(nn.Module):
+    """Full attention; Qwen3.5/3.6 add a per-head output gate packed into q_proj (q then gate per head)."""
+
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.gated = cfg.gated_attention
+        q_out = cfg.num_heads * cfg.head_dim * (2 if self.gated else 1)
+        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centred_norm)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centred_norm)
+        self.scale = cfg.head_dim**-0.5
+
+    def new_cache(self, max_len: int, device, dtype) -> AttentionCache:
+        shape = (max_len, self.num_kv_heads, self.head_dim)
+        return AttentionCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def forward(self, x, cache: AttentionCache, start: int, cos, sin, mask) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x)
+        if self.gated:
+            q, gate = q.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(T, -1)
+        q = self.q_norm(q.reshape(T, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        end = start + T
+        cache.k[start:end] = k
+        cache.v[start:end] = v
+        out = attend(q, cache.k[:end], cache.v[:end], mask, self.scale)
+        if self.gated:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        if layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = Attention(cfg)
+        if cfg.is_moe:
+            self.mlp = SparseMoE(
+                cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
+                cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size,
+            )
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norm)
+
+    def new_cache(self, max_len: int, device, dtype):
+        if self.layer_type == "linear_attention":
+            return self.linear_attn.new_cache(device, dtype)
+        return self.self_attn.new_cache(max_len, device, dtype)
+
+    def forward(self, x, cache, start, cos, sin, mask, speculative):
+        h = self.input_layernorm(x)
+        if self.layer_type == "linear_attention":
+            h = self.linear_attn(h, cache, speculative)
+        else:
+            h = self.self_attn(h, cache, start, cos, sin, mask)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norm)
+
+
+class TargetModel(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def new_state(self, max_len: int) -> ModelState:
+        p = self.model.norm.weight
+        dtype = p.dtype
+        caches = [layer.new_cache(max_len, p.device, dtype) for layer in self.model.layers]
+        return ModelState(caches, max_len)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        ids: torch.Tensor,
+        state: ModelState,
+        *,
+        logits: str | None = "last",
+        taps: list[int] | None = None,
+        speculative: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Run `ids` [T] at positions state.length..; advance the state by T.
+
+        logits: "last" -> [V] for the last token, "all" -> [T, V], None -> no LM head.
+        taps: 0-based layer ids whose outputs are concatenated into features [T, len(taps) * H].
+        speculative: keep what `rollback` needs to undo part of this forward.
+        """
+        T = ids.shape[0]
+        start = state.length
+        if start + T > state.max_len:
+            raise ContextLengthError(
+                f"context full: {start + T} tokens do not fit the {state.max_len}-token context; start a new chat or raise the context length"
+            )
+        positions = torch.arange(start, start + T, device=ids.device)
+        x = self.model.embed_tokens(ids)
+        dtype = self.model.norm.weight.dtype
+        x = x.to(dtype)
+        cos, sin = self.rotary.cos_sin(positions, dtype)
+        mask = None if T == 1 else causal_mask(positions, torch.arange(start + T, device=ids.device))
+        wanted = set(taps or ())
+        features = []
+        for i, (layer, cache) in enumerate(zip(self.model.layers, state.layers)):
+            x = layer(x, cache, start, cos, sin, mask, speculative)
+            if i in wanted:
+                features.append(x)
+        state.length = start + T
+        state.pending = T if speculative else 0
+        feats = torch.cat([features[sorted(wanted).index(i)] for i in taps], dim=-1) if taps else None
+        out = None
+        if logits is not None:
+            h = self.model.norm(x[-1:] if logits == "last" else x)
+            out = self.lm_head(h).float()
+            if logits == "last":
+                out = out[0]
+        return out, feats
+
+    def rollback(self, state: ModelState, keep: int) -> None:
+        """Keep only the first `keep` tokens of the last speculative forward."""
+        if not state.pending:
+            raise RuntimeError("rollback without a speculative forward")
+        state.length = state.length - state.pending + keep
+        for cache in state.layers:
+            if isinstance(cache, GDNCache):
+                GatedDeltaNet.rollback(cache, keep)
+                cache.record = None
+        state.pending = 0

@@ -1,0 +1,87 @@
+"""Sampling: greedy, temperature, top-k, top-p, and the exact speculative acceptance rule.
+
+With a greedy (one-hot) draft token d and the target's processed distribution p, accepting d with
+probability p(d) and otherwise sampling from p with d removed (renormalised) yields exactly p:
+P(out = d) = p(d); P(out = x != d) = (1 - p(d)) * p(x) / (1 - p(d)) = p(x).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 512
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Target distribution after temperature, top-k and top-p; logits [..., V] -> probs [..., V] (float32)."""
+    scores = logits.float() / params.temperature
+    if 0 < params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from probs [V]; drawn on the CPU so one seeded generator serves every device."""
+    return int(torch.multinomial(probs.float().cpu(), 1, generator=generator).item())
+
+
+def verify(
+    draft: torch.Tensor, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[int, int]:
+    """Accept a prefix of `draft` [D] against target `logits` [D+1, V].
+
+    Returns (accepted, next_token): drafts[:accepted] are kept and next_token follows them (the
+    target's own token: the correction at the first rejection, or the bonus after a full accept).
+    Greedy: accept while the target's argmax equals the draft. Sampling: the exact rule above.
+    """
+    D = draft.shape[0]
+    if params.greedy:
+        choice = logits.argmax(dim=-1)
+        matches = (choice[:D] == draft).int().cumprod(0)
+        accepted = int(matches.sum().item())
+        return accepted, int(choice[accepted].item())
+    probs = probabilities(logits, params)
+    p_draft = probs[torch.arange(D, device=probs.device), draft].cpu()
+    uniforms = torch.rand(D, generator=generator)
+    for i in range(D):
+        if uniforms[i].item() >= p_draft[i].item():
+            residual = probs[i].clone()
+            residual[draft[i]] = 0.0
+            total = residual.sum()
+            if total <= 0:  # p(d) was 1 up to rounding: d is the only possible token
+                return i, int(draft[i].item())
+            return i, draw(residual / total, generator)
+    return D, draw(probs[D], generator)

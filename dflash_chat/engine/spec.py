@@ -1,0 +1,269 @@
+"""The generation loop: prefill -> draft -> verify -> accept -> roll back, as a stream of events.
+
+With a drafter (DFlash), each step drafts D <= B-1 tokens after the last token, verifies
+[last, d1..dD] in one target forward, keeps the accepted prefix plus the target's own next token, and
+rolls the target state back to the kept length (see state.py for how GDN state is rolled back). With
+no drafter the same loop decodes one token per step: the baseline every speedup is measured against.
+
+The engine remembers which tokens its state holds: a prompt that starts with them (the next chat
+turn) prefills only the new suffix. At the end of each prefill it keeps a snapshot of the state
+(recurrent state, last logits, drafter context) so a prompt that diverges after that point (a
+regenerated answer, a chat template that re-renders the last answer) restarts from the snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+import torch
+
+from dflash_chat.engine.errors import ContextLengthError
+from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
+from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.sampling import SamplingParams, draw, probabilities, verify
+
+
+class Drafter(Protocol):
+    block_size: int
+    target_layer_ids: list[int]
+
+    def allocate(self, max_context: int) -> None: ...
+    def truncate(self, length: int) -> None: ...
+    def propose(self, features: torch.Tensor, last_token: int, start: int, length: int) -> torch.Tensor: ...
+
+
+@dataclass
+class _Snapshot:
+    length: int
+    logits: torch.Tensor
+    pending: torch.Tensor | None
+    drafter_ctx: int
+    recurrent: list
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Engine:
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, max_context: int = 4096):
+        self.target = target
+        self.drafter = drafter
+        self.max_context = max_context
+        self.block_size = drafter.block_size if drafter else 1
+        self.taps = list(drafter.target_layer_ids) if drafter else None
+        self.device = target.model.norm.weight.device
+        # verify writes up to B-1 positions past the last committed one
+        self.state = target.new_state(max_context + self.block_size)
+        if drafter:
+            drafter.allocate(max_context + self.block_size)
+        self.tokens: list[int] = []  # exactly the tokens the target state holds
+        self.pending: torch.Tensor | None = None  # features of committed positions the drafter has not seen
+        self.snapshot: _Snapshot | None = None
+
+    # -- state bookkeeping --------------------------------------------------------
+    def reset(self) -> None:
+        self.state.reset()
+        if self.drafter:
+            self.drafter.truncate(0)
+        self.tokens = []
+        self.pending = None
+        self.snapshot = None
+
+    def _drafter_ctx(self) -> int:
+        return getattr(self.drafter, "ctx_len", len(self.tokens) - self._pending_len())
+
+    def _pending_len(self) -> int:
+        return 0 if self.pending is None else self.pending.shape[0]
+
+    def _take_snapshot(self, logits: torch.Tensor) -> None:
+        gdn = [(c.recurrent.clone(), c.conv.clone()) for c in self.state.gdn_layers()]
+        ctx = len(self.tokens) - self._pending_len()
+        self.snapshot = _Snapshot(len(self.tokens), logits, self.pending, ctx, gdn)
+
+    def _restore_snapshot(self) -> torch.Tensor:
+        snap = self.snapshot
+        for cache, (rec, conv) in zip(self.state.gdn_layers(), snap.recurrent):
+            cache.recurrent.copy_(rec)
+            cache.conv.copy_(conv)
+        self.state.length = snap.length
+        self.tokens = self.tokens[: snap.length]
+        self.pending = snap.pending
+        if self.drafter:
+            self.drafter.truncate(snap.drafter_ctx)
+        return snap.logits
+
+    def _truncate_attention_only(self, length: int) -> None:
+        """Attention-only targets roll back to any length: drop committed positions >= length."""
+        if self.snapshot is not None and self.snapshot.length > length:
+            self.snapshot = None
+        ctx = len(self.tokens) - self._pending_len()
+        if ctx > length:
+            if self.drafter:
+                self.drafter.truncate(length)
+            self.pending = None
+        elif self.pending is not None:
+            self.pending = self.pending[: length - ctx]
+        self.state.length = length
+        self.tokens = self.tokens[:length]
+
+    def _reuse(self, prompt: list[int]) -> tuple[int, torch.Tensor | None]:
+        """Bring the state to the longest reusable prefix of `prompt`: (reused tokens, logits if complete)."""
+        common = 0
+        for a, b in zip(self.tokens, prompt):
+            if a != b:
+                break
+            common += 1
+        if common == len(self.tokens) and common < len(prompt):
+            return common, None
+        snap = self.snapshot
+        if snap is not None and snap.length <= common and snap.length <= len(prompt):
+            logits = self._restore_snapshot()
+            return snap.length, (logits if snap.length == len(prompt) else None)
+        if not self.state.gdn_layers() and common:
+            keep = min(common, len(prompt) - 1)
+            self._truncate_attention_only(keep)
+            return keep, None
+        self.reset()
+        return 0, None
+
+    # -- generation ---------------------------------------------------------------
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) + params.max_new_tokens > self.max_context:
+            raise ContextLengthError(
+                f"prompt ({len(prompt)} tokens) + max new tokens ({params.max_new_tokens}) exceed the "
+                f"{self.max_context}-token context: shorten the chat, lower max new tokens or raise the context length"
+            )
+        generator = torch.Generator()
+        generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % (2**63)))
+        stats = GenerationStats(prompt_tokens=len(prompt), speculative=self.drafter is not None)
+        stats.acceptance_histogram = [0] * self.block_size
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield from self._generate(prompt, params, cancel, generator, stats, t0)
+        except torch.OutOfMemoryError:
+            self.reset()
+            stats.peak_memory_bytes = self._peak_memory()
+            yield Finished("error", stats, "out of GPU memory: use a shorter context, a smaller quant or a smaller model")
+
+    def _prefill(self, prompt: list[int], stats: GenerationStats) -> torch.Tensor:
+        reused, logits = self._reuse(prompt)
+        stats.reused_tokens = reused
+        if logits is None:
+            ids = torch.tensor(prompt[reused:], dtype=torch.long, device=self.device)
+            logits, feats = self.target(ids, self.state, logits="last", taps=self.taps)
+            self.tokens.extend(prompt[reused:])
+            if feats is not None:
+                self.pending = feats if self.pending is None else torch.cat((self.pending, feats))
+            self._take_snapshot(logits)
+        return logits
+
+    def _first_token(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
+        if params.greedy:
+            return int(logits.argmax().item())
+        return draw(probabilities(logits, params), generator)
+
+    def _generate(self, prompt, params, cancel, generator, stats, t0) -> Iterator[Event]:
+        logits = self._prefill(prompt, stats)
+        _sync(self.device)
+        stats.prefill_s = time.perf_counter() - t0
+        yield Prefilled(len(prompt), stats.reused_tokens, stats.prefill_s)
+
+        last = self._first_token(logits, params, generator)
+        stats.ttft_s = time.perf_counter() - t0
+        stats.new_tokens = 1
+        yield Step([last], 0, 0, 0.0, 0.0)
+        stop = set(params.stop_token_ids)
+        if last in stop:
+            yield self._finish("stop", stats)
+            return
+        decode_t0 = time.perf_counter()
+        while True:
+            if cancel is not None and cancel.is_set():
+                stats.decode_s = time.perf_counter() - decode_t0
+                yield self._finish("cancelled", stats)
+                return
+            remaining = params.max_new_tokens - stats.new_tokens
+            if remaining <= 0:
+                stats.decode_s = time.perf_counter() - decode_t0
+                yield self._finish("length", stats)
+                return
+            step = self._step(last, min(self.block_size - 1, remaining - 1), params, generator, stop)
+            emitted = step.token_ids
+            stats.steps += 1
+            stats.new_tokens += len(emitted)
+            stats.drafted += step.drafted
+            stats.accepted += step.accepted
+            stats.acceptance_histogram[step.accepted] += 1
+            stats.draft_s += step.draft_s
+            stats.verify_s += step.verify_s
+            yield step
+            last = emitted[-1]
+            if last in stop:
+                stats.decode_s = time.perf_counter() - decode_t0
+                yield self._finish("stop", stats)
+                return
+
+    def _step(self, last: int, draft_len: int, params, generator, stop: set[int]) -> Step:
+        start = self.state.length
+        t0 = time.perf_counter()
+        if self.drafter is None or draft_len == 0:
+            ids = torch.tensor([last], dtype=torch.long, device=self.device)
+            logits, feats = self.target(ids, self.state, logits="all", taps=self.taps)
+            _sync(self.device)
+            t1 = time.perf_counter()
+            self.tokens.append(last)
+            if feats is not None:
+                self.pending = feats if self.pending is None else torch.cat((self.pending, feats))
+            nxt = int(logits[0].argmax().item()) if params.greedy else draw(probabilities(logits[0], params), generator)
+            return Step([nxt], 0, 0, 0.0, t1 - t0)
+
+        pending = self.pending if self.pending is not None else self._empty_features()
+        drafts = self.drafter.propose(pending, last, start, draft_len)
+        self.pending = None
+        _sync(self.device)
+        t1 = time.perf_counter()
+        ids = torch.cat((torch.tensor([last], dtype=torch.long, device=self.device), drafts.to(self.device)))
+        logits, feats = self.target(ids, self.state, logits="all", taps=self.taps, speculative=True)
+        accepted, nxt = verify(drafts, logits, params, generator)
+        emitted = drafts[:accepted].tolist() + [nxt]
+        for j, token in enumerate(emitted):
+            if token in stop:
+                emitted = emitted[: j + 1]
+                break
+        keep = len(emitted)  # `last` plus every emitted token but the newest
+        self.target.rollback(self.state, keep)
+        self.tokens.append(last)
+        self.tokens.extend(emitted[:-1])
+        self.pending = feats[:keep]
+        _sync(self.device)
+        t2 = time.perf_counter()
+        return Step(emitted, draft_len, accepted, t1 - t0, t2 - t1)
+
+    def _empty_features(self) -> torch.Tensor:
+        width = self.target.cfg.hidden_size * len(self.taps)
+        return torch.zeros(0, width, dtype=self.target.model.norm.weight.dtype, device=self.device)
+
+    def _peak_memory(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        try:
+            import resource
+        except ImportError:  # Windows
+            return 0
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    def _finish(self, reason: str, stats: GenerationStats) -> Finished:
+        stats.peak_memory_bytes = self._peak_memory()
+        return Finished(reason, stats)

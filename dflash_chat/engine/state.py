@@ -1,0 +1,90 @@
+"""Per-sequence model state: attention KV caches and Gated DeltaNet (recurrent + conv) state.
+
+Everything is allocated once for the configured context; a forward writes in place.
+
+Rollback after a partial accept (DFlash verifies B tokens, keeps n <= B of them):
+- Attention: the cache rows beyond the kept length are simply ignored (length is a number).
+- GDN: a recurrent state cannot be truncated. During a speculative forward each GDN layer copies its
+  state before the block into a preallocated buffer and keeps references to the block's recurrence
+  inputs (q, k, v, decay, beta after projection, conv and normalisation) and its conv input rows.
+  `rollback(n)` then re-runs only the recurrence over the first n tokens from the saved state, and
+  rebuilds the conv state as the last (kernel-1) rows of [saved conv state; first n conv inputs].
+  Memory: one extra recurrent + conv state per GDN layer, plus the block's q/k/v/decay/beta (B rows).
+  Compute: n recurrence steps per GDN layer (a few small matrix-vector products per step, no
+  projections, no second target forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionCache:
+    k: torch.Tensor  # [max_len, kv_heads, head_dim]
+    v: torch.Tensor
+
+
+@dataclass
+class GDNCache:
+    recurrent: torch.Tensor  # [v_heads, k_dim, v_dim], float32
+    conv: torch.Tensor  # [kernel-1, conv_dim]
+    saved_recurrent: torch.Tensor
+    saved_conv: torch.Tensor
+    # inputs of the last speculative forward, for rollback: (q, k, v, g, beta, conv_inputs)
+    record: tuple | None = None
+
+
+@dataclass
+class ModelState:
+    layers: list  # AttentionCache | GDNCache per layer
+    max_len: int
+    length: int = 0  # committed positions
+    pending: int = 0  # positions written by the last speculative forward, not yet committed
+    snapshots: dict = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.length = 0
+        self.pending = 0
+        self.snapshots.clear()
+        for layer in self.layers:
+            if isinstance(layer, GDNCache):
+                layer.recurrent.zero_()
+                layer.conv.zero_()
+                layer.record = None
+
+    def gdn_layers(self) -> list[GDNCache]:
+        return [c for c in self.layers if isinstance(c, GDNCache)]
+
+    def snapshot(self) -> None:
+        """Remember the recurrent state at the current length (a turn boundary) for prefix reuse."""
+        saved = [(c.recurrent.clone(), c.conv.clone()) for c in self.gdn_layers()]
+        self.snapshots = {self.length: saved}
+
+    def restore(self, length: int) -> bool:
+        """Go back to a committed length: free for attention-only models, else needs a snapshot."""
+        if length == self.length:
+            return True
+        gdn = self.gdn_layers()
+        if not gdn:
+            self.length = min(self.length, length)
+            return length <= self.length
+        saved = self.snapshots.get(length)
+        if saved is None:
+            return False
+        for cache, (rec, conv) in zip(gdn, saved):
+            cache.recurrent.copy_(rec)
+            cache.conv.copy_(conv)
+        self.length = length
+        return True
+
+    def memory_bytes(self) -> int:
+        total = 0
+        for c in self.layers:
+            if isinstance(c, AttentionCache):
+                total += c.k.numel() * c.k.element_size() * 2
+            else:
+                total += 2 * (c.recurrent.numel() * c.recurrent.element_size() + c.conv.numel() * c.conv.element_size())
+        return total

@@ -1,0 +1,192 @@
+"""Tiny random model pairs in the real file formats, for tests and `dflash-chat bench`.
+
+Targets are written by transformers' own classes (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
+Qwen3ForCausalLM), so the files are exactly what the loader meets in the wild; drafters are written
+z-lab style (config.json + safetensors). The tokenizer is a small byte-level BPE with Qwen's special
+tokens and a chat template that honours enable_thinking.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>"]
+
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}"
+)
+
+_TEXT = (
+    "def main():\n    print('hello world')\n    return 0\n"
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens and verifies them.\n"
+    "for i in range(10):\n    total += i * i\nclass Engine:\n    def generate(self, prompt):\n        pass\n"
+)
+
+
+def write_tokenizer(directory: Path, vocab_size: int = 384) -> int:
+    """Train a byte-level BPE on a fixed text; save tokenizer files. Returns the vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_TEXT] * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", mask_token="<|mask|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(directory))
+    return len(fast)
+
+
+def target_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 4, seed_scale: float = 0.0) -> dict:
+    heads, head_dim = max(2, hidden // 16), 16
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=head_dim,
+        intermediate_size=hidden * 2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+    )
+    if arch == "qwen3":
+        return common
+    common.update(
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        layer_types=["linear_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+    )
+    if arch == "qwen3_5_moe":
+        common.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    return common
+
+
+def _hf_model(arch: str, cfg: dict):
+    import transformers as tf
+
+    classes = {
+        "qwen3_5": (tf.Qwen3_5TextConfig, tf.Qwen3_5ForCausalLM),
+        "qwen3_5_moe": (tf.Qwen3_5MoeTextConfig, tf.Qwen3_5MoeForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+    }
+    config_cls, model_cls = classes[arch]
+    return model_cls(config_cls(**cfg))
+
+
+def _randomise(model: torch.nn.Module, generator: torch.Generator, scale: float, zero_centred: bool) -> None:
+    """Weights large enough that logits are well separated (no near-ties for greedy comparisons)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty_like(p).uniform_(-1.0, 1.0, generator=generator))
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.empty_like(p).uniform_(-1.0, 1.0, generator=generator))
+            elif p.dim() == 1:
+                plain = not zero_centred or name.endswith("linear_attn.norm.weight")
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1 + (1.0 if plain else 0.0))
+            else:
+                fan_in = p.shape[-1] if p.dim() >= 2 else 1
+                p.copy_(torch.randn(p.shape, generator=generator) * (scale / fan_in**0.5))
+
+
+def write_target(directory: Path, arch: str = "qwen3_5", *, seed: int = 0, hidden: int = 64, layers: int = 4,
+                 vocab_size: int | None = None, scale: float = 1.0, tokenizer: bool = True):
+    """A tiny random target in HF format (+ tokenizer). Returns the transformers model (the oracle)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(directory) if tokenizer else (vocab_size or 384)
+    cfg = target_config(arch, vocab, hidden, layers)
+    torch.manual_seed(seed)
+    model = _hf_model(arch, cfg).float().eval()
+    gen = torch.Generator().manual_seed(seed)
+    _randomise(model, gen, scale, zero_centred=arch != "qwen3")
+    model.save_pretrained(str(directory))
+    return model
+
+
+def drafter_config(target_cfg: dict, *, layers: int = 2, block_size: int = 16, taps: list[int] | None = None,
+                   layer_types: list[str] | None = None, sliding_window: int = 8, schema: str = "new") -> dict:
+    n = target_cfg["num_hidden_layers"]
+    taps = taps if taps is not None else sorted({1 % n, n - 2 if n > 2 else 0})
+    layer_types = layer_types or ["sliding_attention"] * (layers - 1) + ["full_attention"]
+    hidden = target_cfg["hidden_size"]
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": target_cfg["vocab_size"],
+        "num_target_layers": n,
+        "layer_types": layer_types,
+        "sliding_window": sliding_window,
+        "use_sliding_window": "sliding_attention" in layer_types,
+    }
+    mask_id = 5  # <|mask|> in write_tokenizer's special tokens
+    if schema == "new":
+        cfg["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
+        cfg["dflash_config"] = {"block_size": block_size, "mask_token_id": mask_id, "target_layer_ids": taps}
+    else:
+        cfg["rope_theta"] = 10000.0
+        cfg["block_size"] = block_size
+        cfg["dflash_config"] = {"mask_token_id": mask_id, "target_layer_ids": taps}
+    return cfg
+
+
+def write_drafter(directory: Path, target_dir: Path, *, seed: int = 0, **kwargs) -> dict:
+    """A random DFlash drafter for the target in `target_dir`, z-lab style. Returns its config."""
+    from safetensors.torch import save_file
+
+    from dflash_chat.engine.models.config import DrafterConfig
+    from dflash_chat.engine.models.dflash import DFlashDrafter
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    cfg = drafter_config(target_cfg, **kwargs)
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(DrafterConfig.from_dict(cfg), target_cfg["hidden_size"])
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
+    return cfg
+
+
+def write_pair(root: Path, arch: str = "qwen3_5", *, seed: int = 0, **target_kwargs) -> tuple[Path, Path]:
+    root = Path(root)
+    target, drafter = root / "target", root / "drafter"
+    write_target(target, arch, seed=seed, **target_kwargs)
+    write_drafter(drafter, target, seed=seed)
+    return target, drafter
