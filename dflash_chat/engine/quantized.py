@@ -1,0 +1,185 @@
+"""Modules whose weights stay in packed GGML blocks on the device.
+
+`QuantTensor` is the packed bytes plus their format and logical (float) shape.
+`QuantLinear`, `QuantEmbedding` and `QuantExperts` are drop-ins for nn.Linear,
+nn.Embedding and the MoE experts module; they run through `engine.kernels`
+(Triton on CUDA, torch elsewhere). Plain float formats (F32/F16/BF16) are held
+as tensors of their own dtype and go through the same modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_chat.engine import kernels
+from dflash_chat.engine.weights.formats import Format, get_format
+from dflash_chat.engine.weights.quantize import quantize
+
+
+@dataclass
+class QuantTensor:
+    """Packed weight rows: data uint8 [*shape[:-1], row_bytes] (float formats: that dtype, shape)."""
+
+    data: torch.Tensor
+    fmt: Format
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        self.shape = tuple(int(s) for s in self.shape)
+        want = (*self.shape[:-1], self.fmt.row_bytes(self.shape[-1])) if self.fmt.quantized else self.shape
+        if tuple(self.data.shape) != want:
+            raise ValueError(f"{self.fmt.name} data of shape {tuple(self.data.shape)} does not hold {self.shape}")
+
+    @classmethod
+    def from_float(cls, w: torch.Tensor, fmt: str | Format) -> QuantTensor:
+        fmt = get_format(fmt)
+        data = quantize(w, fmt) if fmt.quantized else w.to(fmt.float_dtype)
+        return cls(data, fmt, tuple(w.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def to(self, device: torch.device | str | None = None) -> QuantTensor:
+        return QuantTensor(self.data.to(device), self.fmt, self.shape)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return kernels.dequantize(self.data, self.fmt, dtype).reshape(self.shape)
+
+    def __getitem__(self, index) -> QuantTensor:
+        """Select along leading dims (never inside a row): whole rows of blocks, nothing dequantized."""
+        data = self.data[index]
+        lead = data.shape[:-1]
+        return QuantTensor(data, self.fmt, (*lead, self.shape[-1]))
+
+    def permute_rows(self, perm: torch.Tensor, dim: int = 0) -> QuantTensor:
+        """Reorder rows along a leading dim: whole rows of blocks move, bytes untouched."""
+        if dim < 0:
+            dim += len(self.shape)
+        if dim >= len(self.shape) - 1:
+            raise ValueError("permute_rows moves whole rows; it cannot reorder values inside a row")
+        return QuantTensor(self.data.index_select(dim, perm.to(self.data.device)), self.fmt, self.shape)
+
+
+def as_quant(w: torch.Tensor | QuantTensor) -> QuantTensor:
+    if isinstance(w, QuantTensor):
+        return w
+    fmt = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}[w.dtype]
+    return QuantTensor(w, get_format(fmt), tuple(w.shape))
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T with W [out_features, in_features] kept packed; x may have any leading shape."""
+
+    def __init__(self, weight: QuantTensor | torch.Tensor):
+        super().__init__()
+        weight = as_quant(weight)
+        if len(weight.shape) != 2:
+            raise ValueError(f"QuantLinear needs a 2-D weight, got shape {weight.shape}")
+        self.out_features, self.in_features = weight.shape
+        self.fmt = weight.fmt
+        self.register_buffer("packed", weight.data)
+
+    @property
+    def weight(self) -> QuantTensor:
+        return QuantTensor(self.packed, self.fmt, (self.out_features, self.in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = kernels.matmul(x.reshape(-1, self.in_features), self.packed, self.fmt, self.out_features)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt.name}"
+
+
+class QuantEmbedding(nn.Module):
+    """Embedding lookup that dequantizes only the gathered rows; `logits(x)` reuses the table as a tied lm_head."""
+
+    def __init__(self, weight: QuantTensor | torch.Tensor, dtype: torch.dtype | None = None):
+        super().__init__()
+        weight = as_quant(weight)
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.fmt = weight.fmt
+        self.register_buffer("packed", weight.data)
+        self.dtype = dtype or (torch.float32 if self.fmt.quantized else weight.data.dtype)
+
+    @property
+    def weight(self) -> QuantTensor:
+        return QuantTensor(self.packed, self.fmt, (self.num_embeddings, self.embedding_dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.packed.index_select(0, ids.reshape(-1).to(self.packed.device))
+        return kernels.dequantize(rows, self.fmt, self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = kernels.matmul(x.reshape(-1, self.embedding_dim), self.packed, self.fmt, self.num_embeddings)
+        return y.reshape(*lead, self.num_embeddings)
+
+    def as_linear(self) -> QuantLinear:
+        """A QuantLinear sharing this table's bytes (no copy)."""
+        return QuantLinear(self.weight)
+
+
+class QuantExperts(nn.Module):
+    """Routed experts with packed weights; same contract as the float module.
+
+    gate_up: [E, 2I, H] (gate rows then up rows), or a (gate [E, I, H], up [E, I, H]) pair when
+    a file stores the two in different formats; down: [E, H, I].
+    """
+
+    def __init__(self, gate_up: QuantTensor | tuple[QuantTensor, QuantTensor] | torch.Tensor,
+                 down: QuantTensor | torch.Tensor):
+        super().__init__()
+        if isinstance(gate_up, tuple):
+            gate, up = (as_quant(t) for t in gate_up)
+        else:
+            gate_up = as_quant(gate_up)
+            half = gate_up.shape[1] // 2
+            gate, up = gate_up[:, :half], gate_up[:, half:]
+        down = as_quant(down)
+        self.num_experts, self.intermediate, self.hidden = gate.shape
+        if up.shape != gate.shape or down.shape != (self.num_experts, self.hidden, self.intermediate):
+            raise ValueError(f"expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}")
+        self.gate_fmt, self.up_fmt, self.down_fmt = gate.fmt, up.fmt, down.fmt
+        self.fused = gate.fmt == up.fmt
+        if self.fused:  # one matmul for gate and up: concatenate whole rows
+            self.register_buffer("gate_up", torch.cat([gate.data, up.data], dim=1))
+        else:
+            self.register_buffer("gate", gate.data.contiguous())
+            self.register_buffer("up", up.data.contiguous())
+        self.register_buffer("down", down.data.contiguous())
+
+    def _gate_up(self, x: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            both = kernels.matmul(x, self.gate_up[e], self.gate_fmt, 2 * self.intermediate)
+            return both[:, :self.intermediate], both[:, self.intermediate:]
+        return (kernels.matmul(x, self.gate[e], self.gate_fmt, self.intermediate),
+                kernels.matmul(x, self.up[e], self.up_fmt, self.intermediate))
+
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        flat = top_k_index.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        token_of = order // top_k_index.shape[1]
+        weights = top_k_weights.reshape(-1)[order]
+        start = 0
+        for expert, n in enumerate(counts):
+            if n == 0:
+                continue
+            rows = token_of[start:start + n]
+            gate, up = self._gate_up(x[rows], expert)
+            y = kernels.matmul(F.silu(gate) * up, self.down[expert], self.down_fmt, self.hidden)
+            out.index_add_(0, rows, (y * weights[start:start + n, None]).to(out.dtype))
+            start += n
+        return out
