@@ -1,0 +1,376 @@
+"""The main screen: conversation, message box and side panel, and the work behind them.
+
+The model loads and answers are generated in thread workers; torch is first
+imported there (engine.load), never when this module loads. Answers stream
+back as batched messages (chat/bridge.py) and are saved as they grow.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Switch
+
+from dflash_chat.chat.bridge import StreamEnd, failure_message, stream_answer
+from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, PARTIAL, Conversation, Message, title_from
+from dflash_chat.chat.detokenize import IncrementalDecoder
+from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.memory import memory_use
+from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource
+from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, build_prompt, stop_token_ids
+from dflash_chat.settings import Settings
+from dflash_chat.ui.messages import AnswerChunk, AnswerEnded, ModelFailed, ModelLoaded, PromptSent
+from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
+from dflash_chat.ui.widgets.prompt_input import PromptInput
+from dflash_chat.ui.widgets.stats_panel import StatsPanel
+
+SAVE_EVERY_S = 1.0  # how often a streaming answer is written to the history
+NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hidden until asked for
+CODE_BLOCK = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+END_STATUS = {"stop": COMPLETE, "length": COMPLETE, "cancelled": CANCELLED, "error": ERROR}
+
+# (binding id, default keys, action, palette title, help) — the palette and the keymap read this
+COMMANDS = (
+    ("toggle-thinking", "ctrl+t", "toggle_thinking", "Toggle thinking", "Thinking on/off for the next answer"),
+    ("stop", "escape", "stop", "Stop generation", "Stop the answer being written (it is kept)"),
+    ("new-chat", "ctrl+n", "new_chat", "New chat", "Start a new conversation"),
+    ("history", "ctrl+o", "history", "History", "Open, rename, delete or export saved chats"),
+    ("regenerate", "ctrl+r", "regenerate", "Regenerate", "Write the last answer again"),
+    ("copy-answer", "ctrl+l", "copy_answer", "Copy last answer", "Copy the last answer to the clipboard"),
+    ("copy-code", "ctrl+b", "copy_code", "Copy last code block", "Copy the last code block of the last answer"),
+    ("focus-switch", "ctrl+f", "focus_switch", "Switch focus", "Move between the message box and the chat"),
+    ("toggle-panel", "f2", "toggle_panel", "Toggle side panel", "Show or hide the stats panel"),
+    ("settings", "ctrl+s", "settings", "Settings", "Edit sampling, system prompt, theme and model"),
+)
+
+
+def last_code_block(text: str) -> str | None:
+    blocks = CODE_BLOCK.findall(text)
+    return blocks[-1][1] if blocks else None
+
+
+@dataclass
+class Turn:
+    """The answer being written: where its text goes and where it is saved."""
+
+    conversation_id: int
+    message: Message
+    widget: AssistantMessage
+    cancel: threading.Event
+    thinking: bool
+    last_saved: float = 0.0
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        Binding(keys, action, title, id=binding_id, show=binding_id in ("toggle-thinking", "stop", "new-chat", "history", "settings"))
+        for binding_id, keys, action, title, _help in COMMANDS
+    ]
+
+    thinking = reactive(False)
+
+    def __init__(self, settings: Settings, store: HistoryStore, source: ModelSource | None,
+                 prompts: list[str] | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self.store = store
+        self.source = source
+        self.conversation = Conversation()
+        self.pair = None  # the engine's LoadedPair once loaded
+        self.turn: Turn | None = None
+        self.last_prompt: Prompt | None = None
+        self.last_end: StreamEnd | None = None
+        self._prompts = prompts or []
+        self.set_reactive(ChatScreen.thinking, settings.thinking)
+
+    # layout
+
+    def compose(self):
+        yield Header(icon="⚡")
+        with Horizontal(id="main"):
+            with Vertical(id="chat-column"):
+                yield ChatView(id="chat")
+                yield PromptInput(self._prompts, id="prompt", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: new line)")
+            yield StatsPanel(id="panel")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.panel.set_thinking(self.thinking)
+        self.query_one(PromptInput).focus()
+        await self.chat_view.show(self.conversation, self.notice())
+        if self.source is not None:
+            self.start_loading(self.source)
+
+    def on_resize(self) -> None:
+        narrow = self.size.width < NARROW_WIDTH
+        if narrow != self.has_class("narrow"):
+            self.set_class(narrow, "narrow")
+            self.panel.set_class(narrow, "hidden")
+
+    @property
+    def chat_view(self) -> ChatView:
+        return self.query_one(ChatView)
+
+    @property
+    def panel(self) -> StatsPanel:
+        return self.query_one(StatsPanel)
+
+    @property
+    def generating(self) -> bool:
+        return self.turn is not None
+
+    def notice(self) -> str:
+        if self.pair is not None:
+            return ""
+        if self.source is None:
+            return f"No model is loaded: {HOW_TO_PICK}. History and settings work without one."
+        if self.source.demo:
+            return "Loading the tiny built-in demo model (it knows a little Python, nothing more)…"
+        return f"Loading {self.source.target} …"
+
+    # model
+
+    def start_loading(self, source: ModelSource) -> None:
+        self.source = source
+        self.pair = None
+        self.panel.show_model(None, note="loading…")
+        self.sub_title = "loading model…"
+        self.load_model(source, self.settings.context_length)
+
+    @work(thread=True, exclusive=True, group="model")
+    def load_model(self, source: ModelSource, context_length: int) -> None:
+        started = time.perf_counter()
+        try:
+            from dflash_chat.engine.load import load_pair  # first torch import happens here
+
+            pair = load_pair(source.target, source.drafter, max_context=context_length)
+        except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
+            self.post_message(ModelFailed(failure_message(exc)))
+            return
+        self.post_message(ModelLoaded(pair, time.perf_counter() - started))
+
+    async def on_model_loaded(self, message: ModelLoaded) -> None:
+        self.pair = message.pair
+        name = self.pair.target_name + (" (demo)" if self.source and self.source.demo else "")
+        self.sub_title = name
+        self.refresh_memory()
+        self.set_interval(2.0, self.refresh_memory, name="memory")
+        if not self.conversation.messages:
+            await self.chat_view.show(self.conversation)
+        self.notify(f"{name} is ready ({message.seconds:.1f} s to load)")
+
+    async def on_model_failed(self, message: ModelFailed) -> None:
+        self.sub_title = "no model"
+        self.panel.show_model(None, note="not loaded")
+        if not self.conversation.messages:
+            await self.chat_view.show(self.conversation, f"The model did not load: {message.error}")
+        self.notify(f"The model did not load: {message.error}", severity="error", timeout=15)
+
+    def refresh_memory(self) -> None:
+        if self.pair is not None:
+            self.panel.show_model(self.pair, memory_use(str(self.pair.device)))
+
+    # sending and generating
+
+    @on(PromptInput.Submitted)
+    async def send(self, event: PromptInput.Submitted) -> None:
+        text = event.text.strip()
+        if not text:
+            return
+        if self.generating:
+            self.notify("An answer is still being written: Esc stops it.", severity="warning")
+            return
+        if self.pair is None:
+            self.notify(f"No model is loaded yet: {HOW_TO_PICK}.", severity="warning")
+            return
+        event.input.clear()
+        event.input.remember(text)
+        if self.conversation.id is None:
+            self.conversation.title = title_from(text)
+            self.conversation.id = self.store.create(self.conversation.title)
+        message = Message("user", text)
+        self.conversation.messages.append(message)
+        self.store.add(self.conversation.id, message)
+        await self.chat_view.add_user(text)
+        await self.answer()
+
+    async def answer(self) -> None:
+        turns = self.conversation.chat_turns(self.settings.system_prompt)
+        message = Message("assistant", status=PARTIAL)
+        self.conversation.messages.append(message)
+        self.store.add(self.conversation.id, message)
+        widget = await self.chat_view.add_assistant()
+        self.turn = Turn(self.conversation.id, message, widget, threading.Event(), self.thinking)
+        self.generate(self.pair, turns, self.thinking, self.settings, self.turn.cancel)
+
+    @work(thread=True, group="generate")
+    def generate(self, pair, turns: list[dict], thinking: bool, settings: Settings,
+                 cancel: threading.Event) -> None:
+        from dflash_chat.engine.sampling import SamplingParams
+
+        post = self.post_message
+        try:
+            prompt = build_prompt(pair.tokenizer, turns, thinking=thinking)
+            stops = stop_token_ids(pair.tokenizer)
+            params = SamplingParams(
+                temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                max_new_tokens=settings.max_new_tokens, stop_token_ids=stops,
+            )
+        except Exception as exc:  # noqa: BLE001
+            post(AnswerEnded(StreamEnd("error", "", "", None, failure_message(exc))))
+            return
+        post(PromptSent(prompt))
+        stream_answer(
+            pair.engine.generate(prompt.ids, params, cancel),
+            IncrementalDecoder(pair.tokenizer, stops),
+            ThinkingSplitter(thinking=prompt.opens_thinking),
+            lambda item: post(AnswerEnded(item) if isinstance(item, StreamEnd) else AnswerChunk(item)),
+        )
+
+    def on_prompt_sent(self, message: PromptSent) -> None:
+        self.last_prompt = message.prompt
+
+    async def on_answer_chunk(self, message: AnswerChunk) -> None:
+        turn, chunk = self.turn, message.chunk
+        if turn is None:
+            return
+        turn.message.thinking += chunk.thinking
+        turn.message.content += chunk.answer
+        if turn.widget.is_attached:
+            await turn.widget.append(chunk.thinking, chunk.answer)
+        self.panel.show_live(chunk.live, speculative=self.pair.drafter_name is not None)
+        now = time.monotonic()
+        if now - turn.last_saved >= SAVE_EVERY_S:
+            self.store.update(turn.message)
+            turn.last_saved = now
+
+    async def on_answer_ended(self, message: AnswerEnded) -> None:
+        turn, end = self.turn, message.end
+        self.turn = None
+        self.last_end = end
+        if turn is None:
+            return
+        turn.message.thinking, turn.message.content = end.thinking, end.answer
+        turn.message.status = END_STATUS.get(end.reason, ERROR)
+        turn.message.stats = end.stats
+        self.store.update(turn.message)
+        if turn.widget.is_attached:
+            await turn.widget.finish(turn.message, end.error)
+        if end.stats is not None:
+            self.panel.show_final(end.stats, thinking=turn.thinking)
+        if end.error:
+            self.notify(end.error, severity="error", timeout=15)
+
+    # actions (each also in the command palette, see app.py)
+
+    def action_toggle_thinking(self) -> None:
+        self.thinking = not self.thinking
+
+    def watch_thinking(self, on: bool) -> None:
+        if self.is_mounted:
+            self.panel.set_thinking(on)
+            self.notify(f"Thinking {'on' if on else 'off'} from the next answer")
+
+    @on(Switch.Changed, "#thinking-switch")
+    def thinking_switched(self, event: Switch.Changed) -> None:
+        self.thinking = event.value
+
+    def action_stop(self) -> None:
+        if self.turn is not None:
+            self.turn.cancel.set()
+
+    async def action_new_chat(self) -> None:
+        self.action_stop()
+        self.conversation = Conversation()
+        self.panel.show_figures(None)
+        await self.chat_view.show(self.conversation, self.notice())
+        self.query_one(PromptInput).focus()
+
+    async def open_conversation(self, conversation_id: int) -> None:
+        self.action_stop()
+        self.conversation = self.store.load(conversation_id)
+        await self.chat_view.show(self.conversation)
+        last = self.conversation.last("assistant")
+        if last is not None and last.stats is not None:
+            self.panel.show_final(last.stats)
+        else:
+            self.panel.show_figures(None)
+        self.query_one(PromptInput).focus()
+
+    async def conversation_deleted(self) -> None:
+        """After the history screen: start afresh if the open chat was deleted there."""
+        if self.conversation.id is not None and self.conversation.id not in {
+            s.id for s in self.store.summaries()
+        }:
+            await self.action_new_chat()
+
+    async def action_regenerate(self) -> None:
+        if self.generating:
+            self.notify("An answer is still being written: Esc stops it.", severity="warning")
+            return
+        if self.pair is None:
+            self.notify(f"No model is loaded yet: {HOW_TO_PICK}.", severity="warning")
+            return
+        messages = self.conversation.messages
+        if not messages:
+            self.notify("Nothing to regenerate yet.", severity="warning")
+            return
+        if messages[-1].role == "assistant":
+            old = messages.pop()
+            if old.id is not None:
+                self.store.remove_message(old.id)
+            widgets = self.chat_view.query(AssistantMessage)
+            if widgets:
+                await widgets.last().remove()
+        await self.answer()
+
+    def _last_answer(self) -> str | None:
+        message = self.conversation.last("assistant")
+        return message.content if message and message.content else None
+
+    def action_copy_answer(self) -> None:
+        text = self._last_answer()
+        if text is None:
+            self.notify("No answer to copy yet.", severity="warning")
+            return
+        self.app.copy_to_clipboard(text)
+        self.notify("Copied the last answer")
+
+    def action_copy_code(self) -> None:
+        code = last_code_block(self._last_answer() or "")
+        if code is None:
+            self.notify("The last answer has no code block.", severity="warning")
+            return
+        self.app.copy_to_clipboard(code)
+        self.notify("Copied the last code block")
+
+    def action_focus_switch(self) -> None:
+        prompt = self.query_one(PromptInput)
+        (self.chat_view if prompt.has_focus else prompt).focus()
+
+    def action_toggle_panel(self) -> None:
+        self.panel.toggle_class("hidden")
+
+    def action_history(self) -> None:
+        self.app.action_open_history()
+
+    def action_settings(self) -> None:
+        self.app.action_open_settings()
+
+    def apply_settings(self, new: Settings) -> None:
+        old, self.settings = self.settings, new
+        if new.thinking != old.thinking:
+            self.thinking = new.thinking
+        model_changed = (new.model, new.drafter, new.context_length) != (old.model, old.drafter, old.context_length)
+        if model_changed and new.model:
+            self.start_loading(ModelSource(new.model, new.drafter or None))
+        elif new.context_length != old.context_length and self.source is not None:
+            self.start_loading(self.source)

@@ -1,0 +1,125 @@
+"""The saved conversations: open, rename, delete, export to Markdown."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from textual import work
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label
+
+from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown
+from dflash_chat.errors import UserError
+from dflash_chat.ui.dialogs import ConfirmDialog, TextDialog
+
+
+def when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+
+
+class HistoryScreen(Screen[int | None]):
+    """Dismisses with the id of the conversation to open, or None."""
+
+    BINDINGS = [
+        Binding("enter", "open", "Open", id="history-open"),
+        Binding("r", "rename", "Rename", id="history-rename"),
+        Binding("d,delete", "delete", "Delete", id="history-delete"),
+        Binding("e", "export", "Export", id="history-export"),
+        Binding("escape", "close", "Back", id="history-close"),
+    ]
+
+    def __init__(self, store: HistoryStore, export_dir: Path | None = None) -> None:
+        super().__init__()
+        self.store = store
+        self.export_dir = export_dir or Path.cwd()
+
+    def compose(self):
+        yield Label("History", id="history-title")
+        yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
+        yield Label("", id="history-empty")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_column("Title", key="title")
+        table.add_column("Messages", key="messages")
+        table.add_column("Updated", key="updated")
+        self.refresh_rows()
+        table.focus()
+
+    def refresh_rows(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        summaries = self.store.summaries()
+        for s in summaries:
+            table.add_row(s.title, str(s.messages), when(s.updated), key=str(s.id))
+        empty = self.query_one("#history-empty", Label)
+        empty.update("" if summaries else "No saved conversations yet.")
+        empty.display = not summaries
+
+    def selected(self) -> int | None:
+        table = self.query_one(DataTable)
+        if table.row_count == 0:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+        return int(key.value)
+
+    def action_open(self) -> None:
+        conversation_id = self.selected()
+        if conversation_id is not None:
+            self.dismiss(conversation_id)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.dismiss(int(event.row_key.value))
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    @work
+    async def action_rename(self) -> None:
+        conversation_id = self.selected()
+        if conversation_id is None:
+            return
+        current = self.store.load(conversation_id).title
+        title = await self.app.push_screen_wait(TextDialog("Rename conversation", current))
+        if title is None:
+            return
+        try:
+            self.store.rename(conversation_id, title)
+        except UserError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.refresh_rows()
+
+    @work
+    async def action_delete(self) -> None:
+        conversation_id = self.selected()
+        if conversation_id is None:
+            return
+        title = self.store.load(conversation_id).title
+        if await self.app.push_screen_wait(ConfirmDialog(f"Delete “{title}”? This cannot be undone.")):
+            self.store.delete(conversation_id)
+            self.refresh_rows()
+
+    @work
+    async def action_export(self) -> None:
+        conversation_id = self.selected()
+        if conversation_id is None:
+            return
+        conversation = self.store.load(conversation_id)
+        default = str(self.export_dir / export_filename(conversation.title))
+        target = await self.app.push_screen_wait(TextDialog("Export to Markdown file", default))
+        if not target:
+            return
+        path = Path(target).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(to_markdown(conversation), encoding="utf-8")
+        except OSError as exc:
+            self.notify(f"could not write {path}: {exc.strerror or exc}. Pick another path.", severity="error")
+            return
+        self.notify(f"exported to {path}")
+

@@ -1,0 +1,43 @@
+"""Messages the worker threads post to the UI (post_message: it never blocks the worker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.message import Message
+
+from dflash_chat.chat.bridge import StreamChunk, StreamEnd
+from dflash_chat.chat.prompt import Prompt
+
+
+class ModelLoaded(Message):
+    def __init__(self, pair: Any, seconds: float) -> None:
+        super().__init__()
+        self.pair = pair
+        self.seconds = seconds
+
+
+class ModelFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class PromptSent(Message):
+    """The exact prompt the engine got for the answer being written."""
+
+    def __init__(self, prompt: Prompt) -> None:
+        super().__init__()
+        self.prompt = prompt
+
+
+class AnswerChunk(Message):
+    def __init__(self, chunk: StreamChunk) -> None:
+        super().__init__()
+        self.chunk = chunk
+
+
+class AnswerEnded(Message):
+    def __init__(self, end: StreamEnd) -> None:
+        super().__init__()
+        self.end = end

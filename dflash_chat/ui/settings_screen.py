@@ -1,0 +1,92 @@
+"""Settings as a form; Save validates every field and writes config.toml atomically."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
+
+from dflash_chat import settings as settings_module
+from dflash_chat.settings import DESCRIPTIONS, Settings, SettingsError
+
+TEXT_FIELDS = (
+    "temperature", "top_p", "top_k", "max_new_tokens", "system_prompt",
+    "model", "drafter", "context_length",
+)
+
+
+class SettingsScreen(Screen[Settings | None]):
+    """Dismisses with the saved Settings, or None when left without saving."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save", id="settings-save", priority=True),
+        Binding("escape", "close", "Back", id="settings-close"),
+    ]
+
+    def __init__(self, current: Settings, theme_names: list[str]) -> None:
+        super().__init__()
+        self.current = current
+        self.theme_names = sorted(set(theme_names) | {current.theme})
+
+    def compose(self):
+        yield Label("Settings", id="settings-title")
+        with VerticalScroll(id="settings-form"):
+            for key in TEXT_FIELDS:
+                with Horizontal(classes="field"):
+                    yield Label(key, classes="field-name")
+                    yield Input(str(getattr(self.current, key)), id=f"field-{key}",
+                                placeholder=DESCRIPTIONS[key], tooltip=DESCRIPTIONS[key])
+            with Horizontal(classes="field"):
+                yield Label("thinking", classes="field-name")
+                yield Switch(self.current.thinking, id="field-thinking")
+            with Horizontal(classes="field"):
+                yield Label("theme", classes="field-name")
+                yield Select([(name, name) for name in self.theme_names], value=self.current.theme,
+                             allow_blank=False, id="field-theme")
+            yield Static("", id="settings-errors")
+            with Horizontal(id="settings-buttons"):
+                yield Button("Save (ctrl+s)", variant="primary", id="save")
+                yield Button("Cancel (esc)", id="cancel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#settings-errors", Static).display = False
+        self.query_one(f"#field-{TEXT_FIELDS[0]}", Input).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.action_close()
+
+    def collect(self) -> tuple[Settings, list[str]]:
+        values, errors = {}, []
+        for key in TEXT_FIELDS:
+            try:
+                values[key] = settings_module.parse_value(key, self.query_one(f"#field-{key}", Input).value)
+            except SettingsError as exc:
+                errors.append(str(exc))
+        values["thinking"] = self.query_one("#field-thinking", Switch).value
+        values["theme"] = self.query_one("#field-theme", Select).value
+        return replace(self.current, **values), errors
+
+    def action_save(self) -> None:
+        new, errors = self.collect()
+        box = self.query_one("#settings-errors", Static)
+        if errors:
+            box.update("\n".join(errors))
+            box.display = True
+            self.notify("Not saved: " + errors[0], severity="error")
+            return
+        try:
+            settings_module.save(new)
+        except (OSError, SettingsError) as exc:
+            self.notify(f"Could not save the settings: {exc}", severity="error")
+            return
+        self.dismiss(new)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

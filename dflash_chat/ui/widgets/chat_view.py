@@ -1,0 +1,125 @@
+"""The conversation: user messages and streamed Markdown answers, pinned to the bottom."""
+
+from __future__ import annotations
+
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Collapsible, Markdown, Static
+
+from dflash_chat.chat.conversation import COMPLETE, Conversation, Message
+from dflash_chat.chat.history import status_note
+
+
+class UserMessage(Vertical):
+    def __init__(self, text: str) -> None:
+        super().__init__(classes="message user")
+        self.text = text
+        self.border_title = "you"
+
+    def compose(self):
+        yield Markdown(self.text)
+
+
+class AssistantMessage(Vertical):
+    """Thinking (collapsible, collapsed once the answer starts) above the answer."""
+
+    def __init__(self, message: Message | None = None) -> None:
+        super().__init__(classes="message assistant")
+        self.border_title = "assistant"
+        self._initial = message
+        self._thinking_stream = None
+        self._answer_stream = None
+
+    def compose(self):
+        message = self._initial
+        thinking = message.thinking if message else ""
+        with Collapsible(title="thinking", collapsed=bool(message), classes="thinking") as box:
+            box.display = bool(thinking)
+            yield Markdown(thinking, classes="thinking-text")
+        yield Markdown(message.content if message else "", classes="answer")
+        yield Static("", classes="status")
+
+    def on_mount(self) -> None:
+        if self._initial is not None:
+            self.show_status(self._initial)
+
+    @property
+    def thinking_box(self) -> Collapsible:
+        return self.query_one(".thinking", Collapsible)
+
+    @property
+    def answer(self) -> Markdown:
+        return self.query_one(".answer", Markdown)
+
+    async def append(self, thinking: str, answer: str) -> None:
+        if thinking:
+            if self._thinking_stream is None:
+                self.thinking_box.display = True
+                self.thinking_box.collapsed = False
+                self._thinking_stream = Markdown.get_stream(self.query_one(".thinking-text", Markdown))
+            await self._thinking_stream.write(thinking)
+        if answer:
+            if self._answer_stream is None:
+                self.thinking_box.collapsed = True
+                self._answer_stream = Markdown.get_stream(self.answer)
+            await self._answer_stream.write(answer)
+
+    async def finish(self, message: Message, error: str | None = None) -> None:
+        """Stop streaming and set the whole text once (streamed fences can render short)."""
+        for stream in (self._thinking_stream, self._answer_stream):
+            if stream is not None:
+                await stream.stop()
+        self._thinking_stream = self._answer_stream = None
+        if message.thinking:
+            self.thinking_box.display = True
+            self.thinking_box.collapsed = bool(message.content)
+            await self.query_one(".thinking-text", Markdown).update(message.thinking)
+        await self.answer.update(message.content)
+        self.show_status(message, error)
+
+    def show_status(self, message: Message, error: str | None = None) -> None:
+        status = self.query_one(".status", Static)
+        if message.status == COMPLETE:
+            status.update("")
+            status.display = False
+            return
+        status.update(f"({status_note(message.status)}{': ' + error if error else ''})")
+        status.display = True
+
+
+class Notice(Static):
+    """A line of guidance shown in an empty chat (no model yet, how to start)."""
+
+
+class ChatView(VerticalScroll):
+    can_focus = True
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    async def show(self, conversation: Conversation, notice: str = "") -> None:
+        await self.remove_children()
+        widgets = [self._widget_for(m) for m in conversation.messages]
+        if notice and not widgets:
+            widgets.append(Notice(notice, classes="notice"))
+        if widgets:
+            await self.mount_all(widgets)
+        self.anchor()
+
+    async def add_user(self, text: str) -> UserMessage:
+        await self.query(Notice).remove()
+        widget = UserMessage(text)
+        await self.mount(widget)
+        self.anchor()
+        return widget
+
+    async def add_assistant(self) -> AssistantMessage:
+        widget = AssistantMessage()
+        await self.mount(widget)
+        self.anchor()
+        return widget
+
+    @staticmethod
+    def _widget_for(message: Message):
+        if message.role == "user":
+            return UserMessage(message.content)
+        return AssistantMessage(message)
