@@ -60,7 +60,8 @@ def histogram_bars(counts: list[int]) -> str:
     return "".join(BARS[round(c / top * (len(BARS) - 1))] if c else BARS[0] for c in counts)
 
 
-def _rows(*rows: tuple[str, str]) -> Table:
+def _rows(shown: dict[str, str], *rows: tuple[str, str]) -> Table:
+    shown.update(rows)
     table = Table.grid(expand=True)
     table.add_column(style="dim", no_wrap=True)
     table.add_column(justify="right", no_wrap=True)
@@ -77,6 +78,7 @@ class StatsPanel(VerticalScroll):
         self.figures: Figures | None = None
         self.histogram: list[int] = []
         self.by_thinking: dict[bool, list[float]] = {True: [], False: []}
+        self.shown: dict[str, str] = {}  # row name -> the text on screen
 
     def compose(self):
         yield Label("Speed", classes="section-title")
@@ -117,16 +119,20 @@ class StatsPanel(VerticalScroll):
         self.figures = figures
         f = figures
         speed_label = "tok/s (live)" if f and f.live else "tok/s (last)"
+        self.shown.pop("tok/s (live)" if speed_label.endswith("(last)") else "tok/s (last)", None)
         self.query_one("#speed", Static).update(_rows(
+            self.shown,
             (speed_label, format_speed(f.tokens_per_s) if f else DASH),
             ("first token", f"{f.ttft_s:.2f} s" if f and f.ttft_s is not None else DASH),
         ))
         drafting = f is not None and f.speculative
         self.query_one("#draft", Static).update(_rows(
+            self.shown,
             ("acceptance", format_rate(f.acceptance_rate) if drafting else DASH),
             ("tokens/step", f"{f.mean_acceptance_length:.2f}" if drafting else DASH),
         ))
         self.query_one("#tokens", Static).update(_rows(
+            self.shown,
             ("prompt", f"{f.prompt_tokens} ({f.reused_tokens} reused)" if f else DASH),
             ("new", str(f.new_tokens) if f else DASH),
         ))
@@ -154,7 +160,7 @@ class StatsPanel(VerticalScroll):
         rows.append(("device", f"{pair.device}" + (f" · {_short(quant)}" if quant else "")))
         if memory is not None:
             rows.append((memory.kind, f"{gigabytes(memory.used_bytes)} / {gigabytes(memory.total_bytes)} GB"))
-        self.query_one("#model", Static).update(_rows(*rows))
+        self.query_one("#model", Static).update(_rows(self.shown, *rows))
 
     def set_thinking(self, on: bool) -> None:
         switch = self.query_one(Switch)

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import replace
+
+import pytest
+
+from dflash_chat.chat.conversation import Message
+from dflash_chat.chat.history import HistoryStore
+from dflash_chat.engine.events import GenerationStats
+from dflash_chat.settings import Settings
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield tmp_path / "home"
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    from dflash_chat.tiny import write_pair
+
+    return write_pair(tmp_path_factory.mktemp("tiny-pair"), seed=0)
+
+
+def fast_settings(**changes) -> Settings:
+    """Greedy and short, so each Pilot test generates only a few tokens."""
+    return replace(Settings(temperature=0.0, max_new_tokens=6, context_length=1024), **changes)
+
+
+async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+async def send(pilot, text: str) -> None:
+    await pilot.press(*text)
+    await pilot.press("enter")
+
+
+STATS = GenerationStats(
+    prompt_tokens=42, reused_tokens=17, new_tokens=61, steps=12, drafted=180, accepted=48,
+    acceptance_histogram=[2, 1, 0, 3, 2, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1],
+    prefill_s=0.05, ttft_s=0.08, decode_s=0.5, speculative=True,
+)
+
+ANSWER = """The `with` statement runs a block inside a *context manager*:
+
+```python
+with open("notes.txt") as handle:
+    text = handle.read()
+```
+
+The file is closed when the block ends, even after an error."""
+
+
+def seed_history(path) -> int:
+    """A fixed conversation (fixed clock, fixed stats) for snapshots and history tests."""
+    clock = itertools.count(1_767_225_600, 60)  # 2026-01-01 00:00 UTC, a minute per write
+    store = HistoryStore(path, clock=lambda: float(next(clock)))
+    older = store.create("Sorting a dict by value")
+    store.add(older, Message("user", "How do I sort a dict by value?"))
+    store.add(older, Message("assistant", "Use `sorted(d.items(), key=lambda kv: kv[1])`."))
+    cid = store.create("What does with do?")
+    store.add(cid, Message("user", "What does the `with` statement do in Python?"))
+    store.add(cid, Message("assistant", ANSWER, thinking="Explain context managers; show a file example.",
+                           stats=STATS))
+    store.close()
+    return cid
+
+
+def run(coro):
+    return asyncio.run(coro)
