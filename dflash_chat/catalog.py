@@ -1,0 +1,436 @@
+"""The model pairs dflash-chat knows: the shipped catalog.toml plus the user's own.
+
+A pair is a target model, the DFlash drafter trained for it and the official
+repo holding the tokenizer and chat template. Each part comes from a `Source`:
+files matched by pattern in a Hub repo, or a path on this machine.
+
+Users add pairs (or change shipped ones) in config.toml, with the same keys as
+catalog.toml under `[models.NAME]` instead of `[pairs.NAME]`:
+
+    [models.my-27b]                      # my own GGUFs, shapes from a shipped pair
+    extends = "qwen3.6-27b"
+    title = "Qwen3.6-27B (LM Studio files)"
+    target = { path = "~/models/Qwen3.6-27B-Q5_K_M.gguf" }
+    drafter = { path = "~/models/Qwen3.6-27B-DFlash-q8_0.gguf" }
+
+    [models."qwen3.6-27b".target]        # another uploader's quants for a shipped pair
+    repo = "someone/Qwen3.6-27B-GGUF"
+
+`extends` copies a pair and overlays the keys given (tables merge key by key);
+a [models.NAME] with a shipped pair's name overlays that pair.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import sys
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from dflash_chat import paths
+from dflash_chat.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+GB = 10**9
+
+# Tokenizer repos: tokenizer_config.json must be there; the rest is fetched when present.
+TOKENIZER_PATTERNS = ("tokenizer_config.json",)
+TOKENIZER_EXTRAS = (
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "config.json",
+)
+SAFETENSORS_PATTERNS = ("config.json", "*.safetensors")
+SAFETENSORS_EXTRAS = ("model.safetensors.index.json", "generation_config.json")
+
+# Bits per weight of common GGUF quants, to estimate the size of a quant the catalog does not list.
+BITS_PER_WEIGHT = {
+    "F32": 32.0, "BF16": 16.0, "F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.69,
+    "Q5_K_S": 5.54, "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_0": 4.5, "IQ4_XS": 4.25,
+    "IQ4_NL": 4.5, "Q3_K_L": 4.27, "Q3_K_M": 3.91, "Q3_K_S": 3.5, "Q2_K": 3.35,
+}
+
+_QUANT_TOKEN = re.compile(r"^(I?Q\d(_[A-Z0-9]+)*|BF16|F16|F32|MXFP4\w*)$", re.IGNORECASE)
+_SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$", re.IGNORECASE)
+
+
+class CatalogError(UserError):
+    """A pair or quant is unknown, or a catalog/config entry is malformed."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one part of a pair comes from: files matched in a Hub repo, or a local path."""
+
+    kind: str  # "gguf", "safetensors" or "tokenizer"
+    quant: str = ""
+    repo: str | None = None
+    revision: str = "main"
+    patterns: tuple[str, ...] = ()  # each must match at least one file of the repo
+    extras: tuple[str, ...] = ()  # fetched when the repo has them
+    path: Path | None = None
+    size: int = 0  # approximate bytes, until a listing says
+
+    @property
+    def is_local(self) -> bool:
+        return self.path is not None
+
+    def describe(self) -> str:
+        if self.path is not None:
+            return str(self.path)
+        return f"{self.repo} {' '.join(self.patterns)}"
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What sizes a hybrid Qwen3.5/3.6 target's state (DESIGN.md §4)."""
+
+    layers: int
+    full_attention_interval: int
+    kv_heads: int
+    head_dim: int
+    linear_key_heads: int
+    linear_value_heads: int
+    linear_key_dim: int
+    linear_value_dim: int
+    conv_kernel: int
+    hidden: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def attention_layers(self) -> int:
+        return self.layers // self.full_attention_interval
+
+    @property
+    def linear_layers(self) -> int:
+        return self.layers - self.attention_layers
+
+
+@dataclass(frozen=True)
+class DrafterShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    block_size: int = 16
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    title: str
+    rank: int
+    demo: bool
+    default_context: int
+    max_context: int
+    target_shape: TargetShape
+    drafter_shape: DrafterShape | None
+    targets: tuple[Source, ...]  # in order of preference
+    drafters: tuple[Source, ...]  # in order of preference; empty: plain decoding
+    tokenizer: Source
+    target_repo: str | None = None
+    origin: str = "catalog"
+
+    @property
+    def target_quants(self) -> tuple[str, ...]:
+        return tuple(s.quant for s in self.targets)
+
+    @property
+    def drafter_quants(self) -> tuple[str, ...]:
+        return tuple(s.quant for s in self.drafters)
+
+    def target(self, quant: str) -> Source:
+        """The target source for `quant`; a quant the catalog does not list is looked up by pattern."""
+        for source in self.targets:
+            if source.quant.lower() == quant.lower():
+                return source
+        if self.target_repo is None:
+            raise CatalogError(
+                f"{self.title} has no quant {quant} (it has {', '.join(self.target_quants)})"
+            )
+        return Source(
+            kind="gguf",
+            quant=quant.upper(),
+            repo=self.target_repo,
+            patterns=(f"*{quant}*.gguf",),
+            size=_estimated_size(self.targets, quant),
+        )
+
+    def drafter(self, quant: str) -> Source:
+        for source in self.drafters:
+            if source.quant.lower() == quant.lower():
+                return source
+        have = ", ".join(self.drafter_quants) or "none"
+        raise CatalogError(f"{self.title} has no drafter quant {quant} (it has {have})")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    pairs: tuple[Pair, ...]
+
+    def get(self, name: str) -> Pair:
+        wanted = name.strip().lower()
+        for pair in self.pairs:
+            if wanted in (pair.name.lower(), pair.title.lower()):
+                return pair
+        known = ", ".join(p.name for p in self.pairs)
+        raise CatalogError(f"unknown model {name!r}; known models: {known} (see `dflash-chat models`)")
+
+    def ranked(self) -> tuple[Pair, ...]:
+        return tuple(sorted(self.pairs, key=lambda p: -p.rank))
+
+
+def quant_of(filename: str) -> str | None:
+    """The quant named in a GGUF file name ('Qwen3.6-27B-UD-Q4_K_XL.gguf' -> 'UD-Q4_K_XL')."""
+    stem = _SPLIT_SUFFIX.sub("", Path(filename).name.removesuffix(".gguf"))
+    tokens = re.split(r"[-.]", stem)
+    for i in range(len(tokens) - 1, -1, -1):
+        if _QUANT_TOKEN.match(tokens[i]):
+            quant = tokens[i].upper()
+            return f"UD-{quant}" if i > 0 and tokens[i - 1].upper() == "UD" else quant
+    return None
+
+
+def split_group(filename: str) -> str:
+    """The name shared by every part of a split GGUF ('x-00001-of-00003.gguf' -> 'x')."""
+    return _SPLIT_SUFFIX.sub("", filename.removesuffix(".gguf"))
+
+
+def matches(filename: str, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(filename.lower(), pattern.lower())
+
+
+def load_catalog(config_path: Path | None = None) -> Catalog:
+    """The shipped pairs, with the user's [models.*] from config.toml added or overlaid."""
+    shipped = _read_toml_text(
+        resources.files("dflash_chat").joinpath("catalog.toml").read_text("utf-8"), "catalog.toml"
+    ).get("pairs", {})
+    config_path = config_path or paths.config_file()
+    user = _read_user_models(config_path)
+    tables: dict[str, tuple[dict[str, Any], str]] = {
+        name: (table, "catalog") for name, table in shipped.items()
+    }
+    for name, table in user.items():
+        if not isinstance(table, dict):
+            raise CatalogError(f"{config_path}: [models.{name}] must be a table")
+        table = dict(table)
+        base_name = table.pop("extends", None)
+        if base_name is not None:
+            base = _find_table(tables, str(base_name), config_path, name)
+        else:
+            base = tables.get(name, ({}, ""))[0]
+        tables[name] = (_merge(base, table), str(config_path))
+    return Catalog(tuple(_pair(name, table, origin) for name, (table, origin) in tables.items()))
+
+
+def _find_table(tables, base_name: str, config_path: Path, name: str) -> dict[str, Any]:
+    if base_name in tables:
+        return tables[base_name][0]
+    known = ", ".join(tables)
+    raise CatalogError(
+        f"{config_path}: [models.{name}] extends unknown model {base_name!r}; known models: {known}"
+    )
+
+
+def _read_user_models(config_path: Path) -> dict[str, Any]:
+    try:
+        text = config_path.read_text("utf-8")
+    except FileNotFoundError:
+        return {}
+    models = _read_toml_text(text, str(config_path)).get("models", {})
+    if not isinstance(models, dict):
+        raise CatalogError(f"{config_path}: `models` must be a table of [models.NAME] entries")
+    return models
+
+
+def _read_toml_text(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{where} is not valid TOML ({exc}); fix or delete it") from None
+
+
+def _merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# --- parsing one pair ---------------------------------------------------------------------------
+
+_PAIR_KEYS = {"title", "rank", "demo", "default_context", "max_context", "tokenizer", "target", "drafter"}
+
+
+class _Reader:
+    """Typed access to one pair's table; every error names the table and the key."""
+
+    def __init__(self, name: str, origin: str):
+        self.where = f"{origin}: [{'pairs' if origin == 'catalog' else 'models'}.{name}]"
+
+    def fail(self, problem: str) -> CatalogError:
+        return CatalogError(f"{self.where} {problem}")
+
+    def get(self, table: Mapping[str, Any], key: str, kind: type, default: Any = ..., at: str = ""):
+        if key not in table:
+            if default is ...:
+                raise self.fail(f"needs `{at}{key}`")
+            return default
+        value = table[key]
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise self.fail(f"`{at}{key}` must be a whole number, got {value!r}")
+        if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise self.fail(f"`{at}{key}` must be a number, got {value!r}")
+        if kind in (str, bool, dict) and not isinstance(value, kind):
+            raise self.fail(f"`{at}{key}` must be {kind.__name__}, got {value!r}")
+        return value
+
+    def only(self, table: Mapping[str, Any], allowed: set[str], at: str = "") -> None:
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise self.fail(f"has unknown key `{at}{unknown[0]}` (known: {', '.join(sorted(allowed))})")
+
+
+def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
+    r = _Reader(name, origin)
+    r.only(table, _PAIR_KEYS)
+    target = r.get(table, "target", dict)
+    drafter = r.get(table, "drafter", dict, {})
+    targets, target_repo = _target_sources(r, target)
+    default_context = r.get(table, "default_context", int, 32768)
+    return Pair(
+        name=name,
+        title=r.get(table, "title", str, name),
+        rank=r.get(table, "rank", int, 0),
+        demo=r.get(table, "demo", bool, False),
+        default_context=default_context,
+        max_context=r.get(table, "max_context", int, default_context),
+        target_shape=_shape(r, TargetShape, r.get(target, "shape", dict, at="target."), "target.shape."),
+        drafter_shape=(
+            _shape(r, DrafterShape, drafter["shape"], "drafter.shape.") if "shape" in drafter else None
+        ),
+        targets=targets,
+        drafters=_drafter_sources(r, drafter),
+        tokenizer=_tokenizer_source(r, table.get("tokenizer")),
+        target_repo=target_repo,
+        origin=origin,
+    )
+
+
+def _shape(r: _Reader, cls, table: Mapping[str, Any], at: str):
+    names = set(cls.__dataclass_fields__)
+    r.only(table, names, at)
+    defaults = {"block_size": 16}
+    values = {}
+    for key in names:
+        values[key] = r.get(table, key, int, defaults.get(key, ...), at=at)
+    return cls(**values)
+
+
+def _target_sources(r: _Reader, target: Mapping[str, Any]) -> tuple[tuple[Source, ...], str | None]:
+    r.only(target, {"repo", "revision", "shape", "quants", "path"}, "target.")
+    if "path" in target:
+        return (_local_source(r, target, "target."),), None
+    repo = r.get(target, "repo", str, at="target.")
+    revision = r.get(target, "revision", str, "main", at="target.")
+    quants = r.get(target, "quants", dict, at="target.")
+    if not quants:
+        raise r.fail("needs at least one entry in `target.quants`")
+    sources = tuple(
+        _quant_source(r, quant, spec, repo, revision, f"target.quants.{quant}.")
+        for quant, spec in quants.items()
+    )
+    return sources, repo
+
+
+def _drafter_sources(r: _Reader, drafter: Mapping[str, Any]) -> tuple[Source, ...]:
+    r.only(drafter, {"repo", "revision", "shape", "quants", "path"}, "drafter.")
+    if "path" in drafter:
+        return (_local_source(r, drafter, "drafter."),)
+    repo = r.get(drafter, "repo", str, None, at="drafter.")
+    revision = r.get(drafter, "revision", str, "main", at="drafter.")
+    quants = r.get(drafter, "quants", dict, {}, at="drafter.")
+    return tuple(
+        _quant_source(r, quant, spec, repo, revision, f"drafter.quants.{quant}.")
+        for quant, spec in quants.items()
+    )
+
+
+def _quant_source(r: _Reader, quant: str, spec: Any, repo: str | None, revision: str, at: str) -> Source:
+    if not isinstance(spec, dict):
+        raise r.fail(f"`{at.rstrip('.')}` must be a table like {{ pattern = \"*{quant}*.gguf\" }}")
+    r.only(spec, {"repo", "revision", "pattern", "format", "size_gb", "path"}, at)
+    if "path" in spec:
+        return replace(_local_source(r, spec, at), quant=quant)
+    repo = r.get(spec, "repo", str, repo, at=at)
+    if repo is None:
+        raise r.fail(f"needs `{at}repo` (or a `repo` for the whole section)")
+    size = int(r.get(spec, "size_gb", float, 0, at=at) * GB)
+    revision = r.get(spec, "revision", str, revision, at=at)
+    fmt = r.get(spec, "format", str, "gguf", at=at)
+    if fmt == "safetensors":
+        return Source("safetensors", quant, repo, revision, SAFETENSORS_PATTERNS, SAFETENSORS_EXTRAS, size=size)
+    if fmt != "gguf":
+        raise r.fail(f"`{at}format` must be \"gguf\" or \"safetensors\", got {fmt!r}")
+    pattern = r.get(spec, "pattern", str, at=at)
+    return Source("gguf", quant, repo, revision, (pattern,), size=size)
+
+
+def _local_source(r: _Reader, spec: Mapping[str, Any], at: str) -> Source:
+    path = Path(r.get(spec, "path", str, at=at)).expanduser()
+    kind = "gguf" if path.suffix.lower() == ".gguf" else "safetensors"
+    return Source(kind, quant_of(path.name) or "local", path=path, size=local_size(path))
+
+
+def _tokenizer_source(r: _Reader, spec: Any) -> Source:
+    if isinstance(spec, str):
+        spec = {"repo": spec}
+    if not isinstance(spec, dict):
+        raise r.fail('needs `tokenizer = "owner/repo"` or `tokenizer = { path = "..." }`')
+    r.only(spec, {"repo", "revision", "path"}, "tokenizer.")
+    if "path" in spec:
+        return Source("tokenizer", path=Path(r.get(spec, "path", str, at="tokenizer.")).expanduser())
+    return Source(
+        "tokenizer",
+        repo=r.get(spec, "repo", str, at="tokenizer."),
+        revision=r.get(spec, "revision", str, "main", at="tokenizer."),
+        patterns=TOKENIZER_PATTERNS,
+        extras=TOKENIZER_EXTRAS,
+    )
+
+
+def local_size(path: Path) -> int:
+    """Bytes of a local model file, or of the weight files in a checkpoint folder (0 if absent)."""
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.glob("*.safetensors"))
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _estimated_size(known: tuple[Source, ...], quant: str) -> int:
+    """Scale a listed quant's size by bits per weight (largest listed size when unknown)."""
+    largest = max(known, key=lambda s: s.size)
+    bits = BITS_PER_WEIGHT.get(quant.upper().removeprefix("UD-"))
+    for source in known:
+        ref = BITS_PER_WEIGHT.get(source.quant.upper())
+        if bits and ref and source.size:
+            return int(source.size * bits / ref)
+    return largest.size

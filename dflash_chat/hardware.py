@@ -1,0 +1,393 @@
+"""What this machine has, and which model pair and quants fit it.
+
+`probe()` imports torch inside the function (never at import time) so the UI can
+start first and probe in a worker. `choose()` is pure: it takes a `Machine`
+(a probe double in tests) and the catalog, and returns a `Choice` with a
+one-line explanation, e.g.
+"RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; 4.2 GB left for a 32k context".
+
+Memory needed = target weights + drafter weights + state for the context
++ workspace + margin, where state (DESIGN.md §4) is the KV cache of the full
+attention layers (every 4th layer), the fixed recurrent and conv state of the
+Gated DeltaNet layers (twice: the committed state and the one the verify step
+rolls back from) and the drafter's KV cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_chat.catalog import Catalog, DrafterShape, Pair, Source, TargetShape, local_size, quant_of
+from dflash_chat.errors import UserError
+
+GIB = 2**30
+KV_BYTES = 2  # bf16 keys/values
+STATE_BYTES = 4  # fp32 recurrent state
+PREFILL_CHUNK = 2048  # tokens per prefill forward, for activation memory
+FIXED_WORKSPACE = GIB // 2  # cuBLAS/Triton workspaces, allocator slack
+MARGIN_FRACTION = 0.05
+MIN_MARGIN = GIB // 2
+
+
+class NoFitError(UserError):
+    """No pair/quant fits the memory there is; the message says what the smallest one needs."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    total: int
+    free: int
+
+    @property
+    def label(self) -> str:
+        return f"{short_gpu_name(self.name)} {round(self.total / GIB)} GB"
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpus: tuple[Gpu, ...]
+    ram_total: int
+    ram_available: int
+    cuda_note: str = ""  # why there is no GPU, when there is none
+
+    @property
+    def gpu(self) -> Gpu | None:
+        """The GPU the engine will use: the one with the most free memory."""
+        return max(self.gpus, key=lambda g: g.free, default=None)
+
+    @property
+    def device(self) -> str:
+        gpu = self.gpu
+        return f"cuda:{gpu.index}" if gpu else "cpu"
+
+    @property
+    def label(self) -> str:
+        gpu = self.gpu
+        return gpu.label if gpu else f"CPU, {gb(self.ram_total)} RAM"
+
+    @property
+    def total(self) -> int:
+        gpu = self.gpu
+        return gpu.total if gpu else self.ram_total
+
+    @property
+    def available(self) -> int:
+        gpu = self.gpu
+        return gpu.free if gpu else self.ram_available
+
+
+def gb(n: int | float) -> str:
+    """Bytes as the app shows memory and files: '16.5 GB' (binary gigabytes)."""
+    return f"{n / GIB:.1f} GB"
+
+
+def short_gpu_name(name: str) -> str:
+    return re.sub(r"^(NVIDIA\s+)?(GeForce\s+)?", "", name).strip() or name
+
+
+# --- probe -----------------------------------------------------------------------------------------
+
+
+def probe() -> Machine:
+    """GPUs (name, total and free memory) via torch.cuda, and RAM; no GPU means CPU."""
+    gpus, note = _probe_gpus()
+    total, available = _ram()
+    return Machine(gpus, total, available, note)
+
+
+def _probe_gpus() -> tuple[tuple[Gpu, ...], str]:
+    try:
+        import torch
+    except ImportError as exc:
+        return (), f"torch is not importable ({exc})"
+    if not torch.cuda.is_available():
+        build = "CPU-only build of torch" if torch.version.cuda is None else "no CUDA device visible"
+        return (), build
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(index)
+        gpus.append(Gpu(index, torch.cuda.get_device_name(index), total, free))
+    return tuple(gpus), ""
+
+
+def _ram() -> tuple[int, int]:
+    try:
+        with open("/proc/meminfo") as handle:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in handle if ":" in line}
+        return info["MemTotal"], info.get("MemAvailable", info["MemTotal"])
+    except (OSError, KeyError, ValueError, IndexError):
+        try:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            total = 0
+        return total, total
+
+
+# --- memory arithmetic ------------------------------------------------------------------------------
+
+
+def kv_bytes(shape: TargetShape, context: int) -> int:
+    """Keys and values of the full-attention layers for `context` positions."""
+    return shape.attention_layers * 2 * shape.kv_heads * shape.head_dim * context * KV_BYTES
+
+
+def recurrent_bytes(shape: TargetShape) -> int:
+    """Gated DeltaNet state (per value head: key_dim x value_dim) plus the conv window, per copy."""
+    state = shape.linear_value_heads * shape.linear_key_dim * shape.linear_value_dim * STATE_BYTES
+    conv_channels = 2 * shape.linear_key_heads * shape.linear_key_dim + (
+        shape.linear_value_heads * shape.linear_value_dim
+    )
+    conv = conv_channels * (shape.conv_kernel - 1) * KV_BYTES
+    return shape.linear_layers * (state + conv)
+
+
+def drafter_kv_bytes(shape: DrafterShape | None, context: int) -> int:
+    if shape is None:
+        return 0
+    return shape.layers * 2 * shape.kv_heads * shape.head_dim * (context + shape.block_size) * KV_BYTES
+
+
+def state_bytes(pair: Pair, context: int, with_drafter: bool = True) -> int:
+    recurrent = 2 * recurrent_bytes(pair.target_shape)  # committed + the copy verify rolls back from
+    drafter = drafter_kv_bytes(pair.drafter_shape, context) if with_drafter else 0
+    return kv_bytes(pair.target_shape, context) + recurrent + drafter
+
+
+def workspace_bytes(pair: Pair) -> int:
+    """Activations of one prefill chunk, the verify block's logits, fixed library workspaces."""
+    s = pair.target_shape
+    width = 4 * s.hidden + 3 * s.intermediate + 2 * s.linear_value_heads * s.linear_value_dim
+    block = pair.drafter_shape.block_size if pair.drafter_shape else 1
+    logits = 2 * block * s.vocab * 4
+    return FIXED_WORKSPACE + PREFILL_CHUNK * width * KV_BYTES + logits
+
+
+def margin_bytes(total: int) -> int:
+    return max(MIN_MARGIN, int(total * MARGIN_FRACTION))
+
+
+@dataclass(frozen=True)
+class Budget:
+    target: int
+    drafter: int
+    state: int
+    workspace: int
+    margin: int
+    available: int
+
+    @property
+    def need(self) -> int:
+        return self.target + self.drafter + self.state + self.workspace + self.margin
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.available
+
+    @property
+    def left_for_context(self) -> int:
+        """Memory left once weights, workspace and margin are placed: what holds the state."""
+        return self.available - self.target - self.drafter - self.workspace - self.margin
+
+
+def budget(pair: Pair, target: Source, drafter: Source | None, context: int, machine: Machine) -> Budget:
+    return Budget(
+        target=target.size,
+        drafter=drafter.size if drafter else 0,
+        state=state_bytes(pair, context, with_drafter=drafter is not None),
+        workspace=workspace_bytes(pair),
+        margin=margin_bytes(machine.total),
+        available=machine.available,
+    )
+
+
+# --- choosing ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    pair: Pair
+    target: Source
+    drafter: Source | None
+    context: int
+    device: str
+    budget: Budget
+    explanation: str
+
+    @property
+    def fits(self) -> bool:
+        return self.budget.fits
+
+
+def choose(
+    machine: Machine,
+    catalog: Catalog,
+    *,
+    model: str | None = None,
+    quant: str | None = None,
+    drafter_quant: str | None = None,
+    context: int | None = None,
+    target_file: str | Path | None = None,
+    drafter_file: str | Path | None = None,
+) -> Choice:
+    """The best pair + target quant + drafter quant that fit, honouring every override given.
+
+    Without overrides: pairs by rank (the demo pair on CPU), target quants and then drafter
+    quants in the catalog's order of preference (Q8_0 before Q4_K_M); the first that fits wins.
+    When the user pinned everything (model and quants, or files) the choice is returned even if
+    it does not fit, with an explanation that says so; otherwise nothing fitting is an error.
+    """
+    if context is not None and context < 256:
+        raise UserError(f"--context must be at least 256 tokens, got {context}")
+    pairs = _candidate_pairs(machine, catalog, model, target_file)
+    pinned = (model is not None or target_file is not None) and (
+        (quant is not None or target_file is not None)
+        and (drafter_quant is not None or drafter_file is not None or not pairs[0].drafters)
+    )
+    tried: list[Choice] = []
+    for pair in pairs:
+        ctx = _context_for(pair, context, explicit=model is not None or target_file is not None)
+        if ctx is None:
+            continue
+        for target in _targets(pair, quant, target_file):
+            for drafter in _drafters(pair, drafter_quant, drafter_file):
+                choice = _make_choice(machine, pair, target, drafter, ctx)
+                if choice.fits:
+                    return choice
+                tried.append(choice)
+    if not tried:
+        raise NoFitError(
+            f"no model supports a {_ctx_label(context or 0)} context; try a shorter --context"
+        )
+    smallest = min(tried, key=lambda c: c.budget.need)
+    if pinned:
+        return smallest
+    raise NoFitError(
+        f"{machine.label}: nothing fits in the {gb(machine.available)} free; the smallest option, "
+        f"{_parts(smallest)} with a {_ctx_label(smallest.context)} context, needs "
+        f"{gb(smallest.budget.need)}. Try a shorter --context, close programs using the "
+        "GPU, or pick a model and quant yourself (--model, --quant)."
+    )
+
+
+def _candidate_pairs(machine: Machine, catalog: Catalog, model, target_file) -> list[Pair]:
+    if model is not None:
+        return [catalog.get(model)]
+    if target_file is not None:
+        return [_pair_for_file(catalog, Path(target_file))]
+    ranked = list(catalog.ranked())
+    if machine.gpu is None:
+        demo = [p for p in ranked if p.demo]
+        return demo or ranked[-1:]
+    return ranked
+
+
+def _pair_for_file(catalog: Catalog, path: Path) -> Pair:
+    """The catalog pair a GGUF belongs to, from its name ('Qwen3.6-27B-Q5_K_M.gguf' -> Qwen3.6-27B)."""
+    name = path.name.lower()
+    for pair in sorted(catalog.pairs, key=lambda p: -len(p.title)):
+        if pair.title.lower() in name:
+            return pair
+    titles = ", ".join(p.title for p in catalog.pairs)
+    raise UserError(
+        f"cannot tell which model {path.name} is (expected one of {titles} in its name); "
+        "add --model NAME"
+    )
+
+
+def _context_for(pair: Pair, context: int | None, explicit: bool) -> int | None:
+    ctx = context or pair.default_context
+    if ctx <= pair.max_context:
+        return ctx
+    if explicit:
+        raise UserError(
+            f"{pair.title} supports at most {pair.max_context} tokens of context; "
+            f"--context {ctx} is too long"
+        )
+    return None
+
+
+def _targets(pair: Pair, quant: str | None, target_file) -> list[Source]:
+    if target_file is not None:
+        return [_file_source(Path(target_file), "target")]
+    if quant is not None:
+        return [pair.target(quant)]
+    return list(pair.targets)
+
+
+def _drafters(pair: Pair, drafter_quant: str | None, drafter_file) -> list[Source | None]:
+    if drafter_file is not None:
+        return [_file_source(Path(drafter_file), "drafter")]
+    if drafter_quant is not None:
+        return [pair.drafter(drafter_quant)]
+    return list(pair.drafters) or [None]
+
+
+def _file_source(path: Path, role: str) -> Source:
+    path = path.expanduser()
+    if not path.exists():
+        raise UserError(f"--{role}-file {path}: no such file. Check the path.")
+    kind = "gguf" if path.suffix.lower() == ".gguf" else "safetensors"
+    return Source(kind, quant_of(path.name) or "local", path=path, size=local_size(path))
+
+
+def _make_choice(machine: Machine, pair: Pair, target: Source, drafter: Source | None, ctx: int) -> Choice:
+    b = budget(pair, target, drafter, ctx, machine)
+    parts = _parts_of(pair, target, drafter)
+    if b.fits:
+        text = f"{machine.label}: {parts}; {gb(b.left_for_context)} left for a {_ctx_label(ctx)} context"
+    else:
+        text = (
+            f"{machine.label}: {parts} with a {_ctx_label(ctx)} context needs {gb(b.need)}, "
+            f"only {gb(b.available)} free: it will not fit"
+        )
+    return Choice(pair, target, drafter, ctx, machine.device, b, text)
+
+
+def _parts(choice: Choice) -> str:
+    return _parts_of(choice.pair, choice.target, choice.drafter)
+
+
+def _parts_of(pair: Pair, target: Source, drafter: Source | None) -> str:
+    t = f"{target.path.name} (local file)" if target.path else f"{pair.title} {target.quant}"
+    if drafter is None:
+        return f"{t}, no drafter"
+    d = f"{drafter.path.name} (local)" if drafter.path else drafter.quant
+    return f"{t} + drafter {d}"
+
+
+def _ctx_label(context: int) -> str:
+    return f"{context // 1024}k" if context >= 1024 and context % 1024 == 0 else str(context)
+
+
+# --- command-line flags shared by the commands that pick a model ------------------------------------
+
+
+def add_choice_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model choice (default: the best that fits this machine)")
+    group.add_argument("--model", help="model pair name from `dflash-chat models`")
+    group.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M")
+    group.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
+    group.add_argument("--context", type=int, help="context length in tokens (default: the model's)")
+    group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
+    group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")
+
+
+def choose_from_args(args: argparse.Namespace, machine: Machine | None = None, catalog: Catalog | None = None) -> Choice:
+    from dflash_chat.catalog import load_catalog
+
+    return choose(
+        machine or probe(),
+        catalog or load_catalog(),
+        model=getattr(args, "model", None),
+        quant=getattr(args, "quant", None),
+        drafter_quant=getattr(args, "drafter_quant", None),
+        context=getattr(args, "context", None),
+        target_file=getattr(args, "target_file", None),
+        drafter_file=getattr(args, "drafter_file", None),
+    )

@@ -1,0 +1,308 @@
+"""Downloads through the real huggingface_hub client against a local Hub (tests/hubserver.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+
+import numpy as np
+import pytest
+from huggingface_hub import constants, hf_hub_download
+
+from dflash_chat import hub
+from dflash_chat.catalog import (
+    SAFETENSORS_EXTRAS,
+    SAFETENSORS_PATTERNS,
+    TOKENIZER_EXTRAS,
+    TOKENIZER_PATTERNS,
+    Source,
+)
+from tests.hubserver import HubServer, Repo
+
+TARGET_REPO, DRAFTER_REPO, TOKENIZER_REPO = "tiny/Tiny-GGUF", "tiny/Tiny-DFlash", "tiny/Tiny"
+
+
+def tiny_gguf(path, n: int, seed: int) -> bytes:
+    """A real (tiny) GGUF file: one f32 tensor of n random values."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "qwen35")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.random.default_rng(seed).standard_normal(n, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+@pytest.fixture
+def repos(tmp_path_factory) -> dict[str, Repo]:
+    work = tmp_path_factory.mktemp("repo-src")
+    rng = np.random.default_rng(0)
+    target = {
+        "Tiny-Q8_0.gguf": tiny_gguf(work / "q8.gguf", 96_000, 1),
+        "Tiny-Q4_K_M.gguf": tiny_gguf(work / "q4.gguf", 160_000, 2),
+        "Tiny-UD-Q4_K_M.gguf": tiny_gguf(work / "ud.gguf", 1_000, 3),
+        "mmproj-BF16.gguf": b"vision tower",
+        "README.md": b"# Tiny\n",
+    }
+    drafter = {
+        "config.json": b'{"architectures": ["DFlashDraftModel"], "block_size": 16}',
+        "model.safetensors": rng.bytes(150_000),
+    }
+    tokenizer = {
+        "tokenizer_config.json": b'{"model_max_length": 4096}',
+        "tokenizer.json": b'{"version": "1.0"}',
+        "chat_template.jinja": b"{% for m in messages %}{{ m.content }}{% endfor %}",
+        "config.json": b'{"model_type": "qwen3_5"}',
+        "model-00001-of-00002.safetensors": rng.bytes(10_000),
+    }
+    return {TARGET_REPO: Repo(target), DRAFTER_REPO: Repo(drafter), TOKENIZER_REPO: Repo(tokenizer)}
+
+
+@pytest.fixture
+def server(repos):
+    with HubServer(repos) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def hub_env(monkeypatch, tmp_path):
+    """A private HF cache, Xet off, online, no stored token, fast retries."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    monkeypatch.setattr(hub, "RETRY_WAIT", 0.01)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return tmp_path / "hf-home" / "hub"
+
+
+def sources(quant: str = "Q4_K_M"):
+    target = Source("gguf", quant, TARGET_REPO, patterns=(f"*{quant}*.gguf",))
+    drafter = Source("safetensors", "BF16", DRAFTER_REPO, patterns=SAFETENSORS_PATTERNS, extras=SAFETENSORS_EXTRAS)
+    tokenizer = Source("tokenizer", repo=TOKENIZER_REPO, patterns=TOKENIZER_PATTERNS, extras=TOKENIZER_EXTRAS)
+    return target, drafter, tokenizer
+
+
+def fetch_all(server, **kwargs):
+    return hub.fetch(*sources(kwargs.pop("quant", "Q4_K_M")), endpoint=server.url, **kwargs)
+
+
+def test_complete_download_lands_in_the_standard_cache(server, repos, cache):
+    events: list[hub.Progress] = []
+    files = fetch_all(server, progress=events.append)
+
+    assert files.target.name == "Tiny-Q4_K_M.gguf"  # the plain quant, not UD- or mmproj
+    assert files.target.read_bytes() == repos[TARGET_REPO].files["Tiny-Q4_K_M.gguf"]
+    assert sorted(p.name for p in files.drafter.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in files.tokenizer.iterdir()) == [
+        "chat_template.jinja", "config.json", "tokenizer.json", "tokenizer_config.json",
+    ]
+    assert files.target.is_relative_to(cache / "models--tiny--Tiny-GGUF" / "snapshots")
+    import gguf
+
+    assert gguf.GGUFReader(files.target).tensors[0].n_elements == 160_000
+
+    # every file finished with a "done" report whose byte counts add up
+    done = {e.file.filename: e for e in events if e.status == "done"}
+    assert set(done) == {"Tiny-Q4_K_M.gguf", "config.json", "model.safetensors", "tokenizer_config.json",
+                         "tokenizer.json", "chat_template.jinja"}
+    assert all(e.done == e.total == e.file.size for e in done.values())
+
+    # other Hugging Face tools find the files offline, by name, in the same cache
+    shared = hf_hub_download(TARGET_REPO, "Tiny-Q4_K_M.gguf", cache_dir=cache, local_files_only=True)
+    assert shared == str(files.target)
+
+
+def test_a_second_run_fetches_nothing(server, cache):
+    first = fetch_all(server)
+    before = len(server.requests)
+    plan = hub.plan(*sources(), endpoint=server.url)
+    assert all(f.cached for f in plan.files)
+    again = hub.download(plan)
+    assert again == first
+    transfers = [r for r in server.requests[before:] if "/resolve/" in r.path or "/cdn/" in r.path]
+    assert transfers == []
+
+
+def test_progress_reports_bytes_speed_and_eta(server, monkeypatch):
+    monkeypatch.setattr(hub, "PROGRESS_INTERVAL", 0.0)
+    monkeypatch.setattr(hub, "CHUNK", 16 * 1024)
+    server.delay = 0.002
+    events: list[hub.Progress] = []
+    fetch_all(server, progress=events.append)
+    running = [e for e in events if e.status == "downloading" and e.file.filename == "Tiny-Q4_K_M.gguf"]
+    assert len(running) >= 5
+    assert [e.done for e in running] == sorted(e.done for e in running)
+    mid = [e for e in running if e.done < e.total][-1]
+    assert mid.speed > 0
+    assert mid.eta == pytest.approx((mid.total - mid.done) / mid.speed)
+
+
+def test_token_goes_to_the_hub_but_not_to_the_cdn(server, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    fetch_all(server)
+    auth = {r.path.split("?")[0]: r.headers.get("authorization") for r in server.requests}
+    assert auth[f"/api/models/{TARGET_REPO}/revision/main"] == "Bearer hf_test_token"
+    resolve = [p for p in auth if "/resolve/" in p and p.endswith(".gguf")]
+    cdn = [p for p in auth if p.startswith("/cdn/")]
+    assert resolve and cdn
+    assert all(auth[p] == "Bearer hf_test_token" for p in resolve)
+    assert all(auth[p] is None for p in cdn)
+
+
+def test_dropped_connection_resumes_with_a_range_request(server, repos):
+    server.drop_after["Tiny-Q4_K_M.gguf"] = 200_000
+    files = fetch_all(server)
+    assert files.target.read_bytes() == repos[TARGET_REPO].files["Tiny-Q4_K_M.gguf"]
+    ranges = [r.headers.get("range") for r in server.gets("/cdn/")]
+    assert "bytes=200000-" in ranges  # continued from the byte where the connection broke
+
+
+def test_cancel_leaves_a_partial_file_the_next_run_resumes(server, repos, cache, monkeypatch):
+    monkeypatch.setattr(hub, "PROGRESS_INTERVAL", 0.0)
+    server.delay = 0.005
+    cancel = threading.Event()
+
+    def stop_midway(event: hub.Progress) -> None:
+        if event.file.filename == "Tiny-Q4_K_M.gguf" and event.done >= 192 * 1024:
+            cancel.set()
+
+    with pytest.raises(hub.DownloadCancelled):
+        fetch_all(server, progress=stop_midway, cancel=cancel)
+    partials = list(cache.glob("models--tiny--Tiny-GGUF/blobs/*.incomplete"))
+    assert len(partials) == 1
+    kept = partials[0].stat().st_size
+    data = repos[TARGET_REPO].files["Tiny-Q4_K_M.gguf"]
+    assert 192 * 1024 <= kept < len(data)
+    assert partials[0].read_bytes() == data[:kept]
+    assert not list(cache.glob("models--tiny--Tiny/blobs/*"))  # files after the cancel never start
+
+    server.delay = 0.0
+    events: list[hub.Progress] = []
+    files = fetch_all(server, progress=events.append)
+    assert files.target.read_bytes() == data
+    sha = hashlib.sha256(data).hexdigest()
+    assert server.gets(f"/cdn/{sha}")[-1].headers.get("range") == f"bytes={kept}-"
+    assert any(e.status == "resuming" and e.done == kept for e in events)
+    assert not list(cache.glob("**/*.incomplete"))
+
+
+def test_not_enough_disk_stops_before_any_transfer(server):
+    plan = hub.plan(*sources(), endpoint=server.url)
+    with pytest.raises(hub.NotEnoughDiskError) as err:
+        hub.download(plan, disk_free=lambda path: 50_000)
+    message = str(err.value)
+    assert "not enough disk space" in message and "HF_HUB_CACHE" in message
+    assert f"{plan.missing_bytes() / 2**30:.1f} GB" in message
+    assert not [r for r in server.requests if "/resolve/" in r.path or "/cdn/" in r.path]
+
+
+def test_offline_with_everything_cached_makes_no_request(server, monkeypatch):
+    online = fetch_all(server)
+    seen = len(server.requests)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = fetch_all(server)
+    assert offline == online
+    assert len(server.requests) == seen
+
+
+def test_offline_names_exactly_what_is_missing(server, monkeypatch):
+    target, drafter, tokenizer = sources()
+    hub.fetch(Source("gguf", "Q8_0", TARGET_REPO, patterns=("*Q8_0*.gguf",)), None, tokenizer, endpoint=server.url)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hub.OfflineError) as err:
+        hub.plan(target, drafter, tokenizer, endpoint=server.url)
+    message = str(err.value)
+    assert message.startswith("offline (HF_HUB_OFFLINE is set), and the cache (")
+    lacks = message.split(" lacks: ")[1].split(". ")[0]
+    assert lacks == "tiny/Tiny-GGUF *Q4_K_M*.gguf (Q4_K_M); tiny/Tiny-DFlash config.json *.safetensors (BF16)"
+
+
+def test_offline_with_an_empty_cache_lists_every_part(server, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # as if HF_HUB_OFFLINE=1 at import
+    with pytest.raises(hub.OfflineError) as err:
+        fetch_all(server)
+    lacks = str(err.value).split(" lacks: ")[1].split(". ")[0]
+    assert lacks.split("; ") == [
+        "tiny/Tiny-GGUF *Q4_K_M*.gguf (Q4_K_M)",
+        "tiny/Tiny-DFlash config.json *.safetensors (BF16)",
+        "tiny/Tiny tokenizer_config.json",
+    ]
+    assert server.requests == []
+
+
+def test_unreachable_hub_falls_back_to_the_cache(server):
+    online = fetch_all(server)
+    gone = "http://127.0.0.1:9"  # discard port: connection refused
+    assert hub.fetch(*sources(), endpoint=gone) == online
+    with pytest.raises(hub.OfflineError) as err:
+        hub.plan(*sources("Q8_0"), endpoint=gone)
+    assert f"cannot reach {gone}" in str(err.value)
+    assert "tiny/Tiny-GGUF *Q8_0*.gguf (Q8_0)" in str(err.value)
+
+
+def test_missing_quant_names_the_repo_and_its_quants(server):
+    with pytest.raises(hub.MissingFilesError) as err:
+        hub.plan(*sources("Q6_K"), endpoint=server.url)
+    assert str(err.value) == (
+        "tiny/Tiny-GGUF has no Q6_K GGUF (no file matches '*Q6_K*.gguf'); "
+        "it has: Q4_K_M, Q8_0, UD-Q4_K_M. Pick one of those with --quant/--drafter-quant"
+    )
+
+
+def test_unknown_repo_is_one_clear_line(server):
+    target = Source("gguf", "Q4_K_M", "tiny/Nope-GGUF", patterns=("*Q4_K_M*.gguf",))
+    with pytest.raises(hub.HubError, match=r"^tiny/Nope-GGUF was not found on the Hub; .*HF_TOKEN"):
+        hub.plan(target, None, sources()[2], endpoint=server.url)
+
+
+def test_a_corrupt_transfer_is_refused_and_removed(server, cache):
+    plan = hub.plan(*sources(), endpoint=server.url)
+    target = plan.parts[0]
+    wrong = dataclasses.replace(target.files[0], sha256=hashlib.sha256(b"other").hexdigest())
+    bad = dataclasses.replace(plan, parts=(dataclasses.replace(target, files=(wrong,)),))
+    with pytest.raises(hub.HubError, match="failed verification"):
+        hub.download(bad)
+    assert not list(cache.glob("**/*.incomplete"))
+    assert not (cache / "models--tiny--Tiny-GGUF" / "blobs" / wrong.sha256).exists()
+
+
+def test_split_gguf_fetches_every_part():
+    files = {
+        "Q8_0/Big-Q8_0-00001-of-00002.gguf": b"a" * 70_000,
+        "Q8_0/Big-Q8_0-00002-of-00002.gguf": b"b" * 30_000,
+        "Big-Q4_K_M.gguf": b"c" * 1000,
+        "tokenizer_config.json": b"{}",
+    }
+    with HubServer({"big/Big-GGUF": Repo(files)}) as running:
+        target = Source("gguf", "Q8_0", "big/Big-GGUF", patterns=("*Q8_0*.gguf",))
+        tokenizer = Source("tokenizer", repo="big/Big-GGUF", patterns=TOKENIZER_PATTERNS)
+        plan = hub.plan(target, None, tokenizer, endpoint=running.url)
+        assert [f.filename for f in plan.parts[0].files] == [
+            "Q8_0/Big-Q8_0-00001-of-00002.gguf",
+            "Q8_0/Big-Q8_0-00002-of-00002.gguf",
+        ]
+        got = hub.download(plan)
+    assert got.target.name == "Big-Q8_0-00001-of-00002.gguf"
+    assert (got.target.parent / "Big-Q8_0-00002-of-00002.gguf").read_bytes() == b"b" * 30_000
+    assert got.drafter is None and (got.tokenizer / "tokenizer_config.json").read_bytes() == b"{}"
+
+
+def test_cached_parts_reads_the_cache_without_network(server, cache):
+    target, drafter, tokenizer = sources()
+    assert hub.cached_parts(target, cache) is None
+    files = fetch_all(server)
+    assert hub.cached_parts(target, cache) == (files.target,)
+    assert hub.cached_parts(sources("Q8_0")[0], cache) is None
