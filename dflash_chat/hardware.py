@@ -262,14 +262,14 @@ def choose(
                 tried.append(choice)
     if not tried:
         raise NoFitError(
-            f"no model supports a {_ctx_label(context or 0)} context; try a shorter --context"
+            f"no model supports {_a_ctx(context or 0)} context; try a shorter --context"
         )
     smallest = min(tried, key=lambda c: c.budget.need)
     if pinned:
         return smallest
     raise NoFitError(
         f"{machine.label}: nothing fits in the {gb(machine.available)} free; the smallest option, "
-        f"{_parts(smallest)} with a {_ctx_label(smallest.context)} context, needs "
+        f"{_parts(smallest)} with {_a_ctx(smallest.context)} context, needs "
         f"{gb(smallest.budget.need)}. Try a shorter --context, close programs using the "
         "GPU, or pick a model and quant yourself (--model, --quant)."
     )
@@ -289,6 +289,7 @@ def _candidate_pairs(machine: Machine, catalog: Catalog, model, target_file) -> 
 
 def _pair_for_file(catalog: Catalog, path: Path) -> Pair:
     """The catalog pair a GGUF belongs to, from its name ('Qwen3.6-27B-Q5_K_M.gguf' -> Qwen3.6-27B)."""
+    _file_source(path, "target")  # exists, or a clear error first
     name = path.name.lower()
     for pair in sorted(catalog.pairs, key=lambda p: -len(p.title)):
         if pair.title.lower() in name:
@@ -340,10 +341,10 @@ def _make_choice(machine: Machine, pair: Pair, target: Source, drafter: Source |
     b = budget(pair, target, drafter, ctx, machine)
     parts = _parts_of(pair, target, drafter)
     if b.fits:
-        text = f"{machine.label}: {parts}; {gb(b.left_for_context)} left for a {_ctx_label(ctx)} context"
+        text = f"{machine.label}: {parts}; {gb(b.left_for_context)} left for {_a_ctx(ctx)} context"
     else:
         text = (
-            f"{machine.label}: {parts} with a {_ctx_label(ctx)} context needs {gb(b.need)}, "
+            f"{machine.label}: {parts} with {_a_ctx(ctx)} context needs {gb(b.need)}, "
             f"only {gb(b.available)} free: it will not fit"
         )
     return Choice(pair, target, drafter, ctx, machine.device, b, text)
@@ -363,6 +364,14 @@ def _parts_of(pair: Pair, target: Source, drafter: Source | None) -> str:
 
 def _ctx_label(context: int) -> str:
     return f"{context // 1024}k" if context >= 1024 and context % 1024 == 0 else str(context)
+
+
+def _a_ctx(context: int) -> str:
+    """'a 32k', 'an 8k', 'an 11k': the article as the number is spoken."""
+    label = _ctx_label(context)
+    digits = re.match(r"\d+", label)[0]
+    spoken_vowel = digits.startswith("8") or (len(digits) % 3 == 2 and digits[:2] in ("11", "18"))
+    return f"{'an' if spoken_vowel else 'a'} {label}"
 
 
 # --- command-line flags shared by the commands that pick a model ------------------------------------

@@ -1,0 +1,149 @@
+"""The shipped catalog and the user's own pairs in config.toml."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_chat.catalog import BITS_PER_WEIGHT, CatalogError, load_catalog, matches, quant_of, split_group
+
+
+@pytest.fixture
+def config(tmp_path):
+    return tmp_path / "config.toml"
+
+
+def test_shipped_pairs_follow_the_design(config):
+    catalog = load_catalog(config)
+    names = [p.name for p in catalog.ranked()]
+    assert names == ["qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.5-9b", "qwen3.5-4b"]
+    assert [p.name for p in catalog.pairs if p.demo] == ["qwen3.5-4b"]
+
+    big = catalog.get("qwen3.6-27b")
+    assert big.target_quants == ("Q8_0", "Q4_K_M")  # order of preference
+    assert big.target("Q4_K_M").repo == "unsloth/Qwen3.6-27B-GGUF"
+    assert big.drafter_quants[0] == "Q8_0" and big.drafter_quants[-1] == "Q4_K_M"
+    assert big.drafter("Q8_0").repo == "spiritbuun/Qwen3.6-27B-DFlash-GGUF"
+    assert big.drafter("BF16").kind == "safetensors" and big.drafter("BF16").repo == "z-lab/Qwen3.6-27B-DFlash"
+    assert big.tokenizer.repo == "Qwen/Qwen3.6-27B" and "tokenizer_config.json" in big.tokenizer.patterns
+    assert big.target_shape.attention_layers == 16 and big.target_shape.linear_layers == 48
+
+    for pair in catalog.pairs:
+        assert pair.tokenizer.repo.startswith("Qwen/"), pair.name  # drafter repos ship no tokenizer
+        assert pair.drafters, pair.name
+        assert all(s.size > 0 for s in pair.targets + pair.drafters), pair.name
+        # a Q8_0 file is bigger than a Q4_K_M one
+        assert pair.target("Q8_0").size > pair.target("Q4_K_M").size
+    assert {p.drafter("BF16").repo for p in catalog.pairs if p.name.startswith("qwen3.5")} == {
+        "z-lab/Qwen3.5-4B-DFlash",
+        "z-lab/Qwen3.5-9B-DFlash",
+    }
+
+
+UPLOADS = [
+    "Qwen3.6-27B-Q8_0.gguf",
+    "Qwen3.6-27B-Q4_K_M.gguf",
+    "Qwen3.6-27B-Q4_K_S.gguf",
+    "Qwen3.6-27B-UD-Q4_K_XL.gguf",
+    "Qwen3.6-27B-Q6_K.gguf",
+    "BF16/Qwen3.6-27B-BF16-00001-of-00002.gguf",
+    "mmproj-F16.gguf",
+    "Qwen3.6-27B-DFlash-q8_0.gguf",
+    "Qwen3.6-27B-DFlash-q4_k_m.gguf",
+]
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+def test_patterns_pick_their_quant_and_nothing_else(config, quant):
+    pair = load_catalog(config).get("qwen3.6-27b")
+    for source in (pair.target(quant), pair.drafter(quant)):
+        hits = [name for name in UPLOADS if matches(name, source.patterns[0])]
+        assert hits and all(quant_of(h) == quant for h in hits), (source.patterns, hits)
+
+
+def test_quant_and_split_names():
+    assert quant_of("Qwen3.6-27B-UD-Q4_K_XL.gguf") == "UD-Q4_K_XL"
+    assert quant_of("Q8_0/Qwen3.6-27B-Q8_0-00001-of-00002.gguf") == "Q8_0"
+    assert quant_of("dflash-draft-q4_k_m.gguf") == "Q4_K_M"
+    assert quant_of("Qwen3.6-27B.IQ4_XS.gguf") == "IQ4_XS"
+    assert quant_of("model.gguf") is None
+    assert split_group("a/x-Q8_0-00002-of-00003.gguf") == split_group("a/x-Q8_0-00001-of-00003.gguf")
+
+
+def test_an_unlisted_quant_is_found_by_pattern_and_sized_by_bits(config):
+    pair = load_catalog(config).get("qwen3.6-27b")
+    q6 = pair.target("q6_k")
+    assert q6.repo == pair.target_repo and matches("Qwen3.6-27B-Q6_K.gguf", q6.patterns[0])
+    q8 = pair.target("Q8_0").size
+    assert q6.size == int(q8 * BITS_PER_WEIGHT["Q6_K"] / BITS_PER_WEIGHT["Q8_0"])
+    assert pair.target("Q4_K_M").size < q6.size < q8
+
+
+def test_unknown_names_list_what_exists(config):
+    catalog = load_catalog(config)
+    with pytest.raises(CatalogError, match=r"unknown model 'llama'; known models: qwen3.6-27b, .*qwen3.5-4b"):
+        catalog.get("llama")
+    with pytest.raises(CatalogError, match=r"Qwen3.5-9B has no drafter quant Q8_0 \(it has BF16\)"):
+        catalog.get("qwen3.5-9b").drafter("Q8_0")
+
+
+def test_user_pair_from_local_files_extends_a_shipped_one(config, tmp_path):
+    target = tmp_path / "Qwen3.6-27B-Q5_K_M.gguf"
+    target.write_bytes(b"x" * 1234)
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "model.safetensors").write_bytes(b"y" * 99)
+    config.write_text(
+        f"""
+temperature = 0.2
+[models.mine]
+extends = "qwen3.6-27b"
+title = "My 27B"
+target = {{ path = "{target}" }}
+drafter = {{ path = "{drafter}" }}
+"""
+    )
+    catalog = load_catalog(config)
+    mine = catalog.get("My 27B")
+    shipped = catalog.get("qwen3.6-27b")
+    assert mine.origin == str(config)
+    assert [(s.path, s.quant, s.size, s.kind) for s in mine.targets] == [(target, "Q5_K_M", 1234, "gguf")]
+    assert [(s.path, s.size, s.kind) for s in mine.drafters] == [(drafter, 99, "safetensors")]
+    assert mine.target_shape == shipped.target_shape and mine.tokenizer == shipped.tokenizer
+    assert shipped.target_quants == ("Q8_0", "Q4_K_M")  # the shipped pair is untouched
+
+
+def test_user_table_with_a_shipped_name_overlays_it(config):
+    config.write_text(
+        """
+[models."qwen3.6-27b".target]
+repo = "someone/Qwen3.6-27B-GGUF"
+quants.Q5_K_M = { pattern = "*Q5_K_M*.gguf", size_gb = 19.3 }
+"""
+    )
+    pair = load_catalog(config).get("qwen3.6-27b")
+    assert pair.target_repo == "someone/Qwen3.6-27B-GGUF"
+    assert pair.target_quants == ("Q8_0", "Q4_K_M", "Q5_K_M")
+    assert {s.repo for s in pair.targets} == {"someone/Qwen3.6-27B-GGUF"}
+    assert pair.target("Q5_K_M").size == 19_300_000_000
+    assert pair.drafter("Q8_0").repo == "spiritbuun/Qwen3.6-27B-DFlash-GGUF"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[models.x]\nextends = "qwen3.6-27b"\ntitel = "typo"\n', r"\[models.x\] has unknown key `titel`"),
+        ('[models.x]\nextends = "nope"\n', r"\[models.x\] extends unknown model 'nope'; known models: qwen3.6-27b"),
+        ("[models.x]\ntitle = 'no target'\n", r"\[models.x\] needs `target`"),
+        (
+            '[models.x]\ntokenizer = "Qwen/Q"\n[models.x.target]\nrepo = "a/b"\nquants.Q8_0 = { pattern = "*" }\n',
+            r"\[models.x\] needs `target.shape`",
+        ),
+        ('[models.x]\nextends = "qwen3.6-27b"\nrank = "high"\n', r"`rank` must be a whole number, got 'high'"),
+        ("[models.x\n", r"is not valid TOML .*; fix or delete it"),
+    ],
+)
+def test_config_mistakes_are_one_line_that_names_the_key(config, text, message):
+    config.write_text(text)
+    with pytest.raises(CatalogError, match=message) as err:
+        load_catalog(config)
+    assert str(config) in str(err.value) and "\n" not in str(err.value)

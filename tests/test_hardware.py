@@ -1,0 +1,231 @@
+"""The picker over a table of machines (a probe double: the GPU is what cannot exist here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from dflash_chat import hardware
+from dflash_chat.catalog import load_catalog
+from dflash_chat.errors import UserError
+from dflash_chat.hardware import GIB, Gpu, Machine, NoFitError, budget, choose, gb
+
+GPUS = {8: "RTX 4060", 12: "RTX 3060", 16: "RTX 4080", 24: "RTX 3090", 32: "RTX 5090", 48: "RTX A6000", 80: "H100"}
+
+
+def machine(size_gb: int, used_gb: float = 0.4) -> Machine:
+    """A machine with one GPU of `size_gb` (`used_gb` taken by the desktop), or CPU-only for 0."""
+    if size_gb == 0:
+        return Machine((), 16 * GIB, 12 * GIB, "CPU-only build of torch")
+    total = size_gb * GIB
+    gpu = Gpu(0, f"NVIDIA GeForce {GPUS[size_gb]}", total, int(total - used_gb * GIB))
+    return Machine((gpu,), 64 * GIB, 48 * GIB)
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory):
+    return load_catalog(tmp_path_factory.mktemp("cfg") / "config.toml")
+
+
+def search_order(catalog, m: Machine):
+    """Every (pair, target, drafter) in the order the picker prefers them."""
+    pairs = [p for p in catalog.ranked() if p.demo] if m.gpu is None else catalog.ranked()
+    return [(p, t, d) for p in pairs for t in p.targets for d in p.drafters]
+
+
+# What fits where: the spec of the picker. Pairs by rank (27B, 35B-A3B, 9B, 4B), target Q8_0
+# before Q4_K_M, drafter Q8_0 before Q4_K_M; the demo pair (4B) on CPU.
+TABLE = {
+    # size  context: (pair, target quant, drafter quant) or None (nothing fits)
+    (0, 8192): ("qwen3.5-4b", "Q8_0", "BF16"),
+    (0, 32768): ("qwen3.5-4b", "Q8_0", "BF16"),
+    (0, 131072): ("qwen3.5-4b", "Q4_K_M", "BF16"),
+    (8, 8192): ("qwen3.5-4b", "Q8_0", "BF16"),
+    (8, 32768): ("qwen3.5-4b", "Q4_K_M", "BF16"),
+    (8, 131072): None,
+    (12, 8192): ("qwen3.5-9b", "Q4_K_M", "BF16"),
+    (12, 32768): ("qwen3.5-9b", "Q4_K_M", "BF16"),
+    (12, 131072): ("qwen3.5-4b", "Q4_K_M", "BF16"),
+    (16, 8192): ("qwen3.5-9b", "Q8_0", "BF16"),
+    (16, 32768): ("qwen3.5-9b", "Q8_0", "BF16"),
+    (16, 131072): ("qwen3.5-9b", "Q4_K_M", "BF16"),
+    (24, 8192): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
+    (24, 32768): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
+    (24, 131072): ("qwen3.5-9b", "Q8_0", "BF16"),
+    (32, 8192): ("qwen3.6-27b", "Q8_0", "Q4_K_M"),  # Q8_0 target first, the drafter gives way
+    (32, 32768): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
+    (32, 131072): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
+    (48, 8192): ("qwen3.6-27b", "Q8_0", "Q8_0"),
+    (48, 32768): ("qwen3.6-27b", "Q8_0", "Q8_0"),
+    (48, 131072): ("qwen3.6-27b", "Q8_0", "Q8_0"),
+    (80, 8192): ("qwen3.6-27b", "Q8_0", "Q8_0"),
+    (80, 32768): ("qwen3.6-27b", "Q8_0", "Q8_0"),
+    (80, 131072): ("qwen3.6-27b", "Q8_0", "Q8_0"),
+}
+
+
+@pytest.mark.parametrize(("size", "context"), sorted(TABLE))
+def test_picker_table(catalog, size, context):
+    m = machine(size)
+    expected = TABLE[size, context]
+    if expected is None:
+        with pytest.raises(NoFitError):
+            choose(m, catalog, context=context)
+        assert not any(budget(p, t, d, context, m).fits for p, t, d in search_order(catalog, m))
+        return
+    choice = choose(m, catalog, context=context)
+    assert (choice.pair.name, choice.target.quant, choice.drafter.quant) == expected
+    assert choice.fits and choice.budget.need <= m.available
+    assert choice.device == ("cpu" if size == 0 else "cuda:0")
+    # everything the picker prefers to its choice really does not fit
+    order = search_order(catalog, m)
+    index = order.index((choice.pair, choice.target, choice.drafter))
+    assert not any(budget(p, t, d, context, m).fits for p, t, d in order[:index])
+
+
+@pytest.mark.parametrize("context", [8192, 32768, 131072, 262144])
+def test_more_memory_never_picks_worse_and_longer_context_never_picks_better(catalog, context):
+    def position(size, ctx):
+        m = machine(size)
+        try:
+            c = choose(m, catalog, context=ctx)
+        except NoFitError:
+            return len(search_order(catalog, machine(80)))
+        return search_order(catalog, machine(80)).index((c.pair, c.target, c.drafter))
+
+    sizes = [8, 12, 16, 24, 32, 48, 80]
+    by_size = [position(s, context) for s in sizes]
+    assert by_size == sorted(by_size, reverse=True)
+    for size in sizes:
+        assert position(size, context) <= position(size, context * 2)
+
+
+def test_explanation_is_one_line_like_the_issue(catalog):
+    choice = choose(machine(24), catalog, context=32768)
+    left = choice.budget.available - choice.budget.target - choice.budget.drafter
+    left -= choice.budget.workspace + choice.budget.margin
+    assert choice.explanation == (
+        f"RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; {gb(left)} left for a 32k context"
+    )
+    assert left >= hardware.state_bytes(choice.pair, 32768)
+    assert choose(machine(8), catalog, context=8192).explanation.endswith("left for an 8k context")
+
+
+def test_cpu_uses_the_demo_pair(catalog):
+    choice = choose(machine(0), catalog, context=8192)
+    assert choice.pair.demo and choice.device == "cpu"
+    assert choice.explanation.startswith("CPU, 16.0 GB RAM: Qwen3.5-4B Q8_0 + drafter BF16;")
+
+
+def test_nothing_fits_says_what_the_smallest_needs(catalog):
+    tiny = Machine((Gpu(0, "NVIDIA GeForce GTX 1650", 4 * GIB, int(3.6 * GIB)),), 16 * GIB, 8 * GIB)
+    with pytest.raises(NoFitError) as err:
+        choose(tiny, catalog, context=32768)
+    smallest = budget(catalog.get("qwen3.5-4b"), catalog.get("qwen3.5-4b").target("Q4_K_M"),
+                      catalog.get("qwen3.5-4b").drafter("BF16"), 32768, tiny)
+    message = str(err.value)
+    assert message.startswith("GTX 1650 4 GB: nothing fits in the 3.6 GB free; the smallest option, ")
+    assert f"Qwen3.5-4B Q4_K_M + drafter BF16 with a 32k context, needs {gb(smallest.need)}" in message
+    assert "--context" in message and "\n" not in message
+
+
+# --- state arithmetic (DESIGN.md §4) --------------------------------------------------------------
+
+
+def test_only_every_fourth_layer_holds_kv(catalog):
+    shape = catalog.get("qwen3.6-27b").target_shape
+    # 64 layers -> 16 full-attention layers x K and V x 4 heads x 256 x 2 bytes x 32768 = 2 GiB
+    assert hardware.kv_bytes(shape, 32768) == 16 * 2 * 4 * 256 * 2 * 32768 == 2 * GIB
+    assert hardware.kv_bytes(shape, 65536) == 2 * hardware.kv_bytes(shape, 32768)
+
+
+def test_recurrent_state_is_fixed_and_sized_by_the_gdn_layers(catalog):
+    shape = catalog.get("qwen3.6-27b").target_shape
+    # 48 GDN layers x (48 value heads x 128 x 128 fp32 + conv window 3 x (2*16*128 + 48*128) bf16)
+    per_layer = 48 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 48 * 128) * 2
+    assert hardware.recurrent_bytes(shape) == 48 * per_layer
+    pair = catalog.get("qwen3.6-27b")
+    grows = hardware.state_bytes(pair, 65536) - hardware.state_bytes(pair, 32768)
+    assert grows == hardware.kv_bytes(shape, 32768) + hardware.drafter_kv_bytes(pair.drafter_shape, 32768) - (
+        hardware.drafter_kv_bytes(pair.drafter_shape, 0)
+    )
+
+
+# --- overrides --------------------------------------------------------------------------------------
+
+
+def test_model_and_quant_overrides(catalog):
+    big = machine(80)
+    assert choose(big, catalog, model="qwen3.5-9b").target.quant == "Q8_0"
+    pinned = choose(big, catalog, quant="Q4_K_M", drafter_quant="Q4_K_M", context=8192)
+    assert (pinned.pair.name, pinned.target.quant, pinned.drafter.quant) == ("qwen3.6-27b", "Q4_K_M", "Q4_K_M")
+    assert choose(big, catalog, model="Qwen3.6-35B-A3B").pair.name == "qwen3.6-35b-a3b"
+
+
+def test_a_pinned_choice_that_does_not_fit_is_returned_with_a_warning(catalog):
+    choice = choose(machine(8), catalog, model="qwen3.6-27b", quant="Q8_0", drafter_quant="Q8_0")
+    assert not choice.fits
+    assert "will not fit" in choice.explanation and choice.explanation.startswith("RTX 4060 8 GB: Qwen3.6-27B Q8_0")
+
+
+def test_context_longer_than_the_model_allows(catalog):
+    with pytest.raises(UserError, match="supports at most 262144 tokens"):
+        choose(machine(80), catalog, model="qwen3.6-27b", context=300_000)
+    with pytest.raises(UserError, match="at least 256"):
+        choose(machine(80), catalog, context=100)
+
+
+def test_target_file_is_matched_to_its_pair_by_name(catalog, tmp_path):
+    gguf = tmp_path / "Qwen3.6-27B-Q5_K_M.gguf"
+    with gguf.open("wb") as handle:
+        handle.truncate(20 * 10**9)  # sparse: the picker only needs its size
+    choice = choose(machine(80), catalog, target_file=gguf)
+    assert choice.pair.name == "qwen3.6-27b" and choice.target.path == gguf
+    assert choice.budget.target == 20 * 10**9
+    assert "Qwen3.6-27B-Q5_K_M.gguf (local file) + drafter Q8_0" in choice.explanation
+
+    mystery = tmp_path / "model.gguf"
+    mystery.write_bytes(b"GGUF")
+    with pytest.raises(UserError, match="add --model NAME"):
+        choose(machine(80), catalog, target_file=mystery)
+    with pytest.raises(UserError, match="no such file"):
+        choose(machine(80), catalog, target_file=tmp_path / "absent.gguf")
+
+
+# --- probe --------------------------------------------------------------------------------------------
+
+
+def test_importing_hardware_does_not_import_torch():
+    code = "import sys, dflash_chat.hardware, dflash_chat.hub; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_probe_reads_gpus_from_torch_cuda(monkeypatch):
+    import torch
+
+    cards = {0: ("NVIDIA GeForce RTX 3090", 20 * GIB, 24 * GIB), 1: ("NVIDIA RTX A6000", 45 * GIB, 48 * GIB)}
+    fake = types.SimpleNamespace(
+        is_available=lambda: True,
+        device_count=lambda: 2,
+        mem_get_info=lambda i: cards[i][1:],
+        get_device_name=lambda i: cards[i][0],
+    )
+    monkeypatch.setattr(torch, "cuda", fake)
+    m = hardware.probe()
+    assert [g.name for g in m.gpus] == ["NVIDIA GeForce RTX 3090", "NVIDIA RTX A6000"]
+    assert m.gpu.index == 1 and m.device == "cuda:1" and m.gpu.label == "RTX A6000 48 GB"
+    assert m.ram_total > 0
+
+
+def test_probe_without_cuda_is_a_cpu_machine():
+    m = hardware.probe()
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert m.gpus == () and m.device == "cpu" and m.cuda_note
+    assert 0 < m.ram_available <= m.ram_total
