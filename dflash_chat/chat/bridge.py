@@ -39,6 +39,7 @@ class StreamEnd:
     answer: str
     stats: GenerationStats | None
     error: str | None = None
+    token_ids: tuple[int, ...] = ()  # every token the engine wrote, stop token included
 
 
 def stream_answer(
@@ -58,6 +59,7 @@ def stream_answer(
     answer_parts: list[str] = []
     pending_thinking: list[str] = []
     pending_answer: list[str] = []
+    written: list[int] = []
 
     def take(pieces: tuple[str, str]) -> None:
         think, answer = pieces
@@ -80,6 +82,7 @@ def stream_answer(
                 live.on_prefilled(event)
             elif isinstance(event, Step):
                 live.on_step(event, clock() - start)
+                written.extend(event.token_ids)
                 take(splitter.feed(decoder.push(event.token_ids)))
             elif isinstance(event, Finished):
                 reason, stats, error = event.reason, event.stats, event.error
@@ -96,7 +99,7 @@ def stream_answer(
     take(splitter.flush())
     if pending_thinking or pending_answer:
         send_chunk()
-    end = StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error)
+    end = StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error, tuple(written))
     post(end)
     return end
 

@@ -119,3 +119,60 @@ def _partial_tag_suffix(text: str, tag: str) -> int:
         if tag.startswith(text[-size:]):
             return size
     return 0
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """What the engine holds after an answer: the prompt it got and the tokens it wrote."""
+
+    turns: list[dict[str, str]]  # the turns the prompt was built from
+    prompt: Prompt
+    answer_ids: list[int]
+    answer: str
+    thinking_text: str
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt.ids + self.answer_ids
+
+
+def next_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool,
+                previous: Transcript | None = None) -> Prompt:
+    """The prompt for the next answer, built so the engine can reuse its state.
+
+    The engine keeps every token it has seen and prefills only what follows
+    them. Re-rendering the whole chat would not start with those tokens when
+    the template rewrites earlier answers (Qwen's drops their think blocks), so:
+    - the same turns again (regenerate): the very same prompt;
+    - one more user turn after an answer without thinking: the tokens the
+      engine holds, the end of that turn, then the new turn as the template
+      renders it;
+    - anything else: the whole chat rendered afresh.
+    Answers that thought are re-rendered, so their reasoning leaves the context
+    as the template intends.
+    """
+    if previous is not None:
+        if turns == previous.turns and thinking == previous.prompt.thinking:
+            return previous.prompt
+        if not previous.thinking_text:
+            continued = _continue(tokenizer, turns, thinking, previous)
+            if continued is not None:
+                return continued
+    return build_prompt(tokenizer, turns, thinking=thinking)
+
+
+def _continue(tokenizer, turns, thinking, previous: Transcript) -> Prompt | None:
+    answered = previous.turns + [{"role": "assistant", "content": previous.answer}]
+    if turns[: len(answered)] != answered or len(turns) == len(answered):
+        return None
+    im_end = tokenizer.get_vocab().get("<|im_end|>")
+    if im_end is None:
+        return None
+    before = tokenizer.apply_chat_template(answered, tokenize=False, add_generation_prompt=False)
+    full = build_prompt(tokenizer, turns, thinking=thinking)
+    if not full.text.startswith(before) or not before.endswith("<|im_end|>\n"):
+        return None
+    held = previous.ids
+    closing = "\n" if held and held[-1] == im_end else "<|im_end|>\n"
+    suffix = tokenizer.encode(closing + full.text[len(before):], add_special_tokens=False)
+    return Prompt(text=full.text, ids=held + list(suffix), thinking=thinking)

@@ -25,7 +25,7 @@ from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.memory import memory_use
 from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource
-from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, build_prompt, stop_token_ids
+from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, next_prompt, stop_token_ids
 from dflash_chat.settings import Settings
 from dflash_chat.ui.messages import AnswerChunk, AnswerEnded, ModelFailed, ModelLoaded, PromptSent
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
@@ -88,6 +88,7 @@ class ChatScreen(Screen):
         self.turn: Turn | None = None
         self.last_prompt: Prompt | None = None
         self.last_end: StreamEnd | None = None
+        self.transcript: Transcript | None = None  # what the engine holds, for prefix reuse
         self._prompts = prompts or []
         self.set_reactive(ChatScreen.thinking, settings.thinking)
 
@@ -141,6 +142,7 @@ class ChatScreen(Screen):
     def start_loading(self, source: ModelSource) -> None:
         self.source = source
         self.pair = None
+        self.transcript = None
         self.panel.show_model(None, note="loading…")
         self.sub_title = "loading model…"
         self.load_model(source, self.settings.context_length)
@@ -209,16 +211,16 @@ class ChatScreen(Screen):
         self.store.add(self.conversation.id, message)
         widget = await self.chat_view.add_assistant()
         self.turn = Turn(self.conversation.id, message, widget, threading.Event(), self.thinking)
-        self.generate(self.pair, turns, self.thinking, self.settings, self.turn.cancel)
+        self.generate(self.pair, turns, self.thinking, self.settings, self.turn.cancel, self.transcript)
 
     @work(thread=True, group="generate")
     def generate(self, pair, turns: list[dict], thinking: bool, settings: Settings,
-                 cancel: threading.Event) -> None:
+                 cancel: threading.Event, previous: Transcript | None) -> None:
         from dflash_chat.engine.sampling import SamplingParams
 
         post = self.post_message
         try:
-            prompt = build_prompt(pair.tokenizer, turns, thinking=thinking)
+            prompt = next_prompt(pair.tokenizer, turns, thinking=thinking, previous=previous)
             stops = stop_token_ids(pair.tokenizer)
             params = SamplingParams(
                 temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
@@ -228,12 +230,14 @@ class ChatScreen(Screen):
             post(AnswerEnded(StreamEnd("error", "", "", None, failure_message(exc))))
             return
         post(PromptSent(prompt))
-        stream_answer(
+        end = stream_answer(
             pair.engine.generate(prompt.ids, params, cancel),
             IncrementalDecoder(pair.tokenizer, stops),
             ThinkingSplitter(thinking=prompt.opens_thinking),
-            lambda item: post(AnswerEnded(item) if isinstance(item, StreamEnd) else AnswerChunk(item)),
+            lambda item: None if isinstance(item, StreamEnd) else post(AnswerChunk(item)),
         )
+        held = None if end.reason == "error" else Transcript(turns, prompt, list(end.token_ids), end.answer, end.thinking)
+        post(AnswerEnded(end, held))
 
     def on_prompt_sent(self, message: PromptSent) -> None:
         self.last_prompt = message.prompt
@@ -258,6 +262,8 @@ class ChatScreen(Screen):
         self.last_end = end
         if turn is None:
             return
+        same_chat = turn.conversation_id == self.conversation.id
+        self.transcript = message.transcript if same_chat else None
         turn.message.thinking, turn.message.content = end.thinking, end.answer
         turn.message.status = END_STATUS.get(end.reason, ERROR)
         turn.message.stats = end.stats
@@ -289,6 +295,7 @@ class ChatScreen(Screen):
 
     async def action_new_chat(self) -> None:
         self.action_stop()
+        self.transcript = None
         self.conversation = Conversation()
         self.panel.show_figures(None)
         await self.chat_view.show(self.conversation, self.notice())
@@ -296,6 +303,7 @@ class ChatScreen(Screen):
 
     async def open_conversation(self, conversation_id: int) -> None:
         self.action_stop()
+        self.transcript = None
         self.conversation = self.store.load(conversation_id)
         await self.chat_view.show(self.conversation)
         last = self.conversation.last("assistant")

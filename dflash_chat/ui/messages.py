@@ -7,7 +7,7 @@ from typing import Any
 from textual.message import Message
 
 from dflash_chat.chat.bridge import StreamChunk, StreamEnd
-from dflash_chat.chat.prompt import Prompt
+from dflash_chat.chat.prompt import Prompt, Transcript
 
 
 class ModelLoaded(Message):
@@ -38,6 +38,9 @@ class AnswerChunk(Message):
 
 
 class AnswerEnded(Message):
-    def __init__(self, end: StreamEnd) -> None:
+    """The answer is over; `transcript` is what the engine now holds (None after an error)."""
+
+    def __init__(self, end: StreamEnd, transcript: Transcript | None = None) -> None:
         super().__init__()
         self.end = end
+        self.transcript = transcript

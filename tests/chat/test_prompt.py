@@ -110,3 +110,52 @@ def test_title_from():
     title = title_from(long)
     assert title.endswith("…") and len(title) <= 49 and " " not in title[-2:]
     assert title_from("   ") == "New chat"
+
+
+def answered_transcript(tokenizer, answer, thinking_text="", stop=True):
+    from dflash_chat.chat.prompt import Transcript
+
+    turns = [{"role": "user", "content": "hello"}]
+    prompt = build_prompt(tokenizer, turns, thinking=False)
+    ids = tokenizer.encode(answer, add_special_tokens=False)
+    if stop:
+        ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return Transcript(turns, prompt, ids, answer, thinking_text)
+
+
+def test_next_turn_starts_with_what_the_engine_holds(tokenizer):
+    from dflash_chat.chat.prompt import next_prompt
+
+    previous = answered_transcript(tokenizer, "Hi! How can I help?")
+    turns = previous.turns + [{"role": "assistant", "content": previous.answer},
+                              {"role": "user", "content": "tell me more"}]
+    prompt = next_prompt(tokenizer, turns, thinking=False, previous=previous)
+    assert prompt.ids[: len(previous.ids)] == previous.ids
+    tail = tokenizer.decode(prompt.ids[len(previous.ids):])
+    assert tail == "\n<|im_start|>user\ntell me more<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    # an answer cut short (no stop token) gets its end-of-turn added
+    cut = answered_transcript(tokenizer, "Hi! How can I help?", stop=False)
+    tail = tokenizer.decode(next_prompt(tokenizer, turns, thinking=False, previous=cut).ids[len(cut.ids):])
+    assert tail.startswith("<|im_end|>\n<|im_start|>user\ntell me more")
+
+
+def test_regenerate_sends_the_same_prompt_and_other_changes_rerender(tokenizer):
+    from dflash_chat.chat.prompt import next_prompt
+
+    previous = answered_transcript(tokenizer, "Hi!")
+    assert next_prompt(tokenizer, previous.turns, thinking=False, previous=previous) is previous.prompt
+    toggled = next_prompt(tokenizer, previous.turns, thinking=True, previous=previous)
+    assert toggled.ids == build_prompt(tokenizer, previous.turns, thinking=True).ids
+    edited = [{"role": "system", "content": "new system"}] + previous.turns + [
+        {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "more"}]
+    assert next_prompt(tokenizer, edited, thinking=False, previous=previous).ids == (
+        build_prompt(tokenizer, edited, thinking=False).ids)
+
+
+def test_answers_that_thought_are_rerendered(tokenizer):
+    from dflash_chat.chat.prompt import next_prompt
+
+    previous = answered_transcript(tokenizer, "Hi!", thinking_text="greet")
+    turns = previous.turns + [{"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "more"}]
+    assert next_prompt(tokenizer, turns, thinking=False, previous=previous).ids == (
+        build_prompt(tokenizer, turns, thinking=False).ids)

@@ -1,0 +1,178 @@
+"""Pilot tests on the REAL engine with a tiny random pair (its text is gibberish; the
+assertions are on structure and on the engine's own GenerationStats)."""
+
+from __future__ import annotations
+
+import threading
+
+from dflash_chat import paths
+from dflash_chat.chat.conversation import CANCELLED, COMPLETE
+from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.model_source import ModelSource
+from dflash_chat.ui.app import DFlashChatApp
+from dflash_chat.ui.history_screen import HistoryScreen
+from dflash_chat.ui.messages import AnswerChunk, PromptSent
+from dflash_chat.ui.widgets.chat_view import AssistantMessage, UserMessage
+from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
+
+from .conftest import fast_settings, run, send, wait_for
+
+
+def make_app(tiny_pair, **settings):
+    target, drafter = tiny_pair
+    return DFlashChatApp(fast_settings(**settings), ModelSource(str(target), str(drafter)))
+
+
+async def answered(pilot, app, count: int) -> None:
+    await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+    await wait_for(pilot, lambda: app.chat.turn is None and sum(
+        1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial") >= count,
+        120, f"answer {count}")
+
+
+def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pair):
+    chunks = {}
+
+    def hook(message):
+        if isinstance(message, AnswerChunk):
+            chunks[id(message)] = message.chunk
+
+    async def main():
+        app = make_app(tiny_pair, max_new_tokens=8)
+        async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await send(pilot, "hello there")
+            await answered(pilot, app, 1)
+            await pilot.pause()
+            widget = app.chat.query(AssistantMessage).last()
+            return (app.chat.last_end, app.chat.last_prompt, dict(app.chat.panel.shown),
+                    len(app.chat.query(UserMessage)), widget.answer.source)
+
+    end, prompt, shown, users, rendered = run(main())
+    stats = end.stats
+    assert end.reason == "length" and stats.new_tokens == 8 and stats.speculative
+    assert users == 1
+    # streamed: at most one batch per engine event (Prefilled, the first token, each step);
+    # here a CPU step outlasts the 40 ms batch window, test_bridge covers the fast case
+    streamed = list(chunks.values())
+    assert 2 <= len(streamed) <= stats.steps + 2
+    assert "".join(c.thinking for c in streamed) == end.thinking
+    assert "".join(c.answer for c in streamed) == end.answer == rendered
+    # the panel shows the engine's own figures
+    assert stats.decode_tokens_per_s > 0
+    assert shown["tok/s (last)"] == format_speed(stats.decode_tokens_per_s)
+    assert shown["acceptance"] == format_rate(stats.acceptance_rate)
+    assert shown["tokens/step"] == f"{stats.mean_acceptance_length:.2f}"
+    assert shown["new"] == "8" and shown["prompt"] == f"{len(prompt.ids)} (0 reused)"
+    assert shown["drafter"] == "drafter" and shown["target"] == "target"
+    assert shown["RAM"].endswith("GB")
+    # ... and they are what the engine reports for this prompt when run on its own
+    from dflash_chat.chat.prompt import stop_token_ids
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.engine.sampling import SamplingParams
+
+    pair = load_pair(*tiny_pair, max_context=1024)
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=stop_token_ids(pair.tokenizer))
+    alone = list(pair.engine.generate(prompt.ids, params, threading.Event()))[-1].stats
+    assert (alone.new_tokens, alone.steps, alone.drafted, alone.accepted) == (
+        stats.new_tokens, stats.steps, stats.drafted, stats.accepted)
+    # saved as complete, with its stats
+    saved = HistoryStore(paths.history_db()).load(1).messages
+    assert [m.role for m in saved] == ["user", "assistant"]
+    assert saved[1].status == COMPLETE and saved[1].content == end.answer
+    assert saved[1].stats.new_tokens == 8
+
+
+def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):
+    prompts = {}
+
+    def hook(message):
+        if isinstance(message, PromptSent):
+            prompts[id(message)] = message.prompt
+
+    async def main():
+        app = make_app(tiny_pair, max_new_tokens=2)
+        async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await send(pilot, "hi")
+            await answered(pilot, app, 1)
+            await pilot.press("ctrl+t")
+            switch_on = app.chat.panel.query_one("#thinking-switch").value
+            await pilot.press("ctrl+r")  # the same conversation again, thinking on
+            await answered(pilot, app, 1)
+            await wait_for(pilot, lambda: len(prompts) == 2, 10, "second prompt")
+            return switch_on, list(prompts.values()), app.chat.pair.tokenizer
+
+    switch_on, (off, on), tokenizer = run(main())
+    assert switch_on is True
+    assert (off.thinking, on.thinking) == (False, True)
+    assert off.ids != on.ids and on.ids == off.ids[: len(on.ids)]
+    close = tokenizer.convert_tokens_to_ids("</think>")
+    assert close in off.ids[len(on.ids):] and close not in on.ids
+    assert on.opens_thinking and not off.opens_thinking
+
+
+def test_escape_stops_mid_answer_and_keeps_the_partial_answer(home, tiny_pair):
+    async def main():
+        app = make_app(tiny_pair, max_new_tokens=400)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await send(pilot, "tell me a long story")
+            await wait_for(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content, 60,
+                           "the first streamed text")
+            await pilot.press("escape")
+            await answered(pilot, app, 1)
+            await pilot.pause()
+            widget = app.chat.query(AssistantMessage).last()
+            return app.chat.last_end, str(widget.query_one(".status").render())
+
+    end, status = run(main())
+    assert end.reason == "cancelled"
+    assert 0 < end.stats.new_tokens < 400
+    assert "stopped" in status
+    saved = HistoryStore(paths.history_db()).load(1).messages[-1]
+    assert saved.status == CANCELLED and saved.content == end.answer and saved.content
+
+
+def test_the_next_turn_reuses_the_engines_prefix(home, tiny_pair):
+    async def main():
+        app = make_app(tiny_pair, max_new_tokens=3)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await send(pilot, "first")
+            await answered(pilot, app, 1)
+            first = app.chat.last_end.stats
+            await send(pilot, "second")
+            await answered(pilot, app, 2)
+            return first, app.chat.last_end.stats, app.chat.panel.shown["prompt"]
+
+    first, stats, shown = run(main())
+    # everything the engine held after the first answer (its prompt and all but the newest token)
+    assert stats.reused_tokens == first.prompt_tokens + first.new_tokens - 1
+    assert shown == f"{stats.prompt_tokens} ({stats.reused_tokens} reused)"
+
+
+def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
+    async def first_run():
+        app = make_app(tiny_pair, max_new_tokens=3)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await send(pilot, "remember me")
+            await answered(pilot, app, 1)
+            return app.chat.conversation.messages[-1].content
+
+    async def second_run():
+        app = DFlashChatApp(fast_settings())  # no model needed to read the history
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation.id, 5, "chat")
+            await pilot.pause()
+            return ([w.text for w in app.chat.query(UserMessage)],
+                    [m.content for m in app.chat.conversation.messages], app.chat.conversation.title)
+
+    answer = run(first_run())
+    users, contents, title = run(second_run())
+    assert users == ["remember me"] and title == "remember me"
+    assert contents == ["remember me", answer]
