@@ -22,11 +22,18 @@ from dflash_chat.engine.weights.quantize import quantize
 
 @dataclass
 class QuantTensor:
-    """Packed weight rows: data uint8 [*shape[:-1], row_bytes] (float formats: that dtype, shape)."""
+    """Packed weight rows: data uint8 [*shape[:-1], row_bytes] (float formats: that dtype, shape).
+
+    `input_index`, when set, says the stored columns are the logical ones reordered:
+    stored[..., c] = logical[..., input_index[c]]. A column permutation cannot move
+    packed blocks (a 256-value block spans two heads), so instead of rewriting the
+    bytes, QuantLinear gathers its input the same way: W @ x == stored @ x[input_index].
+    """
 
     data: torch.Tensor
     fmt: Format
     shape: tuple[int, ...]
+    input_index: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.shape = tuple(int(s) for s in self.shape)
@@ -49,16 +56,20 @@ class QuantTensor:
         return self.data.device
 
     def to(self, device: torch.device | str | None = None) -> QuantTensor:
-        return QuantTensor(self.data.to(device), self.fmt, self.shape)
+        index = None if self.input_index is None else self.input_index.to(device)
+        return QuantTensor(self.data.to(device), self.fmt, self.shape, index)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return kernels.dequantize(self.data, self.fmt, dtype).reshape(self.shape)
+        w = kernels.dequantize(self.data, self.fmt, dtype).reshape(self.shape)
+        if self.input_index is not None:
+            w = w[..., torch.argsort(self.input_index.to(w.device))]
+        return w
 
     def __getitem__(self, index) -> QuantTensor:
         """Select along leading dims (never inside a row): whole rows of blocks, nothing dequantized."""
         data = self.data[index]
         lead = data.shape[:-1]
-        return QuantTensor(data, self.fmt, (*lead, self.shape[-1]))
+        return QuantTensor(data, self.fmt, (*lead, self.shape[-1]), self.input_index)
 
     def permute_rows(self, perm: torch.Tensor, dim: int = 0) -> QuantTensor:
         """Reorder rows along a leading dim: whole rows of blocks move, bytes untouched."""
@@ -66,7 +77,8 @@ class QuantTensor:
             dim += len(self.shape)
         if dim >= len(self.shape) - 1:
             raise ValueError("permute_rows moves whole rows; it cannot reorder values inside a row")
-        return QuantTensor(self.data.index_select(dim, perm.to(self.data.device)), self.fmt, self.shape)
+        return QuantTensor(self.data.index_select(dim, perm.to(self.data.device)), self.fmt, self.shape,
+                           self.input_index)
 
 
 def as_quant(w: torch.Tensor | QuantTensor) -> QuantTensor:
@@ -87,14 +99,18 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.fmt = weight.fmt
         self.register_buffer("packed", weight.data)
+        self.register_buffer("input_index", weight.input_index)
 
     @property
     def weight(self) -> QuantTensor:
-        return QuantTensor(self.packed, self.fmt, (self.out_features, self.in_features))
+        return QuantTensor(self.packed, self.fmt, (self.out_features, self.in_features), self.input_index)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = kernels.matmul(x.reshape(-1, self.in_features), self.packed, self.fmt, self.out_features)
+        x = x.reshape(-1, self.in_features)
+        if self.input_index is not None:
+            x = x.index_select(1, self.input_index)
+        y = kernels.matmul(x, self.packed, self.fmt, self.out_features)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -107,6 +123,8 @@ class QuantEmbedding(nn.Module):
     def __init__(self, weight: QuantTensor | torch.Tensor, dtype: torch.dtype | None = None):
         super().__init__()
         weight = as_quant(weight)
+        if weight.input_index is not None:
+            raise ValueError("an embedding table cannot have reordered columns")
         self.num_embeddings, self.embedding_dim = weight.shape
         self.fmt = weight.fmt
         self.register_buffer("packed", weight.data)
@@ -147,6 +165,8 @@ class QuantExperts(nn.Module):
             half = gate_up.shape[1] // 2
             gate, up = gate_up[:, :half], gate_up[:, half:]
         down = as_quant(down)
+        if any(t.input_index is not None for t in (gate, up, down)):
+            raise ValueError("expert weights cannot have reordered columns")
         self.num_experts, self.intermediate, self.hidden = gate.shape
         if up.shape != gate.shape or down.shape != (self.num_experts, self.hidden, self.intermediate):
             raise ValueError(f"expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}")

@@ -1,0 +1,374 @@
+"""Read llama.cpp GGUF files into HF names, HF-shaped configs and packed tensors.
+
+`read_gguf(path)` opens the file memory-mapped (gguf.GGUFReader) and returns a
+`GGUFModel`: the architecture, an HF config.json-shaped dict, and a lazy mapping
+HF name -> tensor in which quantized weights stay packed (`QuantTensor`) and
+every converter transform is undone on access, one tensor at a time, so a 20 GB
+file is never expanded. Row reorders of packed tensors move whole rows of blocks;
+the one column reorder (ssm_out's input columns) is kept as an input gather on the
+QuantTensor (exact, no requantization, no extra bytes).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.quantized import QuantTensor
+from dflash_chat.engine.weights import names
+from dflash_chat.engine.weights.formats import BY_GGML_TYPE, FORMATS
+
+Tensor = "torch.Tensor | QuantTensor"
+_MODEL_TYPE = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3": "qwen3"}
+_HF_ARCH = {"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+class LazyTensors(Mapping):
+    """HF name -> tensor, each built from the memory-mapped file when first asked for (not cached)."""
+
+    def __init__(self, loaders: dict[str, Callable[[], Any]]):
+        self._loaders = loaders
+
+    def __getitem__(self, name: str):
+        return self._loaders[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaders)
+
+    def __len__(self) -> int:
+        return len(self._loaders)
+
+
+@dataclass
+class GGUFModel:
+    path: Path
+    arch: str
+    hf_config: dict
+    tensors: LazyTensors
+    tokenizer_metadata: dict = field(default_factory=dict)
+    chat_template: str | None = None
+    ignored: list[str] = field(default_factory=list)  # GGUF tensors not loaded (MTP layers, unknown)
+    reader: Any = None
+
+    @property
+    def file_size(self) -> int:
+        return self.path.stat().st_size
+
+
+# --- opening and validating -------------------------------------------------------
+
+def _open(path: Path):
+    from gguf import GGUFReader
+
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: no such GGUF file. Check the path.")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelFormatError(f"{path}: not a GGUF file (wrong magic {magic!r}). Use a llama.cpp .gguf file.")
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # GGUFReader reports truncation as reshape/index errors
+        raise ModelFormatError(f"{path}: truncated or corrupt GGUF ({exc}). Download the file again.") from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise ModelFormatError(f"{path}: truncated GGUF (tensor {t.name} ends past the end of the file). "
+                                   "Download the file again.")
+    return reader
+
+
+def _fields(reader) -> dict[str, Any]:
+    out = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            out[key] = f.contents()
+        except Exception:
+            continue
+    return out
+
+
+def _check_types(path: Path, reader) -> None:
+    for t in reader.tensors:
+        if int(t.tensor_type) not in BY_GGML_TYPE:
+            known = ", ".join(FORMATS)
+            raise ModelFormatError(f"{path}: tensor {t.name} is {t.tensor_type.name}, which dflash-chat cannot run "
+                                   f"(supported: {known}). Pick a Q8_0, Q6_K, Q5_K_M or Q4_K_M file.")
+
+
+# --- raw tensors ---------------------------------------------------------------------
+
+def _raw(t) -> torch.Tensor | QuantTensor:
+    """A ReaderTensor as a torch tensor sharing the file's memory (float) or a packed QuantTensor."""
+    fmt = BY_GGML_TYPE[int(t.tensor_type)]
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the memmap is read-only; we never write to it
+        data = torch.from_numpy(np.asarray(t.data))
+    if fmt.quantized:
+        return QuantTensor(data.reshape(*shape[:-1], -1), fmt, shape)
+    if data.dtype == torch.uint8:  # BF16 comes back as bytes
+        data = data.reshape(-1).view(fmt.float_dtype)
+    return data.reshape(shape)
+
+
+def _undo(t: torch.Tensor | QuantTensor, transform: str | None, dims) -> torch.Tensor | QuantTensor:
+    if transform is None:
+        return t
+    if isinstance(t, QuantTensor):
+        if transform in (names.QKV_V, names.V_ROWS, names.V_HEADS) and len(t.shape) == 2 and dims is not None:
+            return t.permute_rows(names.invert(dims.row_perm(transform, t.shape[0])))
+        if transform == names.OUT_COLS and dims is not None:
+            return QuantTensor(t.data, t.fmt, t.shape, dims.row_perm(names.OUT_COLS, t.shape[1]))
+        t = t.dequantize()  # tiny tensors (norms, conv, A) are F32 in real files; be safe anyway
+    return names.from_gguf(t.float(), transform, dims) if transform in (names.NORM, names.A_LOG) \
+        else names.from_gguf(t, transform, dims)
+
+
+def _concat_rows(gate, up):
+    if isinstance(gate, QuantTensor) and isinstance(up, QuantTensor):
+        if gate.fmt != up.fmt:
+            return (gate, up)  # QuantExperts takes the pair as is
+        data = torch.cat([gate.data, up.data], dim=1)
+        return QuantTensor(data, gate.fmt, (gate.shape[0], gate.shape[1] + up.shape[1], gate.shape[2]))
+    if isinstance(gate, QuantTensor) or isinstance(up, QuantTensor):
+        return (gate, up)
+    return torch.cat([gate, up], dim=1)
+
+
+# --- configs -----------------------------------------------------------------------------
+
+def _get(kv: dict, arch: str, key: str, default=None):
+    value = kv.get(f"{arch}.{key}", default)
+    if isinstance(value, float):  # stored as float32: give back the short decimal it came from (1e-06)
+        value = float(str(np.float32(value)))
+    return value
+
+
+def _rope_params(kv: dict, arch: str, head_dim: int) -> dict:
+    theta = float(_get(kv, arch, "rope.freq_base", 10000.0))
+    rope = {"rope_type": "default", "rope_theta": theta}
+    dim = _get(kv, arch, "rope.dimension_count")
+    if dim:
+        rope["partial_rotary_factor"] = int(dim) / head_dim
+    sections = _get(kv, arch, "rope.dimension_sections")
+    if sections:
+        rope["mrope_section"] = [int(s) for s in sections if int(s)]
+        rope["mrope_interleaved"] = True
+    return rope
+
+
+def _layer_count(kv: dict, arch: str) -> int:
+    blocks = int(_get(kv, arch, "block_count", 0))
+    return blocks - int(_get(kv, arch, "nextn_predict_layers", 0) or 0)
+
+
+def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> dict:
+    hidden = int(_get(kv, arch, "embedding_length"))
+    heads = int(_get(kv, arch, "attention.head_count"))
+    head_dim = int(_get(kv, arch, "attention.key_length", hidden // heads))
+    layers = _layer_count(kv, arch)
+    rope = _rope_params(kv, arch, head_dim)
+    cfg = {
+        "architectures": [_HF_ARCH[arch]],
+        "model_type": _MODEL_TYPE[arch],
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(_get(kv, arch, "feed_forward_length", 0)),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_get(kv, arch, "attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(_get(kv, arch, "attention.layer_norm_rms_epsilon", 1e-6)),
+        "max_position_embeddings": int(_get(kv, arch, "context_length", 32768)),
+        "rope_theta": rope["rope_theta"],
+        "rope_parameters": rope,
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+    }
+    if arch == "qwen3":
+        return cfg
+    cfg["partial_rotary_factor"] = rope.setdefault("partial_rotary_factor", 0.25)
+    v_heads = int(_get(kv, arch, "ssm.time_step_rank"))
+    cfg.update({
+        "linear_conv_kernel_dim": int(_get(kv, arch, "ssm.conv_kernel", 4)),
+        "linear_key_head_dim": int(_get(kv, arch, "ssm.state_size")),
+        "linear_num_key_heads": int(_get(kv, arch, "ssm.group_count")),
+        "linear_num_value_heads": v_heads,
+        "linear_value_head_dim": int(_get(kv, arch, "ssm.inner_size")) // v_heads,
+        "full_attention_interval": int(_get(kv, arch, "full_attention_interval", 4)),
+        "layer_types": ["linear_attention" if f"blk.{i}.attn_qkv.weight" in tensor_names else "full_attention"
+                        for i in range(layers)],
+    })
+    if arch == "qwen35moe":
+        cfg.update({
+            "num_experts": int(_get(kv, arch, "expert_count")),
+            "num_experts_per_tok": int(_get(kv, arch, "expert_used_count")),
+            "moe_intermediate_size": int(_get(kv, arch, "expert_feed_forward_length")),
+            "shared_expert_intermediate_size": int(_get(kv, arch, "expert_shared_feed_forward_length", 0)),
+        })
+    return cfg
+
+
+def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
+    ns = "dflash-draft.dflash" if arch == "dflash-draft" else "dflash"
+
+    def pick(*keys):
+        for k in keys:
+            if k in kv:
+                return kv[k]
+        return None
+
+    taps = pick(f"{ns}.target_layer_ids", f"{ns}.target_layers", f"{arch}.target_layers")
+    mask = pick(f"{ns}.mask_token_id", f"{arch}.mask_token_id")
+    block = pick(f"{ns}.block_size", f"{arch}.block_size")
+    for key, value in (("target layers", taps), ("mask token id", mask), ("block size", block)):
+        if value is None:
+            raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({ns}.*); the file is incomplete.")
+    hidden = int(_get(kv, arch, "embedding_length"))
+    heads = int(_get(kv, arch, "attention.head_count"))
+    head_dim = int(_get(kv, arch, "attention.key_length", hidden // heads))
+    layers = int(_get(kv, arch, "block_count"))
+    pattern = _get(kv, arch, "attention.sliding_window_pattern")
+    window = _get(kv, arch, "attention.sliding_window")
+    types = ["sliding_attention" if (pattern is not None and bool(pattern[i]) and window) else "full_attention"
+             for i in range(layers)]
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "intermediate_size": int(_get(kv, arch, "feed_forward_length")),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_get(kv, arch, "attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(_get(kv, arch, "attention.layer_norm_rms_epsilon", 1e-6)),
+        "max_position_embeddings": int(_get(kv, arch, "context_length", 32768)),
+        "rope_theta": _rope_params(kv, arch, head_dim)["rope_theta"],
+        "block_size": int(block),
+        "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": [int(i) for i in taps]},
+        "layer_types": types,
+        "use_sliding_window": "sliding_attention" in types,
+        "sliding_window": int(window) if window else None,
+    }
+    n_target = pick(f"{ns}.n_target_layers", f"{ns}.num_target_layers")
+    if n_target is not None:
+        cfg["num_target_layers"] = int(n_target)
+    if _get(kv, arch, "vocab_size"):
+        cfg["vocab_size"] = int(_get(kv, arch, "vocab_size"))
+    return cfg
+
+
+# --- tensor plans ------------------------------------------------------------------------
+
+def _target_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
+    dims = None
+    if arch in names.ZERO_CENTRED_ARCHS:
+        dims = names.LinearAttnDims(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
+                                    cfg["linear_key_head_dim"], cfg["linear_value_head_dim"])
+    loaders: dict[str, Callable] = {}
+    used: set[str] = set()
+
+    def plan(hf: str, gname: str, transform: str | None) -> None:
+        if gname in by_name:
+            t = by_name[gname]
+            loaders[hf] = lambda: _undo(_raw(t), transform, dims)
+            used.add(gname)
+
+    glob, layer = names.target_rules(arch)
+    for rule in glob:
+        plan(rule.hf, rule.gguf, rule.transform)
+    for bid in range(cfg["num_hidden_layers"]):
+        for rule in layer:
+            plan(rule.hf_name(bid), rule.gguf_name(bid), rule.transform)
+        fused = names.GGUF_GATE_UP_EXPS.format(bid=bid)
+        gate, up = names.GGUF_GATE_EXPS.format(bid=bid), names.GGUF_UP_EXPS.format(bid=bid)
+        hf = names.EXPERTS_GATE_UP.format(bid=bid)
+        if fused in by_name:
+            plan(hf, fused, None)
+        elif gate in by_name and up in by_name:
+            g, u = by_name[gate], by_name[up]
+            loaders[hf] = lambda g=g, u=u: _concat_rows(_raw(g), _raw(u))
+            used.update((gate, up))
+    return loaders, used
+
+
+def _drafter_loaders(cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
+    loaders: dict[str, Callable] = {}
+    used: set[str] = set()
+    for hf, aliases in names.DRAFTER_GLOBAL.items():
+        for g in aliases:
+            if g in by_name:
+                loaders[hf] = lambda t=by_name[g]: _raw(t)
+                used.add(g)
+                break
+    for bid in range(cfg["num_hidden_layers"]):
+        for hf, g in names.DRAFTER_LAYER.items():
+            gname = f"blk.{bid}.{g}"
+            if gname in by_name:
+                loaders[f"layers.{bid}.{hf}"] = lambda t=by_name[gname]: _raw(t)
+                used.add(gname)
+    return loaders, used
+
+
+def read_gguf(path: str | Path) -> GGUFModel:
+    path = Path(path)
+    reader = _open(path)
+    kv = _fields(reader)
+    arch = kv.get("general.architecture")
+    supported = names.TARGET_ARCHS + names.DRAFTER_ARCHS
+    if arch not in supported:
+        raise ModelFormatError(f"{path}: architecture {arch!r} is not supported "
+                               f"(supported: {', '.join(supported)}).")
+    _check_types(path, reader)
+    by_name = {t.name: t for t in reader.tensors}
+    tok = {k: v for k, v in kv.items() if k.startswith("tokenizer.ggml.")}
+    try:
+        if arch in names.TARGET_ARCHS:
+            embd = by_name.get("token_embd.weight")
+            vocab = int(embd.shape[1]) if embd is not None else len(tok.get("tokenizer.ggml.tokens", []))
+            cfg = _target_config(kv, arch, set(by_name), vocab)
+            loaders, used = _target_loaders(arch, cfg, by_name)
+        else:
+            cfg = _drafter_config(kv, arch, path)
+            loaders, used = _drafter_loaders(cfg, by_name)
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ModelFormatError(f"{path}: {arch} GGUF is missing hyperparameters ({exc}).") from None
+    eos = kv.get("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        cfg["eos_token_id"] = int(eos)
+    if kv.get("tokenizer.ggml.bos_token_id") is not None:
+        cfg["bos_token_id"] = int(kv["tokenizer.ggml.bos_token_id"])
+    return GGUFModel(path=path, arch=arch, hf_config=cfg, tensors=LazyTensors(loaders), tokenizer_metadata=tok,
+                     chat_template=kv.get("tokenizer.chat_template"),
+                     ignored=sorted(set(by_name) - used), reader=reader)
+
+
+# --- tokenizer ------------------------------------------------------------------------------
+
+def tokenizer_from_gguf(source: GGUFModel | str | Path):
+    """A transformers PreTrainedTokenizerFast built from the file's tokenizer.ggml.* metadata + chat template."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    path = source.path if isinstance(source, GGUFModel) else Path(source)
+    model = source if isinstance(source, GGUFModel) else None
+    if model is None:
+        _open(path)
+    try:
+        architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
+        backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    except Exception as exc:
+        raise ModelFormatError(f"{path}: cannot build a tokenizer from the GGUF metadata ({exc}). "
+                               "Use the model's official tokenizer files instead.") from None
+    specials = {k: v for k, v in tokenizer_config.items() if k.endswith("_token") and v is not None}
+    chat_template = tokenizer_config.get("chat_template")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=chat_template, **specials)

@@ -1,0 +1,219 @@
+"""Fixture writer: an HF state dict + HF config -> a GGUF file as llama.cpp's converter would make it.
+
+Used by tests (and handy for experiments): it applies the converter's transforms
+(names.py), writes the hyperparameters under llama.cpp's keys through
+`gguf.GGUFWriter`, and stores tensors as F32, as Q8_0, or in a Q4_K_M-style mix
+(Q4_K, with Q6_K for `output` and for attn_v/attn_qkv/ffn_down* in about a third
+of the layers, legacy fallbacks where a row is not a multiple of 256, norms and
+small vectors F32).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from dflash_chat.engine.weights import names
+from dflash_chat.engine.weights.formats import FORMATS, Format
+from dflash_chat.engine.weights.quantize import quantize
+
+MIXES = ("F32", "F16", "Q8_0", "Q4_K_M")
+_ARCH_OF_MODEL_TYPE = {"qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe",
+                       "qwen3_5_moe": "qwen35moe", "qwen3": "qwen3"}
+_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0", "Q8_0": "F16"}
+_KEEP_F32 = {"ssm_a", "ssm_dt.bias", "ssm_conv1d.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"}
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def choose_format(gguf_name: str, shape: tuple[int, ...], mix: str, n_layers: int) -> Format:
+    """The type llama.cpp's quantize would pick for this tensor in `mix` (a simplified Q4_K_M)."""
+    base = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
+    if mix == "F32" or len(shape) == 1 or "norm" in gguf_name or base in _KEEP_F32:
+        return FORMATS["F32"]
+    if mix == "F16":
+        return FORMATS["F16"]
+    if mix == "Q8_0":
+        want = "Q8_0"
+    else:
+        bid = int(gguf_name.split(".")[1]) if gguf_name.startswith("blk.") else -1
+        bumped = any(k in gguf_name for k in ("attn_v", "attn_qkv", "ffn_down")) and _use_more_bits(bid, n_layers)
+        want = "Q6_K" if gguf_name.startswith("output.") or bumped else "Q4_K"
+    while shape[-1] % FORMATS[want].block_size:
+        want = _FALLBACK[want]
+    return FORMATS[want]
+
+
+def _add_tensor(writer: gguf.GGUFWriter, name: str, t: torch.Tensor, fmt: Format) -> None:
+    t = t.detach().float().contiguous()
+    if fmt.name == "F32":
+        writer.add_tensor(name, t.numpy())
+    elif fmt.name == "F16":
+        writer.add_tensor(name, t.numpy().astype(np.float16))
+    else:
+        packed = quantize(t, fmt).numpy()
+        writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=gguf.GGMLQuantizationType(fmt.ggml_type))
+
+
+def _rope_keys(writer: gguf.GGUFWriter, cfg: dict, head_dim: int) -> None:
+    params = cfg.get("rope_parameters") or {}
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    writer.add_rope_freq_base(float(theta))
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if partial is not None:
+        writer.add_rope_dimension_count(int(head_dim * partial))
+    if "mrope_section" in params:
+        writer.add_rope_dimension_sections(list(params["mrope_section"]) + [0] * (4 - len(params["mrope_section"])))
+
+
+def _common_keys(writer: gguf.GGUFWriter, cfg: dict, n_blocks: int) -> int:
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    writer.add_block_count(n_blocks)
+    writer.add_context_length(cfg.get("max_position_embeddings", 32768))
+    writer.add_embedding_length(cfg["hidden_size"])
+    if cfg.get("intermediate_size"):
+        writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    if cfg.get("vocab_size"):
+        writer.add_vocab_size(cfg["vocab_size"])
+    _rope_keys(writer, cfg, head_dim)
+    return head_dim
+
+
+def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None, pre: str) -> None:
+    """Byte-level BPE vocabulary under llama.cpp's tokenizer.ggml.* keys."""
+    vocab = tokenizer.get_vocab()
+    tokens = [None] * len(vocab)
+    for tok, i in vocab.items():
+        tokens[i] = tok
+    special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()}
+    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
+    import json
+
+    model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    for key, adder in (("eos_token_id", writer.add_eos_token_id), ("bos_token_id", writer.add_bos_token_id),
+                       ("pad_token_id", writer.add_pad_token_id)):
+        if getattr(tokenizer, key, None) is not None:
+            adder(getattr(tokenizer, key))
+    writer.add_add_bos_token(False)
+    if chat_template:
+        writer.add_chat_template(chat_template)
+
+
+def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], config: dict, mix: str = "F32", *,
+                      fused_experts: bool = False, extra_mtp_layers: int = 0, tokenizer=None,
+                      chat_template: str | None = None) -> Path:
+    """Write a qwen35 / qwen35moe / qwen3 target. `extra_mtp_layers` appends MTP-style blocks to ignore."""
+    if mix not in MIXES:
+        raise ValueError(f"mix must be one of {MIXES}")
+    cfg = dict(config.get("text_config") or config)
+    arch = _ARCH_OF_MODEL_TYPE[cfg["model_type"]]
+    n_layers = cfg["num_hidden_layers"]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name("dflash-chat fixture")
+    _common_keys(writer, cfg, n_layers + extra_mtp_layers)
+    if extra_mtp_layers:
+        writer.add_nextn_predict_layers(extra_mtp_layers)
+    dims = None
+    if arch in names.ZERO_CENTRED_ARCHS:
+        writer.add_ssm_conv_kernel(cfg.get("linear_conv_kernel_dim", 4))
+        writer.add_ssm_state_size(cfg["linear_key_head_dim"])
+        writer.add_ssm_group_count(cfg["linear_num_key_heads"])
+        writer.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
+        writer.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+        writer.add_full_attention_interval(cfg.get("full_attention_interval", 4))
+        dims = names.LinearAttnDims(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
+                                    cfg["linear_key_head_dim"], cfg["linear_value_head_dim"])
+    if arch == "qwen35moe":
+        writer.add_expert_count(cfg["num_experts"])
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if tokenizer is not None:
+        _add_tokenizer(writer, tokenizer, chat_template, pre="qwen35" if arch != "qwen3" else "qwen2")
+    elif chat_template:
+        writer.add_chat_template(chat_template)
+
+    glob, layer = names.target_rules(arch)
+    out: list[tuple[str, torch.Tensor]] = []
+    for rule in glob:
+        if rule.hf in state_dict:
+            out.append((rule.gguf_name(), names.to_gguf(state_dict[rule.hf], rule.transform, dims)))
+    for bid in range(n_layers):
+        for rule in layer:
+            if rule.hf_name(bid) in state_dict:
+                out.append((rule.gguf_name(bid), names.to_gguf(state_dict[rule.hf_name(bid)], rule.transform, dims)))
+        gate_up = state_dict.get(names.EXPERTS_GATE_UP.format(bid=bid))
+        if gate_up is not None:
+            if fused_experts:
+                out.append((names.GGUF_GATE_UP_EXPS.format(bid=bid), gate_up))
+            else:
+                gate, up = gate_up.chunk(2, dim=1)
+                out += [(names.GGUF_GATE_EXPS.format(bid=bid), gate), (names.GGUF_UP_EXPS.format(bid=bid), up)]
+    for extra in range(n_layers, n_layers + extra_mtp_layers):  # stand-in MTP block: shapes of layer n-1
+        for name, t in list(out):
+            if name.startswith(f"blk.{n_layers - 1}."):
+                out.append((name.replace(f"blk.{n_layers - 1}.", f"blk.{extra}.", 1), torch.randn_like(t)))
+    for name, t in out:
+        _add_tensor(writer, name, t, choose_format(name, tuple(t.shape), mix, n_layers))
+    _finish(writer)
+    return Path(path)
+
+
+def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], config: dict, mix: str = "F32", *,
+                       schema: str = "dflash-draft") -> Path:
+    """Write a z-lab DFlash drafter in the fork's (`dflash-draft`) or upstream's (`dflash`) schema."""
+    if schema not in names.DRAFTER_ARCHS:
+        raise ValueError(f"schema must be one of {names.DRAFTER_ARCHS}")
+    dflash = config.get("dflash_config") or {}
+    block_size = dflash.get("block_size", config.get("block_size"))
+    n_layers = config["num_hidden_layers"]
+    writer = gguf.GGUFWriter(str(path), schema)
+    writer.add_name("dflash-chat drafter fixture")
+    _common_keys(writer, config, n_layers)
+    ns = f"{schema}.dflash" if schema == "dflash-draft" else "dflash"
+    writer.add_uint32(f"{ns}.block_size", int(block_size))
+    writer.add_uint32(f"{ns}.mask_token_id", int(dflash["mask_token_id"]))
+    taps_key = f"{ns}.target_layer_ids" if schema == "dflash-draft" else f"{ns}.target_layers"
+    writer.add_array(taps_key, [int(i) for i in dflash["target_layer_ids"]])
+    if config.get("num_target_layers") is not None:
+        writer.add_uint32(f"{ns}.n_target_layers", int(config["num_target_layers"]))
+    types = config.get("layer_types") or ["full_attention"] * n_layers
+    if config.get("sliding_window") and "sliding_attention" in types:
+        writer.add_sliding_window(int(config["sliding_window"]))
+        writer.add_array(f"{schema}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])
+
+    out = []
+    for hf, aliases in names.DRAFTER_GLOBAL.items():
+        gguf_name = aliases[0] if schema == "dflash-draft" else aliases[-1]
+        out.append((gguf_name, state_dict[hf]))
+    for bid in range(n_layers):
+        for hf, g in names.DRAFTER_LAYER.items():
+            out.append((f"blk.{bid}.{g}", state_dict[f"layers.{bid}.{hf}"]))
+    for name, t in out:
+        _add_tensor(writer, name, t, choose_format(name, tuple(t.shape), mix, n_layers))
+    _finish(writer)
+    return Path(path)
+
+
+def _finish(writer: gguf.GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
