@@ -25,3 +25,13 @@ def random_rows(fmt: Format, rows: int, cols: int, seed: int = 0) -> np.ndarray:
         blocks[:, at:at + 2] = scale.view(np.uint8).reshape(nb, 2)
     return blocks.reshape(rows, -1)
 
+
+
+def one_thread():
+    """Generator for an autouse fixture: torch ops on tiny tensors run far faster single-threaded on a busy box."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -18,6 +18,10 @@ LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_
 COMMON = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
               vocab_size=300, max_position_embeddings=512, rms_norm_eps=1e-6)
 
+from tests.engine.quant_helpers import one_thread
+
+_single_thread = pytest.fixture(autouse=True)(one_thread)
+
 
 def _randomize(model):
     """HF zero-inits the zero-centred norms and fixes A_log/dt_bias; make every tensor distinctive."""

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_triton_kernels_match_torch_path_in_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("DFLASH_CHAT_NO_TRITON", None)
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_kernel_check.py"))],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
