@@ -362,13 +362,13 @@ def _parts_of(pair: Pair, target: Source, drafter: Source | None) -> str:
     return f"{t} + drafter {d}"
 
 
-def _ctx_label(context: int) -> str:
+def context_label(context: int) -> str:
     return f"{context // 1024}k" if context >= 1024 and context % 1024 == 0 else str(context)
 
 
 def _a_ctx(context: int) -> str:
     """'a 32k', 'an 8k', 'an 11k': the article as the number is spoken."""
-    label = _ctx_label(context)
+    label = context_label(context)
     digits = re.match(r"\d+", label)[0]
     spoken_vowel = digits.startswith("8") or (len(digits) % 3 == 2 and digits[:2] in ("11", "18"))
     return f"{'an' if spoken_vowel else 'a'} {label}"

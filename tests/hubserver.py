@@ -251,3 +251,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(payload)
+
+
+def isolate_hub(monkeypatch, tmp_path):
+    """Point huggingface_hub at a private cache under tmp_path: Xet off, online, no token.
+
+    huggingface_hub reads its settings into `constants` at import, so those are patched too.
+    Returns the cache folder (HF_HOME/hub).
+    """
+    from huggingface_hub import constants
+
+    home = tmp_path / "hf-home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    for name in ("HF_HUB_CACHE", "HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    return home / "hub"

@@ -18,7 +18,7 @@ from dflash_chat.catalog import (
     TOKENIZER_PATTERNS,
     Source,
 )
-from tests.hubserver import HubServer, Repo
+from tests.hubserver import HubServer, Repo, isolate_hub
 
 TARGET_REPO, DRAFTER_REPO, TOKENIZER_REPO = "tiny/Tiny-GGUF", "tiny/Tiny-DFlash", "tiny/Tiny"
 
@@ -69,23 +69,10 @@ def server(repos):
 
 
 @pytest.fixture(autouse=True)
-def hub_env(monkeypatch, tmp_path):
-    """A private HF cache, Xet off, online, no stored token, fast retries."""
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_ENDPOINT", raising=False)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+def cache(monkeypatch, tmp_path):
+    """A private HF cache (Xet off, online, no stored token) and fast retries."""
     monkeypatch.setattr(hub, "RETRY_WAIT", 0.01)
-
-
-@pytest.fixture
-def cache(tmp_path):
-    return tmp_path / "hf-home" / "hub"
+    return isolate_hub(monkeypatch, tmp_path)
 
 
 def sources(quant: str = "Q4_K_M"):

@@ -1,0 +1,85 @@
+"""`dflash-chat models`: the catalog, what fits this machine and what is already cached."""
+
+from __future__ import annotations
+
+import argparse
+
+from dflash_chat import hardware, hub
+from dflash_chat.catalog import Pair, Source, load_catalog
+from dflash_chat.hardware import Choice, Machine, NoFitError, gb
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "models",
+        help="list the model pairs, what fits this machine and what is cached",
+        description="List the model pairs dflash-chat knows (shipped and from config.toml), "
+        "whether each quant fits this machine's free memory, and what is already downloaded.",
+    )
+    parser.add_argument("--context", type=int, help="context length to size memory for (default: each model's)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    catalog = load_catalog()
+    machine = hardware.probe()
+    try:
+        pick: Choice | None = hardware.choose(machine, catalog, context=args.context)
+        verdict = f"Pick: {pick.explanation}"
+    except NoFitError as exc:
+        pick, verdict = None, f"Pick: none. {exc}"
+
+    free = f"{gb(machine.available)} free"
+    print(f"This machine: {machine.label}, {free}" + (f" ({machine.cuda_note})" if machine.cuda_note else ""))
+    rows = [("MODEL", "QUANT", "SIZE", "DRAFTER", "NEEDS", "FITS", "CACHED", "")]
+    for pair in catalog.ranked():
+        rows += _rows(pair, machine, args.context, pick)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print(verdict)
+    print(f"Cache: {hub.default_cache_dir()}  (dflash-chat pull MODEL --quant Q downloads ahead of time)")
+    return 0
+
+
+def _rows(pair: Pair, machine: Machine, context: int | None, pick: Choice | None) -> list[tuple[str, ...]]:
+    ctx = min(context or pair.default_context, pair.max_context)
+    tokenizer_cached = hub.cached_parts(pair.tokenizer) is not None
+    rows = []
+    for target in pair.targets:
+        drafter = _drafter_for(pair, target, ctx, machine)
+        need = hardware.budget(pair, target, drafter, ctx, machine)
+        picked = pick is not None and (pick.pair, pick.target, pick.drafter) == (pair, target, drafter)
+        rows.append(
+            (
+                pair.name,
+                target.quant,
+                gb(target.size),
+                drafter.quant if drafter else "-",
+                f"{gb(need.need)} @{hardware.context_label(ctx)}",
+                "yes" if need.fits else "no",
+                _cached(target, drafter, tokenizer_cached),
+                "<- pick" if picked else "",
+            )
+        )
+    return rows
+
+
+def _drafter_for(pair: Pair, target: Source, ctx: int, machine: Machine) -> Source | None:
+    """The preferred drafter quant that fits beside this target (the first one when none does)."""
+    for drafter in pair.drafters:
+        if hardware.budget(pair, target, drafter, ctx, machine).fits:
+            return drafter
+    return pair.drafters[0] if pair.drafters else None
+
+
+def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool) -> str:
+    have = {
+        "target": hub.cached_parts(target) is not None,
+        "drafter": drafter is None or hub.cached_parts(drafter) is not None,
+        "tokenizer": tokenizer_cached,
+    }
+    if all(have.values()):
+        return "yes"
+    present = [name for name, ok in have.items() if ok and not (name == "drafter" and drafter is None)]
+    return "+".join(present) if present else "-"

@@ -1,0 +1,101 @@
+"""`dflash-chat pull [MODEL] [--quant Q] [--drafter-quant Q]`: download a model pair ahead of time."""
+
+from __future__ import annotations
+
+import argparse
+
+from dflash_chat import hardware, hub
+from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
+from dflash_chat.hardware import NoFitError, gb
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "pull",
+        help="download a model pair (target, drafter, tokenizer) ahead of time",
+        description="Download a model pair into the Hugging Face cache. Without MODEL, the pair "
+        "and quants that fit this machine; an interrupted pull resumes where it stopped.",
+    )
+    parser.add_argument("model", nargs="?", help="model pair name from `dflash-chat models`")
+    parser.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M (default: the best that fits)")
+    parser.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
+    parser.add_argument("--context", type=int, help="context length the choice is sized for")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    catalog = load_catalog()
+    pair, target, drafter = _what_to_pull(catalog, args)
+    plan = hub.plan(target, drafter, pair.tokenizer)
+    todo = plan.missing_bytes()
+    print(
+        f"{pair.title}: {len(plan.files)} files, {gb(plan.total_bytes)}"
+        + (f", {gb(todo)} to download" if todo else ", all cached")
+        + f" -> {plan.cache_dir}"
+    )
+    files = _download_with_bar(plan)
+    print(f"target:    {files.target}")
+    if files.drafter:
+        print(f"drafter:   {files.drafter}")
+    print(f"tokenizer: {files.tokenizer}")
+    return 0
+
+
+def _what_to_pull(catalog: Catalog, args: argparse.Namespace) -> tuple[Pair, Source, Source | None]:
+    """Pinned quants need no probe; otherwise the picker chooses (the smallest when nothing fits)."""
+    if args.model and args.quant:
+        pair = catalog.get(args.model)
+        target = pair.target(args.quant)
+        if args.drafter_quant:
+            return pair, target, pair.drafter(args.drafter_quant)
+        return pair, target, pair.drafters[0] if pair.drafters else None
+    machine = hardware.probe()
+    try:
+        choice = hardware.choose(
+            machine,
+            catalog,
+            model=args.model,
+            quant=args.quant,
+            drafter_quant=args.drafter_quant,
+            context=args.context,
+        )
+    except NoFitError as exc:
+        if not args.model:
+            raise
+        pair = catalog.get(args.model)
+        target = pair.target(args.quant) if args.quant else pair.targets[-1]
+        drafter = pair.drafter(args.drafter_quant) if args.drafter_quant else (pair.drafters or (None,))[0]
+        print(f"note: {exc}")
+        print(f"Fetching the smallest anyway: {pair.title} {target.quant} (choose with --quant)")
+        return pair, target, drafter
+    print(choice.explanation)
+    return choice.pair, choice.target, choice.drafter
+
+
+def _download_with_bar(plan: hub.Plan) -> hub.ModelFiles:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns) as bar:
+        tasks = {f.key: bar.add_task(f.filename, total=f.size) for f in plan.files}
+
+        def show(event: hub.Progress) -> None:
+            bar.update(tasks[event.file.key], completed=event.done)
+
+        try:
+            return hub.download(plan, progress=show)
+        except KeyboardInterrupt:  # Ctrl-C: the partial file stays for the next run
+            raise hub.DownloadCancelled() from None

@@ -1,0 +1,157 @@
+"""`dflash-chat models`, `pull` and `doctor` through dflash_chat.cli.main with captured output."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from dflash_chat import cli, hardware
+from dflash_chat.catalog import load_catalog
+from dflash_chat.hardware import GIB, Gpu, Machine, gb
+from tests.hubserver import HubServer, Repo, isolate_hub
+
+TINY_PAIR = """
+[models.tiny]
+title = "Tiny"
+rank = 99
+default_context = 4096
+tokenizer = "tiny/Tiny"
+
+[models.tiny.target]
+repo = "tiny/Tiny-GGUF"
+shape = { layers = 4, full_attention_interval = 4, kv_heads = 1, head_dim = 16, linear_key_heads = 1, linear_value_heads = 2, linear_key_dim = 8, linear_value_dim = 8, conv_kernel = 4, hidden = 32, intermediate = 64, vocab = 256 }
+quants.Q8_0 = { pattern = "*Q8_0*.gguf", size_gb = 0.00006 }
+quants.Q4_K_M = { pattern = "*Q4_K_M*.gguf", size_gb = 0.00004 }
+
+[models.tiny.drafter]
+shape = { layers = 1, kv_heads = 1, head_dim = 16, hidden = 32 }
+quants.BF16 = { repo = "tiny/Tiny-DFlash", format = "safetensors", size_gb = 0.00003 }
+"""
+
+RTX_3090 = Machine((Gpu(0, "NVIDIA GeForce RTX 3090", 24 * GIB, int(23.5 * GIB)),), 64 * GIB, 48 * GIB)
+CPU_ONLY = Machine((), 16 * GIB, 12 * GIB, "CPU-only build of torch")
+
+
+@pytest.fixture
+def server():
+    rng = np.random.default_rng(7)
+    repos = {
+        "tiny/Tiny-GGUF": Repo({"Tiny-Q8_0.gguf": rng.bytes(60_000), "Tiny-Q4_K_M.gguf": rng.bytes(40_000)}),
+        "tiny/Tiny-DFlash": Repo({"config.json": b"{}", "model.safetensors": rng.bytes(30_000)}),
+        "tiny/Tiny": Repo({"tokenizer_config.json": b"{}", "tokenizer.json": b"{}"}),
+    }
+    with HubServer(repos) as running:
+        yield running
+
+
+@pytest.fixture
+def home(monkeypatch, tmp_path, server):
+    """DFLASH_CHAT_HOME with the tiny pair in config.toml, the test Hub, a probe double."""
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path / "app"))
+    (tmp_path / "app" / "config").mkdir(parents=True)
+    (tmp_path / "app" / "config" / "config.toml").write_text(TINY_PAIR)
+    cache = isolate_hub(monkeypatch, tmp_path)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setattr(hardware, "probe", lambda: RTX_3090)
+    return cache
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def row(out: str, model: str, quant: str) -> list[str]:
+    """The cells of the table row for model + quant (cells are at least two spaces apart)."""
+    line = next(line for line in out.splitlines() if line.split()[:2] == [model, quant])
+    return re.split(r"\s{2,}", line)
+
+
+def test_pull_then_models_shows_it_cached(home, capsys):
+    code, out, err = run(capsys, "pull", "tiny", "--quant", "Q4_K_M")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(f"Tiny: 5 files, 0.0 GB, 0.0 GB to download -> {home}")
+    paths = dict(line.split(":", 1) for line in out.splitlines() if line.startswith(("target:", "drafter:", "tokenizer:")))
+    assert paths["target"].strip().endswith("Tiny-Q4_K_M.gguf")
+    assert (home / paths["target"].strip()).exists()
+
+    code, out, err = run(capsys, "models")
+    assert code == 0, err
+    assert out.splitlines()[0] == f"This machine: RTX 3090 24 GB, {23.5:.1f} GB free"
+    tiny = load_catalog().get("tiny")
+    need = hardware.budget(tiny, tiny.target("Q4_K_M"), tiny.drafter("BF16"), 4096, RTX_3090).need
+    assert row(out, "tiny", "Q4_K_M") == ["tiny", "Q4_K_M", "0.0 GB", "BF16", f"{gb(need)} @4k", "yes", "yes"]
+    assert row(out, "tiny", "Q8_0")[5:] == ["yes", "drafter+tokenizer", "<- pick"]  # rank 99, Q8_0 fits
+    assert row(out, "qwen3.6-27b", "Q4_K_M")[6] == "-"
+    assert "Pick: RTX 3090 24 GB: Tiny Q8_0 + drafter BF16;" in out
+
+
+def test_pull_without_a_model_fetches_the_pick(home, capsys, server):
+    code, out, err = run(capsys, "pull")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("RTX 3090 24 GB: Tiny Q8_0 + drafter BF16;")
+    assert server.gets("/cdn/")  # it really downloaded
+    code, out, _ = run(capsys, "pull")
+    assert "all cached" in out.splitlines()[1]
+
+
+def test_pull_a_quant_the_repo_lacks(home, capsys):
+    code, out, err = run(capsys, "pull", "tiny", "--quant", "Q6_K")
+    assert code == 2
+    assert err == (
+        "dflash-chat: tiny/Tiny-GGUF has no Q6_K GGUF (no file matches '*Q6_K*.gguf'); "
+        "it has: Q4_K_M, Q8_0. Pick one of those with --quant/--drafter-quant\n"
+    )
+
+
+def test_pull_offline_says_what_is_missing(home, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = run(capsys, "pull", "tiny", "--quant", "Q8_0")
+    assert code == 2 and err.count("\n") == 1
+    assert "tiny/Tiny-GGUF *Q8_0*.gguf (Q8_0); tiny/Tiny-DFlash config.json *.safetensors (BF16); " in err
+    assert "Unset HF_HUB_OFFLINE" in err
+
+
+def test_models_on_a_cpu_only_machine(home, capsys, monkeypatch):
+    monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
+    code, out, err = run(capsys, "models", "--context", "8192")
+    assert code == 0, err
+    assert out.splitlines()[0] == "This machine: CPU, 16.0 GB RAM, 12.0 GB free (CPU-only build of torch)"
+    assert "Pick: CPU, 16.0 GB RAM: Qwen3.5-4B Q8_0 + drafter BF16;" in out  # the demo pair
+    assert row(out, "qwen3.6-27b", "Q8_0")[5] == "no"
+    demo = row(out, "qwen3.5-4b", "Q8_0")
+    assert (demo[3], demo[5:]) == ("BF16", ["yes", "-", "<- pick"])
+
+
+def test_unknown_model_is_one_line(home, capsys):
+    code, out, err = run(capsys, "pull", "llama")
+    assert code == 2 and err.startswith("dflash-chat: unknown model 'llama'; known models: ")
+
+
+def test_doctor_reports_each_line_ok_or_what_to_do(home, capsys):
+    code, out, err = run(capsys, "doctor")
+    lines = out.splitlines()
+    assert all(line.startswith(("OK   ", "FIX  ")) for line in lines[:-1])
+    assert lines[0].startswith("OK   Python 3.")
+    assert any(line.startswith("OK   torch ") for line in lines)
+    assert any("kernels: " in line for line in lines)
+    assert any(line.startswith(f"OK   HF cache {home}") for line in lines)
+    assert any(line.startswith("OK   model: RTX 3090 24 GB: Tiny Q8_0") for line in lines)
+    assert any("1 model pair(s) of your own" in line for line in lines)
+    fixes = [line for line in lines if line.startswith("FIX")]
+    assert all(" -> " in line for line in fixes)  # every problem says what to do
+    assert code == (1 if fixes else 0)
+    assert lines[-1] == ("All good." if not fixes else f"{len(fixes)} thing(s) to fix.")
+
+
+def test_doctor_flags_a_broken_config(home, capsys):
+    from dflash_chat import paths
+
+    paths.config_file().write_text("[models.tiny\n")
+    code, out, _ = run(capsys, "doctor")
+    assert code == 1
+    line = next(line for line in out.splitlines() if line.startswith("FIX  config: "))
+    assert "is not valid TOML" in line and line.endswith(f"-> edit {paths.config_file()}")
