@@ -195,11 +195,23 @@ def test_target_file_is_matched_to_its_pair_by_name(catalog, tmp_path):
         choose(machine(80), catalog, target_file=tmp_path / "absent.gguf")
 
 
+def test_command_line_flags_reach_the_picker(catalog, tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    hardware.add_choice_arguments(parser)
+    args = parser.parse_args(["--model", "qwen3.5-9b", "--quant", "Q4_K_M", "--context", "65536"])
+    choice = hardware.choose_from_args(args, machine(24), catalog)
+    assert (choice.pair.name, choice.target.quant, choice.context) == ("qwen3.5-9b", "Q4_K_M", 65536)
+    assert choice.explanation.endswith("left for a 64k context")
+
+
 # --- probe --------------------------------------------------------------------------------------------
 
 
 def test_importing_hardware_does_not_import_torch():
-    code = "import sys, dflash_chat.hardware, dflash_chat.hub; print('torch' in sys.modules)"
+    modules = "dflash_chat.hardware, dflash_chat.hub, dflash_chat.ui.download_screen"
+    code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

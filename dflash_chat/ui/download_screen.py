@@ -1,0 +1,179 @@
+"""The download screen: per-file progress bars (bytes, speed, ETA) while a model is fetched.
+
+Push it with a `hub.Plan`, or with a function that makes one (planning lists the repos, so it
+runs in the worker too). It dismisses with the local paths (`hub.ModelFiles`), or with None
+when the user pressed Esc or the download failed; a notification then says what to do.
+
+    files = await app.push_screen_wait(DownloadScreen(plan))
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from textual import work
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Label, ProgressBar
+
+from dflash_chat import hub
+from dflash_chat.errors import UserError
+from dflash_chat.hardware import gb
+
+MIB = 2**20
+
+
+class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel download", id="download-cancel")]
+
+    DEFAULT_CSS = """
+    DownloadScreen { align: center middle; }
+    DownloadScreen #download-box {
+        width: 90%; max-width: 110; height: auto; max-height: 90%;
+        border: round $primary; background: $surface; padding: 1 2;
+    }
+    DownloadScreen #download-files { height: auto; max-height: 20; }
+    DownloadScreen .download-row { height: auto; margin-top: 1; }
+    DownloadScreen .download-name { text-style: bold; }
+    DownloadScreen .download-stat { color: $text-muted; }
+    DownloadScreen ProgressBar Bar { width: 1fr; }
+    DownloadScreen #download-hint { color: $text-muted; margin-top: 1; }
+    """
+
+    class Planned(Message):
+        def __init__(self, plan: hub.Plan) -> None:
+            super().__init__()
+            self.plan = plan
+
+    class FileProgressed(Message):
+        def __init__(self, progress: hub.Progress) -> None:
+            super().__init__()
+            self.progress = progress
+
+    class Finished(Message):
+        """files on success; error is None when the user cancelled."""
+
+        def __init__(self, files: hub.ModelFiles | None, error: str | None) -> None:
+            super().__init__()
+            self.files = files
+            self.error = error
+
+    def __init__(
+        self,
+        plan: hub.Plan | Callable[[], hub.Plan],
+        *,
+        title: str = "Downloading the model",
+        disk_free: Callable | None = None,
+    ) -> None:
+        super().__init__()
+        self.plan = plan if isinstance(plan, hub.Plan) else None
+        self._make_plan = None if isinstance(plan, hub.Plan) else plan
+        self.title_text = title
+        self.disk_free = disk_free
+        self.cancel = threading.Event()
+        self._rows: dict[str, int] = {}
+
+    def compose(self):
+        with Vertical(id="download-box"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield Label("Looking up the files…", id="download-summary")
+            yield VerticalScroll(id="download-files")
+            yield Label("Esc cancels; the files fetched so far are kept and resume next time", id="download-hint")
+
+    def on_mount(self) -> None:
+        if self.plan is not None:
+            self._show(self.plan)
+        self.fetch()
+
+    @work(thread=True, exclusive=True, group="download")
+    def fetch(self) -> None:
+        try:
+            plan = self.plan
+            if plan is None:
+                plan = self._make_plan()
+                self.post_message(self.Planned(plan))
+            files = hub.download(plan, progress=self._report, cancel=self.cancel, disk_free=self.disk_free)
+        except hub.DownloadCancelled:
+            self.post_message(self.Finished(None, None))
+        except UserError as exc:
+            self.post_message(self.Finished(None, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - shown to the user instead of a crashed worker
+            self.post_message(self.Finished(None, f"download failed: {exc!r}"))
+        else:
+            self.post_message(self.Finished(files, None))
+
+    def _report(self, progress: hub.Progress) -> None:
+        self.post_message(self.FileProgressed(progress))  # from the worker thread; never blocks
+
+    def _show(self, plan: hub.Plan) -> None:
+        self.plan = plan
+        todo = plan.missing_bytes()
+        fetch = f", {gb(todo)} to download" if todo else ", all cached"
+        self.query_one("#download-summary", Label).update(
+            f"{len(plan.files)} files, {gb(plan.total_bytes)}{fetch} into {plan.cache_dir}"
+        )
+        rows = []
+        for index, file in enumerate(plan.files):
+            self._rows[file.key] = index
+            rows.append(
+                Vertical(
+                    Label(f"{file.repo}/{file.filename}", classes="download-name"),
+                    ProgressBar(total=max(file.size, 1), show_eta=False, id=f"download-bar-{index}"),
+                    Label("cached" if file.cached else "waiting", id=f"download-stat-{index}", classes="download-stat"),
+                    classes="download-row",
+                )
+            )
+        self.query_one("#download-files", VerticalScroll).mount_all(rows)
+
+    def on_download_screen_planned(self, message: Planned) -> None:
+        self._show(message.plan)
+
+    def on_download_screen_file_progressed(self, message: FileProgressed) -> None:
+        p = message.progress
+        index = self._rows.get(p.file.key)
+        if index is None:
+            return
+        self.query_one(f"#download-bar-{index}", ProgressBar).update(progress=p.done)
+        self.query_one(f"#download-stat-{index}", Label).update(describe(p))
+
+    def on_download_screen_finished(self, message: Finished) -> None:
+        if message.files is not None:
+            self.dismiss(message.files)
+            return
+        if message.error is None:
+            self.notify(
+                "Download cancelled. The partial files are kept: start it again to resume.",
+                title="Download",
+                severity="warning",
+            )
+        else:
+            self.notify(message.error, title="Download failed", severity="error", timeout=15)
+        self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.cancel.set()
+        self.query_one("#download-hint", Label).update("Cancelling…")
+
+
+def describe(p: hub.Progress) -> str:
+    """'1.2 / 16.5 GB · 45.0 MB/s · 5:12 left', or the file's state."""
+    if p.status in ("cached", "done"):
+        return f"{gb(p.total)} · {p.status}"
+    if p.status == "verifying":
+        return f"{gb(p.total)} · checking the hash…"
+    if p.status == "resuming":
+        return f"resuming from {gb(p.done)} of {gb(p.total)}…"
+    parts = [f"{gb(p.done).removesuffix(' GB')} / {gb(p.total)}", f"{p.speed / MIB:.1f} MB/s"]
+    if p.eta is not None:
+        parts.append(f"{clock(p.eta)} left")
+    return " · ".join(parts)
+
+
+def clock(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
