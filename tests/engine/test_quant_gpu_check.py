@@ -1,0 +1,33 @@
+"""tools/gpu_check.py's CPU dry run: the report it would print on a GPU, built with the torch path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.engine.quant_helpers import one_thread
+
+_single_thread = pytest.fixture(autouse=True)(one_thread)
+
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
+
+
+def test_gpu_check_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpu_check.main(["--dry-run"]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["device"] == "cpu" and report["correctness"]["all_ok"]
+    assert report["correctness"]["checked"] == len(gpu_check.QUANT_FORMATS) * len(gpu_check.M_VALUES)
+    layers = report["benchmark"]["layers"]
+    assert [row["name"] for row in layers] == [s[0] for s in gpu_check.SHAPES_27B]
+    assert all(row["GBps_M1"] > 0 and row["M16_over_M1"] > 0 for row in layers)
+    # the loaded modules hold the file's tensor bytes: within 5% of the file (header and padding aside)
+    assert abs(report["resident"]["resident_over_file"] - 1) < 0.05
+    assert set(report["goals"]) == {"M1_frac_of_copy>=0.70", "M16_over_M1<=1.3", "resident_within_5pct"}
+    assert "copy bandwidth" in capsys.readouterr().out
