@@ -307,10 +307,9 @@ class ChatScreen(Screen):
         self.conversation = self.store.load(conversation_id)
         await self.chat_view.show(self.conversation)
         last = self.conversation.last("assistant")
+        self.panel.show_figures(None)
         if last is not None and last.stats is not None:
             self.panel.show_final(last.stats)
-        else:
-            self.panel.show_figures(None)
         self.query_one(PromptInput).focus()
 
     async def conversation_deleted(self) -> None:

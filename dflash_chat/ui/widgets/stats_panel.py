@@ -97,6 +97,7 @@ class StatsPanel(VerticalScroll):
         yield Static(id="thinking-effect")
 
     def on_mount(self) -> None:
+        self.query_one(Sparkline).tooltip = "tokens per verify step, recent steps"
         self.show_figures(None)
         self.show_model(None)
         self._show_thinking_effect()
@@ -105,7 +106,7 @@ class StatsPanel(VerticalScroll):
 
     def show_live(self, live: LiveStats, speculative: bool) -> None:
         self.show_figures(Figures.from_live(live, speculative))
-        self.query_one(Sparkline).data = list(live.recent_lengths)
+        self._show_sparkline(live.recent_lengths if speculative else [])
 
     def show_final(self, stats: GenerationStats, thinking: bool | None = None) -> None:
         self.show_figures(Figures.from_stats(stats))
@@ -137,9 +138,14 @@ class StatsPanel(VerticalScroll):
             ("new", str(f.new_tokens) if f else DASH),
         ))
         if f is None:
-            self.query_one(Sparkline).data = []
+            self._show_sparkline([])
             self.histogram = []
             self._show_histogram()
+
+    def _show_sparkline(self, lengths: list[int]) -> None:
+        sparkline = self.query_one(Sparkline)
+        sparkline.data = list(lengths)
+        sparkline.display = bool(lengths)
 
     def _show_histogram(self) -> None:
         bars = histogram_bars(self.histogram)

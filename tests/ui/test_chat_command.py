@@ -1,0 +1,73 @@
+"""`dflash-chat` (no subcommand): --set, model flags, one-line errors."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from dflash_chat import cli, paths
+from dflash_chat import settings as settings_module
+from dflash_chat.chat import model_source
+from dflash_chat.chat.model_source import ModelSource, resolve
+from dflash_chat.settings import Settings
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+
+def test_set_saves_and_exits(home, capsys, tmp_path):
+    code = cli.main(["--set", "temperature=0.2", "--set", "thinking=on", "--set", f"model={tmp_path}/m"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "temperature = 0.2" in out and "saved to" in out
+    saved = settings_module.load()
+    assert (saved.temperature, saved.thinking, saved.model) == (0.2, True, str(tmp_path / "m"))
+
+
+def test_set_refuses_bad_values_in_one_line_and_keeps_the_file(home, capsys):
+    cli.main(["--set", "top_k=5"])
+    before = paths.config_file().read_bytes()
+    code = cli.main(["--set", "temperature=warm"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == "dflash-chat: temperature must be a number, got 'warm'"
+    assert paths.config_file().read_bytes() == before
+    assert cli.main(["--set", "colour=red"]) == 2
+    assert "unknown setting 'colour'" in capsys.readouterr().err
+
+
+def test_broken_config_is_one_line(home, capsys):
+    paths.config_file().parent.mkdir(parents=True)
+    paths.config_file().write_text("temperature = [\n")
+    assert cli.main(["--set", "top_k=1"]) == 2
+    err = capsys.readouterr().err
+    assert "not valid TOML" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_model_flags_resolve_in_order(monkeypatch):
+    monkeypatch.setattr(model_source, "demo_source", lambda: None)
+    saved = Settings(model="/saved/target", drafter="/saved/drafter")
+    assert resolve(saved, target="/t", drafter="/d") == ModelSource("/t", "/d")
+    assert resolve(saved, target="/t") == ModelSource("/t", None)
+    assert resolve(saved) == ModelSource("/saved/target", "/saved/drafter")
+    assert resolve(Settings()) is None
+    with pytest.raises(Exception, match="--drafter needs --target"):
+        resolve(Settings(), drafter="/d")
+
+
+def test_demo_without_demo_files_is_one_line(home, capsys, monkeypatch):
+    monkeypatch.setattr(model_source, "demo_source", lambda: None)
+    assert cli.main(["--demo"]) == 2
+    err = capsys.readouterr().err
+    assert "demo model is not part of this build" in err and "--target DIR" in err
+
+
+def test_the_demo_pair_is_the_default_when_nothing_is_chosen(monkeypatch):
+    demo = ModelSource("/demo/target", "/demo/drafter", demo=True)
+    monkeypatch.setattr(model_source, "demo_source", lambda: demo)
+    assert resolve(Settings()) == demo
+    assert resolve(Settings(), demo=True) == demo
+    assert resolve(Settings(model="/mine")) == ModelSource("/mine", None)

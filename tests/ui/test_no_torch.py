@@ -1,0 +1,37 @@
+"""The UI starts without torch: it is imported only in the worker that loads a model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+CHECK = textwrap.dedent(
+    """
+    import asyncio, sys
+    import dflash_chat.ui
+    import dflash_chat.ui.app
+    import dflash_chat.commands.chat
+    from dflash_chat.settings import Settings
+    after_import = "torch" in sys.modules
+
+    async def main():
+        app = dflash_chat.ui.app.DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("ctrl+o")
+            await pilot.pause()
+            await pilot.press("escape")
+            await pilot.pause()
+
+    asyncio.run(main())
+    print(after_import, "torch" in sys.modules)
+    """
+)
+
+
+def test_importing_and_starting_the_ui_does_not_import_torch(tmp_path):
+    env = {**os.environ, "DFLASH_CHAT_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False"]
