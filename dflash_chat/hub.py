@@ -36,7 +36,9 @@ from typing import Callable
 from huggingface_hub import HfApi, constants, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
+    HFValidationError,
     HfHubHTTPError,
+    LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
@@ -256,6 +258,8 @@ class _Listings:
                 return self._remote(repo, revision)
             except (httpx.TransportError, OfflineModeIsEnabled) as exc:
                 self.offline_reason = f"cannot reach {self.endpoint} ({type(exc).__name__})"
+            except HFValidationError:
+                raise HubError(f"{repo!r} is not a Hub repo name (owner/name); fix it in the catalog or config") from None
             except HfHubHTTPError as exc:
                 if isinstance(exc, (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError)):
                     raise _repo_error(exc, repo, revision) from None
@@ -508,7 +512,12 @@ def _stream_into(plan, file, partial: Path, digest: "_Digest", meter: "_Meter", 
     with get_session().stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as response:
         if response.status_code == 416 and start == file.size:
             return
-        hf_raise_for_status(response)
+        if response.status_code == 429 or response.status_code >= 500:
+            raise _ShortRead(f"HTTP {response.status_code}")  # the Hub is busy: retried
+        try:
+            hf_raise_for_status(response)
+        except HfHubHTTPError as exc:
+            raise _refused(file, response.status_code, exc) from None
         if start and (response.status_code != 206 or not _range_starts_at(response, start)):
             digest.reset()  # the server sent the whole file: start over
             start = 0
@@ -532,6 +541,16 @@ def _stream_into(plan, file, partial: Path, digest: "_Digest", meter: "_Meter", 
         )
 
 
+def _refused(file: RemoteFile, status: int, exc: Exception) -> HubError:
+    if status in (401, 403):
+        hint = "the repo may be gated or private: accept its terms on the Hub and set HF_TOKEN"
+    elif status == 404:
+        hint = "the repo changed since it was listed: run again"
+    else:
+        hint = "run again later"
+    return HubError(f"the Hub refused {file.filename} from {file.repo} (HTTP {status}); {hint}")
+
+
 def _range_starts_at(response, start: int) -> bool:
     content_range = response.headers.get("Content-Range", "")
     try:
@@ -544,14 +563,20 @@ def _link(plan: Plan, file: RemoteFile) -> None:
     """Put the blob under snapshots/<commit>/ (huggingface_hub does it, finding the blob present)."""
     storage = _storage(plan.cache_dir, file.repo)
     if not (storage / "snapshots" / file.commit / file.filename).exists():
-        hf_hub_download(
-            file.repo,
-            file.filename,
-            revision=file.commit,
-            cache_dir=plan.cache_dir,
-            endpoint=plan.endpoint,
-            token=plan.token,
-        )
+        try:
+            hf_hub_download(
+                file.repo,
+                file.filename,
+                revision=file.commit,
+                cache_dir=plan.cache_dir,
+                endpoint=plan.endpoint,
+                token=plan.token,
+            )
+        except (HfHubHTTPError, LocalEntryNotFoundError, httpx.TransportError) as exc:
+            raise HubError(
+                f"{file.filename} from {file.repo} is downloaded but could not be linked into the "
+                f"cache ({type(exc).__name__}); run again to finish"
+            ) from None
     part = next(p for p in plan.parts if file in p.files)
     if part.revision != file.commit:
         ref = storage / "refs" / part.revision

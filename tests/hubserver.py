@@ -11,7 +11,9 @@ What huggingface_hub 2.4 asks of it (read from its source):
 - Range requests answer 206 with Content-Range. No Xet headers are ever sent.
 
 Knobs for failure cases: `drop_after[filename] = n` makes the next GET of that file send n
-bytes and close the connection; `delay` sleeps between 64 KiB pieces (to cancel mid-file).
+bytes and close the connection; `delay` sleeps between 64 KiB pieces (to cancel mid-file);
+`honour_ranges = False` answers every Range request with the whole file (200), as some
+proxies do; `busy = n` answers the next n file GETs with 503.
 The server counts requests and answers 500 past `max_requests`, so no client loop can spin.
 """
 
@@ -67,6 +69,8 @@ class Request:
 class HubServer:
     repos: dict[str, Repo]
     delay: float = 0.0
+    honour_ranges: bool = True
+    busy: int = 0  # answer this many file GETs with 503 first
     max_requests: int = 200
     drop_after: dict[str, int] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
@@ -129,6 +133,9 @@ class _Handler(BaseHTTPRequestHandler):
         if len(hub.requests) > hub.max_requests:
             return self._error(500, "TooManyRequests", "request budget of the test server spent")
         path = unquote(urlparse(self.path).path)
+        if hub.busy and body and not path.startswith("/api/"):
+            hub.busy -= 1
+            return self._error(503, "ServiceUnavailable", "try again")
         if m := _API.match(path):
             return self._model_info(m["repo"], m["rev"])
         if m := _RESOLVE.match(path):
@@ -191,7 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_file(self, data: bytes, headers: dict[str, str], body: bool, key: str) -> None:
         start = 0
         status = 200
-        if (wanted := self.headers.get("Range")) and (m := re.match(r"bytes=(\d+)-$", wanted)):
+        wanted = self.headers.get("Range") if self.hub.honour_ranges else None
+        if wanted and (m := re.match(r"bytes=(\d+)-$", wanted)):
             start = int(m[1])
             if start >= len(data):
                 self.send_response(416)

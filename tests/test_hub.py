@@ -186,6 +186,39 @@ def test_cancel_leaves_a_partial_file_the_next_run_resumes(server, repos, cache,
     assert not list(cache.glob("**/*.incomplete"))
 
 
+def test_a_server_that_ignores_ranges_still_gives_the_right_file(server, repos, cache):
+    data = repos[TARGET_REPO].files["Tiny-Q4_K_M.gguf"]
+    server.drop_after["Tiny-Q4_K_M.gguf"] = 300_000
+    server.honour_ranges = False
+    files = fetch_all(server)
+    assert files.target.read_bytes() == data
+    sha = hashlib.sha256(data).hexdigest()
+    assert [r.headers.get("range") for r in server.gets(f"/cdn/{sha}")] == [None, "bytes=300000-"]
+
+
+def test_a_busy_hub_is_retried_and_the_retries_are_bounded(server, repos):
+    server.busy = 2
+    files = fetch_all(server)
+    assert files.target.read_bytes() == repos[TARGET_REPO].files["Tiny-Q4_K_M.gguf"]
+
+    plan = hub.plan(*sources("Q8_0"), endpoint=server.url)
+    server.busy = 1000
+    before = len(server.requests)
+    with pytest.raises(hub.HubError, match=r"keeps failing \(HTTP 503\); the partial file is kept"):
+        hub.download(plan)
+    assert len(server.requests) - before == hub.MAX_STALLED_ATTEMPTS
+
+
+def test_a_file_gone_since_the_listing_is_one_clear_line(server, repos):
+    plan = hub.plan(*sources(), endpoint=server.url)
+    del repos[TARGET_REPO].files["Tiny-Q4_K_M.gguf"]
+    with pytest.raises(hub.HubError) as err:
+        hub.download(plan)
+    assert str(err.value) == (
+        "the Hub refused Tiny-Q4_K_M.gguf from tiny/Tiny-GGUF (HTTP 404); the repo changed since it was listed: run again"
+    )
+
+
 def test_not_enough_disk_stops_before_any_transfer(server):
     plan = hub.plan(*sources(), endpoint=server.url)
     with pytest.raises(hub.NotEnoughDiskError) as err:
