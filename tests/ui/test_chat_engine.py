@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from dflash_chat import paths
-from dflash_chat.chat.conversation import CANCELLED, COMPLETE
+from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource
 from dflash_chat.ui.app import DFlashChatApp
@@ -120,13 +120,18 @@ def test_escape_stops_mid_answer_and_keeps_the_partial_answer(home, tiny_pair):
             await send(pilot, "tell me a long story")
             await wait_for(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content, 60,
                            "the first streamed text")
+            # while it streams, the answer so far is already on disk, marked partial (what a crash keeps)
+            on_disk = HistoryStore(paths.history_db())
+            await wait_for(pilot, lambda: on_disk.load(1).messages[-1].content, 10, "the partial answer saved")
+            during = on_disk.load(1).messages[-1]
             await pilot.press("escape")
             await answered(pilot, app, 1)
             await pilot.pause()
             widget = app.chat.query(AssistantMessage).last()
-            return app.chat.last_end, str(widget.query_one(".status").render())
+            return app.chat.last_end, str(widget.query_one(".status").render()), during
 
-    end, status = run(main())
+    end, status, during = run(main())
+    assert during.status == PARTIAL and end.answer.startswith(during.content)
     assert end.reason == "cancelled"
     assert 0 < end.stats.new_tokens < 400
     assert "stopped" in status

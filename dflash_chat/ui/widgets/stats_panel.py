@@ -57,7 +57,8 @@ def histogram_bars(counts: list[int]) -> str:
     top = max(counts, default=0)
     if top == 0:
         return ""
-    return "".join(BARS[round(c / top * (len(BARS) - 1))] if c else BARS[0] for c in counts)
+    # a length that happened at all gets at least the lowest bar
+    return "".join(BARS[max(1, round(c / top * (len(BARS) - 1)))] if c else BARS[0] for c in counts)
 
 
 def _rows(shown: dict[str, str], *rows: tuple[str, str]) -> Table:

@@ -1,0 +1,72 @@
+"""Widgets on their own: the streamed answer with its thinking block, the stats panel."""
+
+from __future__ import annotations
+
+from textual.app import App
+
+from dflash_chat.chat.conversation import CANCELLED, Message
+from dflash_chat.chat.live_stats import LiveStats
+from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
+from dflash_chat.ui.widgets.stats_panel import StatsPanel, histogram_bars
+
+from .conftest import STATS, run
+
+
+class Host(App):
+    def compose(self):
+        yield ChatView()
+        yield StatsPanel()
+
+
+def test_thinking_streams_open_then_collapses_when_the_answer_starts():
+    async def main():
+        app = Host()
+        async with app.run_test(size=(100, 40)) as pilot:
+            widget = await app.query_one(ChatView).add_assistant()
+            hidden_at_start = not widget.thinking_box.display
+            await widget.append("Let me think", "")
+            await pilot.pause()
+            open_while_thinking = widget.thinking_box.display and not widget.thinking_box.collapsed
+            await widget.append(" about it.", "The answer is **42**.")
+            await pilot.pause()
+            collapsed_after = widget.thinking_box.collapsed
+            message = Message("assistant", "The answer is **42**.", thinking="Let me think about it.",
+                              status=CANCELLED)
+            await widget.finish(message)
+            await pilot.pause()
+            return (hidden_at_start, open_while_thinking, collapsed_after, widget.answer.source,
+                    widget.query_one(".thinking-text").source, str(widget.query_one(".status").render()))
+
+    hidden, open_, collapsed, answer, thinking, status = run(main())
+    assert hidden and open_ and collapsed
+    assert answer == "The answer is **42**." and thinking == "Let me think about it."
+    assert "stopped" in status
+
+
+def test_panel_shows_live_then_final_figures_and_thinking_effect():
+    async def main():
+        app = Host()
+        async with app.run_test(size=(100, 40)) as pilot:
+            panel = app.query_one(StatsPanel)
+            live = LiveStats(prompt_tokens=10, new_tokens=9, steps=2, drafted=30, accepted=6,
+                             ttft_s=0.1, elapsed_s=0.5, recent_lengths=[3, 5])
+            panel.show_live(live, speculative=True)
+            await pilot.pause()
+            during = dict(panel.shown)
+            panel.show_final(STATS, thinking=False)
+            await pilot.pause()
+            effect = str(panel.query_one("#thinking-effect").render())
+            return during, dict(panel.shown), effect
+
+    during, after, effect = run(main())
+    assert during["tok/s (live)"] == "16.0" and during["acceptance"] == "20.0 %"
+    assert during["tokens/step"] == "4.00"
+    assert after["tok/s (last)"] == "120.0" and "tok/s (live)" not in after
+    assert after["acceptance"] == "26.7 %" and after["new"] == "61"
+    assert "off: 26.7 %" in effect
+
+
+def test_histogram_bars_scale_to_the_tallest():
+    assert histogram_bars([0, 4, 2]) == " █▄"
+    assert histogram_bars([1, 100]) == "▁█"
+    assert histogram_bars([]) == "" and histogram_bars([0, 0]) == ""
