@@ -12,14 +12,12 @@ from dflash_chat.engine.quantized import QuantLinear, QuantTensor
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf import read_gguf, tokenizer_from_gguf
 from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
+from tests.engine.quant_helpers import one_thread
 
 LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=64,
               linear_conv_kernel_dim=4)
 COMMON = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
               vocab_size=300, max_position_embeddings=512, rms_norm_eps=1e-6)
-
-from tests.engine.quant_helpers import one_thread
-
 _single_thread = pytest.fixture(autouse=True)(one_thread)
 
 

@@ -8,12 +8,10 @@ from torch import nn
 
 from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear, QuantTensor
 from dflash_chat.engine.weights import formats
-
-FORMATS = ["Q8_0", "Q4_K", "Q6_K", "Q5_0", "F16", "BF16", "F32"]
-
 from tests.engine.quant_helpers import one_thread
 
 _single_thread = pytest.fixture(autouse=True)(one_thread)
+FORMATS = ["Q8_0", "Q4_K", "Q6_K", "Q5_0", "F16", "BF16", "F32"]
 
 
 def _g(seed):
