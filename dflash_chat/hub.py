@@ -178,6 +178,14 @@ def is_offline() -> bool:
     return constants.is_offline_mode() or value in constants.ENV_VARS_TRUE_VALUES
 
 
+def size_text(n: int | float) -> str:
+    """Bytes for people: '512 B', '4.0 KB', '1.5 MB', '16.5 GB' (binary units)."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
 # --- planning ---------------------------------------------------------------------------------------
 
 

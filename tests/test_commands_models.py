@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from dflash_chat import cli, hardware
+from dflash_chat import cli, hardware, hub
 from dflash_chat.catalog import load_catalog
 from dflash_chat.hardware import GIB, Gpu, Machine, gb
 from tests.hubserver import HubServer, Repo, isolate_hub
@@ -73,7 +73,8 @@ def row(out: str, model: str, quant: str) -> list[str]:
 def test_pull_then_models_shows_it_cached(home, capsys):
     code, out, err = run(capsys, "pull", "tiny", "--quant", "Q4_K_M")
     assert code == 0, err
-    assert out.splitlines()[0].startswith(f"Tiny: 5 files, 0.0 GB, 0.0 GB to download -> {home}")
+    size = hub.size_text(40_000 + 2 + 30_000 + 2 + 2)  # Q4_K_M, config, weights, tokenizer files
+    assert out.splitlines()[0] == f"Tiny: 5 files, {size}, {size} to download -> {home}"
     paths = dict(line.split(":", 1) for line in out.splitlines() if line.startswith(("target:", "drafter:", "tokenizer:")))
     assert paths["target"].strip().endswith("Tiny-Q4_K_M.gguf")
     assert (home / paths["target"].strip()).exists()

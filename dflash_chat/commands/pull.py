@@ -6,7 +6,7 @@ import argparse
 
 from dflash_chat import hardware, hub
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
-from dflash_chat.hardware import NoFitError, gb
+from dflash_chat.hardware import NoFitError
 
 
 def register(subparsers) -> None:
@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
     plan = hub.plan(target, drafter, pair.tokenizer)
     todo = plan.missing_bytes()
     print(
-        f"{pair.title}: {len(plan.files)} files, {gb(plan.total_bytes)}"
-        + (f", {gb(todo)} to download" if todo else ", all cached")
+        f"{pair.title}: {len(plan.files)} files, {hub.size_text(plan.total_bytes)}"
+        + (f", {hub.size_text(todo)} to download" if todo else ", all cached")
         + f" -> {plan.cache_dir}"
     )
     files = _download_with_bar(plan)

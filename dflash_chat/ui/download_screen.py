@@ -21,7 +21,7 @@ from textual.widgets import Label, ProgressBar
 
 from dflash_chat import hub
 from dflash_chat.errors import UserError
-from dflash_chat.hardware import gb
+from dflash_chat.hub import size_text
 
 MIB = 2**20
 
@@ -111,9 +111,9 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
     def _show(self, plan: hub.Plan) -> None:
         self.plan = plan
         todo = plan.missing_bytes()
-        fetch = f", {gb(todo)} to download" if todo else ", all cached"
+        fetch = f", {size_text(todo)} to download" if todo else ", all cached"
         self.query_one("#download-summary", Label).update(
-            f"{len(plan.files)} files, {gb(plan.total_bytes)}{fetch} into {plan.cache_dir}"
+            f"{len(plan.files)} files, {size_text(plan.total_bytes)}{fetch} into {plan.cache_dir}"
         )
         rows = []
         for index, file in enumerate(plan.files):
@@ -159,14 +159,14 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
 
 
 def describe(p: hub.Progress) -> str:
-    """'1.2 / 16.5 GB · 45.0 MB/s · 5:12 left', or the file's state."""
+    """'1.2 GB / 16.5 GB · 45.0 MB/s · 5:12 left', or the file's state."""
     if p.status in ("cached", "done"):
-        return f"{gb(p.total)} · {p.status}"
+        return f"{size_text(p.total)} · {p.status}"
     if p.status == "verifying":
-        return f"{gb(p.total)} · checking the hash…"
+        return f"{size_text(p.total)} · checking the hash…"
     if p.status == "resuming":
-        return f"resuming from {gb(p.done)} of {gb(p.total)}…"
-    parts = [f"{gb(p.done).removesuffix(' GB')} / {gb(p.total)}", f"{p.speed / MIB:.1f} MB/s"]
+        return f"resuming from {size_text(p.done)} of {size_text(p.total)}…"
+    parts = [f"{size_text(p.done)} / {size_text(p.total)}", f"{p.speed / MIB:.1f} MB/s"]
     if p.eta is not None:
         parts.append(f"{clock(p.eta)} left")
     return " · ".join(parts)
