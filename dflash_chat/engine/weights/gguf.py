@@ -25,7 +25,6 @@ from dflash_chat.engine.quantized import QuantTensor
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.formats import BY_GGML_TYPE, FORMATS
 
-Tensor = "torch.Tensor | QuantTensor"
 _MODEL_TYPE = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3": "qwen3"}
 _HF_ARCH = {"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -130,8 +129,9 @@ def _undo(t: torch.Tensor | QuantTensor, transform: str | None, dims) -> torch.T
         if transform == names.OUT_COLS and dims is not None:
             return QuantTensor(t.data, t.fmt, t.shape, dims.row_perm(names.OUT_COLS, t.shape[1]))
         t = t.dequantize()  # tiny tensors (norms, conv, A) are F32 in real files; be safe anyway
-    return names.from_gguf(t.float(), transform, dims) if transform in (names.NORM, names.A_LOG) \
-        else names.from_gguf(t, transform, dims)
+    if transform in (names.NORM, names.A_LOG):
+        t = t.float()  # undo in float32 (these tensors are F32 in llama.cpp files anyway)
+    return names.from_gguf(t, transform, dims)
 
 
 def _concat_rows(gate, up):
