@@ -72,7 +72,7 @@ def notes(app) -> list[str]:
 
 
 def test_bars_advance_and_the_screen_returns_the_paths(server, cache):
-    server.delay = 0.01
+    server.delay = 0.02
     app = Host(DownloadScreen(make_plan(server)))
 
     async def scenario():
