@@ -245,13 +245,13 @@ def choose(
     if context is not None and context < 256:
         raise UserError(f"--context must be at least 256 tokens, got {context}")
     pairs = _candidate_pairs(machine, catalog, model, target_file)
-    pinned = (model is not None or target_file is not None) and (
-        (quant is not None or target_file is not None)
-        and (drafter_quant is not None or drafter_file is not None or not pairs[0].drafters)
-    )
+    pair_given = model is not None or target_file is not None
+    target_given = quant is not None or target_file is not None
+    drafter_given = drafter_quant is not None or drafter_file is not None or not pairs[0].drafters
+    pinned = pair_given and target_given and drafter_given
     tried: list[Choice] = []
     for pair in pairs:
-        ctx = _context_for(pair, context, explicit=model is not None or target_file is not None)
+        ctx = _context_for(pair, context, explicit=pair_given)
         if ctx is None:
             continue
         for target in _targets(pair, quant, target_file):
@@ -270,8 +270,8 @@ def choose(
     raise NoFitError(
         f"{machine.label}: nothing fits in the {gb(machine.available)} free; the smallest option, "
         f"{_parts(smallest)} with {_a_ctx(smallest.context)} context, needs "
-        f"{gb(smallest.budget.need)}. Try a shorter --context, close programs using the "
-        "GPU, or pick a model and quant yourself (--model, --quant)."
+        f"{gb(smallest.budget.need)}. Try a shorter --context, close other programs using "
+        f"{'the GPU' if machine.gpu else 'memory'}, or pick a model and quant yourself (--model, --quant)."
     )
 
 
