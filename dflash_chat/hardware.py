@@ -387,7 +387,9 @@ def add_choice_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")
 
 
-def choose_from_args(args: argparse.Namespace, machine: Machine | None = None, catalog: Catalog | None = None) -> Choice:
+def choose_from_args(
+    args: argparse.Namespace, machine: Machine | None = None, catalog: Catalog | None = None
+) -> Choice:
     from dflash_chat.catalog import load_catalog
 
     return choose(

@@ -267,7 +267,9 @@ class _Listings:
             except (httpx.TransportError, OfflineModeIsEnabled) as exc:
                 self.offline_reason = f"cannot reach {self.endpoint} ({type(exc).__name__})"
             except HFValidationError:
-                raise HubError(f"{repo!r} is not a Hub repo name (owner/name); fix it in the catalog or config") from None
+                raise HubError(
+                    f"{repo!r} is not a Hub repo name (owner/name); fix it in the catalog or config"
+                ) from None
             except HfHubHTTPError as exc:
                 if isinstance(exc, (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError)):
                     raise _repo_error(exc, repo, revision) from None

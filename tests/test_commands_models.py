@@ -75,7 +75,8 @@ def test_pull_then_models_shows_it_cached(home, capsys):
     assert code == 0, err
     size = hub.size_text(40_000 + 2 + 30_000 + 2 + 2)  # Q4_K_M, config, weights, tokenizer files
     assert out.splitlines()[0] == f"Tiny: 5 files, {size}, {size} to download -> {home}"
-    paths = dict(line.split(":", 1) for line in out.splitlines() if line.startswith(("target:", "drafter:", "tokenizer:")))
+    lines = [line for line in out.splitlines() if line.startswith(("target:", "drafter:", "tokenizer:"))]
+    paths = dict(line.split(":", 1) for line in lines)
     assert paths["target"].strip().endswith("Tiny-Q4_K_M.gguf")
     assert (home / paths["target"].strip()).exists()
 

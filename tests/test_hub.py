@@ -215,7 +215,8 @@ def test_a_file_gone_since_the_listing_is_one_clear_line(server, repos):
     with pytest.raises(hub.HubError) as err:
         hub.download(plan)
     assert str(err.value) == (
-        "the Hub refused Tiny-Q4_K_M.gguf from tiny/Tiny-GGUF (HTTP 404); the repo changed since it was listed: run again"
+        "the Hub refused Tiny-Q4_K_M.gguf from tiny/Tiny-GGUF (HTTP 404); "
+        "the repo changed since it was listed: run again"
     )
 
 

@@ -68,7 +68,8 @@ def _import_torch():
 
 def torch_checks(torch) -> list[Check]:
     if torch is None:
-        return [Check(False, "torch is not installed", f"install it: {CUDA_TORCH} (or plain `pip install torch` for CPU)")]
+        fix = f"install it: {CUDA_TORCH} (or plain `pip install torch` for CPU)"
+        return [Check(False, "torch is not installed", fix)]
     checks = [Check(True, f"torch {torch.__version__}")]
     if torch.version.cuda is None:
         checks.append(Check(False, "CUDA: this torch is a CPU-only build", f"for an NVIDIA GPU: {CUDA_TORCH}"))
