@@ -1,0 +1,87 @@
+"""`python -m dflash_chat.train demo|eval`: rebuild the embedded demo pair, or measure it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
+STAGES = ("prepare", "target", "drafter", "ship")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dflash_chat.train")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="train the demo target and its DFlash drafter, then ship them")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--minutes", type=float, default=40.0,
+                      help="training budget when step counts are not given (split 55/45 target/drafter)")
+    demo.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the pair is shipped")
+    demo.add_argument("--work", type=Path, default=Path("demo_work"), help="folder for intermediate files")
+    demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    demo.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    demo.add_argument("--target-steps", type=int, default=None)
+    demo.add_argument("--drafter-steps", type=int, default=None)
+    demo.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ev = sub.add_parser("eval", help="acceptance and DFlash-vs-AR speed of a pair on held-out prompts")
+    ev.add_argument("--target", type=Path, default=DEFAULT_OUT / "target")
+    ev.add_argument("--drafter", type=Path, default=DEFAULT_OUT / "drafter")
+    ev.add_argument("--prompts", type=int, default=16)
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--threads", type=int, default=2)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.command == "eval":
+        from dflash_chat.train.evaluate import format_report, measure_pair
+
+        print(format_report(measure_pair(args.target, args.drafter, prompts=args.prompts,
+                                         max_new_tokens=args.max_new_tokens)))
+        return 0
+    return run_demo(args)
+
+
+def run_demo(args) -> int:
+    import torch
+
+    from dflash_chat.train import recipe
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        print(f"unknown stage(s) {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}", file=sys.stderr)
+        return 2
+    log = _log
+    budget = args.minutes * 60
+    if "prepare" in stages:
+        recipe.prepare(args.work, seed=args.seed, log=log)
+    if "target" in stages:
+        steps = args.target_steps or recipe.calibrate_target_steps(args.work, 0.55 * budget, device, args.seed)
+        log(f"target steps: {steps} (repeat with --target-steps {steps})")
+        recipe.train_target_stage(args.work, seed=args.seed, steps=steps, device=device, log=log)
+    if "drafter" in stages:
+        steps = args.drafter_steps or recipe.calibrate_drafter_steps(args.work, 0.35 * budget, device, args.seed)
+        log(f"drafter steps: {steps} (repeat with --drafter-steps {steps})")
+        recipe.train_drafter_stage(args.work, seed=args.seed, steps=steps, device=device, log=log)
+    if "ship" in stages:
+        recipe.ship(args.work, args.out, log=log)
+    return 0
+
+
+_START = time.perf_counter()
+
+
+def _log(message: str) -> None:
+    print(f"[{time.perf_counter() - _START:7.1f}s] {message}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Token data for training: the packed stream for the target, and chat sequences for the drafter."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from dflash_chat.train.corpus import Conversation
+from dflash_chat.train.drafter import Sequence
+from dflash_chat.train.tokenizer import render, training_text
+
+
+def packed_tokens(tokenizer, conversations: list[Conversation]) -> torch.Tensor:
+    """All training conversations as one token stream (each ends with <|im_end|>)."""
+    texts = [training_text(tokenizer, c) for c in conversations]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return torch.tensor([t for seq in ids for t in seq], dtype=torch.long)
+
+
+def prompt_ids(tokenizer, conversation: Conversation, enable_thinking: bool) -> list[int]:
+    text = render(tokenizer, conversation.prompt_messages, add_generation_prompt=True, enable_thinking=enable_thinking)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def corpus_sequences(tokenizer, conversations: list[Conversation], max_len: int = 512) -> list[Sequence]:
+    """Conversations as the template renders them; anchors start at the last prompt token."""
+    out = []
+    for conv in conversations:
+        thinking = conv.reasoning is not None
+        prompt = prompt_ids(tokenizer, conv, thinking)
+        ids = tokenizer(training_text(tokenizer, conv), add_special_tokens=False)["input_ids"][:max_len]
+        if len(ids) > len(prompt) + 1:
+            out.append(Sequence(torch.tensor(ids), len(prompt) - 1))
+    return out
+
+
+@torch.no_grad()
+def greedy_sequences(target, tokenizer, conversations: list[Conversation], *, max_new_tokens: int = 192,
+                     thinking_share: float = 0.2, batch_size: int = 64, seed: int = 0,
+                     device: str = "cpu") -> list[Sequence]:
+    """The target's own greedy answers to the conversations' prompts (batched, left-padded)."""
+    rng = random.Random(seed)
+    prompts = [prompt_ids(tokenizer, c, rng.random() < thinking_share) for c in conversations]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
+    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    pad = tokenizer.pad_token_id
+    target.to(device).eval()
+    out: list[Sequence] = []
+    for i in range(0, len(order), batch_size):
+        chunk = [prompts[j] for j in order[i : i + batch_size]]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for row, p in enumerate(chunk):
+            ids[row, width - len(p):] = torch.tensor(p)
+            attn[row, width - len(p):] = 1
+        gen = target.generate(input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=False,
+                              max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad)
+        for row, p in enumerate(chunk):
+            new = gen[row, width:].tolist()
+            if stop[0] in new:
+                new = new[: new.index(stop[0]) + 1]
+            new = [t for t in new if t != pad]
+            if len(new) >= 2:
+                out.append(Sequence(torch.tensor(p + new), len(p) - 1))
+    return out

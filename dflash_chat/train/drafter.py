@@ -1,0 +1,288 @@
+"""Training the demo's DFlash drafter against the frozen demo target.
+
+The recipe (ours; no DFlash training recipe has been published):
+
+1. Text. Sequences the drafter will meet at inference: the target's own greedy answers to training
+   prompts (mostly thinking off, some thinking on), plus corpus conversations as rendered by the chat
+   template. On its own output the target's greedy prediction at each position is the next token, so
+   context and labels match what the drafter sees while decoding.
+2. Teacher. One no-grad forward of the frozen target over a whole sequence gives the context features
+   (outputs of the `target_layer_ids` decoder layers, concatenated) and
+   the greedy next token at every position, g[t] = argmax p(x[t+1] | x[<=t]).
+3. Blocks. Anchors s are drawn in the answer part of the sequence (from the last prompt token on).
+   Block a is [x[s], mask x (B-1)], embedded with the target's frozen embed_tokens; it sees the
+   context features of positions < s and its whole block. The label of block position j >= 1 is
+   g[s + j - 1]; positions past the end of the sequence are ignored. A step packs a few sequences
+   (teacher run on them batched, right-padded) into one context stream and runs all their blocks in
+   one `DFlashDrafter.forward_train` call.
+4. Loss. Cross-entropy through the target's frozen lm_head, block position j weighted by
+   exp(-(j - 1) / decay): acceptance is a prefix, so an early miss costs the whole rest of the block.
+5. Optimiser. AdamW, warmup then cosine decay, gradient clipping at 1. Only the drafter trains.
+
+The figure printed while training, "acc-len", is the acceptance length the drafts would reach under
+greedy verification with teacher forcing: 1 + the number of leading block positions whose argmax
+equals the label.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dflash_chat.train.common import Log, autocast_for, cosine_lr, seeded
+
+BLOCK_SIZE = 16
+
+
+@dataclass
+class DrafterShape:
+    num_layers: int = 2
+    intermediate_size: int = 768
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    target_layer_ids: tuple[int, ...] = (1, 3, 5)
+    block_size: int = BLOCK_SIZE
+
+
+def drafter_config_dict(shape: DrafterShape, target_config, mask_token_id: int) -> dict:
+    """A z-lab style config.json for the drafter."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": shape.block_size,
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids)},
+        "num_target_layers": target_config.num_hidden_layers,
+        "hidden_size": target_config.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": target_config.max_position_embeddings,
+        "layer_types": ["full_attention"] * shape.num_layers,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": target_config.vocab_size,
+        "dtype": "bfloat16",
+    }
+
+
+def new_drafter(config: dict, target, seed: int):
+    from dflash_chat.engine.models.config import DrafterConfig
+    from dflash_chat.engine.models.dflash import DFlashDrafter
+
+    with seeded(seed):
+        drafter = DFlashDrafter(DrafterConfig.from_dict(config), target.config.hidden_size)
+        for module in drafter.modules():
+            if isinstance(module, torch.nn.Linear):
+                torch.nn.init.normal_(module.weight, std=0.02)
+    drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
+    return drafter
+
+
+@dataclass
+class Sequence:
+    """Token ids of one chat, and the first position an anchor may take (the last prompt token)."""
+
+    ids: torch.Tensor
+    start: int
+
+
+@dataclass
+class DrafterSettings:
+    steps: int
+    seqs_per_step: int = 4
+    anchors_per_seq: int = 16
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 30
+    weight_decay: float = 0.0
+    decay: float = 7.0
+    log_every: int = 25
+    stats: list[float] = field(default_factory=list)
+
+
+@torch.no_grad()
+def teacher(target, seqs: list[torch.Tensor], layer_ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence: (features [S, K*H] after the tap layers, greedy next token [S]).
+
+    One batched forward, right-padded: with causal attention and a forward recurrence, padding after
+    a sequence does not change anything at its real positions. Features are read with hooks on the
+    decoder layers, because HF's last `hidden_states` entry is taken after the final norm, while a
+    tap is the layer's own output.
+    """
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long, device=seqs[0].device)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = s
+    captured: dict[int, torch.Tensor] = {}
+    layers = target.model.layers
+    hooks = [layers[i].register_forward_hook(_capture(captured, i)) for i in layer_ids]
+    try:
+        logits = target(input_ids=ids, use_cache=False).logits
+    finally:
+        for hook in hooks:
+            hook.remove()
+    feats = torch.cat([captured[i] for i in layer_ids], dim=-1).float()
+    greedy = logits.argmax(dim=-1)
+    return [(feats[row, : len(s)], greedy[row, : len(s)]) for row, s in enumerate(seqs)]
+
+
+def _capture(store: dict, index: int):
+    def hook(module, args, output):
+        store[index] = output[0] if isinstance(output, tuple) else output
+
+    return hook
+
+
+def make_blocks(ids: torch.Tensor, greedy: torch.Tensor, anchors: torch.Tensor, block: int, mask_id: int):
+    """Block token ids [A, B] and labels [A, B-1] (-100 past the sequence end)."""
+    S = ids.shape[0]
+    offsets = torch.arange(block, device=ids.device)
+    tokens = torch.full((len(anchors), block), mask_id, dtype=torch.long, device=ids.device)
+    tokens[:, 0] = ids[anchors]
+    label_pos = anchors[:, None] + offsets[None, 1:] - 1
+    labels = greedy[label_pos.clamp(max=S - 1)]
+    labels[label_pos > S - 1] = -100
+    return tokens, labels
+
+
+def sample_anchors(seq: Sequence, count: int, rng: random.Random) -> list[int]:
+    last = seq.ids.shape[0] - 2
+    if last < seq.start:
+        return []
+    span = range(seq.start, last + 1)
+    return sorted(rng.sample(span, min(count, len(span))))
+
+
+def pack_blocks(target, seqs: list[Sequence], anchors: list[list[int]], block: int, mask_id: int, layer_ids,
+                device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Several sequences packed into one context stream for `forward_train`.
+
+    Returns (features [sum S, K*H], block tokens [A, B], anchors in the packed stream [A], labels [A, B-1]).
+    Labels never cross into the next sequence; a block may see earlier sequences of the pack as context
+    (as in packed pretraining), which does not change its own labels.
+    """
+    ids = [s.ids.to(device) for s in seqs]
+    taught = teacher(target, ids, layer_ids)
+    feats, tokens, packed, labels = [], [], [], []
+    offset = 0
+    for seq_ids, (f, g), a in zip(ids, taught, anchors):
+        a_t = torch.tensor(a, dtype=torch.long, device=device)
+        t, l = make_blocks(seq_ids, g, a_t, block, mask_id)
+        feats.append(f)
+        tokens.append(t)
+        labels.append(l)
+        packed.append(a_t + offset)
+        offset += len(seq_ids)
+    return torch.cat(feats), torch.cat(tokens), torch.cat(packed), torch.cat(labels)
+
+
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position-weighted cross-entropy, and the teacher-forced acceptance length of each block."""
+    B1 = labels.shape[1]
+    weights = torch.exp(-torch.arange(B1, device=labels.device, dtype=torch.float32) / decay)
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                         ignore_index=-100, reduction="none").view_as(labels.float())
+    valid = (labels != -100).float()
+    w = weights[None, :] * valid
+    loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
+    hits = (logits.argmax(dim=-1) == labels).long()
+    accept = 1 + hits.cumprod(dim=1).sum(dim=1)
+    return loss, accept.float()
+
+
+def _draft_batch(drafter, target, batch: list[Sequence], settings: "DrafterSettings", rng: random.Random, device):
+    """(loss, acceptance lengths) of one packed batch, or None when no sequence has room for a block."""
+    chosen = [(s, sample_anchors(s, settings.anchors_per_seq, rng)) for s in batch]
+    chosen = [(s, a) for s, a in chosen if a]
+    if not chosen:
+        return None
+    seqs, anchors = zip(*chosen)
+    feats, tokens, packed, labels = pack_blocks(target, list(seqs), list(anchors), drafter.block_size,
+                                                drafter.mask_token_id, drafter.target_layer_ids, device)
+    embed = target.get_input_embeddings()
+    hidden = drafter.forward_train(feats, embed(tokens).detach(), packed)
+    return block_loss(drafter.logits(hidden[:, 1:]), labels, settings.decay)
+
+
+def train_drafter(drafter, target, sequences: list[Sequence], settings: DrafterSettings, *, seed: int,
+                  device: str = "cpu", log: Log = print) -> list[float]:
+    target.to(device).eval().requires_grad_(False)
+    drafter.to(device).train()
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
+    rng = random.Random(seed)
+    losses, accepts = [], []
+    started = time.perf_counter()
+    for step in range(settings.steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, settings.steps, settings.lr, settings.warmup, settings.min_lr_ratio)
+        batch = rng.sample(sequences, min(settings.seqs_per_step, len(sequences)))
+        with autocast_for(device):
+            result = _draft_batch(drafter, target, batch, settings, rng, device)
+        if result is None:
+            continue
+        loss, acc = result
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        accepts.append(acc.mean().item())
+        if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
+            n = settings.log_every
+            log(f"drafter step {step + 1}/{settings.steps} loss {sum(losses[-n:]) / len(losses[-n:]):.3f} "
+                f"acc-len {sum(accepts[-n:]) / len(accepts[-n:]):.2f} ({time.perf_counter() - started:.0f}s)")
+    drafter.eval()
+    settings.stats = accepts
+    return losses
+
+
+@torch.no_grad()
+def teacher_forced_acceptance(drafter, target, sequences: list[Sequence], *, anchors_per_seq: int = 32,
+                              seed: int = 0, device: str = "cpu", batch: int = 8) -> float:
+    """Mean teacher-forced acceptance length over sequences (a quick held-out check)."""
+    rng = random.Random(seed)
+    settings = DrafterSettings(steps=0, anchors_per_seq=anchors_per_seq)
+    total = []
+    for i in range(0, len(sequences), batch):
+        with autocast_for(device):
+            result = _draft_batch(drafter, target, sequences[i : i + batch], settings, rng, device)
+        if result is not None:
+            total.append(result[1])
+    return torch.cat(total).mean().item() if total else math.nan
+
+
+def save_drafter(drafter, config: dict, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def load_drafter(out_dir: Path, target):
+    """The saved drafter back as a trainable fp32 module bound to `target`."""
+    from safetensors.torch import load_file
+
+    config = json.loads((out_dir / "config.json").read_text())
+    drafter = new_drafter(config, target, seed=0)
+    state = {k: v.float() for k, v in load_file(str(out_dir / "model.safetensors")).items()}
+    drafter.load_state_dict(state)
+    return drafter, config
+

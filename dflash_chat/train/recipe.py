@@ -1,0 +1,163 @@
+"""The demo pair, stage by stage: prepare (corpus + tokenizer), target, drafter, ship.
+
+Each stage reads what the one before it wrote in a work folder, so a stage can run again alone
+(or on another machine). Everything is seeded; step counts are printed so a run can be repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from dflash_chat.train.common import Log
+from dflash_chat.train.corpus import Conversation, Corpus, build_corpus
+from dflash_chat.train.drafter import (
+    DrafterSettings, DrafterShape, drafter_config_dict, new_drafter, save_drafter, teacher_forced_acceptance,
+    train_drafter,
+)
+from dflash_chat.train.target import TargetShape, TrainSettings, new_target, save_target, train_target
+from dflash_chat.train.tokenizer import MASK_TOKEN, save_tokenizer, train_tokenizer
+
+HELDOUT_FILE = "heldout_prompts.json"
+
+
+def prepare(work: Path, *, seed: int, vocab_size: int = 6144, max_files: int | None = None, log: Log = print) -> None:
+    started = time.perf_counter()
+    corpus = build_corpus(seed=seed, max_files=max_files)
+    save_corpus(corpus, work / "corpus.json")
+    texts = [m["content"] for c in corpus.train for m in c.messages]
+    tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
+    save_tokenizer(tokenizer, work / "tokenizer")
+    log(f"prepared {len(corpus.train)} training chats, {len(corpus.heldout)} held out, "
+        f"vocab {len(tokenizer)} ({time.perf_counter() - started:.0f}s)")
+
+
+def train_target_stage(work: Path, *, seed: int, steps: int, device: str, shape: TargetShape | None = None,
+                       settings: TrainSettings | None = None, log: Log = print) -> list[float]:
+    from transformers import AutoTokenizer
+
+    from dflash_chat.train.data import packed_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
+    corpus = load_corpus(work / "corpus.json")
+    tokens = packed_tokens(tokenizer, corpus.train)
+    model = new_target(shape or TargetShape(), tokenizer, seed)
+    settings = settings or TrainSettings(steps=steps)
+    settings.steps = steps
+    log(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(tokens)} training tokens, "
+        f"{steps} steps of {settings.batch_size}x{settings.seq_len} on {device}")
+    losses = train_target(model, tokens, settings, seed=seed, device=device, log=log)
+    save_target(model, tokenizer, work / "target")
+    return losses
+
+
+def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, generated: int = 2000,
+                        shape: DrafterShape | None = None, settings: DrafterSettings | None = None,
+                        max_new_tokens: int = 192, gen_batch: int = 64, log: Log = print) -> list[float]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_chat.train.data import corpus_sequences, greedy_sequences
+
+    tokenizer = AutoTokenizer.from_pretrained(work / "target")
+    # The drafter learns the target as shipped (bf16 weights), upcast like the loader does on CPU.
+    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
+    corpus = load_corpus(work / "corpus.json")
+    rng = random.Random(seed)
+    prompts = rng.sample(corpus.train, min(generated, len(corpus.train)))
+    started = time.perf_counter()
+    own = greedy_sequences(target, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=gen_batch,
+                           seed=seed, device=device)
+    held = greedy_sequences(target, tokenizer, corpus.heldout[:32], max_new_tokens=max_new_tokens,
+                            thinking_share=0.0, batch_size=gen_batch, seed=seed, device=device)
+    text = corpus_sequences(tokenizer, rng.sample(corpus.train, min(len(own) // 2, len(corpus.train))))
+    log(f"drafter data: {len(own)} target answers + {len(text)} corpus chats "
+        f"({time.perf_counter() - started:.0f}s)")
+    shape = shape or DrafterShape()
+    config = drafter_config_dict(shape, target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+    drafter = new_drafter(config, target, seed)
+    settings = settings or DrafterSettings(steps=steps)
+    settings.steps = steps
+    log(f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, block {shape.block_size}, "
+        f"taps {list(shape.target_layer_ids)}, {steps} steps on {device}")
+    losses = train_drafter(drafter, target, own + text, settings, seed=seed, device=device, log=log)
+    acc = teacher_forced_acceptance(drafter, target, held, seed=seed, device=device)
+    log(f"drafter: teacher-forced acceptance length on held-out target answers: {acc:.2f}")
+    save_drafter(drafter, config, work / "drafter")
+    return losses
+
+
+def ship(work: Path, out: Path, log: Log = print) -> None:
+    """Copy the trained pair into `out` (target/ with tokenizer files, drafter/)."""
+    for name in ("target", "drafter"):
+        dest = out / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(work / name, dest)
+    prompts = [c.prompt_messages for c in load_corpus(work / "corpus.json").heldout]
+    (out / HELDOUT_FILE).write_text(json.dumps(prompts, indent=1) + "\n")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    log(f"shipped the demo pair to {out} ({size / 2**20:.1f} MiB)")
+
+
+def save_corpus(corpus: Corpus, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {split: [{"messages": c.messages, "reasoning": c.reasoning, "tags": sorted(c.tags)} for c in convs]
+            for split, convs in (("train", corpus.train), ("heldout", corpus.heldout))}
+    path.write_text(json.dumps(data))
+
+
+def load_corpus(path: Path) -> Corpus:
+    data = json.loads(path.read_text())
+
+    def convs(rows):
+        return [Conversation(r["messages"], r["reasoning"], set(r["tags"])) for r in rows]
+
+    return Corpus(train=convs(data["train"]), heldout=convs(data["heldout"]))
+
+
+
+
+def calibrate_target_steps(work: Path, seconds: float, device: str, seed: int,
+                           settings: TrainSettings | None = None) -> int:
+    """How many target steps fit in `seconds`, timed on a throwaway model (the real run is then seeded)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
+    tokens = torch.randint(0, len(tokenizer), (1 << 16,))
+    settings = settings or TrainSettings(steps=0)
+    per_step = _time_steps(lambda n: train_target(
+        new_target(TargetShape(), tokenizer, seed), tokens,
+        TrainSettings(steps=n, batch_size=settings.batch_size, seq_len=settings.seq_len, log_every=10**9),
+        seed=seed, device=device, log=lambda _: None))
+    return max(10, int(seconds / per_step))
+
+
+def calibrate_drafter_steps(work: Path, seconds: float, device: str, seed: int) -> int:
+    """Drafter steps that fit in `seconds` after the target's answers are generated (about a fifth)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_chat.train.data import corpus_sequences
+
+    tokenizer = AutoTokenizer.from_pretrained(work / "target")
+    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
+    sequences = corpus_sequences(tokenizer, load_corpus(work / "corpus.json").train[:64])
+    config = drafter_config_dict(DrafterShape(), target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+    per_step = _time_steps(lambda n: train_drafter(
+        new_drafter(config, target, seed), target, sequences, DrafterSettings(steps=n, log_every=10**9),
+        seed=seed, device=device, log=lambda _: None))
+    return max(10, int(0.8 * seconds / per_step))
+
+
+def _time_steps(run) -> float:
+    """Seconds per step: time 2 and 5 steps, take the difference (start-up costs cancel)."""
+    t0 = time.perf_counter()
+    run(2)
+    t1 = time.perf_counter()
+    run(5)
+    t2 = time.perf_counter()
+    return max(1e-3, ((t2 - t1) - (t1 - t0)) / 3)

@@ -1,0 +1,129 @@
+"""The demo target: a tiny Qwen3.5-architecture model (Gated DeltaNet + gated attention), trained with
+transformers' own `Qwen3_5ForCausalLM` and saved as a standard HF checkpoint."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dflash_chat.train.common import Log, autocast_for, cosine_lr, seeded
+
+
+@dataclass
+class TargetShape:
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    layer_types: tuple[str, ...] = (
+        "linear_attention", "linear_attention", "linear_attention",
+        "full_attention", "linear_attention", "full_attention",
+    )
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_head_dim: int = 64
+    max_position_embeddings: int = 4096
+
+
+def target_config(shape: TargetShape, tokenizer):
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=len(shape.layer_types),
+        layer_types=list(shape.layer_types),
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim,
+        linear_num_key_heads=shape.linear_num_key_heads,
+        linear_num_value_heads=shape.linear_num_value_heads,
+        linear_key_head_dim=shape.linear_head_dim,
+        linear_value_head_dim=shape.linear_head_dim,
+        linear_conv_kernel_dim=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        architectures=["Qwen3_5ForCausalLM"],
+    )
+
+
+def new_target(shape: TargetShape, tokenizer, seed: int):
+    from transformers import Qwen3_5ForCausalLM
+
+    with seeded(seed):
+        return Qwen3_5ForCausalLM(target_config(shape, tokenizer))
+
+
+@dataclass
+class TrainSettings:
+    steps: int
+    batch_size: int = 16
+    seq_len: int = 256
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.1
+    log_every: int = 25
+
+
+def train_target(model, tokens: torch.Tensor, settings: TrainSettings, *, seed: int, device: str = "cpu",
+                 log: Log = print) -> list[float]:
+    """Next-token training on random windows of the packed token stream; returns the loss per step."""
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
+                            weight_decay=settings.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    autocast = autocast_for(device)
+    losses = []
+    started = time.perf_counter()
+    for step in range(settings.steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, settings.steps, settings.lr, settings.warmup, settings.min_lr_ratio)
+        batch = random_windows(tokens, settings.batch_size, settings.seq_len, gen).to(device)
+        with autocast:
+            loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
+            recent = losses[-settings.log_every:]
+            log(f"target step {step + 1}/{settings.steps} loss {sum(recent) / len(recent):.3f} "
+                f"({time.perf_counter() - started:.0f}s)")
+    model.eval()
+    return losses
+
+
+def random_windows(tokens: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, len(tokens) - seq_len, (batch,), generator=gen)
+    return torch.stack([tokens[s : s + seq_len] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def eval_loss(model, tokens: torch.Tensor, seq_len: int = 256, max_windows: int = 32, device: str = "cpu") -> float:
+    """Mean next-token loss on consecutive windows (for held-out text)."""
+    model.to(device).eval()
+    n = min(max_windows, (len(tokens) - 1) // seq_len)
+    total = 0.0
+    for i in range(n):
+        window = tokens[i * seq_len : (i + 1) * seq_len][None].to(device)
+        total += model(input_ids=window, labels=window).loss.item()
+    return total / max(n, 1) if n else math.nan
+
+
+def save_target(model, tokenizer, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.to("cpu", dtype=dtype).save_pretrained(out_dir, safe_serialization=True)
+    model.to(torch.float32)
+    tokenizer.save_pretrained(out_dir)
+
