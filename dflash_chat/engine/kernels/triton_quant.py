@@ -181,7 +181,9 @@ def dequantize(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.dtype) ->
     out = torch.empty(n, k, device=packed.device, dtype=dtype)
     bn, bk = 32, 256
     grid = (triton.cdiv(n, bn), triton.cdiv(k, bk))
-    _dequant_kernel[grid](packed, out, n, k, packed.shape[-1], FMT=FMT_IDS[fmt.name], BLOCK_N=bn, BLOCK_K=bk)
+    # no FMA contraction: d*q - m rounds exactly like the torch path (bit-equal dequantization)
+    _dequant_kernel[grid](packed, out, n, k, packed.shape[-1], FMT=FMT_IDS[fmt.name], BLOCK_N=bn, BLOCK_K=bk,
+                          enable_fp_fusion=False)
     return out.reshape(*packed.shape[:-1], k)
 
 
