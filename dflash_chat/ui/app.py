@@ -35,6 +35,7 @@ class DFlashChatApp(App):
         self.settings = settings
         self.source = source
         self.export_dir = export_dir
+        self.keymap: dict[str, str] = {}
         self.store, self.history_note = HistoryStore.open_or_recover(history_path or paths.history_db())
         found = discover_themes(user_themes)
         self.theme_problems = found.problems
@@ -46,9 +47,10 @@ class DFlashChatApp(App):
         return self.chat
 
     def on_mount(self) -> None:
-        self.theme = self.settings.theme if self.settings.theme in self.available_themes else DEFAULT_THEME
+        fallback = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+        self.theme = self.settings.theme if self.settings.theme in self.available_themes else fallback
         if self.theme != self.settings.theme:
-            self.notify(f"Theme {self.settings.theme!r} was not found; using {DEFAULT_THEME}.", severity="warning")
+            self.notify(f"Theme {self.settings.theme!r} was not found; using {fallback}.", severity="warning")
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         self._apply_keymap(self.settings.keymap)
         for problem in self.theme_problems:
@@ -69,11 +71,11 @@ class DFlashChatApp(App):
         if unknown:
             self.notify(f"keymap: unknown binding ids {', '.join(unknown)}; known: {', '.join(sorted(known))}",
                         severity="warning", timeout=15)
-        self.set_keymap({k: v for k, v in keymap.items() if k in known})
+        self.keymap = {k: v for k, v in keymap.items() if k in known}
+        self.set_keymap(self.keymap)
 
     def key_for(self, binding_id: str, default: str) -> str:
-        keys = self._keymap.get(binding_id, default)
-        return keys.split(",")[0]
+        return self.keymap.get(binding_id, default).split(",")[0]
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

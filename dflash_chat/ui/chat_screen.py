@@ -129,11 +129,12 @@ class ChatScreen(Screen):
         return self.turn is not None
 
     def notice(self) -> str:
+        demo = self.source is not None and self.source.demo
         if self.pair is not None:
-            return ""
+            return "This is the tiny built-in demo model: it knows a little Python, nothing more." if demo else ""
         if self.source is None:
             return f"No model is loaded: {HOW_TO_PICK}. History and settings work without one."
-        if self.source.demo:
+        if demo:
             return "Loading the tiny built-in demo model (it knows a little Python, nothing more)…"
         return f"Loading {self.source.target} …"
 
@@ -166,7 +167,7 @@ class ChatScreen(Screen):
         self.refresh_memory()
         self.set_interval(2.0, self.refresh_memory, name="memory")
         if not self.conversation.messages:
-            await self.chat_view.show(self.conversation)
+            await self.chat_view.show(self.conversation, self.notice())
         self.notify(f"{name} is ready ({message.seconds:.1f} s to load)")
 
     async def on_model_failed(self, message: ModelFailed) -> None:

@@ -159,3 +159,18 @@ def test_answers_that_thought_are_rerendered(tokenizer):
     turns = previous.turns + [{"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "more"}]
     assert next_prompt(tokenizer, turns, thinking=False, previous=previous).ids == (
         build_prompt(tokenizer, turns, thinking=False).ids)
+
+
+def test_incremental_decoder_matches_a_full_decode_on_byte_soup(tokenizer):
+    """Random ids make invalid UTF-8 (what a random or confused model writes): streamed
+    pieces in random block sizes still add up to exactly the full decode."""
+    rng = random.Random(1)
+    for _ in range(200):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(60)]
+        decoder = IncrementalDecoder(tokenizer)
+        pieces, at = [], 0
+        while at < len(ids):
+            size = rng.randint(1, 16)
+            pieces.append(decoder.push(ids[at : at + size]))
+            at += size
+        assert "".join(pieces) + decoder.flush() == tokenizer.decode(ids, skip_special_tokens=False)

@@ -18,6 +18,19 @@ from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
 from .conftest import fast_settings, run, send, wait_for
 
 
+class Seen:
+    """Messages of one type, each once (the hook sees a message at every node it bubbles
+    through); holding them keeps their ids from being reused."""
+
+    def __init__(self, kind) -> None:
+        self.kind = kind
+        self.messages = []
+
+    def __call__(self, message) -> None:
+        if isinstance(message, self.kind) and not any(m is message for m in self.messages):
+            self.messages.append(message)
+
+
 def make_app(tiny_pair, **settings):
     target, drafter = tiny_pair
     return DFlashChatApp(fast_settings(**settings), ModelSource(str(target), str(drafter)))
@@ -31,11 +44,7 @@ async def answered(pilot, app, count: int) -> None:
 
 
 def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pair):
-    chunks = {}
-
-    def hook(message):
-        if isinstance(message, AnswerChunk):
-            chunks[id(message)] = message.chunk
+    hook = Seen(AnswerChunk)
 
     async def main():
         app = make_app(tiny_pair, max_new_tokens=8)
@@ -54,7 +63,7 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     assert users == 1
     # streamed: at most one batch per engine event (Prefilled, the first token, each step);
     # here a CPU step outlasts the 40 ms batch window, test_bridge covers the fast case
-    streamed = list(chunks.values())
+    streamed = [m.chunk for m in hook.messages]
     assert 2 <= len(streamed) <= stats.steps + 2
     assert "".join(c.thinking for c in streamed) == end.thinking
     assert "".join(c.answer for c in streamed) == end.answer == rendered
@@ -84,11 +93,7 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
 
 
 def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):
-    prompts = {}
-
-    def hook(message):
-        if isinstance(message, PromptSent):
-            prompts[id(message)] = message.prompt
+    hook = Seen(PromptSent)
 
     async def main():
         app = make_app(tiny_pair, max_new_tokens=2)
@@ -100,8 +105,8 @@ def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):
             switch_on = app.chat.panel.query_one("#thinking-switch").value
             await pilot.press("ctrl+r")  # the same conversation again, thinking on
             await answered(pilot, app, 1)
-            await wait_for(pilot, lambda: len(prompts) == 2, 10, "second prompt")
-            return switch_on, list(prompts.values()), app.chat.pair.tokenizer
+            await wait_for(pilot, lambda: len(hook.messages) == 2, 10, "second prompt")
+            return switch_on, [m.prompt for m in hook.messages], app.chat.pair.tokenizer
 
     switch_on, (off, on), tokenizer = run(main())
     assert switch_on is True
