@@ -89,6 +89,7 @@ class ChatScreen(Screen):
         self.last_prompt: Prompt | None = None
         self.last_end: StreamEnd | None = None
         self.transcript: Transcript | None = None  # what the engine holds, for prefix reuse
+        self.transcripts: dict[int, Transcript] = {}  # the last one of each chat, for resuming it
         self._prompts = prompts or []
         self.set_reactive(ChatScreen.thinking, settings.thinking)
 
@@ -144,6 +145,7 @@ class ChatScreen(Screen):
         self.source = source
         self.pair = None
         self.transcript = None
+        self.transcripts.clear()
         self.panel.show_model(None, note="loading…")
         self.sub_title = "loading model…"
         self.load_model(source, self.settings.context_length)
@@ -263,6 +265,10 @@ class ChatScreen(Screen):
         self.last_end = end
         if turn is None:
             return
+        if message.transcript is not None:
+            self.transcripts[turn.conversation_id] = message.transcript
+        else:
+            self.transcripts.pop(turn.conversation_id, None)
         same_chat = turn.conversation_id == self.conversation.id
         self.transcript = message.transcript if same_chat else None
         turn.message.thinking, turn.message.content = end.thinking, end.answer
@@ -304,7 +310,7 @@ class ChatScreen(Screen):
 
     async def open_conversation(self, conversation_id: int) -> None:
         self.action_stop()
-        self.transcript = None
+        self.transcript = self.transcripts.get(conversation_id)
         self.conversation = self.store.load(conversation_id)
         await self.chat_view.show(self.conversation)
         last = self.conversation.last("assistant")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from dflash_chat import paths
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL
 from dflash_chat.chat.history import HistoryStore
@@ -12,7 +14,7 @@ from dflash_chat.chat.model_source import ModelSource
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.messages import AnswerChunk, PromptSent
-from dflash_chat.ui.widgets.chat_view import AssistantMessage, UserMessage
+from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
 
 from .conftest import fast_settings, run, send, wait_for
@@ -154,12 +156,19 @@ def test_the_next_turn_reuses_the_engines_prefix(home, tiny_pair):
             first = app.chat.last_end.stats
             await send(pilot, "second")
             await answered(pilot, app, 2)
-            return first, app.chat.last_end.stats, app.chat.panel.shown["prompt"]
+            second, shown = app.chat.last_end.stats, app.chat.panel.shown["prompt"]
+            # leave the chat and come back to it from the history: still reused
+            await pilot.press("ctrl+n")
+            await app.chat.open_conversation(1)
+            await send(pilot, "third")
+            await answered(pilot, app, 3)
+            return first, second, shown, app.chat.last_end.stats
 
-    first, stats, shown = run(main())
-    # everything the engine held after the first answer (its prompt and all but the newest token)
-    assert stats.reused_tokens == first.prompt_tokens + first.new_tokens - 1
-    assert shown == f"{stats.prompt_tokens} ({stats.reused_tokens} reused)"
+    first, second, shown, third = run(main())
+    # everything the engine held after the answer (its prompt and all but the newest token)
+    assert second.reused_tokens == first.prompt_tokens + first.new_tokens - 1
+    assert shown == f"{second.prompt_tokens} ({second.reused_tokens} reused)"
+    assert third.reused_tokens == second.prompt_tokens + second.new_tokens - 1
 
 
 def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
@@ -186,3 +195,29 @@ def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
     users, contents, title = run(second_run())
     assert users == ["remember me"] and title == "remember me"
     assert contents == ["remember me", answer]
+
+
+def _demo_source():
+    from dflash_chat.chat.model_source import demo_source
+
+    return demo_source()
+
+
+@pytest.mark.skipif(_demo_source() is None, reason="the trained demo pair is not in dflash_chat/demo_data yet")
+def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
+    """On the trained demo pair the acceptance figure is not zero, and the panel shows the engine's."""
+
+    async def main():
+        app = DFlashChatApp(fast_settings(max_new_tokens=24), _demo_source())
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the demo pair to load")
+            notice = " ".join(str(n.render()) for n in app.chat.query(Notice))
+            await send(pilot, "What does the with statement do?")
+            await answered(pilot, app, 1)
+            return notice, app.chat.last_end.stats, dict(app.chat.panel.shown)
+
+    notice, stats, shown = run(main())
+    assert "tiny built-in demo model" in notice
+    assert stats.accepted > 0
+    assert shown["acceptance"] == format_rate(stats.acceptance_rate)
+    assert shown["tokens/step"] == f"{stats.mean_acceptance_length:.2f}"
