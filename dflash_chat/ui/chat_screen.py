@@ -8,6 +8,7 @@ back as batched messages (chat/bridge.py) and are saved as they grow.
 from __future__ import annotations
 
 import re
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ COMMANDS = (
     ("settings", "ctrl+s", "settings", "Settings", "Edit sampling, system prompt, theme and model"),
 )
 
+IN_FOOTER = ("toggle-thinking", "stop", "new-chat", "history", "settings")
+
 
 def last_code_block(text: str) -> str | None:
     blocks = CODE_BLOCK.findall(text)
@@ -71,7 +74,7 @@ class Turn:
 
 class ChatScreen(Screen):
     BINDINGS = [
-        Binding(keys, action, title, id=binding_id, show=binding_id in ("toggle-thinking", "stop", "new-chat", "history", "settings"))
+        Binding(keys, action, title, id=binding_id, show=binding_id in IN_FOOTER)
         for binding_id, keys, action, title, _help in COMMANDS
     ]
 
@@ -185,6 +188,15 @@ class ChatScreen(Screen):
 
     # sending and generating
 
+    def record(self, write, *args):
+        """A history write; if the database fails the chat goes on, and says so."""
+        try:
+            return write(*args)
+        except sqlite3.Error as exc:
+            self.notify(f"Could not save to the history ({exc}); this chat is not being saved.",
+                        severity="error", timeout=15)
+            return None
+
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
         text = event.text.strip()
@@ -200,10 +212,10 @@ class ChatScreen(Screen):
         event.input.remember(text)
         if self.conversation.id is None:
             self.conversation.title = title_from(text)
-            self.conversation.id = self.store.create(self.conversation.title)
+            self.conversation.id = self.record(self.store.create, self.conversation.title)
         message = Message("user", text)
         self.conversation.messages.append(message)
-        self.store.add(self.conversation.id, message)
+        self.record(self.store.add, self.conversation.id, message)
         await self.chat_view.add_user(text)
         await self.answer()
 
@@ -211,7 +223,7 @@ class ChatScreen(Screen):
         turns = self.conversation.chat_turns(self.settings.system_prompt)
         message = Message("assistant", status=PARTIAL)
         self.conversation.messages.append(message)
-        self.store.add(self.conversation.id, message)
+        self.record(self.store.add, self.conversation.id, message)
         widget = await self.chat_view.add_assistant()
         self.turn = Turn(self.conversation.id, message, widget, threading.Event(), self.thinking)
         self.generate(self.pair, turns, self.thinking, self.settings, self.turn.cancel, self.transcript)
@@ -219,26 +231,26 @@ class ChatScreen(Screen):
     @work(thread=True, group="generate")
     def generate(self, pair, turns: list[dict], thinking: bool, settings: Settings,
                  cancel: threading.Event, previous: Transcript | None) -> None:
-        from dflash_chat.engine.sampling import SamplingParams
-
         post = self.post_message
         try:
+            from dflash_chat.engine.sampling import SamplingParams
+
             prompt = next_prompt(pair.tokenizer, turns, thinking=thinking, previous=previous)
             stops = stop_token_ids(pair.tokenizer)
             params = SamplingParams(
                 temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                 max_new_tokens=settings.max_new_tokens, stop_token_ids=stops,
             )
-        except Exception as exc:  # noqa: BLE001
+            post(PromptSent(prompt))
+            end = stream_answer(
+                pair.engine.generate(prompt.ids, params, cancel),
+                IncrementalDecoder(pair.tokenizer, stops),
+                ThinkingSplitter(thinking=prompt.opens_thinking),
+                lambda item: None if isinstance(item, StreamEnd) else post(AnswerChunk(item)),
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
             post(AnswerEnded(StreamEnd("error", "", "", None, failure_message(exc))))
             return
-        post(PromptSent(prompt))
-        end = stream_answer(
-            pair.engine.generate(prompt.ids, params, cancel),
-            IncrementalDecoder(pair.tokenizer, stops),
-            ThinkingSplitter(thinking=prompt.opens_thinking),
-            lambda item: None if isinstance(item, StreamEnd) else post(AnswerChunk(item)),
-        )
         held = None if end.reason == "error" else Transcript(turns, prompt, list(end.token_ids), end.answer, end.thinking)
         post(AnswerEnded(end, held))
 
@@ -256,7 +268,7 @@ class ChatScreen(Screen):
         self.panel.show_live(chunk.live, speculative=self.pair.drafter_name is not None)
         now = time.monotonic()
         if now - turn.last_saved >= SAVE_EVERY_S:
-            self.store.update(turn.message)
+            self.record(self.store.update, turn.message)
             turn.last_saved = now
 
     async def on_answer_ended(self, message: AnswerEnded) -> None:
@@ -274,7 +286,7 @@ class ChatScreen(Screen):
         turn.message.thinking, turn.message.content = end.thinking, end.answer
         turn.message.status = END_STATUS.get(end.reason, ERROR)
         turn.message.stats = end.stats
-        self.store.update(turn.message)
+        self.record(self.store.update, turn.message)
         if turn.widget.is_attached:
             await turn.widget.finish(turn.message, end.error)
         if end.stats is not None:
@@ -340,7 +352,7 @@ class ChatScreen(Screen):
         if messages[-1].role == "assistant":
             old = messages.pop()
             if old.id is not None:
-                self.store.remove_message(old.id)
+                self.record(self.store.remove_message, old.id)
             widgets = self.chat_view.query(AssistantMessage)
             if widgets:
                 await widgets.last().remove()

@@ -221,3 +221,27 @@ def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
     assert stats.accepted > 0
     assert shown["acceptance"] == format_rate(stats.acceptance_rate)
     assert shown["tokens/step"] == f"{stats.mean_acceptance_length:.2f}"
+
+
+def test_an_engine_error_is_a_notification_and_the_chat_goes_on(home, tiny_pair):
+    async def main():
+        app = make_app(tiny_pair, context_length=256, max_new_tokens=250)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await send(pilot, "this prompt and 250 new tokens do not fit in 256")
+            await answered(pilot, app, 1)
+            await pilot.pause()
+            status = str(app.chat.query(AssistantMessage).last().query_one(".status").render())
+            messages = [n.message for n in app._notifications]
+            # still usable: a shorter answer fits
+            app.chat.settings = fast_settings(context_length=256, max_new_tokens=2)
+            await send(pilot, "short")
+            await answered(pilot, app, 2)
+            return status, messages, app.chat.last_end
+
+    status, messages, end = run(main())
+    assert "failed" in status and "256-token context" in status
+    assert any("256-token context" in m and "Traceback" not in m for m in messages)
+    assert end.reason in ("length", "stop") and end.stats.new_tokens >= 1
+    saved = HistoryStore(paths.history_db()).load(1).messages
+    assert [m.status for m in saved if m.role == "assistant"] == ["error", "complete"]
