@@ -19,11 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--minutes", type=float, default=40.0,
                       help="training budget when step counts are not given (split 55/45 target/drafter)")
     demo.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the pair is shipped")
-    demo.add_argument("--work", type=Path, default=Path("demo_work"), help="folder for intermediate files")
+    demo.add_argument("--work", type=Path, default=None,
+                      help="folder for intermediate files (default: the app's cache folder)")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     demo.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     demo.add_argument("--target-steps", type=int, default=None)
     demo.add_argument("--drafter-steps", type=int, default=None)
+    demo.add_argument("--generated", type=int, default=None,
+                      help="how many training prompts the target answers for the drafter (default: per device)")
     demo.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ev = sub.add_parser("eval", help="acceptance and DFlash-vs-AR speed of a pair on held-out prompts")
     ev.add_argument("--target", type=Path, default=DEFAULT_OUT / "target")
@@ -60,17 +63,30 @@ def run_demo(args) -> int:
         print(f"unknown stage(s) {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}", file=sys.stderr)
         return 2
     log = _log
+    if args.work is None:
+        from dflash_chat.paths import cache_dir
+
+        args.work = cache_dir() / "demo_work"
     budget = args.minutes * 60
     if "prepare" in stages:
         recipe.prepare(args.work, seed=args.seed, log=log)
+    chosen = recipe.preset(device)
+    if args.generated is not None:
+        chosen.generated = args.generated
+    log(f"device {device}, seed {args.seed}, work folder {args.work}")
     if "target" in stages:
-        steps = args.target_steps or recipe.calibrate_target_steps(args.work, 0.55 * budget, device, args.seed)
+        steps = args.target_steps or recipe.calibrate_target_steps(args.work, 0.55 * budget, device, args.seed,
+                                                                   chosen.target)
         log(f"target steps: {steps} (repeat with --target-steps {steps})")
-        recipe.train_target_stage(args.work, seed=args.seed, steps=steps, device=device, log=log)
+        recipe.train_target_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.target,
+                                  log=log)
     if "drafter" in stages:
-        steps = args.drafter_steps or recipe.calibrate_drafter_steps(args.work, 0.35 * budget, device, args.seed)
+        steps = args.drafter_steps or recipe.calibrate_drafter_steps(args.work, 0.35 * budget, device, args.seed,
+                                                                     chosen.drafter)
         log(f"drafter steps: {steps} (repeat with --drafter-steps {steps})")
-        recipe.train_drafter_stage(args.work, seed=args.seed, steps=steps, device=device, log=log)
+        recipe.train_drafter_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.drafter,
+                                   generated=chosen.generated, gen_batch=chosen.gen_batch,
+                                   max_new_tokens=chosen.max_new_tokens, log=log)
     if "ship" in stages:
         recipe.ship(args.work, args.out, log=log)
     return 0

@@ -10,6 +10,7 @@ import json
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +25,28 @@ from dflash_chat.train.target import TargetShape, TrainSettings, new_target, sav
 from dflash_chat.train.tokenizer import MASK_TOKEN, save_tokenizer, train_tokenizer
 
 HELDOUT_FILE = "heldout_prompts.json"
+
+
+@dataclass
+class Preset:
+    """Batch sizes and data amounts for one kind of device (step counts come from the budget)."""
+
+    target: TrainSettings
+    drafter: DrafterSettings
+    generated: int  # training prompts the target answers for the drafter's data
+    gen_batch: int
+    max_new_tokens: int
+
+
+def preset(device: str) -> Preset:
+    if str(device).startswith("cuda"):
+        return Preset(TrainSettings(steps=0, batch_size=32, seq_len=512, lr=2e-3, warmup=100, log_every=100),
+                      DrafterSettings(steps=0, seqs_per_step=16, anchors_per_seq=32, lr=1e-3, warmup=50,
+                                      log_every=100),
+                      generated=3072, gen_batch=512, max_new_tokens=256)
+    return Preset(TrainSettings(steps=0, batch_size=16, seq_len=256, lr=2e-3, warmup=30, log_every=20),
+                  DrafterSettings(steps=0, seqs_per_step=4, anchors_per_seq=16, lr=1e-3, warmup=20, log_every=20),
+                  generated=384, gen_batch=64, max_new_tokens=160)
 
 
 def prepare(work: Path, *, seed: int, vocab_size: int = 6144, max_files: int | None = None, log: Log = print) -> None:
@@ -137,7 +160,8 @@ def calibrate_target_steps(work: Path, seconds: float, device: str, seed: int,
     return max(10, int(seconds / per_step))
 
 
-def calibrate_drafter_steps(work: Path, seconds: float, device: str, seed: int) -> int:
+def calibrate_drafter_steps(work: Path, seconds: float, device: str, seed: int,
+                            settings: DrafterSettings | None = None) -> int:
     """Drafter steps that fit in `seconds` after the target's answers are generated (about a fifth)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -145,19 +169,24 @@ def calibrate_drafter_steps(work: Path, seconds: float, device: str, seed: int) 
 
     tokenizer = AutoTokenizer.from_pretrained(work / "target")
     target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
-    sequences = corpus_sequences(tokenizer, load_corpus(work / "corpus.json").train[:64])
+    sequences = corpus_sequences(tokenizer, load_corpus(work / "corpus.json").train[:256])
     config = drafter_config_dict(DrafterShape(), target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+    settings = settings or DrafterSettings(steps=0)
     per_step = _time_steps(lambda n: train_drafter(
-        new_drafter(config, target, seed), target, sequences, DrafterSettings(steps=n, log_every=10**9),
+        new_drafter(config, target, seed), target, sequences,
+        DrafterSettings(steps=n, seqs_per_step=settings.seqs_per_step, anchors_per_seq=settings.anchors_per_seq,
+                        log_every=10**9),
         seed=seed, device=device, log=lambda _: None))
     return max(10, int(0.8 * seconds / per_step))
 
 
 def _time_steps(run) -> float:
-    """Seconds per step: time 2 and 5 steps, take the difference (start-up costs cancel)."""
+    """Seconds per step: after a warm-up run, time 2 and 6 steps and take the difference (start-up cancels)."""
+    run(1)
     t0 = time.perf_counter()
     run(2)
     t1 = time.perf_counter()
-    run(5)
+    run(6)
     t2 = time.perf_counter()
-    return max(1e-3, ((t2 - t1) - (t1 - t0)) / 3)
+    per_step = ((t2 - t1) - (t1 - t0)) / 4
+    return per_step if per_step > 0 else (t2 - t1) / 6
