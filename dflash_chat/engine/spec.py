@@ -55,7 +55,7 @@ class Engine:
         self.drafter = drafter
         self.max_context = max_context
         self.block_size = drafter.block_size if drafter else 1
-        self.taps = list(drafter.target_layer_ids) if drafter else None
+        self.taps = list(drafter.target_layer_ids) if drafter and drafter.target_layer_ids else None
         self.device = target.model.norm.weight.device
         # verify writes up to B-1 positions past the last committed one
         self.state = target.new_state(max_context + self.block_size)
@@ -73,9 +73,6 @@ class Engine:
         self.tokens = []
         self.pending = None
         self.snapshot = None
-
-    def _drafter_ctx(self) -> int:
-        return getattr(self.drafter, "ctx_len", len(self.tokens) - self._pending_len())
 
     def _pending_len(self) -> int:
         return 0 if self.pending is None else self.pending.shape[0]
@@ -246,13 +243,13 @@ class Engine:
         self.target.rollback(self.state, keep)
         self.tokens.append(last)
         self.tokens.extend(emitted[:-1])
-        self.pending = feats[:keep]
+        self.pending = feats[:keep] if feats is not None else None
         _sync(self.device)
         t2 = time.perf_counter()
         return Step(emitted, draft_len, accepted, t1 - t0, t2 - t1)
 
     def _empty_features(self) -> torch.Tensor:
-        width = self.target.cfg.hidden_size * len(self.taps)
+        width = self.target.cfg.hidden_size * len(self.taps or ())
         return torch.zeros(0, width, dtype=self.target.model.norm.weight.dtype, device=self.device)
 
     def _peak_memory(self) -> int:

@@ -1,0 +1,63 @@
+"""The event stream and its statistics; cancellation and length limits."""
+
+import threading
+
+import torch
+
+from dflash_chat.engine.events import Finished, Prefilled, Step
+from dflash_chat.engine.load import load_drafter, load_target
+from dflash_chat.engine.oracle import OracleDrafter
+from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.spec import Engine
+from tests.engine.helpers import run
+
+
+def test_event_order_and_statistics_add_up(tiny_dirs):
+    target_dir, drafter_dir, _ = tiny_dirs["qwen3_5"]
+    target = load_target(target_dir, "cpu", torch.float32)
+    engine = Engine(target, load_drafter(drafter_dir, target), max_context=256)
+    tokens, finished, events = run(engine, [4, 5, 6, 7], SamplingParams(max_new_tokens=50))
+    assert isinstance(events[0], Prefilled) and events[0].prompt_tokens == 4
+    assert all(isinstance(e, Step) for e in events[1:-1]) and events[-1] is finished
+    assert finished.reason == "length"
+    s = finished.stats
+    steps = events[2:-1]
+    assert len(tokens) == s.new_tokens == 50
+    assert s.steps == len(steps) == sum(s.acceptance_histogram)
+    assert s.drafted == sum(e.drafted for e in steps) and s.accepted == sum(e.accepted for e in steps)
+    assert s.acceptance_rate == s.accepted / s.drafted
+    assert s.mean_acceptance_length == (s.new_tokens - 1) / s.steps
+    assert all(len(e.token_ids) == e.accepted + 1 for e in steps)
+    assert s.ttft_s > 0 and s.decode_s > 0 and s.decode_tokens_per_s > 0 and s.peak_memory_bytes > 0
+    record = s.as_dict()
+    assert record["new_tokens"] == 50 and record["speculative"] is True
+
+
+def test_cancel_ends_the_answer_and_keeps_what_was_produced(tiny_dirs):
+    target = load_target(tiny_dirs["qwen3_5"][0], "cpu", torch.float32)
+    engine = Engine(target, None, max_context=256)
+    cancel = threading.Event()
+    produced = []
+    finished = None
+    for event in engine.generate([1, 2, 3], SamplingParams(max_new_tokens=100), cancel):
+        if isinstance(event, Step):
+            produced.extend(event.token_ids)
+            if len(produced) == 5:
+                cancel.set()
+        elif isinstance(event, Finished):
+            finished = event
+    assert finished.reason == "cancelled"
+    assert finished.stats.new_tokens == len(produced) == 5
+    # the state stays usable: continuing the conversation reuses it
+    _, _, events = run(engine, [1, 2, 3] + produced + [9], SamplingParams(max_new_tokens=3))
+    assert events[0].reused_tokens == 3 + 4
+
+
+def test_speculative_steps_never_exceed_max_new_tokens(tiny_dirs):
+    target = load_target(tiny_dirs["qwen3"][0], "cpu", torch.float32)
+    ar = Engine(target, None, max_context=256)
+    reference, _, _ = run(ar, [8, 9], SamplingParams(max_new_tokens=40))
+    for limit in (1, 2, 7, 16, 17, 33):
+        spec = Engine(target, OracleDrafter([8, 9] + reference, target.cfg.vocab_size, accept_prob=1.0), max_context=256)
+        got, finished, _ = run(spec, [8, 9], SamplingParams(max_new_tokens=limit))
+        assert got == reference[:limit] and finished.reason == "length"

@@ -1,0 +1,103 @@
+"""At T > 0 speculative decoding samples exactly the target's distribution."""
+
+import torch
+
+from dflash_chat.engine.load import load_target
+from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.oracle import OracleDrafter
+from dflash_chat.engine.sampling import SamplingParams, probabilities, verify
+from dflash_chat.engine.spec import Engine
+from tests.engine.helpers import run
+from tests.engine.tiny import write_target
+
+P_MIN = 1e-3  # reject the "same distribution" hypothesis only below this p-value
+
+
+def chi_square_p(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """p-value of Pearson's chi-square test; cells with tiny expectation are pooled."""
+    n = observed.sum()
+    expected = expected_probs.double() * n
+    big = expected >= 5
+    obs = torch.cat((observed[big].double(), observed[~big].double().sum()[None]))
+    exp = torch.cat((expected[big], expected[~big].sum()[None]))
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    stat = ((obs - exp) ** 2 / exp).sum()
+    dof = obs.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2))
+
+
+def test_chi_square_helper_rejects_a_wrong_distribution():
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.3, 0.3, 0.4])
+    draws = torch.multinomial(q, 3000, replacement=True, generator=gen)
+    assert chi_square_p(torch.bincount(draws, minlength=3), p) < P_MIN
+    draws = torch.multinomial(p, 3000, replacement=True, generator=gen)
+    assert chi_square_p(torch.bincount(draws, minlength=3), p) > P_MIN
+
+
+def test_acceptance_rule_preserves_the_distribution_with_top_k_and_top_p():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 12, generator=gen) * 2
+    draft = torch.tensor([3, 7, 1])  # fixed and often wrong
+    params = SamplingParams(temperature=0.8, top_k=8, top_p=0.9)
+    target = probabilities(logits[0], params)
+    counts = torch.zeros(12)
+    for _ in range(3000):
+        accepted, nxt = verify(draft, logits, params, gen)
+        first = draft[0].item() if accepted > 0 else nxt
+        counts[first] += 1
+    assert chi_square_p(counts, target) > P_MIN
+
+
+def test_speculative_sampling_matches_the_target_distribution(tmp_path):
+    """Tokens 1-3 of 2400 seeded generations (a wrong-half-the-time drafter) against exact marginals."""
+    V = 12
+    write_target(tmp_path, "qwen3_5", seed=5, vocab_size=V, tokenizer=False)
+    model = load_target(tmp_path, "cpu", torch.float32)
+    prompt = [1, 4, 7]
+    params = SamplingParams(temperature=1.0, max_new_tokens=3)
+    exact = _exact_marginals(model, prompt, params, steps=3)
+
+    draws = torch.zeros(3, V)
+    rng = torch.Generator().manual_seed(9)
+    for i in range(2400):
+        reference = prompt + torch.randint(0, V, (3,), generator=rng).tolist()
+        oracle = OracleDrafter(reference, V, accept_prob=0.5, seed=i)
+        engine = Engine(model, oracle, max_context=32)
+        tokens, _, _ = run(engine, prompt, SamplingParams(temperature=1.0, max_new_tokens=3, seed=i))
+        for pos, t in enumerate(tokens):
+            draws[pos, t] += 1
+    for pos in range(3):
+        assert chi_square_p(draws[pos], exact[pos]) > P_MIN, f"token {pos + 1} is not distributed as the target's"
+
+
+def _exact_marginals(model: TargetModel, prompt, params, steps):
+    """P(token at step s = x) for s < steps, by enumerating all prefixes (small vocab)."""
+    V = model.cfg.vocab_size
+    marginals = []
+    frontier = {(): 1.0}
+    for _ in range(steps):
+        dist = torch.zeros(V, dtype=torch.float64)
+        nxt = {}
+        for prefix, weight in frontier.items():
+            state = model.new_state(16)
+            logits, _ = model(torch.tensor(prompt + list(prefix)), state, logits="last")
+            p = probabilities(logits, params).double()
+            dist += weight * p
+            for x in range(V):
+                nxt[prefix + (x,)] = weight * p[x].item()
+        marginals.append(dist)
+        frontier = nxt
+    return marginals
+
+
+def test_seeded_sampling_is_reproducible(tiny_dirs):
+    target = load_target(tiny_dirs["qwen3_5"][0], "cpu", torch.float32)
+    engine = Engine(target, None, max_context=128)
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=12, seed=123)
+    first, _, _ = run(engine, [3, 4, 5], params)
+    engine.reset()
+    second, _, _ = run(engine, [3, 4, 5], params)
+    assert first == second
