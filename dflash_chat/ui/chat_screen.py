@@ -111,6 +111,7 @@ class ChatScreen(Screen):
         self.panel.set_thinking(self.thinking)
         self.query_one(PromptInput).focus()
         await self.chat_view.show(self.conversation, self.notice())
+        self.set_interval(2.0, self.refresh_memory, name="memory")
         if self.source is not None:
             self.start_loading(self.source)
 
@@ -167,10 +168,9 @@ class ChatScreen(Screen):
 
     async def on_model_loaded(self, message: ModelLoaded) -> None:
         self.pair = message.pair
-        name = self.pair.target_name + (" (demo)" if self.source and self.source.demo else "")
+        name = "tiny demo model" if self.source and self.source.demo else self.pair.target_name
         self.sub_title = name
         self.refresh_memory()
-        self.set_interval(2.0, self.refresh_memory, name="memory")
         if not self.conversation.messages:
             await self.chat_view.show(self.conversation, self.notice())
         self.notify(f"{name} is ready ({message.seconds:.1f} s to load)")

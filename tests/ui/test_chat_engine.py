@@ -245,3 +245,28 @@ def test_an_engine_error_is_a_notification_and_the_chat_goes_on(home, tiny_pair)
     assert end.reason in ("length", "stop") and end.stats.new_tokens >= 1
     saved = HistoryStore(paths.history_db()).load(1).messages
     assert [m.status for m in saved if m.role == "assistant"] == ["error", "complete"]
+
+
+def test_choosing_a_model_on_the_settings_screen_loads_it(home, tiny_pair):
+    from textual.widgets import Input
+
+    from dflash_chat import settings as settings_module
+    from dflash_chat.ui.settings_screen import SettingsScreen
+
+    target, drafter = tiny_pair
+
+    async def main():
+        app = DFlashChatApp(fast_settings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            app.screen.query_one("#field-model", Input).value = str(target)
+            app.screen.query_one("#field-drafter", Input).value = str(drafter)
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the chosen model to load")
+            return app.chat.sub_title, dict(app.chat.panel.shown)
+
+    subtitle, shown = run(main())
+    assert subtitle == "target" and shown["drafter"] == "drafter"
+    saved = settings_module.load()
+    assert (saved.model, saved.drafter) == (str(target), str(drafter))
