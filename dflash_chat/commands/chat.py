@@ -26,16 +26,17 @@ def main(args: argparse.Namespace) -> int:
     current = settings_module.load()
     if args.assignments:
         return save_assignments(current, args.assignments)
+    build_app(args, current).run()
+    return 0
 
+
+def build_app(args: argparse.Namespace, current: settings_module.Settings):
     from dflash_chat.chat.model_source import resolve
+    from dflash_chat.ui.app import DFlashChatApp
 
     source = resolve(current, target=args.target, drafter=args.drafter, demo=args.demo)
     history = (args.data_dir / paths.history_db().name) if args.data_dir else None
-
-    from dflash_chat.ui.app import DFlashChatApp
-
-    DFlashChatApp(current, source, history_path=history).run()
-    return 0
+    return DFlashChatApp(current, source, history_path=history)
 
 
 def save_assignments(current: settings_module.Settings, assignments: list[str]) -> int:

@@ -71,3 +71,17 @@ def test_the_demo_pair_is_the_default_when_nothing_is_chosen(monkeypatch):
     assert resolve(Settings()) == demo
     assert resolve(Settings(), demo=True) == demo
     assert resolve(Settings(model="/mine")) == ModelSource("/mine", None)
+
+
+def test_flags_reach_the_app(home, tmp_path):
+    from dflash_chat.commands.chat import build_app
+
+    args = cli.build_parser().parse_args(
+        ["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--data-dir", str(tmp_path / "data")])
+    app = build_app(args, Settings())
+    try:
+        assert app.source == ModelSource(str(tmp_path / "t"), str(tmp_path / "d"))
+        assert app.store.path == tmp_path / "data" / "history.sqlite3"
+        assert app.store.path.exists()
+    finally:
+        app.store.close()
