@@ -307,3 +307,24 @@ def test_a_corrupt_history_db_is_moved_aside(home):
     assert any("cannot be read" in m and "new history was started" in m for m in messages)
     assert summaries == []
     assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_an_answer_cut_by_a_crash_is_shown_marked(home):
+    from dflash_chat.chat.conversation import PARTIAL, Message
+
+    store = HistoryStore(paths.history_db())
+    cid = store.create("crashed")
+    store.add(cid, Message("user", "go on"))
+    store.add(cid, Message("assistant", "Half an ans", status=PARTIAL))
+    store.close()
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            await app.chat.open_conversation(cid)
+            await pilot.pause()
+            widget = app.chat.query(AssistantMessage).last()
+            return widget.answer.source, str(widget.query_one(".status").render())
+
+    text, status = run(main())
+    assert text == "Half an ans" and "interrupted" in status
