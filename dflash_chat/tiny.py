@@ -86,6 +86,9 @@ def target_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 4,
 def _hf_model(arch: str, cfg: dict):
     import transformers as tf
 
+    tf.utils.logging.set_verbosity_error()
+    tf.utils.logging.disable_progress_bar()
+
     classes = {
         "qwen3_5": (tf.Qwen3_5TextConfig, tf.Qwen3_5ForCausalLM),
         "qwen3_5_moe": (tf.Qwen3_5MoeTextConfig, tf.Qwen3_5MoeForCausalLM),

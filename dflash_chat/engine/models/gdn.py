@@ -69,6 +69,13 @@ def chunked(q, k, v, g, beta, state: torch.Tensor, chunk: int = 64) -> torch.Ten
     return out
 
 
+def delta_rule(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
+    """Token by token for a few tokens (decode), a chunk at a time beyond (verify blocks, prefill)."""
+    if q.shape[0] < 4:
+        return recurrence(q, k, v, g, beta, state)
+    return chunked(q, k, v, g, beta, state)
+
+
 class GatedDeltaNet(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
@@ -132,10 +139,7 @@ class GatedDeltaNet(nn.Module):
             cache.record = None
         keep = self.kernel - 1
         cache.conv.copy_(torch.cat((cache.conv, mixed.to(cache.conv.dtype)), dim=0)[-keep:])
-        if T > 32:
-            core = chunked(q, k, v, g, beta, cache.recurrent)
-        else:
-            core = recurrence(q, k, v, g, beta, cache.recurrent)
+        core = delta_rule(q, k, v, g, beta, cache.recurrent)
         z = self.in_proj_z(x).reshape(T, self.num_v_heads, self.v_dim)
         core = self.norm(core.to(x.dtype), z)
         return self.out_proj(core.reshape(T, self.value_total))
@@ -148,6 +152,6 @@ class GatedDeltaNet(nn.Module):
             return
         cache.recurrent.copy_(cache.saved_recurrent)
         if keep:
-            recurrence(q[:keep], k[:keep], v[:keep], g[:keep], beta[:keep], cache.recurrent)
+            delta_rule(q[:keep], k[:keep], v[:keep], g[:keep], beta[:keep], cache.recurrent)
         rows = torch.cat((cache.saved_conv, mixed[:keep].to(cache.conv.dtype)), dim=0)
         cache.conv.copy_(rows[-cache.conv.shape[0] :])

@@ -1,0 +1,121 @@
+"""Measuring DFlash against autoregressive decoding with the same engine, in one run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash_chat.engine.events import Finished, GenerationStats, Step
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    stats: GenerationStats
+
+
+@dataclass
+class Comparison:
+    ar: list[Run] = field(default_factory=list)
+    spec: list[Run] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return all(a.tokens == s.tokens for a, s in zip(self.ar, self.spec))
+
+    @staticmethod
+    def _rate(runs: list[Run]) -> float:
+        tokens = sum(r.stats.new_tokens - 1 for r in runs)
+        seconds = sum(r.stats.decode_s for r in runs)
+        return tokens / seconds if seconds else 0.0
+
+    @property
+    def ar_tokens_per_s(self) -> float:
+        return self._rate(self.ar)
+
+    @property
+    def spec_tokens_per_s(self) -> float:
+        return self._rate(self.spec)
+
+    @property
+    def speedup(self) -> float:
+        return self.spec_tokens_per_s / self.ar_tokens_per_s if self.ar_tokens_per_s else 0.0
+
+    def _sum(self, name: str) -> float:
+        return sum(getattr(r.stats, name) for r in self.spec)
+
+    @property
+    def acceptance_rate(self) -> float:
+        drafted = self._sum("drafted")
+        return self._sum("accepted") / drafted if drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        steps = self._sum("steps")
+        return sum(r.stats.new_tokens - 1 for r in self.spec) / steps if steps else 0.0
+
+    @property
+    def draft_ms_per_step(self) -> float:
+        steps = self._sum("steps")
+        return 1000 * self._sum("draft_s") / steps if steps else 0.0
+
+    @property
+    def verify_ms_per_step(self) -> float:
+        steps = self._sum("steps")
+        return 1000 * self._sum("verify_s") / steps if steps else 0.0
+
+    @property
+    def ar_ms_per_step(self) -> float:
+        steps = sum(r.stats.steps for r in self.ar)
+        return 1000 * sum(r.stats.verify_s for r in self.ar) / steps if steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompts": len(self.ar),
+            "identical_output": self.identical,
+            "ar_tokens_per_s": self.ar_tokens_per_s,
+            "dflash_tokens_per_s": self.spec_tokens_per_s,
+            "speedup": self.speedup,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "ar_ms_per_step": self.ar_ms_per_step,
+            "draft_ms_per_step": self.draft_ms_per_step,
+            "verify_ms_per_step": self.verify_ms_per_step,
+        }
+
+
+def generate(engine, prompt, params) -> Run:
+    tokens: list[int] = []
+    stats = None
+    for event in engine.generate(prompt, params):
+        if isinstance(event, Step):
+            tokens.extend(event.token_ids)
+        elif isinstance(event, Finished):
+            stats = event.stats
+    return Run(tokens, stats)
+
+
+def compare(ar_engine, spec_engine_for, prompts, params, warmup: bool = True) -> Comparison:
+    """AR on each prompt, then DFlash from `spec_engine_for(prompt, ar_tokens)`; greedy outputs must match."""
+    if warmup:
+        generate(ar_engine, prompts[0], params)
+    result = Comparison()
+    for prompt in prompts:
+        ar_engine.reset()
+        ar = generate(ar_engine, prompt, params)
+        spec_engine = spec_engine_for(prompt, ar.tokens)
+        spec_engine.reset()
+        result.ar.append(ar)
+        result.spec.append(generate(spec_engine, prompt, params))
+    return result
+
+
+def report(c: Comparison, title: str) -> str:
+    lines = [
+        title,
+        f"  prompts {len(c.ar)}, identical greedy output: {'yes' if c.identical else 'NO'}",
+        f"  autoregressive  {c.ar_tokens_per_s:8.1f} tok/s   {c.ar_ms_per_step:7.2f} ms/step",
+        f"  DFlash          {c.spec_tokens_per_s:8.1f} tok/s   draft {c.draft_ms_per_step:.2f} ms + verify {c.verify_ms_per_step:.2f} ms per step",
+        f"  speedup         {c.speedup:8.2f}x",
+        f"  acceptance rate {c.acceptance_rate:8.1%}   mean acceptance length {c.mean_acceptance_length:.2f} tokens/step",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""`dflash-chat bench`: DFlash vs autoregressive decoding with the same engine, measured in one run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+from pathlib import Path
+
+from dflash_chat.errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="measure DFlash against plain decoding")
+    p.add_argument("--demo", action="store_true", help="the embedded trained demo pair with its real drafter")
+    p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
+    p.add_argument("--drafter")
+    p.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3_5_moe", "qwen3"], help="tiny random target's architecture")
+    p.add_argument("--hidden", type=int, default=256, help="tiny random target's hidden size")
+    p.add_argument("--layers", type=int, default=8, help="tiny random target's layer count")
+    p.add_argument("--acceptance", type=float, default=0.8, help="per-token acceptance of the error-injecting drafter")
+    p.add_argument("--block", type=int, default=16, help="block size of the error-injecting drafter")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--device")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=main)
+
+
+def _random_pair(args, tmp: Path):
+    import torch
+
+    from dflash_chat.engine.load import load_target
+    from dflash_chat.engine.oracle import OracleDrafter
+    from dflash_chat.engine.spec import Engine
+    from dflash_chat.tiny import write_target
+
+    write_target(tmp, args.arch, hidden=args.hidden, layers=args.layers, seed=0)
+    target = load_target(tmp, args.device)
+    context = 64 + args.tokens + args.block
+    ar = Engine(target, None, max_context=context)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(32)] for _ in range(args.prompts)]
+
+    def spec_for(prompt, ar_tokens):
+        oracle = OracleDrafter(prompt + ar_tokens, target.cfg.vocab_size, block_size=args.block,
+                               accept_prob=args.acceptance, seed=len(ar_tokens))
+        return Engine(target, oracle, max_context=context)
+
+    title = (
+        f"tiny random {args.arch} target (hidden {args.hidden}, {args.layers} layers) on {target.model.norm.weight.device}; "
+        f"autoregressive decoding first, to learn the true continuation, then DFlash with an error-injecting "
+        f"drafter (block {args.block}, each drafted token right with probability {args.acceptance})"
+    )
+    return ar, spec_for, prompts, title
+
+
+def _real_pair(args, target_dir, drafter_dir, title):
+    from dflash_chat.commands.run import encode_prompt
+    from dflash_chat.engine.load import load_drafter, load_pair
+    from dflash_chat.engine.spec import Engine
+
+    pair = load_pair(target_dir, None, device=args.device, max_context=4096)
+    drafter = load_drafter(drafter_dir, pair.engine.target)
+    spec = Engine(pair.engine.target, drafter, max_context=4096)
+    questions = [
+        "Show the function that joins path components in posixpath.",
+        "What does the with statement do?",
+        "Write a function that reads a JSON file.",
+        "How do I sort a list of tuples by the second item?",
+        "Show the class definition of OrderedDict.",
+        "What is a generator expression?",
+    ][: args.prompts]
+    prompts = [encode_prompt(pair.tokenizer, q, system=None, think=False, raw=False) for q in questions]
+    return pair.engine, (lambda prompt, ar_tokens: spec), prompts, title
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from dflash_chat.bench import compare, report
+    from dflash_chat.engine.sampling import SamplingParams
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    params = SamplingParams(max_new_tokens=args.tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.demo:
+            from dflash_chat.demo import demo_available, demo_paths
+
+            if not demo_available():
+                raise UserError("the demo pair is not in this install")
+            target_dir, drafter_dir = demo_paths()
+            ar, spec_for, prompts, title = _real_pair(args, target_dir, drafter_dir, "embedded demo pair, real drafter, thinking off, greedy")
+        elif args.target:
+            if not args.drafter:
+                raise UserError("give --drafter DIR with --target DIR")
+            ar, spec_for, prompts, title = _real_pair(args, args.target, args.drafter, f"{args.target} + {args.drafter}, greedy")
+        else:
+            ar, spec_for, prompts, title = _random_pair(args, Path(tmp))
+        result = compare(ar, spec_for, prompts, params)
+    if args.json:
+        print(json.dumps({"setup": title, **result.as_dict()}))
+    else:
+        print(report(result, title))
+    return 0 if result.identical else 1

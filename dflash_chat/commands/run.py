@@ -1,0 +1,114 @@
+"""`dflash-chat run`: one answer from local model folders, no UI (headless runner)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dflash_chat.errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="answer one prompt with a local pair, no UI")
+    p.add_argument("--target", help="target model folder (HF config.json + safetensors + tokenizer)")
+    p.add_argument("--drafter", help="DFlash drafter folder")
+    p.add_argument("--demo", action="store_true", help="use the embedded tiny demo pair")
+    p.add_argument("--prompt", required=True, help="the user's message")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--context", type=int, default=8192, help="context length to allocate")
+    p.add_argument("--think", action="store_true", help="let the model think first (off by default: drafters are trained without thinking)")
+    p.add_argument("--no-drafter", action="store_true", help="plain autoregressive decoding (the baseline)")
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--json", action="store_true", help="print one JSON record with the answer and the statistics")
+    p.set_defaults(handler=main)
+
+
+def resolve_paths(args) -> tuple[str, str | None]:
+    if args.demo:
+        from dflash_chat.demo import demo_available, demo_paths
+
+        if not demo_available():
+            raise UserError("the demo pair is not in this install: pass --target DIR --drafter DIR")
+        target, drafter = demo_paths()
+        return str(target), None if args.no_drafter else str(drafter)
+    if not args.target:
+        raise UserError("give --target DIR (and --drafter DIR), or --demo")
+    if not args.drafter and not args.no_drafter:
+        raise UserError("give --drafter DIR, or --no-drafter for plain decoding")
+    return args.target, None if args.no_drafter else args.drafter
+
+
+def encode_prompt(tokenizer, text: str, *, system: str | None, think: bool, raw: bool) -> list[int]:
+    if raw or not getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode(text, add_special_tokens=False)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=think, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def stop_ids(tokenizer, engine) -> tuple[int, ...]:
+    ids = set(engine.target.cfg.eos_token_id)
+    for tok in (tokenizer.eos_token, "<|im_end|>", "<|endoftext|>"):
+        if tok is None:
+            continue
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return tuple(sorted(ids))
+
+
+def stats_line(stats) -> str:
+    line = f"{stats.decode_tokens_per_s:.1f} tok/s · {stats.new_tokens} tokens · TTFT {stats.ttft_s * 1000:.0f} ms"
+    if stats.speculative:
+        line += f" · acceptance {stats.acceptance_rate:.0%} · {stats.mean_acceptance_length:.2f} tokens/step"
+    return line
+
+
+def main(args: argparse.Namespace) -> int:
+    from dflash_chat.engine.events import Finished, Step
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.engine.sampling import SamplingParams
+
+    target, drafter = resolve_paths(args)
+    pair = load_pair(target, drafter, device=args.device, max_context=args.context)
+    tok = pair.tokenizer
+    prompt = encode_prompt(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_tokens,
+        stop_token_ids=stop_ids(tok, pair.engine), seed=args.seed,
+    )
+    stops = set(params.stop_token_ids)
+    tokens: list[int] = []
+    shown = ""
+    finished = None
+    for event in pair.engine.generate(prompt, params):
+        if isinstance(event, Step):
+            tokens.extend(event.token_ids)
+            if not args.json:
+                text = tok.decode([t for t in tokens if t not in stops])
+                if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                    sys.stdout.write(text[len(shown):])
+                    sys.stdout.flush()
+                    shown = text
+        elif isinstance(event, Finished):
+            finished = event
+    answer = tok.decode([t for t in tokens if t not in stops])
+    if args.json:
+        record = {"answer": answer, "finish_reason": finished.reason, "target": pair.target_name,
+                  "drafter": pair.drafter_name, **finished.stats.as_dict()}
+        print(json.dumps(record))
+    else:
+        sys.stdout.write(answer[len(shown):] + "\n")
+        print(stats_line(finished.stats))
+    if finished.reason == "error":
+        raise UserError(finished.error or "generation failed")
+    return 0

@@ -1,0 +1,65 @@
+"""`dflash-chat run` and `dflash-chat bench` end to end on tiny pairs."""
+
+import json
+
+import pytest
+
+from dflash_chat.cli import main
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from dflash_chat.tiny import write_pair
+
+    return write_pair(tmp_path_factory.mktemp("pair"), "qwen3_5", seed=3)
+
+
+def test_run_prints_the_answer_and_a_stats_line(pair, capsys):
+    target, drafter = pair
+    assert main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hello", "--max-tokens", "12", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "tok/s" in out[-1] and "acceptance" in out[-1] and "tokens/step" in out[-1]
+
+
+def test_run_json_record_has_the_generation_stats(pair, capsys):
+    target, drafter = pair
+    assert main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "10", "--json", "--device", "cpu"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["new_tokens"] == 10 and record["speculative"] is True
+    assert record["steps"] == sum(record["acceptance_histogram"])
+    assert 0 <= record["acceptance_rate"] <= 1 and record["mean_acceptance_length"] >= 1
+    assert isinstance(record["answer"], str)
+
+
+def test_run_without_drafter_is_plain_decoding(pair, capsys):
+    target, _ = pair
+    assert main(["run", "--target", str(target), "--no-drafter", "--prompt", "hi", "--max-tokens", "5", "--json", "--device", "cpu"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["speculative"] is False and record["drafted"] == 0 and record["mean_acceptance_length"] == 1.0
+
+
+def test_run_raw_skips_the_chat_template(pair, capsys):
+    target, drafter = pair
+    main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "def", "--raw", "--max-tokens", "3", "--json", "--device", "cpu"])
+    raw = json.loads(capsys.readouterr().out)["prompt_tokens"]
+    main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "def", "--max-tokens", "3", "--json", "--device", "cpu"])
+    templated = json.loads(capsys.readouterr().out)["prompt_tokens"]
+    assert raw < templated
+
+
+def test_run_bad_paths_give_one_line(pair, capsys, tmp_path):
+    target, drafter = pair
+    assert main(["run", "--target", str(tmp_path / "missing"), "--drafter", str(drafter), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "does not exist" in err
+    assert main(["run", "--target", str(target), "--prompt", "x"]) == 2
+    assert "--drafter" in capsys.readouterr().err
+
+
+def test_bench_compares_dflash_with_autoregressive(capsys):
+    code = main(["bench", "--hidden", "64", "--layers", "4", "--prompts", "2", "--tokens", "40", "--acceptance", "0.9", "--json", "--device", "cpu"])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["identical_output"] is True
+    assert record["mean_acceptance_length"] > 2
+    assert record["speedup"] == pytest.approx(record["dflash_tokens_per_s"] / record["ar_tokens_per_s"])
+    assert "error-injecting" in record["setup"]
