@@ -103,7 +103,8 @@ class ChatScreen(Screen):
         with Horizontal(id="main"):
             with Vertical(id="chat-column"):
                 yield ChatView(id="chat")
-                yield PromptInput(self._prompts, id="prompt", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: new line)")
+                yield PromptInput(self._prompts, id="prompt",
+                                  placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: new line)")
             yield StatsPanel(id="panel")
         yield Footer()
 
@@ -251,7 +252,9 @@ class ChatScreen(Screen):
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
             post(AnswerEnded(StreamEnd("error", "", "", None, failure_message(exc))))
             return
-        held = None if end.reason == "error" else Transcript(turns, prompt, list(end.token_ids), end.answer, end.thinking)
+        held = None
+        if end.reason != "error":  # after an error the engine may have dropped its state
+            held = Transcript(turns, prompt, list(end.token_ids), end.answer, end.thinking)
         post(AnswerEnded(end, held))
 
     def on_prompt_sent(self, message: PromptSent) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from dflash_chat import cli, paths
@@ -11,11 +9,6 @@ from dflash_chat import settings as settings_module
 from dflash_chat.chat import model_source
 from dflash_chat.chat.model_source import ModelSource, resolve
 from dflash_chat.settings import Settings
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
 
 
 def test_set_saves_and_exits(home, capsys, tmp_path):
