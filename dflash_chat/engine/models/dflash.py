@@ -121,6 +121,11 @@ class DFlashDrafter(nn.Module):
         features: [n, K*H] target features of the newly committed positions start-n .. start-1.
         Returns greedy draft token ids [length].
         """
+        return self._lm_head(self.draft_hidden(features, last_token, start, length)).argmax(dim=-1)
+
+    @torch.no_grad()
+    def draft_hidden(self, features: torch.Tensor, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
+        """Final-normed hidden states [length, H] for the drafted positions (see `propose`)."""
         n = features.shape[0]
         if self.ctx_len + n != start:
             raise RuntimeError(f"drafter context out of sync: have {self.ctx_len} + {n} rows for position {start}")
@@ -155,9 +160,7 @@ class DFlashDrafter(nn.Module):
                 )
             x = layer.finish(x, attend(q, k, v, masks[key], self.scale))
         self.ctx_len = start
-        hidden = self.norm(x[1:])
-        logits = self._lm_head(hidden)
-        return logits.argmax(dim=-1)
+        return self.norm(x[1:])
 
     # -- training ---------------------------------------------------------------
     def forward_train(self, features: torch.Tensor, block_embeddings: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
