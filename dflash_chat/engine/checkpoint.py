@@ -1,14 +1,21 @@
-"""HF-format checkpoints (config.json + safetensors, single or sharded) into our modules.
+"""Checkpoints into our modules: HF folders (config.json + safetensors, single or sharded) and
+mappings of HF name -> tensor from any reader (GGUF, safetensors with quantize-on-load).
 
 Names follow the HF checkpoints; the multimodal Qwen3.5/3.6 prefix `model.language_model.` is
 accepted (text weights only), vision and MTP weights are ignored, and per-expert MoE tensors
 (`mlp.experts.E.gate_proj.weight`...) are stacked into the fused [E, 2I, H] / [E, H, I] layout.
+
+`materialise` fills a model built on the meta device one module at a time: a Linear, Embedding or
+routed-experts module whose weights arrive packed (QuantTensor) is swapped for its Quant* twin, so a
+quantized checkpoint is never expanded; every other parameter is allocated on the device in the
+model dtype and copied.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -16,6 +23,8 @@ from safetensors import safe_open
 from torch import nn
 
 from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.models.layers import Experts
+from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear, QuantTensor
 
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.", "model.vision_tower.")
 
@@ -105,3 +114,87 @@ def load_into(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, op
             )
         with torch.no_grad():
             p.copy_(t.to(p.dtype))
+
+
+# --- meta-device models filled from a tensor mapping -------------------------------------------
+
+Weight = torch.Tensor | QuantTensor | tuple
+
+
+def _shape(t: Weight) -> tuple[int, ...]:
+    if isinstance(t, tuple):  # routed gate and up experts kept apart: [E, I, H] twice
+        gate, up = t
+        return (gate.shape[0], gate.shape[1] + up.shape[1], *gate.shape[2:])
+    return tuple(t.shape)
+
+
+def _is_packed(t: Weight) -> bool:
+    return isinstance(t, QuantTensor) or (isinstance(t, tuple) and any(isinstance(p, QuantTensor) for p in t))
+
+
+def _on(t: Weight, device: torch.device) -> Weight:
+    """The tensor on `device`, owning its memory (never a view of a memory-mapped file)."""
+    if isinstance(t, tuple):
+        return tuple(_on(p, device) for p in t)
+    moved = t.to(device)
+    if moved is t or (isinstance(t, QuantTensor) and moved.data is t.data):
+        moved = QuantTensor(t.data.clone(), t.fmt, t.shape, t.input_index) if isinstance(t, QuantTensor) else t.clone()
+    return moved
+
+
+def _as_float(t: Weight) -> torch.Tensor:
+    if isinstance(t, tuple):
+        return torch.cat([_as_float(p) for p in t], dim=1)
+    return t.dequantize() if isinstance(t, QuantTensor) else t
+
+
+def _quant_twin(module: nn.Module, weights: dict[str, Weight], device, dtype) -> nn.Module | None:
+    """The Quant* module holding `weights` packed, or None when they are plain floats."""
+    if not any(_is_packed(t) for t in weights.values()):
+        return None
+    if isinstance(module, nn.Linear):
+        return QuantLinear(_on(weights["weight"], device))
+    if isinstance(module, nn.Embedding):
+        return QuantEmbedding(_on(weights["weight"], device), dtype=dtype)
+    return QuantExperts(_on(weights["gate_up_proj"], device), _on(weights["down_proj"], device))
+
+
+def _fill(param: nn.Parameter, t: Weight, device, dtype) -> nn.Parameter:
+    t = _as_float(t)  # a packed tensor where no quantized module exists (tiny vectors): decode it
+    if param.dim() == 3 and t.dim() == 2:  # conv1d weight stored [C, K]
+        t = t.unsqueeze(1)
+    out = torch.empty(param.shape, device=device, dtype=dtype)
+    with torch.no_grad():
+        out.copy_(t)
+    return nn.Parameter(out)
+
+
+def materialise(model: nn.Module, tensors: Mapping[str, Weight], device, dtype, what: str,
+                skip: tuple[str, ...] = ()) -> None:
+    """Load `tensors` into a meta-device `model`, one module at a time; names in `skip` stay on meta."""
+    wanted = [n for n, _ in model.named_parameters() if n not in skip]
+    missing = [n for n in wanted if n not in tensors]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ModelFormatError(f"{what} weights are missing {shown}: the files do not match the model's config")
+    for name, module in list(model.named_modules()):
+        prefix = f"{name}." if name else ""
+        own = [(p, prefix + p) for p, _ in module.named_parameters(recurse=False) if prefix + p not in skip]
+        if not own:
+            continue
+        weights = {p: tensors[full] for p, full in own}
+        for p, full in own:
+            want = tuple(getattr(module, p).shape)
+            got = _shape(weights[p])
+            if got != want and not (full.endswith("conv1d.weight") and got == (want[0], want[2])):
+                raise ModelFormatError(
+                    f"{what} tensor {full} has shape {got}, the model's config implies {want}: "
+                    "the weights and config do not belong together"
+                )
+        twin = _quant_twin(module, weights, device, dtype) if isinstance(module, (nn.Linear, nn.Embedding, Experts)) else None
+        if twin is not None:
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr, twin)
+            continue
+        for p, full in own:
+            setattr(module, p, _fill(getattr(module, p), weights[p], device, dtype))

@@ -1,19 +1,33 @@
-"""Resolved model files -> (engine, tokenizer): the one place that turns folders into a running pair."""
+"""Resolved model files -> (engine, tokenizer): the one place that turns files into a running pair.
+
+A target is a Hugging Face folder (config.json + safetensors) or a llama.cpp GGUF file; a drafter is
+a z-lab folder (BF16 safetensors, optionally quantized as it loads) or a DFlash GGUF in either
+schema. Quantized weights stay packed in QuantLinear / QuantEmbedding / QuantExperts modules (see
+checkpoint.materialise); norms, conv, A_log and the router load as floats in the model dtype.
+The tokenizer and chat template come from a tokenizer folder when one is given (the model manager
+downloads the official one), else from the target folder or the target GGUF's metadata.
+"""
 
 from __future__ import annotations
 
+import re
+from collections import ChainMap
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dflash_chat.engine.checkpoint import load_into, normalise_target_names, read_config, read_tensors
+from dflash_chat.engine.checkpoint import materialise, normalise_target_names, read_config, read_tensors
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.quantized import QuantEmbedding
 from dflash_chat.engine.spec import Engine
+from dflash_chat.engine.weights import names
+from dflash_chat.engine.weights.gguf import GGUFModel, LazyTensors, read_gguf, tokenizer_from_gguf
+from dflash_chat.engine.weights.safetensors import read_safetensors
 
 
 @dataclass
@@ -34,84 +48,228 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def _materialise(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    module.to_empty(device=device)
-    module.to(dtype)
+# --- what a path holds -------------------------------------------------------------------------
+
+_SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}\.gguf$", re.IGNORECASE)
+_HINTS = {
+    ".bin": "PyTorch .bin checkpoints are not supported; use the model's safetensors or GGUF release",
+    ".pt": "PyTorch checkpoints are not supported; use the model's safetensors or GGUF release",
+    ".pth": "PyTorch checkpoints are not supported; use the model's safetensors or GGUF release",
+    ".safetensors": "pass the folder that holds it and its config.json",
+    ".json": "pass the folder that holds it and the weights",
+}
 
 
-def load_target(directory: str | Path, device=None, dtype=None) -> TargetModel:
-    directory = Path(directory)
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _folder_gguf(folder: Path, what: str) -> Path | None:
+    """The one GGUF (or first part of one split GGUF) in a folder without config.json."""
+    found = [p for p in sorted(folder.glob("*.gguf")) if (m := _SPLIT_PART.search(p.name)) is None or m[1] == "00001"]
+    if len(found) > 1:
+        listed = ", ".join(p.name for p in found[:4])
+        raise ModelFormatError(f"{what} folder {folder} holds several GGUF files ({listed}): pass the one to load")
+    return found[0] if found else None
+
+
+def resolve_model_path(path: str | Path, what: str) -> tuple[str, Path]:
+    """("gguf", file) or ("folder", directory) for a model path, or a one-line error saying what is wrong."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and (gguf := _folder_gguf(path, what)):
+            return "gguf", gguf
+        return "folder", path
+    if not path.exists():
+        raise ModelFormatError(f"{what} {path} does not exist: check the path")
+    if path.is_file() and _is_gguf(path):
+        return "gguf", path
+    hint = _HINTS.get(path.suffix.lower(), "pass a llama.cpp .gguf file or a Hugging Face model folder")
+    raise ModelFormatError(f"{what} {path} is not a GGUF file or a model folder: {hint}")
+
+
+def display_name(path: str | Path) -> str:
+    """A short name for a model path: the repo id of a Hugging Face cache snapshot, a GGUF's stem."""
+    path = Path(path)
+    for snapshot in (path, path.parent):
+        if snapshot.parent.name == "snapshots" and snapshot.parent.parent.name.startswith("models--"):
+            repo = snapshot.parent.parent.name.removeprefix("models--").replace("--", "/")
+            return repo if snapshot == path else f"{repo}/{_gguf_stem(path.name)}"
+    return _gguf_stem(path.name)
+
+
+def _gguf_stem(name: str) -> str:
+    return re.sub(r"-\d{5}-of-\d{5}$", "", name.removesuffix(".gguf"))
+
+
+def _read_gguf(path: Path, what: str) -> GGUFModel:
+    model = read_gguf(path)
+    if what == "target" and model.arch in names.DRAFTER_ARCHS:
+        raise ModelFormatError(f"{path} is a DFlash drafter GGUF ({model.arch}), not a target model: pass it as the drafter")
+    if what == "drafter" and model.arch in names.TARGET_ARCHS:
+        raise ModelFormatError(f"{path} is a {model.arch} target model GGUF, not a DFlash drafter: pass it as the target")
+    return model
+
+
+def _check_materialised(module: torch.nn.Module, what: str) -> None:
+    left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+    if left:
+        raise ModelFormatError(f"{what} weights are missing {', '.join(left[:3])}: the files do not match the model's config")
+
+
+# --- target ------------------------------------------------------------------------------------
+
+def load_target(path: str | Path, device=None, dtype=None) -> TargetModel:
+    """A target model from a Hugging Face folder or a GGUF file (quantized tensors stay packed)."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
-    cfg = TargetConfig.from_dict(read_config(directory, "target"))
-    tensors = normalise_target_names(read_tensors(directory, "target"))
+    kind, path = resolve_model_path(path, "target")
+    if kind == "gguf":
+        gguf = _read_gguf(path, "target")
+        config, tensors = gguf.hf_config, gguf.tensors
+    else:
+        config = read_config(path, "target")
+        tensors = normalise_target_names(read_tensors(path, "target"))
+    cfg = TargetConfig.from_dict(config)
+    tied = "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors
+    if tied and not cfg.tie_word_embeddings:
+        raise ModelFormatError("target weights have no lm_head.weight and config.json does not tie embeddings")
     with torch.device("meta"):
         model = TargetModel(cfg)
-    _materialise(model, device, dtype)
+    materialise(model, tensors, device, dtype, "target", skip=("lm_head.weight",) if tied else ())
+    if tied:
+        _tie_lm_head(model)
     model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta).to(device)
-    if "lm_head.weight" not in tensors and (cfg.tie_word_embeddings or "model.embed_tokens.weight" in tensors):
-        if not cfg.tie_word_embeddings:
-            raise ModelFormatError("target weights have no lm_head.weight and config.json does not tie embeddings")
-        model.lm_head.weight = model.model.embed_tokens.weight
-    load_into(model, tensors, "target")
+    _check_materialised(model, "target")
     return model.eval()
 
 
-def load_drafter(directory: str | Path, target: TargetModel, *, causal_sliding: bool | None = None) -> DFlashDrafter:
-    directory = Path(directory)
-    cfg = DrafterConfig.from_dict(read_config(directory, "drafter"))
-    if causal_sliding is not None:
-        cfg.causal_sliding = causal_sliding
+def _tie_lm_head(model: TargetModel) -> None:
+    embed = model.model.embed_tokens
+    if isinstance(embed, QuantEmbedding):
+        model.lm_head = embed.as_linear()  # the same packed bytes, read as a matrix
+    else:
+        model.lm_head.weight = embed.weight
+
+
+# --- drafter -----------------------------------------------------------------------------------
+
+def _drafter_tensors(path: Path, quant: str | None, device: torch.device) -> LazyTensors:
+    """z-lab safetensors (names with or without `model.`), quantized on `device` as read when `quant` is set."""
+    raw = read_safetensors(path, quantize=quant, device=device).tensors
+    return LazyTensors({name.removeprefix("model."): (lambda name=name: raw[name]) for name in raw})
+
+
+def _check_fits(cfg: DrafterConfig, fc_width: int | None, target: TargetModel) -> None:
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.cfg.num_layers]
     if bad:
         raise ModelFormatError(
             f"drafter taps target layers {bad}, but the target has {target.cfg.num_layers} layers: this drafter belongs to another model"
         )
-    tensors = {k.removeprefix("model."): v for k, v in read_tensors(directory, "drafter").items()}
-    fc = tensors.get("fc.weight")
     want = len(cfg.target_layer_ids) * target.cfg.hidden_size
-    if fc is not None and fc.shape[-1] != want:
+    if fc_width is not None and fc_width != want:
         raise ModelFormatError(
-            f"drafter expects {fc.shape[-1] // len(cfg.target_layer_ids)}-wide target features, the target's hidden size is "
+            f"drafter expects {fc_width // len(cfg.target_layer_ids)}-wide target features, the target's hidden size is "
             f"{target.cfg.hidden_size}: this drafter belongs to another model"
         )
     if cfg.hidden_size != target.cfg.hidden_size:
         raise ModelFormatError(
             f"drafter hidden size {cfg.hidden_size} differs from the target's {target.cfg.hidden_size}: it cannot share its embeddings"
         )
+    if not 0 <= cfg.mask_token_id < target.cfg.vocab_size:
+        raise ModelFormatError(
+            f"drafter mask token id {cfg.mask_token_id} is outside the target's {target.cfg.vocab_size}-token vocabulary: "
+            "this drafter belongs to another model"
+        )
+
+
+def load_drafter(path: str | Path, target: TargetModel, *, causal_sliding: bool | None = None,
+                 quant: str | None = None) -> DFlashDrafter:
+    """A DFlash drafter bound to `target`'s embeddings and LM head.
+
+    `path`: a z-lab folder or a DFlash GGUF (`dflash-draft` or `dflash` schema). `quant` ("Q8_0",
+    "Q4_K") quantizes a safetensors drafter as it loads; a GGUF keeps the quantization it was saved in.
+    """
+    kind, path = resolve_model_path(path, "drafter")
     param = target.model.norm.weight
+    if kind == "gguf":
+        gguf = _read_gguf(path, "drafter")
+        config, tensors = gguf.hf_config, gguf.tensors
+    else:
+        config = read_config(path, "drafter")
+        tensors = _drafter_tensors(path, quant, param.device)
+    fc = tensors["fc.weight"] if "fc.weight" in tensors else None
+    try:
+        cfg = DrafterConfig.from_dict(config)
+        _check_fits(cfg, fc.shape[-1] if fc is not None else None, target)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path}: {exc}") from None
+    if causal_sliding is not None:
+        cfg.causal_sliding = causal_sliding
+    if fc is not None:
+        tensors = ChainMap({"fc.weight": fc}, tensors)  # read (and quantized) once
     with torch.device("meta"):
         drafter = DFlashDrafter(cfg, target.cfg.hidden_size)
-    _materialise(drafter, param.device, param.dtype)
+    materialise(drafter, tensors, param.device, param.dtype, "drafter")
     drafter.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(param.device)
-    load_into(drafter, tensors, "drafter")
+    _check_materialised(drafter, "drafter")
     drafter.bind(target.model.embed_tokens, target.lm_head)
     return drafter.eval()
 
+
+# --- tokenizer and pair ------------------------------------------------------------------------
 
 def load_tokenizer(directory: str | Path):
     from transformers import AutoTokenizer
 
     directory = Path(directory)
+    if not directory.is_dir():
+        raise ModelFormatError(f"tokenizer folder {directory} does not exist: check the path")
     if not any((directory / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        raise ModelFormatError(f"target folder {directory} has no tokenizer files (tokenizer.json): copy them from the model's official repo")
+        raise ModelFormatError(f"folder {directory} has no tokenizer files (tokenizer.json): copy them from the model's official repo")
     return AutoTokenizer.from_pretrained(str(directory))
+
+
+def _pair_tokenizer(target: str | Path, tokenizer: str | Path | None):
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer)
+    kind, path = resolve_model_path(target, "target")
+    return tokenizer_from_gguf(path) if kind == "gguf" else load_tokenizer(path)
+
+
+def _check_vocab(tokenizer, model: TargetModel) -> None:
+    if len(tokenizer) > model.cfg.vocab_size:
+        raise ModelFormatError(
+            f"the tokenizer has {len(tokenizer)} tokens, the target's vocabulary only {model.cfg.vocab_size}: "
+            "the tokenizer belongs to another model; use the target's official tokenizer files"
+        )
 
 
 def load_pair(
     target: str | Path,
     drafter: str | Path | None,
     *,
+    tokenizer: str | Path | None = None,
     device=None,
     dtype=None,
     max_context: int | None = None,
     causal_sliding: bool | None = None,
+    drafter_quant: str | None = None,
 ) -> LoadedPair:
+    """Target (+ drafter) and tokenizer, ready to chat. `tokenizer`: a folder with the official
+    tokenizer/chat-template files; without it the target folder's own, or the target GGUF's metadata."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
+    tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
     model = load_target(target, device, dtype)
-    draft = load_drafter(drafter, model, causal_sliding=causal_sliding) if drafter else None
+    _check_vocab(tok, model)
+    draft = load_drafter(drafter, model, causal_sliding=causal_sliding, quant=drafter_quant) if drafter else None
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     engine = Engine(model, draft, max_context=context)
-    tokenizer = load_tokenizer(target)
-    return LoadedPair(engine, tokenizer, Path(target).name, Path(drafter).name if drafter else None, device, dtype)
+    return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
+
+
+def load_files(files, **kwargs) -> LoadedPair:
+    """load_pair for the model manager's hub.ModelFiles (target GGUF, drafter GGUF or folder, tokenizer folder)."""
+    return load_pair(files.target, files.drafter, tokenizer=files.tokenizer, **kwargs)

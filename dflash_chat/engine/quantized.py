@@ -55,6 +55,11 @@ class QuantTensor:
     def device(self) -> torch.device:
         return self.data.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The storage dtype: uint8 for packed blocks (not floating point), else the float dtype."""
+        return self.data.dtype
+
     def to(self, device: torch.device | str | None = None) -> QuantTensor:
         index = None if self.input_index is None else self.input_index.to(device)
         return QuantTensor(self.data.to(device), self.fmt, self.shape, index)

@@ -38,6 +38,9 @@ class LazyTensors(Mapping):
     def __getitem__(self, name: str):
         return self._loaders[name]()
 
+    def __contains__(self, name: object) -> bool:  # Mapping's default would load the tensor
+        return name in self._loaders
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._loaders)
 
