@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 from rich.text import Text
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Sparkline, Static, Switch
 
 from dflash_chat.chat.live_stats import LiveStats
@@ -82,20 +82,25 @@ class StatsPanel(VerticalScroll):
         self.shown: dict[str, str] = {}  # row name -> the text on screen
 
     def compose(self):
-        yield Label("Speed", classes="section-title")
-        yield Static(id="speed")
-        yield Label("Draft", classes="section-title")
-        yield Static(id="draft")
-        yield Sparkline([], id="acceptance-sparkline")
-        yield Static(id="histogram")
-        yield Label("Tokens", classes="section-title")
-        yield Static(id="tokens")
-        yield Label("Model", classes="section-title")
-        yield Static(id="model")
-        with Horizontal(id="thinking-row"):
-            yield Label("Thinking", id="thinking-label")
-            yield Switch(id="thinking-switch")
-        yield Static(id="thinking-effect")
+        with Vertical(classes="section"):
+            yield Label("Speed", classes="section-title")
+            yield Static(id="speed")
+        with Vertical(classes="section"):
+            yield Label("Draft", classes="section-title")
+            yield Static(id="draft")
+            yield Sparkline([], id="acceptance-sparkline")
+            yield Static(id="histogram")
+        with Vertical(classes="section"):
+            yield Label("Tokens", classes="section-title")
+            yield Static(id="tokens")
+        with Vertical(classes="section"):
+            yield Label("Model", classes="section-title")
+            yield Static(id="model")
+        with Vertical(classes="section"):
+            with Horizontal(id="thinking-row"):
+                yield Label("Thinking", id="thinking-label")
+                yield Switch(id="thinking-switch")
+            yield Static(id="thinking-effect")
 
     def on_mount(self) -> None:
         self.query_one(Sparkline).tooltip = "tokens per verify step, recent steps"
