@@ -66,3 +66,17 @@ def test_settings_screen(snap_compare, home, theme):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_chat_on_a_narrow_terminal_with_the_panel_below(snap_compare, home):
+    cid = seed_history(paths.history_db())
+    app = DFlashChatApp(Settings())
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: app.chat.is_mounted and app.chat.query("ChatView"), 5, "chat screen")
+        await app.chat.open_conversation(cid)
+        await pilot.press("f2")
+        steady(app.screen)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 30), run_before=run_before)
