@@ -63,3 +63,10 @@ def test_bench_compares_dflash_with_autoregressive(capsys):
     assert record["mean_acceptance_length"] > 2
     assert record["speedup"] == pytest.approx(record["dflash_tokens_per_s"] / record["ar_tokens_per_s"])
     assert "error-injecting" in record["setup"]
+
+
+def test_bench_against_transformers_generates_the_same_tokens(capsys):
+    main(["bench", "--hidden", "64", "--layers", "4", "--prompts", "1", "--tokens", "24", "--vs-transformers", "--json", "--device", "cpu"])
+    record = json.loads(capsys.readouterr().out)
+    assert record["transformers_identical"] is True
+    assert record["ar_vs_transformers"] == pytest.approx(record["ar_tokens_per_s"] / record["transformers_tokens_per_s"])

@@ -25,6 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
     p.add_argument("--device")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny target")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=main)
 
@@ -37,8 +38,10 @@ def _random_pair(args, tmp: Path):
     from dflash_chat.engine.spec import Engine
     from dflash_chat.tiny import write_target
 
-    write_target(tmp, args.arch, hidden=args.hidden, layers=args.layers, seed=0)
+    hf = write_target(tmp, args.arch, hidden=args.hidden, layers=args.layers, seed=0)
     target = load_target(tmp, args.device)
+    args.hf_model = hf
+    args.target_device = {target.model.norm.weight.device}
     context = 64 + args.tokens + args.block
     ar = Engine(target, None, max_context=context)
     rng = random.Random(0)
@@ -101,8 +104,51 @@ def main(args: argparse.Namespace) -> int:
         else:
             ar, spec_for, prompts, title = _random_pair(args, Path(tmp))
         result = compare(ar, spec_for, prompts, params)
+        hf = _time_transformers(args, prompts, result) if args.vs_transformers else None
     if args.json:
-        print(json.dumps({"setup": title, **result.as_dict()}))
+        print(json.dumps({"setup": title, **result.as_dict(), **(hf or {})}))
     else:
         print(report(result, title))
+        if hf:
+            print(
+                f"  transformers    {hf['transformers_tokens_per_s']:8.1f} tok/s (generate, greedy, same weights; "
+                f"same tokens: {'yes' if hf['transformers_identical'] else 'NO'})\n"
+                f"  ours AR / transformers {hf['ar_vs_transformers']:.2f}x, DFlash / transformers {hf['dflash_vs_transformers']:.2f}x"
+            )
     return 0 if result.identical else 1
+
+
+def _time_transformers(args, prompts, result) -> dict:
+    """transformers' own generate() on the tiny target: decode tok/s measured like ours (after the first token)."""
+    import time
+
+    import torch
+
+    hf = getattr(args, "hf_model", None)
+    if hf is None:
+        raise UserError("--vs-transformers works with the tiny random target only")
+    device = next(iter(args.target_device))
+    hf = hf.to(device)
+    tokens = seconds = 0.0
+    identical = True
+    for prompt, ours in zip(prompts, result.ar):
+        ids = torch.tensor([prompt], device=device)
+        n = len(ours.tokens)
+        with torch.no_grad():
+            hf.generate(ids, max_new_tokens=1, do_sample=False)  # prefill + first token, timed apart
+            t0 = time.perf_counter()
+            one = hf.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+            t1 = time.perf_counter()
+            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            t2 = time.perf_counter()
+        del one
+        seconds += max((t2 - t1) - (t1 - t0), 1e-9)
+        tokens += n - 1
+        identical &= out[0, len(prompt):].tolist() == ours.tokens
+    rate = tokens / seconds
+    return {
+        "transformers_tokens_per_s": rate,
+        "transformers_identical": identical,
+        "ar_vs_transformers": result.ar_tokens_per_s / rate,
+        "dflash_vs_transformers": result.spec_tokens_per_s / rate,
+    }
