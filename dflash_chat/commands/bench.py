@@ -129,6 +129,8 @@ def _time_transformers(args, prompts, result) -> dict:
         raise UserError("--vs-transformers works with the tiny random target only")
     device = next(iter(args.target_device))
     hf = hf.to(device)
+    hf.generation_config.eos_token_id = None  # our runs have no stop token either
+    hf.generation_config.pad_token_id = 0
     tokens = seconds = 0.0
     identical = True
     for prompt, ours in zip(prompts, result.ar):
@@ -137,9 +139,9 @@ def _time_transformers(args, prompts, result) -> dict:
         with torch.no_grad():
             hf.generate(ids, max_new_tokens=1, do_sample=False)  # prefill + first token, timed apart
             t0 = time.perf_counter()
-            one = hf.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+            one = hf.generate(ids, max_new_tokens=1, do_sample=False)
             t1 = time.perf_counter()
-            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            out = hf.generate(ids, max_new_tokens=n, do_sample=False)
             t2 = time.perf_counter()
         del one
         seconds += max((t2 - t1) - (t1 - t0), 1e-9)
