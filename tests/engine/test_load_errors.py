@@ -1,0 +1,143 @@
+"""Wrong files given to the loader: one ModelFormatError line that names the file and the cause."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.load import load_drafter, load_pair, load_target
+from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
+from dflash_chat.errors import describe
+from dflash_chat.tiny import write_drafter, write_target
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny qwen3 target (folder + GGUF) and a drafter for it (folder + GGUF)."""
+    root = tmp_path_factory.mktemp("errors")
+    hf = write_target(root / "target", "qwen3", seed=3)
+    drafter_cfg = write_drafter(root / "drafter", root / "target", seed=4)
+    state = load_file(str(root / "drafter" / "model.safetensors"))
+    return {
+        "root": root,
+        "target": root / "target",
+        "drafter": root / "drafter",
+        "hf": hf,
+        "drafter_state": state,
+        "drafter_cfg": drafter_cfg,
+        "target_gguf": write_target_gguf(root / "target.gguf", hf.state_dict(), hf.config.to_dict(), "Q8_0"),
+        "drafter_gguf": write_drafter_gguf(root / "drafter.gguf", state, drafter_cfg, "Q8_0"),
+    }
+
+
+@pytest.fixture(scope="module")
+def target(files):
+    return load_target(files["target_gguf"], "cpu", torch.float32)
+
+
+def _one_line(exc_info) -> str:
+    text = describe(exc_info.value)
+    assert "\n" not in text and "Traceback" not in text
+    return text
+
+
+@pytest.mark.parametrize("name, data, hint", [
+    ("pytorch_model.bin", b"PK\x03\x04" + bytes(64), "PyTorch .bin checkpoints are not supported"),
+    ("model.safetensors", b"\x10" + bytes(64), "pass the folder that holds it"),
+    ("notes.txt", b"hello", "pass a llama.cpp .gguf file or a Hugging Face model folder"),
+])
+def test_a_file_that_is_neither_gguf_nor_a_folder(tmp_path, target, name, data, hint):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ModelFormatError, match=f"{path} is not a GGUF file or a model folder: {hint}") as exc:
+        load_target(path, "cpu")
+    _one_line(exc)
+    with pytest.raises(ModelFormatError, match="is not a GGUF file or a model folder"):
+        load_drafter(path, target)
+
+
+def test_missing_paths(tmp_path, target):
+    with pytest.raises(ModelFormatError, match=r"target .*nowhere\.gguf does not exist"):
+        load_target(tmp_path / "nowhere.gguf", "cpu")
+    with pytest.raises(ModelFormatError, match=r"drafter .*gone does not exist"):
+        load_drafter(tmp_path / "gone", target)
+
+
+def test_drafter_gguf_passed_as_the_target(files):
+    with pytest.raises(ModelFormatError, match=r"drafter\.gguf is a DFlash drafter GGUF \(dflash-draft\), not a target"):
+        load_target(files["drafter_gguf"], "cpu")
+
+
+def test_target_gguf_passed_as_the_drafter(files, target):
+    with pytest.raises(ModelFormatError, match=r"target\.gguf is a qwen3 target model GGUF, not a DFlash drafter"):
+        load_drafter(files["target_gguf"], target)
+
+
+def test_gguf_drafter_tapping_layers_the_target_lacks(files, target, tmp_path):
+    cfg = dict(files["drafter_cfg"], dflash_config={"block_size": 16, "mask_token_id": 5, "target_layer_ids": [1, 9]})
+    path = write_drafter_gguf(tmp_path / "other.gguf", files["drafter_state"], cfg, "Q8_0", schema="dflash")
+    with pytest.raises(ModelFormatError, match=rf"{path}: drafter taps target layers \[9\], but the target has 4 layers") as exc:
+        load_drafter(path, target)
+    _one_line(exc)
+
+
+def test_gguf_drafter_for_a_wider_target(files, target, tmp_path):
+    """A drafter made for a 128-wide target: its fc reads 2 x 128 features and its layers are 128 wide."""
+    wide = write_target(tmp_path / "wide", "qwen3", seed=5, hidden=128)
+    write_drafter(tmp_path / "wide-drafter", tmp_path / "wide", seed=6)
+    cfg = json.loads((tmp_path / "wide-drafter" / "config.json").read_text())
+    path = write_drafter_gguf(tmp_path / "wide.gguf", load_file(str(tmp_path / "wide-drafter" / "model.safetensors")),
+                              cfg, "Q8_0")
+    assert wide.config.hidden_size == 128
+    with pytest.raises(ModelFormatError, match=rf"{path}: drafter expects 128-wide target features, the target's hidden size is 64"):
+        load_drafter(path, target)
+
+
+def test_drafter_with_a_mask_token_outside_the_vocabulary(files, target, tmp_path):
+    cfg = dict(files["drafter_cfg"], dflash_config={"block_size": 16, "mask_token_id": 248070, "target_layer_ids": [1, 2]})
+    path = write_drafter_gguf(tmp_path / "mask.gguf", files["drafter_state"], cfg, "F32")
+    with pytest.raises(ModelFormatError, match=r"mask token id 248070 is outside the target's 384-token vocabulary"):
+        load_drafter(path, target)
+
+
+def test_folder_drafter_with_unknown_quantization(files, target):
+    with pytest.raises(ModelFormatError, match="cannot quantize on load to 'Q2_K'"):
+        load_drafter(files["drafter"], target, quant="Q2_K")
+
+
+def test_folder_holding_several_ggufs(files, tmp_path):
+    for name in ("a-Q4_K_M.gguf", "a-Q8_0.gguf"):
+        (tmp_path / name).write_bytes(files["target_gguf"].read_bytes())
+    with pytest.raises(ModelFormatError, match=r"holds several GGUF files \(a-Q4_K_M.gguf, a-Q8_0.gguf\): pass the one to load"):
+        load_target(tmp_path, "cpu")
+
+
+def test_truncated_gguf_target(files, tmp_path):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(files["target_gguf"].read_bytes()[:-5000])
+    with pytest.raises(ModelFormatError, match="truncated") as exc:
+        load_target(path, "cpu")
+    _one_line(exc)
+
+
+def test_tokenizer_of_another_model(files, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(files["target"]))
+    tok.add_tokens([f"<extra_{i}>" for i in range(500)])  # more tokens than the target's 384
+    tok.save_pretrained(str(tmp_path / "tok"))
+    with pytest.raises(ModelFormatError, match=r"the tokenizer has 884 tokens, the target's vocabulary only 384"):
+        load_pair(files["target_gguf"], None, tokenizer=tmp_path / "tok", device="cpu")
+    with pytest.raises(ModelFormatError, match=r"tokenizer folder .*nope does not exist"):
+        load_pair(files["target_gguf"], None, tokenizer=tmp_path / "nope", device="cpu")
+
+
+def test_gguf_without_tokenizer_metadata_and_no_tokenizer_folder(files, tmp_path):
+    path = write_target_gguf(tmp_path / "bare.gguf", files["hf"].state_dict(), files["hf"].config.to_dict(), "F32")
+    with pytest.raises(ModelFormatError, match=r"bare\.gguf: cannot build a tokenizer from the GGUF metadata"):
+        load_pair(path, None, device="cpu")
+
