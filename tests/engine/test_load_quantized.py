@@ -306,3 +306,16 @@ def test_a_folder_holding_one_gguf_loads_that_file(tiny, tmp_path):
     (folder / "model.gguf").write_bytes(t.target_gguf("F32").read_bytes())
     torch.testing.assert_close(_logits(load_target(folder, "cpu", torch.float32)),
                                _logits(load_target(t.target_gguf("F32"), "cpu", torch.float32)), rtol=0, atol=0)
+
+
+def test_split_gguf_loads_from_its_first_part_or_its_folder(tiny, tmp_path):
+    t = tiny("qwen3_5")
+    first = write_target_gguf(tmp_path / "model.gguf", t.hf.state_dict(), t.hf.config.to_dict(), "Q4_K_M",
+                              split_max_tensors=20)
+    assert first.name == "model-00001-of-00003.gguf"
+    whole = load_target(t.target_gguf("Q4_K_M"), "cpu", torch.float32)
+    want = _logits(whole)
+    for path in (first, tmp_path):
+        model = load_target(path, "cpu", torch.float32)
+        assert _resident_bytes(model) == _resident_bytes(whole)
+        assert torch.equal(_logits(model), want)

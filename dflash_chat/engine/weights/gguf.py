@@ -11,6 +11,7 @@ QuantTensor (exact, no requantization, no extra bytes).
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class GGUFModel:
     chat_template: str | None = None
     ignored: list[str] = field(default_factory=list)  # GGUF tensors not loaded (MTP layers, unknown)
     reader: Any = None
+    parts: list = field(default_factory=list)  # every part's reader for a split GGUF (first one included)
 
     @property
     def file_size(self) -> int:
@@ -322,17 +324,46 @@ def _drafter_loaders(cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
     return loaders, used
 
 
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+def _split_parts(path: Path, reader, kv: dict) -> list[tuple[Path, Any]]:
+    """(path, reader) of every part of a split GGUF (llama.cpp's gguf-split: NAME-0000i-of-0000n.gguf).
+
+    The first part holds the metadata and some tensors; the others hold only tensors.
+    """
+    count = int(kv.get("split.count", 1) or 1)
+    if count <= 1:
+        return [(path, reader)]
+    m = _SPLIT.search(path.name)
+    if m is None:
+        raise ModelFormatError(f"{path} is one part of a {count}-part split GGUF renamed from NAME-0000i-of-"
+                               f"{count:05d}.gguf: keep the parts' names as downloaded.")
+    if int(kv.get("split.no", 0) or 0) != 0:
+        first = f"{path.name[:m.start()]}-00001-of-{count:05d}.gguf"
+        raise ModelFormatError(f"{path} is part of a {count}-part split GGUF: pass its first part ({first}).")
+    parts = [(path, reader)]
+    for i in range(2, count + 1):
+        part = path.with_name(f"{path.name[:m.start()]}-{i:05d}-of-{count:05d}.gguf")
+        if not part.is_file():
+            raise ModelFormatError(f"{path}: part {part.name} of this split GGUF is missing. Download it again.")
+        parts.append((part, _open(part)))
+    return parts
+
+
 def read_gguf(path: str | Path) -> GGUFModel:
     path = Path(path)
     reader = _open(path)
     kv = _fields(reader)
+    parts = _split_parts(path, reader, kv)
     arch = kv.get("general.architecture")
     supported = names.TARGET_ARCHS + names.DRAFTER_ARCHS
     if arch not in supported:
         raise ModelFormatError(f"{path}: architecture {arch!r} is not supported "
                                f"(supported: {', '.join(supported)}).")
-    _check_types(path, reader)
-    by_name = {t.name: t for t in reader.tensors}
+    for part_path, part in parts:
+        _check_types(part_path, part)
+    by_name = {t.name: t for _, part in parts for t in part.tensors}
     tok = {k: v for k, v in kv.items() if k.startswith("tokenizer.ggml.")}
     try:
         if arch in names.TARGET_ARCHS:
@@ -352,7 +383,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
         cfg["bos_token_id"] = int(kv["tokenizer.ggml.bos_token_id"])
     return GGUFModel(path=path, arch=arch, hf_config=cfg, tensors=LazyTensors(loaders), tokenizer_metadata=tok,
                      chat_template=kv.get("tokenizer.chat_template"),
-                     ignored=sorted(set(by_name) - used), reader=reader)
+                     ignored=sorted(set(by_name) - used), reader=reader, parts=[r for _, r in parts])
 
 
 # --- tokenizer ------------------------------------------------------------------------------

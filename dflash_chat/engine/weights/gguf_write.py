@@ -117,14 +117,18 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None
 
 def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], config: dict, mix: str = "F32", *,
                       fused_experts: bool = False, extra_mtp_layers: int = 0, tokenizer=None,
-                      chat_template: str | None = None) -> Path:
-    """Write a qwen35 / qwen35moe / qwen3 target. `extra_mtp_layers` appends MTP-style blocks to ignore."""
+                      chat_template: str | None = None, split_max_tensors: int = 0) -> Path:
+    """Write a qwen35 / qwen35moe / qwen3 target. `extra_mtp_layers` appends MTP-style blocks to ignore.
+
+    `split_max_tensors` > 0 writes a split GGUF as llama.cpp's gguf-split does (NAME-0000i-of-0000n.gguf,
+    metadata in the first part) and returns the first part's path.
+    """
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {MIXES}")
     cfg = dict(config.get("text_config") or config)
     arch = _ARCH_OF_MODEL_TYPE[cfg["model_type"]]
     n_layers = cfg["num_hidden_layers"]
-    writer = gguf.GGUFWriter(str(path), arch)
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     writer.add_name("dflash-chat fixture")
     _common_keys(writer, cfg, n_layers + extra_mtp_layers)
     if extra_mtp_layers:
@@ -172,8 +176,9 @@ def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], con
                 out.append((name.replace(f"blk.{n_layers - 1}.", f"blk.{extra}.", 1), torch.randn_like(t)))
     for name, t in out:
         _add_tensor(writer, name, t, choose_format(name, tuple(t.shape), mix, n_layers))
+    parts = writer.format_shard_names(Path(path))
     _finish(writer)
-    return Path(path)
+    return parts[0]
 
 
 def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], config: dict, mix: str = "F32", *,
