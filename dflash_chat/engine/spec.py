@@ -25,6 +25,8 @@ from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefille
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.sampling import SamplingParams, draw, probabilities, verify
 
+PREFILL_CHUNK = 1024
+
 
 class Drafter(Protocol):
     block_size: int
@@ -158,13 +160,24 @@ class Engine:
         reused, logits = self._reuse(prompt)
         stats.reused_tokens = reused
         if logits is None:
-            ids = torch.tensor(prompt[reused:], dtype=torch.long, device=self.device)
-            logits, feats = self.target(ids, self.state, logits="last", taps=self.taps)
-            self.tokens.extend(prompt[reused:])
-            if feats is not None:
-                self.pending = feats if self.pending is None else torch.cat((self.pending, feats))
+            # in chunks: attention masks and context features stay small for long prompts
+            for begin in range(reused, len(prompt), PREFILL_CHUNK):
+                chunk = prompt[begin : begin + PREFILL_CHUNK]
+                ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
+                logits, feats = self.target(ids, self.state, logits="last", taps=self.taps)
+                self.tokens.extend(chunk)
+                if feats is not None:
+                    self.pending = feats if self.pending is None else torch.cat((self.pending, feats))
+                    self._flush_context()
             self._take_snapshot(logits)
         return logits
+
+    def _flush_context(self) -> None:
+        """Hand the drafter the context it has not seen yet, when it can take it ahead of a draft."""
+        append = getattr(self.drafter, "append_context", None)
+        if append is not None and self.pending is not None:
+            append(self.pending, len(self.tokens))
+            self.pending = None
 
     def _first_token(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
         if params.greedy:

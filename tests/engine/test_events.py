@@ -61,3 +61,19 @@ def test_speculative_steps_never_exceed_max_new_tokens(tiny_dirs):
         spec = Engine(target, OracleDrafter([8, 9] + reference, target.cfg.vocab_size, accept_prob=1.0), max_context=256)
         got, finished, _ = run(spec, [8, 9], SamplingParams(max_new_tokens=limit))
         assert got == reference[:limit] and finished.reason == "length"
+
+
+def test_chunked_prefill_gives_the_same_answer(tiny_dirs, monkeypatch):
+    """Long prompts prefill in chunks (bounded masks and feature buffers); the answer must not change."""
+    import dflash_chat.engine.spec as spec_module
+
+    target_dir, drafter_dir, _ = tiny_dirs["qwen3_5"]
+    target = load_target(target_dir, "cpu", torch.float32)
+    prompt = list(range(10, 60))
+    params = SamplingParams(max_new_tokens=30)
+    whole, _, _ = run(Engine(target, load_drafter(drafter_dir, target), max_context=256), prompt, params)
+    monkeypatch.setattr(spec_module, "PREFILL_CHUNK", 7)
+    chunked, finished, _ = run(Engine(target, load_drafter(drafter_dir, target), max_context=256), prompt, params)
+    assert chunked == whole and finished.stats.prompt_tokens == 50
+    ar, _, _ = run(Engine(target, None, max_context=256), prompt, params)
+    assert ar == whole

@@ -124,42 +124,49 @@ class DFlashDrafter(nn.Module):
         return self._lm_head(self.draft_hidden(features, last_token, start, length)).argmax(dim=-1)
 
     @torch.no_grad()
-    def draft_hidden(self, features: torch.Tensor, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
-        """Final-normed hidden states [length, H] for the drafted positions (see `propose`)."""
+    def append_context(self, features: torch.Tensor, start: int) -> None:
+        """Cache context K/V for committed positions start-n .. start-1 (features [n, K*H])."""
         n = features.shape[0]
         if self.ctx_len + n != start:
             raise RuntimeError(f"drafter context out of sync: have {self.ctx_len} + {n} rows for position {start}")
+        if n:
+            dtype = self.cache_k.dtype
+            h = self.project_context(features.to(dtype))
+            cos, sin = self.rotary.cos_sin(torch.arange(start - n, start, device=h.device), dtype)
+            for i, layer in enumerate(self.layers):
+                k, v = layer.self_attn.keys_values(h, cos, sin)
+                self.cache_k[i, start - n : start] = k
+                self.cache_v[i, start - n : start] = v
+        self.ctx_len = start
+
+    @torch.no_grad()
+    def draft_hidden(self, features: torch.Tensor, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
+        """Final-normed hidden states [length, H] for the drafted positions (see `propose`)."""
+        self.append_context(features, start)
         B = self.block_size if length is None else length + 1
         device = self.fc.weight.device
         dtype = self.cache_k.dtype
         ids = torch.full((B,), self.mask_token_id, dtype=torch.long, device=device)
         ids[0] = last_token
         x = self._embed(ids).to(dtype)
-        h_ctx = self.project_context(features.to(dtype)) if n else None
-        ctx_pos = torch.arange(start - n, start, device=device)
-        blk_pos = torch.arange(start, start + B, device=device)
-        k_pos = torch.arange(0, start + B, device=device)
-        cos_c, sin_c = self.rotary.cos_sin(ctx_pos, dtype)
-        cos_b, sin_b = self.rotary.cos_sin(blk_pos, dtype)
+        end = start + B
+        blk_pos = torch.arange(start, end, device=device)
+        cos, sin = self.rotary.cos_sin(blk_pos, dtype)
         masks = {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            if n:
-                k_c, v_c = attn.keys_values(h_ctx, cos_c, sin_c)
-                self.cache_k[i, start - n : start] = k_c
-                self.cache_v[i, start - n : start] = v_c
             xn = layer.input_layernorm(x)
-            q = attn.queries(xn, cos_b, sin_b)
-            k_b, v_b = attn.keys_values(xn, cos_b, sin_b)
-            k = torch.cat((self.cache_k[i, :start], k_b))
-            v = torch.cat((self.cache_v[i, :start], v_b))
+            q = attn.queries(xn, cos, sin)
+            # the block's K/V go in the cache's spare rows past the context; the next call overwrites them
+            self.cache_k[i, start:end], self.cache_v[i, start:end] = attn.keys_values(xn, cos, sin)
+            lo = max(0, start - attn.window + 1) if attn.window else 0
             key = (attn.causal, attn.window)
             if key not in masks:
-                masks[key] = None if not (attn.causal or attn.window) else attn.mask(
-                    blk_pos, k_pos, torch.ones(B, start + B, dtype=torch.bool, device=device)
-                )
-            x = layer.finish(x, attend(q, k, v, masks[key], self.scale))
-        self.ctx_len = start
+                k_pos = torch.arange(lo, end, device=device)
+                full = torch.ones(B, end - lo, dtype=torch.bool, device=device)
+                masks[key] = attn.mask(blk_pos, k_pos, full) if (attn.causal or attn.window) else None
+            out = attend(q, self.cache_k[i, lo:end], self.cache_v[i, lo:end], masks[key], self.scale)
+            x = layer.finish(x, out)
         return self.norm(x[1:])
 
     # -- training ---------------------------------------------------------------
