@@ -50,7 +50,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 # --- what a path holds -------------------------------------------------------------------------
 
-_SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}\.gguf$", re.IGNORECASE)
+_SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}(?=\.gguf$)", re.IGNORECASE)
 _HINTS = {
     ".bin": "PyTorch .bin checkpoints are not supported; use the model's safetensors or GGUF release",
     ".pt": "PyTorch checkpoints are not supported; use the model's safetensors or GGUF release",
@@ -90,17 +90,13 @@ def resolve_model_path(path: str | Path, what: str) -> tuple[str, Path]:
 
 
 def display_name(path: str | Path) -> str:
-    """A short name for a model path: the repo id of a Hugging Face cache snapshot, a GGUF's stem."""
+    """A short name for a model: a GGUF's stem, the repo id of a Hugging Face cache snapshot, a folder's name."""
     path = Path(path)
-    for snapshot in (path, path.parent):
-        if snapshot.parent.name == "snapshots" and snapshot.parent.parent.name.startswith("models--"):
-            repo = snapshot.parent.parent.name.removeprefix("models--").replace("--", "/")
-            return repo if snapshot == path else f"{repo}/{_gguf_stem(path.name)}"
-    return _gguf_stem(path.name)
-
-
-def _gguf_stem(name: str) -> str:
-    return re.sub(r"-\d{5}-of-\d{5}$", "", name.removesuffix(".gguf"))
+    if path.suffix.lower() == ".gguf":
+        return Path(_SPLIT_PART.sub("", path.name)).stem
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return path.name
 
 
 def _read_gguf(path: Path, what: str) -> GGUFModel:

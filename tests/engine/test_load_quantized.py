@@ -319,3 +319,38 @@ def test_split_gguf_loads_from_its_first_part_or_its_folder(tiny, tmp_path):
         model = load_target(path, "cpu", torch.float32)
         assert _resident_bytes(model) == _resident_bytes(whole)
         assert torch.equal(_logits(model), want)
+
+
+def test_display_names():
+    from pathlib import Path
+
+    from dflash_chat.engine.load import display_name
+
+    cache = Path("/hub/models--z-lab--Qwen3.6-27B-DFlash/snapshots/0123abcd")
+    assert display_name(cache) == "z-lab/Qwen3.6-27B-DFlash"
+    assert display_name(Path("/hub/models--u--Q-GGUF/snapshots/89ef/Q8_0/Qwen3.6-27B-Q8_0-00001-of-00002.gguf")) \
+        == "Qwen3.6-27B-Q8_0"
+    assert display_name("/models/my-drafter") == "my-drafter"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_quantized_pair_on_cuda(tiny):
+    """On the GPU the packed bytes live on the device, the Triton kernels run, and DFlash stays lossless."""
+    t = tiny("qwen3_5")
+    target_path, drafter_path = t.target_gguf("Q4_K_M"), t.drafter_gguf("Q4_K_M", "dflash-draft")
+    pair = load_pair(target_path, drafter_path, device="cuda", max_context=128)
+    target = pair.engine.target
+    assert pair.dtype == torch.bfloat16
+    packed = [m.packed for m in target.modules() if isinstance(m, (QuantLinear, QuantEmbedding))]
+    assert packed and all(p.is_cuda for p in packed)
+    assert target.model.embed_tokens(torch.tensor([3, 4], device="cuda")).dtype == torch.bfloat16
+    tokens, finished, _ = run(pair.engine, [5, 17, 99, 3], SamplingParams(max_new_tokens=12))
+    assert len(tokens) == 12 and finished.stats.drafted > 0
+
+    exact = load_pair(target_path, drafter_path, device="cuda", dtype=torch.float32, max_context=128)
+    ar = Engine(exact.engine.target, None, max_context=128)
+    for prompt in _prompts(target.cfg.vocab_size, 2, seed=5):
+        ar.reset()
+        exact.engine.reset()
+        want = run(ar, prompt, SamplingParams(max_new_tokens=16))[0]
+        assert run(exact.engine, prompt, SamplingParams(max_new_tokens=16))[0] == want
