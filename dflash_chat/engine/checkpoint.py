@@ -132,14 +132,14 @@ def _is_packed(t: Weight) -> bool:
     return isinstance(t, QuantTensor) or (isinstance(t, tuple) and any(isinstance(p, QuantTensor) for p in t))
 
 
-def _on(t: Weight, device: torch.device) -> Weight:
-    """The tensor on `device`, owning its memory (never a view of a memory-mapped file)."""
+def _owned(t: Weight, device: torch.device) -> Weight:
+    """`t` on `device` in memory of its own (never a view of the read-only memory-mapped file)."""
     if isinstance(t, tuple):
-        return tuple(_on(p, device) for p in t)
+        return tuple(_owned(p, device) for p in t)
     moved = t.to(device)
-    if moved is t or (isinstance(t, QuantTensor) and moved.data is t.data):
-        moved = QuantTensor(t.data.clone(), t.fmt, t.shape, t.input_index) if isinstance(t, QuantTensor) else t.clone()
-    return moved
+    if isinstance(t, QuantTensor):
+        return moved if moved.data is not t.data else QuantTensor(t.data.clone(), t.fmt, t.shape, t.input_index)
+    return moved if moved is not t else t.clone()
 
 
 def _as_float(t: Weight) -> torch.Tensor:
@@ -149,14 +149,16 @@ def _as_float(t: Weight) -> torch.Tensor:
 
 
 def _quant_twin(module: nn.Module, weights: dict[str, Weight], device, dtype) -> nn.Module | None:
-    """The Quant* module holding `weights` packed, or None when they are plain floats."""
+    """The Quant* module holding `weights` packed; None for other modules or plain float weights."""
     if not any(_is_packed(t) for t in weights.values()):
         return None
     if isinstance(module, nn.Linear):
-        return QuantLinear(_on(weights["weight"], device))
+        return QuantLinear(_owned(weights["weight"], device))
     if isinstance(module, nn.Embedding):
-        return QuantEmbedding(_on(weights["weight"], device), dtype=dtype)
-    return QuantExperts(_on(weights["gate_up_proj"], device), _on(weights["down_proj"], device))
+        return QuantEmbedding(_owned(weights["weight"], device), dtype=dtype)
+    if isinstance(module, Experts):
+        return QuantExperts(_owned(weights["gate_up_proj"], device), _owned(weights["down_proj"], device))
+    return None
 
 
 def _fill(param: nn.Parameter, t: Weight, device, dtype) -> nn.Parameter:
@@ -191,7 +193,7 @@ def materialise(model: nn.Module, tensors: Mapping[str, Weight], device, dtype, 
                     f"{what} tensor {full} has shape {got}, the model's config implies {want}: "
                     "the weights and config do not belong together"
                 )
-        twin = _quant_twin(module, weights, device, dtype) if isinstance(module, (nn.Linear, nn.Embedding, Experts)) else None
+        twin = _quant_twin(module, weights, device, dtype)
         if twin is not None:
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr, twin)

@@ -102,16 +102,19 @@ def display_name(path: str | Path) -> str:
 def _read_gguf(path: Path, what: str) -> GGUFModel:
     model = read_gguf(path)
     if what == "target" and model.arch in names.DRAFTER_ARCHS:
-        raise ModelFormatError(f"{path} is a DFlash drafter GGUF ({model.arch}), not a target model: pass it as the drafter")
+        raise ModelFormatError(
+            f"{path} is a DFlash drafter GGUF ({model.arch}), not a target model: pass it as the drafter")
     if what == "drafter" and model.arch in names.TARGET_ARCHS:
-        raise ModelFormatError(f"{path} is a {model.arch} target model GGUF, not a DFlash drafter: pass it as the target")
+        raise ModelFormatError(
+            f"{path} is a {model.arch} target model GGUF, not a DFlash drafter: pass it as the target")
     return model
 
 
 def _check_materialised(module: torch.nn.Module, what: str) -> None:
     left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
     if left:
-        raise ModelFormatError(f"{what} weights are missing {', '.join(left[:3])}: the files do not match the model's config")
+        raise ModelFormatError(
+            f"{what} weights are missing {', '.join(left[:3])}: the files do not match the model's config")
 
 
 # --- target ------------------------------------------------------------------------------------
@@ -223,7 +226,8 @@ def load_tokenizer(directory: str | Path):
     if not directory.is_dir():
         raise ModelFormatError(f"tokenizer folder {directory} does not exist: check the path")
     if not any((directory / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        raise ModelFormatError(f"folder {directory} has no tokenizer files (tokenizer.json): copy them from the model's official repo")
+        raise ModelFormatError(
+            f"folder {directory} has no tokenizer files (tokenizer.json): copy them from the model's official repo")
     return AutoTokenizer.from_pretrained(str(directory))
 
 

@@ -147,7 +147,8 @@ def test_split_gguf_given_by_a_later_part_or_missing_one(files, tmp_path):
     hf = files["hf"]
     first = write_target_gguf(tmp_path / "m.gguf", hf.state_dict(), hf.config.to_dict(), "F32", split_max_tensors=20)
     second = first.with_name("m-00002-of-00003.gguf")
-    with pytest.raises(ModelFormatError, match=r"m-00002-of-00003\.gguf is part of a 3-part split GGUF: pass its first part \(m-00001-of-00003\.gguf\)"):
+    first_part = r"m-00002-of-00003\.gguf is part of a 3-part split GGUF: pass its first part \(m-00001-of-00003\.gguf\)"
+    with pytest.raises(ModelFormatError, match=first_part):
         load_target(second, "cpu")
     first.with_name("m-00003-of-00003.gguf").unlink()
     with pytest.raises(ModelFormatError, match=r"part m-00003-of-00003\.gguf of this split GGUF is missing"):
