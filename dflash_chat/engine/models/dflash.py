@@ -99,9 +99,9 @@ class DFlashDrafter(nn.Module):
 
     def allocate(self, max_context: int) -> None:
         """Preallocate the context K/V cache for `max_context` committed positions."""
-        p = self.fc.weight
+        p = self.norm.weight  # fc may be a quantized module: the norm holds the compute dtype
         shape = (len(self.layers), max_context, self.cfg.num_kv_heads, self.cfg.head_dim)
-        dtype = p.dtype if p.dtype.is_floating_point else torch.float32
+        dtype = p.dtype
         self.cache_k = torch.zeros(shape, dtype=dtype, device=p.device)
         self.cache_v = torch.zeros(shape, dtype=dtype, device=p.device)
         self.ctx_len = 0
@@ -144,7 +144,7 @@ class DFlashDrafter(nn.Module):
         """Final-normed hidden states [length, H] for the drafted positions (see `propose`)."""
         self.append_context(features, start)
         B = self.block_size if length is None else length + 1
-        device = self.fc.weight.device
+        device = self.norm.weight.device
         dtype = self.cache_k.dtype
         ids = torch.full((B,), self.mask_token_id, dtype=torch.long, device=device)
         ids[0] = last_token
