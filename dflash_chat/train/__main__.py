@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--drafter-steps", type=int, default=None)
     demo.add_argument("--generated", type=int, default=None,
                       help="how many training prompts the target answers for the drafter (default: per device)")
+    demo.add_argument("--max-target-minutes", type=float, default=None,
+                      help="stop target training early past this many minutes (a shared machine's safety cap)")
+    demo.add_argument("--max-drafter-minutes", type=float, default=None,
+                      help="stop drafter training early past this many minutes")
     demo.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ev = sub.add_parser("eval", help="acceptance and DFlash-vs-AR speed of a pair on held-out prompts")
     ev.add_argument("--target", type=Path, default=DEFAULT_OUT / "target")
@@ -78,12 +82,16 @@ def run_demo(args) -> int:
         steps = args.target_steps or recipe.calibrate_target_steps(args.work, 0.55 * budget, device, args.seed,
                                                                    chosen.target)
         log(f"target steps: {steps} (repeat with --target-steps {steps})")
+        if args.max_target_minutes:
+            chosen.target.max_seconds = 60 * args.max_target_minutes
         recipe.train_target_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.target,
                                   log=log)
     if "drafter" in stages:
         steps = args.drafter_steps or recipe.calibrate_drafter_steps(args.work, 0.35 * budget, device, args.seed,
                                                                      chosen.drafter)
         log(f"drafter steps: {steps} (repeat with --drafter-steps {steps})")
+        if args.max_drafter_minutes:
+            chosen.drafter.max_seconds = 60 * args.max_drafter_minutes
         recipe.train_drafter_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.drafter,
                                    generated=chosen.generated, gen_batch=chosen.gen_batch,
                                    max_new_tokens=chosen.max_new_tokens, log=log)

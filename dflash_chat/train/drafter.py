@@ -12,9 +12,9 @@ The recipe (ours; no DFlash training recipe has been published):
 3. Blocks. Anchors s are drawn in the answer part of the sequence (from the last prompt token on).
    Block a is [x[s], mask x (B-1)], embedded with the target's frozen embed_tokens; it sees the
    context features of positions < s and its whole block. The label of block position j >= 1 is
-   g[s + j - 1]; positions past the end of the sequence are ignored. A step packs a few sequences
-   (teacher run on them batched, right-padded) into one context stream and runs all their blocks in
-   one `DFlashDrafter.forward_train` call.
+   g[s + j - 1]; positions past the end of the sequence are ignored. The frozen teacher runs once per
+   sequence before training (batched, right-padded); a step packs a few sequences into one context
+   stream and runs all their blocks in one `DFlashDrafter.forward_train` call.
 4. Loss. Cross-entropy through the target's frozen lm_head, block position j weighted by
    exp(-(j - 1) / decay): acceptance is a prefix, so an early miss costs the whole rest of the block.
 5. Optimiser. AdamW, warmup then cosine decay, gradient clipping at 1. Only the drafter trains.
@@ -112,6 +112,7 @@ class DrafterSettings:
     weight_decay: float = 0.0
     decay: float = 7.0
     log_every: int = 25
+    max_seconds: float | None = None  # safety cap on a shared machine: stop early (and say so) past it
     stats: list[float] = field(default_factory=list)
 
 
@@ -168,27 +169,39 @@ def sample_anchors(seq: Sequence, count: int, rng: random.Random) -> list[int]:
     return sorted(rng.sample(span, min(count, len(span))))
 
 
-def pack_blocks(target, seqs: list[Sequence], anchors: list[list[int]], block: int, mask_id: int, layer_ids,
-                device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_blocks(seqs: list[Sequence], taught: list[tuple[torch.Tensor, torch.Tensor]], anchors: list[list[int]],
+                block: int, mask_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Several sequences packed into one context stream for `forward_train`.
 
     Returns (features [sum S, K*H], block tokens [A, B], anchors in the packed stream [A], labels [A, B-1]).
     Labels never cross into the next sequence; a block may see earlier sequences of the pack as context
     (as in packed pretraining), which does not change its own labels.
     """
-    ids = [s.ids.to(device) for s in seqs]
-    taught = teacher(target, ids, layer_ids)
     feats, tokens, packed, labels = [], [], [], []
     offset = 0
-    for seq_ids, (f, g), a in zip(ids, taught, anchors):
+    for seq, (f, g), a in zip(seqs, taught, anchors):
+        ids = seq.ids.to(device)
         a_t = torch.tensor(a, dtype=torch.long, device=device)
-        t, l = make_blocks(seq_ids, g, a_t, block, mask_id)
-        feats.append(f)
+        t, l = make_blocks(ids, g.to(device), a_t, block, mask_id)
+        feats.append(f.to(device))
         tokens.append(t)
         labels.append(l)
         packed.append(a_t + offset)
-        offset += len(seq_ids)
+        offset += len(ids)
     return torch.cat(feats), torch.cat(tokens), torch.cat(packed), torch.cat(labels)
+
+
+def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Teacher outputs for every sequence, computed once (the target is frozen), in length-sorted batches."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].ids))
+    out: list = [None] * len(sequences)
+    for i in range(0, len(order), batch):
+        idx = order[i : i + batch]
+        with autocast_for(device):
+            taught = teacher(target, [sequences[j].ids.to(device) for j in idx], layer_ids)
+        for j, (f, g) in zip(idx, taught):
+            out[j] = (f.float(), g)
+    return out
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,15 +218,16 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float) -> tupl
     return loss, accept.float()
 
 
-def _draft_batch(drafter, target, batch: list[Sequence], settings: "DrafterSettings", rng: random.Random, device):
+def _draft_batch(drafter, target, seqs: list[Sequence], taught, settings: "DrafterSettings", rng: random.Random,
+                 device):
     """(loss, acceptance lengths) of one packed batch, or None when no sequence has room for a block."""
-    chosen = [(s, sample_anchors(s, settings.anchors_per_seq, rng)) for s in batch]
-    chosen = [(s, a) for s, a in chosen if a]
+    chosen = [(s, t, sample_anchors(s, settings.anchors_per_seq, rng)) for s, t in zip(seqs, taught)]
+    chosen = [c for c in chosen if c[2]]
     if not chosen:
         return None
-    seqs, anchors = zip(*chosen)
-    feats, tokens, packed, labels = pack_blocks(target, list(seqs), list(anchors), drafter.block_size,
-                                                drafter.mask_token_id, drafter.target_layer_ids, device)
+    seqs, taught, anchors = zip(*chosen)
+    feats, tokens, packed, labels = pack_blocks(list(seqs), list(taught), list(anchors), drafter.block_size,
+                                                drafter.mask_token_id, device)
     embed = target.get_input_embeddings()
     hidden = drafter.forward_train(feats, embed(tokens).detach(), packed)
     return block_loss(drafter.logits(hidden[:, 1:]), labels, settings.decay)
@@ -226,14 +240,17 @@ def train_drafter(drafter, target, sequences: list[Sequence], settings: DrafterS
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     rng = random.Random(seed)
-    losses, accepts = [], []
     started = time.perf_counter()
+    taught = teach_all(target, sequences, drafter.target_layer_ids, device)
+    log(f"drafter: teacher outputs for {len(sequences)} sequences ({time.perf_counter() - started:.0f}s)")
+    losses, accepts = [], []
     for step in range(settings.steps):
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, settings.steps, settings.lr, settings.warmup, settings.min_lr_ratio)
-        batch = rng.sample(sequences, min(settings.seqs_per_step, len(sequences)))
+        picked = rng.sample(range(len(sequences)), min(settings.seqs_per_step, len(sequences)))
         with autocast_for(device):
-            result = _draft_batch(drafter, target, batch, settings, rng, device)
+            result = _draft_batch(drafter, target, [sequences[i] for i in picked], [taught[i] for i in picked],
+                                  settings, rng, device)
         if result is None:
             continue
         loss, acc = result
@@ -243,10 +260,14 @@ def train_drafter(drafter, target, sequences: list[Sequence], settings: DrafterS
         opt.step()
         losses.append(loss.item())
         accepts.append(acc.mean().item())
+        elapsed = time.perf_counter() - started
         if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
             n = settings.log_every
             log(f"drafter step {step + 1}/{settings.steps} loss {sum(losses[-n:]) / len(losses[-n:]):.3f} "
-                f"acc-len {sum(accepts[-n:]) / len(accepts[-n:]):.2f} ({time.perf_counter() - started:.0f}s)")
+                f"acc-len {sum(accepts[-n:]) / len(accepts[-n:]):.2f} ({elapsed:.0f}s)")
+        if settings.max_seconds is not None and elapsed > settings.max_seconds and step + 1 < settings.steps:
+            log(f"drafter: stopped by the {settings.max_seconds:.0f}s cap after {step + 1} of {settings.steps} steps")
+            break
     drafter.eval()
     settings.stats = accepts
     return losses
@@ -258,10 +279,12 @@ def teacher_forced_acceptance(drafter, target, sequences: list[Sequence], *, anc
     """Mean teacher-forced acceptance length over sequences (a quick held-out check)."""
     rng = random.Random(seed)
     settings = DrafterSettings(steps=0, anchors_per_seq=anchors_per_seq)
+    taught = teach_all(target, sequences, drafter.target_layer_ids, device)
     total = []
     for i in range(0, len(sequences), batch):
         with autocast_for(device):
-            result = _draft_batch(drafter, target, sequences[i : i + batch], settings, rng, device)
+            result = _draft_batch(drafter, target, sequences[i : i + batch], taught[i : i + batch], settings, rng,
+                                  device)
         if result is not None:
             total.append(result[1])
     return torch.cat(total).mean().item() if total else math.nan

@@ -44,9 +44,9 @@ def preset(device: str) -> Preset:
                       DrafterSettings(steps=0, seqs_per_step=16, anchors_per_seq=32, lr=1e-3, warmup=50,
                                       log_every=100),
                       generated=3072, gen_batch=512, max_new_tokens=256)
-    return Preset(TrainSettings(steps=0, batch_size=16, seq_len=256, lr=2e-3, warmup=30, log_every=20),
-                  DrafterSettings(steps=0, seqs_per_step=4, anchors_per_seq=16, lr=1e-3, warmup=20, log_every=20),
-                  generated=384, gen_batch=64, max_new_tokens=160)
+    return Preset(TrainSettings(steps=0, batch_size=8, seq_len=256, lr=2e-3, warmup=30, log_every=20),
+                  DrafterSettings(steps=0, seqs_per_step=4, anchors_per_seq=32, lr=1e-3, warmup=20, log_every=20),
+                  generated=768, gen_batch=64, max_new_tokens=160)
 
 
 def prepare(work: Path, *, seed: int, vocab_size: int = 6144, max_files: int | None = None, log: Log = print) -> None:

@@ -73,6 +73,7 @@ class TrainSettings:
     warmup: int = 50
     weight_decay: float = 0.1
     log_every: int = 25
+    max_seconds: float | None = None  # safety cap on a shared machine: stop early (and say so) past it
 
 
 def train_target(model, tokens: torch.Tensor, settings: TrainSettings, *, seed: int, device: str = "cpu",
@@ -96,10 +97,13 @@ def train_target(model, tokens: torch.Tensor, settings: TrainSettings, *, seed: 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
+        elapsed = time.perf_counter() - started
         if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
             recent = losses[-settings.log_every:]
-            log(f"target step {step + 1}/{settings.steps} loss {sum(recent) / len(recent):.3f} "
-                f"({time.perf_counter() - started:.0f}s)")
+            log(f"target step {step + 1}/{settings.steps} loss {sum(recent) / len(recent):.3f} ({elapsed:.0f}s)")
+        if settings.max_seconds is not None and elapsed > settings.max_seconds and step + 1 < settings.steps:
+            log(f"target: stopped by the {settings.max_seconds:.0f}s cap after {step + 1} of {settings.steps} steps")
+            break
     model.eval()
     return losses
 
