@@ -1,8 +1,23 @@
-"""Which model pair the chat runs: flags first, then the settings, then the demo pair."""
+"""Which model pair the chat runs, decided from the flags and the settings before the UI starts.
+
+In order:
+- `--demo`: the tiny built-in demo pair.
+- `--target PATH [--drafter PATH]`: those files (Hugging Face folders or GGUFs), loaded as they are.
+- the model-choice flags (--model, --quant, --drafter-quant, --target-file, --drafter-file): a `Pick`
+  with them pinned; the model manager (chat/model_manager.py) chooses the rest at start.
+- the `model` setting: a path (one that exists, or is written like one: with a `/`, or starting with
+  `~` or `.`) is a model folder or file, run with the `drafter` setting; anything else must be a
+  catalog pair name (a `Pick` of it; an unknown name is an error listing the known ones).
+- nothing: a `Pick` with nothing pinned: the app probes the machine and takes what fits, the tiny
+  demo pair when there is no GPU.
+`--context` goes with any of them: the context length to size and load the model for.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 from dflash_chat.errors import UserError
 from dflash_chat.settings import Settings
@@ -11,13 +26,61 @@ HOW_TO_PICK = (
     "start with `dflash-chat --target DIR --drafter DIR`, or save a pair with "
     "`dflash-chat --set model=DIR --set drafter=DIR`"
 )
+DEVICE_ENV = "DFLASH_CHAT_DEVICE"  # e.g. "cpu": load there whatever the model manager chose
 
 
 @dataclass(frozen=True)
 class ModelSource:
+    """Files to load: a target, its drafter and (from a download) the official tokenizer folder."""
+
     target: str
     drafter: str | None
     demo: bool = False
+    tokenizer: str | None = None
+    title: str = ""  # what the app calls the model; empty: the loader's name for the files
+    target_quant: str = ""
+    drafter_quant: str = ""
+    device: str | None = None  # where the model manager placed it; None: the loader's default
+    context: int | None = None  # context to load for; None: the settings' context_length
+
+    @property
+    def quant_label(self) -> str:
+        """'Q4_K_M · drafter Q8_0', or '' when the quants are not known."""
+        parts = [self.target_quant] if self.target_quant else []
+        if self.drafter and self.drafter_quant:
+            parts.append(f"drafter {self.drafter_quant}")
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """Let the model manager choose at start; each field given is pinned, like the flag of its name."""
+
+    model: str | None = None
+    quant: str | None = None
+    drafter_quant: str | None = None
+    context: int | None = None
+    target_file: str | None = None
+    drafter_file: str | None = None
+
+    @property
+    def names_a_model(self) -> bool:
+        """A pair or a target file is pinned: run it even without a GPU (no demo fallback)."""
+        return self.model is not None or self.target_file is not None
+
+    @property
+    def pins_files(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self) if f.name != "context")
+
+
+def pick_from_args(args) -> Pick:
+    """The model-choice flags of hardware.add_choice_arguments, as a Pick."""
+    return Pick(**{f.name: getattr(args, f.name, None) for f in fields(Pick)})
+
+
+def load_device(source: ModelSource) -> str | None:
+    """$DFLASH_CHAT_DEVICE when set (to force, say, the CPU), else where the source was placed."""
+    return os.environ.get(DEVICE_ENV) or source.device
 
 
 def demo_source() -> ModelSource | None:
@@ -31,17 +94,57 @@ def demo_source() -> ModelSource | None:
     return ModelSource(str(target), str(drafter), demo=True)
 
 
+def catalog_name(name: str) -> str:
+    """The catalog's name for a pair given by name or title; CatalogError lists the known ones."""
+    from dflash_chat.catalog import load_catalog
+
+    return load_catalog().get(name).name
+
+
+def is_model_path(value: str) -> bool:
+    """How a `model` value is read: a path (existing, or written like one) or else a catalog name."""
+    return value.startswith(("~", ".")) or "/" in value or os.sep in value or Path(value).expanduser().exists()
+
+
+def from_settings(settings: Settings, context: int | None = None) -> ModelSource | Pick:
+    """What the `model` and `drafter` settings name (nothing: let the model manager choose)."""
+    if not settings.model:
+        return Pick(context=context)
+    if is_model_path(settings.model):
+        return ModelSource(settings.model, settings.drafter or None, context=context)
+    return Pick(model=catalog_name(settings.model), context=context)
+
+
 def resolve(settings: Settings, *, target: str | None = None, drafter: str | None = None,
-            demo: bool = False) -> ModelSource | None:
+            demo: bool = False, pick: Pick | None = None) -> ModelSource | Pick:
+    pick = pick or Pick()
     if demo:
+        if pick.pins_files:
+            raise UserError("--demo runs the built-in demo pair; leave out --model/--quant/--*-file with it")
         source = demo_source()
         if source is None:
             raise UserError(f"the demo model is not part of this build yet; {HOW_TO_PICK}")
-        return source
+        return ModelSource(source.target, source.drafter, demo=True, context=pick.context)
     if drafter and not target:
-        raise UserError("--drafter needs --target DIR too (the drafter runs beside a target model)")
+        raise UserError("--drafter needs --target too (the drafter runs beside a target model)")
     if target:
-        return ModelSource(target, drafter or None)
-    if settings.model:
-        return ModelSource(settings.model, settings.drafter or None)
-    return demo_source()
+        if pick.pins_files:
+            raise UserError(
+                "--target/--drafter load those files as they are; to let the app pick quants and fetch "
+                "what is missing, use --target-file/--drafter-file with --model instead"
+            )
+        return ModelSource(target, drafter or None, context=pick.context)
+    if pick.pins_files:
+        _check_files(pick)
+        if pick.model is not None:
+            return Pick(**{**pick.__dict__, "model": catalog_name(pick.model)})
+        if pick.target_file is None and settings.model and not is_model_path(settings.model):
+            return Pick(**{**pick.__dict__, "model": catalog_name(settings.model)})  # flags refine it
+        return pick
+    return from_settings(settings, pick.context)
+
+
+def _check_files(pick: Pick) -> None:
+    for flag, value in (("--target-file", pick.target_file), ("--drafter-file", pick.drafter_file)):
+        if value is not None and not Path(value).expanduser().exists():
+            raise UserError(f"{flag} {value}: no such file or folder. Check the path.")

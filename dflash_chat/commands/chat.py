@@ -1,4 +1,8 @@
-"""The bare `dflash-chat` command: opens the chat app (flags here are the top-level ones)."""
+"""The bare `dflash-chat` command: opens the chat app (flags here are the top-level ones).
+
+Which model runs is decided in chat/model_source.py: --demo, --target/--drafter files, the
+model-choice flags, the `model` setting, or (nothing named) the best pair for this machine.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,32 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from dflash_chat import paths
+from dflash_chat import hardware, paths
 from dflash_chat import settings as settings_module
+
+MODEL_SETTING_HELP = (
+    "model is a pair name from `dflash-chat models` or a path: a value that exists as a file or folder, "
+    "or is written like a path (with a /, or starting with ~ or .), is a model folder or GGUF, loaded "
+    "with the drafter setting; anything else must be a known pair name; empty lets the app choose"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("chat (no subcommand)")
+    group = parser.add_argument_group(
+        "chat (no subcommand)",
+        "With no model named, the app picks the pair and quants that fit this machine and downloads "
+        "what is missing (the tiny demo model without a GPU). DFLASH_CHAT_DEVICE=cpu loads on the CPU.",
+    )
     group.add_argument("--demo", action="store_true", help="chat with the tiny built-in demo model pair")
-    group.add_argument("--target", metavar="DIR", help="target model directory (config.json, safetensors, tokenizer)")
-    group.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory for --target")
+    group.add_argument("--target", metavar="PATH",
+                       help="target model: a folder (config.json, safetensors, tokenizer) or a GGUF file")
+    group.add_argument("--drafter", metavar="PATH", help="DFlash drafter folder or GGUF for --target")
     group.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="assignments",
                        help="save a setting to config.toml and exit (repeatable), e.g. --set temperature=0.2; "
-                            f"keys: {', '.join(settings_module.KEYS)}")
+                            f"keys: {', '.join(settings_module.KEYS)}. {MODEL_SETTING_HELP}")
     group.add_argument("--data-dir", metavar="DIR", type=Path,
                        help="keep the chat history in DIR instead of the default data folder")
+    hardware.add_choice_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -31,10 +47,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def build_app(args: argparse.Namespace, current: settings_module.Settings):
-    from dflash_chat.chat.model_source import resolve
+    from dflash_chat.chat.model_source import pick_from_args, resolve
     from dflash_chat.ui.app import DFlashChatApp
 
-    source = resolve(current, target=args.target, drafter=args.drafter, demo=args.demo)
+    source = resolve(current, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args))
     history = (args.data_dir / paths.history_db().name) if args.data_dir else None
     return DFlashChatApp(current, source, history_path=history)
 
@@ -43,8 +59,10 @@ def save_assignments(current: settings_module.Settings, assignments: list[str]) 
     updated = current
     for text in assignments:
         key, value = settings_module.parse_assignment(text)
-        if key in ("model", "drafter") and value:
-            value = str(Path(value).expanduser().resolve())  # the app may start from another folder
+        if value and key == "model":
+            value = _model_value(value)
+        elif value and key == "drafter":
+            value = _absolute(value)
         updated = replace(updated, **{key: value})
     path = settings_module.save(updated)
     for text in assignments:
@@ -52,3 +70,14 @@ def save_assignments(current: settings_module.Settings, assignments: list[str]) 
         print(f"{key} = {getattr(updated, key)!r}")
     print(f"saved to {path}")
     return 0
+
+
+def _model_value(value: str) -> str:
+    """A path made absolute (the app may start from another folder), or a known pair's name."""
+    from dflash_chat.chat.model_source import catalog_name, is_model_path
+
+    return _absolute(value) if is_model_path(value) else catalog_name(value)
+
+
+def _absolute(value: str) -> str:
+    return str(Path(value).expanduser().resolve())

@@ -15,7 +15,7 @@ from textual.theme import Theme
 from dflash_chat import paths
 from dflash_chat import settings as settings_module
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.model_source import ModelSource
+from dflash_chat.chat.model_source import ModelSource, Pick
 from dflash_chat.settings import Settings
 from dflash_chat.ui.chat_screen import COMMANDS, ChatScreen
 from dflash_chat.ui.history_screen import HistoryScreen
@@ -28,7 +28,7 @@ class DFlashChatApp(App):
     CSS_PATH = "app.tcss"
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True)]
 
-    def __init__(self, settings: Settings, source: ModelSource | None = None, *,
+    def __init__(self, settings: Settings, source: ModelSource | Pick | None = None, *,
                  history_path: Path | None = None, export_dir: Path | None = None,
                  user_themes: Path | None = None) -> None:
         super().__init__()

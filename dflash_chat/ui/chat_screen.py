@@ -1,8 +1,11 @@
 """The main screen: conversation, message box and side panel, and the work behind them.
 
 The model loads and answers are generated in thread workers; torch is first
-imported there (engine.load), never when this module loads. Answers stream
-back as batched messages (chat/bridge.py) and are saved as they grow.
+imported there (the hardware probe or engine.load), never when this module
+loads. Given a `Pick` instead of files, the model manager (chat/model_manager.py)
+chooses a pair for this machine in the worker, the DownloadScreen fetches what
+is missing, and then the files load. Answers stream back as batched messages
+(chat/bridge.py) and are saved as they grow.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from textual import on, work
 from textual.binding import Binding
@@ -25,10 +29,21 @@ from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, PARTIAL, C
 from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.memory import memory_use
-from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource
+from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource, Pick, from_settings, load_device
 from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, next_prompt, stop_token_ids
+from dflash_chat.errors import UserError, describe
 from dflash_chat.settings import Settings
-from dflash_chat.ui.messages import AnswerChunk, AnswerEnded, ModelFailed, ModelLoaded, PromptSent
+from dflash_chat.ui.messages import (
+    AnswerChunk,
+    AnswerEnded,
+    DownloadNeeded,
+    ModelChosen,
+    ModelFailed,
+    ModelLoaded,
+    ModelReady,
+    ModelUnavailable,
+    PromptSent,
+)
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
 from dflash_chat.ui.widgets.prompt_input import PromptInput
 from dflash_chat.ui.widgets.stats_panel import StatsPanel
@@ -80,12 +95,15 @@ class ChatScreen(Screen):
 
     thinking = reactive(False)
 
-    def __init__(self, settings: Settings, store: HistoryStore, source: ModelSource | None,
+    def __init__(self, settings: Settings, store: HistoryStore, source: ModelSource | Pick | None,
                  prompts: list[str] | None = None) -> None:
         super().__init__()
         self.settings = settings
         self.store = store
-        self.source = source
+        self.request = source  # what the flags or settings asked for: files, or a Pick to choose
+        self.source = source if isinstance(source, ModelSource) else None  # the files being loaded
+        self.chosen = None  # the model manager's Chosen, when it chose
+        self.manager_note = ""  # what the model manager is doing, or why no model runs
         self.conversation = Conversation()
         self.pair = None  # the engine's LoadedPair once loaded
         self.turn: Turn | None = None
@@ -113,8 +131,8 @@ class ChatScreen(Screen):
         self.query_one(PromptInput).focus()
         await self.chat_view.show(self.conversation, self.notice())
         self.set_interval(2.0, self.refresh_memory, name="memory")
-        if self.source is not None:
-            self.start_loading(self.source)
+        if self.request is not None:
+            self.begin(self.request)
 
     def on_resize(self) -> None:
         narrow = self.size.width < NARROW_WIDTH
@@ -138,22 +156,125 @@ class ChatScreen(Screen):
         demo = self.source is not None and self.source.demo
         if self.pair is not None:
             return "This is the tiny built-in demo model: it knows a little Python, nothing more." if demo else ""
-        if self.source is None:
-            return f"No model is loaded: {HOW_TO_PICK}. History and settings work without one."
         if demo:
             return "Loading the tiny built-in demo model (it knows a little Python, nothing more)…"
-        return f"Loading {self.source.target} …"
+        if self.source is not None:
+            loading = f"Loading {self.model_name()} …"
+            return f"{self.chosen.explanation}\n\n{loading}" if self.chosen else loading
+        if self.manager_note:
+            return self.manager_note
+        return f"No model is loaded: {HOW_TO_PICK}. History and settings work without one."
+
+    def model_name(self) -> str:
+        """'Qwen3.6-27B Q4_K_M · drafter Q8_0', the files' name, or the loader's name once loaded."""
+        source = self.source
+        if source is not None and source.demo:
+            return "tiny demo model"
+        if source is not None and source.title:
+            return f"{source.title} {source.quant_label}".strip()
+        return self.pair.target_name if self.pair is not None else source.target if source else "no model"
+
+    async def show_notice(self) -> None:
+        if not self.conversation.messages:
+            await self.chat_view.show(self.conversation, self.notice())
 
     # model
 
-    def start_loading(self, source: ModelSource) -> None:
-        self.source = source
+    def begin(self, request: ModelSource | Pick) -> None:
+        if isinstance(request, Pick):
+            self.start_picking(request)
+        else:
+            self.start_loading(request)
+
+    def _forget_model(self) -> None:
         self.pair = None
         self.transcript = None
         self.transcripts.clear()
-        self.panel.show_model(None, note="loading…")
+
+    def start_picking(self, pick: Pick) -> None:
+        """Let the model manager choose for this machine (in the worker: the probe imports torch)."""
+        self.request = pick
+        self.source = None
+        self.chosen = None
+        self._forget_model()
+        self.manager_note = "Choosing a model for this machine…"
+        self.panel.show_model(None, note="choosing…")
+        self.sub_title = "choosing a model…"
+        self.call_later(self.show_notice)
+        self.pick_model(pick, self.settings.context_length)
+
+    @work(thread=True, exclusive=True, group="model")
+    def pick_model(self, pick: Pick, context_length: int) -> None:
+        post = self.post_message
+        try:
+            from dflash_chat import hub
+            from dflash_chat.chat import model_manager
+
+            chosen = model_manager.choose(pick, context_length)
+            post(ModelChosen(chosen))
+            if chosen.demo is not None:
+                post(ModelReady(chosen.demo))
+                return
+            plan = model_manager.plan_files(chosen.choice)
+            if plan.to_fetch:
+                post(DownloadNeeded(chosen.choice, plan))
+                return
+            files = hub.download(plan)  # everything is cached: this only links the snapshot files
+            post(ModelReady(model_manager.source_for(chosen.choice, files)))
+        except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
+            post(ModelUnavailable(describe(exc) or f"choosing a model failed ({type(exc).__name__}: {exc})"))
+
+    async def on_model_chosen(self, message: ModelChosen) -> None:
+        self.chosen = message.chosen
+        self.manager_note = f"{self.chosen.explanation}\n\nChecking the model files…"
+        self.panel.show_model(None, note=self.chosen.explanation)
+        self.notify(self.chosen.explanation, title="Model choice", timeout=12)
+        await self.show_notice()
+
+    async def on_download_needed(self, message: DownloadNeeded) -> None:
+        from dflash_chat.chat.model_manager import label
+        from dflash_chat.hub import size_text
+        from dflash_chat.ui.download_screen import DownloadScreen
+
+        what = label(message.choice)
+        self.manager_note = f"{self.chosen.explanation}\n\nDownloading {what} ({size_text(message.plan.missing_bytes())})…"
+        self.sub_title = "downloading the model…"
+        await self.show_notice()
+        self.app.push_screen(DownloadScreen(message.plan, title=f"Downloading {what}"),
+                             callback=partial(self.downloaded, message.choice))
+
+    async def downloaded(self, choice, files) -> None:
+        from dflash_chat.chat.model_manager import label, resume_advice, source_for
+
+        if files is not None:
+            self.start_loading(source_for(choice, files))
+            return
+        advice = resume_advice(choice)  # the screen itself said why it stopped
+        self.manager_note = f"{label(choice)} is not downloaded yet. {advice} History and settings work meanwhile."
+        self.sub_title = "no model"
+        self.panel.show_model(None, note="not downloaded")
+        self.notify(advice, title="Model not downloaded", severity="warning", timeout=20)
+        await self.show_notice()
+
+    def on_model_ready(self, message: ModelReady) -> None:
+        self.start_loading(message.source)
+
+    async def on_model_unavailable(self, message: ModelUnavailable) -> None:
+        self.manager_note = f"No model yet: {message.error}"
+        self.sub_title = "no model"
+        self.panel.show_model(None, note="no model")
+        self.notify(message.error, title="No model", severity="error", timeout=30)
+        await self.show_notice()
+
+    def start_loading(self, source: ModelSource) -> None:
+        self.source = source
+        self._forget_model()
+        note = self.chosen.explanation if self.chosen and not source.demo else "loading…"
+        self.panel.show_model(None, note=note)
         self.sub_title = "loading model…"
-        self.load_model(source, self.settings.context_length)
+        self.manager_note = f"{self.model_name()} is still loading…"
+        self.call_later(self.show_notice)
+        self.load_model(source, source.context or self.settings.context_length)
 
     @work(thread=True, exclusive=True, group="model")
     def load_model(self, source: ModelSource, context_length: int) -> None:
@@ -161,7 +282,8 @@ class ChatScreen(Screen):
         try:
             from dflash_chat.engine.load import load_pair  # first torch import happens here
 
-            pair = load_pair(source.target, source.drafter, max_context=context_length)
+            pair = load_pair(source.target, source.drafter, tokenizer=source.tokenizer,
+                             device=load_device(source), max_context=context_length)
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
             self.post_message(ModelFailed(failure_message(exc)))
             return
@@ -169,14 +291,15 @@ class ChatScreen(Screen):
 
     async def on_model_loaded(self, message: ModelLoaded) -> None:
         self.pair = message.pair
-        name = "tiny demo model" if self.source and self.source.demo else self.pair.target_name
+        self.manager_note = ""
+        name = self.model_name()
         self.sub_title = name
         self.refresh_memory()
-        if not self.conversation.messages:
-            await self.chat_view.show(self.conversation, self.notice())
+        await self.show_notice()
         self.notify(f"{name} is ready ({message.seconds:.1f} s to load)")
 
     async def on_model_failed(self, message: ModelFailed) -> None:
+        self.manager_note = f"The model did not load: {message.error}"
         self.sub_title = "no model"
         self.panel.show_model(None, note="not loaded")
         if not self.conversation.messages:
@@ -185,9 +308,15 @@ class ChatScreen(Screen):
 
     def refresh_memory(self) -> None:
         if self.pair is not None:
-            self.panel.show_model(self.pair, memory_use(str(self.pair.device)))
+            self.panel.show_model(self.pair, memory_use(str(self.pair.device)), source=self.source)
 
     # sending and generating
+
+    def no_model_yet(self) -> str:
+        """Why a message cannot be sent yet: what the model manager or loader is doing, or how to pick."""
+        if self.manager_note:
+            return self.manager_note.splitlines()[-1]
+        return f"No model is loaded yet: {HOW_TO_PICK}."
 
     def record(self, write, *args):
         """A history write; if the database fails the chat goes on, and says so."""
@@ -207,7 +336,7 @@ class ChatScreen(Screen):
             self.notify("An answer is still being written: Esc stops it.", severity="warning")
             return
         if self.pair is None:
-            self.notify(f"No model is loaded yet: {HOW_TO_PICK}.", severity="warning")
+            self.notify(self.no_model_yet(), severity="warning")
             return
         event.input.clear()
         event.input.remember(text)
@@ -346,7 +475,7 @@ class ChatScreen(Screen):
             self.notify("An answer is still being written: Esc stops it.", severity="warning")
             return
         if self.pair is None:
-            self.notify(f"No model is loaded yet: {HOW_TO_PICK}.", severity="warning")
+            self.notify(self.no_model_yet(), severity="warning")
             return
         messages = self.conversation.messages
         if not messages:
@@ -398,8 +527,15 @@ class ChatScreen(Screen):
         old, self.settings = self.settings, new
         if new.thinking != old.thinking:
             self.thinking = new.thinking
-        model_changed = (new.model, new.drafter, new.context_length) != (old.model, old.drafter, old.context_length)
-        if model_changed and new.model:
-            self.start_loading(ModelSource(new.model, new.drafter or None))
-        elif new.context_length != old.context_length and self.source is not None:
-            self.start_loading(self.source)
+        if (new.model, new.drafter) != (old.model, old.drafter):
+            try:
+                request = from_settings(new)
+            except UserError as exc:
+                self.notify(f"model: {exc}", severity="error", timeout=20)
+                return
+            self.begin(request)
+        elif new.context_length != old.context_length:
+            if isinstance(self.request, Pick) and self.request.context is None:
+                self.begin(self.request)  # a new context may change what fits
+            elif self.source is not None and self.source.context is None:
+                self.start_loading(self.source)

@@ -153,6 +153,9 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
             self.notify(message.error, title="Download failed", severity="error", timeout=15)
         self.dismiss(None)
 
+    def on_unmount(self) -> None:
+        self.cancel.set()  # quitting mid-download: the worker thread stops at its next chunk
+
     def action_cancel(self) -> None:
         self.cancel.set()
         self.query_one("#download-hint", Label).update("Cancelling…")

@@ -23,6 +23,39 @@ class ModelFailed(Message):
         self.error = error
 
 
+class ModelChosen(Message):
+    """The model manager's choice (`chosen`: chat.model_manager.Chosen), before any file is fetched."""
+
+    def __init__(self, chosen: Any) -> None:
+        super().__init__()
+        self.chosen = chosen
+
+
+class DownloadNeeded(Message):
+    """Files of the choice are missing: `plan` (hub.Plan) says which."""
+
+    def __init__(self, choice: Any, plan: Any) -> None:
+        super().__init__()
+        self.choice = choice
+        self.plan = plan
+
+
+class ModelReady(Message):
+    """Every file is on disk: `source` (a ModelSource) can load."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.source = source
+
+
+class ModelUnavailable(Message):
+    """No model can run yet (offline, nothing fits, no GPU and no demo): `error` says what to do."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
 class PromptSent(Message):
     """The exact prompt the engine got for the answer being written."""
 

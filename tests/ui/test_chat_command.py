@@ -7,7 +7,7 @@ import pytest
 from dflash_chat import cli, paths
 from dflash_chat import settings as settings_module
 from dflash_chat.chat import model_source
-from dflash_chat.chat.model_source import ModelSource, resolve
+from dflash_chat.chat.model_source import ModelSource, Pick, resolve
 from dflash_chat.settings import Settings
 
 
@@ -46,7 +46,7 @@ def test_model_flags_resolve_in_order(monkeypatch):
     assert resolve(saved, target="/t", drafter="/d") == ModelSource("/t", "/d")
     assert resolve(saved, target="/t") == ModelSource("/t", None)
     assert resolve(saved) == ModelSource("/saved/target", "/saved/drafter")
-    assert resolve(Settings()) is None
+    assert resolve(Settings()) == Pick()  # nothing named: the model manager chooses at start
     with pytest.raises(Exception, match="--drafter needs --target"):
         resolve(Settings(), drafter="/d")
 
@@ -58,10 +58,11 @@ def test_demo_without_demo_files_is_one_line(home, capsys, monkeypatch):
     assert "demo model is not part of this build" in err and "--target DIR" in err
 
 
-def test_the_demo_pair_is_the_default_when_nothing_is_chosen(monkeypatch):
+def test_nothing_named_lets_the_model_manager_choose(monkeypatch):
+    """The demo pair only on request here; without a GPU the model manager picks it (test_first_run)."""
     demo = ModelSource("/demo/target", "/demo/drafter", demo=True)
     monkeypatch.setattr(model_source, "demo_source", lambda: demo)
-    assert resolve(Settings()) == demo
+    assert resolve(Settings()) == Pick()
     assert resolve(Settings(), demo=True) == demo
     assert resolve(Settings(model="/mine")) == ModelSource("/mine", None)
 

@@ -163,13 +163,18 @@ class StatsPanel(VerticalScroll):
 
     # model, memory, thinking
 
-    def show_model(self, pair, memory: MemoryUse | None = None, note: str = "") -> None:
+    def show_model(self, pair, memory: MemoryUse | None = None, note: str = "", source=None) -> None:
+        """The loaded pair; `source` (a ModelSource) adds the model manager's title and quants."""
         if pair is None:
             self.query_one("#model", Static).update(Text(note or "no model loaded", style="dim"))
             return
-        rows = [("target", pair.target_name), ("drafter", pair.drafter_name or "none (plain decoding)")]
-        quant = getattr(pair, "quant", None) or getattr(pair, "dtype", None)
-        rows.append(("device", f"{pair.device}" + (f" · {_short(quant)}" if quant else "")))
+        title = getattr(source, "title", "")
+        drafter = pair.drafter_name.rsplit("/", 1)[-1] if pair.drafter_name else "none (plain decoding)"
+        rows = [("target", title or pair.target_name), ("drafter", drafter)]
+        if quant := getattr(source, "quant_label", ""):
+            rows.append(("quant", quant))
+        dtype = getattr(pair, "dtype", None)
+        rows.append(("device", f"{pair.device}" + (f" · {_short(dtype)}" if dtype else "")))
         if memory is not None:
             rows.append((memory.kind, f"{gigabytes(memory.used_bytes)} / {gigabytes(memory.total_bytes)} GB"))
         self.query_one("#model", Static).update(_rows(self.shown, *rows))
