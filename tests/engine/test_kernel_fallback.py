@@ -1,0 +1,39 @@
+"""A Triton kernel that fails or disagrees on first use is replaced by the torch path, with a warning."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from dflash_chat.engine import kernels  # noqa: E402
+from dflash_chat.engine.kernels import reference  # noqa: E402
+from dflash_chat.engine.weights.formats import get_format  # noqa: E402
+from dflash_chat.engine.weights.quantize import quantize  # noqa: E402
+
+
+@pytest.fixture
+def q8_weight():
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    return quantize(w, "Q8_0"), get_format("Q8_0")
+
+
+@pytest.mark.parametrize("failure", ["raises", "wrong"])
+def test_broken_kernel_falls_back_to_torch(monkeypatch, q8_weight, failure):
+    from dflash_chat.engine.kernels import triton_quant
+
+    packed, fmt = q8_weight
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(kernels, "_checked", {})
+
+    def broken(x, p, f, n):
+        if failure == "raises":
+            raise RuntimeError("no kernel image is available")
+        return torch.zeros(x.shape[0], n, dtype=x.dtype)
+
+    monkeypatch.setattr(triton_quant, "matmul", broken)
+    x = torch.randn(3, 64)
+    with pytest.warns(UserWarning, match="Triton Q8_0 kernel disabled"):
+        y = kernels.matmul(x, packed, fmt, 64)
+    torch.testing.assert_close(y, reference.matmul(x, packed, fmt, 64))
+    # decided once per format and device
+    assert kernels._checked[(fmt.name, packed.device, x.dtype)] is False
