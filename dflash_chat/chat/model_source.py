@@ -106,6 +106,11 @@ def is_model_path(value: str) -> bool:
     return value.startswith(("~", ".")) or "/" in value or os.sep in value or Path(value).expanduser().exists()
 
 
+def model_value(value: str) -> str:
+    """A `model` setting as it is saved: a path as given, a pair by its catalog name (CatalogError if unknown)."""
+    return value if is_model_path(value) else catalog_name(value)
+
+
 def from_settings(settings: Settings, context: int | None = None) -> ModelSource | Pick:
     """What the `model` and `drafter` settings name (nothing: let the model manager choose)."""
     if not settings.model:

@@ -74,9 +74,9 @@ def save_assignments(current: settings_module.Settings, assignments: list[str]) 
 
 def _model_value(value: str) -> str:
     """A path made absolute (the app may start from another folder), or a known pair's name."""
-    from dflash_chat.chat.model_source import catalog_name, is_model_path
+    from dflash_chat.chat.model_source import is_model_path, model_value
 
-    return _absolute(value) if is_model_path(value) else catalog_name(value)
+    return _absolute(value) if is_model_path(value) else model_value(value)
 
 
 def _absolute(value: str) -> str:

@@ -10,6 +10,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
 
 from dflash_chat import settings as settings_module
+from dflash_chat.chat.model_source import model_value
+from dflash_chat.errors import UserError
 from dflash_chat.settings import DESCRIPTIONS, Settings, SettingsError
 
 TEXT_FIELDS = (
@@ -69,6 +71,11 @@ class SettingsScreen(Screen[Settings | None]):
                 values[key] = settings_module.parse_value(key, self.query_one(f"#field-{key}", Input).value)
             except SettingsError as exc:
                 errors.append(str(exc))
+        if values.get("model"):
+            try:
+                values["model"] = model_value(values["model"])
+            except UserError as exc:
+                errors.append(f"model: {exc}")
         values["thinking"] = self.query_one("#field-thinking", Switch).value
         values["theme"] = self.query_one("#field-theme", Select).value
         return replace(self.current, **values), errors

@@ -12,6 +12,7 @@ import pytest
 import tomli_w
 
 from dflash_chat import cli, hardware, hub, paths
+from dflash_chat import settings as settings_module
 from dflash_chat.catalog import load_catalog
 from dflash_chat.chat import model_source
 from dflash_chat.chat.model_source import DEVICE_ENV, ModelSource
@@ -126,6 +127,16 @@ async def answer_one(pilot, app, text: str = "hello there"):
     await send(pilot, text)
     await wait_for(pilot, lambda: app.chat.last_end is not None and app.chat.turn is None, 120, "the answer")
     return app.chat.last_end
+
+
+async def first_bytes(pilot, app) -> None:
+    """Until the download screen shows the target GGUF (its first row) partly fetched."""
+
+    def progressed() -> bool:
+        bars = app.screen.query("#download-bar-0") if isinstance(app.screen, DownloadScreen) else []
+        return bool(bars) and (bars.first().progress or 0) > 0
+
+    await wait_for(pilot, progressed, 30, "the first bytes of the download")
 
 
 async def history_still_opens(pilot, app) -> bool:
@@ -243,10 +254,7 @@ def test_escape_on_the_download_screen_keeps_the_app_usable_and_the_next_start_r
     async def cancelled():
         app = start()
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: isinstance(app.screen, DownloadScreen), 30, "the download screen")
-            screen = app.screen
-            bar = screen.query_one("#download-bar-0")
-            await wait_for(pilot, lambda: (bar.progress or 0) > 0, 30, "the first bytes")
+            await first_bytes(pilot, app)
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.screen is app.chat and "not downloaded" in app.chat.notice(), 30, "cancel")
             usable = await history_still_opens(pilot, app)
@@ -338,3 +346,46 @@ def test_without_a_gpu_the_shipped_demo_pair_is_chosen(home, monkeypatch):
 
     chosen = choose(model_source.Pick(), 1024)
     assert chosen.demo == model_source.demo_source() and chosen.choice is None
+
+
+def test_quitting_mid_download_stops_the_transfer(first_run, server):
+    cache = first_run
+    server.delay = 0.2
+
+    async def main():
+        app = start()
+        async with app.run_test(size=(120, 36)) as pilot:
+            await first_bytes(pilot, app)
+            await pilot.press("ctrl+q")
+
+    run(main())  # returns once the worker thread has ended
+    assert len(list(cache.glob("models--tiny--Tiny-GGUF/blobs/*.incomplete"))) == 1  # stopped, kept to resume
+    assert not list(cache.glob("models--tiny--Tiny/blobs/*"))  # the files after it never started
+
+
+def test_a_pair_named_on_the_settings_screen_goes_through_the_model_manager(first_run, server):
+    from textual.widgets import Input
+
+    from dflash_chat.ui.app import DFlashChatApp
+    from dflash_chat.ui.settings_screen import SettingsScreen
+
+    prefetch(server)
+
+    async def main():
+        app = DFlashChatApp(fast_settings())  # started without a model
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            app.screen.query_one("#field-model", Input).value = "qwen9-huge"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            refused = isinstance(app.screen, SettingsScreen), notes(app)[-1]
+            app.screen.query_one("#field-model", Input).value = "Tiny"
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the named pair to load")
+            return refused, app.chat.source
+
+    (still_open, refusal), source = run(main())
+    assert still_open and refusal.startswith("Not saved: model: unknown model 'qwen9-huge'; known models: ")
+    assert (source.title, source.quant_label) == ("Tiny", "Q8_0 · drafter Q8_0")
+    assert settings_module.load().model == "tiny"  # saved by its catalog name
