@@ -17,11 +17,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.zero_centred:
-            return (xf * (1.0 + self.weight.float())).type_as(x)
-        return self.weight * xf.type_as(x)
+        if self.zero_centred:  # normalised and scaled in float32, as the reference does
+            return F.rms_norm(x.float(), x.shape[-1:], 1.0 + self.weight.float(), self.eps).type_as(x)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], None, self.eps).type_as(x)
 
 
 class GatedRMSNorm(nn.Module):
@@ -34,9 +32,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * xf.to(dtype)
+        out = self.weight * F.rms_norm(x.float(), x.shape[-1:], None, self.eps).to(dtype)
         return (out * F.silu(gate.float())).to(dtype)
 
 
