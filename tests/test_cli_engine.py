@@ -70,3 +70,23 @@ def test_bench_against_transformers_generates_the_same_tokens(capsys):
     record = json.loads(capsys.readouterr().out)
     assert record["transformers_identical"] is True
     assert record["ar_vs_transformers"] == pytest.approx(record["ar_tokens_per_s"] / record["transformers_tokens_per_s"])
+
+
+def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
+    import torch
+
+    from dflash_chat.bench import _divergence, generate
+    from dflash_chat.engine.load import load_target
+    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.spec import Engine
+
+    target = load_target(pair[0], "cpu", torch.float32)
+    engine = Engine(target, None, max_context=128)
+    prompt = [3, 1, 4, 1, 5]
+    ar = generate(engine, prompt, SamplingParams(max_new_tokens=12)).tokens
+    spec = ar[:6] + [(ar[6] + 1) % target.cfg.vocab_size] + ar[7:]
+    d = _divergence(engine, 0, prompt, ar, spec)
+    logits, _ = target(torch.tensor(prompt + ar[:6]), target.new_state(32), logits="last")
+    top = logits.topk(2).values
+    assert d.position == 6 and d.logit_gap == pytest.approx(float(top[0] - top[1]))
+    assert d.near_tie == (d.logit_gap < 1e-3)
