@@ -103,7 +103,7 @@ class ChatScreen(Screen):
         self.request = source  # what the flags or settings asked for: files, or a Pick to choose
         self.source = source if isinstance(source, ModelSource) else None  # the files being loaded
         self.chosen = None  # the model manager's Chosen, when it chose
-        self.manager_note = ""  # what the model manager is doing, or why no model runs
+        self.manager_note = ""  # what the model manager or loader is doing, or why no model runs
         self.conversation = Conversation()
         self.pair = None  # the engine's LoadedPair once loaded
         self.turn: Turn | None = None
@@ -153,26 +153,30 @@ class ChatScreen(Screen):
         return self.turn is not None
 
     def notice(self) -> str:
-        demo = self.source is not None and self.source.demo
+        """The line shown in an empty chat: what the model manager or loader is doing, or what to do."""
         if self.pair is not None:
+            demo = self.source is not None and self.source.demo
             return "This is the tiny built-in demo model: it knows a little Python, nothing more." if demo else ""
-        if demo:
-            return "Loading the tiny built-in demo model (it knows a little Python, nothing more)…"
-        if self.source is not None:
-            loading = f"Loading {self.model_name()} …"
-            return f"{self.chosen.explanation}\n\n{loading}" if self.chosen else loading
         if self.manager_note:
             return self.manager_note
         return f"No model is loaded: {HOW_TO_PICK}. History and settings work without one."
 
     def model_name(self) -> str:
-        """'Qwen3.6-27B Q4_K_M · drafter Q8_0', the files' name, or the loader's name once loaded."""
+        """'Qwen3.6-27B Q4_K_M · drafter Q8_0' (a choice), 'tiny demo model', or the files' name."""
         source = self.source
         if source is not None and source.demo:
             return "tiny demo model"
         if source is not None and source.title:
             return f"{source.title} {source.quant_label}".strip()
-        return self.pair.target_name if self.pair is not None else source.target if source else "no model"
+        if self.pair is not None:
+            return self.pair.target_name
+        return source.target if source is not None else "no model"
+
+    def loading_note(self, source: ModelSource) -> str:
+        if source.demo:
+            return "Loading the tiny built-in demo model (it knows a little Python, nothing more)…"
+        loading = f"Loading {self.model_name()} …"
+        return f"{self.chosen.explanation}\n\n{loading}" if self.chosen else loading
 
     async def show_notice(self) -> None:
         if not self.conversation.messages:
@@ -181,9 +185,11 @@ class ChatScreen(Screen):
     # model
 
     def begin(self, request: ModelSource | Pick) -> None:
+        """Run what the flags or settings ask for: choose and fetch (a Pick), or load the files given."""
         if isinstance(request, Pick):
             self.start_picking(request)
         else:
+            self.request, self.chosen = request, None
             self.start_loading(request)
 
     def _forget_model(self) -> None:
@@ -237,7 +243,8 @@ class ChatScreen(Screen):
         from dflash_chat.ui.download_screen import DownloadScreen
 
         what = label(message.choice)
-        self.manager_note = f"{self.chosen.explanation}\n\nDownloading {what} ({size_text(message.plan.missing_bytes())})…"
+        size = size_text(message.plan.missing_bytes())
+        self.manager_note = f"{self.chosen.explanation}\n\nDownloading {what} ({size})…"
         self.sub_title = "downloading the model…"
         await self.show_notice()
         self.app.push_screen(DownloadScreen(message.plan, title=f"Downloading {what}"),
@@ -272,7 +279,7 @@ class ChatScreen(Screen):
         note = self.chosen.explanation if self.chosen and not source.demo else "loading…"
         self.panel.show_model(None, note=note)
         self.sub_title = "loading model…"
-        self.manager_note = f"{self.model_name()} is still loading…"
+        self.manager_note = self.loading_note(source)
         self.call_later(self.show_notice)
         self.load_model(source, source.context or self.settings.context_length)
 

@@ -116,7 +116,8 @@ def test_on_a_gpu_the_choice_is_the_pickers_for_the_settings_context(home):
     assert chosen.explanation == chosen.choice.explanation
     pinned = model_manager.choose(Pick(model="qwen3.5-9b", quant="Q4_K_M", context=4096), 8192,
                                   machine=RTX_3090, catalog=catalog)
-    assert (pinned.choice.pair.name, pinned.choice.target.quant, pinned.choice.context) == ("qwen3.5-9b", "Q4_K_M", 4096)
+    picked = pinned.choice
+    assert (picked.pair.name, picked.target.quant, picked.context) == ("qwen3.5-9b", "Q4_K_M", 4096)
 
 
 def test_without_a_gpu_the_demo_pair_unless_a_model_is_named(home, monkeypatch):

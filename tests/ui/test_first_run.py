@@ -30,6 +30,7 @@ TARGET_REPO, DRAFTER_REPO, TOKENIZER_REPO = "tiny/Tiny-GGUF", "tiny/Tiny-DFlash-
 RTX_4090 = Machine((Gpu(0, "NVIDIA GeForce RTX 4090", 24 * GIB, 23 * GIB),), 64 * GIB, 60 * GIB)
 NO_GPU = Machine((), 16 * GIB, 12 * GIB, "CPU-only build of torch")
 PULL = "dflash-chat pull tiny --quant Q8_0 --drafter-quant Q8_0"
+REAL_PROBE = hardware.probe
 
 TINY_PAIR = {
     "title": "Tiny",
@@ -163,7 +164,8 @@ def test_first_run_explains_downloads_loads_and_answers(first_run, server):
 
     (source, subtitle, panel, messages), end, after = run(main())
     # the choice, explained in one line, before anything was fetched
-    assert expected.pair.name == "tiny" and expected.explanation.startswith("RTX 4090 24 GB: Tiny Q8_0 + drafter Q8_0; ")
+    assert expected.pair.name == "tiny"
+    assert expected.explanation.startswith("RTX 4090 24 GB: Tiny Q8_0 + drafter Q8_0; ")
     assert messages[0] == expected.explanation
     # the download screen fetched every file of the plan into the standard cache
     [needed] = hook.of(DownloadNeeded)
@@ -175,7 +177,8 @@ def test_first_run_explains_downloads_loads_and_answers(first_run, server):
     assert source.target.startswith(str(cache / "models--tiny--Tiny-GGUF" / "snapshots"))
     assert source.tokenizer.startswith(str(cache / "models--tiny--Tiny" / "snapshots"))
     # loaded on the CPU (the override), named and quantified as chosen
-    assert (source.title, source.target_quant, source.drafter_quant, source.device) == ("Tiny", "Q8_0", "Q8_0", "cuda:0")
+    assert (source.title, source.target_quant, source.drafter_quant) == ("Tiny", "Q8_0", "Q8_0")
+    assert source.device == "cuda:0"  # where the choice placed it; DFLASH_CHAT_DEVICE moved it
     assert subtitle == "Tiny Q8_0 · drafter Q8_0"
     assert panel["target"] == "Tiny" and panel["quant"] == "Q8_0 · drafter Q8_0"
     assert panel["device"].startswith("cpu") and panel["drafter"] == "Tiny-DFlash-q8_0"
@@ -240,7 +243,10 @@ def test_offline_with_nothing_cached_says_what_is_missing(first_run, server, mon
     assert reason in error
     lacks = error.split(" lacks: ")[1].split(". ")[0]
     assert lacks.split("; ") == [
-        "tiny/Tiny-GGUF *Q8_0*.gguf (Q8_0)", "tiny/Tiny-DFlash-GGUF *q8_0*.gguf (Q8_0)", "tiny/Tiny tokenizer_config.json"]
+        "tiny/Tiny-GGUF *Q8_0*.gguf (Q8_0)",
+        "tiny/Tiny-DFlash-GGUF *q8_0*.gguf (Q8_0)",
+        "tiny/Tiny tokenizer_config.json",
+    ]
     assert error.endswith(f"For this model: `{PULL}`.")
     assert error in messages and notice == f"No model yet: {error}"
     assert usable and messages[-1] == f"No model yet: {error}"  # the reply to sending without a model
@@ -249,14 +255,15 @@ def test_offline_with_nothing_cached_says_what_is_missing(first_run, server, mon
 
 def test_escape_on_the_download_screen_keeps_the_app_usable_and_the_next_start_resumes(first_run, server):
     cache = first_run
-    server.delay = 0.1  # per 64 KiB piece: the target GGUF takes about half a second
+    server.delay = 0.3  # per 64 KiB piece: the target GGUF (4 pieces) takes over a second
 
     async def cancelled():
         app = start()
         async with app.run_test(size=(120, 36)) as pilot:
             await first_bytes(pilot, app)
             await pilot.press("escape")
-            await wait_for(pilot, lambda: app.screen is app.chat and "not downloaded" in app.chat.notice(), 30, "cancel")
+            await wait_for(pilot, lambda: app.screen is app.chat and "not downloaded" in app.chat.notice(),
+                           30, "the cancel")
             usable = await history_still_opens(pilot, app)
             return app.chat.notice(), notes(app), usable, app.chat.pair
 
@@ -350,7 +357,7 @@ def test_without_a_gpu_the_shipped_demo_pair_is_chosen(home, monkeypatch):
 
 def test_quitting_mid_download_stops_the_transfer(first_run, server):
     cache = first_run
-    server.delay = 0.2
+    server.delay = 0.3
 
     async def main():
         app = start()
@@ -389,3 +396,64 @@ def test_a_pair_named_on_the_settings_screen_goes_through_the_model_manager(firs
     assert still_open and refusal.startswith("Not saved: model: unknown model 'qwen9-huge'; known models: ")
     assert (source.title, source.quant_label) == ("Tiny", "Q8_0 · drafter Q8_0")
     assert settings_module.load().model == "tiny"  # saved by its catalog name
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_the_probe_places_the_model_there(first_run, server, monkeypatch):
+    """No double at all: torch's probe sees the GPU, the choice names it, the engine runs on it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.setattr(hardware, "probe", REAL_PROBE)
+    monkeypatch.delenv(DEVICE_ENV)
+    machine = REAL_PROBE()
+
+    async def main():
+        app = start()
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 120, "the model to load")
+            end = await answer_one(pilot, app)
+            return app.chat.source, app.chat.pair.device, notes(app), end
+
+    source, device, messages, end = run(main())
+    assert messages[0].startswith(f"{machine.label}: Tiny Q8_0 + drafter Q8_0; ")
+    assert source.device == machine.device and device == torch.device(machine.device)
+    assert end.stats.speculative and end.stats.new_tokens > 0 and end.stats.decode_tokens_per_s > 0
+
+
+NO_TORCH_CHECK = """
+import asyncio, sys
+from dflash_chat import cli, hardware
+from dflash_chat.chat import model_source
+from dflash_chat.commands.chat import build_app
+from dflash_chat.settings import Settings
+from dflash_chat.ui.messages import ModelUnavailable
+
+gpu = hardware.Gpu(0, "NVIDIA GeForce RTX 3090", 24 * 2**30, 23 * 2**30)
+hardware.probe = lambda: hardware.Machine((gpu,), 64 * 2**30, 48 * 2**30)
+seen = []
+
+async def main():
+    app = build_app(cli.build_parser().parse_args([]), Settings())
+    hook = lambda m: seen.append(m) if isinstance(m, ModelUnavailable) else None
+    async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
+        while not seen:
+            await pilot.pause(0.05)
+
+asyncio.run(main())
+print("torch" in sys.modules, "is not downloaded yet: offline" in seen[0].error)
+"""
+
+
+def test_the_model_managers_own_steps_import_no_torch(home, tmp_path):
+    """Only the real probe (and then the loader) imports torch; choosing and planning do not."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", NO_TORCH_CHECK], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "DFLASH_CHAT_HOME": str(home), "HF_HOME": str(tmp_path / "hf"),
+                                 "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]  # no torch, and it got as far as planning
