@@ -89,6 +89,8 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
 def check_correctness(device: torch.device, n: int, k: int) -> list[dict]:
     rows = []
     dtypes = [torch.float16, torch.bfloat16] if device.type == "cuda" else [torch.float32]
+    if device.type == "cuda" and M_VALUES == [1, 16, 64]:
+        dtypes = [torch.bfloat16]
     for fmt_name in QUANT_FORMATS:
         fmt = FORMATS[fmt_name]
         packed = packed_weights(fmt_name, n, k, device, seed=fmt.ggml_type)
@@ -189,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, torch path (no GPU needed)")
     ap.add_argument("--json", help="also write the report here")
     ap.add_argument("--no-sweep", action="store_true", help="skip the M=1 kernel config sweep")
+    ap.add_argument("--quick", action="store_true", help="bf16 and M in {1, 16, 64} only, no sweep (a short lease)")
     args = ap.parse_args(argv)
+    global M_VALUES
+    if args.quick:
+        M_VALUES = [1, 16, 64]
+        args.no_sweep = True
     if args.dry_run:
         device = torch.device("cpu")
         shapes = [(name, n // 32, k // 32 if k // 32 % 256 == 0 else 256, f) for name, n, k, f in SHAPES_27B]
@@ -206,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = check_correctness(device, n, k)
     report["correctness"] = {"all_ok": all(r["ok"] for r in rows), "worst": max(rows, key=lambda r: r["rel_error"]),
                              "failures": [r for r in rows if not r["ok"]], "checked": len(rows)}
+    print(f"correctness ({time.perf_counter() - start:.0f} s): {json.dumps(report['correctness'], default=str)}", flush=True)
     report["benchmark"] = benchmark(device, shapes, sweep=not args.no_sweep)
+    print(f"benchmark ({time.perf_counter() - start:.0f} s): {json.dumps(report['benchmark'], default=str)}", flush=True)
     report["resident"] = resident_bytes(device, shapes, n_layers)
     b, r = report["benchmark"], report["resident"]
     report["goals"] = {

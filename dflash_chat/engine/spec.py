@@ -240,11 +240,11 @@ class Engine:
             return Step([nxt], 0, 0, 0.0, t1 - t0)
 
         pending = self.pending if self.pending is not None else self._empty_features()
-        drafts = self.drafter.propose(pending, last, start, draft_len)
+        drafts = self.drafter.propose(pending, last, start, draft_len).to(self.device)
         self.pending = None
         _sync(self.device)
         t1 = time.perf_counter()
-        ids = torch.cat((torch.tensor([last], dtype=torch.long, device=self.device), drafts.to(self.device)))
+        ids = torch.cat((torch.tensor([last], dtype=torch.long, device=self.device), drafts))
         logits, feats = self.target(ids, self.state, logits="all", taps=self.taps, speculative=True)
         accepted, nxt = verify(drafts, logits, params, generator)
         emitted = drafts[:accepted].tolist() + [nxt]
