@@ -24,6 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
     p.add_argument("--device")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="tiny random target's dtype (default: bfloat16 on CUDA, float32 on CPU); float32 keeps greedy runs bit-comparable")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny target")
     p.add_argument("--json", action="store_true")
@@ -39,9 +41,10 @@ def _random_pair(args, tmp: Path):
     from dflash_chat.tiny import write_target
 
     hf = write_target(tmp, args.arch, hidden=args.hidden, layers=args.layers, seed=0)
-    target = load_target(tmp, args.device)
+    target = load_target(tmp, args.device, getattr(torch, args.dtype) if args.dtype else None)
     args.hf_model = hf
     args.target_device = {target.model.norm.weight.device}
+    args.target_dtype = target.model.norm.weight.dtype
     context = 64 + args.tokens + args.block
     ar = Engine(target, None, max_context=context)
     rng = random.Random(0)
@@ -128,7 +131,7 @@ def _time_transformers(args, prompts, result) -> dict:
     if hf is None:
         raise UserError("--vs-transformers works with the tiny random target only")
     device = next(iter(args.target_device))
-    hf = hf.to(device)
+    hf = hf.to(device=device, dtype=args.target_dtype)  # same precision as ours
     hf.generation_config.eos_token_id = None  # our runs have no stop token either
     hf.generation_config.pad_token_id = 0
     tokens = seconds = 0.0
