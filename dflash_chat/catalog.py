@@ -133,7 +133,7 @@ class Pair:
     name: str
     title: str
     rank: int
-    demo: bool
+    cpu_default: bool
     default_context: int
     max_context: int
     target_shape: TargetShape
@@ -275,7 +275,7 @@ def _merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
 
 # --- parsing one pair ---------------------------------------------------------------------------
 
-_PAIR_KEYS = {"title", "rank", "demo", "default_context", "max_context", "tokenizer", "target", "drafter"}
+_PAIR_KEYS = {"title", "rank", "cpu_default", "default_context", "max_context", "tokenizer", "target", "drafter"}
 
 
 class _Reader:
@@ -318,7 +318,7 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
         name=name,
         title=r.get(table, "title", str, name),
         rank=r.get(table, "rank", int, 0),
-        demo=r.get(table, "demo", bool, False),
+        cpu_default=r.get(table, "cpu_default", bool, False),
         default_context=default_context,
         max_context=r.get(table, "max_context", int, default_context),
         target_shape=_shape(r, TargetShape, r.get(target, "shape", dict, at="target."), "target.shape."),

@@ -237,7 +237,7 @@ def choose(
 ) -> Choice:
     """The best pair + target quant + drafter quant that fit, honouring every override given.
 
-    Without overrides: pairs by rank (the demo pair on CPU), target quants and then drafter
+    Without overrides: pairs by rank (the cpu_default pair on CPU), target quants and then drafter
     quants in the catalog's order of preference (Q8_0 before Q4_K_M); the first that fits wins.
     When the user pinned everything (model and quants, or files) the choice is returned even if
     it does not fit, with an explanation that says so; otherwise nothing fitting is an error.
@@ -282,8 +282,8 @@ def _candidate_pairs(machine: Machine, catalog: Catalog, model, target_file) -> 
         return [_pair_for_file(catalog, Path(target_file))]
     ranked = list(catalog.ranked())
     if machine.gpu is None:
-        demo = [p for p in ranked if p.demo]
-        return demo or ranked[-1:]
+        cpu = [p for p in ranked if p.cpu_default]
+        return cpu or ranked[-1:]
     return ranked
 
 
@@ -382,7 +382,7 @@ def add_choice_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", help="model pair name from `dflash-chat models`")
     group.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M")
     group.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
-    group.add_argument("--context", type=int, help="context length in tokens (default: the model's)")
+    group.add_argument("--context", type=int, help="context length in tokens (default: the context_length setting for the chat, each model's own for models/pull)")
     group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
     group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")
 

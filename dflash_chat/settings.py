@@ -139,7 +139,7 @@ DESCRIPTIONS: dict[str, str] = {
     "system_prompt": "text sent as the system message (empty = none)",
     "thinking": "let the model think before answering (on/off)",
     "theme": "colour theme name",
-    "model": "target model directory",
+    "model": "pair name (dflash-chat models) or model folder/GGUF; empty: pick for this GPU",
     "drafter": "DFlash drafter directory (empty = plain decoding)",
     "context_length": "tokens of context the model keeps",
     "keymap": "key overrides: binding-id=keys;other-id=keys",

@@ -16,7 +16,7 @@ def test_shipped_pairs_follow_the_design(config):
     catalog = load_catalog(config)
     names = [p.name for p in catalog.ranked()]
     assert names == ["qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.5-9b", "qwen3.5-4b"]
-    assert [p.name for p in catalog.pairs if p.demo] == ["qwen3.5-4b"]
+    assert [p.name for p in catalog.pairs if p.cpu_default] == ["qwen3.5-4b"]
 
     big = catalog.get("qwen3.6-27b")
     assert big.target_quants == ("Q8_0", "Q4_K_M")  # order of preference

@@ -32,7 +32,7 @@ def catalog(tmp_path_factory):
 
 def search_order(catalog, m: Machine):
     """Every (pair, target, drafter) in the order the picker prefers them."""
-    pairs = [p for p in catalog.ranked() if p.demo] if m.gpu is None else catalog.ranked()
+    pairs = [p for p in catalog.ranked() if p.cpu_default] if m.gpu is None else catalog.ranked()
     return [(p, t, d) for p in pairs for t in p.targets for d in p.drafters]
 
 
@@ -116,7 +116,7 @@ def test_explanation_is_one_line_like_the_issue(catalog):
 
 def test_cpu_uses_the_demo_pair(catalog):
     choice = choose(machine(0), catalog, context=8192)
-    assert choice.pair.demo and choice.device == "cpu"
+    assert choice.pair.cpu_default and choice.device == "cpu"
     assert choice.explanation.startswith("CPU, 16.0 GB RAM: Qwen3.5-4B Q8_0 + drafter BF16;")
 
 
