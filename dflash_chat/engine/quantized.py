@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_chat.engine import kernels
+from dflash_chat.engine.models.layers import routed
 from dflash_chat.engine.weights.formats import Format, get_format
 from dflash_chat.engine.weights.quantize import quantize
 
@@ -193,18 +194,8 @@ class QuantExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
-        flat = top_k_index.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        token_of = order // top_k_index.shape[1]
-        weights = top_k_weights.reshape(-1)[order]
-        start = 0
-        for expert, n in enumerate(counts):
-            if n == 0:
-                continue
-            rows = token_of[start:start + n]
+        for expert, rows, weights in routed(top_k_index, top_k_weights, self.num_experts):
             gate, up = self._gate_up(x[rows], expert)
             y = kernels.matmul(F.silu(gate) * up, self.down[expert], self.down_fmt, self.hidden)
-            out.index_add_(0, rows, (y * weights[start:start + n, None]).to(out.dtype))
-            start += n
+            out.index_add_(0, rows, (y * weights[:, None]).to(out.dtype))
         return out

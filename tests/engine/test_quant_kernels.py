@@ -40,7 +40,8 @@ def test_kernels_compile_for_hopper_without_a_gpu():
         src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
                         constexprs={(index.index(k) if k in index else len(index) + list(consts).index(k),): v
                                     for k, v in consts.items()})
-        triton.compile(src, target=GPUTarget("cuda", 90, 32))
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm.get("cubin"), f"no cubin for {fn.__name__}"
 
     ints = dict.fromkeys(("M", "N", "K", "row_bytes", "stride_xm", "stride_ym", "k_per_split"), "i32")
     for fmt, dtype, split in (("Q4_K", "bf16", 4),):  # one variant keeps CI quick; every format x dtype x split compiled by hand
