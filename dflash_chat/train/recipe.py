@@ -45,8 +45,8 @@ def preset(device: str) -> Preset:
                                       log_every=100),
                       generated=3072, gen_batch=512, max_new_tokens=256)
     return Preset(TrainSettings(steps=0, batch_size=8, seq_len=256, lr=2e-3, warmup=30, log_every=20),
-                  DrafterSettings(steps=0, seqs_per_step=4, anchors_per_seq=32, lr=1e-3, warmup=20, log_every=20),
-                  generated=768, gen_batch=64, max_new_tokens=160)
+                  DrafterSettings(steps=0, seqs_per_step=4, anchors_per_seq=32, lr=1.5e-3, warmup=20, log_every=20),
+                  generated=1024, gen_batch=64, max_new_tokens=160)
 
 
 def prepare(work: Path, *, seed: int, vocab_size: int = 6144, max_files: int | None = None, log: Log = print) -> None:
@@ -84,7 +84,7 @@ def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, gener
                         max_new_tokens: int = 192, gen_batch: int = 64, log: Log = print) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_chat.train.data import corpus_sequences, greedy_sequences
+    from dflash_chat.train.data import greedy_sequences
 
     tokenizer = AutoTokenizer.from_pretrained(work / "target")
     # The drafter learns the target as shipped (bf16 weights), upcast like the loader does on CPU.
@@ -97,9 +97,8 @@ def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, gener
                            seed=seed, device=device)
     held = greedy_sequences(target, tokenizer, corpus.heldout[:32], max_new_tokens=max_new_tokens,
                             thinking_share=0.0, batch_size=gen_batch, seed=seed, device=device)
-    text = corpus_sequences(tokenizer, rng.sample(corpus.train, min(len(own) // 2, len(corpus.train))))
-    log(f"drafter data: {len(own)} target answers + {len(text)} corpus chats "
-        f"({time.perf_counter() - started:.0f}s)")
+    log(f"drafter data: {len(own)} target answers ({sum(len(q.ids) for q in own)} tokens, "
+        f"{time.perf_counter() - started:.0f}s)")
     shape = shape or DrafterShape()
     config = drafter_config_dict(shape, target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
     drafter = new_drafter(config, target, seed)
@@ -107,7 +106,7 @@ def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, gener
     settings.steps = steps
     log(f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, block {shape.block_size}, "
         f"taps {list(shape.target_layer_ids)}, {steps} steps on {device}")
-    losses = train_drafter(drafter, target, own + text, settings, seed=seed, device=device, log=log)
+    losses = train_drafter(drafter, target, own, settings, seed=seed, device=device, log=log)
     acc = teacher_forced_acceptance(drafter, target, held, seed=seed, device=device)
     log(f"drafter: teacher-forced acceptance length on held-out target answers: {acc:.2f}")
     save_drafter(drafter, config, work / "drafter")
