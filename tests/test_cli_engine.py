@@ -90,3 +90,20 @@ def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
     top = logits.topk(2).values
     assert d.position == 6 and d.logit_gap == pytest.approx(float(top[0] - top[1]))
     assert d.near_tie == (d.logit_gap < 1e-3)
+
+
+def test_run_demo_prints_the_stats_record(capsys):
+    from dflash_chat.demo import demo_available
+
+    assert demo_available(), "the demo pair ships with the package"
+    assert main(["run", "--demo", "--prompt", "How is `os.path.join` implemented?", "--max-tokens", "24", "--json", "--device", "cpu"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["speculative"] is True and record["new_tokens"] >= 1
+    assert record["steps"] == sum(record["acceptance_histogram"]) and record["answer"]
+
+
+def test_bench_demo_measures_the_trained_pair(capsys):
+    assert main(["bench", "--demo", "--prompts", "2", "--tokens", "32", "--json", "--device", "cpu"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["identical_greedy_output"] is True and record["prompts"] == 2
+    assert record["mean_acceptance_length"] > 1.0

@@ -13,7 +13,7 @@ from dflash_chat.errors import UserError
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure DFlash against plain decoding")
-    p.add_argument("--demo", action="store_true", help="the embedded trained demo pair with its real drafter")
+    p.add_argument("--demo", action="store_true", help="the embedded trained demo pair with its real drafter, on held-out prompts")
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
     p.add_argument("--drafter")
     p.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3_5_moe", "qwen3"], help="tiny random target's architecture")
@@ -83,6 +83,24 @@ def _real_pair(args, target_dir, drafter_dir, title):
     return pair.engine, (lambda prompt, ar_tokens: spec), prompts, title
 
 
+def _demo(args) -> int:
+    """The embedded demo pair on its held-out prompts (never seen in training), the trainer's own measure."""
+    from dflash_chat.demo import demo_available, demo_paths
+    from dflash_chat.train.evaluate import demo_heldout_prompts, format_report, measure_pair
+
+    if not demo_available():
+        raise UserError("the demo pair is not in this install")
+    target_dir, drafter_dir = demo_paths()
+    report = measure_pair(target_dir, drafter_dir, prompts=demo_heldout_prompts()[: args.prompts],
+                          max_new_tokens=args.tokens, device=args.device or "cpu")
+    if args.json:
+        print(json.dumps({"setup": "embedded demo pair, held-out prompts, greedy, thinking off", **report.as_dict()}))
+    else:
+        print("embedded demo pair (real trained drafter) on held-out prompts; autoregressive and DFlash with the same engine")
+        print(format_report(report))
+    return 0 if report.identical else 1
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -94,13 +112,8 @@ def main(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=args.tokens)
     with tempfile.TemporaryDirectory() as tmp:
         if args.demo:
-            from dflash_chat.demo import demo_available, demo_paths
-
-            if not demo_available():
-                raise UserError("the demo pair is not in this install")
-            target_dir, drafter_dir = demo_paths()
-            ar, spec_for, prompts, title = _real_pair(args, target_dir, drafter_dir, "embedded demo pair, real drafter, thinking off, greedy")
-        elif args.target:
+            return _demo(args)
+        if args.target:
             if not args.drafter:
                 raise UserError("give --drafter DIR with --target DIR")
             ar, spec_for, prompts, title = _real_pair(args, args.target, args.drafter, f"{args.target} + {args.drafter}, greedy")
