@@ -172,3 +172,47 @@ def _trim_topic(text: str) -> str:
         return text
     cut = text.rfind("\n\n", 0, MAX_TOPIC_CHARS)
     return text[: cut if cut > 0 else MAX_TOPIC_CHARS]
+
+
+FREE_FORM_QUESTIONS = (
+    "Write a function that {summary}.",
+    "How do I use `{module}`?",
+    "Give an example of `{module}.{name}`.",
+    "What is `{name}` for?",
+    "Write a class like `{name}`.",
+    "Explain {topic} with an example.",
+    "How do I {summary} in Python?",
+)
+
+
+def free_form_prompts(conversations: list[Conversation], rng: random.Random, count: int) -> list[Conversation]:
+    """Questions phrased unlike the corpus (as users ask them), about the same subjects.
+
+    Only the prompt matters: they are for the target to answer in its own words, so the drafter also
+    learns how the target answers questions outside the corpus's phrasings.
+    """
+    subjects, summaries, topics = [], [], []
+    for conv in conversations:
+        question, answer = conv.messages[0]["content"], conv.messages[1]["content"]
+        parts = question.split("`")[1::2]
+        if "topic" in conv.tags:
+            topics.append(parts[0] if parts else question.split()[1])
+        elif len(parts) == 2:
+            subjects.append((parts[1], parts[0]))  # "... `name` ... `module`"
+        elif len(parts) == 1 and "." in parts[0]:
+            subjects.append(tuple(parts[0].rsplit(".", 1)))
+        if not answer.startswith("```") and "topic" not in conv.tags:
+            first = answer.split(".")[0].strip()
+            if 10 < len(first) < 80 and "\n" not in first:
+                summaries.append(first[0].lower() + first[1:])
+    have = {"summary": summaries, "module": subjects, "name": subjects, "topic": topics}
+    templates = [t for t in FREE_FORM_QUESTIONS if all(have[k] for k in have if "{" + k + "}" in t)]
+    out = []
+    for _ in range(count if templates else 0):
+        template = rng.choice(templates)
+        module, name = rng.choice(subjects) if subjects else ("", "")
+        question = template.format(summary=rng.choice(summaries) if summaries else "", module=module,
+                                   name=name.split(".")[-1], topic=rng.choice(topics) if topics else "")
+        out.append(Conversation([{"role": "user", "content": question}, {"role": "assistant", "content": ""}],
+                                None, {"free"}))
+    return out

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from dflash_chat.train.common import Log
-from dflash_chat.train.corpus import Conversation, Corpus, build_corpus
+from dflash_chat.train.corpus import Conversation, Corpus, build_corpus, free_form_prompts
 from dflash_chat.train.drafter import (
     DrafterSettings, DrafterShape, drafter_config_dict, new_drafter, save_drafter, teacher_forced_acceptance,
     train_drafter,
@@ -81,7 +81,8 @@ def train_target_stage(work: Path, *, seed: int, steps: int, device: str, shape:
 
 def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, generated: int = 2000,
                         shape: DrafterShape | None = None, settings: DrafterSettings | None = None,
-                        max_new_tokens: int = 192, gen_batch: int = 64, log: Log = print) -> list[float]:
+                        max_new_tokens: int = 192, gen_batch: int = 64, free_share: float = 0.5,
+                        log: Log = print) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash_chat.train.data import greedy_sequences
@@ -91,7 +92,9 @@ def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, gener
     target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
     corpus = load_corpus(work / "corpus.json")
     rng = random.Random(seed)
-    prompts = rng.sample(corpus.train, min(generated, len(corpus.train)))
+    free = round(free_share * generated)
+    prompts = rng.sample(corpus.train, min(generated - free, len(corpus.train)))
+    prompts += free_form_prompts(corpus.train, rng, free)
     started = time.perf_counter()
     own = greedy_sequences(target, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=gen_batch,
                            seed=seed, device=device)

@@ -91,3 +91,18 @@ def _subject(question: str) -> str:
     if len(parts) == 2:
         return f"{parts[1]}.{parts[0]}"
     return parts[0] if parts else question
+
+
+def test_free_form_prompts_ask_about_corpus_subjects_in_other_words():
+    import random
+
+    from dflash_chat.train.corpus import free_form_prompts
+
+    corpus = build_corpus(seed=0, heldout=2, max_files=10)
+    a = free_form_prompts(corpus.train, random.Random(1), 20)
+    b = free_form_prompts(corpus.train, random.Random(1), 20)
+    questions = [c.prompt_messages[-1]["content"] for c in a]
+    assert questions == [c.prompt_messages[-1]["content"] for c in b]
+    corpus_questions = {m["content"] for c in corpus.train for m in c.messages if m["role"] == "user"}
+    assert len(questions) == 20 and not set(questions) & corpus_questions
+    assert all("{" not in q for q in questions)
