@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflash_chat.engine.events import Prefilled, Step
+from dflash_chat.engine.events import AcceptanceFigures, Prefilled, Step
 
 RECENT_STEPS = 48  # how many acceptance lengths the sparkline keeps
 
 
 @dataclass
-class LiveStats:
+class LiveStats(AcceptanceFigures):
     prompt_tokens: int = 0
     reused_tokens: int = 0
     new_tokens: int = 0
@@ -46,14 +46,6 @@ class LiveStats:
     def tokens_per_s(self) -> float:
         produced = self.new_tokens - 1
         return produced / self.elapsed_s if produced > 0 and self.elapsed_s > 0 else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
 
     def snapshot(self) -> LiveStats:
         return LiveStats(**{**self.__dict__, "recent_lengths": list(self.recent_lengths)})

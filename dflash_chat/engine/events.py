@@ -23,8 +23,27 @@ class Step:
     verify_s: float
 
 
+class AcceptanceFigures:
+    """The acceptance figures, for anything counting `accepted`, `drafted`, `new_tokens` and `steps`."""
+
+    accepted: int
+    drafted: int
+    new_tokens: int
+    steps: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafted tokens over drafted tokens (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens produced per verify step (accepted drafts + the target's own token)."""
+        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
+
+
 @dataclass
-class GenerationStats:
+class GenerationStats(AcceptanceFigures):
     prompt_tokens: int = 0
     reused_tokens: int = 0
     new_tokens: int = 0
@@ -40,16 +59,6 @@ class GenerationStats:
     verify_s: float = 0.0
     peak_memory_bytes: int = 0
     speculative: bool = False
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted drafted tokens over drafted tokens (0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens produced per verify step (accepted drafts + the target's own token)."""
-        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
