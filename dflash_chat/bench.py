@@ -52,6 +52,16 @@ class Comparison:
         return tokens / seconds if seconds else 0.0
 
     @property
+    def new_tokens(self) -> int:
+        return sum(r.stats.new_tokens for r in self.spec)
+
+    @property
+    def acceptance_histogram(self) -> list[int]:
+        """Verify steps by number of accepted drafts, over all prompts."""
+        columns = zip(*(r.stats.acceptance_histogram for r in self.spec))
+        return [sum(c) for c in columns]
+
+    @property
     def ar_tokens_per_s(self) -> float:
         return self._rate(self.ar)
 
@@ -94,6 +104,8 @@ class Comparison:
     def as_dict(self) -> dict:
         return {
             "prompts": len(self.ar),
+            "new_tokens": self.new_tokens,
+            "acceptance_histogram": self.acceptance_histogram,
             "identical_output": self.identical,
             "divergences": [vars(d) for d in self.divergences],
             "lossless": self.lossless,
@@ -121,8 +133,9 @@ def generate(engine, prompt, params) -> Run:
 
 def compare(ar_engine, spec_engine_for, prompts, params, warmup: bool = True) -> Comparison:
     """AR on each prompt, then DFlash from `spec_engine_for(prompt, ar_tokens)`; greedy outputs must match."""
-    if warmup:
-        generate(ar_engine, prompts[0], params)
+    if warmup:  # first calls pay for allocations and kernel selection
+        warm = generate(ar_engine, prompts[0], params)
+        generate(spec_engine_for(prompts[0], warm.tokens), prompts[0], params)
     result = Comparison()
     for i, prompt in enumerate(prompts):
         ar_engine.reset()

@@ -44,7 +44,7 @@ def test_the_demo_pair_loads_through_the_normal_loader():
 
 def test_greedy_dflash_output_equals_autoregressive(report):
     assert report.identical
-    assert sum(r.new_tokens for r in report.results) >= 4 * 8
+    assert report.new_tokens >= 4 * 8
 
 
 def test_the_drafter_is_really_trained(report):

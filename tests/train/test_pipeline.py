@@ -74,5 +74,5 @@ def test_trained_pair_runs_losslessly_through_the_engine(trained):
     prompts = json.loads((out / "heldout_prompts.json").read_text())[:2]
     report = measure_pair(out / "target", out / "drafter", prompts=prompts, max_new_tokens=24)
     assert report.identical
-    assert sum(r.new_tokens for r in report.results) > 2
+    assert report.new_tokens > 2
     assert report.mean_acceptance_length >= 1.0
