@@ -80,16 +80,12 @@ class Engine:
         return 0 if self.pending is None else self.pending.shape[0]
 
     def _take_snapshot(self, logits: torch.Tensor) -> None:
-        gdn = [(c.recurrent.clone(), c.conv.clone()) for c in self.state.gdn_layers()]
         ctx = len(self.tokens) - self._pending_len()
-        self.snapshot = _Snapshot(len(self.tokens), logits, self.pending, ctx, gdn)
+        self.snapshot = _Snapshot(len(self.tokens), logits, self.pending, ctx, self.state.save_recurrent())
 
     def _restore_snapshot(self) -> torch.Tensor:
         snap = self.snapshot
-        for cache, (rec, conv) in zip(self.state.gdn_layers(), snap.recurrent):
-            cache.recurrent.copy_(rec)
-            cache.conv.copy_(conv)
-        self.state.length = snap.length
+        self.state.load_recurrent(snap.recurrent, snap.length)
         self.tokens = self.tokens[: snap.length]
         self.pending = snap.pending
         if self.drafter:

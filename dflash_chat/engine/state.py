@@ -16,7 +16,7 @@ Rollback after a partial accept (DFlash verifies B tokens, keeps n <= B of them)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -43,12 +43,10 @@ class ModelState:
     max_len: int
     length: int = 0  # committed positions
     pending: int = 0  # positions written by the last speculative forward, not yet committed
-    snapshots: dict = field(default_factory=dict)
 
     def reset(self) -> None:
         self.length = 0
         self.pending = 0
-        self.snapshots.clear()
         for layer in self.layers:
             if isinstance(layer, GDNCache):
                 layer.recurrent.zero_()
@@ -58,33 +56,13 @@ class ModelState:
     def gdn_layers(self) -> list[GDNCache]:
         return [c for c in self.layers if isinstance(c, GDNCache)]
 
-    def snapshot(self) -> None:
-        """Remember the recurrent state at the current length (a turn boundary) for prefix reuse."""
-        saved = [(c.recurrent.clone(), c.conv.clone()) for c in self.gdn_layers()]
-        self.snapshots = {self.length: saved}
+    def save_recurrent(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of every GDN layer's recurrent and conv state (attention needs none: it truncates)."""
+        return [(c.recurrent.clone(), c.conv.clone()) for c in self.gdn_layers()]
 
-    def restore(self, length: int) -> bool:
-        """Go back to a committed length: free for attention-only models, else needs a snapshot."""
-        if length == self.length:
-            return True
-        gdn = self.gdn_layers()
-        if not gdn:
-            self.length = min(self.length, length)
-            return length <= self.length
-        saved = self.snapshots.get(length)
-        if saved is None:
-            return False
-        for cache, (rec, conv) in zip(gdn, saved):
+    def load_recurrent(self, saved: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
+        """Back to a length whose recurrent state `save_recurrent` kept."""
+        for cache, (rec, conv) in zip(self.gdn_layers(), saved):
             cache.recurrent.copy_(rec)
             cache.conv.copy_(conv)
         self.length = length
-        return True
-
-    def memory_bytes(self) -> int:
-        total = 0
-        for c in self.layers:
-            if isinstance(c, AttentionCache):
-                total += c.k.numel() * c.k.element_size() * 2
-            else:
-                total += 2 * (c.recurrent.numel() * c.recurrent.element_size() + c.conv.numel() * c.conv.element_size())
-        return total
