@@ -107,3 +107,11 @@ def test_bench_demo_measures_the_trained_pair(capsys):
     record = json.loads(capsys.readouterr().out)
     assert record["identical_output"] is True and record["prompts"] == 2
     assert record["mean_acceptance_length"] > 1.0
+
+
+def test_bench_measures_a_users_own_pair(pair, capsys):
+    target, drafter = pair
+    assert main(["bench", "--target", str(target), "--drafter", str(drafter), "--prompts", "2", "--tokens", "16", "--json", "--device", "cpu"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["prompts"] == 2 and record["identical_output"] is True
+    assert record["new_tokens"] <= 2 * 16

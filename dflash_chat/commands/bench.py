@@ -64,7 +64,7 @@ def _random_pair(args, tmp: Path):
 
 
 def _real_pair(args, target_dir, drafter_dir, title):
-    from dflash_chat.commands.run import encode_prompt
+    from dflash_chat.commands.run import encode_prompt, stop_ids
     from dflash_chat.engine.load import load_drafter, load_pair
     from dflash_chat.engine.spec import Engine
 
@@ -80,6 +80,7 @@ def _real_pair(args, target_dir, drafter_dir, title):
         "What is a generator expression?",
     ][: args.prompts]
     prompts = [encode_prompt(pair.tokenizer, q, system=None, think=False, raw=False) for q in questions]
+    args.stop_ids = stop_ids(pair.tokenizer, pair.engine)
     return pair.engine, (lambda prompt, ar_tokens: spec), prompts, title
 
 
@@ -109,7 +110,6 @@ def main(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    params = SamplingParams(max_new_tokens=args.tokens)
     with tempfile.TemporaryDirectory() as tmp:
         if args.demo:
             return _demo(args)
@@ -119,6 +119,7 @@ def main(args: argparse.Namespace) -> int:
             ar, spec_for, prompts, title = _real_pair(args, args.target, args.drafter, f"{args.target} + {args.drafter}, greedy")
         else:
             ar, spec_for, prompts, title = _random_pair(args, Path(tmp))
+        params = SamplingParams(max_new_tokens=args.tokens, stop_token_ids=getattr(args, "stop_ids", ()))
         result = compare(ar, spec_for, prompts, params)
         hf = _time_transformers(args, prompts, result) if args.vs_transformers else None
     if args.json:

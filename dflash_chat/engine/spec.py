@@ -162,11 +162,14 @@ class Engine:
                 ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
                 logits, feats = self.target(ids, self.state, logits="last", taps=self.taps)
                 self.tokens.extend(chunk)
-                if feats is not None:
-                    self.pending = feats if self.pending is None else torch.cat((self.pending, feats))
-                    self._flush_context()
+                self._add_pending(feats)
+                self._flush_context()
             self._take_snapshot(logits)
         return logits
+
+    def _add_pending(self, feats: torch.Tensor | None) -> None:
+        if feats is not None:
+            self.pending = feats if self.pending is None else torch.cat((self.pending, feats))
 
     def _flush_context(self) -> None:
         """Hand the drafter the context it has not seen yet, when it can take it ahead of a draft."""
@@ -230,8 +233,7 @@ class Engine:
             _sync(self.device)
             t1 = time.perf_counter()
             self.tokens.append(last)
-            if feats is not None:
-                self.pending = feats if self.pending is None else torch.cat((self.pending, feats))
+            self._add_pending(feats)
             nxt = int(logits[0].argmax().item()) if params.greedy else draw(probabilities(logits[0], params), generator)
             return Step([nxt], 0, 0, 0.0, t1 - t0)
 
