@@ -9,7 +9,8 @@
 2. Benchmark at Qwen3.6-27B shapes with random Q4_K_M-mix weights: achieved GB/s of the small-M kernel
    at M=1 against the measured device-to-device copy bandwidth (goal >= 70%), time at M=16 vs M=1
    (goal <= 1.3x), plus a small sweep of kernel configs at M=1.
-3. Resident bytes: a few layers written to a GGUF, loaded as QuantLinear modules on the device;
+3. Routed experts at Qwen3.6-35B-A3B shapes: the one-launch kernel vs one call per expert, M=1 and 16.
+4. Resident bytes: a few layers written to a GGUF, loaded as QuantLinear modules on the device;
    allocated bytes vs the file size (goal within 5%).
 
 Prints a report; writes it as JSON to $OUT/gpu_check.json when $OUT is set (or to --json PATH).
@@ -145,6 +146,35 @@ def benchmark(device: torch.device, shapes: list, sweep: bool) -> dict:
     return out
 
 
+def benchmark_experts(device: torch.device, experts: int, hidden: int, inter: int, top_k: int) -> dict:
+    """Routed experts of one MoE layer (Q4_K gate/up, Q6_K down): one launch per projection vs one call per expert.
+
+    GB/s counts the bytes of the experts a step really reads (the distinct experts its tokens picked).
+    """
+    from dflash_chat.engine.quantized import QuantExperts
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gate_up = packed_weights("Q4_K", experts * 2 * inter, hidden, device, seed=1).reshape(experts, 2 * inter, -1)
+    down = packed_weights("Q6_K", experts * hidden, inter, device, seed=2).reshape(experts, hidden, -1)
+    fmt_gu, fmt_d = FORMATS["Q4_K"], FORMATS["Q6_K"]
+    layer = QuantExperts(QuantTensor(gate_up, fmt_gu, (experts, 2 * inter, hidden)),
+                         QuantTensor(down, fmt_d, (experts, hidden, inter)))
+    per_expert_bytes = gate_up[0].numel() + down[0].numel()
+    g = torch.Generator().manual_seed(0)
+    out = {"experts": experts, "top_k": top_k, "hidden": hidden, "intermediate": inter, "rows": []}
+    for m in (1, 16):
+        idx = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(m)]).to(device)
+        w = torch.full((m, top_k), 1.0 / top_k, device=device, dtype=dtype)
+        x = torch.randn(m, hidden, device=device, dtype=dtype)
+        active = int(idx.unique().numel())
+        t_grouped = time_fn(lambda: layer.forward_grouped(x, idx, w), device)
+        t_loop = time_fn(lambda: layer.forward_per_expert(x, idx, w), device)
+        out["rows"].append({"M": m, "active_experts": active, "t_grouped_us": t_grouped * 1e6,
+                            "t_per_expert_us": t_loop * 1e6, "grouped_speedup": t_loop / t_grouped,
+                            "GBps_grouped": active * per_expert_bytes / t_grouped / 1e9})
+    return out
+
+
 def resident_bytes(device: torch.device, shapes: list, n_layers: int) -> dict:
     """Write n_layers x shapes (Q4_K_M-mix) plus F32 norms to a GGUF, load as QuantLinear, compare bytes."""
     import gguf
@@ -216,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"correctness ({time.perf_counter() - start:.0f} s): {json.dumps(report['correctness'], default=str)}", flush=True)
     report["benchmark"] = benchmark(device, shapes, sweep=not args.no_sweep)
     print(f"benchmark ({time.perf_counter() - start:.0f} s): {json.dumps(report['benchmark'], default=str)}", flush=True)
+    moe = (8, 256, 256, 2) if args.dry_run else (256, 2048, 512, 8)  # Qwen3.6-35B-A3B: 256 experts, top-8
+    report["experts"] = benchmark_experts(device, *moe)
+    print(f"experts ({time.perf_counter() - start:.0f} s): {json.dumps(report['experts'])}", flush=True)
     report["resident"] = resident_bytes(device, shapes, n_layers)
     b, r = report["benchmark"], report["resident"]
     report["goals"] = {
@@ -247,6 +280,12 @@ def print_report(report: dict) -> None:
         print(line)
     print(f"overall: M=1 at {b['frac_of_copy_M1_overall']:.0%} of copy bandwidth (goal >= 70%), "
           f"M=16 takes {b['M16_over_M1_overall']:.2f}x M=1 (goal <= 1.3x)")
+    ex = report["experts"]
+    print(f"routed experts ({ex['experts']} x {ex['intermediate']}, top-{ex['top_k']}, Q4_K gate/up + Q6_K down):")
+    for row in ex["rows"]:
+        print(f"  M={row['M']:<3} {row['active_experts']:3d} experts  one launch {row['t_grouped_us']:8.1f} us "
+              f"({row['GBps_grouped']:.0f} GB/s)  per expert {row['t_per_expert_us']:8.1f} us  "
+              f"-> {row['grouped_speedup']:.1f}x")
     print(f"resident: {r['resident_bytes'] / 1e6:.1f} MB for a {r['file_bytes'] / 1e6:.1f} MB file "
           f"({r['resident_over_file']:.3f}x, goal within 5%)")
     print(f"goals: {report['goals']}  ({report['seconds']:.0f} s)")

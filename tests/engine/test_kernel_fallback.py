@@ -32,8 +32,30 @@ def test_broken_kernel_falls_back_to_torch(monkeypatch, q8_weight, failure):
 
     monkeypatch.setattr(triton_quant, "matmul", broken)
     x = torch.randn(3, 64)
-    with pytest.warns(UserWarning, match="Triton Q8_0 kernel disabled"):
+    with pytest.warns(UserWarning, match="Triton matmul Q8_0 kernel disabled"):
         y = kernels.matmul(x, packed, fmt, 64)
     torch.testing.assert_close(y, reference.matmul(x, packed, fmt, 64))
     # decided once per format and device
-    assert kernels._checked[(fmt.name, packed.device, x.dtype)] is False
+    assert kernels._checked[("matmul", fmt.name, packed.device, x.dtype)] is False
+
+
+def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
+    from dflash_chat.engine.kernels import triton_quant
+    from dflash_chat.engine.models.layers import Routing
+
+    packed, fmt = q8_weight
+    experts = torch.stack([packed, packed.flip(0)])  # two experts of 64 x 64
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(kernels, "_checked", {})
+
+    def broken(*args):
+        raise RuntimeError("out of resources: shared memory")
+
+    monkeypatch.setattr(triton_quant, "moe_matmul", broken)
+    x = torch.randn(3, 64)
+    r = Routing.sort(torch.tensor([[1, 0], [0, 1], [1, 0]]), 2)
+    with pytest.warns(UserWarning, match="Triton experts Q8_0 kernel disabled"):
+        y = kernels.moe_matmul(x, experts, fmt, 64, r.token_of, r.order, r.offsets, 6)
+    want = torch.stack([x[t] @ reference.dequantize_rows(experts[e], fmt, torch.float32).T
+                        for t, e in [(0, 1), (0, 0), (1, 0), (1, 1), (2, 1), (2, 0)]])
+    torch.testing.assert_close(y, want)

@@ -27,6 +27,9 @@ def test_gpu_check_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsy
     layers = report["benchmark"]["layers"]
     assert [row["name"] for row in layers] == [s[0] for s in gpu_check.SHAPES_27B]
     assert all(row["GBps_M1"] > 0 and row["M16_over_M1"] > 0 for row in layers)
+    experts = report["experts"]["rows"]
+    assert [row["M"] for row in experts] == [1, 16] and all(row["t_grouped_us"] > 0 for row in experts)
+    assert experts[0]["active_experts"] == report["experts"]["top_k"]
     # the loaded modules hold the file's tensor bytes: within 5% of the file (header and padding aside)
     assert abs(report["resident"]["resident_over_file"] - 1) < 0.05
     assert set(report["goals"]) == {"M1_frac_of_copy>=0.70", "M16_over_M1<=1.3", "resident_within_5pct"}

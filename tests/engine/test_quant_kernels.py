@@ -48,5 +48,8 @@ def test_kernels_compile_for_hopper_without_a_gpu():
         sig = {"x_ptr": f"*{dtype}", "w_ptr": "*u8", "y_ptr": "*fp32" if split > 1 else f"*{dtype}", **ints}
         compile(tq._matmul_kernel, sig, {"FMT": tq.FMT_IDS[fmt], "BLOCK_M": 16, "BLOCK_N": 64,
                                          "BLOCK_K": 256 if fmt != "Q5_0" else 128, "SPLIT_K": split, "IEEE": False})
+    sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "y_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32",
+           "offsets_ptr": "*i32", **dict.fromkeys(("N", "K", "row_bytes", "expert_bytes", "stride_xm", "stride_ym"), "i32")}
+    compile(tq._moe_kernel, sig, {"FMT": tq.FMT_IDS["Q6_K"], "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "IEEE": False})
     sig = {"w_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "K": "i32", "row_bytes": "i32"}
     compile(tq._dequant_kernel, sig, {"FMT": tq.FMT_IDS["Q5_K"], "BLOCK_N": 32, "BLOCK_K": 256})

@@ -67,7 +67,7 @@ def _float_experts(gate_up, down):
 
 @pytest.mark.parametrize("split_formats", [False, True])
 def test_quant_experts_equal_float_experts(split_formats):
-    E, H, I, N, K = 4, 256, 256, 6, 2
+    E, H, I, N, K = 5, 256, 256, 6, 2  # expert 4 gets no token
     gate_up = torch.randn(E, 2 * I, H, generator=_g(5)) * 0.1
     down = torch.randn(E, H, I, generator=_g(6)) * 0.1
     if split_formats:
@@ -83,7 +83,11 @@ def test_quant_experts_equal_float_experts(split_formats):
     x = torch.randn(N, H, generator=_g(7))
     idx = torch.tensor([[0, 2], [2, 3], [1, 0], [3, 3], [2, 0], [0, 1]])
     w = torch.softmax(torch.randn(N, K, generator=_g(8)), dim=-1)
-    torch.testing.assert_close(experts(x, idx, w), ref(x, idx, w), rtol=1e-5, atol=1e-5)
+    want = ref(x, idx, w)
+    torch.testing.assert_close(experts(x, idx, w), want, rtol=1e-5, atol=1e-5)
+    # both strategies, whichever forward picks here: one call per expert (prefill) and all experts at once (decode)
+    torch.testing.assert_close(experts.forward_per_expert(x, idx, w), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(experts.forward_grouped(x, idx, w), want, rtol=1e-5, atol=1e-5)
 
 
 def test_shape_mismatch_is_reported():

@@ -25,3 +25,19 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, out_features: int
         w = dequantize_rows(packed[start:start + rows_per_tile], fmt, x.dtype)
         out[:, start:start + w.shape[0]] = x @ w.T
     return out
+
+
+def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
+               offsets: torch.Tensor, rows: int) -> torch.Tensor:
+    """y [rows, n] with y[dst[i]] = x[src[i]] @ W[e].T for offsets[e] <= i < offsets[e + 1]; packed [E, N, row_bytes].
+
+    Rows of y that no position writes stay zero.
+    """
+    out = torch.zeros(rows, n, dtype=x.dtype, device=x.device)
+    bounds = offsets.tolist()
+    for e in range(packed.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            picked = x.index_select(0, src[lo:hi].long())
+            out.index_copy_(0, dst[lo:hi].long(), matmul(picked, packed[e], fmt, n))
+    return out

@@ -4,6 +4,9 @@
   program owns BLOCK_N weight rows and a slice of K, dequantizes each weight
   tile once into registers and multiplies it with all M rows, so every weight
   byte is read once per call. Split-K spreads narrow matrices over the SMs.
+- `moe_matmul`: the small-M kernel for routed experts: one launch covers every
+  expert, each program finds its expert's rows from device-side offsets (no
+  host sync, idle experts exit at once).
 - `dequantize`: packed rows -> fp16/bf16 matrix; prefill then runs cuBLAS on it
   (for large M the dequantize pass is cheap next to the matmul).
 
@@ -102,6 +105,15 @@ def _dequant_tile(w_ptr, rows, ks, row_bytes, N, K, FMT: tl.constexpr):
 
 
 @triton.jit
+def _accumulate(acc, x, w_ptr, rn, ks, row_bytes, N, K, FMT: tl.constexpr, IEEE: tl.constexpr):
+    """acc += x [BLOCK_M, BLOCK_K] @ W[rn, ks].T, the weight tile dequantized in registers."""
+    w = _dequant_tile(w_ptr, rn, ks, row_bytes, N, K, FMT).to(x.dtype)
+    if IEEE:
+        return acc + tl.dot(x, tl.trans(w), input_precision="ieee")
+    return acc + tl.dot(x, tl.trans(w))
+
+
+@triton.jit
 def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym, k_per_split,
                    FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
@@ -114,20 +126,41 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym
     k_start = pid_k * k_per_split
     for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        w = _dequant_tile(w_ptr, rn, ks, row_bytes, N, K, FMT)
         xm = (rm[:, None] < M) & (ks[None, :] < K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + ks[None, :], mask=xm, other=0.0)
-        w = w.to(x.dtype)
-        if IEEE:
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(w))
+        acc = _accumulate(acc, x, w_ptr, rn, ks, row_bytes, N, K, FMT, IEEE)
     ym = (rm[:, None] < M) & (rn[None, :] < N)
     y_off = rm[:, None] * stride_ym + rn[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=ym)
     else:
         tl.atomic_add(y_ptr + y_off, acc, mask=ym)
+
+
+@triton.jit
+def _moe_kernel(x_ptr, w_ptr, y_ptr, src_ptr, dst_ptr, offsets_ptr, N, K, row_bytes, expert_bytes,
+                stride_xm, stride_ym, FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    """Program (e, n): rows src[offsets[e]:offsets[e+1]] of x times expert e's weight rows, into y[dst]."""
+    e = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    start = tl.load(offsets_ptr + e)
+    end = tl.load(offsets_ptr + e + 1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_e = w_ptr + e.to(tl.int64) * expert_bytes
+    for m0 in range(start, end, BLOCK_M):  # idle experts run no iteration
+        rm = m0 + tl.arange(0, BLOCK_M)
+        live = rm < end
+        src = tl.load(src_ptr + rm, mask=live, other=0).to(tl.int64)
+        dst = tl.load(dst_ptr + rm, mask=live, other=0).to(tl.int64)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + src[:, None] * stride_xm + ks[None, :], mask=live[:, None] & (ks[None, :] < K),
+                        other=0.0)
+            acc = _accumulate(acc, x, w_e, rn, ks, row_bytes, N, K, FMT, IEEE)
+        tl.store(y_ptr + dst[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=live[:, None] & (rn[None, :] < N))
 
 
 @triton.jit
@@ -174,6 +207,25 @@ def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
                          FMT=FMT_IDS[fmt.name], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
                          IEEE=x.dtype == torch.float32)
     return out.to(x.dtype)
+
+
+def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
+               offsets: torch.Tensor, rows: int) -> torch.Tensor:
+    """y [rows, n]: y[dst[i]] = x[src[i]] @ W[e].T for every sorted position i of expert e (see reference.moe_matmul).
+
+    One launch for all experts; each active expert's weight tile is read once for all of its rows (up to BLOCK_M).
+    """
+    num_experts, _, row_bytes = packed.shape
+    k = x.shape[-1]
+    x = x.contiguous()
+    packed = packed.contiguous()
+    out = torch.zeros(rows, n, device=x.device, dtype=x.dtype)
+    bn, bk = 64, 256 if fmt.block_size == 256 else 128
+    grid = (num_experts, triton.cdiv(n, bn))
+    _moe_kernel[grid](x, packed, out, src, dst, offsets, n, k, row_bytes, packed[0].numel(), x.stride(0),
+                      out.stride(0), FMT=FMT_IDS[fmt.name], BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+                      IEEE=x.dtype == torch.float32)
+    return out
 
 
 def dequantize(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.dtype) -> torch.Tensor:
