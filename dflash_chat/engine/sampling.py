@@ -69,10 +69,10 @@ def verify(
     """
     D = draft.shape[0]
     if params.greedy:
-        choice = logits.argmax(dim=-1)
-        matches = (choice[:D] == draft).int().cumprod(0)
-        accepted = int(matches.sum().item())
-        return accepted, int(choice[accepted].item())
+        both = torch.cat((logits.argmax(dim=-1), draft.to(logits.device))).tolist()  # one device-to-host copy
+        choice, drafted = both[: D + 1], both[D + 1 :]
+        accepted = next((i for i in range(D) if choice[i] != drafted[i]), D)
+        return accepted, choice[accepted]
     probs = probabilities(logits, params)
     p_draft = probs[torch.arange(D, device=probs.device), draft].cpu()
     uniforms = torch.rand(D, generator=generator)
