@@ -177,28 +177,34 @@ def _layer_count(kv: dict, arch: str) -> int:
     return blocks - int(_get(kv, arch, "nextn_predict_layers", 0) or 0)
 
 
-def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> dict:
+def _transformer_fields(kv: dict, arch: str, layers: int) -> dict:
+    """The config fields targets and drafters share: widths, heads, norm eps, context, RoPE theta."""
     hidden = int(_get(kv, arch, "embedding_length"))
     heads = int(_get(kv, arch, "attention.head_count"))
     head_dim = int(_get(kv, arch, "attention.key_length", hidden // heads))
-    layers = _layer_count(kv, arch)
-    rope = _rope_params(kv, arch, head_dim)
-    cfg = {
-        "architectures": [_HF_ARCH[arch]],
-        "model_type": _MODEL_TYPE[arch],
-        "vocab_size": vocab,
+    return {
         "hidden_size": hidden,
-        "intermediate_size": int(_get(kv, arch, "feed_forward_length", 0)),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": int(_get(kv, arch, "attention.head_count_kv", heads)),
         "head_dim": head_dim,
         "rms_norm_eps": float(_get(kv, arch, "attention.layer_norm_rms_epsilon", 1e-6)),
         "max_position_embeddings": int(_get(kv, arch, "context_length", 32768)),
-        "rope_theta": rope["rope_theta"],
-        "rope_parameters": rope,
+        "rope_theta": _rope_params(kv, arch, head_dim)["rope_theta"],
+    }
+
+
+def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> dict:
+    layers = _layer_count(kv, arch)
+    cfg = {
+        "architectures": [_HF_ARCH[arch]],
+        "model_type": _MODEL_TYPE[arch],
+        "vocab_size": vocab,
+        **_transformer_fields(kv, arch, layers),
+        "intermediate_size": int(_get(kv, arch, "feed_forward_length", 0)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }
+    rope = cfg["rope_parameters"] = _rope_params(kv, arch, cfg["head_dim"])
     if arch == "qwen3":
         return cfg
     cfg["partial_rotary_factor"] = rope.setdefault("partial_rotary_factor", 0.25)
@@ -238,9 +244,6 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
     for key, value in (("target layers", taps), ("mask token id", mask), ("block size", block)):
         if value is None:
             raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({ns}.*); the file is incomplete.")
-    hidden = int(_get(kv, arch, "embedding_length"))
-    heads = int(_get(kv, arch, "attention.head_count"))
-    head_dim = int(_get(kv, arch, "attention.key_length", hidden // heads))
     layers = int(_get(kv, arch, "block_count"))
     pattern = _get(kv, arch, "attention.sliding_window_pattern")
     window = _get(kv, arch, "attention.sliding_window")
@@ -249,15 +252,8 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
     cfg = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
-        "hidden_size": hidden,
+        **_transformer_fields(kv, arch, layers),
         "intermediate_size": int(_get(kv, arch, "feed_forward_length")),
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(_get(kv, arch, "attention.head_count_kv", heads)),
-        "head_dim": head_dim,
-        "rms_norm_eps": float(_get(kv, arch, "attention.layer_norm_rms_epsilon", 1e-6)),
-        "max_position_embeddings": int(_get(kv, arch, "context_length", 32768)),
-        "rope_theta": _rope_params(kv, arch, head_dim)["rope_theta"],
         "block_size": int(block),
         "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": [int(i) for i in taps]},
         "layer_types": types,
