@@ -60,28 +60,29 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def verify(
     draft: torch.Tensor, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> tuple[int, int]:
-    """Accept a prefix of `draft` [D] against target `logits` [D+1, V].
+) -> list[int]:
+    """Accept a prefix of `draft` [D] against target `logits` [D+1, V]; the tokens to emit.
 
-    Returns (accepted, next_token): drafts[:accepted] are kept and next_token follows them (the
-    target's own token: the correction at the first rejection, or the bonus after a full accept).
-    Greedy: accept while the target's argmax equals the draft. Sampling: the exact rule above.
+    That is the accepted drafts, then the target's own token: the correction at the first rejection,
+    or the bonus after a full accept (so len - 1 drafts were accepted). Greedy: accept while the
+    target's argmax equals the draft. Sampling: the exact rule above.
     """
     D = draft.shape[0]
     if params.greedy:
         both = torch.cat((logits.argmax(dim=-1), draft.to(logits.device))).tolist()  # one device-to-host copy
         choice, drafted = both[: D + 1], both[D + 1 :]
         accepted = next((i for i in range(D) if choice[i] != drafted[i]), D)
-        return accepted, choice[accepted]
+        return drafted[:accepted] + [choice[accepted]]
     probs = probabilities(logits, params)
-    p_draft = probs[torch.arange(D, device=probs.device), draft].cpu()
-    uniforms = torch.rand(D, generator=generator)
+    p_draft = probs[torch.arange(D, device=probs.device), draft].tolist()
+    drafted = draft.tolist()
+    uniforms = torch.rand(D, generator=generator).tolist()
     for i in range(D):
-        if uniforms[i].item() >= p_draft[i].item():
+        if uniforms[i] >= p_draft[i]:
             residual = probs[i].clone()
-            residual[draft[i]] = 0.0
+            residual[drafted[i]] = 0.0
             total = residual.sum()
             if total <= 0:  # p(d) was 1 up to rounding: d is the only possible token
-                return i, int(draft[i].item())
-            return i, draw(residual / total, generator)
-    return D, draw(probs[D], generator)
+                return drafted[: i + 1]
+            return drafted[:i] + [draw(residual / total, generator)]
+    return drafted + [draw(probs[D], generator)]

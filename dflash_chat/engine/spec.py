@@ -244,8 +244,8 @@ class Engine:
         t1 = time.perf_counter()
         ids = torch.cat((torch.tensor([last], dtype=torch.long, device=self.device), drafts))
         logits, feats = self.target(ids, self.state, logits="all", taps=self.taps, speculative=True)
-        accepted, nxt = verify(drafts, logits, params, generator)
-        emitted = drafts[:accepted].tolist() + [nxt]
+        emitted = verify(drafts, logits, params, generator)
+        accepted = len(emitted) - 1
         for j, token in enumerate(emitted):
             if token in stop:
                 emitted = emitted[: j + 1]
