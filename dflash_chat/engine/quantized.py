@@ -193,10 +193,9 @@ class QuantExperts(nn.Module):
     def forward_grouped(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         """Decode and verify: every expert in one kernel call per projection, no host sync."""
         r = Routing.sort(top_k_index, self.num_experts)
-        pairs = top_k_index.numel()  # pair p = token * top_k + slot; results are kept in pair order
 
-        def project(inputs, src, packed, fmt, n):
-            return kernels.moe_matmul(inputs, packed, fmt, n, src, r.order, r.offsets, pairs)
+        def project(inputs, src, packed, fmt, n):  # results in pair order: pair p = token * top_k + slot
+            return kernels.moe_matmul(inputs, packed, fmt, n, src, r.order, r.offsets)
 
         if self.fused:
             gate, up = project(x, r.token_of, self.gate_up, self.gate_fmt, 2 * self.intermediate).chunk(2, dim=-1)

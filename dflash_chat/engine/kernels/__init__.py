@@ -84,7 +84,7 @@ def _moe_agrees(x: torch.Tensor, packed: torch.Tensor, fmt: Format) -> bool:
         src = torch.tensor([0, 1, 0], dtype=torch.int32, device=x.device)[: 2 + (experts.shape[0] > 1)]
         dst = torch.arange(src.numel(), dtype=torch.int32, device=x.device)
         offsets = torch.tensor([0, 2, src.numel()], dtype=torch.int32, device=x.device)[: experts.shape[0] + 1]
-        args = (sample, experts, fmt, experts.shape[1], src, dst, offsets, src.numel())
+        args = (sample, experts, fmt, experts.shape[1], src, dst, offsets)
         return _close(triton_quant.moe_matmul(*args), reference.moe_matmul(*args))
 
     return _first_use_agrees(("experts", fmt.name, packed.device, x.dtype), packed.device, probe)
@@ -114,11 +114,11 @@ def dequantize(packed: torch.Tensor, fmt: Format, dtype: torch.dtype) -> torch.T
 
 
 def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
-               offsets: torch.Tensor, rows: int) -> torch.Tensor:
-    """Routed experts in one call: y [rows, n], y[dst[i]] = x[src[i]] @ W[e].T for the sorted positions i of
-    expert e (offsets[e] <= i < offsets[e + 1]); packed [E, N, row_bytes]. Rows nobody writes are zero."""
+               offsets: torch.Tensor) -> torch.Tensor:
+    """Routed experts in one call: y [P, n], y[dst[i]] = x[src[i]] @ W[e].T for the sorted positions i of
+    expert e (offsets[e] <= i < offsets[e + 1]); packed [E, N, row_bytes]; P = len(src), dst a permutation."""
     if fmt.quantized and use_triton(packed) and _moe_agrees(x, packed, fmt):
         from dflash_chat.engine.kernels import triton_quant
 
-        return triton_quant.moe_matmul(x, packed, fmt, n, src, dst, offsets, rows)
-    return reference.moe_matmul(x, packed, fmt, n, src, dst, offsets, rows)
+        return triton_quant.moe_matmul(x, packed, fmt, n, src, dst, offsets)
+    return reference.moe_matmul(x, packed, fmt, n, src, dst, offsets)

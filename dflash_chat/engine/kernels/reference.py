@@ -28,12 +28,12 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, out_features: int
 
 
 def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
-               offsets: torch.Tensor, rows: int) -> torch.Tensor:
-    """y [rows, n] with y[dst[i]] = x[src[i]] @ W[e].T for offsets[e] <= i < offsets[e + 1]; packed [E, N, row_bytes].
+               offsets: torch.Tensor) -> torch.Tensor:
+    """y [P, n] with y[dst[i]] = x[src[i]] @ W[e].T for offsets[e] <= i < offsets[e + 1]; packed [E, N, row_bytes].
 
-    Rows of y that no position writes stay zero.
+    P = len(src) and dst is a permutation of 0..P-1, so every row of y is written once.
     """
-    out = torch.zeros(rows, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(src.numel(), n, dtype=x.dtype, device=x.device)
     bounds = offsets.tolist()
     for e in range(packed.shape[0]):
         lo, hi = bounds[e], bounds[e + 1]

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dflash_chat.engine.kernels import SMALL_M
 from dflash_chat.engine.weights.formats import Format
 
 FMT_IDS = {"Q8_0": 0, "Q4_0": 1, "Q5_0": 2, "Q5_1": 3, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
@@ -210,8 +211,8 @@ def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
 
 
 def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
-               offsets: torch.Tensor, rows: int) -> torch.Tensor:
-    """y [rows, n]: y[dst[i]] = x[src[i]] @ W[e].T for every sorted position i of expert e (see reference.moe_matmul).
+               offsets: torch.Tensor) -> torch.Tensor:
+    """y [P, n]: y[dst[i]] = x[src[i]] @ W[e].T for every sorted position i of expert e (see reference.moe_matmul).
 
     One launch for all experts; each active expert's weight tile is read once for all of its rows (up to BLOCK_M).
     """
@@ -219,7 +220,7 @@ def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: 
     k = x.shape[-1]
     x = x.contiguous()
     packed = packed.contiguous()
-    out = torch.zeros(rows, n, device=x.device, dtype=x.dtype)
+    out = torch.empty(src.numel(), n, device=x.device, dtype=x.dtype)  # every row written (dst: a permutation)
     bn, bk = 64, 256 if fmt.block_size == 256 else 128
     grid = (num_experts, triton.cdiv(n, bn))
     _moe_kernel[grid](x, packed, out, src, dst, offsets, n, k, row_bytes, packed[0].numel(), x.stride(0),
@@ -240,6 +241,6 @@ def dequantize(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.dtype) ->
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int) -> torch.Tensor:
-    if x.shape[0] <= 32:
+    if x.shape[0] <= SMALL_M:
         return matmul_small_m(x, packed, fmt, n)
     return x @ dequantize(packed, fmt, x.shape[-1], x.dtype).T
