@@ -244,8 +244,8 @@ def choose(
     """
     if context is not None and context < 256:
         raise UserError(f"--context must be at least 256 tokens, got {context}")
-    pairs = _candidate_pairs(machine, catalog, model, target_file)
-    pair_given = model is not None or target_file is not None
+    pairs = _candidate_pairs(machine, catalog, model, target_file, drafter_file)
+    pair_given = model is not None or target_file is not None or drafter_file is not None
     target_given = quant is not None or target_file is not None
     drafter_given = drafter_quant is not None or drafter_file is not None or not pairs[0].drafters
     pinned = pair_given and target_given and drafter_given
@@ -275,11 +275,13 @@ def choose(
     )
 
 
-def _candidate_pairs(machine: Machine, catalog: Catalog, model, target_file) -> list[Pair]:
+def _candidate_pairs(machine: Machine, catalog: Catalog, model, target_file, drafter_file) -> list[Pair]:
     if model is not None:
         return [catalog.get(model)]
     if target_file is not None:
-        return [_pair_for_file(catalog, Path(target_file))]
+        return [_pair_for_file(catalog, Path(target_file), "target")]
+    if drafter_file is not None:  # a drafter only works beside its own target
+        return [_pair_for_file(catalog, Path(drafter_file), "drafter")]
     ranked = list(catalog.ranked())
     if machine.gpu is None:
         cpu = [p for p in ranked if p.cpu_default]
@@ -287,9 +289,9 @@ def _candidate_pairs(machine: Machine, catalog: Catalog, model, target_file) -> 
     return ranked
 
 
-def _pair_for_file(catalog: Catalog, path: Path) -> Pair:
-    """The catalog pair a GGUF belongs to, from its name ('Qwen3.6-27B-Q5_K_M.gguf' -> Qwen3.6-27B)."""
-    _file_source(path, "target")  # exists, or a clear error first
+def _pair_for_file(catalog: Catalog, path: Path, role: str) -> Pair:
+    """The catalog pair a model file belongs to, from its name ('Qwen3.6-27B-Q5_K_M.gguf' -> Qwen3.6-27B)."""
+    _file_source(path, role)  # exists, or a clear error first
     name = path.name.lower()
     for pair in sorted(catalog.pairs, key=lambda p: -len(p.title)):
         if pair.title.lower() in name:

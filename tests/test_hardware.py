@@ -195,6 +195,24 @@ def test_target_file_is_matched_to_its_pair_by_name(catalog, tmp_path):
         choose(machine(80), catalog, target_file=tmp_path / "absent.gguf")
 
 
+def test_a_drafter_file_alone_picks_the_pair_it_belongs_to(catalog, tmp_path):
+    drafter = tmp_path / "Qwen3.6-27B-DFlash-q8_0.gguf"
+    with drafter.open("wb") as handle:
+        handle.truncate(2 * 10**9)
+    choice = choose(machine(80), catalog, drafter_file=drafter)
+    assert choice.pair.name == "qwen3.6-27b" and choice.drafter.path == drafter
+    # too small for the 27B: the error says so, never a smaller target beside the 27B's drafter
+    with pytest.raises(NoFitError, match="Qwen3.6-27B"):
+        choose(machine(8), catalog, drafter_file=drafter)
+
+    mystery = tmp_path / "drafter.gguf"
+    mystery.write_bytes(b"GGUF")
+    with pytest.raises(UserError, match="add --model NAME"):
+        choose(machine(80), catalog, drafter_file=mystery)
+    with pytest.raises(UserError, match="--drafter-file .*no such file"):
+        choose(machine(80), catalog, drafter_file=tmp_path / "absent.gguf")
+
+
 def test_command_line_flags_reach_the_picker(catalog, tmp_path):
     import argparse
 
