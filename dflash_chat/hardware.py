@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_chat.catalog import Catalog, DrafterShape, Pair, Source, TargetShape, local_size, quant_of
+from dflash_chat.catalog import Catalog, CatalogError, DrafterShape, Pair, Source, TargetShape, local_size, quant_of
 from dflash_chat.errors import UserError
 
 GIB = 2**30
@@ -244,7 +244,7 @@ def choose(
     """
     if context is not None and context < 256:
         raise UserError(f"--context must be at least 256 tokens, got {context}")
-    pairs = _candidate_pairs(machine, catalog, model, target_file, drafter_file)
+    pairs = _candidate_pairs(machine, catalog, model, target_file, drafter_file, drafter_quant)
     pair_given = model is not None or target_file is not None or drafter_file is not None
     target_given = quant is not None or target_file is not None
     drafter_given = drafter_quant is not None or drafter_file is not None or not pairs[0].drafters
@@ -275,7 +275,9 @@ def choose(
     )
 
 
-def _candidate_pairs(machine: Machine, catalog: Catalog, model, target_file, drafter_file) -> list[Pair]:
+def _candidate_pairs(
+    machine: Machine, catalog: Catalog, model, target_file, drafter_file, drafter_quant
+) -> list[Pair]:
     if model is not None:
         return [catalog.get(model)]
     if target_file is not None:
@@ -285,8 +287,18 @@ def _candidate_pairs(machine: Machine, catalog: Catalog, model, target_file, dra
     ranked = list(catalog.ranked())
     if machine.gpu is None:
         cpu = [p for p in ranked if p.cpu_default]
-        return cpu or ranked[-1:]
-    return ranked
+        ranked = cpu or ranked[-1:]
+    if drafter_quant is None:
+        return ranked
+    # No pair named: only the pairs that publish this drafter quant are candidates.
+    having = [p for p in ranked if drafter_quant.lower() in (q.lower() for q in p.drafter_quants)]
+    if not having:
+        known = ", ".join(dict.fromkeys(q for p in ranked for q in p.drafter_quants))
+        raise CatalogError(
+            f"no model has drafter quant {drafter_quant} (known: {known}); "
+            "pick one of those, or add --model NAME (see `dflash-chat models`)"
+        )
+    return having
 
 
 def _pair_for_file(catalog: Catalog, path: Path, role: str) -> Pair:

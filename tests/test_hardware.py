@@ -165,6 +165,18 @@ def test_model_and_quant_overrides(catalog):
     assert choose(big, catalog, model="Qwen3.6-35B-A3B").pair.name == "qwen3.6-35b-a3b"
 
 
+def test_a_drafter_quant_alone_skips_the_pairs_without_it(catalog):
+    # 27B and 35B-A3B publish a Q8_0 drafter, 9B and 4B only BF16
+    choice = choose(machine(24), catalog, drafter_quant="Q8_0", context=8192)
+    assert (choice.pair.name, choice.drafter.quant) == ("qwen3.6-27b", "Q8_0")
+    with pytest.raises(NoFitError, match="Qwen3.6-27B Q4_K_M \\+ drafter Q8_0"):
+        choose(machine(16), catalog, drafter_quant="Q8_0", context=8192)
+    with pytest.raises(UserError, match="no model has drafter quant Q2_K"):
+        choose(machine(80), catalog, drafter_quant="Q2_K")
+    with pytest.raises(UserError, match="Qwen3.5-9B has no drafter quant Q8_0"):
+        choose(machine(80), catalog, model="qwen3.5-9b", drafter_quant="Q8_0")
+
+
 def test_a_pinned_choice_that_does_not_fit_is_returned_with_a_warning(catalog):
     choice = choose(machine(8), catalog, model="qwen3.6-27b", quant="Q8_0", drafter_quant="Q8_0")
     assert not choice.fits
