@@ -46,6 +46,8 @@ class Conversation:
     messages: list[dict]
     reasoning: str | None = None  # the last assistant turn's thinking, if any
     tags: set[str] = field(default_factory=set)
+    subject: tuple[str, str] | None = None  # (module, name) asked about; ("pydoc", topic) for a topic
+    summary: str | None = None  # the first sentence of the subject's docstring, lower-cased, if short
 
     @property
     def prompt_messages(self) -> list[dict]:
@@ -127,7 +129,16 @@ def _conversation(item: _Item, rng: random.Random, thinking_share: float) -> Con
         what = f"the source of `{item.name}`"
     reasoning = rng.choice(REASONING).format(what=what) if rng.random() < thinking_share else None
     messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-    return Conversation(messages, reasoning, {item.kind})
+    summary = _summary(item.doc) if answer == item.doc else None
+    return Conversation(messages, reasoning, {item.kind}, (item.module, item.name), summary)
+
+
+def _summary(doc: str) -> str | None:
+    """'Return the sum...' -> 'return the sum...': the first sentence, when it is short and one line."""
+    first = doc.split(".")[0].strip()
+    if 10 < len(first) < 80 and "\n" not in first:
+        return first[0].lower() + first[1:]
+    return None
 
 
 def _module_name(relative: Path) -> str:
@@ -191,20 +202,9 @@ def free_form_prompts(conversations: list[Conversation], rng: random.Random, cou
     Only the prompt matters: they are for the target to answer in its own words, so the drafter also
     learns how the target answers questions outside the corpus's phrasings.
     """
-    subjects, summaries, topics = [], [], []
-    for conv in conversations:
-        question, answer = conv.messages[0]["content"], conv.messages[1]["content"]
-        parts = question.split("`")[1::2]
-        if "topic" in conv.tags:
-            topics.append(parts[0] if parts else question.split()[1])
-        elif len(parts) == 2:
-            subjects.append((parts[1], parts[0]))  # "... `name` ... `module`"
-        elif len(parts) == 1 and "." in parts[0]:
-            subjects.append(tuple(parts[0].rsplit(".", 1)))
-        if not answer.startswith("```") and "topic" not in conv.tags:
-            first = answer.split(".")[0].strip()
-            if 10 < len(first) < 80 and "\n" not in first:
-                summaries.append(first[0].lower() + first[1:])
+    topics = [c.subject[1] for c in conversations if c.subject and "topic" in c.tags]
+    subjects = [c.subject for c in conversations if c.subject and "topic" not in c.tags]
+    summaries = [c.summary for c in conversations if c.summary]
     have = {"summary": summaries, "module": subjects, "name": subjects, "topic": topics}
     templates = [t for t in FREE_FORM_QUESTIONS if all(have[k] for k in have if "{" + k + "}" in t)]
     out = []

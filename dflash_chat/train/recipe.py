@@ -131,7 +131,8 @@ def ship(work: Path, out: Path, log: Log = print) -> None:
 
 def save_corpus(corpus: Corpus, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {split: [{"messages": c.messages, "reasoning": c.reasoning, "tags": sorted(c.tags)} for c in convs]
+    data = {split: [{"messages": c.messages, "reasoning": c.reasoning, "tags": sorted(c.tags),
+                     "subject": c.subject, "summary": c.summary} for c in convs]
             for split, convs in (("train", corpus.train), ("heldout", corpus.heldout))}
     path.write_text(json.dumps(data))
 
@@ -140,7 +141,8 @@ def load_corpus(path: Path) -> Corpus:
     data = json.loads(path.read_text())
 
     def convs(rows):
-        return [Conversation(r["messages"], r["reasoning"], set(r["tags"])) for r in rows]
+        return [Conversation(r["messages"], r["reasoning"], set(r["tags"]),
+                             tuple(r["subject"]) if r.get("subject") else None, r.get("summary")) for r in rows]
 
     return Corpus(train=convs(data["train"]), heldout=convs(data["heldout"]))
 

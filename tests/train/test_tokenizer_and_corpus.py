@@ -106,3 +106,34 @@ def test_free_form_prompts_ask_about_corpus_subjects_in_other_words():
     corpus_questions = {m["content"] for c in corpus.train for m in c.messages if m["role"] == "user"}
     assert len(questions) == 20 and not set(questions) & corpus_questions
     assert all("{" not in q for q in questions)
+
+
+def test_free_form_prompts_name_modules_as_modules_and_objects_as_objects():
+    import random
+
+    from dflash_chat.train.corpus import free_form_prompts, stdlib_items
+
+    items = stdlib_items(max_files=10)
+    modules = {i.module for i in items}
+    names = {i.name.split(".")[-1] for i in items}
+    corpus = build_corpus(seed=0, heldout=2, max_files=10)
+    for conv in free_form_prompts(corpus.train, random.Random(2), 300):
+        question = conv.prompt_messages[-1]["content"]
+        quoted = question.split("`")[1::2]
+        if question.startswith("How do I use"):
+            assert quoted[0] in modules, question
+        elif question.startswith("Give an example of"):
+            module, name = quoted[0].rsplit(".", 1)
+            assert module in modules and name in names, question
+        elif question.startswith(("What is", "Write a class like")):
+            assert quoted[0] in names, question
+
+
+def test_saved_corpus_keeps_what_free_form_prompts_need(tmp_path):
+    from dflash_chat.train.recipe import load_corpus, save_corpus
+
+    corpus = build_corpus(seed=0, heldout=2, max_files=10)
+    save_corpus(corpus, tmp_path / "corpus.json")
+    loaded = load_corpus(tmp_path / "corpus.json")
+    assert [(c.subject, c.summary) for c in loaded.train] == [(c.subject, c.summary) for c in corpus.train]
+    assert any(c.summary for c in loaded.train) and all(c.subject for c in loaded.heldout)
