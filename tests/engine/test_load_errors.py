@@ -97,6 +97,15 @@ def test_gguf_drafter_for_a_wider_target(files, target, tmp_path):
         load_drafter(path, target)
 
 
+def test_gguf_drafter_whose_sliding_pattern_is_shorter_than_its_layers(files, target, tmp_path):
+    assert files["drafter_cfg"]["num_hidden_layers"] == 2
+    cfg = dict(files["drafter_cfg"], layer_types=["sliding_attention"])  # the writer stores a 1-entry pattern
+    path = write_drafter_gguf(tmp_path / "short.gguf", files["drafter_state"], cfg, "F32")
+    with pytest.raises(ModelFormatError, match=rf"{path}: dflash-draft GGUF is missing hyperparameters") as exc:
+        load_drafter(path, target)
+    _one_line(exc)
+
+
 def test_drafter_with_a_mask_token_outside_the_vocabulary(files, target, tmp_path):
     cfg = dict(files["drafter_cfg"], dflash_config={"block_size": 16, "mask_token_id": 248070, "target_layer_ids": [1, 2]})
     path = write_drafter_gguf(tmp_path / "mask.gguf", files["drafter_state"], cfg, "F32")

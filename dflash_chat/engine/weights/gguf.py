@@ -55,28 +55,26 @@ class GGUFModel:
     arch: str
     hf_config: dict
     tensors: LazyTensors
-    tokenizer_metadata: dict = field(default_factory=dict)
     chat_template: str | None = None
     ignored: list[str] = field(default_factory=list)  # GGUF tensors not loaded (MTP layers, unknown)
     reader: Any = None
-    parts: list = field(default_factory=list)  # every part's reader for a split GGUF (first one included)
-
-    @property
-    def file_size(self) -> int:
-        return self.path.stat().st_size
 
 
 # --- opening and validating -------------------------------------------------------
 
-def _open(path: Path):
-    from gguf import GGUFReader
-
+def _check_magic(path: Path) -> None:
     if not path.is_file():
         raise ModelFormatError(f"{path}: no such GGUF file. Check the path.")
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ModelFormatError(f"{path}: not a GGUF file (wrong magic {magic!r}). Use a llama.cpp .gguf file.")
+
+
+def _open(path: Path):
+    from gguf import GGUFReader
+
+    _check_magic(path)
     try:
         reader = GGUFReader(path)
     except Exception as exc:  # GGUFReader reports truncation as reshape/index errors
@@ -90,9 +88,13 @@ def _open(path: Path):
 
 
 def _fields(reader) -> dict[str, Any]:
+    """Metadata as Python values, less the tokenizer's vocabulary arrays (~250k entries each: seconds to
+    convert, and only the tokenizer needs them; transformers reads those itself)."""
+    from gguf import GGUFValueType
+
     out = {}
     for key, f in reader.fields.items():
-        if key.startswith("GGUF."):
+        if key.startswith("GGUF.") or (key.startswith("tokenizer.ggml.") and f.types[:1] == [GGUFValueType.ARRAY]):
             continue
         try:
             out[key] = f.contents()
@@ -360,26 +362,26 @@ def read_gguf(path: str | Path) -> GGUFModel:
     for part_path, part in parts:
         _check_types(part_path, part)
     by_name = {t.name: t for _, part in parts for t in part.tensors}
-    tok = {k: v for k, v in kv.items() if k.startswith("tokenizer.ggml.")}
     try:
         if arch in names.TARGET_ARCHS:
             embd = by_name.get("token_embd.weight")
-            vocab = int(embd.shape[1]) if embd is not None else len(tok.get("tokenizer.ggml.tokens", []))
+            tokens = reader.fields.get("tokenizer.ggml.tokens")
+            vocab = int(embd.shape[1]) if embd is not None else len(tokens.data) if tokens is not None else 0
             cfg = _target_config(kv, arch, set(by_name), vocab)
             loaders, used = _target_loaders(arch, cfg, by_name)
         else:
             cfg = _drafter_config(kv, arch, path)
             loaders, used = _drafter_loaders(cfg, by_name)
-    except (TypeError, KeyError, ValueError) as exc:
+    except (TypeError, KeyError, ValueError, IndexError) as exc:
         raise ModelFormatError(f"{path}: {arch} GGUF is missing hyperparameters ({exc}).") from None
     eos = kv.get("tokenizer.ggml.eos_token_id")
     if eos is not None:
         cfg["eos_token_id"] = int(eos)
     if kv.get("tokenizer.ggml.bos_token_id") is not None:
         cfg["bos_token_id"] = int(kv["tokenizer.ggml.bos_token_id"])
-    return GGUFModel(path=path, arch=arch, hf_config=cfg, tensors=LazyTensors(loaders), tokenizer_metadata=tok,
+    return GGUFModel(path=path, arch=arch, hf_config=cfg, tensors=LazyTensors(loaders),
                      chat_template=kv.get("tokenizer.chat_template"),
-                     ignored=sorted(set(by_name) - used), reader=reader, parts=[r for _, r in parts])
+                     ignored=sorted(set(by_name) - used), reader=reader)
 
 
 # --- tokenizer ------------------------------------------------------------------------------
@@ -390,13 +392,12 @@ def tokenizer_from_gguf(source: GGUFModel | str | Path):
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
 
     path = source.path if isinstance(source, GGUFModel) else Path(source)
-    model = source if isinstance(source, GGUFModel) else None
-    if model is None:
-        _open(path)
+    _check_magic(path)  # transformers reads the file itself; its errors become ModelFormatError below
     try:
         architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
         backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
     except Exception as exc:
+        _open(path)  # a truncated or corrupt file says so (this full read costs seconds, only on failure)
         raise ModelFormatError(f"{path}: cannot build a tokenizer from the GGUF metadata ({exc}). "
                                "Use the model's official tokenizer files instead.") from None
     specials = {k: v for k, v in tokenizer_config.items() if k.endswith("_token") and v is not None}
