@@ -37,13 +37,13 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from dflash_chat.train.common import Log, autocast_for, cosine_lr, seeded
+from dflash_chat.train.common import Log, Schedule, autocast_for, run_steps, seeded
 
 BLOCK_SIZE = 16
 
@@ -109,18 +109,12 @@ class Sequence:
 
 
 @dataclass
-class DrafterSettings:
-    steps: int
+class DrafterSettings(Schedule):
+    lr: float = 1e-3
+    warmup: int = 30
     seqs_per_step: int = 4
     anchors_per_seq: int = 16
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 30
-    weight_decay: float = 0.0
     decay: float = 7.0
-    log_every: int = 25
-    max_seconds: float | None = None  # safety cap on a shared machine: stop early (and say so) past it
-    stats: list[float] = field(default_factory=list)
 
 
 @torch.no_grad()
@@ -244,39 +238,23 @@ def train_drafter(drafter, target, sequences: list[Sequence], settings: DrafterS
                   device: str = "cpu", log: Log = print) -> list[float]:
     target.to(device).eval().requires_grad_(False)
     drafter.to(device).train()
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     rng = random.Random(seed)
     started = time.perf_counter()
     taught = teach_all(target, sequences, drafter.target_layer_ids, device)
     log(f"drafter: teacher outputs for {len(sequences)} sequences ({time.perf_counter() - started:.0f}s)")
-    losses, accepts = [], []
-    for step in range(settings.steps):
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, settings.steps, settings.lr, settings.warmup, settings.min_lr_ratio)
+
+    def step(_: int):
         picked = rng.sample(range(len(sequences)), min(settings.seqs_per_step, len(sequences)))
         with autocast_for(device):
             result = _draft_batch(drafter, target, [sequences[i] for i in picked], [taught[i] for i in picked],
                                   settings, rng, device)
         if result is None:
-            continue
-        loss, acc = result
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
-        accepts.append(acc.mean().item())
-        elapsed = time.perf_counter() - started
-        if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
-            n = settings.log_every
-            log(f"drafter step {step + 1}/{settings.steps} loss {sum(losses[-n:]) / len(losses[-n:]):.3f} "
-                f"acc-len {sum(accepts[-n:]) / len(accepts[-n:]):.2f} ({elapsed:.0f}s)")
-        if settings.max_seconds is not None and elapsed > settings.max_seconds and step + 1 < settings.steps:
-            log(f"drafter: stopped by the {settings.max_seconds:.0f}s cap after {step + 1} of {settings.steps} steps")
-            break
+            return None
+        loss, accept = result
+        return loss, {"acc-len": accept.mean()}
+
+    losses = run_steps("drafter", (p for p in drafter.parameters() if p.requires_grad), settings, step, log)
     drafter.eval()
-    settings.stats = accepts
     return losses
 
 

@@ -4,13 +4,12 @@ transformers' own `Qwen3_5ForCausalLM` and saved as a standard HF checkpoint."""
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dflash_chat.train.common import Log, autocast_for, cosine_lr, seeded
+from dflash_chat.train.common import Log, Schedule, autocast_for, run_steps, seeded
 
 
 @dataclass
@@ -64,46 +63,26 @@ def new_target(shape: TargetShape, tokenizer, seed: int):
 
 
 @dataclass
-class TrainSettings:
-    steps: int
-    batch_size: int = 16
-    seq_len: int = 256
+class TrainSettings(Schedule):
     lr: float = 2e-3
-    min_lr_ratio: float = 0.1
     warmup: int = 50
     weight_decay: float = 0.1
-    log_every: int = 25
-    max_seconds: float | None = None  # safety cap on a shared machine: stop early (and say so) past it
+    batch_size: int = 16
+    seq_len: int = 256
 
 
 def train_target(model, tokens: torch.Tensor, settings: TrainSettings, *, seed: int, device: str = "cpu",
                  log: Log = print) -> list[float]:
     """Next-token training on random windows of the packed token stream; returns the loss per step."""
     model.to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
-                            weight_decay=settings.weight_decay)
     gen = torch.Generator().manual_seed(seed)
-    autocast = autocast_for(device)
-    losses = []
-    started = time.perf_counter()
-    for step in range(settings.steps):
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, settings.steps, settings.lr, settings.warmup, settings.min_lr_ratio)
+
+    def step(_: int):
         batch = random_windows(tokens, settings.batch_size, settings.seq_len, gen).to(device)
-        with autocast:
-            loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        elapsed = time.perf_counter() - started
-        if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
-            recent = losses[-settings.log_every:]
-            log(f"target step {step + 1}/{settings.steps} loss {sum(recent) / len(recent):.3f} ({elapsed:.0f}s)")
-        if settings.max_seconds is not None and elapsed > settings.max_seconds and step + 1 < settings.steps:
-            log(f"target: stopped by the {settings.max_seconds:.0f}s cap after {step + 1} of {settings.steps} steps")
-            break
+        with autocast_for(device):
+            return model(input_ids=batch, labels=batch).loss, {}
+
+    losses = run_steps("target", model.parameters(), settings, step, log)
     model.eval()
     return losses
 
