@@ -10,16 +10,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """q: [Q, heads, d]; k, v: [K, kv_heads, d]; mask: [Q, K] bool (True = visible) or None (all visible).
 
     Returns [Q, heads * d].
+
+    Grouped-query heads fold into the query length: the `rep` query heads sharing a KV head become
+    rep * Q query rows against that head, so the cache is read as it is (never expanded to all heads)
+    and any SDPA backend applies, with or without a mask. The leading batch dim of 1 is what lets
+    SDPA pick its fused kernels (they take 4-D inputs only).
     """
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads != kv_heads:
-        rep = heads // kv_heads
-        k = k[:, :, None, :].expand(-1, kv_heads, rep, -1).reshape(k.shape[0], heads, -1)
-        v = v[:, :, None, :].expand(-1, kv_heads, rep, -1).reshape(v.shape[0], heads, -1)
+    Q, heads, d = q.shape
+    kv_heads = k.shape[1]
+    rep = heads // kv_heads
+    qf = q.reshape(Q, kv_heads, rep, d).permute(1, 2, 0, 3).reshape(1, kv_heads, rep * Q, d)
+    m = None if mask is None else mask.repeat(rep, 1)
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+        qf, k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=m, scale=scale
     )
-    return out.transpose(0, 1).reshape(q.shape[0], -1)
+    return out.view(kv_heads, rep, Q, d).permute(2, 0, 1, 3).reshape(Q, heads * d)
 
 
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
