@@ -59,3 +59,19 @@ def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
     want = torch.stack([x[t] @ reference.dequantize_rows(experts[e], fmt, torch.float32).T
                         for t, e in [(0, 1), (0, 0), (1, 0), (1, 1), (2, 1), (2, 0)]])
     torch.testing.assert_close(y, want)
+
+
+def test_broken_dequantize_kernel_falls_back_to_torch(monkeypatch, q8_weight):
+    """The embedding lookup dequantizes gathered rows every step: a wrong kernel there must not go unnoticed."""
+    from dflash_chat.engine.kernels import triton_quant
+    from dflash_chat.engine.quantized import QuantEmbedding, QuantTensor
+
+    packed, fmt = q8_weight
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(kernels, "_checked", {})
+    monkeypatch.setattr(triton_quant, "dequantize", lambda p, f, k, dtype: torch.zeros(p.shape[0], k, dtype=dtype))
+    emb = QuantEmbedding(QuantTensor(packed, fmt, (64, 64)))
+    ids = torch.tensor([3, 9])
+    with pytest.warns(UserWarning, match="Triton dequantize Q8_0 kernel disabled"):
+        rows = emb(ids)
+    torch.testing.assert_close(rows, reference.dequantize_rows(packed, fmt, torch.float32)[ids])

@@ -11,6 +11,9 @@ _TILE_VALUES = 16 * 1024 * 1024
 
 
 def dequantize_rows(packed: torch.Tensor, fmt: Format, dtype: torch.dtype) -> torch.Tensor:
+    """Packed rows -> values in dtype; float formats are held as tensors of their own dtype already."""
+    if not fmt.quantized:
+        return packed.to(dtype)
     return dequantize(packed, fmt).to(dtype)
 
 

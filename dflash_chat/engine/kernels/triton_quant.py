@@ -16,6 +16,8 @@ as `weights/formats.py`; the unit tests compare both under TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -179,6 +181,7 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=1024)
 def pick_config(m: int, n: int, k: int, block: int, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K) for the small-M kernel: enough programs to fill the GPU."""
     block_m = 16 if m <= 16 else 32
