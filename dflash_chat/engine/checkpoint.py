@@ -133,13 +133,18 @@ def _is_packed(t: Weight) -> bool:
 
 
 def _owned(t: Weight, device: torch.device) -> Weight:
-    """`t` on `device` in memory of its own (never a view of the read-only memory-mapped file)."""
+    """`t` on `device` in memory of its own (never a view of the read-only memory-mapped file).
+
+    Only CPU tensors can be views of the file: one already on an accelerator is kept as it is.
+    """
     if isinstance(t, tuple):
         return tuple(_owned(p, device) for p in t)
     moved = t.to(device)
     if isinstance(t, QuantTensor):
-        return moved if moved.data is not t.data else QuantTensor(t.data.clone(), t.fmt, t.shape, t.input_index)
-    return moved if moved is not t else t.clone()
+        if moved.data is not t.data or moved.device.type != "cpu":
+            return moved
+        return QuantTensor(t.data.clone(), t.fmt, t.shape, t.input_index)
+    return moved if moved is not t or moved.device.type != "cpu" else t.clone()
 
 
 def _as_float(t: Weight) -> torch.Tensor:

@@ -164,12 +164,13 @@ class QuantExperts(nn.Module):
     def __init__(self, gate_up: QuantTensor | tuple[QuantTensor, QuantTensor] | torch.Tensor,
                  down: QuantTensor | torch.Tensor):
         super().__init__()
+        fused = None
         if isinstance(gate_up, tuple):
             gate, up = (as_quant(t) for t in gate_up)
         else:
-            gate_up = as_quant(gate_up)
-            half = gate_up.shape[1] // 2
-            gate, up = gate_up[:, :half], gate_up[:, half:]
+            fused = as_quant(gate_up)
+            half = fused.shape[1] // 2
+            gate, up = fused[:, :half], fused[:, half:]
         down = as_quant(down)
         if any(t.input_index is not None for t in (gate, up, down)):
             raise ValueError("expert weights cannot have reordered columns")
@@ -178,8 +179,9 @@ class QuantExperts(nn.Module):
             raise ValueError(f"expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}")
         self.gate_fmt, self.up_fmt, self.down_fmt = gate.fmt, up.fmt, down.fmt
         self.fused = gate.fmt == up.fmt
-        if self.fused:  # one matmul for gate and up: concatenate whole rows
-            self.register_buffer("gate_up", torch.cat([gate.data, up.data], dim=1))
+        if self.fused:  # one matmul for gate and up: gate rows then up rows, whole rows of blocks
+            both = fused.data if fused is not None else torch.cat([gate.data, up.data], dim=1)
+            self.register_buffer("gate_up", both.contiguous())
         else:
             self.register_buffer("gate", gate.data.contiguous())
             self.register_buffer("up", up.data.contiguous())
