@@ -15,10 +15,15 @@ _single_thread = pytest.fixture(autouse=True)(one_thread)
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
 
 
-def test_gpu_check_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
+def _load_script():
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_gpu_check_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
+    gpu_check = _load_script()
     monkeypatch.setenv("OUT", str(tmp_path))
     assert gpu_check.main(["--dry-run"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -34,3 +39,19 @@ def test_gpu_check_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsy
     assert abs(report["resident"]["resident_over_file"] - 1) < 0.05
     assert set(report["goals"]) == {"M1_frac_of_copy>=0.70", "M16_over_M1<=1.3", "resident_within_5pct"}
     assert "copy bandwidth" in capsys.readouterr().out
+
+
+def test_a_kernel_that_fell_back_to_torch_fails_the_check(tmp_path, monkeypatch, capsys):
+    """Kernels that fail their first-use check run the torch path: the comparison must not pass as a kernel check."""
+    import torch
+
+    from dflash_chat.engine import kernels
+
+    gpu_check = _load_script()
+    monkeypatch.setattr(kernels, "_checked", {("matmul", "Q4_K", torch.device("cpu"), torch.float32): False})
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpu_check.main(["--dry-run"]) == 1
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["correctness"]["all_ok"] is False
+    assert report["correctness"]["disabled_kernels"] == ["matmul Q4_K cpu torch.float32"]
+    assert "DISABLED (fell back to torch): matmul Q4_K" in capsys.readouterr().out
