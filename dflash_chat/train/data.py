@@ -6,9 +6,10 @@ import random
 
 import torch
 
+from dflash_chat.chat.prompt import build_prompt, stop_token_ids
 from dflash_chat.train.corpus import Conversation
 from dflash_chat.train.drafter import Sequence
-from dflash_chat.train.tokenizer import render, training_text
+from dflash_chat.train.tokenizer import training_text
 
 
 def packed_tokens(tokenizer, conversations: list[Conversation]) -> torch.Tensor:
@@ -19,8 +20,8 @@ def packed_tokens(tokenizer, conversations: list[Conversation]) -> torch.Tensor:
 
 
 def prompt_ids(tokenizer, conversation: Conversation, enable_thinking: bool) -> list[int]:
-    text = render(tokenizer, conversation.prompt_messages, add_generation_prompt=True, enable_thinking=enable_thinking)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    """The prompt as the app builds it for this conversation."""
+    return build_prompt(tokenizer, conversation.prompt_messages, thinking=enable_thinking).ids
 
 
 def corpus_sequences(tokenizer, conversations: list[Conversation], max_len: int = 512) -> list[Sequence]:
@@ -43,7 +44,7 @@ def greedy_sequences(target, tokenizer, conversations: list[Conversation], *, ma
     rng = random.Random(seed)
     prompts = [prompt_ids(tokenizer, c, rng.random() < thinking_share) for c in conversations]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
-    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    stop = list(stop_token_ids(tokenizer))
     pad = tokenizer.pad_token_id
     target.to(device).eval()
     out: list[Sequence] = []
@@ -59,8 +60,9 @@ def greedy_sequences(target, tokenizer, conversations: list[Conversation], *, ma
                               max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad)
         for row, p in enumerate(chunk):
             new = gen[row, width:].tolist()
-            if stop[0] in new:
-                new = new[: new.index(stop[0]) + 1]
+            ends = [i for i, t in enumerate(new) if t in stop]
+            if ends:
+                new = new[: ends[0] + 1]
             new = [t for t in new if t != pad]
             if len(new) >= 2:
                 out.append(Sequence(torch.tensor(p + new), len(p) - 1))

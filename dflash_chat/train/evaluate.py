@@ -27,6 +27,7 @@ def measure_pair(target_dir: str | Path, drafter_dir: str | Path, *, prompts: in
     """DFlash vs autoregressive on held-out prompts (greedy), each prompt decoded by both, interleaved."""
     import torch
 
+    from dflash_chat.chat.prompt import build_prompt, stop_token_ids
     from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.sampling import SamplingParams
 
@@ -34,12 +35,8 @@ def measure_pair(target_dir: str | Path, drafter_dir: str | Path, *, prompts: in
     spec = load_pair(target_dir, drafter_dir, device=device, dtype=torch.float32)
     plain = load_pair(target_dir, None, device=device, dtype=torch.float32)
     tok = spec.tokenizer
-    stops = tuple(t for t in (tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>"))
-                  if isinstance(t, int) and t >= 0)
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stops)
-    encoded = [tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, enable_thinking=enable_thinking)
-               for chat in chats]
-    ids = [tok(text, add_special_tokens=False)["input_ids"] for text in encoded]
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids(tok))
+    ids = [build_prompt(tok, chat, thinking=enable_thinking).ids for chat in chats]
     return compare(plain.engine, lambda prompt, ar_tokens: spec.engine, ids, params)
 
 
