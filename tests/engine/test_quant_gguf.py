@@ -141,6 +141,21 @@ def test_regrouped_tensors_keep_packed_rows_and_gather_inputs(tmp_path):
     assert torch.equal(out.dequantize(), names.from_gguf(decoded, names.OUT_COLS, dims))
 
 
+def test_as_many_k_as_v_heads_loads_without_reordering(tmp_path):
+    """Nothing was regrouped: tensors come back as written and ssm_out needs no input gather."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    linear = dict(LINEAR, linear_num_key_heads=4, linear_num_value_heads=4, linear_value_head_dim=32)
+    model = _randomize(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**COMMON, **linear, intermediate_size=512)).eval())
+    f32 = read_gguf(_write(tmp_path, model, "F32"))
+    for name, want in model.state_dict().items():
+        if "linear_attn" in name and "A_log" not in name and "norm" not in name:
+            assert torch.equal(f32.tensors[name], want), name
+    packed = read_gguf(_write(tmp_path, model, "Q4_K_M"))
+    out = packed.tensors["model.layers.0.linear_attn.out_proj.weight"]
+    assert isinstance(out, QuantTensor) and out.input_index is None
+
+
 def test_split_expert_formats_stay_a_pair(tmp_path):
     model = _qwen35(moe=True)
     m = read_gguf(_write(tmp_path, model, "Q8_0"))

@@ -127,9 +127,14 @@ def _raw(t) -> torch.Tensor | QuantTensor:
     return data.reshape(shape)
 
 
+_HEAD_ORDER = (names.QKV_V, names.V_ROWS, names.V_HEADS, names.OUT_COLS)
+
+
 def _undo(t: torch.Tensor | QuantTensor, transform: str | None, dims) -> torch.Tensor | QuantTensor:
     if transform is None:
         return t
+    if transform in _HEAD_ORDER and dims is not None and not dims.reordered:
+        return t  # as many K as V heads: the converter regrouped nothing
     if isinstance(t, QuantTensor):
         if transform in (names.QKV_V, names.V_ROWS, names.V_HEADS) and len(t.shape) == 2 and dims is not None:
             return t.permute_rows(names.invert(dims.row_perm(transform, t.shape[0])))
