@@ -10,7 +10,6 @@ downloads the official one), else from the target folder or the target GGUF's me
 
 from __future__ import annotations
 
-import re
 from collections import ChainMap
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.quantized import QuantEmbedding
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights import names
-from dflash_chat.engine.weights.gguf import GGUFModel, LazyTensors, read_gguf, tokenizer_from_gguf
+from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf, tokenizer_from_gguf
 from dflash_chat.engine.weights.safetensors import read_safetensors
 
 
@@ -50,7 +49,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 # --- what a path holds -------------------------------------------------------------------------
 
-_SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}(?=\.gguf$)", re.IGNORECASE)
 _HINTS = {
     ".bin": "PyTorch .bin checkpoints are not supported; use the model's safetensors or GGUF release",
     ".pt": "PyTorch checkpoints are not supported; use the model's safetensors or GGUF release",
@@ -67,7 +65,7 @@ def _is_gguf(path: Path) -> bool:
 
 def _folder_gguf(folder: Path, what: str) -> Path | None:
     """The one GGUF (or first part of one split GGUF) in a folder without config.json."""
-    found = [p for p in sorted(folder.glob("*.gguf")) if (m := _SPLIT_PART.search(p.name)) is None or m[1] == "00001"]
+    found = [p for p in sorted(folder.glob("*.gguf")) if (m := SPLIT_PART.search(p.name)) is None or m[1] == "00001"]
     if len(found) > 1:
         listed = ", ".join(p.name for p in found[:4])
         raise ModelFormatError(f"{what} folder {folder} holds several GGUF files ({listed}): pass the one to load")
@@ -93,7 +91,7 @@ def display_name(path: str | Path) -> str:
     """A short name for a model: a GGUF's stem, the repo id of a Hugging Face cache snapshot, a folder's name."""
     path = Path(path)
     if path.suffix.lower() == ".gguf":
-        return Path(_SPLIT_PART.sub("", path.name)).stem
+        return Path(SPLIT_PART.sub("", path.name)).stem
     if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
         return path.parent.parent.name.removeprefix("models--").replace("--", "/")
     return path.name

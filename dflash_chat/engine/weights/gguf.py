@@ -327,7 +327,8 @@ def _drafter_loaders(cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
     return loaders, used
 
 
-_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+# llama.cpp's gguf-split part names: NAME-0000i-of-0000n.gguf (group 1: the part, group 2: the count)
+SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})(?=\.gguf$)", re.IGNORECASE)
 
 
 def _split_parts(path: Path, reader, kv: dict) -> list[tuple[Path, Any]]:
@@ -338,7 +339,7 @@ def _split_parts(path: Path, reader, kv: dict) -> list[tuple[Path, Any]]:
     count = int(kv.get("split.count", 1) or 1)
     if count <= 1:
         return [(path, reader)]
-    m = _SPLIT.search(path.name)
+    m = SPLIT_PART.search(path.name)
     if m is None:
         raise ModelFormatError(f"{path} is one part of a {count}-part split GGUF renamed from NAME-0000i-of-"
                                f"{count:05d}.gguf: keep the parts' names as downloaded.")
