@@ -83,6 +83,12 @@ class Source:
     path: Path | None = None
     size: int = 0  # approximate bytes, until a listing says
 
+    @classmethod
+    def local(cls, path: Path) -> Source:
+        """A model file or checkpoint folder on disk; its quant is read from the name ('local' if none)."""
+        kind = "gguf" if path.suffix.lower() == ".gguf" else "safetensors"
+        return cls(kind, quant_of(path.name) or "local", path=path, size=local_size(path))
+
     @property
     def is_local(self) -> bool:
         return self.path is not None
@@ -393,9 +399,7 @@ def _quant_source(r: _Reader, quant: str, spec: Any, repo: str | None, revision:
 
 
 def _local_source(r: _Reader, spec: Mapping[str, Any], at: str) -> Source:
-    path = Path(r.get(spec, "path", str, at=at)).expanduser()
-    kind = "gguf" if path.suffix.lower() == ".gguf" else "safetensors"
-    return Source(kind, quant_of(path.name) or "local", path=path, size=local_size(path))
+    return Source.local(Path(r.get(spec, "path", str, at=at)).expanduser())
 
 
 def _tokenizer_source(r: _Reader, spec: Any) -> Source:

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_chat.catalog import Catalog, CatalogError, DrafterShape, Pair, Source, TargetShape, local_size, quant_of
+from dflash_chat.catalog import Catalog, CatalogError, DrafterShape, Pair, Source, TargetShape
 from dflash_chat.errors import UserError
 
 GIB = 2**30
@@ -244,7 +244,9 @@ def choose(
     """
     if context is not None and context < 256:
         raise UserError(f"--context must be at least 256 tokens, got {context}")
-    pairs = _candidate_pairs(machine, catalog, model, target_file, drafter_file, drafter_quant)
+    target_local = _file_source(Path(target_file), "target") if target_file is not None else None
+    drafter_local = _file_source(Path(drafter_file), "drafter") if drafter_file is not None else None
+    pairs = _candidate_pairs(machine, catalog, model, target_local, drafter_local, drafter_quant)
     pair_given = model is not None or target_file is not None or drafter_file is not None
     target_given = quant is not None or target_file is not None
     drafter_given = drafter_quant is not None or drafter_file is not None or not pairs[0].drafters
@@ -254,8 +256,8 @@ def choose(
         ctx = _context_for(pair, context, explicit=pair_given)
         if ctx is None:
             continue
-        for target in _targets(pair, quant, target_file):
-            for drafter in _drafters(pair, drafter_quant, drafter_file):
+        for target in _targets(pair, quant, target_local):
+            for drafter in _drafters(pair, drafter_quant, drafter_local):
                 choice = _make_choice(machine, pair, target, drafter, ctx)
                 if choice.fits:
                     return choice
@@ -276,14 +278,19 @@ def choose(
 
 
 def _candidate_pairs(
-    machine: Machine, catalog: Catalog, model, target_file, drafter_file, drafter_quant
+    machine: Machine,
+    catalog: Catalog,
+    model: str | None,
+    target_local: Source | None,
+    drafter_local: Source | None,
+    drafter_quant: str | None,
 ) -> list[Pair]:
     if model is not None:
         return [catalog.get(model)]
-    if target_file is not None:
-        return [_pair_for_file(catalog, Path(target_file), "target")]
-    if drafter_file is not None:  # a drafter only works beside its own target
-        return [_pair_for_file(catalog, Path(drafter_file), "drafter")]
+    if target_local is not None:
+        return [_pair_for_file(catalog, target_local.path)]
+    if drafter_local is not None:  # a drafter only works beside its own target
+        return [_pair_for_file(catalog, drafter_local.path)]
     ranked = list(catalog.ranked())
     if machine.gpu is None:
         cpu = [p for p in ranked if p.cpu_default]
@@ -301,9 +308,8 @@ def _candidate_pairs(
     return having
 
 
-def _pair_for_file(catalog: Catalog, path: Path, role: str) -> Pair:
+def _pair_for_file(catalog: Catalog, path: Path) -> Pair:
     """The catalog pair a model file belongs to, from its name ('Qwen3.6-27B-Q5_K_M.gguf' -> Qwen3.6-27B)."""
-    _file_source(path, role)  # exists, or a clear error first
     name = path.name.lower()
     for pair in sorted(catalog.pairs, key=lambda p: -len(p.title)):
         if pair.title.lower() in name:
@@ -327,17 +333,17 @@ def _context_for(pair: Pair, context: int | None, explicit: bool) -> int | None:
     return None
 
 
-def _targets(pair: Pair, quant: str | None, target_file) -> list[Source]:
-    if target_file is not None:
-        return [_file_source(Path(target_file), "target")]
+def _targets(pair: Pair, quant: str | None, target_local: Source | None) -> list[Source]:
+    if target_local is not None:
+        return [target_local]
     if quant is not None:
         return [pair.target(quant)]
     return list(pair.targets)
 
 
-def _drafters(pair: Pair, drafter_quant: str | None, drafter_file) -> list[Source | None]:
-    if drafter_file is not None:
-        return [_file_source(Path(drafter_file), "drafter")]
+def _drafters(pair: Pair, drafter_quant: str | None, drafter_local: Source | None) -> list[Source | None]:
+    if drafter_local is not None:
+        return [drafter_local]
     if drafter_quant is not None:
         return [pair.drafter(drafter_quant)]
     return list(pair.drafters) or [None]
@@ -347,8 +353,7 @@ def _file_source(path: Path, role: str) -> Source:
     path = path.expanduser()
     if not path.exists():
         raise UserError(f"--{role}-file {path}: no such file. Check the path.")
-    kind = "gguf" if path.suffix.lower() == ".gguf" else "safetensors"
-    return Source(kind, quant_of(path.name) or "local", path=path, size=local_size(path))
+    return Source.local(path)
 
 
 def _make_choice(machine: Machine, pair: Pair, target: Source, drafter: Source | None, ctx: int) -> Choice:
