@@ -160,9 +160,8 @@ class Pair:
 
     def target(self, quant: str) -> Source:
         """The target source for `quant`; a quant the catalog does not list is looked up by pattern."""
-        for source in self.targets:
-            if source.quant.lower() == quant.lower():
-                return source
+        if found := _find(self.targets, quant):
+            return found
         if self.target_repo is None:
             raise CatalogError(
                 f"{self.title} has no quant {quant} (it has {', '.join(self.target_quants)})"
@@ -176,11 +175,14 @@ class Pair:
         )
 
     def drafter(self, quant: str) -> Source:
-        for source in self.drafters:
-            if source.quant.lower() == quant.lower():
-                return source
+        if found := _find(self.drafters, quant):
+            return found
         have = ", ".join(self.drafter_quants) or "none"
         raise CatalogError(f"{self.title} has no drafter quant {quant} (it has {have})")
+
+
+def _find(sources: tuple[Source, ...], quant: str) -> Source | None:
+    return next((s for s in sources if s.quant.lower() == quant.lower()), None)
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
     r.only(table, _PAIR_KEYS)
     target = r.get(table, "target", dict)
     drafter = r.get(table, "drafter", dict, {})
-    targets, target_repo = _target_sources(r, target)
+    targets, target_repo = _sources(r, target, "target.", required=True)
     default_context = r.get(table, "default_context", int, 32768)
     return Pair(
         name=name,
@@ -332,7 +334,7 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
             _shape(r, DrafterShape, drafter["shape"], "drafter.shape.") if "shape" in drafter else None
         ),
         targets=targets,
-        drafters=_drafter_sources(r, drafter),
+        drafters=_sources(r, drafter, "drafter.", required=False)[0],
         tokenizer=_tokenizer_source(r, table.get("tokenizer")),
         target_repo=target_repo,
         origin=origin,
@@ -349,33 +351,22 @@ def _shape(r: _Reader, cls, table: Mapping[str, Any], at: str):
     return cls(**values)
 
 
-def _target_sources(r: _Reader, target: Mapping[str, Any]) -> tuple[tuple[Source, ...], str | None]:
-    r.only(target, {"repo", "revision", "shape", "quants", "path"}, "target.")
-    if "path" in target:
-        return (_local_source(r, target, "target."),), None
-    repo = r.get(target, "repo", str, at="target.")
-    revision = r.get(target, "revision", str, "main", at="target.")
-    quants = r.get(target, "quants", dict, at="target.")
-    if not quants:
-        raise r.fail("needs at least one entry in `target.quants`")
+def _sources(
+    r: _Reader, table: Mapping[str, Any], at: str, required: bool
+) -> tuple[tuple[Source, ...], str | None]:
+    """One section's sources and its repo; a target section must name a repo and quants, a drafter need not."""
+    r.only(table, {"repo", "revision", "shape", "quants", "path"}, at)
+    if "path" in table:
+        return (_local_source(r, table, at),), None
+    repo = r.get(table, "repo", str, ... if required else None, at=at)
+    revision = r.get(table, "revision", str, "main", at=at)
+    quants = r.get(table, "quants", dict, ... if required else {}, at=at)
+    if required and not quants:
+        raise r.fail(f"needs at least one entry in `{at}quants`")
     sources = tuple(
-        _quant_source(r, quant, spec, repo, revision, f"target.quants.{quant}.")
-        for quant, spec in quants.items()
+        _quant_source(r, quant, spec, repo, revision, f"{at}quants.{quant}.") for quant, spec in quants.items()
     )
     return sources, repo
-
-
-def _drafter_sources(r: _Reader, drafter: Mapping[str, Any]) -> tuple[Source, ...]:
-    r.only(drafter, {"repo", "revision", "shape", "quants", "path"}, "drafter.")
-    if "path" in drafter:
-        return (_local_source(r, drafter, "drafter."),)
-    repo = r.get(drafter, "repo", str, None, at="drafter.")
-    revision = r.get(drafter, "revision", str, "main", at="drafter.")
-    quants = r.get(drafter, "quants", dict, {}, at="drafter.")
-    return tuple(
-        _quant_source(r, quant, spec, repo, revision, f"drafter.quants.{quant}.")
-        for quant, spec in quants.items()
-    )
 
 
 def _quant_source(r: _Reader, quant: str, spec: Any, repo: str | None, revision: str, at: str) -> Source:
