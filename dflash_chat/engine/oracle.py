@@ -32,6 +32,9 @@ class OracleDrafter:
     def truncate(self, length: int) -> None:
         pass
 
+    def append_context(self, features, start: int) -> None:
+        pass  # it reads no target features
+
     def _truth(self, position: int) -> int:
         if position < len(self.reference):
             return self.reference[position]
@@ -40,7 +43,7 @@ class OracleDrafter:
     def _wrong(self, token: int) -> int:
         return (token + 1 + self.rng.randrange(self.vocab_size - 1)) % self.vocab_size
 
-    def propose(self, features, last_token: int, start: int, length: int) -> torch.Tensor:
+    def propose(self, last_token: int, start: int, length: int) -> torch.Tensor:
         self.proposals += 1
         draft = [self._truth(start + 1 + i) for i in range(length)]
         if self.mode == "uniform":
@@ -48,4 +51,4 @@ class OracleDrafter:
             wrong = [i == first_wrong for i in range(length)]
         else:
             wrong = [self.rng.random() >= self.accept_prob for _ in range(length)]
-        return torch.tensor([self._wrong(t) if w else t for t, w in zip(draft, wrong)], dtype=torch.long)
+        return torch.tensor([last_token] + [self._wrong(t) if w else t for t, w in zip(draft, wrong)], dtype=torch.long)

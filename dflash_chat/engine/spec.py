@@ -7,7 +7,7 @@ no drafter the same loop decodes one token per step: the baseline every speedup 
 
 The engine remembers which tokens its state holds: a prompt that starts with them (the next chat
 turn) prefills only the new suffix. At the end of each prefill it keeps a snapshot of the state
-(recurrent state, last logits, drafter context) so a prompt that diverges after that point (a
+(recurrent state, last logits) so a prompt that diverges after that point (a
 regenerated answer, a chat template that re-renders the last answer) restarts from the snapshot.
 """
 
@@ -34,15 +34,16 @@ class Drafter(Protocol):
 
     def allocate(self, max_context: int) -> None: ...
     def truncate(self, length: int) -> None: ...
-    def propose(self, features: torch.Tensor, last_token: int, start: int, length: int) -> torch.Tensor: ...
+    def append_context(self, features: torch.Tensor, start: int) -> None:
+        """Take the target features [n, K*H] of the newly committed positions start-n .. start-1."""
+    def propose(self, last_token: int, start: int, length: int) -> torch.Tensor:
+        """The ids to verify, [last_token, d1..d_length], for positions start .. start+length."""
 
 
 @dataclass
 class _Snapshot:
     length: int
     logits: torch.Tensor
-    pending: torch.Tensor | None
-    drafter_ctx: int
     recurrent: list
 
 
@@ -63,8 +64,7 @@ class Engine:
         self.state = target.new_state(max_context + self.block_size)
         if drafter:
             drafter.allocate(max_context + self.block_size)
-        self.tokens: list[int] = []  # exactly the tokens the target state holds
-        self.pending: torch.Tensor | None = None  # features of committed positions the drafter has not seen
+        self.tokens: list[int] = []  # exactly the tokens the target state (and the drafter's context) holds
         self.snapshot: _Snapshot | None = None
 
     # -- state bookkeeping --------------------------------------------------------
@@ -73,36 +73,25 @@ class Engine:
         if self.drafter:
             self.drafter.truncate(0)
         self.tokens = []
-        self.pending = None
         self.snapshot = None
 
-    def _pending_len(self) -> int:
-        return 0 if self.pending is None else self.pending.shape[0]
-
     def _take_snapshot(self, logits: torch.Tensor) -> None:
-        ctx = len(self.tokens) - self._pending_len()
-        self.snapshot = _Snapshot(len(self.tokens), logits, self.pending, ctx, self.state.save_recurrent())
+        self.snapshot = _Snapshot(len(self.tokens), logits, self.state.save_recurrent())
 
     def _restore_snapshot(self) -> torch.Tensor:
         snap = self.snapshot
         self.state.load_recurrent(snap.recurrent, snap.length)
         self.tokens = self.tokens[: snap.length]
-        self.pending = snap.pending
         if self.drafter:
-            self.drafter.truncate(snap.drafter_ctx)
+            self.drafter.truncate(snap.length)
         return snap.logits
 
     def _truncate_attention_only(self, length: int) -> None:
         """Attention-only targets roll back to any length: drop committed positions >= length."""
         if self.snapshot is not None and self.snapshot.length > length:
             self.snapshot = None
-        ctx = len(self.tokens) - self._pending_len()
-        if ctx > length:
-            if self.drafter:
-                self.drafter.truncate(length)
-            self.pending = None
-        elif self.pending is not None:
-            self.pending = self.pending[: length - ctx]
+        if self.drafter:
+            self.drafter.truncate(length)
         self.state.length = length
         self.tokens = self.tokens[:length]
 
@@ -162,21 +151,14 @@ class Engine:
                 ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
                 logits, feats = self.target(ids, self.state, logits="last", taps=self.taps)
                 self.tokens.extend(chunk)
-                self._add_pending(feats)
-                self._flush_context()
+                self._extend_context(feats)
             self._take_snapshot(logits)
         return logits
 
-    def _add_pending(self, feats: torch.Tensor | None) -> None:
+    def _extend_context(self, feats: torch.Tensor | None) -> None:
+        """Hand the drafter the features of the positions just committed (the last len(feats) tokens)."""
         if feats is not None:
-            self.pending = feats if self.pending is None else torch.cat((self.pending, feats))
-
-    def _flush_context(self) -> None:
-        """Hand the drafter the context it has not seen yet, when it can take it ahead of a draft."""
-        append = getattr(self.drafter, "append_context", None)
-        if append is not None and self.pending is not None:
-            append(self.pending, len(self.tokens))
-            self.pending = None
+            self.drafter.append_context(feats, len(self.tokens))
 
     def _first_token(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
         if params.greedy:
@@ -233,18 +215,15 @@ class Engine:
             _sync(self.device)
             t1 = time.perf_counter()
             self.tokens.append(last)
-            self._add_pending(feats)
+            self._extend_context(feats)
             nxt = int(logits[0].argmax().item()) if params.greedy else draw(probabilities(logits[0], params), generator)
             return Step([nxt], 0, 0, 0.0, t1 - t0)
 
-        pending = self.pending if self.pending is not None else self._empty_features()
-        drafts = self.drafter.propose(pending, last, start, draft_len).to(self.device)
-        self.pending = None
+        ids = self.drafter.propose(last, start, draft_len).to(self.device)
         _sync(self.device)
         t1 = time.perf_counter()
-        ids = torch.cat((torch.tensor([last], dtype=torch.long, device=self.device), drafts))
         logits, feats = self.target(ids, self.state, logits="all", taps=self.taps, speculative=True)
-        emitted = verify(drafts, logits, params, generator)
+        emitted = verify(ids[1:], logits, params, generator)
         accepted = len(emitted) - 1
         for j, token in enumerate(emitted):
             if token in stop:
@@ -254,14 +233,10 @@ class Engine:
         self.target.rollback(self.state, keep)
         self.tokens.append(last)
         self.tokens.extend(emitted[:-1])
-        self.pending = feats[:keep] if feats is not None else None
+        self._extend_context(None if feats is None else feats[:keep])
         _sync(self.device)
         t2 = time.perf_counter()
         return Step(emitted, draft_len, accepted, t1 - t0, t2 - t1)
-
-    def _empty_features(self) -> torch.Tensor:
-        width = self.target.cfg.hidden_size * len(self.taps or ())
-        return torch.zeros(0, width, dtype=self.target.model.norm.weight.dtype, device=self.device)
 
     def _peak_memory(self) -> int:
         if self.device.type == "cuda":

@@ -29,7 +29,8 @@ def test_old_schema_drafter_drafts_like_the_new(tiny_dirs, tmp_path):
     for name in ("new", "old"):
         d = load_drafter(tmp_path / name, target)
         d.allocate(64)
-        outs.append(d.draft_hidden(feats, 7, 9))
+        d.append_context(feats, 9)
+        outs.append(d.draft_hidden(7, 9))
     torch.testing.assert_close(outs[0], outs[1])
 
 
@@ -50,8 +51,10 @@ def test_training_forward_equals_inference(tiny_dirs):
         for a, s in enumerate(anchors.tolist()):
             drafter.allocate(64)
             # context arrives in two installments, as it does during decoding
-            drafter.draft_hidden(feats[: s - 2], int(tokens[s - 2]), s - 2)
-            inferred = drafter.draft_hidden(feats[s - 2 : s], int(tokens[s]), s)
+            drafter.append_context(feats[: s - 2], s - 2)
+            drafter.draft_hidden(int(tokens[s - 2]), s - 2)
+            drafter.append_context(feats[s - 2 : s], s)
+            inferred = drafter.draft_hidden(int(tokens[s]), s)
             torch.testing.assert_close(trained[a, 1:], inferred, atol=1e-5, rtol=1e-5)
 
 

@@ -248,8 +248,9 @@ def test_quantized_drafter_matches_its_decoded_float_twin(tiny):
     features = torch.randn(6, packed.fc.in_features, generator=torch.Generator().manual_seed(3))
     for drafter in (packed, twin):
         drafter.allocate(64)
-    draft = packed.propose(features, 11, 6)
-    assert torch.equal(draft, twin.propose(features, 11, 6))
+        drafter.append_context(features, 6)
+    draft = packed.propose(11, 6)
+    assert torch.equal(draft, twin.propose(11, 6))
     h = torch.randn(4, 256, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(packed.project_context(torch.cat([h, h], -1)), twin.project_context(torch.cat([h, h], -1)),
                                rtol=0, atol=1e-5)

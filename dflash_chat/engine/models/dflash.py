@@ -7,8 +7,8 @@ v_proj, k_norm, RoPE at the context positions). Queries come only from the block
 [last committed token, mask x (B-1)]. Full-attention layers see the whole block both ways; sliding
 layers see the last `sliding_window` positions and, by default, attend causally inside the block.
 
-Inference keeps the context K/V of committed positions only (`propose` appends the newly committed
-rows, then drafts); `forward_train` runs many blocks over one sequence at once, for training.
+Inference keeps the context K/V of committed positions only (`append_context` adds the newly
+committed rows; `propose` drafts after them); `forward_train` runs many blocks over one sequence at once, for training.
 """
 
 from __future__ import annotations
@@ -115,13 +115,14 @@ class DFlashDrafter(nn.Module):
 
     # -- inference --------------------------------------------------------------
     @torch.no_grad()
-    def propose(self, features: torch.Tensor, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
+    def propose(self, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
         """Draft `length` (default B-1) tokens following `last_token` at position `start`.
 
-        features: [n, K*H] target features of the newly committed positions start-n .. start-1.
-        Returns greedy draft token ids [length].
+        Returns the block to verify, [last_token, greedy drafts x length], on the device.
         """
-        return self._lm_head(self.draft_hidden(features, last_token, start, length)).argmax(dim=-1)
+        ids, hidden = self._draft(last_token, start, length)
+        ids[1:] = self._lm_head(hidden).argmax(dim=-1)
+        return ids
 
     @torch.no_grad()
     def append_context(self, features: torch.Tensor, start: int) -> None:
@@ -140,9 +141,14 @@ class DFlashDrafter(nn.Module):
         self.ctx_len = start
 
     @torch.no_grad()
-    def draft_hidden(self, features: torch.Tensor, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
+    def draft_hidden(self, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
         """Final-normed hidden states [length, H] for the drafted positions (see `propose`)."""
-        self.append_context(features, start)
+        return self._draft(last_token, start, length)[1]
+
+    def _draft(self, last_token: int, start: int, length: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's ids [last_token, mask x length] and the drafted positions' hidden states."""
+        if self.ctx_len != start:
+            raise RuntimeError(f"drafter context out of sync: have {self.ctx_len} positions, drafting at {start}")
         B = self.block_size if length is None else length + 1
         device = self.norm.weight.device
         dtype = self.cache_k.dtype
@@ -167,7 +173,7 @@ class DFlashDrafter(nn.Module):
                 masks[key] = attn.mask(blk_pos, k_pos, full) if (attn.causal or attn.window) else None
             out = attend(q, self.cache_k[i, lo:end], self.cache_v[i, lo:end], masks[key], self.scale)
             x = layer.finish(x, out)
-        return self.norm(x[1:])
+        return ids, self.norm(x[1:])
 
     # -- training ---------------------------------------------------------------
     def forward_train(self, features: torch.Tensor, block_embeddings: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
