@@ -5,13 +5,14 @@ Everything is allocated once for the configured context; a forward writes in pla
 Rollback after a partial accept (DFlash verifies B tokens, keeps n <= B of them):
 - Attention: the cache rows beyond the kept length are simply ignored (length is a number).
 - GDN: a recurrent state cannot be truncated. During a speculative forward each GDN layer copies its
-  state before the block into a preallocated buffer and keeps references to the block's recurrence
-  inputs (q, k, v, decay, beta after projection, conv and normalisation) and its conv input rows.
-  `rollback(n)` then re-runs only the recurrence over the first n tokens from the saved state, and
-  rebuilds the conv state as the last (kernel-1) rows of [saved conv state; first n conv inputs].
-  Memory: one extra recurrent + conv state per GDN layer, plus the block's q/k/v/decay/beta (B rows).
-  Compute: n recurrence steps per GDN layer (a few small matrix-vector products per step, no
-  projections, no second target forward).
+  state before the block into a preallocated buffer and keeps what takes that state to the state after
+  any prefix of the block (see gdn.py): for a block that fits one chunk (a verify block), the chunk's
+  keys, cumulative decays and corrected values u from the triangular solve the forward did anyway, so
+  `rollback(n)` is one batched matmul per layer: S0 * exp(G[n-1]) + (k[:n] * exp(G[n-1] - G[:n]))^T u[:n].
+  Other blocks keep their recurrence inputs and re-run the first n tokens. The layer also keeps its conv
+  window [conv state; the block's conv inputs]; the conv state after n tokens is rows n..n+kernel-2.
+  Memory: one extra recurrent state per GDN layer, plus the block's k/u/decays and conv window (B rows).
+  Compute: no projections, no second target forward.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ class AttentionCache:
 class GDNCache:
     recurrent: torch.Tensor  # [v_heads, k_dim, v_dim], float32
     conv: torch.Tensor  # [kernel-1, conv_dim]
-    saved_recurrent: torch.Tensor
-    saved_conv: torch.Tensor
-    # inputs of the last speculative forward, for rollback: (q, k, v, g, beta, conv_inputs)
+    saved_recurrent: torch.Tensor  # the state before the last speculative forward
+    # for rollback after the last speculative forward: (its ChunkUpdate or Replay, its conv window)
     record: tuple | None = None
 
 

@@ -8,6 +8,8 @@ beta = sigmoid(b). A depthwise causal conv (kernel 4) with SiLU runs over [q; k;
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,10 @@ from torch import nn
 from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.layers import GatedRMSNorm
 from dflash_chat.engine.state import GDNCache
+
+
+CHUNK = 64  # tokens per triangular solve
+STEPWISE = 4  # below this many tokens, the token-by-token recurrence beats a solve
 
 
 def recurrence(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
@@ -35,45 +41,96 @@ def recurrence(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def chunked(q, k, v, g, beta, state: torch.Tensor, chunk: int = 64) -> torch.Tensor:
-    """The same recurrence, a chunk at a time (for prefill): within a chunk the delta rule's
-    triangular system is solved once (UT transform), so the loop runs T/chunk times, not T.
+@dataclass
+class ChunkUpdate:
+    """How one chunk changes the state, token by token: after its first n tokens the state is
+    S0 * exp(G[n-1]) + (k[:n] * exp(G[n-1] - G[:n]))^T @ u[:n]. The corrected values u of a token do
+    not depend on later tokens, so this holds for every prefix of the chunk, not only the whole."""
+
+    k: torch.Tensor  # [H, C, K], float32
+    G: torch.Tensor  # [H, C], cumulative log decay inside the chunk
+    u: torch.Tensor  # [H, C, V], corrected values from the triangular solve
+
+    def advance(self, n: int, state: torch.Tensor) -> None:
+        """Take `state` (the state before the chunk) to the state after the chunk's first n tokens."""
+        if n == 0:
+            return
+        last = self.G[:, n - 1 : n]
+        weighted = self.k[:, :n] * (last - self.G[:, :n]).exp()[..., None]
+        state.mul_(last.exp()[..., None]).baddbmm_(weighted.transpose(1, 2), self.u[:, :n])
+
+
+@dataclass
+class Replay:
+    """A block's recurrence inputs, for the cases `ChunkUpdate` does not cover: re-run the first n."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+
+    def advance(self, n: int, state: torch.Tensor) -> None:
+        if n:
+            delta_rule(self.q[:n], self.k[:n], self.v[:n], self.g[:n], self.beta[:n], state)
+
+
+def solve_chunk(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, ChunkUpdate]:
+    """The recurrence over one chunk at once; advances `state` to the chunk's end.
 
     Derivation: with decays folded in (G_i = sum_{j<=i} g_j inside the chunk), the chunk's corrected
     values u = (I + tril(beta K K^T * exp(G_i - G_j), -1))^-1 (beta V - beta exp(G) K S0), the outputs are
-    o = exp(G) Q S0 + tril(Q K^T * exp(G_i - G_j)) u, and the final state is
-    S = exp(G_T) S0 + (K * exp(G_T - G))^T u.
+    o = exp(G) Q S0 + tril(Q K^T * exp(G_i - G_j)) u, and the state after token n is as in `ChunkUpdate`.
+    Returns outputs [C, H, V] (float32) and the chunk's update.
     """
-    T, H, K = k.shape
-    out = torch.empty(T, H, v.shape[2], dtype=torch.float32, device=v.device)
+    qc, kc, vc = (x.float().transpose(0, 1) for x in (q, k, v))  # [H, C, *]
+    gc = g.float().transpose(0, 1).cumsum(-1)  # [H, C]
+    bc = beta.float().transpose(0, 1)[..., None]  # [H, C, 1]
+    H, C = gc.shape
+    diff = gc[:, :, None] - gc[:, None, :]
+    strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
+    lower = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+    decay_ij = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
+    a = (bc * kc) @ kc.transpose(1, 2) * decay_ij * strict
+    eye = torch.eye(C, device=v.device).expand(H, C, C)
+    rhs = bc * vc - bc * gc.exp()[..., None] * (kc @ state)
+    u = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+    attn = (qc @ kc.transpose(1, 2)) * decay_ij
+    o = gc.exp()[..., None] * (qc @ state) + attn @ u
+    update = ChunkUpdate(kc, gc, u)
+    update.advance(C, state)
+    return o.transpose(0, 1), update
+
+
+def chunked(q, k, v, g, beta, state: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """The same recurrence, a chunk at a time (for prefill): within a chunk the delta rule's
+    triangular system is solved once (UT transform), so the loop runs T/chunk times, not T."""
+    T = q.shape[0]
+    out = torch.empty(T, v.shape[1], v.shape[2], dtype=torch.float32, device=v.device)
     for s in range(0, T, chunk):
         e = min(s + chunk, T)
-        qc, kc, vc = (x[s:e].float().transpose(0, 1) for x in (q, k, v))  # [H, C, *]
-        gc = g[s:e].float().transpose(0, 1).cumsum(-1)  # [H, C]
-        bc = beta[s:e].float().transpose(0, 1)[..., None]  # [H, C, 1]
-        C = e - s
-        diff = gc[:, :, None] - gc[:, None, :]
-        strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
-        lower = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
-        decay_ij = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
-        a = (bc * kc) @ kc.transpose(1, 2) * decay_ij * strict
-        eye = torch.eye(C, device=v.device).expand(H, C, C)
-        rhs = bc * vc - bc * gc.exp()[..., None] * (kc @ state)
-        u = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
-        attn = (qc @ kc.transpose(1, 2)) * decay_ij
-        o = gc.exp()[..., None] * (qc @ state) + attn @ u
-        out[s:e] = o.transpose(0, 1)
-        g_last = gc[:, -1:]
-        state.mul_(g_last.exp()[..., None])
-        state.add_((kc * (g_last - gc).exp()[..., None]).transpose(1, 2) @ u)
+        out[s:e], _ = solve_chunk(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], state)
     return out
 
 
 def delta_rule(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     """Token by token for a few tokens (decode), a chunk at a time beyond (verify blocks, prefill)."""
-    if q.shape[0] < 4:
+    if q.shape[0] < STEPWISE:
         return recurrence(q, k, v, g, beta, state)
     return chunked(q, k, v, g, beta, state)
+
+
+def delta_rule_undoable(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, ChunkUpdate | Replay]:
+    """`delta_rule`, also returning what takes the state before the block to the state after any prefix.
+
+    A verify block fits one chunk: its `ChunkUpdate` comes free with the solve. Blocks shorter than
+    STEPWISE run the exact recurrence and longer-than-a-chunk blocks several solves, so those keep their
+    inputs and re-run the kept prefix.
+    """
+    T = q.shape[0]
+    if STEPWISE <= T <= CHUNK:
+        return solve_chunk(q, k, v, g, beta, state)
+    return delta_rule(q, k, v, g, beta, state), Replay(q, k, v, g, beta)
 
 
 class GatedDeltaNet(nn.Module):
@@ -100,19 +157,20 @@ class GatedDeltaNet(nn.Module):
     def new_cache(self, device, dtype) -> GDNCache:
         rec = torch.zeros(self.num_v_heads, self.k_dim, self.v_dim, dtype=torch.float32, device=device)
         conv = torch.zeros(self.kernel - 1, self.conv_dim, dtype=dtype, device=device)
-        return GDNCache(rec, conv, rec.clone(), conv.clone())
+        return GDNCache(rec, conv, rec.clone())
 
-    def conv(self, mixed: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
-        """Depthwise causal conv over [conv_state; mixed] rows, SiLU. mixed: [T, C] -> [T, C]."""
-        window = torch.cat((conv_state.to(mixed.dtype), mixed), dim=0)  # [K-1+T, C]
-        w = self.conv1d.weight[:, 0, :].to(mixed.dtype)  # [C, K]
+    def conv(self, window: torch.Tensor) -> torch.Tensor:
+        """Depthwise causal conv, SiLU, over the window [conv state; T new rows] [K-1+T, C] -> [T, C]."""
+        w = self.conv1d.weight[:, 0, :].to(window.dtype)  # [C, K]
         out = F.conv1d(window.t()[None], w[:, None, :], groups=self.conv_dim)[0].t()
         return F.silu(out)
 
     def recurrence_inputs(self, x: torch.Tensor, cache: GDNCache):
+        """The conv window [conv state; qkv projections] and the recurrence inputs (q, k, v, g, beta)."""
         T = x.shape[0]
         mixed = self.in_proj_qkv(x)
-        qkv = self.conv(mixed, cache.conv)
+        window = torch.cat((cache.conv.to(mixed.dtype), mixed), dim=0)  # [K-1+T, C]
+        qkv = self.conv(window)
         q, k, v = torch.split(qkv, [self.key_total, self.key_total, self.value_total], dim=-1)
         q = q.reshape(T, self.num_k_heads, self.k_dim).float()
         k = k.reshape(T, self.num_k_heads, self.k_dim).float()
@@ -126,20 +184,19 @@ class GatedDeltaNet(nn.Module):
             k = k.repeat_interleave(rep, dim=1)
         beta = torch.sigmoid(self.in_proj_b(x).float())
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
-        return mixed, (q, k, v, g, beta)
+        return window, (q, k, v, g, beta)
 
     def forward(self, x: torch.Tensor, cache: GDNCache, speculative: bool = False) -> torch.Tensor:
         T = x.shape[0]
-        mixed, (q, k, v, g, beta) = self.recurrence_inputs(x, cache)
+        window, (q, k, v, g, beta) = self.recurrence_inputs(x, cache)
+        cache.conv.copy_(window[T:])
         if speculative:
             cache.saved_recurrent.copy_(cache.recurrent)
-            cache.saved_conv.copy_(cache.conv)
-            cache.record = (q, k, v, g, beta, mixed)
+            core, update = delta_rule_undoable(q, k, v, g, beta, cache.recurrent)
+            cache.record = (update, window)
         else:
+            core = delta_rule(q, k, v, g, beta, cache.recurrent)
             cache.record = None
-        keep = self.kernel - 1
-        cache.conv.copy_(torch.cat((cache.conv, mixed.to(cache.conv.dtype)), dim=0)[-keep:])
-        core = delta_rule(q, k, v, g, beta, cache.recurrent)
         z = self.in_proj_z(x).reshape(T, self.num_v_heads, self.v_dim)
         core = self.norm(core.to(x.dtype), z)
         return self.out_proj(core.reshape(T, self.value_total))
@@ -147,11 +204,10 @@ class GatedDeltaNet(nn.Module):
     @staticmethod
     def rollback(cache: GDNCache, keep: int) -> None:
         """State after only the first `keep` tokens of the last speculative forward."""
-        q, k, v, g, beta, mixed = cache.record
-        if keep == q.shape[0]:
+        update, window = cache.record
+        rows = cache.conv.shape[0]
+        if keep == window.shape[0] - rows:
             return
         cache.recurrent.copy_(cache.saved_recurrent)
-        if keep:
-            delta_rule(q[:keep], k[:keep], v[:keep], g[:keep], beta[:keep], cache.recurrent)
-        rows = torch.cat((cache.saved_conv, mixed[:keep].to(cache.conv.dtype)), dim=0)
-        cache.conv.copy_(rows[-cache.conv.shape[0] :])
+        update.advance(keep, cache.recurrent)
+        cache.conv.copy_(window[keep : keep + rows])

@@ -1,0 +1,89 @@
+"""GDN rollback: the one-chunk closed form against the token-by-token recurrence, and a single layer's
+rollback against running only the kept tokens, for every kind of block a speculative forward can see."""
+
+import pytest
+import torch
+
+from dflash_chat.engine.models.config import TargetConfig
+from dflash_chat.engine.models.gdn import CHUNK, ChunkUpdate, GatedDeltaNet, Replay, recurrence, solve_chunk
+
+H, K, V = 3, 8, 6
+
+
+def _inputs(T: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(T, H, K, generator=gen), dim=-1) * K**-0.5
+    k = torch.nn.functional.normalize(torch.randn(T, H, K, generator=gen), dim=-1)
+    v = torch.randn(T, H, V, generator=gen)
+    g = -torch.rand(T, H, generator=gen) * 0.5
+    beta = torch.rand(T, H, generator=gen)
+    state = torch.randn(H, K, V, generator=gen)
+    return (q, k, v, g, beta), state
+
+
+@pytest.mark.parametrize("keep", [1, 3, 7, 15, 16])
+def test_chunk_update_gives_the_state_after_every_prefix(keep):
+    inputs, start = _inputs(16, seed=keep)
+    _, update = solve_chunk(*inputs, start.clone())
+    stepped = start.clone()
+    recurrence(*(x[:keep] for x in inputs), stepped)
+    closed = start.clone()
+    update.advance(keep, closed)
+    torch.testing.assert_close(closed, stepped, atol=1e-5, rtol=1e-5)
+
+
+def _layer(dtype) -> GatedDeltaNet:
+    cfg = TargetConfig(
+        arch="qwen3_5", vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+        intermediate_size=64, rms_norm_eps=1e-6, rope_theta=1e6, partial_rotary_factor=0.25,
+        layer_types=["linear_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(cfg)
+    with torch.no_grad():
+        layer.A_log.uniform_(-1, 1)
+        layer.dt_bias.uniform_(-1, 1)
+    return layer.to(dtype)
+
+
+def _rolled_back_and_plain(layer, dtype, T: int, keep: int):
+    """(cache after a speculative T-token block rolled back to `keep`, cache after only the kept tokens)."""
+    gen = torch.Generator().manual_seed(T)
+    prefix, block = (torch.randn(n, 32, generator=gen).to(dtype) for n in (5, T))
+    spec = layer.new_cache("cpu", dtype)
+    plain = layer.new_cache("cpu", dtype)
+    with torch.no_grad():
+        for cache in (spec, plain):
+            layer(prefix, cache)
+        layer(block, spec, speculative=True)
+        kind = type(spec.record[0])
+        GatedDeltaNet.rollback(spec, keep)
+        if keep:
+            layer(block[:keep], plain)
+    return spec, plain, kind
+
+
+@pytest.mark.parametrize(
+    ("T", "kind"), [(3, Replay), (4, ChunkUpdate), (16, ChunkUpdate), (CHUNK, ChunkUpdate), (CHUNK + 6, Replay)]
+)
+def test_layer_rollback_equals_running_only_the_kept_tokens(T, kind):
+    layer = _layer(torch.float32)
+    keeps = sorted({0, 1, 2, 3, 4, T // 2, CHUNK - 1, CHUNK, CHUNK + 1, T - 1, T} & set(range(T + 1)))
+    for keep in keeps:
+        spec, plain, used = _rolled_back_and_plain(layer, torch.float32, T, keep)
+        assert used is kind
+        torch.testing.assert_close(spec.recurrent, plain.recurrent, atol=1e-5, rtol=0)
+        torch.testing.assert_close(spec.conv, plain.conv, atol=1e-5, rtol=0)
+
+
+def test_bf16_layer_rollback_stays_close_to_running_only_the_kept_tokens():
+    # bf16 projections and conv feed an fp32 recurrence and the closed form adds only fp32 rounding; the
+    # kept tokens' projections may round differently in a shorter batch, so allow one bf16 ulp (2^-8) of
+    # the state's scale.
+    layer = _layer(torch.bfloat16)
+    for keep in range(1, 17):
+        spec, plain, _ = _rolled_back_and_plain(layer, torch.bfloat16, 16, keep)
+        scale = plain.recurrent.abs().max().item()
+        torch.testing.assert_close(spec.recurrent, plain.recurrent, atol=2**-8 * scale, rtol=0)
+        torch.testing.assert_close(spec.conv, plain.conv, atol=1e-3, rtol=2**-7)
