@@ -234,13 +234,15 @@ def choose(
     context: int | None = None,
     target_file: str | Path | None = None,
     drafter_file: str | Path | None = None,
+    allow_no_fit: bool = False,
 ) -> Choice:
     """The best pair + target quant + drafter quant that fit, honouring every override given.
 
     Without overrides: pairs by rank (the cpu_default pair on CPU), target quants and then drafter
     quants in the catalog's order of preference (Q8_0 before Q4_K_M); the first that fits wins.
-    When the user pinned everything (model and quants, or files) the choice is returned even if
-    it does not fit, with an explanation that says so; otherwise nothing fitting is an error.
+    When nothing fits, the smallest option is returned (with an explanation that says it will not
+    fit) if the user pinned everything (model and quants, or files) or `allow_no_fit` is set;
+    otherwise that is an error.
     """
     if context is not None and context < 256:
         raise UserError(f"--context must be at least 256 tokens, got {context}")
@@ -267,7 +269,7 @@ def choose(
             f"no model supports {_a_ctx(context or 0)} context; try a shorter --context"
         )
     smallest = min(tried, key=lambda c: c.budget.need)
-    if pinned:
+    if pinned or allow_no_fit:
         return smallest
     raise NoFitError(
         f"{machine.label}: nothing fits in the {gb(machine.available)} free; the smallest option, "

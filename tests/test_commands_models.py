@@ -100,6 +100,20 @@ def test_pull_without_a_model_fetches_the_pick(home, capsys, server):
     assert "all cached" in out.splitlines()[1]
 
 
+def test_pull_of_a_model_too_big_for_this_machine_fetches_its_smallest_option(home, capsys, monkeypatch):
+    import argparse
+
+    from dflash_chat.commands import pull
+
+    small = Machine((Gpu(0, "NVIDIA GeForce RTX 4060", 8 * GIB, int(7.6 * GIB)),), 32 * GIB, 24 * GIB)
+    monkeypatch.setattr(hardware, "probe", lambda: small)
+    args = argparse.Namespace(model="qwen3.6-27b", quant=None, drafter_quant=None, context=None)
+    pair, target, drafter = pull._what_to_pull(load_catalog(), args)
+    assert (pair.name, target.quant, drafter.quant) == ("qwen3.6-27b", "Q4_K_M", "Q4_K_M")  # the smallest of each
+    out = capsys.readouterr().out
+    assert "will not fit" in out and "Fetching the smallest anyway: Qwen3.6-27B Q4_K_M + drafter Q4_K_M" in out
+
+
 def test_pull_a_quant_the_repo_lacks(home, capsys):
     code, out, err = run(capsys, "pull", "tiny", "--quant", "Q6_K")
     assert code == 2

@@ -183,6 +183,17 @@ def test_a_pinned_choice_that_does_not_fit_is_returned_with_a_warning(catalog):
     assert "will not fit" in choice.explanation and choice.explanation.startswith("RTX 4060 8 GB: Qwen3.6-27B Q8_0")
 
 
+def test_allow_no_fit_returns_the_smallest_option(catalog):
+    with pytest.raises(NoFitError):
+        choose(machine(8), catalog, model="qwen3.6-27b")
+    choice = choose(machine(8), catalog, model="qwen3.6-27b", allow_no_fit=True)
+    assert (choice.target.quant, choice.drafter.quant) == ("Q4_K_M", "Q4_K_M") and not choice.fits
+    pair = catalog.get("qwen3.6-27b")
+    assert choice.budget.need == min(budget(pair, t, d, choice.context, machine(8)).need
+                                     for t in pair.targets for d in pair.drafters)
+    assert choose(machine(80), catalog, model="qwen3.6-27b", allow_no_fit=True).fits  # the best when one fits
+
+
 def test_context_longer_than_the_model_allows(catalog):
     with pytest.raises(UserError, match="supports at most 262144 tokens"):
         choose(machine(80), catalog, model="qwen3.6-27b", context=300_000)

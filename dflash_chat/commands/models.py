@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dflash_chat import hardware, hub
-from dflash_chat.catalog import Pair, Source, load_catalog
+from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
 from dflash_chat.hardware import Choice, Machine, NoFitError, gb
 
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"This machine: {machine.label}, {free}" + (f" ({machine.cuda_note})" if machine.cuda_note else ""))
     rows = [("MODEL", "QUANT", "SIZE", "DRAFTER", "NEEDS", "FITS", "CACHED", "")]
     for pair in catalog.ranked():
-        rows += _rows(pair, machine, args.context, pick)
+        rows += _rows(catalog, pair, machine, args.context, pick)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -42,13 +42,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rows(pair: Pair, machine: Machine, context: int | None, pick: Choice | None) -> list[tuple[str, ...]]:
-    ctx = min(context or pair.default_context, pair.max_context)
+def _rows(
+    catalog: Catalog, pair: Pair, machine: Machine, context: int | None, pick: Choice | None
+) -> list[tuple[str, ...]]:
+    ctx = min(context or pair.default_context, pair.max_context)  # a row per pair even past its maximum
     tokenizer_cached = hub.cached_parts(pair.tokenizer) is not None
     rows = []
     for target in pair.targets:
-        drafter = _drafter_for(pair, target, ctx, machine)
-        need = hardware.budget(pair, target, drafter, ctx, machine)
+        # the preferred drafter that fits beside this target, else the smallest option
+        best = hardware.choose(machine, catalog, model=pair.name, quant=target.quant, context=ctx, allow_no_fit=True)
+        drafter, need = best.drafter, best.budget
         picked = pick is not None and (pick.pair, pick.target, pick.drafter) == (pair, target, drafter)
         rows.append(
             (
@@ -63,14 +66,6 @@ def _rows(pair: Pair, machine: Machine, context: int | None, pick: Choice | None
             )
         )
     return rows
-
-
-def _drafter_for(pair: Pair, target: Source, ctx: int, machine: Machine) -> Source | None:
-    """The preferred drafter quant that fits beside this target (the first one when none does)."""
-    for drafter in pair.drafters:
-        if hardware.budget(pair, target, drafter, ctx, machine).fits:
-            return drafter
-    return pair.drafters[0] if pair.drafters else None
 
 
 def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool) -> str:

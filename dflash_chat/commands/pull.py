@@ -6,7 +6,6 @@ import argparse
 
 from dflash_chat import hardware, hub
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
-from dflash_chat.hardware import NoFitError
 
 
 def register(subparsers) -> None:
@@ -49,26 +48,19 @@ def _what_to_pull(catalog: Catalog, args: argparse.Namespace) -> tuple[Pair, Sou
         if args.drafter_quant:
             return pair, target, pair.drafter(args.drafter_quant)
         return pair, target, pair.drafters[0] if pair.drafters else None
-    machine = hardware.probe()
-    try:
-        choice = hardware.choose(
-            machine,
-            catalog,
-            model=args.model,
-            quant=args.quant,
-            drafter_quant=args.drafter_quant,
-            context=args.context,
-        )
-    except NoFitError as exc:
-        if not args.model:
-            raise
-        pair = catalog.get(args.model)
-        target = pair.target(args.quant) if args.quant else pair.targets[-1]
-        drafter = pair.drafter(args.drafter_quant) if args.drafter_quant else (pair.drafters or (None,))[0]
-        print(f"note: {exc}")
-        print(f"Fetching the smallest anyway: {pair.title} {target.quant} (choose with --quant)")
-        return pair, target, drafter
+    choice = hardware.choose(
+        hardware.probe(),
+        catalog,
+        model=args.model,
+        quant=args.quant,
+        drafter_quant=args.drafter_quant,
+        context=args.context,
+        allow_no_fit=args.model is not None,  # a named model is fetched even if this machine is too small
+    )
     print(choice.explanation)
+    if not choice.fits:
+        drafter = f" + drafter {choice.drafter.quant}" if choice.drafter else ""
+        print(f"Fetching the smallest anyway: {choice.pair.title} {choice.target.quant}{drafter} (choose with --quant)")
     return choice.pair, choice.target, choice.drafter
 
 
