@@ -52,6 +52,41 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class _Clock:
+    """Marks on the device's timeline that cost no host wait: CUDA events, or perf_counter on the CPU.
+
+    A CUDA interval can be read only once the stream has passed its end mark; the engine reads each
+    step's intervals after the verify's copy of the accepted tokens, which is such a point.
+    """
+
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+    def mark(self):
+        if self.stream is None:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self.stream)
+        return event
+
+    def seconds(self, begin, end) -> float:
+        return begin.elapsed_time(end) / 1000 if self.stream is not None else end - begin
+
+    def wait(self, mark) -> None:
+        if self.stream is not None:
+            mark.synchronize()
+
+
+@dataclass
+class _Tail:
+    """The end of a step that runs after its tokens are known: rollback (verify time), then the
+    drafter's new context (draft time). Read at the next step, or when generation ends."""
+
+    verified: object
+    rolled_back: object
+    appended: object
+
+
 class Engine:
     def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, max_context: int = 4096):
         self.target = target
@@ -66,6 +101,8 @@ class Engine:
             drafter.allocate(max_context + self.block_size)
         self.tokens: list[int] = []  # exactly the tokens the target state (and the drafter's context) holds
         self.snapshot: _Snapshot | None = None
+        self.clock = _Clock(self.device)
+        self.tail: _Tail | None = None
 
     # -- state bookkeeping --------------------------------------------------------
     def reset(self) -> None:
@@ -180,15 +217,14 @@ class Engine:
             yield self._finish("stop", stats)
             return
         decode_t0 = time.perf_counter()
+        self.tail = None
         while True:
             if cancel is not None and cancel.is_set():
-                stats.decode_s = time.perf_counter() - decode_t0
-                yield self._finish("cancelled", stats)
+                yield self._finish_decode("cancelled", stats, decode_t0)
                 return
             remaining = params.max_new_tokens - stats.new_tokens
             if remaining <= 0:
-                stats.decode_s = time.perf_counter() - decode_t0
-                yield self._finish("length", stats)
+                yield self._finish_decode("length", stats, decode_t0)
                 return
             step = self._step(last, min(self.block_size - 1, remaining - 1), params, generator, stop)
             emitted = step.token_ids
@@ -202,28 +238,45 @@ class Engine:
             yield step
             last = emitted[-1]
             if last in stop:
-                stats.decode_s = time.perf_counter() - decode_t0
-                yield self._finish("stop", stats)
+                yield self._finish_decode("stop", stats, decode_t0)
                 return
 
-    def _step(self, last: int, draft_len: int, params, generator, stop: set[int]) -> Step:
-        start = self.state.length
-        t0 = time.perf_counter()
-        if self.drafter is None or draft_len == 0:
-            ids = torch.tensor([last], dtype=torch.long, device=self.device)
-            logits, feats = self.target(ids, self.state, logits="all", taps=self.taps)
-            _sync(self.device)
-            t1 = time.perf_counter()
-            self.tokens.append(last)
-            self._extend_context(feats)
-            nxt = int(logits[0].argmax().item()) if params.greedy else draw(probabilities(logits[0], params), generator)
-            return Step([nxt], 0, 0, 0.0, t1 - t0)
+    def _read_tail(self) -> tuple[float, float]:
+        """(draft, verify) seconds of the previous step's tail; the stream must have passed it."""
+        tail, self.tail = self.tail, None
+        if tail is None:
+            return 0.0, 0.0
+        return self.clock.seconds(tail.rolled_back, tail.appended), self.clock.seconds(tail.verified, tail.rolled_back)
 
-        ids = self.drafter.propose(last, start, draft_len).to(self.device)
-        _sync(self.device)
-        t1 = time.perf_counter()
+    def _step(self, last: int, draft_len: int, params, generator, stop: set[int]) -> Step:
+        """One decode step. Its only host wait is reading the verified tokens; its draft_s and verify_s
+        include the previous step's tail (see _Tail), so they add up to the whole decode."""
+        start = self.state.length
+        clock = self.clock
+        t0 = clock.mark()
+        if self.drafter is None or draft_len == 0:
+            ids = torch.full((1,), last, dtype=torch.long, device=self.device)
+            logits, feats = self.target(ids, self.state, logits="all", taps=self.taps)
+            t1 = clock.mark()
+            nxt = self._first_token(logits[0], params, generator)
+            tail_draft, tail_verify = self._read_tail()
+            verify_s = clock.seconds(t0, t1) + tail_verify
+            self.tokens.append(last)
+            appended = t1
+            if feats is not None:  # a drafter's engine on its last token
+                self._extend_context(feats)
+                appended = clock.mark()
+            self.tail = _Tail(t1, t1, appended)
+            return Step([nxt], 0, 0, tail_draft, verify_s)
+
+        ids = self._on_device(self.drafter.propose(last, start, draft_len))
+        t1 = clock.mark()
         logits, feats = self.target(ids, self.state, logits="all", taps=self.taps, speculative=True)
+        t2 = clock.mark()
         emitted = verify(ids[1:], logits, params, generator)
+        tail_draft, tail_verify = self._read_tail()
+        draft_s = clock.seconds(t0, t1) + tail_draft
+        verify_s = clock.seconds(t1, t2) + tail_verify
         accepted = len(emitted) - 1
         for j, token in enumerate(emitted):
             if token in stop:
@@ -233,10 +286,18 @@ class Engine:
         self.target.rollback(self.state, keep)
         self.tokens.append(last)
         self.tokens.extend(emitted[:-1])
+        t3 = clock.mark()
         self._extend_context(None if feats is None else feats[:keep])
-        _sync(self.device)
-        t2 = time.perf_counter()
-        return Step(emitted, draft_len, accepted, t1 - t0, t2 - t1)
+        self.tail = _Tail(t2, t3, clock.mark())
+        return Step(emitted, draft_len, accepted, draft_s, verify_s)
+
+    def _on_device(self, ids: torch.Tensor) -> torch.Tensor:
+        """A drafter's block on the target's device; from host memory without a blocking copy."""
+        if ids.device == self.device:
+            return ids
+        if self.device.type == "cuda":
+            return ids.pin_memory().to(self.device, non_blocking=True)
+        return ids.to(self.device)
 
     def _peak_memory(self) -> int:
         if self.device.type == "cuda":
@@ -246,6 +307,16 @@ class Engine:
         except ImportError:  # Windows
             return 0
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    def _finish_decode(self, reason: str, stats: GenerationStats, decode_t0: float) -> Finished:
+        """End after decoding: the last step's tail is waited for, counted, and part of decode_s."""
+        if self.tail is not None:
+            self.clock.wait(self.tail.appended)
+            draft_s, verify_s = self._read_tail()
+            stats.draft_s += draft_s
+            stats.verify_s += verify_s
+        stats.decode_s = time.perf_counter() - decode_t0
+        return self._finish(reason, stats)
 
     def _finish(self, reason: str, stats: GenerationStats) -> Finished:
         stats.peak_memory_bytes = self._peak_memory()

@@ -29,6 +29,8 @@ def test_event_order_and_statistics_add_up(tiny_dirs):
     assert s.mean_acceptance_length == (s.new_tokens - 1) / s.steps
     assert all(len(e.token_ids) == e.accepted + 1 for e in steps)
     assert s.ttft_s > 0 and s.decode_s > 0 and s.decode_tokens_per_s > 0 and s.peak_memory_bytes > 0
+    # drafting and verifying are parts of the decode, each counted once
+    assert 0 < s.draft_s and 0 < s.verify_s and s.draft_s + s.verify_s <= s.decode_s
     record = s.as_dict()
     assert record["new_tokens"] == 50 and record["speculative"] is True
 
@@ -48,6 +50,8 @@ def test_cancel_ends_the_answer_and_keeps_what_was_produced(tiny_dirs):
             finished = event
     assert finished.reason == "cancelled"
     assert finished.stats.new_tokens == len(produced) == 5
+    stats = finished.stats
+    assert stats.draft_s == 0 and 0 < stats.verify_s <= stats.decode_s  # no drafter: every step is a target forward
     # the state stays usable: continuing the conversation reuses it
     _, _, events = run(engine, [1, 2, 3] + produced + [9], SamplingParams(max_new_tokens=3))
     assert events[0].reused_tokens == 3 + 4
