@@ -48,7 +48,6 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from dflash_chat.catalog import Source, matches, quant_of, split_group
 from dflash_chat.errors import UserError
-from dflash_chat.hardware import gb
 
 try:  # huggingface_hub >= 2.4 talks through httpx2, earlier 1.x through httpx
     import httpx2 as httpx
@@ -454,8 +453,8 @@ def _check_disk(plan: Plan, disk_free: Callable[[Path], int]) -> None:
     free = disk_free(where)
     if free < need + DISK_MARGIN:
         raise NotEnoughDiskError(
-            f"not enough disk space in {plan.cache_dir}: the download needs {gb(need)}, "
-            f"{gb(free)} is free. Free some space, or point HF_HUB_CACHE at a bigger disk."
+            f"not enough disk space in {plan.cache_dir}: the download needs {size_text(need)}, "
+            f"{size_text(free)} is free. Free some space, or point HF_HUB_CACHE at a bigger disk."
         )
 
 

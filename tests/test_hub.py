@@ -226,7 +226,7 @@ def test_not_enough_disk_stops_before_any_transfer(server):
         hub.download(plan, disk_free=lambda path: 50_000)
     message = str(err.value)
     assert "not enough disk space" in message and "HF_HUB_CACHE" in message
-    assert f"{plan.missing_bytes() / 2**30:.1f} GB" in message
+    assert f"needs {hub.size_text(plan.missing_bytes())}, {hub.size_text(50_000)} is free" in message
     assert not [r for r in server.requests if "/resolve/" in r.path or "/cdn/" in r.path]
 
 
