@@ -94,28 +94,6 @@ def normalise_target_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.
     return out
 
 
-def load_into(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, optional: tuple[str, ...] = ()) -> None:
-    """Copy tensors into the module's parameters, refusing missing tensors and shape mismatches."""
-    params = dict(module.named_parameters())
-    missing = [n for n in params if n not in tensors and n not in optional]
-    if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise ModelFormatError(f"{what} weights are missing {shown}: the files do not match config.json")
-    for name, p in params.items():
-        if name not in tensors:
-            continue
-        t = tensors[name]
-        if name.endswith("conv1d.weight") and t.dim() == 2:
-            t = t.unsqueeze(1)
-        if tuple(t.shape) != tuple(p.shape):
-            raise ModelFormatError(
-                f"{what} tensor {name} has shape {tuple(t.shape)}, config.json implies {tuple(p.shape)}: "
-                "the weights and config.json do not belong together"
-            )
-        with torch.no_grad():
-            p.copy_(t.to(p.dtype))
-
-
 # --- meta-device models filled from a tensor mapping -------------------------------------------
 
 Weight = torch.Tensor | QuantTensor | tuple

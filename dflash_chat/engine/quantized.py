@@ -124,7 +124,7 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """Embedding lookup that dequantizes only the gathered rows; `logits(x)` reuses the table as a tied lm_head."""
+    """Embedding lookup that dequantizes only the gathered rows; `as_linear()` reuses the table as a tied lm_head."""
 
     def __init__(self, weight: QuantTensor | torch.Tensor, dtype: torch.dtype | None = None):
         super().__init__()
@@ -143,11 +143,6 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.packed.index_select(0, ids.reshape(-1).to(self.packed.device))
         return kernels.dequantize(rows, self.fmt, self.dtype).reshape(*ids.shape, self.embedding_dim)
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        y = kernels.matmul(x.reshape(-1, self.embedding_dim), self.packed, self.fmt, self.num_embeddings)
-        return y.reshape(*lead, self.num_embeddings)
 
     def as_linear(self) -> QuantLinear:
         """A QuantLinear sharing this table's bytes (no copy)."""

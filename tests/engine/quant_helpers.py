@@ -35,3 +35,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def overwrite_parameters(model, tensors: dict) -> None:
+    """Copy float `tensors` into every parameter of a loaded float `model` (conv1d weights may come as [C, K])."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(tensors[name].reshape(p.shape))

@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_chat.engine.checkpoint import load_into
 from dflash_chat.engine.load import load_drafter, load_files, load_pair, load_target, load_tokenizer
 from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear, QuantTensor
 from dflash_chat.engine.sampling import SamplingParams
@@ -25,6 +24,7 @@ from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_targ
 from dflash_chat.hub import ModelFiles
 from dflash_chat.tiny import CHAT_TEMPLATE, write_drafter, write_target
 from tests.engine.helpers import run
+from tests.engine.quant_helpers import overwrite_parameters
 
 ARCHS = ["qwen3_5", "qwen3_5_moe", "qwen3"]
 IDS = torch.tensor([1, 5, 9, 200, 17, 3, 42, 7, 99, 300])
@@ -85,7 +85,7 @@ def _float(t) -> torch.Tensor:
 def _dequantized_twin(t: Tiny, gguf_path):
     """Our model from the HF folder, then every weight overwritten with the GGUF's values decoded to float."""
     model = load_target(t.target_dir, "cpu", torch.float32)
-    load_into(model, {k: _float(v) for k, v in read_gguf(gguf_path).tensors.items()}, "target")
+    overwrite_parameters(model, {k: _float(v) for k, v in read_gguf(gguf_path).tensors.items()})
     return model
 
 
@@ -182,7 +182,7 @@ def test_tied_lm_head_reads_the_quantized_embedding(tiny, tmp_path):
     twin = load_target(t.target_dir, "cpu", torch.float32)
     decoded = {k: _float(v) for k, v in read_gguf(path).tensors.items()}
     decoded["lm_head.weight"] = decoded["model.embed_tokens.weight"]
-    load_into(twin, decoded, "target")
+    overwrite_parameters(twin, decoded)
     torch.testing.assert_close(_logits(model), _logits(twin), rtol=0, atol=1e-4)
 
 
@@ -244,7 +244,7 @@ def test_quantized_drafter_matches_its_decoded_float_twin(tiny):
     path = t.drafter_gguf("Q4_K_M", "dflash-draft")
     packed = load_drafter(path, target)
     twin = load_drafter(t.drafter_dir, target)
-    load_into(twin, {k: _float(v) for k, v in read_gguf(path).tensors.items()}, "drafter")
+    overwrite_parameters(twin, {k: _float(v) for k, v in read_gguf(path).tensors.items()})
     features = torch.randn(6, packed.fc.in_features, generator=torch.Generator().manual_seed(3))
     for drafter in (packed, twin):
         drafter.allocate(64)

@@ -1,18 +1,17 @@
 """GGUF targets through the engine's own TargetModel: F32 logits equal the HF model's; with the
-Q4_K_M mix, swapping in QuantLinear/QuantEmbedding/QuantExperts gives the logits of the same model
+Q4_K_M mix, the model holding QuantLinear/QuantEmbedding/QuantExperts gives the logits of the same model
 holding the dequantized weights as floats."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from dflash_chat.engine.models.config import TargetConfig
-from dflash_chat.engine.models.layers import Experts, Rotary
+from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear, QuantTensor
-from dflash_chat.engine.checkpoint import load_into
+from dflash_chat.engine.checkpoint import materialise
+from dflash_chat.engine.quantized import QuantExperts, QuantLinear, QuantTensor
 from dflash_chat.engine.weights.gguf import read_gguf
 from tests.engine.quant_helpers import one_thread
 from tests.engine.test_quant_gguf import MODELS, _write
@@ -28,26 +27,16 @@ def _float(t):
 
 
 def _engine_model(m, quantized: bool) -> TargetModel:
+    """The loader's own materialise: packed tensors become Quant* modules; floats (dequantized) fill nn modules."""
     cfg = TargetConfig.from_dict(m.hf_config)
-    model = TargetModel(cfg).float()
-    model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
+    with torch.device("meta"):
+        model = TargetModel(cfg)
     tensors = dict(m.tensors.items())
-    load_into(model, {k: _float(v) for k, v in tensors.items()}, "target")
-    if quantized:
-        _swap_quant_modules(model, tensors)
+    if not quantized:
+        tensors = {k: _float(v) for k, v in tensors.items()}
+    materialise(model, tensors, torch.device("cpu"), torch.float32, "target")
+    model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
     return model.eval()
-
-
-def _swap_quant_modules(model: nn.Module, tensors: dict) -> None:
-    for name, module in list(model.named_modules()):
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        if isinstance(module, nn.Linear) and isinstance(tensors.get(name + ".weight"), QuantTensor):
-            setattr(parent, attr, QuantLinear(tensors[name + ".weight"]))
-        elif isinstance(module, nn.Embedding) and isinstance(tensors.get(name + ".weight"), QuantTensor):
-            setattr(parent, attr, QuantEmbedding(tensors[name + ".weight"]))
-        elif isinstance(module, Experts):
-            setattr(parent, attr, QuantExperts(tensors[name + ".gate_up_proj"], tensors[name + ".down_proj"]))
 
 
 def _logits(model: TargetModel) -> torch.Tensor:
