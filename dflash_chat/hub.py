@@ -473,7 +473,7 @@ def _fetch(plan: Plan, file: RemoteFile, report: ProgressCallback, cancel: threa
     if cancel.is_set():
         raise DownloadCancelled()
     blob = _blob(plan.cache_dir, file.repo, file.etag)
-    partial = blob.with_name(blob.name + ".incomplete")
+    partial = _partial(plan.cache_dir, file)
     blob.parent.mkdir(parents=True, exist_ok=True)
     digest = _Digest(file)
     start = partial.stat().st_size if partial.exists() else 0
@@ -620,7 +620,7 @@ class _Digest:
                 self.update(chunk)
 
     def check(self, partial: Path) -> None:
-        expected = self.file.sha256 or self.file.blob_id
+        expected = self.file.etag
         got = self._hash.hexdigest()
         if self.length != self.file.size or (expected and got != expected):
             partial.unlink(missing_ok=True)
@@ -678,10 +678,15 @@ def _blob(cache: Path, repo: str, etag: str | None) -> Path:
     return _storage(cache, repo) / "blobs" / (etag or "unknown")
 
 
+def _partial(cache: Path, file: RemoteFile) -> Path:
+    """Where a download in progress lives: blobs/<etag>.incomplete, the name huggingface_hub used."""
+    blob = _blob(cache, file.repo, file.etag)
+    return blob.with_name(blob.name + ".incomplete")
+
+
 def _partial_size(cache: Path, file: RemoteFile) -> int:
-    partial = _blob(cache, file.repo, file.etag).with_name(f"{file.etag}.incomplete")
     try:
-        return partial.stat().st_size
+        return _partial(cache, file).stat().st_size
     except OSError:
         return 0
 
