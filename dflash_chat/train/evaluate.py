@@ -12,14 +12,14 @@ from pathlib import Path
 
 from dflash_chat.bench import Comparison, compare
 
-DEMO_HELDOUT = "heldout_prompts.json"
+HELDOUT_FILE = "heldout_prompts.json"  # written beside a shipped pair by recipe.ship
 
 
 def demo_heldout_prompts() -> list[list[dict]]:
     """The held-out chats shipped beside the demo pair (never seen in training)."""
     from dflash_chat.demo import demo_dir
 
-    return json.loads((demo_dir() / DEMO_HELDOUT).read_text())
+    return json.loads((demo_dir() / HELDOUT_FILE).read_text())
 
 
 def measure_pair(target_dir: str | Path, drafter_dir: str | Path, *, prompts: int | list[list[dict]] = 16,

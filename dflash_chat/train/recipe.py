@@ -21,10 +21,9 @@ from dflash_chat.train.drafter import (
     DrafterSettings, DrafterShape, drafter_config_dict, new_drafter, save_drafter, teacher_forced_acceptance,
     train_drafter,
 )
+from dflash_chat.train.evaluate import HELDOUT_FILE
 from dflash_chat.train.target import TargetShape, TrainSettings, new_target, save_target, train_target
 from dflash_chat.train.tokenizer import MASK_TOKEN, save_tokenizer, train_tokenizer
-
-HELDOUT_FILE = "heldout_prompts.json"
 
 
 @dataclass
