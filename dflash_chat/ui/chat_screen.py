@@ -14,8 +14,9 @@ import re
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 from textual import on, work
 from textual.binding import Binding
@@ -77,13 +78,14 @@ def last_code_block(text: str) -> str | None:
 
 @dataclass
 class Turn:
-    """The answer being written: where its text goes and where it is saved."""
+    """The answer being written: where its text goes, where it is saved, and the pair writing it."""
 
     conversation_id: int
     message: Message
     widget: AssistantMessage
     cancel: threading.Event
     thinking: bool
+    pair: Any  # the LoadedPair writing it (the screen's may change meanwhile)
     last_saved: float = 0.0
 
 
@@ -193,6 +195,7 @@ class ChatScreen(Screen):
             self.start_loading(request)
 
     def _forget_model(self) -> None:
+        self.action_stop()  # the answer being written comes from the model being dropped
         self.pair = None
         self.transcript = None
         self.transcripts.clear()
@@ -217,20 +220,25 @@ class ChatScreen(Screen):
             from dflash_chat.chat import model_manager
 
             chosen = model_manager.choose(pick, context_length)
-            post(ModelChosen(chosen))
+            post(ModelChosen(pick, chosen))
             if chosen.demo is not None:
-                post(ModelReady(chosen.demo))
+                post(ModelReady(pick, chosen.demo))
                 return
             plan = model_manager.plan_files(chosen.choice)
             if plan.to_fetch:
-                post(DownloadNeeded(chosen.choice, plan))
+                post(DownloadNeeded(pick, chosen.choice, plan))
                 return
             files = hub.download(plan)  # everything is cached: this only links the snapshot files
-            post(ModelReady(model_manager.source_for(chosen.choice, files)))
+            post(ModelReady(pick, model_manager.source_for(chosen.choice, files)))
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
-            post(ModelUnavailable(describe(exc) or f"choosing a model failed ({type(exc).__name__}: {exc})"))
+            post(ModelUnavailable(pick, describe(exc) or f"choosing a model failed ({type(exc).__name__}: {exc})"))
+
+    # A model worker cannot be stopped: messages from one started for an earlier request or
+    # source (the settings changed meanwhile) are dropped.
 
     async def on_model_chosen(self, message: ModelChosen) -> None:
+        if message.request is not self.request:
+            return
         self.chosen = message.chosen
         self.manager_note = f"{self.chosen.explanation}\n\nChecking the model files…"
         self.panel.show_model(None, note=self.chosen.explanation)
@@ -242,17 +250,21 @@ class ChatScreen(Screen):
         from dflash_chat.hub import size_text
         from dflash_chat.ui.download_screen import DownloadScreen
 
+        if message.request is not self.request:
+            return
         what = label(message.choice)
         size = size_text(message.plan.missing_bytes())
         self.manager_note = f"{self.chosen.explanation}\n\nDownloading {what} ({size})…"
         self.sub_title = "downloading the model…"
         await self.show_notice()
         self.app.push_screen(DownloadScreen(message.plan, title=f"Downloading {what}"),
-                             callback=partial(self.downloaded, message.choice))
+                             callback=partial(self.downloaded, message.request, message.choice))
 
-    async def downloaded(self, choice, files) -> None:
+    async def downloaded(self, request: Pick, choice, files) -> None:
         from dflash_chat.chat.model_manager import label, resume_advice, source_for
 
+        if request is not self.request:
+            return
         if files is not None:
             self.start_loading(source_for(choice, files))
             return
@@ -264,9 +276,12 @@ class ChatScreen(Screen):
         await self.show_notice()
 
     def on_model_ready(self, message: ModelReady) -> None:
-        self.start_loading(message.source)
+        if message.request is self.request:
+            self.start_loading(message.source)
 
     async def on_model_unavailable(self, message: ModelUnavailable) -> None:
+        if message.request is not self.request:
+            return
         self.manager_note = f"No model yet: {message.error}"
         self.sub_title = "no model"
         self.panel.show_model(None, note="no model")
@@ -292,11 +307,13 @@ class ChatScreen(Screen):
             pair = load_pair(source.target, source.drafter, tokenizer=source.tokenizer,
                              device=load_device(source), max_context=context_length)
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
-            self.post_message(ModelFailed(failure_message(exc)))
+            self.post_message(ModelFailed(source, failure_message(exc)))
             return
-        self.post_message(ModelLoaded(pair, time.perf_counter() - started))
+        self.post_message(ModelLoaded(source, pair, time.perf_counter() - started))
 
     async def on_model_loaded(self, message: ModelLoaded) -> None:
+        if message.source is not self.source:
+            return  # loaded for files the settings no longer name; dropping it frees its memory
         self.pair = message.pair
         self.manager_note = ""
         name = self.model_name()
@@ -306,6 +323,8 @@ class ChatScreen(Screen):
         self.notify(f"{name} is ready ({message.seconds:.1f} s to load)")
 
     async def on_model_failed(self, message: ModelFailed) -> None:
+        if message.source is not self.source:
+            return
         self.manager_note = f"The model did not load: {message.error}"
         self.sub_title = "no model"
         self.panel.show_model(None, note="not loaded")
@@ -362,8 +381,8 @@ class ChatScreen(Screen):
         self.conversation.messages.append(message)
         self.record(self.store.add, self.conversation.id, message)
         widget = await self.chat_view.add_assistant()
-        self.turn = Turn(self.conversation.id, message, widget, threading.Event(), self.thinking)
-        self.generate(self.pair, turns, self.thinking, self.settings, self.turn.cancel, self.transcript)
+        self.turn = Turn(self.conversation.id, message, widget, threading.Event(), self.thinking, self.pair)
+        self.generate(self.turn.pair, turns, self.thinking, self.settings, self.turn.cancel, self.transcript)
 
     @work(thread=True, group="generate")
     def generate(self, pair, turns: list[dict], thinking: bool, settings: Settings,
@@ -404,7 +423,7 @@ class ChatScreen(Screen):
         turn.message.content += chunk.answer
         if turn.widget.is_attached:
             await turn.widget.append(chunk.thinking, chunk.answer)
-        self.panel.show_live(chunk.live, speculative=self.pair.drafter_name is not None)
+        self.panel.show_live(chunk.live, speculative=turn.pair.drafter_name is not None)
         now = time.monotonic()
         if now - turn.last_saved >= SAVE_EVERY_S:
             self.record(self.store.update, turn.message)
@@ -416,12 +435,14 @@ class ChatScreen(Screen):
         self.last_end = end
         if turn is None:
             return
-        if message.transcript is not None:
-            self.transcripts[turn.conversation_id] = message.transcript
+        # the tokens the engine holds mean nothing to a model loaded since
+        held = message.transcript if turn.pair is self.pair else None
+        if held is not None:
+            self.transcripts[turn.conversation_id] = held
         else:
             self.transcripts.pop(turn.conversation_id, None)
         same_chat = turn.conversation_id == self.conversation.id
-        self.transcript = message.transcript if same_chat else None
+        self.transcript = held if same_chat else None
         turn.message.thinking, turn.message.content = end.thinking, end.answer
         turn.message.status = END_STATUS.get(end.reason, ERROR)
         turn.message.stats = end.stats
@@ -542,7 +563,8 @@ class ChatScreen(Screen):
                 return
             self.begin(request)
         elif new.context_length != old.context_length:
+            # a copy, not the same object: what a worker still posts for the old context is then stale
             if isinstance(self.request, Pick) and self.request.context is None:
-                self.begin(self.request)  # a new context may change what fits
+                self.begin(replace(self.request))  # a new context may change what fits
             elif self.source is not None and self.source.context is None:
-                self.start_loading(self.source)
+                self.start_loading(replace(self.source))

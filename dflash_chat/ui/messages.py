@@ -1,4 +1,9 @@
-"""Messages the worker threads post to the UI (post_message: it never blocks the worker)."""
+"""Messages the worker threads post to the UI (post_message: it never blocks the worker).
+
+Model messages carry what they were started for (`source` or `request`): a worker cannot be
+stopped, so one started before the settings changed may still post, and the chat screen drops
+messages whose source or request is no longer its own.
+"""
 
 from __future__ import annotations
 
@@ -11,31 +16,35 @@ from dflash_chat.chat.prompt import Prompt, Transcript
 
 
 class ModelLoaded(Message):
-    def __init__(self, pair: Any, seconds: float) -> None:
+    def __init__(self, source: Any, pair: Any, seconds: float) -> None:
         super().__init__()
+        self.source = source
         self.pair = pair
         self.seconds = seconds
 
 
 class ModelFailed(Message):
-    def __init__(self, error: str) -> None:
+    def __init__(self, source: Any, error: str) -> None:
         super().__init__()
+        self.source = source
         self.error = error
 
 
 class ModelChosen(Message):
     """The model manager's choice (`chosen`: chat.model_manager.Chosen), before any file is fetched."""
 
-    def __init__(self, chosen: Any) -> None:
+    def __init__(self, request: Any, chosen: Any) -> None:
         super().__init__()
+        self.request = request
         self.chosen = chosen
 
 
 class DownloadNeeded(Message):
     """Files of the choice are missing: `plan` (hub.Plan) says which."""
 
-    def __init__(self, choice: Any, plan: Any) -> None:
+    def __init__(self, request: Any, choice: Any, plan: Any) -> None:
         super().__init__()
+        self.request = request
         self.choice = choice
         self.plan = plan
 
@@ -43,16 +52,18 @@ class DownloadNeeded(Message):
 class ModelReady(Message):
     """Every file is on disk: `source` (a ModelSource) can load."""
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, request: Any, source: Any) -> None:
         super().__init__()
+        self.request = request
         self.source = source
 
 
 class ModelUnavailable(Message):
     """No model can run yet (offline, nothing fits, no GPU and no demo): `error` says what to do."""
 
-    def __init__(self, error: str) -> None:
+    def __init__(self, request: Any, error: str) -> None:
         super().__init__()
+        self.request = request
         self.error = error
 
 

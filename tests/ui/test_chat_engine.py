@@ -4,6 +4,7 @@ assertions are on structure and on the engine's own GenerationStats)."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -13,7 +14,7 @@ from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
-from dflash_chat.ui.messages import AnswerChunk, PromptSent
+from dflash_chat.ui.messages import AnswerChunk, ModelLoaded, PromptSent
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
 
@@ -270,3 +271,50 @@ def test_choosing_a_model_on_the_settings_screen_loads_it(home, tiny_pair):
     assert subtitle == "target" and shown["drafter"] == "drafter"
     saved = settings_module.load()
     assert (saved.model, saved.drafter) == (str(target), str(drafter))
+
+
+def test_switching_the_model_mid_answer_stops_the_answer_and_loads_the_new_model(home, tiny_pair):
+    target, _ = tiny_pair
+
+    async def main():
+        app = make_app(tiny_pair, max_new_tokens=400)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            first_pair = app.chat.pair
+            await send(pilot, "tell me a long story")
+            await wait_for(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content, 60,
+                           "the first streamed text")
+            # the same target without its drafter: a different model, loaded while the answer streams
+            app.chat.apply_settings(replace(app.chat.settings, model=str(target), drafter="", max_new_tokens=3))
+            await wait_for(pilot, lambda: app.chat.turn is None, 60, "the answer to stop")
+            stopped = app.chat.last_end
+            await wait_for(pilot, lambda: app.chat.pair not in (None, first_pair), 60, "the new model to load")
+            held = (app.chat.transcript, dict(app.chat.transcripts))
+            await send(pilot, "next")
+            await answered(pilot, app, 2)
+            return stopped, held, app.chat.pair.drafter_name, app.chat.last_end
+
+    stopped, (transcript, transcripts), drafter, end = run(main())
+    assert stopped.reason == "cancelled" and 0 < stopped.stats.new_tokens < 400
+    # the old model's tokens are not offered to the new one as a prefix
+    assert transcript is None and transcripts == {}
+    assert drafter is None
+    assert end.reason in ("length", "stop") and not end.stats.speculative and end.stats.reused_tokens == 0
+
+
+def test_a_model_load_started_before_the_settings_changed_is_dropped(home, tiny_pair, tmp_path):
+    hook = Seen(ModelLoaded)
+
+    async def main():
+        app = make_app(tiny_pair)
+        async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
+            # the tiny pair is loading; name a model that fails at once, before it is done
+            app.chat.apply_settings(replace(app.chat.settings, model=str(tmp_path / "gone"), drafter=""))
+            await wait_for(pilot, lambda: hook.messages, 60, "the first load to finish")
+            await pilot.pause()
+            return app.chat.pair, app.chat.sub_title, app.chat.manager_note, app.chat.source.target
+
+    pair, subtitle, note, target = run(main())
+    assert pair is None and subtitle == "no model"
+    assert note.startswith("The model did not load") and "gone" in note
+    assert target == str(tmp_path / "gone")
