@@ -1,9 +1,12 @@
-"""Attention helpers: grouped-query SDPA over explicit boolean masks."""
+"""Attention shared by targets and drafters: projections, grouped-query SDPA, boolean masks."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from dflash_chat.engine.models.layers import RMSNorm, apply_rotary
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
@@ -27,9 +30,50 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.view(kv_heads, rep, Q, d).permute(2, 0, 1, 3).reshape(Q, heads * d)
 
 
-def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
-    """Query at position p sees keys at positions <= p (and > p - window when windowed)."""
-    visible = k_pos[None, :] <= q_pos[:, None]
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None, causal: bool = True) -> torch.Tensor:
+    """Visibility [Q, K]: a query at position p sees keys at positions <= p when causal, and only those
+    > p - window when windowed."""
+    rel = q_pos[:, None] - k_pos[None, :]
+    visible = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
     if window is not None:
-        visible &= (q_pos[:, None] - k_pos[None, :]) < window
+        visible &= rel < window
     return visible
+
+
+class Projections(nn.Module):
+    """The q/k/v/o projections of a Qwen3-style attention layer, per-head q/k RMSNorm and RoPE.
+
+    `gated` (Qwen3.5/3.6 targets): q_proj also yields a per-head output gate, packed as q then gate
+    for each head. Parameter names are the checkpoints' (q_proj, k_proj, v_proj, o_proj, q_norm, k_norm).
+    """
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                 zero_centred: bool = False, gated: bool = False):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.gated = gated
+        self.q_proj = nn.Linear(hidden, heads * head_dim * (2 if gated else 1), bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps, zero_centred)
+        self.k_norm = RMSNorm(head_dim, eps, zero_centred)
+        self.scale = head_dim**-0.5
+
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(q [T, heads, d] normed and rotated, output gate [T, heads * d] or None)."""
+        T = x.shape[0]
+        q = self.q_proj(x)
+        gate = None
+        if self.gated:
+            q, gate = q.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(T, -1)
+        q = self.q_norm(q.reshape(T, self.num_heads, self.head_dim))
+        return apply_rotary(q, cos, sin), gate
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) [T, kv_heads, d]; k normed and rotated."""
+        T = x.shape[0]
+        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        return apply_rotary(k, cos, sin), v

@@ -16,59 +16,38 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash_chat.engine.models.attention import attend
+from dflash_chat.engine.models.attention import Projections, attend, causal_mask
 from dflash_chat.engine.models.config import DrafterConfig
-from dflash_chat.engine.models.layers import MLP, RMSNorm, Rotary, apply_rotary
+from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary
 
 
-class DraftAttention(nn.Module):
+class DraftAttention(Projections):
     def __init__(self, cfg: DrafterConfig, layer_type: str):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        super().__init__(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
         self.sliding = layer_type == "sliding_attention"
         self.window = cfg.sliding_window if self.sliding else None
         self.causal = self.sliding and cfg.causal_sliding
 
-    def keys_values(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k = self.k_norm(self.k_proj(h).view(h.shape[0], self.num_kv_heads, self.head_dim))
-        v = self.v_proj(h).view(h.shape[0], self.num_kv_heads, self.head_dim)
-        return apply_rotary(k, cos, sin), v
-
-    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        q = self.q_norm(self.q_proj(x).view(x.shape[0], self.num_heads, self.head_dim))
-        return apply_rotary(q, cos, sin)
-
-    def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, same_block: torch.Tensor) -> torch.Tensor | None:
-        """Visibility [Q, K]: context keys (k_pos < block start) always, block keys within the block.
+    def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, same_block: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Visibility [Q, K], or None when every key is visible.
 
         `same_block` [Q, K] is True where key and query belong to the same block (or the key is context
-        that precedes the query's block).
+        that precedes the query's block); None: the queries are one block over its own context.
+        Inside that, sliding layers see only the window and, when causal, earlier positions.
         """
-        visible = same_block.clone()
-        if self.causal:
-            visible &= k_pos[None, :] <= q_pos[:, None]
-        if self.window is not None:
-            visible &= (q_pos[:, None] - k_pos[None, :]) < self.window
-        return visible
+        if not (self.causal or self.window):
+            return same_block
+        visible = causal_mask(q_pos, k_pos, self.window, self.causal)
+        return visible if same_block is None else visible & same_block
 
 
-class DraftLayer(nn.Module):
+class DraftLayer(PreNormBlock):
     def __init__(self, cfg: DrafterConfig, layer_type: str):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = DraftAttention(cfg, layer_type)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-
-    def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn.o_proj(attn_out)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DFlashDrafter(nn.Module):
@@ -84,7 +63,6 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(cfg, t) for t in cfg.layer_types)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
-        self.scale = cfg.head_dim**-0.5
         self._embed: nn.Module | None = None
         self._lm_head: nn.Module | None = None
         self.cache_k: torch.Tensor | None = None
@@ -162,17 +140,15 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             xn = layer.input_layernorm(x)
-            q = attn.queries(xn, cos, sin)
+            q, _ = attn.queries(xn, cos, sin)
             # the block's K/V go in the cache's spare rows past the context; the next call overwrites them
             self.cache_k[i, start:end], self.cache_v[i, start:end] = attn.keys_values(xn, cos, sin)
             lo = max(0, start - attn.window + 1) if attn.window else 0
             key = (attn.causal, attn.window)
             if key not in masks:
-                k_pos = torch.arange(lo, end, device=device)
-                full = torch.ones(B, end - lo, dtype=torch.bool, device=device)
-                masks[key] = attn.mask(blk_pos, k_pos, full) if (attn.causal or attn.window) else None
-            out = attend(q, self.cache_k[i, lo:end], self.cache_v[i, lo:end], masks[key], self.scale)
-            x = layer.finish(x, out)
+                masks[key] = attn.mask(blk_pos, torch.arange(lo, end, device=device))
+            out = attend(q, self.cache_k[i, lo:end], self.cache_v[i, lo:end], masks[key], attn.scale)
+            x = layer.finish(x, attn.o_proj(out))
         return ids, self.norm(x[1:])
 
     # -- training ---------------------------------------------------------------
@@ -202,11 +178,11 @@ class DFlashDrafter(nn.Module):
             attn = layer.self_attn
             k_c, v_c = attn.keys_values(h_ctx, cos_c, sin_c)
             xn = layer.input_layernorm(x)
-            q = attn.queries(xn, cos_b, sin_b)
+            q, _ = attn.queries(xn, cos_b, sin_b)
             k_b, v_b = attn.keys_values(xn, cos_b, sin_b)
             mask = attn.mask(blk_pos, k_pos, base)
-            out = attend(q, torch.cat((k_c, k_b)), torch.cat((v_c, v_b)), mask, self.scale)
-            x = layer.finish(x, out)
+            out = attend(q, torch.cat((k_c, k_b)), torch.cat((v_c, v_b)), mask, attn.scale)
+            x = layer.finish(x, attn.o_proj(out))
         return self.norm(x).view(A, B, H)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,15 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((rot, rest), dim=-1) if rest.shape[-1] else rot
 
 
+class PreNormBlock(nn.Module):
+    """A pre-norm decoder layer's tail; subclasses hold `mlp` and `post_attention_layernorm`."""
+
+    def finish(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """Add the mixer's (attention's) output to the residual stream, then the MLP's."""
+        x = x + mixed
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()

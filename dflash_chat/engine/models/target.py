@@ -14,53 +14,35 @@ import torch
 from torch import nn
 
 from dflash_chat.engine.errors import ContextLengthError
-from dflash_chat.engine.models.attention import attend, causal_mask
+from dflash_chat.engine.models.attention import Projections, attend, causal_mask
 from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.gdn import GatedDeltaNet
-from dflash_chat.engine.models.layers import MLP, RMSNorm, Rotary, SparseMoE, apply_rotary
+from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary, SparseMoE
 from dflash_chat.engine.state import AttentionCache, GDNCache, ModelState
 
 
-class Attention(nn.Module):
+class Attention(Projections):
     """Full attention; Qwen3.5/3.6 add a per-head output gate packed into q_proj (q then gate per head)."""
 
     def __init__(self, cfg: TargetConfig):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.gated = cfg.gated_attention
-        q_out = cfg.num_heads * cfg.head_dim * (2 if self.gated else 1)
-        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centred_norm)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centred_norm)
-        self.scale = cfg.head_dim**-0.5
+        super().__init__(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
+                         cfg.zero_centred_norm, cfg.gated_attention)
 
     def new_cache(self, max_len: int, device, dtype) -> AttentionCache:
         shape = (max_len, self.num_kv_heads, self.head_dim)
         return AttentionCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
     def forward(self, x, cache: AttentionCache, start: int, cos, sin, mask) -> torch.Tensor:
-        T = x.shape[0]
-        q = self.q_proj(x)
-        if self.gated:
-            q, gate = q.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(T, -1)
-        q = self.q_norm(q.reshape(T, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        end = start + T
-        cache.k[start:end] = k
-        cache.v[start:end] = v
+        q, gate = self.queries(x, cos, sin)
+        end = start + x.shape[0]
+        cache.k[start:end], cache.v[start:end] = self.keys_values(x, cos, sin)
         out = attend(q, cache.k[:end], cache.v[:end], mask, self.scale)
-        if self.gated:
+        if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(PreNormBlock):
     def __init__(self, cfg: TargetConfig, layer_type: str):
         super().__init__()
         self.layer_type = layer_type
@@ -89,8 +71,7 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(h, cache, speculative)
         else:
             h = self.self_attn(h, cache, start, cos, sin, mask)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.finish(x, h)
 
 
 class Backbone(nn.Module):
