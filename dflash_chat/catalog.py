@@ -89,10 +89,6 @@ class Source:
         kind = "gguf" if path.suffix.lower() == ".gguf" else "safetensors"
         return cls(kind, quant_of(path.name) or "local", path=path, size=local_size(path))
 
-    @property
-    def is_local(self) -> bool:
-        return self.path is not None
-
     def describe(self) -> str:
         if self.path is not None:
             return str(self.path)

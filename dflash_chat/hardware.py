@@ -406,20 +406,3 @@ def add_choice_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--context", type=int, help="context length in tokens (default: the context_length setting for the chat, each model's own for models/pull)")
     group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
     group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")
-
-
-def choose_from_args(
-    args: argparse.Namespace, machine: Machine | None = None, catalog: Catalog | None = None
-) -> Choice:
-    from dflash_chat.catalog import load_catalog
-
-    return choose(
-        machine or probe(),
-        catalog or load_catalog(),
-        model=getattr(args, "model", None),
-        quant=getattr(args, "quant", None),
-        drafter_quant=getattr(args, "drafter_quant", None),
-        context=getattr(args, "context", None),
-        target_file=getattr(args, "target_file", None),
-        drafter_file=getattr(args, "drafter_file", None),
-    )

@@ -220,7 +220,7 @@ def plan(
         except MissingFilesError:
             if not listing.from_cache:
                 raise
-            missing.append(_missing_line(source, listing))
+            missing.append(_missing_line(source))
             continue
         parts.append(Part(role, source, source.revision, files))
     if missing:
@@ -375,8 +375,8 @@ def _missing_quant(source: Source, listing: _Listing) -> str:
     )
 
 
-def _missing_line(source: Source, listing: _Listing) -> str:
-    return f"{listing.repo} {' '.join(source.patterns)}" + (f" ({source.quant})" if source.quant else "")
+def _missing_line(source: Source) -> str:
+    return source.describe() + (f" ({source.quant})" if source.quant else "")
 
 
 def cached_parts(source: Source, cache_dir: str | Path | None = None) -> tuple[Path, ...] | None:

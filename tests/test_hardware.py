@@ -236,17 +236,6 @@ def test_a_drafter_file_alone_picks_the_pair_it_belongs_to(catalog, tmp_path):
         choose(machine(80), catalog, drafter_file=tmp_path / "absent.gguf")
 
 
-def test_command_line_flags_reach_the_picker(catalog, tmp_path):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    hardware.add_choice_arguments(parser)
-    args = parser.parse_args(["--model", "qwen3.5-9b", "--quant", "Q4_K_M", "--context", "65536"])
-    choice = hardware.choose_from_args(args, machine(24), catalog)
-    assert (choice.pair.name, choice.target.quant, choice.context) == ("qwen3.5-9b", "Q4_K_M", 65536)
-    assert choice.explanation.endswith("left for a 64k context")
-
-
 # --- probe --------------------------------------------------------------------------------------------
 
 

@@ -282,15 +282,3 @@ def save_drafter(drafter, config: dict, out_dir: Path, dtype: torch.dtype = torc
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
-def load_drafter(out_dir: Path, target):
-    """The saved drafter back as a trainable fp32 module bound to `target`."""
-    from safetensors.torch import load_file
-
-    config = json.loads((out_dir / "config.json").read_text())
-    drafter = new_drafter(config, target, seed=0)
-    state = {k: v.float() for k, v in load_file(str(out_dir / "model.safetensors")).items()}
-    drafter.load_state_dict(state)
-    return drafter, config
-

@@ -3,7 +3,6 @@ transformers' own `Qwen3_5ForCausalLM` and saved as a standard HF checkpoint."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,21 +91,8 @@ def random_windows(tokens: torch.Tensor, batch: int, seq_len: int, gen: torch.Ge
     return torch.stack([tokens[s : s + seq_len] for s in starts.tolist()])
 
 
-@torch.no_grad()
-def eval_loss(model, tokens: torch.Tensor, seq_len: int = 256, max_windows: int = 32, device: str = "cpu") -> float:
-    """Mean next-token loss on consecutive windows (for held-out text)."""
-    model.to(device).eval()
-    n = min(max_windows, (len(tokens) - 1) // seq_len)
-    total = 0.0
-    for i in range(n):
-        window = tokens[i * seq_len : (i + 1) * seq_len][None].to(device)
-        total += model(input_ids=window, labels=window).loss.item()
-    return total / max(n, 1) if n else math.nan
-
-
 def save_target(model, tokenizer, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to("cpu", dtype=dtype).save_pretrained(out_dir, safe_serialization=True)
     model.to(torch.float32)
     tokenizer.save_pretrained(out_dir)
-
