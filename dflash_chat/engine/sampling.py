@@ -37,20 +37,29 @@ class SamplingParams:
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Target distribution after temperature, top-k and top-p; logits [..., V] -> probs [..., V] (float32)."""
+    """Target distribution after temperature, top-k and top-p; logits [..., V] -> probs [..., V] (float32).
+
+    With top-k only the k best are softmaxed and sorted (not the ~250k-token vocabulary every step).
+    """
     scores = logits.float() / params.temperature
     if 0 < params.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+        best, order = torch.topk(scores, params.top_k, dim=-1)  # sorted, best first
+        kept = _top_p(torch.softmax(best, dim=-1), params.top_p)
+        return torch.zeros_like(scores).scatter(-1, order, kept)
     probs = torch.softmax(scores, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = torch.zeros_like(probs).scatter(-1, order, _top_p(sorted_probs, params.top_p))
     return probs
+
+
+def _top_p(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of descending probabilities whose mass reaches top_p (at least one), renormalised."""
+    if top_p >= 1.0:
+        return sorted_probs
+    drop = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+    kept = sorted_probs.masked_fill(drop, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -69,19 +78,21 @@ def verify(
     """
     D = draft.shape[0]
     if params.greedy:
-        both = torch.cat((logits.argmax(dim=-1), draft.to(logits.device))).tolist()  # one device-to-host copy
+        both = torch.cat((logits.argmax(dim=-1), draft)).tolist()  # one device-to-host copy
         choice, drafted = both[: D + 1], both[D + 1 :]
         accepted = next((i for i in range(D) if choice[i] != drafted[i]), D)
         return drafted[:accepted] + [choice[accepted]]
     probs = probabilities(logits, params)
-    p_draft = probs[torch.arange(D, device=probs.device), draft].tolist()
-    drafted = draft.tolist()
+    p_draft = probs[torch.arange(D, device=probs.device), draft]
+    # one device-to-host copy: float64 holds both the float32 probabilities and the token ids exactly
+    p_draft, drafted = torch.stack((p_draft.double(), draft.double())).tolist()
+    drafted = [int(d) for d in drafted]
     uniforms = torch.rand(D, generator=generator).tolist()
     for i in range(D):
         if uniforms[i] >= p_draft[i]:
-            residual = probs[i].clone()
+            residual = probs[i].float().cpu()
             residual[drafted[i]] = 0.0
-            total = residual.sum()
+            total = float(residual.sum())
             if total <= 0:  # p(d) was 1 up to rounding: d is the only possible token
                 return drafted[: i + 1]
             return drafted[:i] + [draw(residual / total, generator)]

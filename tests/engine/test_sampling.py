@@ -37,6 +37,24 @@ def test_chi_square_helper_rejects_a_wrong_distribution():
     assert chi_square_p(torch.bincount(draws, minlength=3), p) > P_MIN
 
 
+def test_top_k_and_top_p_keep_what_their_definitions_say():
+    """Against the definitions spelled out over the whole vocabulary: keep the k best, then the smallest
+    prefix reaching top_p, softmax at the temperature, renormalise."""
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2)) * 3
+    for params in (SamplingParams(temperature=0.7, top_k=20, top_p=0.8), SamplingParams(temperature=1.3, top_k=5),
+                   SamplingParams(temperature=0.5, top_p=0.6), SamplingParams(temperature=1.0)):
+        got = probabilities(logits, params)
+        for row, probs in zip(logits, got):
+            order = torch.argsort(row, descending=True)
+            keep = order[: params.top_k] if params.top_k else order
+            p = torch.softmax(row[keep] / params.temperature, dim=-1)
+            n = len(p) if params.top_p == 1 else int((torch.cumsum(p, 0) - p < params.top_p).sum())
+            want = torch.zeros_like(row)
+            want[keep[:n]] = p[:n] / p[:n].sum()
+            torch.testing.assert_close(probs, want, rtol=1e-5, atol=1e-7)
+            assert int((probs > 0).sum()) == n
+
+
 def test_acceptance_rule_preserves_the_distribution_with_top_k_and_top_p():
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 12, generator=gen) * 2
