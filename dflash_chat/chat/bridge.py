@@ -2,8 +2,9 @@
 
 Runs in a thread worker. Every Step's tokens are decoded and split into
 thinking and answer text at once, but `post` is called only every `interval`
-seconds (about 25 times a second), so the UI handles a batch, never a token.
-`post` must not block (Textual's post_message from a thread does not).
+seconds (about 25 times a second), so the UI handles a batch, never a token;
+the first token is posted the moment it exists. `post` must not block
+(Textual's post_message from a thread does not).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.chat.live_stats import LiveStats
 from dflash_chat.chat.prompt import ThinkingSplitter
-from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
+from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled
 from dflash_chat.errors import describe
 
 POST_INTERVAL_S = 0.04
@@ -46,12 +47,13 @@ def stream_answer(
     events: Iterable[Event],
     decoder: IncrementalDecoder,
     splitter: ThinkingSplitter,
-    post: Callable[[object], None],
+    post: Callable[[StreamChunk], None],
     *,
     interval: float = POST_INTERVAL_S,
     clock: Callable[[], float] = time.monotonic,
 ) -> StreamEnd:
-    """Drain `events`, posting StreamChunks at most every `interval` s, then one StreamEnd."""
+    """Drain `events`, posting StreamChunks at most every `interval` s (the first token at once);
+    returns how the answer ended."""
     start = clock()
     last_post = start
     live = LiveStats()
@@ -80,15 +82,16 @@ def stream_answer(
         for event in events:
             if isinstance(event, Prefilled):
                 live.on_prefilled(event)
-            elif isinstance(event, Step):
-                live.on_step(event, clock() - start)
-                written.extend(event.token_ids)
-                take(splitter.feed(decoder.push(event.token_ids)))
-            elif isinstance(event, Finished):
+                continue  # the prefill's token comes next, back to back: it is the first post
+            if isinstance(event, Finished):
                 reason, stats, error = event.reason, event.stats, event.error
                 break
+            first = not written  # a Step: the first one is the prefill's token
+            live.on_step(event, clock() - start)
+            written.extend(event.token_ids)
+            take(splitter.feed(decoder.push(event.token_ids)))
             now = clock()
-            if now - last_post >= interval:
+            if first or now - last_post >= interval:
                 send_chunk()
                 last_post = now
         else:
@@ -99,9 +102,7 @@ def stream_answer(
     take(splitter.flush())
     if pending_thinking or pending_answer:
         send_chunk()
-    end = StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error, tuple(written))
-    post(end)
-    return end
+    return StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error, tuple(written))
 
 
 def failure_message(exc: BaseException) -> str:

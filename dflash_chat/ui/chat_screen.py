@@ -402,7 +402,7 @@ class ChatScreen(Screen):
                 pair.engine.generate(prompt.ids, params, cancel),
                 IncrementalDecoder(pair.tokenizer, stops),
                 ThinkingSplitter(thinking=prompt.opens_thinking),
-                lambda item: None if isinstance(item, StreamEnd) else post(AnswerChunk(item)),
+                lambda chunk: post(AnswerChunk(chunk)),
             )
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
             post(AnswerEnded(StreamEnd("error", "", "", None, failure_message(exc))))

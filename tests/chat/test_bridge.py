@@ -50,13 +50,36 @@ def test_updates_are_batched_and_lose_nothing(tokenizer):
     posted, end = run(tokenizer, events_for(tokenizer, text), tick=0.0025)
     chunks = [p for p in posted if isinstance(p, StreamChunk)]
     steps = sum(1 for e in events_for(tokenizer, text) if isinstance(e, Step))
-    assert posted[-1] is end and isinstance(end, StreamEnd)
+    assert chunks == posted and isinstance(end, StreamEnd)  # the end is returned, never posted
     assert steps > 40
     # two clock reads per step at 2.5 ms each: 40 ms pass every 8 steps
     assert steps // 8 <= len(chunks) <= steps // 8 + 2
     assert "".join(c.thinking for c in chunks) == end.thinking == "\nfirst a plan"
     assert "".join(c.answer for c in chunks) == end.answer == ("The quick brown fox jumps. " * 30)
     assert end.reason == "stop" and end.stats.new_tokens > 0
+
+
+def test_the_first_token_is_posted_the_moment_it_exists(tokenizer):
+    """After a slow prefill the engine yields Prefilled and the first Step back to back."""
+    ids = tokenizer.encode("The quick brown fox jumps. " * 3, add_special_tokens=False)
+    now = [0.0]
+
+    def events():
+        now[0] += 0.2  # a 200 ms prefill
+        yield Prefilled(prompt_tokens=11, reused_tokens=0, seconds=0.2)
+        yield Step(token_ids=ids[:1], drafted=0, accepted=0, draft_s=0.0, verify_s=0.0)
+        for token in ids[1:]:
+            now[0] += 0.01  # fast decode steps: several fit in one 40 ms batch
+            yield Step(token_ids=[token], drafted=0, accepted=0, draft_s=0.0, verify_s=0.0)
+        yield Finished(reason="stop", stats=GenerationStats(new_tokens=len(ids), steps=len(ids) - 1))
+
+    posted = []
+    end = stream_answer(events(), IncrementalDecoder(tokenizer), ThinkingSplitter(thinking=False),
+                        posted.append, interval=0.04, clock=lambda: now[0])
+    assert posted[0].answer == tokenizer.decode(ids[:1]) and posted[0].live.new_tokens == 1
+    assert posted[0].live.ttft_s == 0.2
+    assert all(chunk.answer for chunk in posted)  # no empty batch for the prefill
+    assert "".join(chunk.answer for chunk in posted) == end.answer
 
 
 def test_live_figures_follow_the_steps(tokenizer):
