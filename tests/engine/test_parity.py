@@ -49,3 +49,16 @@ def test_context_features_are_the_tapped_hidden_states(pair):
     expected = torch.cat([hidden[i + 1][0] for i in taps], dim=-1)
     assert feats.shape == expected.shape
     assert (feats - expected).abs().max().item() <= TOL
+
+
+def test_precomputed_rotary_tables_equal_the_formula():
+    from dflash_chat.engine.models.layers import Rotary
+
+    rotary = Rotary(16, 10000.0)
+    rotary.allocate(300, torch.bfloat16)
+    for start, end in ((0, 1), (5, 21), (283, 300)):
+        got = rotary.span(start, end, torch.bfloat16)
+        want = rotary.cos_sin(torch.arange(start, end), torch.bfloat16)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # past the table, or in another dtype, it computes them
+    assert torch.equal(rotary.span(299, 310, torch.float32)[1], rotary.cos_sin(torch.arange(299, 310), torch.float32)[1])

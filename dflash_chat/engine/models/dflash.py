@@ -82,6 +82,7 @@ class DFlashDrafter(nn.Module):
         dtype = p.dtype
         self.cache_k = torch.zeros(shape, dtype=dtype, device=p.device)
         self.cache_v = torch.zeros(shape, dtype=dtype, device=p.device)
+        self.rotary.allocate(max_context, dtype)
         self.ctx_len = 0
 
     def truncate(self, length: int) -> None:
@@ -111,7 +112,7 @@ class DFlashDrafter(nn.Module):
         if n:
             dtype = self.cache_k.dtype
             h = self.project_context(features.to(dtype))
-            cos, sin = self.rotary.cos_sin(torch.arange(start - n, start, device=h.device), dtype)
+            cos, sin = self.rotary.span(start - n, start, dtype)
             for i, layer in enumerate(self.layers):
                 k, v = layer.self_attn.keys_values(h, cos, sin)
                 self.cache_k[i, start - n : start] = k
@@ -135,7 +136,7 @@ class DFlashDrafter(nn.Module):
         x = self._embed(ids).to(dtype)
         end = start + B
         blk_pos = torch.arange(start, end, device=device)
-        cos, sin = self.rotary.cos_sin(blk_pos, dtype)
+        cos, sin = self.rotary.span(start, end, dtype)
         masks = {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn

@@ -39,18 +39,40 @@ class GatedRMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """RoPE on the first `rotary_dim` channels of each head (rotate-half layout)."""
+    """RoPE on the first `rotary_dim` channels of each head (rotate-half layout).
+
+    `allocate` precomputes the cos/sin tables for a context once; `span` then slices them (the same
+    values `cos_sin` computes, element for element) instead of recomputing them every forward.
+    """
 
     def __init__(self, rotary_dim: int, theta: float):
         super().__init__()
         self.rotary_dim = rotary_dim
         inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.table: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def allocate(self, length: int, dtype: torch.dtype) -> None:
+        """Tables for positions 0..length-1 (kept when the ones there already cover them)."""
+        if self._covers(length, dtype):
+            return
+        self.table = self.cos_sin(torch.arange(length, device=self.inv_freq.device), dtype)
+
+    def span(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [end - start, rotary_dim] for positions start..end-1."""
+        if self._covers(end, dtype):
+            cos, sin = self.table
+            return cos[start:end], sin[start:end]
+        return self.cos_sin(torch.arange(start, end, device=self.inv_freq.device), dtype)
+
+    def _covers(self, length: int, dtype: torch.dtype) -> bool:
+        return (self.table is not None and self.table[0].shape[0] >= length and self.table[0].dtype == dtype
+                and self.table[0].device == self.inv_freq.device)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -98,6 +98,7 @@ class TargetModel(nn.Module):
         p = self.model.norm.weight
         dtype = p.dtype
         caches = [layer.new_cache(max_len, p.device, dtype) for layer in self.model.layers]
+        self.rotary.allocate(max_len, dtype)
         return ModelState(caches, max_len)
 
     @torch.no_grad()
@@ -122,12 +123,12 @@ class TargetModel(nn.Module):
             raise ContextLengthError(
                 f"context full: {start + T} tokens do not fit the {state.max_len}-token context; start a new chat or raise the context length"
             )
-        positions = torch.arange(start, start + T, device=ids.device)
-        x = self.model.embed_tokens(ids)
         dtype = self.model.norm.weight.dtype
-        x = x.to(dtype)
-        cos, sin = self.rotary.cos_sin(positions, dtype)
-        mask = None if T == 1 else causal_mask(positions, torch.arange(start + T, device=ids.device))
+        x = self.model.embed_tokens(ids).to(dtype)
+        cos, sin = self.rotary.span(start, start + T, dtype)
+        mask = None
+        if T > 1:
+            mask = causal_mask(torch.arange(start, start + T, device=ids.device), torch.arange(start + T, device=ids.device))
         wanted = set(taps or ())
         features = []
         for i, (layer, cache) in enumerate(zip(self.model.layers, state.layers)):
