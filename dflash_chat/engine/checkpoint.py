@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.layers import Experts
 from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear, QuantTensor
+from dflash_chat.engine.weights.gguf import LazyTensors
 
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.", "model.vision_tower.")
 
@@ -41,57 +41,35 @@ def read_config(directory: Path, what: str) -> dict:
         raise ModelFormatError(f"{path} is not valid JSON ({exc}): re-download the model") from exc
 
 
-def safetensors_files(directory: Path, what: str) -> list[Path]:
-    directory = Path(directory)
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [directory / n for n in names]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ModelFormatError(f"{what} weights incomplete: {', '.join(missing)} missing in {directory}; re-download the model")
-        return files
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelFormatError(f"{what} folder {directory} has no .safetensors weight files")
-    return files
-
-
-def read_tensors(directory: Path, what: str) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(directory, what):
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    tensors[name] = f.get_tensor(name)
-        except Exception as exc:  # safetensors raises its own error types for corrupt headers
-            raise ModelFormatError(f"cannot read {file}: {exc}; the file is corrupt or truncated, re-download it") from exc
-    return tensors
-
-
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def normalise_target_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
-    for name, t in tensors.items():
-        if name.startswith("model.language_model."):
-            name = "model." + name[len("model.language_model.") :]
-        if name.startswith(IGNORED_PREFIXES):
+def normalise_target_names(tensors: Mapping[str, torch.Tensor]) -> LazyTensors:
+    """HF checkpoint names -> ours, still lazy: each tensor (or stack of per-expert tensors) is read when asked for."""
+    loaders = {}
+    experts: dict[str, dict[str, dict[int, str]]] = {}
+    for name in tensors:
+        ours = name
+        if ours.startswith("model.language_model."):
+            ours = "model." + ours[len("model.language_model.") :]
+        if ours.startswith(IGNORED_PREFIXES):
             continue
-        m = _EXPERT.match(name)
+        m = _EXPERT.match(ours)
         if m:
-            experts.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = t
+            experts.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = name
             continue
-        out[name] = t
+        loaders[ours] = lambda name=name: tensors[name]
     for prefix, parts in experts.items():
         n = len(parts.get("gate_proj", {}))
-        gate = [parts["gate_proj"][e] for e in range(n)]
-        up = [parts["up_proj"][e] for e in range(n)]
-        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat((g, u)) for g, u in zip(gate, up)])
-        out[f"{prefix}.down_proj"] = torch.stack([parts["down_proj"][e] for e in range(n)])
-    return out
+
+        def gate_up(parts=parts, n=n):
+            return torch.stack([torch.cat((tensors[parts["gate_proj"][e]], tensors[parts["up_proj"][e]]))
+                                for e in range(n)])
+
+        loaders[f"{prefix}.gate_up_proj"] = gate_up
+        loaders[f"{prefix}.down_proj"] = lambda parts=parts, n=n: torch.stack(
+            [tensors[parts["down_proj"][e]] for e in range(n)])
+    return LazyTensors(loaders)
 
 
 # --- meta-device models filled from a tensor mapping -------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_chat.engine.checkpoint import materialise, normalise_target_names, read_config, read_tensors
+from dflash_chat.engine.checkpoint import materialise, normalise_target_names, read_config
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter
@@ -127,7 +127,7 @@ def load_target(path: str | Path, device=None, dtype=None) -> TargetModel:
         config, tensors = gguf.hf_config, gguf.tensors
     else:
         config = read_config(path, "target")
-        tensors = normalise_target_names(read_tensors(path, "target"))
+        tensors = normalise_target_names(read_safetensors(path).tensors)
     cfg = TargetConfig.from_dict(config)
     tied = "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors
     if tied and not cfg.tie_word_embeddings:

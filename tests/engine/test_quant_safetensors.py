@@ -61,7 +61,7 @@ def test_quantize_on_load(tmp_path, quant):
 
 
 def test_errors(tmp_path):
-    with pytest.raises(ModelFormatError, match="no .safetensors files"):
+    with pytest.raises(ModelFormatError, match="no .safetensors weight files"):
         read_safetensors(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(ModelFormatError, match="not a readable safetensors file"):

@@ -48,12 +48,13 @@ def _shards(path: Path) -> dict[str, Path]:
             raise ModelFormatError(f"{path / INDEX}: not a valid safetensors index ({exc}).") from None
         missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
         if missing:
-            raise ModelFormatError(f"{path}: shard {missing[0]} named in {INDEX} is missing. Download it again.")
+            raise ModelFormatError(f"{path}: weights incomplete, {', '.join(missing)} missing (named in {INDEX}). "
+                                   "Download the model again.")
         return {name: path / f for name, f in weight_map.items()}
     else:
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if not files:
-        raise ModelFormatError(f"{path}: no .safetensors files found. Point at a model directory or a .safetensors file.")
+        raise ModelFormatError(f"{path}: no .safetensors weight files found. Point at a model folder or a .safetensors file.")
     from safetensors import safe_open
 
     out = {}
@@ -61,9 +62,13 @@ def _shards(path: Path) -> dict[str, Path]:
         try:
             with safe_open(f, "pt") as sf:
                 out.update((name, f) for name in sf.keys())
-        except Exception as exc:
-            raise ModelFormatError(f"{f}: not a readable safetensors file ({exc}). Download it again.") from None
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise _unreadable(f, exc) from None
     return out
+
+
+def _unreadable(file: Path, exc: Exception) -> ModelFormatError:
+    return ModelFormatError(f"{file}: not a readable safetensors file, corrupt or truncated ({exc}). Download it again.")
 
 
 def quant_format_for(name: str, shape: tuple[int, ...], want: str) -> str | None:
@@ -87,8 +92,11 @@ def read_safetensors(path: str | Path, *, quantize: str | None = None,
 
     def loader(name: str, file: Path) -> Callable[[], torch.Tensor | QuantTensor]:
         def load():
-            with safe_open(file, "pt", device="cpu") as sf:
-                t = sf.get_tensor(name)
+            try:
+                with safe_open(file, "pt", device="cpu") as sf:
+                    t = sf.get_tensor(name)
+            except Exception as exc:
+                raise _unreadable(file, exc) from None
             if device is not None:
                 t = t.to(device)
             fmt = quant_format_for(name, tuple(t.shape), quantize.upper()) if quantize else None
