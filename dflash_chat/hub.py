@@ -109,7 +109,6 @@ class Part:
 
     role: str
     source: Source
-    revision: str = "main"
     files: tuple[RemoteFile, ...] = ()
     path: Path | None = None  # a local file the user gave: nothing to fetch
 
@@ -222,7 +221,7 @@ def plan(
                 raise
             missing.append(_missing_line(source))
             continue
-        parts.append(Part(role, source, source.revision, files))
+        parts.append(Part(role, source, files))
     if missing:
         raise OfflineError(
             f"{listings.offline_reason}, and the cache ({cache}) lacks: {'; '.join(missing)}. "
@@ -411,12 +410,14 @@ def download(
     report = progress or (lambda _p: None)
     cancel = cancel or threading.Event()
     _check_disk(plan, disk_free or _free_bytes)
-    for file in plan.files:
-        if file.cached:
-            _link(plan, file)
-            report(Progress(file, file.size, file.size, status="cached"))
-            continue
-        _fetch(plan, file, report, cancel)
+    for part in plan.parts:
+        for file in part.files:
+            if file.cached:
+                _link(plan, file)
+                report(Progress(file, file.size, file.size, status="cached"))
+            else:
+                _fetch(plan, file, report, cancel)
+        _write_ref(plan, part)
     return _model_files(plan)
 
 
@@ -586,12 +587,17 @@ def _link(plan: Plan, file: RemoteFile) -> None:
                 f"{file.filename} from {file.repo} is downloaded but could not be linked into the "
                 f"cache ({type(exc).__name__}); run again to finish"
             ) from None
-    part = next(p for p in plan.parts if file in p.files)
-    if part.revision != file.commit:
-        ref = storage / "refs" / part.revision
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        if not ref.exists() or ref.read_text().strip() != file.commit:
-            ref.write_text(file.commit)
+
+
+def _write_ref(plan: Plan, part: Part) -> None:
+    """refs/<revision> -> the commit the part's files came from, so the cache finds them by revision offline."""
+    if not part.files or part.source.revision == part.files[0].commit:
+        return
+    commit = part.files[0].commit
+    ref = _storage(plan.cache_dir, part.files[0].repo) / "refs" / part.source.revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    if not ref.exists() or ref.read_text().strip() != commit:
+        ref.write_text(commit)
 
 
 class _Digest:
