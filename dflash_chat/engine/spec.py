@@ -141,12 +141,14 @@ class Engine:
             common += 1
         if common == len(self.tokens) and common < len(prompt):
             return common, None
+        # attention-only targets can truncate to any length; the last prompt's snapshot serves when it
+        # keeps at least as much (and it holds the logits when it is the whole prompt)
+        keep = 0 if self.state.gdn_layers() else min(common, len(prompt) - 1)
         snap = self.snapshot
-        if snap is not None and snap.length <= common and snap.length <= len(prompt):
+        if snap is not None and keep <= snap.length <= min(common, len(prompt)):
             logits = self._restore_snapshot()
             return snap.length, (logits if snap.length == len(prompt) else None)
-        if not self.state.gdn_layers() and common:
-            keep = min(common, len(prompt) - 1)
+        if keep:
             self._truncate_attention_only(keep)
             return keep, None
         self.reset()

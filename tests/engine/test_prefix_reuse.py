@@ -66,3 +66,17 @@ def test_unrelated_prompt_falls_back_to_a_full_prefill(arch, tiny_dirs):
     # attention-only targets can keep the shared first token; hybrid ones restart
     assert reused == (1 if arch == "qwen3" else 0)
     assert got == run(fresh, other, PARAMS)[0]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prompt_that_diverges_inside_the_last_answer_keeps_what_it_can(arch, tiny_dirs):
+    """The template re-renders the previous answer, differing after its first 3 tokens: an attention-only
+    target keeps everything up to the difference; a hybrid one restarts from the prompt's snapshot."""
+    engine, fresh = _engines(tiny_dirs, arch)
+    turn1 = [31, 32, 33, 34, 35]
+    answer, _, _ = run(engine, turn1, PARAMS)
+    other = next(t for t in (7, 8) if t != answer[3])
+    turn2 = turn1 + answer[:3] + [other, 41, 42]
+    second, _, events = run(engine, turn2, PARAMS)
+    assert prefilled(events).reused_tokens == len(turn1) + (3 if arch == "qwen3" else 0)
+    assert second == run(fresh, turn2, PARAMS)[0]
