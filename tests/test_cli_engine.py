@@ -21,6 +21,16 @@ def test_run_prints_the_answer_and_a_stats_line(pair, capsys):
     assert "tok/s" in out[-1] and "acceptance" in out[-1] and "tokens/step" in out[-1]
 
 
+def test_run_streams_the_same_answer_the_json_record_holds(pair, capsys):
+    target, drafter = pair
+    common = ["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hello", "--max-tokens", "12",
+              "--device", "cpu"]
+    assert main(common) == 0
+    streamed = capsys.readouterr().out.rsplit("\n", 2)[0]  # all but the stats line
+    assert main(common + ["--json"]) == 0
+    assert streamed == json.loads(capsys.readouterr().out)["answer"]
+
+
 def test_run_json_record_has_the_generation_stats(pair, capsys):
     target, drafter = pair
     assert main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "10", "--json", "--device", "cpu"]) == 0

@@ -30,27 +30,44 @@ class Prompt:
 
 
 def build_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool) -> Prompt:
+    """The chat rendered by the model's template, and its token ids."""
+    text = render_prompt(tokenizer, turns, thinking=thinking)
+    return Prompt(text=text, ids=encode(tokenizer, text), thinking=thinking)
+
+
+def render_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool) -> str:
+    """The chat as the template writes it, ending with the generation prompt (no tokenizing)."""
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(
             "the model's tokenizer has no chat template; use a target directory whose "
             "tokenizer_config.json (or chat_template.jinja) has one"
         )
-    text = tokenizer.apply_chat_template(
+    return tokenizer.apply_chat_template(
         turns, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
     )
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return Prompt(text=text, ids=list(ids), thinking=thinking)
 
 
-def stop_token_ids(tokenizer) -> tuple[int, ...]:
-    """End-of-turn ids: the chat stop tokens the vocabulary has, plus eos."""
-    ids = set()
-    vocab = tokenizer.get_vocab()
-    for token in STOP_TOKENS:
-        if token in vocab:
-            ids.add(vocab[token])
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of rendered text (the template writes the special tokens itself)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def token_id(tokenizer, token: str) -> int | None:
+    """The id of `token` when the vocabulary has it whole, else None.
+
+    convert_tokens_to_ids looks one token up; get_vocab() would copy the whole
+    vocabulary (about 150 ms at Qwen's 248k) on every call."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
+
+
+def stop_token_ids(tokenizer, extra=()) -> tuple[int, ...]:
+    """End-of-turn ids: the chat stop tokens the vocabulary has, eos, and any `extra` ids
+    (a model config's eos_token_id, say)."""
+    ids = {i for i in (token_id(tokenizer, t) for t in STOP_TOKENS) if i is not None}
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
+    ids.update(extra)
     return tuple(sorted(ids))
 
 
@@ -151,28 +168,28 @@ def next_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool,
     Answers that thought are re-rendered, so their reasoning leaves the context
     as the template intends.
     """
-    if previous is not None:
-        if turns == previous.turns and thinking == previous.prompt.thinking:
-            return previous.prompt
-        if not previous.thinking_text:
-            continued = _continue(tokenizer, turns, thinking, previous)
-            if continued is not None:
-                return continued
-    return build_prompt(tokenizer, turns, thinking=thinking)
+    if previous is not None and turns == previous.turns and thinking == previous.prompt.thinking:
+        return previous.prompt
+    text = render_prompt(tokenizer, turns, thinking=thinking)
+    if previous is not None and not previous.thinking_text:
+        continued = _continue(tokenizer, turns, text, thinking, previous)
+        if continued is not None:
+            return continued
+    return Prompt(text=text, ids=encode(tokenizer, text), thinking=thinking)
 
 
-def _continue(tokenizer, turns, thinking, previous: Transcript) -> Prompt | None:
+def _continue(tokenizer, turns, text: str, thinking: bool, previous: Transcript) -> Prompt | None:
+    """The held tokens + the rest of `text` (the whole chat, rendered), or None when `text`
+    does not start with the chat the engine holds."""
     answered = previous.turns + [{"role": "assistant", "content": previous.answer}]
     if turns[: len(answered)] != answered or len(turns) == len(answered):
         return None
-    im_end = tokenizer.get_vocab().get("<|im_end|>")
+    im_end = token_id(tokenizer, "<|im_end|>")
     if im_end is None:
         return None
     before = tokenizer.apply_chat_template(answered, tokenize=False, add_generation_prompt=False)
-    full = build_prompt(tokenizer, turns, thinking=thinking)
-    if not full.text.startswith(before) or not before.endswith("<|im_end|>\n"):
+    if not text.startswith(before) or not before.endswith("<|im_end|>\n"):
         return None
     held = previous.ids
     closing = "\n" if held and held[-1] == im_end else "<|im_end|>\n"
-    suffix = tokenizer.encode(closing + full.text[len(before):], add_special_tokens=False)
-    return Prompt(text=full.text, ids=held + list(suffix), thinking=thinking)
+    return Prompt(text=text, ids=held + encode(tokenizer, closing + text[len(before):]), thinking=thinking)

@@ -64,7 +64,7 @@ def _random_pair(args, tmp: Path):
 
 
 def _real_pair(args, target_dir, drafter_dir, title):
-    from dflash_chat.commands.run import encode_prompt, stop_ids
+    from dflash_chat.chat.prompt import build_prompt, stop_token_ids
     from dflash_chat.engine.load import load_drafter, load_pair
     from dflash_chat.engine.spec import Engine
 
@@ -79,8 +79,8 @@ def _real_pair(args, target_dir, drafter_dir, title):
         "Show the class definition of OrderedDict.",
         "What is a generator expression?",
     ][: args.prompts]
-    prompts = [encode_prompt(pair.tokenizer, q, system=None, think=False, raw=False) for q in questions]
-    args.stop_ids = stop_ids(pair.tokenizer, pair.engine)
+    prompts = [build_prompt(pair.tokenizer, [{"role": "user", "content": q}], thinking=False).ids for q in questions]
+    args.stop_ids = stop_token_ids(pair.tokenizer, extra=pair.engine.target.cfg.eos_token_id)
     return pair.engine, (lambda prompt, ar_tokens: spec), prompts, title
 
 

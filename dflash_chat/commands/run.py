@@ -45,25 +45,15 @@ def resolve_paths(args) -> tuple[str, str | None]:
     return args.target, None if args.no_drafter else args.drafter
 
 
-def encode_prompt(tokenizer, text: str, *, system: str | None, think: bool, raw: bool) -> list[int]:
+def prompt_ids(tokenizer, text: str, *, system: str | None, think: bool, raw: bool) -> list[int]:
+    """The chat template's prompt for one user message; the text as it is with --raw, or when
+    the tokenizer has no template (a base model)."""
+    from dflash_chat.chat.prompt import build_prompt, encode
+
     if raw or not getattr(tokenizer, "chat_template", None):
-        return tokenizer.encode(text, add_special_tokens=False)
+        return encode(tokenizer, text)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=think, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def stop_ids(tokenizer, engine) -> tuple[int, ...]:
-    ids = set(engine.target.cfg.eos_token_id)
-    for tok in (tokenizer.eos_token, "<|im_end|>", "<|endoftext|>"):
-        if tok is None:
-            continue
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return tuple(sorted(ids))
+    return build_prompt(tokenizer, messages, thinking=think).ids
 
 
 def stats_line(stats) -> str:
@@ -74,6 +64,8 @@ def stats_line(stats) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from dflash_chat.chat.detokenize import IncrementalDecoder
+    from dflash_chat.chat.prompt import stop_token_ids
     from dflash_chat.engine.events import Finished, Step
     from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.sampling import SamplingParams
@@ -81,33 +73,29 @@ def main(args: argparse.Namespace) -> int:
     target, drafter = resolve_paths(args)
     pair = load_pair(target, drafter, device=args.device, max_context=args.context)
     tok = pair.tokenizer
-    prompt = encode_prompt(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
+    prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_tokens,
-        stop_token_ids=stop_ids(tok, pair.engine), seed=args.seed,
+        stop_token_ids=stop_token_ids(tok, extra=pair.engine.target.cfg.eos_token_id), seed=args.seed,
     )
-    stops = set(params.stop_token_ids)
+    decoder = IncrementalDecoder(tok, params.stop_token_ids)
     tokens: list[int] = []
-    shown = ""
     finished = None
     for event in pair.engine.generate(prompt, params):
         if isinstance(event, Step):
             tokens.extend(event.token_ids)
             if not args.json:
-                text = tok.decode([t for t in tokens if t not in stops])
-                if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-                    sys.stdout.write(text[len(shown):])
-                    sys.stdout.flush()
-                    shown = text
+                sys.stdout.write(decoder.push(event.token_ids))  # only the new text: each step stays small
+                sys.stdout.flush()
         elif isinstance(event, Finished):
             finished = event
-    answer = tok.decode([t for t in tokens if t not in stops])
     if args.json:
+        answer = tok.decode([t for t in tokens if t not in params.stop_token_ids])
         record = {"answer": answer, "finish_reason": finished.reason, "target": pair.target_name,
                   "drafter": pair.drafter_name, **finished.stats.as_dict()}
         print(json.dumps(record))
     else:
-        sys.stdout.write(answer[len(shown):] + "\n")
+        sys.stdout.write(decoder.flush() + "\n")
         print(stats_line(finished.stats))
     if finished.reason == "error":
         raise UserError(finished.error or "generation failed")

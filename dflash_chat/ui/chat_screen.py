@@ -108,6 +108,7 @@ class ChatScreen(Screen):
         self.manager_note = ""  # what the model manager or loader is doing, or why no model runs
         self.conversation = Conversation()
         self.pair = None  # the engine's LoadedPair once loaded
+        self.stops: tuple[int, ...] = ()  # its end-of-turn token ids
         self.turn: Turn | None = None
         self.last_prompt: Prompt | None = None
         self.last_end: StreamEnd | None = None
@@ -315,6 +316,7 @@ class ChatScreen(Screen):
         if message.source is not self.source:
             return  # loaded for files the settings no longer name; dropping it frees its memory
         self.pair = message.pair
+        self.stops = stop_token_ids(message.pair.tokenizer)
         self.manager_note = ""
         name = self.model_name()
         self.sub_title = name
@@ -382,17 +384,17 @@ class ChatScreen(Screen):
         self.record(self.store.add, self.conversation.id, message)
         widget = await self.chat_view.add_assistant()
         self.turn = Turn(self.conversation.id, message, widget, threading.Event(), self.thinking, self.pair)
-        self.generate(self.turn.pair, turns, self.thinking, self.settings, self.turn.cancel, self.transcript)
+        self.generate(self.turn.pair, self.stops, turns, self.thinking, self.settings, self.turn.cancel,
+                      self.transcript)
 
     @work(thread=True, group="generate")
-    def generate(self, pair, turns: list[dict], thinking: bool, settings: Settings,
+    def generate(self, pair, stops: tuple[int, ...], turns: list[dict], thinking: bool, settings: Settings,
                  cancel: threading.Event, previous: Transcript | None) -> None:
         post = self.post_message
         try:
             from dflash_chat.engine.sampling import SamplingParams
 
             prompt = next_prompt(pair.tokenizer, turns, thinking=thinking, previous=previous)
-            stops = stop_token_ids(pair.tokenizer)
             params = SamplingParams(
                 temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                 max_new_tokens=settings.max_new_tokens, stop_token_ids=stops,

@@ -6,7 +6,7 @@ import pytest
 
 from dflash_chat.chat.conversation import Conversation, Message, title_from
 from dflash_chat.chat.detokenize import IncrementalDecoder
-from dflash_chat.chat.prompt import ThinkingSplitter, build_prompt, stop_token_ids
+from dflash_chat.chat.prompt import ThinkingSplitter, build_prompt, render_prompt, stop_token_ids, token_id
 from dflash_chat.errors import UserError
 
 
@@ -52,6 +52,18 @@ def test_missing_chat_template_is_a_user_error(tokenizer):
 def test_stop_token_ids(tokenizer):
     vocab = tokenizer.get_vocab()
     assert set(stop_token_ids(tokenizer)) == {vocab["<|im_end|>"], vocab["<|endoftext|>"]}
+    assert set(stop_token_ids(tokenizer, extra=[7])) == {vocab["<|im_end|>"], vocab["<|endoftext|>"], 7}
+
+
+def test_token_id_is_none_for_a_token_the_vocabulary_lacks(tokenizer):
+    assert token_id(tokenizer, "<|im_end|>") == tokenizer.get_vocab()["<|im_end|>"]
+    assert token_id(tokenizer, "<|no_such_token|>") is None
+
+
+def test_render_then_encode_is_build_prompt(tokenizer):
+    prompt = build_prompt(tokenizer, turns(), thinking=False)
+    assert render_prompt(tokenizer, turns(), thinking=False) == prompt.text
+    assert prompt.ids == tokenizer.encode(prompt.text, add_special_tokens=False)
 
 
 def test_incremental_decoder_never_splits_characters(tokenizer):
