@@ -235,13 +235,15 @@ def _draft_batch(drafter, target, seqs: list[Sequence], taught, settings: "Draft
 
 
 def train_drafter(drafter, target, sequences: list[Sequence], settings: DrafterSettings, *, seed: int,
-                  device: str = "cpu", log: Log = print) -> list[float]:
+                  device: str = "cpu", log: Log = print, taught: list | None = None) -> list[float]:
+    """Train `drafter` against the frozen `target`; `taught` is teach_all's output when already computed."""
     target.to(device).eval().requires_grad_(False)
     drafter.to(device).train()
     rng = random.Random(seed)
-    started = time.perf_counter()
-    taught = teach_all(target, sequences, drafter.target_layer_ids, device)
-    log(f"drafter: teacher outputs for {len(sequences)} sequences ({time.perf_counter() - started:.0f}s)")
+    if taught is None:
+        started = time.perf_counter()
+        taught = teach_all(target, sequences, drafter.target_layer_ids, device)
+        log(f"drafter: teacher outputs for {len(sequences)} sequences ({time.perf_counter() - started:.0f}s)")
 
     def step(_: int):
         picked = rng.sample(range(len(sequences)), min(settings.seqs_per_step, len(sequences)))

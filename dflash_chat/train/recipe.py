@@ -10,7 +10,7 @@ import json
 import random
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -18,8 +18,8 @@ import torch
 from dflash_chat.train.common import Log
 from dflash_chat.train.corpus import Conversation, Corpus, build_corpus, free_form_prompts
 from dflash_chat.train.drafter import (
-    DrafterSettings, DrafterShape, drafter_config_dict, new_drafter, save_drafter, teacher_forced_acceptance,
-    train_drafter,
+    DrafterSettings, DrafterShape, drafter_config_dict, new_drafter, save_drafter, teach_all,
+    teacher_forced_acceptance, train_drafter,
 )
 from dflash_chat.train.evaluate import HELDOUT_FILE
 from dflash_chat.train.target import TargetShape, TrainSettings, new_target, save_target, train_target
@@ -155,10 +155,9 @@ def calibrate_target_steps(work: Path, seconds: float, device: str, seed: int,
 
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
     tokens = torch.randint(0, len(tokenizer), (1 << 16,))
-    settings = settings or TrainSettings(steps=0)
+    quiet = replace(settings or TrainSettings(steps=0), log_every=10**9, max_seconds=None)
     per_step = _time_steps(lambda n: train_target(
-        new_target(TargetShape(), tokenizer, seed), tokens,
-        TrainSettings(steps=n, batch_size=settings.batch_size, seq_len=settings.seq_len, log_every=10**9),
+        new_target(TargetShape(), tokenizer, seed), tokens, replace(quiet, steps=n),
         seed=seed, device=device, log=lambda _: None))
     return max(10, int(seconds / per_step))
 
@@ -173,13 +172,13 @@ def calibrate_drafter_steps(work: Path, seconds: float, device: str, seed: int,
     tokenizer = AutoTokenizer.from_pretrained(work / "target")
     target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
     sequences = corpus_sequences(tokenizer, load_corpus(work / "corpus.json").train[:256])
-    config = drafter_config_dict(DrafterShape(), target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
-    settings = settings or DrafterSettings(steps=0)
+    shape = DrafterShape()
+    config = drafter_config_dict(shape, target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+    taught = teach_all(target, sequences, shape.target_layer_ids, device)  # once: the timed runs share it
+    quiet = replace(settings or DrafterSettings(steps=0), log_every=10**9, max_seconds=None)
     per_step = _time_steps(lambda n: train_drafter(
-        new_drafter(config, target, seed), target, sequences,
-        DrafterSettings(steps=n, seqs_per_step=settings.seqs_per_step, anchors_per_seq=settings.anchors_per_seq,
-                        log_every=10**9),
-        seed=seed, device=device, log=lambda _: None))
+        new_drafter(config, target, seed), target, sequences, replace(quiet, steps=n),
+        seed=seed, device=device, log=lambda _: None, taught=taught))
     return max(10, int(0.8 * seconds / per_step))
 
 
