@@ -54,7 +54,7 @@ def write_tokenizer(directory: Path, vocab_size: int = 384) -> int:
     return len(fast)
 
 
-def target_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 4, seed_scale: float = 0.0) -> dict:
+def target_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 4) -> dict:
     heads, head_dim = max(2, hidden // 16), 16
     common = dict(
         vocab_size=vocab_size,
@@ -102,9 +102,7 @@ def _randomise(model: torch.nn.Module, generator: torch.Generator, scale: float,
     """Weights large enough that logits are well separated (no near-ties for greedy comparisons)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty_like(p).uniform_(-1.0, 1.0, generator=generator))
-            elif name.endswith("dt_bias"):
+            if name.endswith(("A_log", "dt_bias")):
                 p.copy_(torch.empty_like(p).uniform_(-1.0, 1.0, generator=generator))
             elif p.dim() == 1:
                 plain = not zero_centred or name.endswith("linear_attn.norm.weight")

@@ -24,7 +24,6 @@ class OracleDrafter:
         self.mode = mode
         self.rng = random.Random(seed)
         self.target_layer_ids: list[int] = []
-        self.proposals = 0
 
     def allocate(self, max_context: int) -> None:
         pass
@@ -44,7 +43,6 @@ class OracleDrafter:
         return (token + 1 + self.rng.randrange(self.vocab_size - 1)) % self.vocab_size
 
     def propose(self, last_token: int, start: int, length: int) -> torch.Tensor:
-        self.proposals += 1
         draft = [self._truth(start + 1 + i) for i in range(length)]
         if self.mode == "uniform":
             first_wrong = self.rng.randint(0, length)

@@ -188,7 +188,8 @@ class Engine:
             for begin in range(reused, len(prompt), PREFILL_CHUNK):
                 chunk = prompt[begin : begin + PREFILL_CHUNK]
                 ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
-                logits, feats = self.target(ids, self.state, logits="last", taps=self.taps)
+                final = begin + PREFILL_CHUNK >= len(prompt)
+                logits, feats = self.target(ids, self.state, logits="last" if final else None, taps=self.taps)
                 self.tokens.extend(chunk)
                 self._extend_context(feats)
             self._take_snapshot(logits)

@@ -19,13 +19,13 @@ TARGET_MODEL_TYPES = {
 }
 
 
-def _rope(d: dict) -> tuple[float, float]:
+def _rope(d: dict, partial_default: float = 1.0) -> tuple[float, float]:
     """(theta, partial_rotary_factor) from either `rope_theta` or `rope_parameters`."""
     params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     theta = params.get("rope_theta", d.get("rope_theta"))
     if theta is None:
         theta = 10000.0
-    partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor", partial_default))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ("default", None):
         raise ModelFormatError(f"rope type {rope_type!r} is not supported (only plain RoPE)")
@@ -102,9 +102,7 @@ class TargetConfig:
         hidden = _need(d, "hidden_size", what)
         heads = _need(d, "num_attention_heads", what)
         layers = _need(d, "num_hidden_layers", what)
-        theta, partial = _rope(d)
-        if arch != "qwen3" and "partial_rotary_factor" not in (d.get("rope_parameters") or {}) and "partial_rotary_factor" not in d:
-            partial = 0.25
+        theta, partial = _rope(d, 1.0 if arch == "qwen3" else 0.25)  # Qwen3.5/3.6 rotate a quarter of each head
         layer_types = d.get("layer_types")
         if arch == "qwen3":
             layer_types = ["full_attention"] * layers
@@ -163,8 +161,6 @@ class DrafterConfig:
     target_layer_ids: list[int]
     layer_types: list[str]
     sliding_window: int | None
-    num_target_layers: int | None = None
-    vocab_size: int | None = None
     # Sliding layers attend causally inside the block (llama.cpp's fork, vLLM, SGLang); full layers never do.
     causal_sliding: bool = True
 
@@ -203,7 +199,5 @@ class DrafterConfig:
             target_layer_ids=[int(i) for i in taps],
             layer_types=list(layer_types[:layers]),
             sliding_window=window if "sliding_attention" in layer_types else None,
-            num_target_layers=d.get("num_target_layers"),
-            vocab_size=d.get("vocab_size"),
             causal_sliding=bool(dflash.get("causal_sliding", d.get("causal_sliding", True))),
         )

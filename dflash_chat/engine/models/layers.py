@@ -24,18 +24,11 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], None, self.eps).type_as(x)
 
 
-class GatedRMSNorm(nn.Module):
+class GatedRMSNorm(RMSNorm):
     """The GDN output norm: plain RMSNorm, then times silu(gate)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        out = self.weight * F.rms_norm(x.float(), x.shape[-1:], None, self.eps).to(dtype)
-        return (out * F.silu(gate.float())).to(dtype)
+        return (super().forward(x) * F.silu(gate.float())).to(x.dtype)
 
 
 class Rotary(nn.Module):

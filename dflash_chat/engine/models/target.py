@@ -129,15 +129,14 @@ class TargetModel(nn.Module):
         mask = None
         if T > 1:
             mask = causal_mask(torch.arange(start, start + T, device=ids.device), torch.arange(start + T, device=ids.device))
-        wanted = set(taps or ())
-        features = []
+        tapped = dict.fromkeys(taps or ())
         for i, (layer, cache) in enumerate(zip(self.model.layers, state.layers)):
             x = layer(x, cache, start, cos, sin, mask, speculative)
-            if i in wanted:
-                features.append(x)
+            if i in tapped:
+                tapped[i] = x
         state.length = start + T
         state.pending = T if speculative else 0
-        feats = torch.cat([features[sorted(wanted).index(i)] for i in taps], dim=-1) if taps else None
+        feats = torch.cat([tapped[i] for i in taps], dim=-1) if taps else None
         out = None
         if logits is not None:
             h = self.model.norm(x[-1:] if logits == "last" else x)
