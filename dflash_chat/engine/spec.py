@@ -7,8 +7,9 @@ no drafter the same loop decodes one token per step: the baseline every speedup 
 
 The engine remembers which tokens its state holds: a prompt that starts with them (the next chat
 turn) prefills only the new suffix. At the end of each prefill it keeps a snapshot of the state
-(recurrent state, last logits) so a prompt that diverges after that point (a
-regenerated answer, a chat template that re-renders the last answer) restarts from the snapshot.
+(recurrent state, last logits) so a prompt that diverges after that point (a regenerated answer, a
+chat template that re-renders the last answer) restarts from the snapshot; attention-only targets
+simply truncate to the shared prefix.
 """
 
 from __future__ import annotations
