@@ -66,6 +66,16 @@ def test_run_bad_paths_give_one_line(pair, capsys, tmp_path):
     assert "--drafter" in capsys.readouterr().err
 
 
+def test_run_out_of_memory_is_one_line(pair, capsys):
+    target, drafter = pair
+    # a context no machine can hold: the CPU allocator refuses the cache at once
+    code = main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "x", "--context", str(10**11),
+                 "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0
+    assert err.startswith("dflash-chat: out of memory") and "--context" in err
+
+
 def test_bench_compares_dflash_with_autoregressive(capsys):
     code = main(["bench", "--hidden", "64", "--layers", "4", "--prompts", "2", "--tokens", "40", "--acceptance", "0.9", "--json", "--device", "cpu"])
     record = json.loads(capsys.readouterr().out)

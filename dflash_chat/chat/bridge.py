@@ -17,7 +17,7 @@ from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.chat.live_stats import LiveStats
 from dflash_chat.chat.prompt import ThinkingSplitter
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled
-from dflash_chat.errors import describe
+from dflash_chat.errors import one_line
 
 POST_INTERVAL_S = 0.04
 
@@ -97,24 +97,9 @@ def stream_answer(
         else:
             error = "the engine stopped without finishing the answer"
     except Exception as exc:  # noqa: BLE001 - any failure ends this answer, not the app
-        reason, error = "error", failure_message(exc)
+        reason, error = "error", one_line(exc, "generation")
     take(splitter.feed(decoder.flush()))
     take(splitter.flush())
     if pending_thinking or pending_answer:
         send_chunk()
     return StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error, tuple(written))
-
-
-def failure_message(exc: BaseException) -> str:
-    """One line for a generation that failed: known errors as they are, out-of-memory
-    with what to do, anything else with its type so it can be reported."""
-    known = describe(exc)
-    if known:
-        return known
-    text = str(exc)
-    if "out of memory" in text.lower():
-        return (
-            "out of memory while generating: lower max_new_tokens or context_length in "
-            "settings, or use a smaller quant"
-        )
-    return f"generation failed ({type(exc).__name__}: {text})"

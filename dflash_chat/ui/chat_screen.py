@@ -25,14 +25,14 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Switch
 
-from dflash_chat.chat.bridge import StreamEnd, failure_message, stream_answer
+from dflash_chat.chat.bridge import StreamEnd, stream_answer
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, PARTIAL, Conversation, Message, title_from
 from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.memory import memory_use
 from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource, Pick, from_settings, load_device
 from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, next_prompt, stop_token_ids
-from dflash_chat.errors import UserError, describe
+from dflash_chat.errors import UserError, one_line
 from dflash_chat.settings import Settings
 from dflash_chat.ui.messages import (
     AnswerChunk,
@@ -232,7 +232,7 @@ class ChatScreen(Screen):
             files = hub.download(plan)  # everything is cached: this only links the snapshot files
             post(ModelReady(pick, model_manager.source_for(chosen.choice, files)))
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
-            post(ModelUnavailable(pick, describe(exc) or f"choosing a model failed ({type(exc).__name__}: {exc})"))
+            post(ModelUnavailable(pick, one_line(exc, "choosing a model")))
 
     # A model worker cannot be stopped: messages from one started for an earlier request or
     # source (the settings changed meanwhile) are dropped.
@@ -308,7 +308,7 @@ class ChatScreen(Screen):
             pair = load_pair(source.target, source.drafter, tokenizer=source.tokenizer,
                              device=load_device(source), max_context=context_length)
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
-            self.post_message(ModelFailed(source, failure_message(exc)))
+            self.post_message(ModelFailed(source, one_line(exc, "loading the model")))
             return
         self.post_message(ModelLoaded(source, pair, time.perf_counter() - started))
 
@@ -407,7 +407,7 @@ class ChatScreen(Screen):
                 lambda chunk: post(AnswerChunk(chunk)),
             )
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
-            post(AnswerEnded(StreamEnd("error", "", "", None, failure_message(exc))))
+            post(AnswerEnded(StreamEnd("error", "", "", None, one_line(exc, "generation"))))
             return
         held = None
         if end.reason != "error":  # after an error the engine may have dropped its state

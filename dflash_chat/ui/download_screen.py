@@ -20,7 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, ProgressBar
 
 from dflash_chat import hub
-from dflash_chat.errors import UserError
+from dflash_chat.errors import one_line
 from dflash_chat.hub import size_text
 
 MIB = 2**20
@@ -98,10 +98,8 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
             files = hub.download(plan, progress=self._report, cancel=self.cancel, disk_free=self.disk_free)
         except hub.DownloadCancelled:
             self.post_message(self.Finished(None, None))
-        except UserError as exc:
-            self.post_message(self.Finished(None, str(exc)))
         except Exception as exc:  # noqa: BLE001 - shown to the user instead of a crashed worker
-            self.post_message(self.Finished(None, f"download failed: {exc!r}"))
+            self.post_message(self.Finished(None, one_line(exc, "the download")))
         else:
             self.post_message(self.Finished(files, None))
 

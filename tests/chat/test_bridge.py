@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import itertools
 
-from dflash_chat.chat.bridge import StreamChunk, StreamEnd, failure_message, stream_answer
+from dflash_chat.chat.bridge import StreamChunk, StreamEnd, stream_answer
 from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.chat.prompt import ThinkingSplitter
 from dflash_chat.engine.events import Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.errors import ContextLengthError
+from dflash_chat.errors import OUT_OF_MEMORY, one_line
 
 
 class Clock:
@@ -104,7 +105,7 @@ def test_an_engine_failure_keeps_the_partial_answer(tokenizer):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     posted, end = run(tokenizer, failing())
-    assert end.reason == "error" and "out of memory" in end.error and "max_new_tokens" in end.error
+    assert end.reason == "error" and end.error == OUT_OF_MEMORY
     assert end.answer and "Hello there, general. ".startswith(end.answer[:10])
     assert "".join(p.answer for p in posted if isinstance(p, StreamChunk)) == end.answer
 
@@ -115,8 +116,17 @@ def test_cancelled_run_reports_the_engine_reason(tokenizer):
 
 
 def test_failure_messages():
-    assert failure_message(ContextLengthError("prompt too long: raise context_length")) == (
+    assert one_line(ContextLengthError("prompt too long: raise context_length"), "generation") == (
         "prompt too long: raise context_length"
     )
-    assert "ValueError: bad" in failure_message(ValueError("bad"))
-    assert "out of memory" in failure_message(MemoryError())
+    assert one_line(ValueError("bad"), "generation") == "generation failed (ValueError: bad)"
+    assert one_line(MemoryError(), "loading the model") == OUT_OF_MEMORY
+
+
+def test_out_of_memory_is_recognised_however_torch_words_it():
+    import torch
+
+    cpu = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 12800000002048 bytes.")
+    for exc in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), cpu, MemoryError()):
+        assert one_line(exc, "loading the model") == OUT_OF_MEMORY
+    assert "generating" not in OUT_OF_MEMORY  # the same words fit a load and an answer
