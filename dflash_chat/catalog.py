@@ -25,7 +25,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -327,7 +327,9 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
         max_context=r.get(table, "max_context", int, default_context),
         target_shape=_shape(r, TargetShape, r.get(target, "shape", dict, at="target."), "target.shape."),
         drafter_shape=(
-            _shape(r, DrafterShape, drafter["shape"], "drafter.shape.") if "shape" in drafter else None
+            _shape(r, DrafterShape, r.get(drafter, "shape", dict, at="drafter."), "drafter.shape.")
+            if "shape" in drafter
+            else None
         ),
         targets=targets,
         drafters=_sources(r, drafter, "drafter.", required=False)[0],
@@ -338,12 +340,13 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
 
 
 def _shape(r: _Reader, cls, table: Mapping[str, Any], at: str):
-    names = set(cls.__dataclass_fields__)
-    r.only(table, names, at)
-    defaults = {"block_size": 16}
+    """A shape dataclass from its table: whole numbers, the dataclass's defaults for keys left out."""
+    known = fields(cls)
+    r.only(table, {f.name for f in known}, at)
     values = {}
-    for key in names:
-        values[key] = r.get(table, key, int, defaults.get(key, ...), at=at)
+    for f in known:
+        default = ... if f.default is MISSING else f.default
+        values[f.name] = r.get(table, f.name, int, default, at=at)
     return cls(**values)
 
 

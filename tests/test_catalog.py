@@ -140,6 +140,7 @@ quants.Q5_K_M = { pattern = "*Q5_K_M*.gguf", size_gb = 19.3 }
         ),
         ('[models.x]\nextends = "qwen3.6-27b"\nrank = "high"\n', r"`rank` must be a whole number, got 'high'"),
         ("[models.x\n", r"is not valid TOML .*; fix or delete it"),
+        ('[models.x]\nextends = "qwen3.6-27b"\ndrafter.shape = 3\n', r"`drafter.shape` must be dict, got 3"),
     ],
 )
 def test_config_mistakes_are_one_line_that_names_the_key(config, text, message):

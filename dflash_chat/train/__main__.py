@@ -66,37 +66,36 @@ def run_demo(args) -> int:
     if unknown:
         print(f"unknown stage(s) {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}", file=sys.stderr)
         return 2
-    log = _log
     if args.work is None:
         from dflash_chat.paths import cache_dir
 
         args.work = cache_dir() / "demo_work"
     budget = args.minutes * 60
     if "prepare" in stages:
-        recipe.prepare(args.work, seed=args.seed, log=log)
+        recipe.prepare(args.work, seed=args.seed, log=_log)
     chosen = recipe.preset(device)
     if args.generated is not None:
         chosen.generated = args.generated
-    log(f"device {device}, seed {args.seed}, work folder {args.work}")
+    _log(f"device {device}, seed {args.seed}, work folder {args.work}")
     if "target" in stages:
         steps = args.target_steps or recipe.calibrate_target_steps(args.work, 0.55 * budget, device, args.seed,
                                                                    chosen.target)
-        log(f"target steps: {steps} (repeat with --target-steps {steps})")
+        _log(f"target steps: {steps} (repeat with --target-steps {steps})")
         if args.max_target_minutes:
             chosen.target.max_seconds = 60 * args.max_target_minutes
         recipe.train_target_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.target,
-                                  log=log)
+                                  log=_log)
     if "drafter" in stages:
         steps = args.drafter_steps or recipe.calibrate_drafter_steps(args.work, 0.35 * budget, device, args.seed,
                                                                      chosen.drafter)
-        log(f"drafter steps: {steps} (repeat with --drafter-steps {steps})")
+        _log(f"drafter steps: {steps} (repeat with --drafter-steps {steps})")
         if args.max_drafter_minutes:
             chosen.drafter.max_seconds = 60 * args.max_drafter_minutes
         recipe.train_drafter_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.drafter,
                                    generated=chosen.generated, gen_batch=chosen.gen_batch,
-                                   max_new_tokens=chosen.max_new_tokens, log=log)
+                                   max_new_tokens=chosen.max_new_tokens, log=_log)
     if "ship" in stages:
-        recipe.ship(args.work, args.out, log=log)
+        recipe.ship(args.work, args.out, log=_log)
     return 0
 
 

@@ -200,8 +200,8 @@ def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int =
         idx = order[i : i + batch]
         with autocast_for(device):
             taught = teacher(target, [sequences[j].ids.to(device) for j in idx], layer_ids)
-        for j, (f, g) in zip(idx, taught):
-            out[j] = (f.float(), g)
+        for j, pair in zip(idx, taught):
+            out[j] = pair
     return out
 
 
