@@ -107,8 +107,20 @@ def is_model_path(value: str) -> bool:
 
 
 def model_value(value: str) -> str:
-    """A `model` setting as it is saved: a path as given, a pair by its catalog name (CatalogError if unknown)."""
-    return value if is_model_path(value) else catalog_name(value)
+    """A `model` setting as it is saved: a path made absolute (the app may start from another
+    folder), a pair by its catalog name (CatalogError if unknown); empty stays empty."""
+    if not value:
+        return value
+    return _absolute(value) if is_model_path(value) else catalog_name(value)
+
+
+def drafter_value(value: str) -> str:
+    """A `drafter` setting as it is saved: the path made absolute; empty stays empty."""
+    return _absolute(value) if value else value
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
 
 
 def from_settings(settings: Settings, context: int | None = None) -> ModelSource | Pick:

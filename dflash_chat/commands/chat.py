@@ -56,13 +56,15 @@ def build_app(args: argparse.Namespace, current: settings_module.Settings):
 
 
 def save_assignments(current: settings_module.Settings, assignments: list[str]) -> int:
+    from dflash_chat.chat.model_source import drafter_value, model_value
+
     updated = current
     for text in assignments:
         key, value = settings_module.parse_assignment(text)
-        if value and key == "model":
-            value = _model_value(value)
-        elif value and key == "drafter":
-            value = _absolute(value)
+        if key == "model":
+            value = model_value(value)
+        elif key == "drafter":
+            value = drafter_value(value)
         updated = replace(updated, **{key: value})
     path = settings_module.save(updated)
     for text in assignments:
@@ -70,14 +72,3 @@ def save_assignments(current: settings_module.Settings, assignments: list[str]) 
         print(f"{key} = {getattr(updated, key)!r}")
     print(f"saved to {path}")
     return 0
-
-
-def _model_value(value: str) -> str:
-    """A path made absolute (the app may start from another folder), or a known pair's name."""
-    from dflash_chat.chat.model_source import is_model_path, model_value
-
-    return _absolute(value) if is_model_path(value) else model_value(value)
-
-
-def _absolute(value: str) -> str:
-    return str(Path(value).expanduser().resolve())

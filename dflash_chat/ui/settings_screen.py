@@ -10,7 +10,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
 
 from dflash_chat import settings as settings_module
-from dflash_chat.chat.model_source import model_value
+from dflash_chat.chat.model_source import drafter_value, model_value
 from dflash_chat.errors import UserError
 from dflash_chat.settings import DESCRIPTIONS, Settings, SettingsError
 
@@ -71,11 +71,13 @@ class SettingsScreen(Screen[Settings | None]):
                 values[key] = settings_module.parse_value(key, self.query_one(f"#field-{key}", Input).value)
             except SettingsError as exc:
                 errors.append(str(exc))
-        if values.get("model"):
+        if "model" in values:
             try:
                 values["model"] = model_value(values["model"])
             except UserError as exc:
                 errors.append(f"model: {exc}")
+        if "drafter" in values:
+            values["drafter"] = drafter_value(values["drafter"])
         values["thinking"] = self.query_one("#field-thinking", Switch).value
         values["theme"] = self.query_one("#field-theme", Select).value
         return replace(self.current, **values), errors

@@ -184,6 +184,28 @@ def test_settings_screen_refuses_bad_values_and_saves_good_ones(home):
         0.3, "Be brief.", True, "dflash-light")
 
 
+def test_settings_screen_saves_model_paths_absolute(home, tmp_path, monkeypatch):
+    """A path typed relative to where the app runs still names the same files from anywhere else."""
+    monkeypatch.chdir(tmp_path)
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            app.screen.query_one("#field-model", Input).value = "./models/target"
+            app.screen.query_one("#field-drafter", Input).value = "models/drafter"
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: app.screen is app.chat, 5, "back to chat")
+            return app.chat.settings
+
+    chat_settings = run(main())
+    saved = settings_module.load()
+    expected = (str(tmp_path / "models" / "target"), str(tmp_path / "models" / "drafter"))
+    assert (saved.model, saved.drafter) == expected
+    assert (chat_settings.model, chat_settings.drafter) == expected
+
+
 def test_theme_choice_persists_and_keeps_other_tables(home):
     config = paths.config_file()
     config.parent.mkdir(parents=True)
