@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train the demo target and its DFlash drafter, then ship them")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--minutes", type=float, default=40.0,
-                      help="training budget when step counts are not given (split 55/45 target/drafter)")
+                      help="time budget when step counts are not given: 55%% for the target, 35%% for the drafter "
+                           "stage (a fifth of that generates its data), the rest for preparing and shipping")
     demo.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the pair is shipped")
     demo.add_argument("--work", type=Path, default=None,
                       help="folder for intermediate files (default: the app's cache folder)")
