@@ -64,11 +64,15 @@ class HistoryStore:
             self.db.execute("PRAGMA foreign_keys = ON")
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise HistoryCorruptError(
-                    f"{path} was written by a newer dflash-chat; upgrade, or move the file away"
-                )
-            self.db.executescript(SCHEMA)
-            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                raise UserError(f"{path} was written by a newer dflash-chat; upgrade, or move the file away")
+            if version < SCHEMA_VERSION:  # a new file: the only write an open makes
+                self.db.executescript(SCHEMA)
+                self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except sqlite3.OperationalError as exc:  # read-only, locked, cannot be opened: the file is fine
+            raise UserError(
+                f"the history file {path} cannot be used ({exc}): make it and its folder writable, "
+                "or keep the history elsewhere with --data-dir DIR"
+            ) from None
         except sqlite3.DatabaseError as exc:
             raise HistoryCorruptError(f"the history file {path} cannot be read ({exc})") from None
 

@@ -87,6 +87,58 @@ def test_corrupt_file_is_moved_aside(tmp_path):
     store.add(store.create("fresh"), Message("user", "works"))
 
 
+def make_read_only(path) -> None:
+    """Mark the file read-only the way SQLite itself honours (even for root, whom chmod does not stop):
+    a file format write version above 2 (header byte 18) means "read only" to every SQLite library."""
+    with open(path, "r+b") as handle:
+        handle.seek(18)
+        handle.write(bytes([3]))
+
+
+def test_a_read_only_history_opens_and_is_not_moved_aside(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    store.add(store.create("kept"), Message("user", "hello"))
+    store.close()
+    make_read_only(path)
+    store, note = HistoryStore.open_or_recover(path)
+    assert note is None and not (tmp_path / "h.sqlite3.corrupt").exists()
+    assert [s.title for s in store.summaries()] == ["kept"]
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):  # the chat screen reports failed writes
+        store.create("new")
+
+
+def test_a_read_only_history_that_needs_its_schema_is_one_line_not_corrupt(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE unrelated (x)")  # a valid database at user_version 0
+    db.commit()
+    db.close()
+    make_read_only(path)
+    with pytest.raises(UserError) as raised:
+        HistoryStore.open_or_recover(path)
+    assert not isinstance(raised.value, HistoryCorruptError)
+    message = str(raised.value)
+    assert "\n" not in message and "readonly" in message and "--data-dir" in message
+    assert path.exists() and not (tmp_path / "h.sqlite3.corrupt").exists()
+
+
+def test_a_history_from_a_newer_version_is_left_where_it_is(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(UserError, match="newer dflash-chat"):
+        HistoryStore.open_or_recover(path)
+    assert path.exists() and not (tmp_path / "h.sqlite3.corrupt").exists()
+
+
 def test_markdown_export(tmp_path):
     store = store_at(tmp_path / "h.sqlite3")
     cid = store.create("Python: with?")
