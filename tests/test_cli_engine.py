@@ -92,6 +92,14 @@ def test_bench_against_transformers_generates_the_same_tokens(capsys):
     assert record["ar_vs_transformers"] == pytest.approx(record["ar_tokens_per_s"] / record["transformers_tokens_per_s"])
 
 
+@pytest.mark.parametrize("mode", [["--demo"], ["--target", "no-such-target", "--drafter", "no-such-drafter"]])
+def test_bench_refuses_vs_transformers_without_the_random_target_before_loading(mode, capsys):
+    # the paths do not exist: the flag is refused before anything is read
+    assert main(["bench", *mode, "--vs-transformers", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--vs-transformers" in err and "does not exist" not in err
+
+
 def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
     import torch
 

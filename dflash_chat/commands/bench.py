@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="tiny random target's dtype (default: bfloat16 on CUDA, float32 on CPU); float32 keeps greedy runs bit-comparable")
     p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny target")
+    p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny random target")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=main)
 
@@ -63,7 +63,7 @@ def _random_pair(args, tmp: Path):
     return ar, spec_for, prompts, title
 
 
-def _real_pair(args, target_dir, drafter_dir, title):
+def _real_pair(args, target_dir, drafter_dir):
     from dflash_chat.chat.prompt import build_prompt, stop_token_ids
     from dflash_chat.engine.load import load_drafter, load_pair
     from dflash_chat.engine.spec import Engine
@@ -80,8 +80,8 @@ def _real_pair(args, target_dir, drafter_dir, title):
         "What is a generator expression?",
     ][: args.prompts]
     prompts = [build_prompt(pair.tokenizer, [{"role": "user", "content": q}], thinking=False).ids for q in questions]
-    args.stop_ids = stop_token_ids(pair.tokenizer, extra=pair.engine.target.cfg.eos_token_id)
-    return pair.engine, (lambda prompt, ar_tokens: spec), prompts, title
+    stops = stop_token_ids(pair.tokenizer, extra=pair.engine.target.cfg.eos_token_id)
+    return pair.engine, (lambda prompt, ar_tokens: spec), prompts, stops
 
 
 def _demo(args) -> int:
@@ -102,7 +102,18 @@ def _demo(args) -> int:
     return 0 if report.identical else 1
 
 
+def _check(args) -> None:
+    """Flags that do not go together, refused before anything loads."""
+    if args.vs_transformers and (args.demo or args.target):
+        raise UserError("--vs-transformers times transformers on the tiny random target only: leave out --demo and --target")
+    if args.target and not args.drafter:
+        raise UserError("give --drafter DIR with --target DIR")
+    if args.drafter and not args.target:
+        raise UserError("--drafter needs --target (without both, bench builds a tiny random target)")
+
+
 def main(args: argparse.Namespace) -> int:
+    _check(args)
     import torch
 
     from dflash_chat.bench import compare, report
@@ -110,18 +121,19 @@ def main(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.demo:
-            return _demo(args)
-        if args.target:
-            if not args.drafter:
-                raise UserError("give --drafter DIR with --target DIR")
-            ar, spec_for, prompts, title = _real_pair(args, args.target, args.drafter, f"{args.target} + {args.drafter}, greedy")
-        else:
+    if args.demo:
+        return _demo(args)
+    hf = None
+    if args.target:
+        ar, spec_for, prompts, stops = _real_pair(args, args.target, args.drafter)
+        title = f"{args.target} + {args.drafter}, greedy"
+        result = compare(ar, spec_for, prompts, SamplingParams(max_new_tokens=args.tokens, stop_token_ids=stops))
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
             ar, spec_for, prompts, title = _random_pair(args, Path(tmp))
-        params = SamplingParams(max_new_tokens=args.tokens, stop_token_ids=getattr(args, "stop_ids", ()))
-        result = compare(ar, spec_for, prompts, params)
-        hf = _time_transformers(args, prompts, result) if args.vs_transformers else None
+            result = compare(ar, spec_for, prompts, SamplingParams(max_new_tokens=args.tokens))
+            if args.vs_transformers:
+                hf = _time_transformers(args, prompts, result)
     if args.json:
         print(json.dumps({"setup": title, **result.as_dict(), **(hf or {})}))
     else:
@@ -141,9 +153,7 @@ def _time_transformers(args, prompts, result) -> dict:
 
     import torch
 
-    hf = getattr(args, "hf_model", None)
-    if hf is None:
-        raise UserError("--vs-transformers works with the tiny random target only")
+    hf = args.hf_model
     device = next(iter(args.target_device))
     hf = hf.to(device=device, dtype=args.target_dtype)  # same precision as ours
     hf.generation_config.eos_token_id = None  # our runs have no stop token either
