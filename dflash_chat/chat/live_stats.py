@@ -22,7 +22,7 @@ class LiveStats(AcceptanceFigures):
     drafted: int = 0
     accepted: int = 0
     ttft_s: float | None = None
-    elapsed_s: float = 0.0  # since the first new token
+    decode_s: float = 0.0  # since the first new token
     recent_lengths: list[int] = field(default_factory=list)  # tokens committed per decode step
 
     def on_prefilled(self, event: Prefilled) -> None:
@@ -38,14 +38,9 @@ class LiveStats(AcceptanceFigures):
         self.steps += 1
         self.drafted += event.drafted
         self.accepted += event.accepted
-        self.elapsed_s = since_start_s - self.ttft_s
+        self.decode_s = since_start_s - self.ttft_s
         self.recent_lengths.append(len(event.token_ids))
         del self.recent_lengths[:-RECENT_STEPS]
-
-    @property
-    def tokens_per_s(self) -> float:
-        produced = self.new_tokens - 1
-        return produced / self.elapsed_s if produced > 0 and self.elapsed_s > 0 else 0.0
 
     def snapshot(self) -> LiveStats:
         return LiveStats(**{**self.__dict__, "recent_lengths": list(self.recent_lengths)})

@@ -24,12 +24,20 @@ class Step:
 
 
 class AcceptanceFigures:
-    """The acceptance figures, for anything counting `accepted`, `drafted`, `new_tokens` and `steps`."""
+    """The acceptance and speed figures, for anything counting `accepted`, `drafted`, `new_tokens`,
+    `steps` and `decode_s` over `answers` answers (one, unless it sums several)."""
 
     accepted: int
     drafted: int
     new_tokens: int
     steps: int
+    decode_s: float
+    answers = 1
+
+    @property
+    def decoded_tokens(self) -> int:
+        """New tokens the decode steps produced: each answer's first token comes from its prefill."""
+        return self.new_tokens - self.answers
 
     @property
     def acceptance_rate(self) -> float:
@@ -39,7 +47,13 @@ class AcceptanceFigures:
     @property
     def mean_acceptance_length(self) -> float:
         """Tokens produced per verify step (accepted drafts + the target's own token)."""
-        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
+        return self.decoded_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """New tokens after the first, over the time spent producing them."""
+        produced = self.decoded_tokens
+        return produced / self.decode_s if produced > 0 and self.decode_s > 0 else 0.0
 
 
 @dataclass
@@ -59,12 +73,6 @@ class GenerationStats(AcceptanceFigures):
     verify_s: float = 0.0
     peak_memory_bytes: int = 0
     speculative: bool = False
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """New tokens after the first, over the time spent producing them."""
-        produced = self.new_tokens - 1
-        return produced / self.decode_s if produced > 0 and self.decode_s > 0 else 0.0
 
     def as_dict(self) -> dict:
         return {

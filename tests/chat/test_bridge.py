@@ -94,7 +94,7 @@ def test_live_figures_follow_the_steps(tokenizer):
     assert last.drafted == 4 * last.steps
     assert last.accepted == len(ids) - 1 - last.steps
     assert last.mean_acceptance_length == (len(ids) - 1) / last.steps
-    assert last.tokens_per_s > 0 and last.ttft_s is not None
+    assert last.decode_tokens_per_s > 0 and last.ttft_s is not None
     assert sum(last.recent_lengths) == len(ids) - 1  # fewer steps than the sparkline keeps
 
 

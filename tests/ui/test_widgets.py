@@ -49,7 +49,7 @@ def test_panel_shows_live_then_final_figures_and_thinking_effect():
         async with app.run_test(size=(100, 40)) as pilot:
             panel = app.query_one(StatsPanel)
             live = LiveStats(prompt_tokens=10, new_tokens=9, steps=2, drafted=30, accepted=6,
-                             ttft_s=0.1, elapsed_s=0.5, recent_lengths=[3, 5])
+                             ttft_s=0.1, decode_s=0.5, recent_lengths=[3, 5])
             panel.show_live(live, speculative=True)
             await pilot.pause()
             during = dict(panel.shown)

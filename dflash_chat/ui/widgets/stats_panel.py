@@ -3,8 +3,6 @@ engine's own figures), tokens, model and memory, and the thinking switch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rich.table import Table
 from rich.text import Text
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -12,36 +10,10 @@ from textual.widgets import Label, Sparkline, Static, Switch
 
 from dflash_chat.chat.live_stats import LiveStats
 from dflash_chat.chat.memory import MemoryUse, gigabytes
-from dflash_chat.engine.events import GenerationStats
+from dflash_chat.engine.events import AcceptanceFigures, GenerationStats
 
 BARS = " ▁▂▃▄▅▆▇█"
 DASH = "—"
-
-
-@dataclass(frozen=True)
-class Figures:
-    """What the speed and draft sections show, from live counts or final stats."""
-
-    tokens_per_s: float
-    ttft_s: float | None
-    acceptance_rate: float
-    mean_acceptance_length: float
-    prompt_tokens: int
-    reused_tokens: int
-    new_tokens: int
-    speculative: bool
-    live: bool
-
-    @classmethod
-    def from_live(cls, live: LiveStats, speculative: bool) -> Figures:
-        return cls(live.tokens_per_s, live.ttft_s, live.acceptance_rate, live.mean_acceptance_length,
-                   live.prompt_tokens, live.reused_tokens, live.new_tokens, speculative, live=True)
-
-    @classmethod
-    def from_stats(cls, stats: GenerationStats) -> Figures:
-        return cls(stats.decode_tokens_per_s, stats.ttft_s, stats.acceptance_rate,
-                   stats.mean_acceptance_length, stats.prompt_tokens, stats.reused_tokens,
-                   stats.new_tokens, stats.speculative, live=False)
 
 
 def format_rate(value: float) -> str:
@@ -61,8 +33,7 @@ def histogram_bars(counts: list[int]) -> str:
     return "".join(BARS[max(1, round(c / top * (len(BARS) - 1)))] if c else BARS[0] for c in counts)
 
 
-def _rows(shown: dict[str, str], *rows: tuple[str, str]) -> Table:
-    shown.update(rows)
+def _table(rows: tuple[tuple[str, str], ...]) -> Table:
     table = Table.grid(expand=True)
     table.add_column(style="dim", no_wrap=True)
     table.add_column(justify="right", no_wrap=True)
@@ -76,10 +47,9 @@ class StatsPanel(VerticalScroll):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.figures: Figures | None = None
         self.histogram: list[int] = []
         self.by_thinking: dict[bool, list[float]] = {True: [], False: []}
-        self.shown: dict[str, str] = {}  # row name -> the text on screen
+        self._rows: dict[str, tuple[tuple[str, str], ...]] = {}  # section id -> its (name, value) rows on screen
 
     def compose(self):
         with Vertical(classes="section"):
@@ -110,43 +80,50 @@ class StatsPanel(VerticalScroll):
 
     # figures
 
+    @property
+    def shown(self) -> dict[str, str]:
+        """Row name -> the text on screen, over every section."""
+        return {name: value for rows in self._rows.values() for name, value in rows}
+
     def show_live(self, live: LiveStats, speculative: bool) -> None:
-        self.show_figures(Figures.from_live(live, speculative))
+        self.show_figures(live, live=True, speculative=speculative)
         self._show_sparkline(live.recent_lengths if speculative else [])
 
     def show_final(self, stats: GenerationStats, thinking: bool | None = None) -> None:
-        self.show_figures(Figures.from_stats(stats))
+        self.show_figures(stats, speculative=stats.speculative)
         self.histogram = list(stats.acceptance_histogram)
         self._show_histogram()
         if thinking is not None and stats.speculative and stats.drafted:
             self.by_thinking[thinking].append(stats.acceptance_rate)
             self._show_thinking_effect()
 
-    def show_figures(self, figures: Figures | None) -> None:
-        self.figures = figures
-        f = figures
-        speed_label = "tok/s (live)" if f and f.live else "tok/s (last)"
-        self.shown.pop("tok/s (live)" if speed_label.endswith("(last)") else "tok/s (last)", None)
-        self.query_one("#speed", Static).update(_rows(
-            self.shown,
-            (speed_label, format_speed(f.tokens_per_s) if f else DASH),
+    def show_figures(self, f: AcceptanceFigures | None, *, live: bool = False, speculative: bool = False) -> None:
+        """Speed, draft and token rows from LiveStats (`live`) or the engine's GenerationStats; None clears them."""
+        # called for every streamed chunk: same-sized tables, so no layout pass, and unchanged ones are skipped
+        self._show_rows("speed", (
+            ("tok/s (live)" if live else "tok/s (last)", format_speed(f.decode_tokens_per_s) if f else DASH),
             ("first token", f"{f.ttft_s:.2f} s" if f and f.ttft_s is not None else DASH),
-        ))
-        drafting = f is not None and f.speculative
-        self.query_one("#draft", Static).update(_rows(
-            self.shown,
+        ), layout=False)
+        drafting = f is not None and speculative
+        self._show_rows("draft", (
             ("acceptance", format_rate(f.acceptance_rate) if drafting else DASH),
             ("tokens/step", f"{f.mean_acceptance_length:.2f}" if drafting else DASH),
-        ))
-        self.query_one("#tokens", Static).update(_rows(
-            self.shown,
+        ), layout=False)
+        self._show_rows("tokens", (
             ("prompt", f"{f.prompt_tokens} ({f.reused_tokens} reused)" if f else DASH),
             ("new", str(f.new_tokens) if f else DASH),
-        ))
+        ), layout=False)
         if f is None:
             self._show_sparkline([])
             self.histogram = []
             self._show_histogram()
+
+    def _show_rows(self, section: str, rows: tuple[tuple[str, str], ...], *, layout: bool = True) -> None:
+        before = self._rows.get(section)
+        if before == rows:
+            return
+        self._rows[section] = rows
+        self.query_one(f"#{section}", Static).update(_table(rows), layout=layout or before is None)
 
     def _show_sparkline(self, lengths: list[int]) -> None:
         sparkline = self.query_one(Sparkline)
@@ -166,6 +143,7 @@ class StatsPanel(VerticalScroll):
     def show_model(self, pair, memory: MemoryUse | None = None, note: str = "", source=None) -> None:
         """The loaded pair; `source` (a ModelSource) adds the model manager's title and quants."""
         if pair is None:
+            self._rows.pop("model", None)
             self.query_one("#model", Static).update(Text(note or "no model loaded", style="dim"))
             return
         title = getattr(source, "title", "")
@@ -177,7 +155,7 @@ class StatsPanel(VerticalScroll):
         rows.append(("device", f"{pair.device}" + (f" · {_short(dtype)}" if dtype else "")))
         if memory is not None:
             rows.append((memory.kind, f"{gigabytes(memory.used_bytes)} / {gigabytes(memory.total_bytes)} GB"))
-        self.query_one("#model", Static).update(_rows(self.shown, *rows))
+        self._show_rows("model", tuple(rows))
 
     def set_thinking(self, on: bool) -> None:
         switch = self.query_one(Switch)
