@@ -4,13 +4,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflash_chat.engine.events import Finished, GenerationStats, Step
+from dflash_chat.engine.events import AcceptanceFigures, Finished, GenerationStats, Step
 
 
 @dataclass
 class Run:
     tokens: list[int]
     stats: GenerationStats
+
+
+@dataclass
+class Totals(AcceptanceFigures):
+    """The counts of several runs added up, so the figures are over all of them."""
+
+    accepted: int
+    drafted: int
+    new_tokens: int
+    steps: int
+    decode_s: float
+    draft_s: float
+    verify_s: float
+    answers: int
+
+    @classmethod
+    def of(cls, runs: list[Run]) -> Totals:
+        names = ("accepted", "drafted", "new_tokens", "steps", "decode_s", "draft_s", "verify_s")
+        return cls(*(sum(getattr(r.stats, name) for r in runs) for name in names), answers=len(runs))
+
+    def ms_per_step(self, seconds: float) -> float:
+        return 1000 * seconds / self.steps if self.steps else 0.0
 
 
 # top-2 logit gap below which rounding may legitimately pick either token: a 16-token verify and a
@@ -45,15 +67,9 @@ class Comparison:
         """Identical, or parted only where the target's top two tokens tie to within float rounding."""
         return all(d.near_tie for d in self.divergences)
 
-    @staticmethod
-    def _rate(runs: list[Run]) -> float:
-        tokens = sum(r.stats.new_tokens - 1 for r in runs)
-        seconds = sum(r.stats.decode_s for r in runs)
-        return tokens / seconds if seconds else 0.0
-
     @property
     def new_tokens(self) -> int:
-        return sum(r.stats.new_tokens for r in self.spec)
+        return Totals.of(self.spec).new_tokens
 
     @property
     def acceptance_histogram(self) -> list[int]:
@@ -63,43 +79,38 @@ class Comparison:
 
     @property
     def ar_tokens_per_s(self) -> float:
-        return self._rate(self.ar)
+        return Totals.of(self.ar).decode_tokens_per_s
 
     @property
     def spec_tokens_per_s(self) -> float:
-        return self._rate(self.spec)
+        return Totals.of(self.spec).decode_tokens_per_s
 
     @property
     def speedup(self) -> float:
         return self.spec_tokens_per_s / self.ar_tokens_per_s if self.ar_tokens_per_s else 0.0
 
-    def _sum(self, name: str) -> float:
-        return sum(getattr(r.stats, name) for r in self.spec)
-
     @property
     def acceptance_rate(self) -> float:
-        drafted = self._sum("drafted")
-        return self._sum("accepted") / drafted if drafted else 0.0
+        return Totals.of(self.spec).acceptance_rate
 
     @property
     def mean_acceptance_length(self) -> float:
-        steps = self._sum("steps")
-        return sum(r.stats.new_tokens - 1 for r in self.spec) / steps if steps else 0.0
+        return Totals.of(self.spec).mean_acceptance_length
 
     @property
     def draft_ms_per_step(self) -> float:
-        steps = self._sum("steps")
-        return 1000 * self._sum("draft_s") / steps if steps else 0.0
+        spec = Totals.of(self.spec)
+        return spec.ms_per_step(spec.draft_s)
 
     @property
     def verify_ms_per_step(self) -> float:
-        steps = self._sum("steps")
-        return 1000 * self._sum("verify_s") / steps if steps else 0.0
+        spec = Totals.of(self.spec)
+        return spec.ms_per_step(spec.verify_s)
 
     @property
     def ar_ms_per_step(self) -> float:
-        steps = sum(r.stats.steps for r in self.ar)
-        return 1000 * sum(r.stats.verify_s for r in self.ar) / steps if steps else 0.0
+        ar = Totals.of(self.ar)
+        return ar.ms_per_step(ar.verify_s)
 
     def as_dict(self) -> dict:
         return {
@@ -154,7 +165,6 @@ def _divergence(engine, index: int, prompt: list[int], ar: list[int], spec: list
     import torch
 
     position = next((j for j, (a, b) in enumerate(zip(ar, spec)) if a != b), min(len(ar), len(spec)))
-    engine.reset()
     state = engine.target.new_state(len(prompt) + position + 1)
     ids = torch.tensor(prompt + ar[:position], dtype=torch.long, device=engine.device)
     logits, _ = engine.target(ids, state, logits="last")

@@ -100,6 +100,20 @@ def test_bench_refuses_vs_transformers_without_the_random_target_before_loading(
     assert err.count("\n") == 0 and "--vs-transformers" in err and "does not exist" not in err
 
 
+def test_figures_over_several_prompts_leave_out_each_prompts_first_token():
+    from dflash_chat.bench import Comparison, Run
+    from dflash_chat.engine.events import GenerationStats
+
+    runs = [Run([], GenerationStats(new_tokens=9, steps=2, drafted=30, accepted=6, decode_s=0.5, verify_s=0.2)),
+            Run([], GenerationStats(new_tokens=5, steps=4, drafted=60, accepted=0, decode_s=1.5, verify_s=0.4))]
+    c = Comparison(ar=runs, spec=runs)
+    # 8 + 4 tokens came from 6 verify steps in 2 s; each prompt's first token came from its prefill
+    assert c.mean_acceptance_length == pytest.approx(12 / 6)
+    assert c.spec_tokens_per_s == pytest.approx(12 / 2.0) and c.speedup == pytest.approx(1.0)
+    assert c.acceptance_rate == pytest.approx(6 / 90) and c.new_tokens == 14
+    assert c.verify_ms_per_step == pytest.approx(1000 * 0.6 / 6)
+
+
 def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
     import torch
 
