@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_chat import hardware, hub, paths
+from dflash_chat import hardware, paths
 from dflash_chat.errors import UserError
 from dflash_chat.hardware import gb
 
@@ -117,6 +117,8 @@ def choice_check(machine: hardware.Machine) -> Check:
 
 def hub_checks() -> list[Check]:
     from huggingface_hub import get_token
+
+    from dflash_chat import hub  # huggingface_hub and httpx: not on the --help path
 
     cache = hub.default_cache_dir()
     where = _existing_parent(cache)

@@ -35,3 +35,18 @@ def test_importing_and_starting_the_ui_does_not_import_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_run_bench_chat_and_doctor_import_no_hub_client_until_they_run():
+    """--help builds every subparser: a module-level import of hub (huggingface_hub, httpx) makes it slow."""
+    check = textwrap.dedent(
+        """
+        import sys
+        import dflash_chat.commands.bench, dflash_chat.commands.chat, dflash_chat.commands.doctor
+        import dflash_chat.commands.run
+        print(sorted(m for m in ("dflash_chat.hub", "huggingface_hub", "httpx", "torch") if m in sys.modules))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
