@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_chat.errors import UserError
+
 DEMO_NAME = "dflash-chat demo (tiny, trained on the Python standard library)"
 
 
@@ -16,13 +18,22 @@ def demo_dir() -> Path:
 
 
 def demo_paths() -> tuple[Path, Path]:
-    """(target_dir, drafter_dir) of the embedded demo pair."""
-    root = demo_dir()
-    return root / "target", root / "drafter"
+    """(target_dir, drafter_dir) of the embedded demo pair; UserError when this install lacks it."""
+    if not demo_available():
+        raise UserError(
+            f"the tiny demo model is not part of this build ({demo_dir()} is missing or incomplete): "
+            "pass --target DIR --drafter DIR instead, or reinstall dflash-chat"
+        )
+    return _paths()
 
 
 def demo_available() -> bool:
-    target, drafter = demo_paths()
+    target, drafter = _paths()
     return all((d / "config.json").is_file() and (d / "model.safetensors").is_file() for d in (target, drafter)) and (
         (target / "tokenizer.json").is_file()
     )
+
+
+def _paths() -> tuple[Path, Path]:
+    root = demo_dir()
+    return root / "target", root / "drafter"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from dflash_chat import hardware, hub
 from dflash_chat.catalog import Catalog, load_catalog
 from dflash_chat.chat import model_source
-from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource, Pick
+from dflash_chat.chat.model_source import ModelSource, Pick
 from dflash_chat.errors import UserError
 from dflash_chat.hardware import Choice, Machine
 
@@ -60,12 +60,13 @@ def _no_gpu(machine: Machine) -> str:
 
 
 def _demo(machine: Machine, pick: Pick) -> ModelSource:
-    demo = model_source.demo_source()
-    if demo is None:
+    try:
+        demo = model_source.demo_source()
+    except UserError as exc:
         raise NoModel(
-            f"{_no_gpu(machine)}, and the tiny demo model is not part of this build: {HOW_TO_PICK}; "
+            f"{_no_gpu(machine)}, and {exc}; "
             "or run a model from `dflash-chat models` on the CPU with `dflash-chat --model NAME` (slow)"
-        )
+        ) from None
     return replace(demo, context=pick.context)
 
 

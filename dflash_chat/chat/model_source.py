@@ -16,7 +16,7 @@ In order:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from dflash_chat.errors import UserError
@@ -83,14 +83,11 @@ def load_device(source: ModelSource) -> str | None:
     return os.environ.get(DEVICE_ENV) or source.device
 
 
-def demo_source() -> ModelSource | None:
-    try:
-        from dflash_chat import demo
-    except ModuleNotFoundError:
-        return None
-    if not demo.demo_available():
-        return None
-    target, drafter = demo.demo_paths()
+def demo_source() -> ModelSource:
+    """The built-in demo pair; UserError (saying what to pass instead) when this install lacks it."""
+    from dflash_chat.demo import demo_paths
+
+    target, drafter = demo_paths()
     return ModelSource(str(target), str(drafter), demo=True)
 
 
@@ -138,10 +135,7 @@ def resolve(settings: Settings, *, target: str | None = None, drafter: str | Non
     if demo:
         if pick.pins_files:
             raise UserError("--demo runs the built-in demo pair; leave out --model/--quant/--*-file with it")
-        source = demo_source()
-        if source is None:
-            raise UserError(f"the demo model is not part of this build yet; {HOW_TO_PICK}")
-        return ModelSource(source.target, source.drafter, demo=True, context=pick.context)
+        return replace(demo_source(), context=pick.context)
     if drafter and not target:
         raise UserError("--drafter needs --target too (the drafter runs beside a target model)")
     if target:

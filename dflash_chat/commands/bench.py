@@ -86,11 +86,9 @@ def _real_pair(args, target_dir, drafter_dir):
 
 def _demo(args) -> int:
     """The embedded demo pair on its held-out prompts (never seen in training), the trainer's own measure."""
-    from dflash_chat.demo import demo_available, demo_paths
+    from dflash_chat.demo import demo_paths
     from dflash_chat.train.evaluate import demo_heldout_prompts, format_report, measure_pair
 
-    if not demo_available():
-        raise UserError("the demo pair is not in this install")
     target_dir, drafter_dir = demo_paths()
     report = measure_pair(target_dir, drafter_dir, prompts=demo_heldout_prompts()[: args.prompts],
                           max_new_tokens=args.tokens, device=args.device or "cpu")

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from dflash_chat import cli, hub, paths
+from dflash_chat import demo as demo_module
 from dflash_chat import settings as settings_module
 from dflash_chat.catalog import CatalogError, load_catalog
 from dflash_chat.chat import model_manager, model_source
@@ -18,6 +19,8 @@ from dflash_chat.errors import UserError
 from dflash_chat.hardware import GIB, Gpu, Machine, choose
 from dflash_chat.settings import Settings
 from tests.hubserver import HubServer, Repo, isolate_hub
+
+REAL_DEMO_SOURCE = model_source.demo_source
 
 RTX_3090 = Machine((Gpu(0, "NVIDIA GeForce RTX 3090", 24 * GIB, 23 * GIB),), 64 * GIB, 48 * GIB)
 NO_GPU = Machine((), 64 * GIB, 48 * GIB, "no CUDA device visible")
@@ -129,7 +132,8 @@ def test_without_a_gpu_the_demo_pair_unless_a_model_is_named(home, monkeypatch):
     on_cpu = model_manager.choose(Pick(model="qwen3.5-4b"), 8192, machine=NO_GPU)
     assert on_cpu.choice.pair.name == "qwen3.5-4b" and on_cpu.choice.device == "cpu"
 
-    monkeypatch.setattr(model_source, "demo_source", lambda: None)
+    monkeypatch.setattr(model_source, "demo_source", REAL_DEMO_SOURCE)
+    monkeypatch.setattr(demo_module, "demo_dir", lambda: home / "no-demo-data")  # an install without it
     with pytest.raises(model_manager.NoModel, match=r"--target DIR --drafter DIR.*--model NAME"):
         model_manager.choose(Pick(), 8192, machine=NO_GPU)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_chat import cli, paths
+from dflash_chat import cli, demo, paths
 from dflash_chat import settings as settings_module
 from dflash_chat.chat import model_source
 from dflash_chat.chat.model_source import ModelSource, Pick, resolve
@@ -40,8 +40,7 @@ def test_broken_config_is_one_line(home, capsys):
     assert "not valid TOML" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_model_flags_resolve_in_order(monkeypatch):
-    monkeypatch.setattr(model_source, "demo_source", lambda: None)
+def test_model_flags_resolve_in_order():
     saved = Settings(model="/saved/target", drafter="/saved/drafter")
     assert resolve(saved, target="/t", drafter="/d") == ModelSource("/t", "/d")
     assert resolve(saved, target="/t") == ModelSource("/t", None)
@@ -52,10 +51,11 @@ def test_model_flags_resolve_in_order(monkeypatch):
 
 
 def test_demo_without_demo_files_is_one_line(home, capsys, monkeypatch):
-    monkeypatch.setattr(model_source, "demo_source", lambda: None)
-    assert cli.main(["--demo"]) == 2
-    err = capsys.readouterr().err
-    assert "demo model is not part of this build" in err and "--target DIR" in err
+    monkeypatch.setattr(demo, "demo_dir", lambda: home / "no-demo-data")  # an install without it
+    for argv in (["--demo"], ["run", "--demo", "--prompt", "hi"], ["bench", "--demo"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "demo model is not part of this build" in err and "--target DIR" in err
 
 
 def test_nothing_named_lets_the_model_manager_choose(monkeypatch):

@@ -11,7 +11,8 @@ import pytest
 from dflash_chat import paths
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.model_source import ModelSource
+from dflash_chat.chat.model_source import ModelSource, demo_source
+from dflash_chat.demo import demo_available
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.messages import AnswerChunk, ModelLoaded, PromptSent
@@ -198,18 +199,12 @@ def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
     assert contents == ["remember me", answer]
 
 
-def _demo_source():
-    from dflash_chat.chat.model_source import demo_source
-
-    return demo_source()
-
-
-@pytest.mark.skipif(_demo_source() is None, reason="the trained demo pair is not in dflash_chat/demo_data yet")
+@pytest.mark.skipif(not demo_available(), reason="the trained demo pair is not in dflash_chat/demo_data yet")
 def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
     """On the trained demo pair the acceptance figure is not zero, and the panel shows the engine's."""
 
     async def main():
-        app = DFlashChatApp(fast_settings(max_new_tokens=24), _demo_source())
+        app = DFlashChatApp(fast_settings(max_new_tokens=24), demo_source())
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the demo pair to load")
             notice = " ".join(str(n.render()) for n in app.chat.query(Notice))

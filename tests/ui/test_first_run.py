@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import tomli_w
 
-from dflash_chat import cli, hardware, hub, paths
+from dflash_chat import cli, demo, hardware, hub, paths
 from dflash_chat import settings as settings_module
 from dflash_chat.catalog import load_catalog
 from dflash_chat.chat import model_source
@@ -309,7 +309,7 @@ def test_a_failing_download_says_what_happened_and_the_app_goes_on(first_run, se
 
 def test_without_a_gpu_and_without_the_demo_files_the_app_says_what_to_pass(home, monkeypatch):
     monkeypatch.setattr(hardware, "probe", lambda: NO_GPU)
-    monkeypatch.setattr(model_source, "demo_source", lambda: None)  # as before demo_data ships
+    monkeypatch.setattr(demo, "demo_dir", lambda: home / "no-demo-data")  # an install without it
     hook = Seen(ModelUnavailable)
 
     async def main():
@@ -346,7 +346,7 @@ def test_without_a_gpu_the_demo_pair_runs_and_the_app_says_so(home, monkeypatch,
     assert messages[-1].startswith("tiny demo model is ready")
 
 
-@pytest.mark.skipif(model_source.demo_source() is None, reason="the demo pair is not in dflash_chat/demo_data yet")
+@pytest.mark.skipif(not demo.demo_available(), reason="the demo pair is not in dflash_chat/demo_data yet")
 def test_without_a_gpu_the_shipped_demo_pair_is_chosen(home, monkeypatch):
     monkeypatch.setattr(hardware, "probe", lambda: NO_GPU)
     from dflash_chat.chat.model_manager import choose
