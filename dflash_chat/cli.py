@@ -22,36 +22,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chat with a local Qwen3.6 model, sped up by DFlash speculative decoding.",
     )
     parser.add_argument("--version", action="version", version=f"dflash-chat {__version__}")
-    chat = _load("chat")
-    if chat is not None:
-        chat.add_arguments(parser)
+    _command("chat").add_arguments(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        module = _load(name)
-        if module is not None:
-            module.register(subparsers)
+        _command(name).register(subparsers)
     return parser
 
 
-def _load(name: str):
-    try:
-        return importlib.import_module(f"dflash_chat.commands.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"dflash_chat.commands.{name}":
-            return None
-        raise
+def _command(name: str):
+    return importlib.import_module(f"dflash_chat.commands.{name}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = getattr(args, "handler", None)
-    if handler is None:
-        chat = _load("chat")
-        if chat is None:
-            parser.print_help()
-            return 0
-        handler = chat.main
+    handler = getattr(args, "handler", None) or _command("chat").main
     try:
         return int(handler(args) or 0)
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,10 +45,6 @@ class Settings:
     context_length: int = 8192
     # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; see ui/app.py for the ids
     keymap: dict[str, str] = field(default_factory=dict)
-
-    def with_value(self, key: str, text: str) -> Settings:
-        """A copy with `key` set from its text form (as typed on the command line or a form)."""
-        return replace(self, **{key: parse_value(key, text)})
 
 
 def _number(kind: type, low: float | None, high: float | None) -> Callable[[str, Any], Any]:
@@ -201,15 +197,8 @@ def save(settings: Settings, path: Path | None = None) -> Path:
             document.pop(key, None)
         else:
             document[key] = value
-    _write_atomically(path, tomli_w.dumps(_scalars_first(document)))
+    _write_atomically(path, tomli_w.dumps(document))  # tomli-w writes bare keys before tables
     return path
-
-
-def _scalars_first(document: dict[str, Any]) -> dict[str, Any]:
-    # TOML puts bare keys before tables; tomli-w does this too, but order them so diffs stay small
-    scalars = {k: v for k, v in document.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in document.items() if isinstance(v, dict)}
-    return {**scalars, **tables}
 
 
 def _write_atomically(path: Path, text: str) -> None:

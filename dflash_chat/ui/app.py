@@ -33,7 +33,6 @@ class DFlashChatApp(App):
                  user_themes: Path | None = None) -> None:
         super().__init__()
         self.settings = settings
-        self.source = source
         self.export_dir = export_dir
         self.keymap: dict[str, str] = {}
         self.store, self.history_note = HistoryStore.open_or_recover(history_path or paths.history_db())

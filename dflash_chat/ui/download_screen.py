@@ -1,7 +1,6 @@
 """The download screen: per-file progress bars (bytes, speed, ETA) while a model is fetched.
 
-Push it with a `hub.Plan`, or with a function that makes one (planning lists the repos, so it
-runs in the worker too). It dismisses with the local paths (`hub.ModelFiles`), or with None
+Push it with a `hub.Plan`. It dismisses with the local paths (`hub.ModelFiles`), or with None
 when the user pressed Esc or the download failed; a notification then says what to do.
 
     files = await app.push_screen_wait(DownloadScreen(plan))
@@ -43,11 +42,6 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
     DownloadScreen #download-hint { color: $text-muted; margin-top: 1; }
     """
 
-    class Planned(Message):
-        def __init__(self, plan: hub.Plan) -> None:
-            super().__init__()
-            self.plan = plan
-
     class FileProgressed(Message):
         def __init__(self, progress: hub.Progress) -> None:
             super().__init__()
@@ -63,14 +57,13 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
 
     def __init__(
         self,
-        plan: hub.Plan | Callable[[], hub.Plan],
+        plan: hub.Plan,
         *,
         title: str = "Downloading the model",
         disk_free: Callable | None = None,
     ) -> None:
         super().__init__()
-        self.plan = plan if isinstance(plan, hub.Plan) else None
-        self._make_plan = None if isinstance(plan, hub.Plan) else plan
+        self.plan = plan
         self.title_text = title
         self.disk_free = disk_free
         self.cancel = threading.Event()
@@ -84,18 +77,13 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
             yield Label("Esc cancels; the files fetched so far are kept and resume next time", id="download-hint")
 
     def on_mount(self) -> None:
-        if self.plan is not None:
-            self._show(self.plan)
+        self._show(self.plan)
         self.fetch()
 
     @work(thread=True, exclusive=True, group="download")
     def fetch(self) -> None:
         try:
-            plan = self.plan
-            if plan is None:
-                plan = self._make_plan()
-                self.post_message(self.Planned(plan))
-            files = hub.download(plan, progress=self._report, cancel=self.cancel, disk_free=self.disk_free)
+            files = hub.download(self.plan, progress=self._report, cancel=self.cancel, disk_free=self.disk_free)
         except hub.DownloadCancelled:
             self.post_message(self.Finished(None, None))
         except Exception as exc:  # noqa: BLE001 - shown to the user instead of a crashed worker
@@ -107,7 +95,6 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
         self.post_message(self.FileProgressed(progress))  # from the worker thread; never blocks
 
     def _show(self, plan: hub.Plan) -> None:
-        self.plan = plan
         todo = plan.missing_bytes()
         fetch = f", {size_text(todo)} to download" if todo else ", all cached"
         self.query_one("#download-summary", Label).update(
@@ -125,9 +112,6 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
                 )
             )
         self.query_one("#download-files", VerticalScroll).mount_all(rows)
-
-    def on_download_screen_planned(self, message: Planned) -> None:
-        self._show(message.plan)
 
     def on_download_screen_file_progressed(self, message: FileProgressed) -> None:
         p = message.progress

@@ -95,18 +95,6 @@ def test_bars_advance_and_the_screen_returns_the_paths(server, cache):
     assert (files.drafter / "model.safetensors").exists() and (files.tokenizer / "tokenizer_config.json").exists()
 
 
-def test_a_plan_function_runs_in_the_worker_and_rows_appear(server, cache):
-    app = Host(DownloadScreen(lambda: make_plan(server)))
-
-    async def scenario():
-        async with app.run_test() as pilot:
-            await until(pilot, lambda: app.result != "pending", "the download")
-
-    asyncio.run(scenario())
-    assert isinstance(app.result, hub.ModelFiles)
-    assert app.result.target.read_bytes() == TARGET
-
-
 def test_escape_cancels_and_keeps_the_partial_file(server, cache):
     server.delay = 0.05
     app = Host(DownloadScreen(make_plan(server)))
