@@ -93,8 +93,8 @@ class DFlashChatApp(App):
         self.chat.settings = replace(self.chat.settings, theme=theme.name)
         try:
             settings_module.save(self.settings)
-        except OSError as exc:
-            self.notify(f"Could not save the theme choice: {exc}", severity="error")
+        except (OSError, settings_module.SettingsError) as exc:  # e.g. config.toml was broken meanwhile
+            self.notify(f"Could not save the theme choice: {exc}", severity="error", timeout=15)
 
     # screens
 

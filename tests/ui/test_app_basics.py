@@ -224,6 +224,22 @@ def test_theme_choice_persists_and_keeps_other_tables(home):
     assert document["models"] == {"mine": {"target": "/x"}}
 
 
+def test_a_theme_that_cannot_be_saved_says_why(home):
+    async def main():
+        app = DFlashChatApp(settings_module.load())
+        async with app.run_test(size=(120, 36)) as pilot:
+            config = paths.config_file()
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text("theme = \n")  # broken by hand while the app runs
+            app.theme = "dflash-light"
+            await pilot.pause()
+            return notes(app), config.read_text()
+
+    messages, text = run(main())
+    assert any(m.startswith("Could not save the theme choice") and "not valid TOML" in m for m in messages)
+    assert text == "theme = \n"  # left for the user to fix
+
+
 def test_shipped_and_user_themes_are_registered_and_broken_ones_reported(home):
     themes = paths.user_themes_dir()
     themes.mkdir(parents=True)
