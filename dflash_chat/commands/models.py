@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dflash_chat import hardware, hub
+from dflash_chat import hardware
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
 from dflash_chat.hardware import Choice, Machine, NoFitError, gb
 
@@ -21,6 +21,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_chat import hub  # huggingface_hub loads only when the command runs
+
     catalog = load_catalog()
     machine = hardware.probe()
     try:
@@ -45,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
 def _rows(
     catalog: Catalog, pair: Pair, machine: Machine, context: int | None, pick: Choice | None
 ) -> list[tuple[str, ...]]:
+    from dflash_chat import hub
+
     ctx = min(context or pair.default_context, pair.max_context)  # a row per pair even past its maximum
     tokenizer_cached = hub.cached_parts(pair.tokenizer) is not None
     rows = []
@@ -69,6 +73,8 @@ def _rows(
 
 
 def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool) -> str:
+    from dflash_chat import hub
+
     have = {
         "target": hub.cached_parts(target) is not None,
         "drafter": drafter is None or hub.cached_parts(drafter) is not None,

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from dflash_chat import hardware, hub
+from dflash_chat import hardware
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
+
+if TYPE_CHECKING:
+    from dflash_chat import hub
 
 
 def register(subparsers) -> None:
@@ -23,6 +27,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_chat import hub  # huggingface_hub loads only when the command runs
+
     catalog = load_catalog()
     pair, target, drafter = _what_to_pull(catalog, args)
     plan = hub.plan(target, drafter, pair.tokenizer)
@@ -73,6 +79,8 @@ def _download_with_bar(plan: hub.Plan) -> hub.ModelFiles:
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
+
+    from dflash_chat import hub
 
     columns = (
         TextColumn("{task.description}"),

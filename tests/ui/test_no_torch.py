@@ -37,13 +37,15 @@ def test_importing_and_starting_the_ui_does_not_import_torch(tmp_path):
     assert result.stdout.split() == ["False", "False"]
 
 
-def test_run_bench_chat_and_doctor_import_no_hub_client_until_they_run():
+def test_commands_import_no_hub_client_until_they_run():
     """--help builds every subparser: a module-level import of hub (huggingface_hub, httpx) makes it slow."""
     check = textwrap.dedent(
         """
         import sys
         import dflash_chat.commands.bench, dflash_chat.commands.chat, dflash_chat.commands.doctor
-        import dflash_chat.commands.run
+        import dflash_chat.commands.run, dflash_chat.commands.models, dflash_chat.commands.pull
+        from dflash_chat.cli import build_parser
+        build_parser()
         print(sorted(m for m in ("dflash_chat.hub", "huggingface_hub", "httpx", "torch") if m in sys.modules))
         """
     )
