@@ -2,16 +2,18 @@
 
 Everything is allocated once for the configured context; a forward writes in place.
 
-Rollback after a partial accept (DFlash verifies B tokens, keeps n <= B of them):
-- Attention: the cache rows beyond the kept length are simply ignored (length is a number).
-- GDN: a recurrent state cannot be truncated. During a speculative forward each GDN layer copies its
-  state before the block into a preallocated buffer and keeps what takes that state to the state after
-  any prefix of the block (see gdn.py): for a block that fits one chunk (a verify block), the chunk's
-  keys, cumulative decays and corrected values u from the triangular solve the forward did anyway, so
-  `rollback(n)` is one batched matmul per layer: S0 * exp(G[n-1]) + (k[:n] * exp(G[n-1] - G[:n]))^T u[:n].
-  Other blocks keep their recurrence inputs and re-run the first n tokens. The layer also keeps its conv
-  window [conv state; the block's conv inputs]; the conv state after n tokens is rows n..n+kernel-2.
-  Memory: one extra recurrent state per GDN layer, plus the block's k/u/decays and conv window (B rows).
+Commit after a partial accept (DFlash verifies B tokens, keeps n <= B of them):
+- Attention: the cache rows beyond the kept length are simply ignored (length is a number, or a device
+  tensor in fixed-shape steps) and overwritten by the next forward.
+- GDN: a recurrent state cannot be truncated, so a speculative forward leaves the state as it was and
+  keeps what takes it to the state after any prefix of the block (see gdn.py): for a block that fits one
+  chunk (every verify block), the chunk's keys, cumulative decays and corrected values u from the
+  triangular solve the forward did anyway, in preallocated buffers, so the commit of n tokens is one
+  batched matmul per layer, in place: S0 * exp(G[n-1]) + (k[:n] * exp(G[n-1] - G[:n]))^T u[:n], with n a
+  host int or a device tensor (a masked matmul over all B rows). Longer blocks keep their recurrence
+  inputs and re-run the first n tokens. The layer also keeps its conv window [conv state; the block's
+  conv inputs]; the conv state after n tokens is rows n..n+kernel-2.
+  Memory: the block's k/u/decays and conv window (B rows) per GDN layer; no copy of the state.
   Compute: no projections, no second target forward.
 """
 
@@ -32,9 +34,14 @@ class AttentionCache:
 class GDNCache:
     recurrent: torch.Tensor  # [v_heads, k_dim, v_dim], float32
     conv: torch.Tensor  # [kernel-1, conv_dim]
-    saved_recurrent: torch.Tensor  # the state before the last speculative forward
-    # for rollback after the last speculative forward: (its ChunkUpdate or Replay, its conv window)
-    record: tuple | None = None
+    # what the last speculative forward left for its commit (preallocated for `block` tokens, grown on demand
+    # in eager steps): chunk keys [H, B, k_dim], cumulative decays [H, B], corrected values [H, B, v_dim], all
+    # float32, and the conv window [kernel-1+B, conv_dim]
+    spec_k: torch.Tensor
+    spec_G: torch.Tensor
+    spec_u: torch.Tensor
+    spec_window: torch.Tensor
+    pending: object | None = None  # a ChunkUpdate over the buffers, or a Replay (blocks longer than a chunk)
 
 
 @dataclass
@@ -51,7 +58,7 @@ class ModelState:
             if isinstance(layer, GDNCache):
                 layer.recurrent.zero_()
                 layer.conv.zero_()
-                layer.record = None
+                layer.pending = None
 
     def gdn_layers(self) -> list[GDNCache]:
         return [c for c in self.layers if isinstance(c, GDNCache)]

@@ -47,8 +47,10 @@ def _layer(dtype) -> GatedDeltaNet:
     return layer.to(dtype)
 
 
-def _rolled_back_and_plain(layer, dtype, T: int, keep: int):
-    """(cache after a speculative T-token block rolled back to `keep`, cache after only the kept tokens)."""
+def _rolled_back_and_plain(layer, dtype, T: int, keep: int, on_device: bool = False):
+    """(cache after a speculative T-token block committed to `keep`, cache after only the kept tokens).
+
+    on_device: `keep` given as a 0-d tensor, as fixed-shape steps commit it."""
     gen = torch.Generator().manual_seed(T)
     prefix, block = (torch.randn(n, 32, generator=gen).to(dtype) for n in (5, T))
     spec = layer.new_cache("cpu", dtype)
@@ -57,24 +59,36 @@ def _rolled_back_and_plain(layer, dtype, T: int, keep: int):
         for cache in (spec, plain):
             layer(prefix, cache)
         layer(block, spec, speculative=True)
-        kind = type(spec.record[0])
-        GatedDeltaNet.rollback(spec, keep)
+        kind = type(spec.pending)
+        GatedDeltaNet.commit(spec, torch.tensor(keep) if on_device else keep)
         if keep:
             layer(block[:keep], plain)
     return spec, plain, kind
 
 
 @pytest.mark.parametrize(
-    ("T", "kind"), [(3, Replay), (4, ChunkUpdate), (16, ChunkUpdate), (CHUNK, ChunkUpdate), (CHUNK + 6, Replay)]
+    ("T", "kind", "on_device"),
+    [(1, ChunkUpdate, False), (3, ChunkUpdate, False), (16, ChunkUpdate, False), (CHUNK, ChunkUpdate, False),
+     (CHUNK + 6, Replay, False), (3, ChunkUpdate, True), (16, ChunkUpdate, True)],
 )
-def test_layer_rollback_equals_running_only_the_kept_tokens(T, kind):
+def test_layer_rollback_equals_running_only_the_kept_tokens(T, kind, on_device):
     layer = _layer(torch.float32)
-    keeps = sorted({0, 1, 2, 3, 4, T // 2, CHUNK - 1, CHUNK, CHUNK + 1, T - 1, T} & set(range(T + 1)))
+    keeps = sorted({0, 1, 2, 3, 4, T // 2, CHUNK - 1, CHUNK, CHUNK + 1, T - 1, T} & set(range(on_device, T + 1)))
     for keep in keeps:
-        spec, plain, used = _rolled_back_and_plain(layer, torch.float32, T, keep)
+        spec, plain, used = _rolled_back_and_plain(layer, torch.float32, T, keep, on_device)
         assert used is kind
         torch.testing.assert_close(spec.recurrent, plain.recurrent, atol=1e-5, rtol=0)
         torch.testing.assert_close(spec.conv, plain.conv, atol=1e-5, rtol=0)
+
+
+def test_speculative_forward_leaves_the_state_as_it_was():
+    layer = _layer(torch.float32)
+    cache = layer.new_cache("cpu", torch.float32, block=16)
+    with torch.no_grad():
+        layer(torch.randn(5, 32), cache)
+        before = (cache.recurrent.clone(), cache.conv.clone())
+        layer(torch.randn(16, 32), cache, speculative=True)
+    assert torch.equal(cache.recurrent, before[0]) and torch.equal(cache.conv, before[1])
 
 
 def test_bf16_layer_rollback_stays_close_to_running_only_the_kept_tokens():

@@ -1,4 +1,4 @@
-"""Attention shared by targets and drafters: projections, grouped-query SDPA, boolean masks."""
+"""Attention shared by targets and drafters: projections, grouped-query SDPA over the caches, boolean masks."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_chat.engine.models.layers import RMSNorm, apply_rotary
+from dflash_chat.engine.models.span import Span
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
@@ -37,6 +38,34 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = N
     visible = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
     if window is not None:
         visible &= rel < window
+    return visible
+
+
+def attend_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: Span, scale: float, *,
+                 causal: bool = True, window: int | None = None) -> torch.Tensor:
+    """q [T, heads, d] at `span.pos` against the cache rows [0, span.end) -> [T, heads * d].
+
+    A query at position p sees key position j when j < end, and j <= p if causal, and p - j < window if
+    windowed. On CUDA a length-aware kernel reads only the rows below `end`; elsewhere SDPA reads
+    `span.bound` rows with a mask (all of them in fixed-shape steps, the used ones in eager steps).
+    """
+    from dflash_chat.engine.kernels import attention as kernel
+
+    if kernel.available(q):
+        return kernel.attend(q, k_cache, v_cache, span.pos, span.end, scale, causal, window)
+    k, v = k_cache[: span.bound], v_cache[: span.bound]
+    return attend(q, k, v, cache_mask(span, causal, window), scale)
+
+
+def cache_mask(span: Span, causal: bool, window: int | None) -> torch.Tensor | None:
+    """Visibility [T, bound] of the cache rows for `attend_cache`'s reference path (None: all visible)."""
+    eager = isinstance(span.end, int)
+    if eager and window is None and (not causal or span.length == 1):
+        return None  # every row up to end is visible
+    keys = torch.arange(span.bound, device=span.pos.device)
+    visible = causal_mask(span.pos, keys, window, causal)
+    if not eager:
+        visible &= keys[None, :] < span.end
     return visible
 
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash_chat.engine.models.attention import Projections, attend, causal_mask
+from dflash_chat.engine.models.attention import Projections, attend, attend_cache, causal_mask
 from dflash_chat.engine.models.config import DrafterConfig
 from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary
+from dflash_chat.engine.models.span import Span
 
 
 class DraftAttention(Projections):
@@ -99,9 +100,15 @@ class DFlashDrafter(nn.Module):
 
         Returns the block to verify, [last_token, greedy drafts x length], on the device.
         """
-        ids, hidden = self._draft(last_token, start, length)
-        ids[1:] = self._lm_head(hidden).argmax(dim=-1)
+        ids = self._block_ids(last_token, start, length)
+        ids[1:] = self._lm_head(self._draft(ids, Span.eager(start, ids.shape[0], ids.device))).argmax(dim=-1)
         return ids
+
+    @torch.no_grad()
+    def draft_block(self, ids: torch.Tensor, span: Span) -> torch.Tensor:
+        """Fixed-shape draft: `ids` [B] holds [last token, mask x (B-1)] at device positions `span`; the
+        context is every committed row below span.pos[0]. Returns the B-1 greedy drafts; reads no host value."""
+        return self._lm_head(self._draft(ids, span)).argmax(dim=-1)
 
     @torch.no_grad()
     def append_context(self, features: torch.Tensor, start: int) -> None:
@@ -110,47 +117,58 @@ class DFlashDrafter(nn.Module):
         if self.ctx_len + n != start:
             raise RuntimeError(f"drafter context out of sync: have {self.ctx_len} + {n} rows for position {start}")
         if n:
-            dtype = self.cache_k.dtype
-            h = self.project_context(features.to(dtype))
-            cos, sin = self.rotary.span(start - n, start, dtype)
-            for i, layer in enumerate(self.layers):
-                k, v = layer.self_attn.keys_values(h, cos, sin)
-                self.cache_k[i, start - n : start] = k
-                self.cache_v[i, start - n : start] = v
+            self.store_context(features, torch.arange(start - n, start, device=features.device))
         self.ctx_len = start
+
+    @torch.no_grad()
+    def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
+        """Context K/V of the target features [n, K*H] at `positions` [n] (a fixed-shape step stores a whole
+        verify block; the rows past the accepted ones are overwritten before anything reads them)."""
+        dtype = self.cache_k.dtype
+        h = self.project_context(features.to(dtype))
+        cos, sin = self.rotary.at(positions, dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.keys_values(h, cos, sin)
+            self.cache_k[i].index_copy_(0, positions, k)
+            self.cache_v[i].index_copy_(0, positions, v)
 
     @torch.no_grad()
     def draft_hidden(self, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
         """Final-normed hidden states [length, H] for the drafted positions (see `propose`)."""
-        return self._draft(last_token, start, length)[1]
+        ids = self._block_ids(last_token, start, length)
+        return self._draft(ids, Span.eager(start, ids.shape[0], ids.device))
 
-    def _draft(self, last_token: int, start: int, length: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block's ids [last_token, mask x length] and the drafted positions' hidden states."""
+    def block_ids(self, device: torch.device) -> torch.Tensor:
+        """[0, mask x (B-1)]: a fixed-shape step writes the last token into row 0."""
+        ids = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=device)
+        ids[0] = 0
+        return ids
+
+    def _block_ids(self, last_token: int, start: int, length: int | None) -> torch.Tensor:
         if self.ctx_len != start:
             raise RuntimeError(f"drafter context out of sync: have {self.ctx_len} positions, drafting at {start}")
         B = self.block_size if length is None else length + 1
-        device = self.norm.weight.device
-        dtype = self.cache_k.dtype
-        ids = torch.full((B,), self.mask_token_id, dtype=torch.long, device=device)
+        ids = torch.full((B,), self.mask_token_id, dtype=torch.long, device=self.norm.weight.device)
         ids[0] = last_token
+        return ids
+
+    def _draft(self, ids: torch.Tensor, span: Span) -> torch.Tensor:
+        """The final-normed hidden states of the drafted positions (block rows 1..), the block's own K/V
+        written to the cache rows past the context (the next block or context rows overwrite them)."""
+        dtype = self.cache_k.dtype
         x = self._embed(ids).to(dtype)
-        end = start + B
-        blk_pos = torch.arange(start, end, device=device)
-        cos, sin = self.rotary.span(start, end, dtype)
-        masks = {}
+        cos, sin = self.rotary.at(span.pos, dtype)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             xn = layer.input_layernorm(x)
             q, _ = attn.queries(xn, cos, sin)
-            # the block's K/V go in the cache's spare rows past the context; the next call overwrites them
-            self.cache_k[i, start:end], self.cache_v[i, start:end] = attn.keys_values(xn, cos, sin)
-            lo = max(0, start - attn.window + 1) if attn.window else 0
-            key = (attn.causal, attn.window)
-            if key not in masks:
-                masks[key] = attn.mask(blk_pos, torch.arange(lo, end, device=device))
-            out = attend(q, self.cache_k[i, lo:end], self.cache_v[i, lo:end], masks[key], attn.scale)
+            k, v = attn.keys_values(xn, cos, sin)
+            self.cache_k[i].index_copy_(0, span.pos, k)
+            self.cache_v[i].index_copy_(0, span.pos, v)
+            out = attend_cache(q, self.cache_k[i], self.cache_v[i], span, attn.scale, causal=attn.causal,
+                               window=attn.window)
             x = layer.finish(x, attn.o_proj(out))
-        return ids, self.norm(x[1:])
+        return self.norm(x[1:])
 
     # -- training ---------------------------------------------------------------
     def forward_train(self, features: torch.Tensor, block_embeddings: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:

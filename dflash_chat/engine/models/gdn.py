@@ -51,32 +51,45 @@ class ChunkUpdate:
     G: torch.Tensor  # [H, C], cumulative log decay inside the chunk
     u: torch.Tensor  # [H, C, V], corrected values from the triangular solve
 
-    def advance(self, n: int, state: torch.Tensor) -> None:
-        """Take `state` (the state before the chunk) to the state after the chunk's first n tokens."""
-        if n == 0:
+    def advance(self, n: int | torch.Tensor, state: torch.Tensor) -> None:
+        """Take `state` (the state before the chunk) to the state after the chunk's first n tokens, in place.
+
+        n: a host int, or a 0-d device tensor >= 1 (then every row is weighted and the rows >= n get weight 0,
+        so the shapes do not depend on n).
+        """
+        if isinstance(n, int):
+            if n == 0:
+                return
+            last = self.G[:, n - 1 : n]
+            weighted = self.k[:, :n] * (last - self.G[:, :n]).exp()[..., None]
+            state.mul_(last.exp()[..., None]).baddbmm_(weighted.transpose(1, 2), self.u[:, :n])
             return
-        last = self.G[:, n - 1 : n]
-        weighted = self.k[:, :n] * (last - self.G[:, :n]).exp()[..., None]
-        state.mul_(last.exp()[..., None]).baddbmm_(weighted.transpose(1, 2), self.u[:, :n])
+        rows = torch.arange(self.G.shape[1], device=self.G.device)
+        last = self.G.index_select(1, (n - 1).reshape(1))  # [H, 1]
+        log_w = torch.where(rows[None, :] < n, last - self.G, float("-inf"))
+        weighted = self.k * log_w.exp()[..., None]
+        state.mul_(last.exp()[..., None]).baddbmm_(weighted.transpose(1, 2), self.u)
 
 
 @dataclass
 class Replay:
-    """A block's recurrence inputs, for the cases `ChunkUpdate` does not cover: re-run the first n."""
+    """A block's recurrence inputs and conv window, for blocks longer than a chunk: re-run the first n
+    (n a host int)."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     g: torch.Tensor
     beta: torch.Tensor
+    window: torch.Tensor
 
     def advance(self, n: int, state: torch.Tensor) -> None:
         if n:
             delta_rule(self.q[:n], self.k[:n], self.v[:n], self.g[:n], self.beta[:n], state)
 
 
-def solve_chunk(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, ChunkUpdate]:
-    """The recurrence over one chunk at once; advances `state` to the chunk's end.
+def solve_chunk(q, k, v, g, beta, state: torch.Tensor, advance: bool = True) -> tuple[torch.Tensor, ChunkUpdate]:
+    """The recurrence over one chunk at once; advances `state` to the chunk's end unless told not to.
 
     Derivation: with decays folded in (G_i = sum_{j<=i} g_j inside the chunk), the chunk's corrected
     values u = (I + tril(beta K K^T * exp(G_i - G_j), -1))^-1 (beta V - beta exp(G) K S0), the outputs are
@@ -98,7 +111,8 @@ def solve_chunk(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, Ch
     attn = (qc @ kc.transpose(1, 2)) * decay_ij
     o = gc.exp()[..., None] * (qc @ state) + attn @ u
     update = ChunkUpdate(kc, gc, u)
-    update.advance(C, state)
+    if advance:
+        update.advance(C, state)
     return o.transpose(0, 1), update
 
 
@@ -118,19 +132,6 @@ def delta_rule(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     if q.shape[0] < STEPWISE:
         return recurrence(q, k, v, g, beta, state)
     return chunked(q, k, v, g, beta, state)
-
-
-def delta_rule_undoable(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, ChunkUpdate | Replay]:
-    """`delta_rule`, also returning what takes the state before the block to the state after any prefix.
-
-    A verify block fits one chunk: its `ChunkUpdate` comes free with the solve. Blocks shorter than
-    STEPWISE run the exact recurrence and longer-than-a-chunk blocks several solves, so those keep their
-    inputs and re-run the kept prefix.
-    """
-    T = q.shape[0]
-    if STEPWISE <= T <= CHUNK:
-        return solve_chunk(q, k, v, g, beta, state)
-    return delta_rule(q, k, v, g, beta, state), Replay(q, k, v, g, beta)
 
 
 class GatedDeltaNet(nn.Module):
@@ -154,10 +155,18 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.v_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_total, cfg.hidden_size, bias=False)
 
-    def new_cache(self, device, dtype) -> GDNCache:
-        rec = torch.zeros(self.num_v_heads, self.k_dim, self.v_dim, dtype=torch.float32, device=device)
-        conv = torch.zeros(self.kernel - 1, self.conv_dim, dtype=dtype, device=device)
-        return GDNCache(rec, conv, rec.clone())
+    def new_cache(self, device, dtype, block: int = 1) -> GDNCache:
+        """The layer's state, with room for what a speculative forward of up to `block` tokens leaves to commit."""
+        f32 = dict(dtype=torch.float32, device=device)
+        H = self.num_v_heads
+        return GDNCache(
+            recurrent=torch.zeros(H, self.k_dim, self.v_dim, **f32),
+            conv=torch.zeros(self.kernel - 1, self.conv_dim, dtype=dtype, device=device),
+            spec_k=torch.zeros(H, block, self.k_dim, **f32),
+            spec_G=torch.zeros(H, block, **f32),
+            spec_u=torch.zeros(H, block, self.v_dim, **f32),
+            spec_window=torch.zeros(self.kernel - 1 + block, self.conv_dim, dtype=dtype, device=device),
+        )
 
     def conv(self, window: torch.Tensor) -> torch.Tensor:
         """Depthwise causal conv, SiLU, over the window [conv state; T new rows] [K-1+T, C] -> [T, C]."""
@@ -187,27 +196,51 @@ class GatedDeltaNet(nn.Module):
         return window, (q, k, v, g, beta)
 
     def forward(self, x: torch.Tensor, cache: GDNCache, speculative: bool = False) -> torch.Tensor:
+        """Mix T new tokens. A speculative forward leaves the state as it was and keeps, in the cache, what
+        `commit` needs to take it to the state after any prefix of the block."""
         T = x.shape[0]
         window, (q, k, v, g, beta) = self.recurrence_inputs(x, cache)
-        cache.conv.copy_(window[T:])
         if speculative:
-            cache.saved_recurrent.copy_(cache.recurrent)
-            core, update = delta_rule_undoable(q, k, v, g, beta, cache.recurrent)
-            cache.record = (update, window)
+            core = self._hold(cache, window, q, k, v, g, beta)
         else:
+            cache.conv.copy_(window[T:])
             core = delta_rule(q, k, v, g, beta, cache.recurrent)
-            cache.record = None
+            cache.pending = None
         z = self.in_proj_z(x).reshape(T, self.num_v_heads, self.v_dim)
         core = self.norm(core.to(x.dtype), z)
         return self.out_proj(core.reshape(T, self.value_total))
 
     @staticmethod
-    def rollback(cache: GDNCache, keep: int) -> None:
-        """State after only the first `keep` tokens of the last speculative forward."""
-        update, window = cache.record
+    def _hold(cache: GDNCache, window, q, k, v, g, beta) -> torch.Tensor:
+        T = q.shape[0]
+        if T > CHUNK:
+            cache.pending = Replay(q, k, v, g, beta, window)
+            return delta_rule(q, k, v, g, beta, cache.recurrent.clone())
+        if cache.spec_G.shape[1] < T:  # an eager step longer than the buffers were made for
+            H = cache.spec_G.shape[0]
+            cache.spec_k = cache.spec_k.new_zeros(H, T, cache.spec_k.shape[2])
+            cache.spec_G = cache.spec_G.new_zeros(H, T)
+            cache.spec_u = cache.spec_u.new_zeros(H, T, cache.spec_u.shape[2])
+            cache.spec_window = cache.spec_window.new_zeros(window.shape[0], window.shape[1])
+        core, update = solve_chunk(q, k, v, g, beta, cache.recurrent, advance=False)
+        kept = ChunkUpdate(cache.spec_k[:, :T], cache.spec_G[:, :T], cache.spec_u[:, :T])
+        kept.k.copy_(update.k)
+        kept.G.copy_(update.G)
+        kept.u.copy_(update.u)
+        cache.spec_window[: window.shape[0]].copy_(window)
+        cache.pending = kept
+        return core
+
+    @staticmethod
+    def commit(cache: GDNCache, keep: int | torch.Tensor) -> None:
+        """State after only the first `keep` tokens of the last speculative forward (a host int, or a 0-d
+        device tensor >= 1)."""
         rows = cache.conv.shape[0]
-        if keep == window.shape[0] - rows:
-            return
-        cache.recurrent.copy_(cache.saved_recurrent)
-        update.advance(keep, cache.recurrent)
-        cache.conv.copy_(window[keep : keep + rows])
+        cache.pending.advance(keep, cache.recurrent)
+        if isinstance(keep, int):
+            window = cache.pending.window if isinstance(cache.pending, Replay) else cache.spec_window
+            cache.conv.copy_(window[keep : keep + rows])
+        else:
+            at = keep + torch.arange(rows, device=cache.conv.device)
+            cache.conv.copy_(cache.spec_window.index_select(0, at))
+        cache.pending = None

@@ -34,8 +34,9 @@ class GatedRMSNorm(RMSNorm):
 class Rotary(nn.Module):
     """RoPE on the first `rotary_dim` channels of each head (rotate-half layout).
 
-    `allocate` precomputes the cos/sin tables for a context once; `span` then slices them (the same
-    values `cos_sin` computes, element for element) instead of recomputing them every forward.
+    `allocate` precomputes the cos/sin tables for a context once; `at` then gathers the rows of the
+    positions asked for (a device tensor, so fixed-shape steps need no host value), with the same
+    values `cos_sin` computes, element for element.
     """
 
     def __init__(self, rotary_dim: int, theta: float):
@@ -56,12 +57,12 @@ class Rotary(nn.Module):
             return
         self.table = self.cos_sin(torch.arange(length, device=self.inv_freq.device), dtype)
 
-    def span(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [end - start, rotary_dim] for positions start..end-1."""
-        if self._covers(end, dtype):
-            cos, sin = self.table
-            return cos[start:end], sin[start:end]
-        return self.cos_sin(torch.arange(start, end, device=self.inv_freq.device), dtype)
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, rotary_dim] for positions [T]; they must lie inside the allocated table."""
+        if self.table is None or self.table[0].dtype != dtype or self.table[0].device != self.inv_freq.device:
+            return self.cos_sin(positions, dtype)
+        cos, sin = self.table
+        return cos.index_select(0, positions), sin.index_select(0, positions)
 
     def _covers(self, length: int, dtype: torch.dtype) -> bool:
         return (self.table is not None and self.table[0].shape[0] >= length and self.table[0].dtype == dtype

@@ -3,9 +3,10 @@
 One file, read top to bottom. Parameter names follow the HF checkpoints (`model.layers.N...`,
 `lm_head.weight`) so their safetensors load directly. Batch size 1; tokens along dim 0.
 
-`forward(ids, state, ...)` runs new tokens at positions state.length.. against the preallocated
-state, returns logits for the positions asked for and the context features (hidden states after
-the given 0-based layers, concatenated) that the DFlash drafter reads.
+`forward(ids, state, ...)` runs new tokens at positions state.length.. (or at a `Span` of device
+positions, for fixed-shape steps) against the preallocated state, returns logits for the positions
+asked for and the context features (hidden states after the given 0-based layers, concatenated) that
+the DFlash drafter reads.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import torch
 from torch import nn
 
 from dflash_chat.engine.errors import ContextLengthError
-from dflash_chat.engine.models.attention import Projections, attend, causal_mask
+from dflash_chat.engine.models.attention import Projections, attend_cache
 from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.gdn import GatedDeltaNet
 from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary, SparseMoE
+from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.state import AttentionCache, GDNCache, ModelState
 
 
@@ -32,11 +34,12 @@ class Attention(Projections):
         shape = (max_len, self.num_kv_heads, self.head_dim)
         return AttentionCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
-    def forward(self, x, cache: AttentionCache, start: int, cos, sin, mask) -> torch.Tensor:
+    def forward(self, x, cache: AttentionCache, span: Span, cos, sin) -> torch.Tensor:
         q, gate = self.queries(x, cos, sin)
-        end = start + x.shape[0]
-        cache.k[start:end], cache.v[start:end] = self.keys_values(x, cos, sin)
-        out = attend(q, cache.k[:end], cache.v[:end], mask, self.scale)
+        k, v = self.keys_values(x, cos, sin)
+        cache.k.index_copy_(0, span.pos, k)
+        cache.v.index_copy_(0, span.pos, v)
+        out = attend_cache(q, cache.k, cache.v, span, self.scale)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)
@@ -60,17 +63,17 @@ class DecoderLayer(PreNormBlock):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norm)
 
-    def new_cache(self, max_len: int, device, dtype):
+    def new_cache(self, max_len: int, device, dtype, block: int):
         if self.layer_type == "linear_attention":
-            return self.linear_attn.new_cache(device, dtype)
+            return self.linear_attn.new_cache(device, dtype, block)
         return self.self_attn.new_cache(max_len, device, dtype)
 
-    def forward(self, x, cache, start, cos, sin, mask, speculative):
+    def forward(self, x, cache, span: Span, cos, sin, speculative):
         h = self.input_layernorm(x)
         if self.layer_type == "linear_attention":
             h = self.linear_attn(h, cache, speculative)
         else:
-            h = self.self_attn(h, cache, start, cos, sin, mask)
+            h = self.self_attn(h, cache, span, cos, sin)
         return self.finish(x, h)
 
 
@@ -94,10 +97,11 @@ class TargetModel(nn.Module):
     def embed_tokens(self) -> nn.Module:
         return self.model.embed_tokens
 
-    def new_state(self, max_len: int) -> ModelState:
+    def new_state(self, max_len: int, block: int = 1) -> ModelState:
+        """Caches for `max_len` positions; GDN layers keep room for a speculative forward of `block` tokens."""
         p = self.model.norm.weight
         dtype = p.dtype
-        caches = [layer.new_cache(max_len, p.device, dtype) for layer in self.model.layers]
+        caches = [layer.new_cache(max_len, p.device, dtype, block) for layer in self.model.layers]
         self.rotary.allocate(max_len, dtype)
         return ModelState(caches, max_len)
 
@@ -110,32 +114,36 @@ class TargetModel(nn.Module):
         logits: str | None = "last",
         taps: list[int] | None = None,
         speculative: bool = False,
+        span: Span | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Run `ids` [T] at positions state.length..; advance the state by T.
 
         logits: "last" -> [V] for the last token, "all" -> [T, V], None -> no LM head.
         taps: 0-based layer ids whose outputs are concatenated into features [T, len(taps) * H].
-        speculative: keep what `rollback` needs to undo part of this forward.
+        speculative: keep what `rollback` needs to keep only part of this forward (GDN state stays as it was).
+        span: device positions for a fixed-shape step; then the caller keeps the length (state.length is
+        neither read nor changed) and no host value is read.
         """
         T = ids.shape[0]
-        start = state.length
-        if start + T > state.max_len:
-            raise ContextLengthError(
-                f"context full: {start + T} tokens do not fit the {state.max_len}-token context; start a new chat or raise the context length"
-            )
+        eager = span is None
+        if eager:
+            start = state.length
+            if start + T > state.max_len:
+                raise ContextLengthError(
+                    f"context full: {start + T} tokens do not fit the {state.max_len}-token context; start a new chat or raise the context length"
+                )
+            span = Span.eager(start, T, ids.device)
         dtype = self.model.norm.weight.dtype
         x = self.model.embed_tokens(ids).to(dtype)
-        cos, sin = self.rotary.span(start, start + T, dtype)
-        mask = None
-        if T > 1:
-            mask = causal_mask(torch.arange(start, start + T, device=ids.device), torch.arange(start + T, device=ids.device))
+        cos, sin = self.rotary.at(span.pos, dtype)
         tapped = dict.fromkeys(taps or ())
         for i, (layer, cache) in enumerate(zip(self.model.layers, state.layers)):
-            x = layer(x, cache, start, cos, sin, mask, speculative)
+            x = layer(x, cache, span, cos, sin, speculative)
             if i in tapped:
                 tapped[i] = x
-        state.length = start + T
-        state.pending = T if speculative else 0
+        if eager:
+            state.length = start + T
+            state.pending = T if speculative else 0
         feats = torch.cat([tapped[i] for i in taps], dim=-1) if taps else None
         out = None
         if logits is not None:
@@ -146,12 +154,17 @@ class TargetModel(nn.Module):
         return out, feats
 
     def rollback(self, state: ModelState, keep: int) -> None:
-        """Keep only the first `keep` tokens of the last speculative forward."""
+        """Keep only the first `keep` tokens of the last (eager) speculative forward."""
         if not state.pending:
             raise RuntimeError("rollback without a speculative forward")
         state.length = state.length - state.pending + keep
+        self.commit(state, keep)
+        state.pending = 0
+
+    @staticmethod
+    def commit(state: ModelState, keep: int | torch.Tensor) -> None:
+        """Bring every GDN layer to the state after the first `keep` tokens of the last speculative forward
+        (attention needs nothing: its rows past the length are ignored). `keep` may be a device tensor."""
         for cache in state.layers:
             if isinstance(cache, GDNCache):
-                GatedDeltaNet.rollback(cache, keep)
-                cache.record = None
-        state.pending = 0
+                GatedDeltaNet.commit(cache, keep)

@@ -1,0 +1,69 @@
+"""Attention of a few query rows over a KV cache whose used length lives on the device.
+
+Decode (1 row), verify (B rows, causal, bottom-right aligned) and the drafter's block (B rows,
+non-causal, optionally windowed) all read the same preallocated caches. The kernel splits the cache
+into fixed chunks (split-KV, "flash decoding"): the grid is sized for the allocated length so a
+CUDA graph can replay it at any length, and a program whose chunk lies past `end` (or outside every
+row's causal / window range) exits before reading anything, so the time follows the used length.
+Grouped-query heads are folded into the rows (each KV head is read once for its `rep` query heads).
+A second kernel merges the chunks' partial softmaxes.
+
+The torch reference is `models.attention.attend_cache`'s SDPA path; tests compare both under
+TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+SPLIT = 512  # cache rows per program
+BLOCK_N = 64  # keys per inner step
+
+
+def available(q: torch.Tensor) -> bool:
+    from dflash_chat.engine.kernels import triton_available
+
+    if os.environ.get("DFLASH_CHAT_NO_TRITON_ATTENTION"):
+        return False
+    interpret = os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("DFLASH_CHAT_TRITON_ATTENTION") == "1"
+    return (q.is_cuda or interpret) and triton_available()
+
+
+@functools.cache
+def _kernels():
+    from dflash_chat.engine.kernels import triton_attention  # imports triton: only once the kernel is wanted
+
+    return triton_attention.partial_kernel, triton_attention.merge_kernel
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+           end: torch.Tensor | int, scale: float, causal: bool, window: int | None) -> torch.Tensor:
+    """q [T, heads, d]; caches [rows, kv_heads, d]; pos [T]; end: valid rows (device 0-d tensor or int).
+
+    Returns [T, heads * d] in q's dtype. Sync-free: every size comes from shapes, `end` stays on the device.
+    """
+    T, heads, d = q.shape
+    rows_alloc, kv_heads, _ = k_cache.shape
+    rep = heads // kv_heads
+    R = T * rep
+    if not torch.is_tensor(end):
+        end = torch.tensor(end, device=q.device)
+    end = end.reshape(1).to(torch.int64)
+    q = q.contiguous()
+    block_r = max(16, min(64, 1 << (R - 1).bit_length()))
+    splits = -(-rows_alloc // SPLIT)
+    acc = torch.empty(splits, kv_heads, R, d, device=q.device, dtype=torch.float32)
+    ml = torch.empty(splits, kv_heads, R, 2, device=q.device, dtype=torch.float32)
+    out = torch.empty(T, heads, d, device=q.device, dtype=q.dtype)
+    partial, merge = _kernels()
+    grid = (kv_heads, -(-R // block_r), splits)
+    partial[grid](q, k_cache, v_cache, pos, end, acc, ml, T, rep, R, scale, window or 0,
+                  q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+                  D=d, BLOCK_R=block_r, BLOCK_N=BLOCK_N, SPLIT=SPLIT, CAUSAL=causal, WINDOWED=window is not None,
+                  IEEE=q.dtype == torch.float32,
+                  num_warps=4 if block_r <= 16 else 8)
+    merge[(kv_heads, R)](acc, ml, end, out, rep, R, kv_heads, out.stride(0), out.stride(1), D=d, SPLIT=SPLIT)
+    return out.reshape(T, heads * d)

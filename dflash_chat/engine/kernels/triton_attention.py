@@ -1,0 +1,93 @@
+"""Triton kernels behind `kernels.attention` (imported only when a kernel runs): see that module."""
+
+import triton
+import triton.language as tl
+
+
+
+@triton.jit
+def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, rep, R, scale, window,
+                   stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
+                   D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                   CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr):
+    g = tl.program_id(0)  # KV head
+    rb = tl.program_id(1)  # block of query rows
+    s = tl.program_id(2)  # cache chunk
+    KVH = tl.num_programs(0)
+    end = tl.load(end_ptr)
+    lo_chunk = s * SPLIT
+    if lo_chunk >= end:
+        return  # never read by the merge
+    rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    live = rows < R
+    t = rows // rep
+    head = g * rep + rows % rep
+    p = tl.load(pos_ptr + t, mask=live, other=0)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=live[:, None],
+                other=0.0)
+    hi = tl.minimum(end, lo_chunk + SPLIT)
+    if CAUSAL:
+        hi = tl.minimum(hi, tl.max(tl.where(live, p, 0)) + 1)
+    lo = lo_chunk
+    if WINDOWED:
+        lo = tl.maximum(lo, tl.min(tl.where(live, p, 2**62)) - window + 1)
+    m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, D), tl.float32)
+    start = lo_chunk + tl.maximum(lo - lo_chunk, 0) // BLOCK_N * BLOCK_N
+    for j0 in range(start, hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        inside = j < hi
+        k = tl.load(k_ptr + j[:, None].to(tl.int64) * stride_kn + g * stride_kh + d[None, :], mask=inside[:, None],
+                    other=0.0)
+        v = tl.load(v_ptr + j[:, None].to(tl.int64) * stride_vn + g * stride_vh + d[None, :], mask=inside[:, None],
+                    other=0.0)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        ok = inside[None, :] & live[:, None]
+        if CAUSAL:
+            ok &= j[None, :] <= p[:, None]
+        if WINDOWED:
+            ok &= p[:, None] - j[None, :] < window
+        scores = tl.where(ok, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        w = tl.exp(scores - m_safe[:, None])
+        l = l * alpha + tl.sum(w, 1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(w, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(w.to(v.dtype), v).to(tl.float32)
+        m = m_new
+    base = (s * KVH + g) * R + rows
+    tl.store(acc_ptr + base[:, None] * D + d[None, :], acc, mask=live[:, None])
+    tl.store(ml_ptr + 2 * base, m, mask=live)
+    tl.store(ml_ptr + 2 * base + 1, l, mask=live)
+
+@triton.jit
+def merge_kernel(acc_ptr, ml_ptr, end_ptr, out_ptr, rep, R, KVH, stride_ot, stride_oh,
+                 D: tl.constexpr, SPLIT: tl.constexpr):
+    g = tl.program_id(0)
+    row = tl.program_id(1)
+    used = (tl.load(end_ptr) + SPLIT - 1) // SPLIT
+    d = tl.arange(0, D)
+    m_all = float("-inf")
+    for s in range(0, used):
+        m_all = tl.maximum(m_all, tl.load(ml_ptr + 2 * ((s * KVH + g) * R + row)))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    total = 0.0
+    acc = tl.zeros((D,), tl.float32)
+    for s in range(0, used):
+        base = (s * KVH + g) * R + row
+        w = tl.exp(tl.load(ml_ptr + 2 * base) - m_safe)
+        total += w * tl.load(ml_ptr + 2 * base + 1)
+        acc += w * tl.load(acc_ptr + base * D + d)
+    out = acc / tl.where(total > 0, total, 1.0)
+    t = row // rep
+    head = g * rep + row % rep
+    tl.store(out_ptr + t * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+

@@ -1,0 +1,41 @@
+"""Run under TRITON_INTERPRET=1 by test_attention_kernel.py: the cache attention kernel vs SDPA."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_chat.engine.kernels import attention as kernel
+from dflash_chat.engine.models.attention import attend_cache
+from dflash_chat.engine.models.span import Span
+
+CASES = [  # (rows allocated, used length end, T new rows, heads, kv heads, head dim, causal, window)
+    (1100, 700, 1, 4, 2, 32, True, None),  # decode, two chunks used of three
+    (1100, 530, 16, 6, 2, 32, True, None),  # verify: 16 rows * 3 heads per KV head, across a chunk edge
+    (600, 40, 16, 4, 1, 16, False, None),  # the drafter's block: non-causal
+    (1200, 1100, 16, 4, 2, 16, False, 300),  # windowed drafter layer: early chunks skipped
+    (1200, 1100, 4, 4, 4, 16, True, 200),  # causal and windowed
+]
+
+
+def check(alloc, end, T, heads, kv_heads, d, causal, window, dtype=torch.float32):
+    g = torch.Generator().manual_seed(alloc + end + T)
+    q = torch.randn(T, heads, d, generator=g).to(dtype)
+    k = torch.randn(alloc, kv_heads, d, generator=g).to(dtype)
+    v = torch.randn(alloc, kv_heads, d, generator=g).to(dtype)
+    k[end:] = float("nan")  # rows past the used length must never be read
+    v[end:] = float("nan")
+    span = Span.fixed(torch.tensor(end - T), torch.arange(T), alloc)
+    got = kernel.attend(q, k, v, span.pos, span.end, d**-0.5, causal, window)
+    want = attend_cache(q.float(), k[:end].float(), v[:end].float(), Span.eager(end - T, T, q.device), d**-0.5,
+                        causal=causal, window=window)
+    assert got.dtype == dtype and not got.isnan().any(), (alloc, end, T)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+if __name__ == "__main__":
+    assert kernel.available(torch.empty(0)), "the kernel must be selected under the interpreter"
+    for case in CASES:
+        check(*case)
+    check(*CASES[1], dtype=torch.float16)
+    print("attention kernel checks passed")
