@@ -254,9 +254,11 @@ def load_pair(
     max_context: int | None = None,
     causal_sliding: bool | None = None,
     drafter_quant: str | None = None,
+    decode: str = "auto",
 ) -> LoadedPair:
     """Target (+ drafter) and tokenizer, ready to chat. `tokenizer`: a folder with the official
-    tokenizer/chat-template files; without it the target folder's own, or the target GGUF's metadata."""
+    tokenizer/chat-template files; without it the target folder's own, or the target GGUF's metadata.
+    `decode`: the decode path (see spec.decode_mode); on CUDA the default captures the steps as graphs here."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
@@ -264,7 +266,7 @@ def load_pair(
     _check_vocab(tok, model)
     draft = load_drafter(drafter, model, causal_sliding=causal_sliding, quant=drafter_quant) if drafter else None
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
-    engine = Engine(model, draft, max_context=context)
+    engine = Engine(model, draft, max_context=context, decode=decode)
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
 
 

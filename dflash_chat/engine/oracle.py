@@ -3,11 +3,13 @@
 Used to prove the loop lossless (every acceptance length and rollback offset occurs) and to
 benchmark at a chosen acceptance: `dflash-chat bench` first decodes autoregressively to learn the
 true continuation, then runs DFlash with this drafter.
+
+Its errors are a function of the drafting position (tables drawn once per context), so the eager and
+the fixed-shape steps see the same proposals for the same state, and a fixed-shape draft is a gather
+on the device.
 """
 
 from __future__ import annotations
-
-import random
 
 import torch
 
@@ -16,37 +18,57 @@ class OracleDrafter:
     def __init__(self, reference: list[int], vocab_size: int, *, block_size: int = 16,
                  accept_prob: float = 0.8, mode: str = "geometric", seed: int = 0):
         """mode "geometric": each drafted token is right with probability accept_prob;
-        mode "uniform": the first wrong position is uniform over 0..D (D = all right)."""
+        mode "uniform": the first wrong position is uniform over 0..D (D = all right);
+        mode "fixed": the first `round(accept_prob)` drafts are right and the next one wrong (a forced
+        acceptance length, for benchmarks)."""
         self.reference = list(reference)
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.accept_prob = accept_prob
         self.mode = mode
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.target_layer_ids: list[int] = []
+        self.ctx_len = 0
+        self.proposals: torch.Tensor | None = None  # [positions, B-1]: what drafting at position p proposes
+        self._on: dict[torch.device, torch.Tensor] = {}
 
     def allocate(self, max_context: int) -> None:
-        pass
+        g = torch.Generator().manual_seed(self.seed)
+        rows, D = max_context + 1, self.block_size - 1
+        truth = torch.randint(0, self.vocab_size, (rows + D + 1,), generator=g)
+        known = torch.tensor(self.reference[: truth.shape[0]], dtype=torch.long)
+        truth[: known.shape[0]] = known
+        at = torch.arange(rows)[:, None] + 1 + torch.arange(D)[None, :]
+        draft = truth[at]  # [rows, D]: the true continuation after each position
+        if self.mode == "uniform":
+            first_wrong = torch.randint(0, D + 1, (rows, 1), generator=g)
+            wrong = torch.arange(D)[None, :] == first_wrong
+        elif self.mode == "fixed":
+            wrong = torch.arange(D)[None, :].expand(rows, D) == round(self.accept_prob)
+        else:
+            wrong = torch.rand(rows, D, generator=g) >= self.accept_prob
+        shift = 1 + torch.randint(0, self.vocab_size - 1, (rows, D), generator=g)
+        self.proposals = torch.where(wrong, (draft + shift) % self.vocab_size, draft)
+        self._on = {}
+        self.ctx_len = 0
 
     def truncate(self, length: int) -> None:
-        pass
+        self.ctx_len = min(self.ctx_len, length)
 
     def append_context(self, features, start: int) -> None:
-        pass  # it reads no target features
+        self.ctx_len = start  # it reads no target features
 
-    def _truth(self, position: int) -> int:
-        if position < len(self.reference):
-            return self.reference[position]
-        return self.rng.randrange(self.vocab_size)
-
-    def _wrong(self, token: int) -> int:
-        return (token + 1 + self.rng.randrange(self.vocab_size - 1)) % self.vocab_size
+    def store_context(self, features, positions) -> None:
+        pass
 
     def propose(self, last_token: int, start: int, length: int) -> torch.Tensor:
-        draft = [self._truth(start + 1 + i) for i in range(length)]
-        if self.mode == "uniform":
-            first_wrong = self.rng.randint(0, length)
-            wrong = [i == first_wrong for i in range(length)]
-        else:
-            wrong = [self.rng.random() >= self.accept_prob for _ in range(length)]
-        return torch.tensor([last_token] + [self._wrong(t) if w else t for t, w in zip(draft, wrong)], dtype=torch.long)
+        return torch.cat((torch.tensor([last_token]), self.proposals[start, :length]))
+
+    def block_ids(self, device: torch.device) -> torch.Tensor:
+        return torch.zeros(self.block_size, dtype=torch.long, device=device)
+
+    def draft_block(self, ids: torch.Tensor, span) -> torch.Tensor:
+        table = self._on.get(ids.device)
+        if table is None:
+            table = self._on[ids.device] = self.proposals.to(ids.device)
+        return table.index_select(0, span.pos[:1]).reshape(-1)

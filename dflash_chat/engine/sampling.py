@@ -1,4 +1,5 @@
-"""Sampling: greedy, temperature, top-k, top-p, and the exact speculative acceptance rule.
+"""Sampling: greedy, temperature, top-k, top-p, and the exact speculative acceptance rule, all on the
+model's device (no distribution is copied to the host).
 
 With a greedy (one-hot) draft token d and the target's processed distribution p, accepting d with
 probability p(d) and otherwise sampling from p with d removed (renormalised) yields exactly p:
@@ -62,38 +63,64 @@ def _top_p(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from probs [V]; drawn on the CPU so one seeded generator serves every device."""
-    return int(torch.multinomial(probs.float().cpu(), 1, generator=generator).item())
+@dataclass
+class Draws:
+    """One step's randomness, drawn on the device: uniforms [D] that accept drafts, exponential noise
+    [D+1, V] that samples a token from each row (the exponential race: argmax p/E is distributed as p)."""
+
+    uniform: torch.Tensor
+    noise: torch.Tensor
+
+    @classmethod
+    def empty(cls, rows: int, vocab: int, device: torch.device) -> Draws:
+        return cls(torch.empty(max(rows - 1, 0), device=device), torch.empty(rows, vocab, device=device))
+
+    def fill(self, generator: torch.Generator) -> Draws:
+        """New randomness in place (fixed-shape steps keep one set of buffers)."""
+        self.uniform.uniform_(generator=generator)
+        self.noise.exponential_(generator=generator)
+        return self
 
 
-def verify(
-    draft: torch.Tensor, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> list[int]:
-    """Accept a prefix of `draft` [D] against target `logits` [D+1, V]; the tokens to emit.
+def sample(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs [..., V] (noise: exponential draws of the same shape), on the device."""
+    return (probs / noise).argmax(dim=-1)
 
-    That is the accepted drafts, then the target's own token: the correction at the first rejection,
-    or the bonus after a full accept (so len - 1 drafts were accepted). Greedy: accept while the
-    target's argmax equals the draft. Sampling: the exact rule above.
-    """
-    D = draft.shape[0]
+
+def first_token(logits: torch.Tensor, params: SamplingParams, draws: Draws | None) -> torch.Tensor:
+    """The token after a prefill, from its last logits [V]: a 0-d device tensor."""
     if params.greedy:
-        both = torch.cat((logits.argmax(dim=-1), draft)).tolist()  # one device-to-host copy
-        choice, drafted = both[: D + 1], both[D + 1 :]
-        accepted = next((i for i in range(D) if choice[i] != drafted[i]), D)
-        return drafted[:accepted] + [choice[accepted]]
-    probs = probabilities(logits, params)
-    p_draft = probs[torch.arange(D, device=probs.device), draft]
-    # one device-to-host copy: float64 holds both the float32 probabilities and the token ids exactly
-    p_draft, drafted = torch.stack((p_draft.double(), draft.double())).tolist()
-    drafted = [int(d) for d in drafted]
-    uniforms = torch.rand(D, generator=generator).tolist()
-    for i in range(D):
-        if uniforms[i] >= p_draft[i]:
-            residual = probs[i].float().cpu()
-            residual[drafted[i]] = 0.0
-            total = float(residual.sum())
-            if total <= 0:  # p(d) was 1 up to rounding: d is the only possible token
-                return drafted[: i + 1]
-            return drafted[:i] + [draw(residual / total, generator)]
-    return drafted + [draw(probs[D], generator)]
+        return logits.argmax(dim=-1)
+    return sample(probabilities(logits, params), draws.noise[0])
+
+
+def accept(logits: torch.Tensor, drafts: torch.Tensor, params: SamplingParams, draws: Draws | None,
+           remaining: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:
+    """The verify rule, on the device, with no host read: logits [T, V] of [last, d1..d(T-1)], drafts [T-1].
+
+    Returns [T + 2] int64: tokens [T], whose first n are emitted, then n, then the accepted drafts.
+    tokens[:accepted] are the accepted drafts, tokens[accepted] the target's own token (the correction at
+    the first rejection, or the bonus after a full accept). Greedy: accept while the target's argmax equals
+    the draft. Sampling: the exact rule in this module's docstring, every row's resample drawn at once.
+    n = accepted + 1, cut after the first stop token (stop_ids, padded with -1) and to `remaining` (>= 1).
+    """
+    T = logits.shape[0]
+    rows = torch.arange(T, device=logits.device)
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+        ok = tokens[: T - 1] == drafts
+    else:
+        probs = probabilities(logits, params)
+        picked = probs[: T - 1].gather(1, drafts[:, None])
+        ok = draws.uniform[: T - 1] < picked[:, 0]
+        residual = probs.clone()
+        residual[: T - 1].scatter_(1, drafts[:, None], 0.0)
+        resampled = sample(residual, draws.noise[:T])
+        padded = torch.cat((drafts, drafts.new_zeros(1)))
+        accepted = ok.long().cumprod(0).sum()
+        tokens = torch.where(rows < accepted, padded, resampled)
+    accepted = ok.long().cumprod(0).sum()
+    stops = (tokens[:, None] == stop_ids[None, :]).any(dim=-1) & (rows <= accepted)
+    first_stop = torch.where(stops, rows, T).min()
+    n = torch.minimum(torch.minimum(accepted + 1, first_stop + 1), remaining)
+    return torch.cat((tokens, n.reshape(1), accepted.reshape(1)))

@@ -5,6 +5,11 @@ With a drafter (DFlash), each step drafts D <= B-1 tokens after the last token, 
 rolls the target state back to the kept length (see state.py for how GDN state is rolled back). With
 no drafter the same loop decodes one token per step: the baseline every speedup is measured against.
 
+Two ways to run the decode steps, with the same results: eager steps (variable shapes, positions as
+host ints: the CPU default) and fixed-shape steps (fixed_steps.py: device-resident positions, always a
+B-token verify, captured as CUDA graphs on a GPU). `decode` chooses: "auto" (graphs on CUDA, eager
+elsewhere), "graphs", "fixed" (fixed shapes without capture) or "eager".
+
 The engine remembers which tokens its state holds: a prompt that starts with them (the next chat
 turn) prefills only the new suffix. At the end of each prefill it keeps a snapshot of the state
 (recurrent state, last logits) so a prompt that diverges after that point (a regenerated answer, a
@@ -24,14 +29,16 @@ import torch
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.sampling import SamplingParams, draw, probabilities, verify
+from dflash_chat.engine.sampling import Draws, SamplingParams, accept, first_token
 
 PREFILL_CHUNK = 1024
+DECODE_MODES = ("auto", "graphs", "fixed", "eager")
 
 
 class Drafter(Protocol):
     block_size: int
     target_layer_ids: list[int]
+    ctx_len: int  # committed positions whose context it holds
 
     def allocate(self, max_context: int) -> None: ...
     def truncate(self, length: int) -> None: ...
@@ -39,6 +46,13 @@ class Drafter(Protocol):
         """Take the target features [n, K*H] of the newly committed positions start-n .. start-1."""
     def propose(self, last_token: int, start: int, length: int) -> torch.Tensor:
         """The ids to verify, [last_token, d1..d_length], for positions start .. start+length."""
+    # fixed-shape steps
+    def block_ids(self, device: torch.device) -> torch.Tensor:
+        """The drafting block's input ids [B]; row 0 receives the last token."""
+    def draft_block(self, ids: torch.Tensor, span) -> torch.Tensor:
+        """B-1 drafts after ids[0] at the device positions `span`, without reading a host value."""
+    def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
+        """Context from the target features [n, K*H] at device positions [n]."""
 
 
 @dataclass
@@ -88,22 +102,41 @@ class _Tail:
     appended: object
 
 
+def decode_mode(requested: str, device: torch.device) -> str:
+    """The decode path for a device: "auto" is graphs on CUDA and eager steps elsewhere."""
+    if requested not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, not {requested!r}")
+    if requested == "auto":
+        return "graphs" if device.type == "cuda" else "eager"
+    if requested == "graphs" and device.type != "cuda":
+        return "fixed"  # CUDA graphs need a CUDA device; the same fixed-shape steps run uncaptured
+    return requested
+
+
 class Engine:
-    def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, max_context: int = 4096):
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, max_context: int = 4096,
+                 decode: str = "auto"):
         self.target = target
         self.drafter = drafter
         self.max_context = max_context
         self.block_size = drafter.block_size if drafter else 1
         self.taps = list(drafter.target_layer_ids) if drafter and drafter.target_layer_ids else None
         self.device = target.model.norm.weight.device
-        # verify writes up to B-1 positions past the last committed one
-        self.state = target.new_state(max_context + self.block_size)
+        # a verify writes up to B-1 positions past the last committed one
+        self.state = target.new_state(max_context + self.block_size, block=self.block_size)
         if drafter:
             drafter.allocate(max_context + self.block_size)
         self.tokens: list[int] = []  # exactly the tokens the target state (and the drafter's context) holds
         self.snapshot: _Snapshot | None = None
         self.clock = _Clock(self.device)
         self.tail: _Tail | None = None
+        self.decode = decode_mode(decode, self.device)
+        self.fixed = None
+        if self.decode != "eager":
+            from dflash_chat.engine.fixed_steps import FixedSteps
+
+            self.fixed = FixedSteps(self, graphs=self.decode == "graphs")
+            self.decode = "graphs" if self.fixed.graphs else "fixed"
 
     # -- state bookkeeping --------------------------------------------------------
     def reset(self) -> None:
@@ -167,7 +200,7 @@ class Engine:
                 f"prompt ({len(prompt)} tokens) + max new tokens ({params.max_new_tokens}) exceed the "
                 f"{self.max_context}-token context: shorten the chat, lower max new tokens or raise the context length"
             )
-        generator = torch.Generator()
+        generator = torch.Generator(self.device)
         generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % (2**63)))
         stats = GenerationStats(prompt_tokens=len(prompt), speculative=self.drafter is not None)
         stats.acceptance_histogram = [0] * self.block_size
@@ -201,10 +234,10 @@ class Engine:
         if feats is not None:
             self.drafter.append_context(feats, len(self.tokens))
 
-    def _first_token(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
+    def _draws(self, rows: int, params: SamplingParams, generator) -> Draws | None:
         if params.greedy:
-            return int(logits.argmax().item())
-        return draw(probabilities(logits, params), generator)
+            return None
+        return Draws.empty(rows, self.target.cfg.vocab_size, self.device).fill(generator)
 
     def _generate(self, prompt, params, cancel, generator, stats, t0) -> Iterator[Event]:
         logits = self._prefill(prompt, stats)
@@ -212,16 +245,18 @@ class Engine:
         stats.prefill_s = time.perf_counter() - t0
         yield Prefilled(len(prompt), stats.reused_tokens, stats.prefill_s)
 
-        last = self._first_token(logits, params, generator)
+        last = int(first_token(logits, params, self._draws(1, params, generator)).item())
         stats.ttft_s = time.perf_counter() - t0
         stats.new_tokens = 1
         yield Step([last], 0, 0, 0.0, 0.0)
-        stop = set(params.stop_token_ids)
-        if last in stop:
+        if last in params.stop_token_ids:
             yield self._finish("stop", stats)
             return
         decode_t0 = time.perf_counter()
         self.tail = None
+        if self.fixed is not None:
+            self.fixed.begin(last, params, generator)
+        stop_ids = torch.tensor([*params.stop_token_ids, -1], dtype=torch.long, device=self.device)
         while True:
             if cancel is not None and cancel.is_set():
                 yield self._finish_decode("cancelled", stats, decode_t0)
@@ -230,7 +265,10 @@ class Engine:
             if remaining <= 0:
                 yield self._finish_decode("length", stats, decode_t0)
                 return
-            step = self._step(last, min(self.block_size - 1, remaining - 1), params, generator, stop)
+            if self.fixed is not None:
+                step = self.fixed.step(remaining)
+            else:
+                step = self._step(last, min(self.block_size - 1, remaining - 1), params, generator, stop_ids, remaining)
             emitted = step.token_ids
             stats.steps += 1
             stats.new_tokens += len(emitted)
@@ -241,9 +279,16 @@ class Engine:
             stats.verify_s += step.verify_s
             yield step
             last = emitted[-1]
-            if last in stop:
+            if last in params.stop_token_ids:
                 yield self._finish_decode("stop", stats, decode_t0)
                 return
+
+    def committed(self, last: int, emitted: list[int]) -> None:
+        """Host bookkeeping after a step kept `last` and all but the newest emitted token."""
+        self.tokens.append(last)
+        self.tokens.extend(emitted[:-1])
+        if self.drafter is not None:
+            self.drafter.ctx_len = len(self.tokens)
 
     def _read_tail(self) -> tuple[float, float]:
         """(draft, verify) seconds of the previous step's tail; the stream must have passed it."""
@@ -252,17 +297,18 @@ class Engine:
             return 0.0, 0.0
         return self.clock.seconds(tail.rolled_back, tail.appended), self.clock.seconds(tail.verified, tail.rolled_back)
 
-    def _step(self, last: int, draft_len: int, params, generator, stop: set[int]) -> Step:
-        """One decode step. Its only host wait is reading the verified tokens; its draft_s and verify_s
+    def _step(self, last: int, draft_len: int, params, generator, stop_ids, remaining: int) -> Step:
+        """One eager decode step. Its only host wait is reading the verified tokens; its draft_s and verify_s
         include the previous step's tail (see _Tail), so they add up to the whole decode."""
         start = self.state.length
         clock = self.clock
+        left = torch.full((), remaining, dtype=torch.long, device=self.device)
         t0 = clock.mark()
         if self.drafter is None or draft_len == 0:
             ids = torch.full((1,), last, dtype=torch.long, device=self.device)
             logits, feats = self.target(ids, self.state, logits="all", taps=self.taps)
             t1 = clock.mark()
-            nxt = self._first_token(logits[0], params, generator)
+            out = accept(logits, ids[1:], params, self._draws(1, params, generator), left, stop_ids).tolist()
             tail_draft, tail_verify = self._read_tail()
             verify_s = clock.seconds(t0, t1) + tail_verify
             self.tokens.append(last)
@@ -271,23 +317,23 @@ class Engine:
                 self._extend_context(feats)
                 appended = clock.mark()
             self.tail = _Tail(t1, t1, appended)
-            return Step([nxt], 0, 0, tail_draft, verify_s)
+            return Step(out[:1], 0, 0, tail_draft, verify_s)
 
-        ids = self._on_device(self.drafter.propose(last, start, draft_len))
+        # the drafter always drafts a whole block (as it was trained, and as fixed-shape steps do); near the
+        # end of an answer only the first draft_len drafts are verified
+        ids = self._on_device(self.drafter.propose(last, start, self.block_size - 1)[: draft_len + 1])
         t1 = clock.mark()
         logits, feats = self.target(ids, self.state, logits="all", taps=self.taps, speculative=True)
+        T = ids.shape[0]
+        out = accept(logits, ids[1:], params, self._draws(T, params, generator), left, stop_ids)
         t2 = clock.mark()
-        emitted = verify(ids[1:], logits, params, generator)
+        out = out.tolist()
+        keep, accepted = out[T], out[T + 1]
+        emitted = out[:keep]
         tail_draft, tail_verify = self._read_tail()
         draft_s = clock.seconds(t0, t1) + tail_draft
         verify_s = clock.seconds(t1, t2) + tail_verify
-        accepted = len(emitted) - 1
-        for j, token in enumerate(emitted):
-            if token in stop:
-                emitted = emitted[: j + 1]
-                break
-        keep = len(emitted)  # `last` plus every emitted token but the newest
-        self.target.rollback(self.state, keep)
+        self.target.rollback(self.state, keep)  # `last` plus every emitted token but the newest
         self.tokens.append(last)
         self.tokens.extend(emitted[:-1])
         t3 = clock.mark()
@@ -314,7 +360,11 @@ class Engine:
 
     def _finish_decode(self, reason: str, stats: GenerationStats, decode_t0: float) -> Finished:
         """End after decoding: the last step's tail is waited for, counted, and part of decode_s."""
-        if self.tail is not None:
+        if self.fixed is not None:
+            draft_s, verify_s = self.fixed.finish()
+            stats.draft_s += draft_s
+            stats.verify_s += verify_s
+        elif self.tail is not None:
             self.clock.wait(self.tail.appended)
             draft_s, verify_s = self._read_tail()
             stats.draft_s += draft_s

@@ -5,7 +5,7 @@ import torch
 from dflash_chat.engine.load import load_target
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.oracle import OracleDrafter
-from dflash_chat.engine.sampling import SamplingParams, probabilities, verify
+from dflash_chat.engine.sampling import Draws, SamplingParams, accept, probabilities
 from dflash_chat.engine.spec import Engine
 from tests.engine.helpers import run
 from tests.engine.tiny import write_target
@@ -55,6 +55,13 @@ def test_top_k_and_top_p_keep_what_their_definitions_say():
             assert int((probs > 0).sum()) == n
 
 
+def _emitted(logits, draft, params, gen, stop_ids=(-1,), remaining=99) -> list[int]:
+    draws = Draws.empty(logits.shape[0], logits.shape[1], logits.device).fill(gen)
+    out = accept(logits, draft, params, draws, torch.tensor(remaining), torch.tensor(stop_ids)).tolist()
+    T = logits.shape[0]
+    return out[: out[T]]
+
+
 def test_acceptance_rule_preserves_the_distribution_with_top_k_and_top_p():
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 12, generator=gen) * 2
@@ -63,9 +70,38 @@ def test_acceptance_rule_preserves_the_distribution_with_top_k_and_top_p():
     target = probabilities(logits[0], params)
     counts = torch.zeros(12)
     for _ in range(3000):
-        emitted = verify(draft, logits, params, gen)
+        emitted = _emitted(logits, draft, params, gen)
         counts[emitted[0]] += 1  # the first token out: draft[0] if accepted, else the target's own
     assert chi_square_p(counts, target) > P_MIN
+
+
+def test_acceptance_rule_resamples_later_positions_from_the_residual():
+    """With the first draft certain, the second token out follows p_target(. | position 1) exactly."""
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 10, generator=gen)
+    logits[0] = -1e4
+    logits[0, 4] = 1e4  # the target is sure of draft 0 = 4
+    draft = torch.tensor([4, 6])
+    params = SamplingParams(temperature=1.0)
+    counts = torch.zeros(10)
+    for _ in range(3000):
+        emitted = _emitted(logits, draft, params, gen)
+        assert emitted[0] == 4
+        counts[emitted[1]] += 1
+    assert chi_square_p(counts, probabilities(logits[1], params)) > P_MIN
+
+
+def test_acceptance_rule_cuts_at_a_stop_token_and_at_the_tokens_left():
+    logits = torch.full((5, 8), -10.0)
+    for i, t in enumerate([2, 5, 7, 1, 3]):
+        logits[i, t] = 10.0  # the target's argmax per row
+    greedy = SamplingParams()
+    assert _emitted(logits, torch.tensor([2, 5, 7, 1]), greedy, None) == [2, 5, 7, 1, 3]  # all accepted + bonus
+    assert _emitted(logits, torch.tensor([2, 0, 7, 1]), greedy, None) == [2, 5]  # correction at the rejection
+    assert _emitted(logits, torch.tensor([2, 5, 7, 1]), greedy, None, stop_ids=(7, -1)) == [2, 5, 7]
+    assert _emitted(logits, torch.tensor([2, 5, 7, 1]), greedy, None, remaining=2) == [2, 5]
+    # a stop id past the emitted tokens does not cut them
+    assert _emitted(logits, torch.tensor([2, 0, 7, 1]), greedy, None, stop_ids=(7, -1)) == [2, 5]
 
 
 def test_speculative_sampling_matches_the_target_distribution(tmp_path):

@@ -108,12 +108,30 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= PAIRWISE_TOKENS:
+            return self.pairwise(x, top_k_index, top_k_weights)
         out = torch.zeros_like(x)
         for expert, rows, weights in routed(top_k_index, top_k_weights, self.gate_up_proj.shape[0]):
             gate, up = F.linear(x[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
             y = F.linear(F.silu(gate) * up, self.down_proj[expert])
             out.index_add_(0, rows, (y * weights[:, None]).to(out.dtype))
         return out
+
+
+    def pairwise(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        """Each (token, expert) pair with its expert's weights gathered: no host read (the per-expert loop needs
+        the counts on the host), for decode and verify steps."""
+        T, k = top_k_index.shape
+        pairs = top_k_index.reshape(-1)
+        xs = x.index_select(0, torch.arange(T * k, device=x.device) // k)[..., None]  # [P, H, 1]
+        gate, up = torch.bmm(self.gate_up_proj.index_select(0, pairs).to(x.dtype), xs)[..., 0].chunk(2, dim=-1)
+        y = torch.bmm(self.down_proj.index_select(0, pairs).to(x.dtype), (F.silu(gate) * up)[..., None])[..., 0]
+        return (y * top_k_weights.reshape(-1, 1).to(y.dtype)).view(T, k, -1).sum(dim=1)
+
+
+# Up to this many tokens (decode, verify) float experts run pair by pair (no host sync; the routed
+# experts kernel replaces this on CUDA); longer inputs (prefill) loop over the experts that got tokens.
+PAIRWISE_TOKENS = 32
 
 
 @dataclass
