@@ -19,7 +19,7 @@ import torch
 from dflash_chat.engine.checkpoint import materialise, normalise_target_names, read_config
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
-from dflash_chat.engine.models.dflash import DFlashDrafter
+from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.quantized import QuantEmbedding
@@ -181,7 +181,7 @@ def _check_fits(cfg: DrafterConfig, fc_width: int | None, target: TargetModel) -
         )
 
 
-def load_drafter(path: str | Path, target: TargetModel, *, causal_sliding: bool | None = None,
+def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None = None,
                  quant: str | None = None) -> DFlashDrafter:
     """A DFlash drafter bound to `target`'s embeddings and LM head.
 
@@ -202,16 +202,16 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal_sliding: bool 
         _check_fits(cfg, fc.shape[-1] if fc is not None else None, target)
     except ModelFormatError as exc:
         raise ModelFormatError(f"{path}: {exc}") from None
-    if causal_sliding is not None:
-        cfg.causal_sliding = causal_sliding
+    if causal is not None:  # overrides what the checkpoint says (experiments)
+        cfg.causal = causal
     if fc is not None:
         tensors = ChainMap({"fc.weight": fc}, tensors)  # read (and quantized) once
     with torch.device("meta"):
         drafter = DFlashDrafter(cfg, target.cfg.hidden_size)
     materialise(drafter, tensors, param.device, param.dtype, "drafter")
-    drafter.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(param.device)
+    drafter.rotary = drafter_rotary(cfg).to(param.device)
     _check_materialised(drafter, "drafter")
-    drafter.bind(target.model.embed_tokens, target.lm_head)
+    drafter.bind(target.model.embed_tokens, target.lm_head, target.model.norm, target.cfg.num_layers)
     return drafter.eval()
 
 
@@ -252,7 +252,7 @@ def load_pair(
     device=None,
     dtype=None,
     max_context: int | None = None,
-    causal_sliding: bool | None = None,
+    causal: bool | None = None,
     drafter_quant: str | None = None,
 ) -> LoadedPair:
     """Target (+ drafter) and tokenizer, ready to chat. `tokenizer`: a folder with the official
@@ -262,7 +262,7 @@ def load_pair(
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
     model = load_target(target, device, dtype)
     _check_vocab(tok, model)
-    draft = load_drafter(drafter, model, causal_sliding=causal_sliding, quant=drafter_quant) if drafter else None
+    draft = load_drafter(drafter, model, causal=causal, quant=drafter_quant) if drafter else None
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     engine = Engine(model, draft, max_context=context)
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
