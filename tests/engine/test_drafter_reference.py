@@ -130,3 +130,22 @@ def test_a_tap_of_the_last_target_layer_reads_the_final_normed_state(target, tmp
     want = drafter.hidden_norm(drafter.fc(extract_context_feature(hidden_states, [1, last])[0]))
     _, features = model(ids, model.new_state(16), logits=None, taps=drafter.target_layer_ids)
     torch.testing.assert_close(drafter.project_context(features), want, rtol=0, atol=1e-4)
+
+
+@torch.no_grad()
+def test_yarn_drafter_gguf_drafts_like_its_folder(target, tmp_path):
+    from dflash_chat.engine.weights.gguf_write import write_drafter_gguf
+
+    root, model = target
+    ours, _ = _pair(root, model, "yarn-gguf", rope_scaling=YARN, max_position_embeddings=256)
+    folder = root / "yarn-gguf"
+    cfg = json.loads((folder / "config.json").read_text())
+    path = write_drafter_gguf(tmp_path / "yarn.gguf", load_file(str(folder / "model.safetensors")), cfg, "F32")
+    from_gguf = load_drafter(path, model)
+    assert from_gguf.cfg.rope_scaling == ours.cfg.rope_scaling
+    gen = torch.Generator().manual_seed(4)
+    features = torch.randn(30, 2 * model.cfg.hidden_size, generator=gen)
+    tokens = torch.randint(0, model.cfg.vocab_size, (30,), generator=gen)
+    steps = [(0, 9), (9, 17)]
+    for a, b in zip(_our_logits(ours, features, tokens, steps), _our_logits(from_gguf, features, tokens, steps)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

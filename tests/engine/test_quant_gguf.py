@@ -209,8 +209,11 @@ def test_drafter_round_trip(tmp_path, schema, mix):
             assert got.fmt.name == "Q8_0"
             torch.testing.assert_close(got.dequantize(), want, rtol=0, atol=float(want.abs().max()) / 127)
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "head_dim", "block_size", "dflash_config", "layer_types", "sliding_window", "num_target_layers"):
+                "head_dim", "block_size", "layer_types", "sliding_window"):
         assert m.hf_config[key] == cfg[key], key
+    # llama.cpp hands a last-layer tap over un-normed; neither converter writes a causal drafter
+    assert m.hf_config["dflash_config"] == {**cfg["dflash_config"], "last_layer_tap": "raw"}
+    assert m.hf_config["is_causal"] is False
     from dflash_chat.engine.models.config import DrafterConfig
 
     dc = DrafterConfig.from_dict(m.hf_config)

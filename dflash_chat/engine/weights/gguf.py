@@ -117,6 +117,7 @@ def _raw(t) -> torch.Tensor | QuantTensor:
     """A ReaderTensor as a torch tensor sharing the file's memory (float) or a packed QuantTensor."""
     fmt = BY_GGML_TYPE[int(t.tensor_type)]
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    shape = (1,) * (names.gguf_rank(t.name) - len(shape)) + shape  # leading 1s a ggml writer dropped
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the memmap is read-only; we never write to it
         data = torch.from_numpy(np.asarray(t.data))
@@ -237,20 +238,26 @@ def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> d
 
 
 def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
-    ns = "dflash-draft.dflash" if arch == "dflash-draft" else "dflash"
+    """The z-lab config.json a drafter GGUF came from, in either schema (DESIGN.md §5).
 
-    def pick(*keys):
-        for k in keys:
-            if k in kv:
-                return kv[k]
-        return None
-
-    taps = pick(f"{ns}.target_layer_ids", f"{ns}.target_layers", f"{arch}.target_layers")
-    mask = pick(f"{ns}.mask_token_id", f"{arch}.mask_token_id")
-    block = pick(f"{ns}.block_size", f"{arch}.block_size")
+    The fork (`dflash-draft`) keeps its DFlash keys under `dflash-draft.dflash.*` with HF's tap ids and
+    states `attention.causal = false`. Mainline (`dflash`) writes `dflash.block_size`, the mask token as
+    `tokenizer.ggml.mask_token_id` and `dflash.target_layers` as HF's ids + 1 (llama.cpp taps the input
+    of the next layer); it writes no causal key (llama.cpp's DFlash graph is not causal).
+    """
+    if arch == "dflash-draft":
+        ns = "dflash-draft.dflash"
+        taps, mask, block = kv.get(f"{ns}.target_layer_ids"), kv.get(f"{ns}.mask_token_id"), kv.get(f"{ns}.block_size")
+        where = f"{ns}.target_layer_ids / mask_token_id / block_size"
+    else:
+        taps = kv.get("dflash.target_layers")
+        taps = None if taps is None else [int(i) - 1 for i in taps]
+        mask = kv.get("tokenizer.ggml.mask_token_id", kv.get("dflash.mask_token_id"))
+        block = kv.get("dflash.block_size")
+        where = "dflash.target_layers, tokenizer.ggml.mask_token_id, dflash.block_size"
     for key, value in (("target layers", taps), ("mask token id", mask), ("block size", block)):
         if value is None:
-            raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({ns}.*); the file is incomplete.")
+            raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({where}); the file is incomplete.")
     layers = int(_get(kv, arch, "block_count"))
     pattern = _get(kv, arch, "attention.sliding_window_pattern")
     window = _get(kv, arch, "attention.sliding_window")
@@ -262,17 +269,32 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
         **_transformer_fields(kv, arch, layers),
         "intermediate_size": int(_get(kv, arch, "feed_forward_length")),
         "block_size": int(block),
-        "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": [int(i) for i in taps]},
+        # llama.cpp hands a tap of the target's last layer over before the final norm
+        "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": [int(i) for i in taps],
+                          "last_layer_tap": "raw"},
         "layer_types": types,
         "use_sliding_window": "sliding_attention" in types,
         "sliding_window": int(window) if window else None,
+        "is_causal": bool(_get(kv, arch, "attention.causal", False)),
     }
-    n_target = pick(f"{ns}.n_target_layers", f"{ns}.num_target_layers")
-    if n_target is not None:
-        cfg["num_target_layers"] = int(n_target)
+    scaling = _rope_scaling(kv, arch)
+    if scaling:
+        cfg["rope_scaling"] = scaling
     if _get(kv, arch, "vocab_size"):
         cfg["vocab_size"] = int(_get(kv, arch, "vocab_size"))
     return cfg
+
+
+def _rope_scaling(kv: dict, arch: str) -> dict | None:
+    """`rope.scaling.*` keys (the converters write them from the config's rope_scaling) as HF's dict."""
+    kind = _get(kv, arch, "rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    out = {"rope_type": kind, "factor": _get(kv, arch, "rope.scaling.factor")}
+    extra = {"original_max_position_embeddings": "rope.scaling.original_context_length",
+             "beta_fast": "rope.scaling.yarn_beta_fast", "beta_slow": "rope.scaling.yarn_beta_slow"}
+    out.update({hf: _get(kv, arch, key) for hf, key in extra.items() if _get(kv, arch, key) is not None})
+    return out
 
 
 # --- tensor plans ------------------------------------------------------------------------
@@ -309,21 +331,20 @@ def _target_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]
     return loaders, used
 
 
-def _drafter_loaders(cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
+def _drafter_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
+    """The schema's tensor names first, the other schema's as a fallback (community files mix them)."""
     loaders: dict[str, Callable] = {}
     used: set[str] = set()
-    for hf, aliases in names.DRAFTER_GLOBAL.items():
-        for g in aliases:
-            if g in by_name:
-                loaders[hf] = lambda t=by_name[g]: _raw(t)
-                used.add(g)
-                break
+    schemas = [names.DRAFTER_NAMES[arch]] + [v for k, v in names.DRAFTER_NAMES.items() if k != arch]
+    wanted = {hf: [glob[hf] for glob, _ in schemas] for hf in schemas[0][0]}
     for bid in range(cfg["num_hidden_layers"]):
-        for hf, g in names.DRAFTER_LAYER.items():
-            gname = f"blk.{bid}.{g}"
-            if gname in by_name:
-                loaders[f"layers.{bid}.{hf}"] = lambda t=by_name[gname]: _raw(t)
-                used.add(gname)
+        for hf in schemas[0][1]:
+            wanted[f"layers.{bid}.{hf}"] = [f"blk.{bid}.{layer[hf]}" for _, layer in schemas]
+    for hf, candidates in wanted.items():
+        gname = next((g for g in candidates if g in by_name), None)
+        if gname is not None:
+            loaders[hf] = lambda t=by_name[gname]: _raw(t)
+            used.add(gname)
     return loaders, used
 
 
@@ -377,7 +398,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
             loaders, used = _target_loaders(arch, cfg, by_name)
         else:
             cfg = _drafter_config(kv, arch, path)
-            loaders, used = _drafter_loaders(cfg, by_name)
+            loaders, used = _drafter_loaders(arch, cfg, by_name)
     except (TypeError, KeyError, ValueError, IndexError) as exc:
         raise ModelFormatError(f"{path}: {arch} GGUF is missing hyperparameters ({exc}).") from None
     eos = kv.get("tokenizer.ggml.eos_token_id")

@@ -20,7 +20,7 @@ from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.formats import FORMATS, Format
 from dflash_chat.engine.weights.quantize import quantize
 
-MIXES = ("F32", "F16", "Q8_0", "Q4_K_M")
+MIXES = ("F32", "F16", "BF16", "Q8_0", "Q4_K_M")
 _ARCH_OF_MODEL_TYPE = {"qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe",
                        "qwen3_5_moe": "qwen35moe", "qwen3": "qwen3"}
 _FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0", "Q8_0": "F16"}
@@ -36,8 +36,8 @@ def choose_format(gguf_name: str, shape: tuple[int, ...], mix: str, n_layers: in
     base = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
     if mix == "F32" or len(shape) == 1 or "norm" in gguf_name or base in _KEEP_F32:
         return FORMATS["F32"]
-    if mix == "F16":
-        return FORMATS["F16"]
+    if mix in ("F16", "BF16"):
+        return FORMATS[mix]
     if mix == "Q8_0":
         want = "Q8_0"
     else:
@@ -69,6 +69,13 @@ def _rope_keys(writer: gguf.GGUFWriter, cfg: dict, head_dim: int) -> None:
         writer.add_rope_dimension_count(int(head_dim * partial))
     if "mrope_section" in params:
         writer.add_rope_dimension_sections(list(params["mrope_section"]) + [0] * (4 - len(params["mrope_section"])))
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in ("linear", "yarn"):  # what the converters write from a config's rope_scaling
+        writer.add_rope_scaling_type(gguf.RopeScalingType(kind))
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+        if scaling.get("original_max_position_embeddings"):
+            writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
 
 
 def _common_keys(writer: gguf.GGUFWriter, cfg: dict, n_blocks: int) -> int:
@@ -182,35 +189,47 @@ def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], con
 
 
 def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], config: dict, mix: str = "F32", *,
-                       schema: str = "dflash-draft") -> Path:
-    """Write a z-lab DFlash drafter in the fork's (`dflash-draft`) or upstream's (`dflash`) schema."""
+                       schema: str = "dflash-draft", tokenizer=None, mrope_target: bool = False) -> Path:
+    """A z-lab DFlash drafter as the DFlash fork's converter (`dflash-draft`) or mainline llama.cpp's
+    (`dflash`, conversion/qwen.py DFlashModel) writes it: see DESIGN.md §5 and `gguf._drafter_config`.
+
+    `tokenizer`: the vocabulary both converters copy in (the fork from the drafter's folder, mainline from
+    the target's). `mrope_target`: mainline gives drafts of M-RoPE targets (Qwen3.5/3.6) degenerate rope
+    sections [head_dim / 2, 0, 0, 0].
+    """
     if schema not in names.DRAFTER_ARCHS:
         raise ValueError(f"schema must be one of {names.DRAFTER_ARCHS}")
     dflash = config.get("dflash_config") or {}
-    block_size = dflash.get("block_size", config.get("block_size"))
+    block_size = int(dflash.get("block_size", config.get("block_size")))
+    mask, taps = int(dflash["mask_token_id"]), [int(i) for i in dflash["target_layer_ids"]]
     n_layers = config["num_hidden_layers"]
     writer = gguf.GGUFWriter(str(path), schema)
     writer.add_name("dflash-chat drafter fixture")
-    _common_keys(writer, config, n_layers)
-    ns = f"{schema}.dflash" if schema == "dflash-draft" else "dflash"
-    writer.add_uint32(f"{ns}.block_size", int(block_size))
-    writer.add_uint32(f"{ns}.mask_token_id", int(dflash["mask_token_id"]))
-    taps_key = f"{ns}.target_layer_ids" if schema == "dflash-draft" else f"{ns}.target_layers"
-    writer.add_array(taps_key, [int(i) for i in dflash["target_layer_ids"]])
-    if config.get("num_target_layers") is not None:
-        writer.add_uint32(f"{ns}.n_target_layers", int(config["num_target_layers"]))
+    head_dim = _common_keys(writer, config, n_layers)
+    if schema == "dflash-draft":
+        writer.add_causal_attention(False)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_uint32("dflash-draft.dflash.block_size", block_size)
+        writer.add_uint32("dflash-draft.dflash.mask_token_id", mask)
+        writer.add_array("dflash-draft.dflash.target_layer_ids", taps)
+        writer.add_uint32("dflash-draft.dflash.n_target_features", config["hidden_size"] * len(taps))
+    else:
+        writer.add_uint32("dflash.block_size", block_size)
+        writer.add_array("dflash.target_layers", [i + 1 for i in taps])  # llama.cpp taps the next layer's input
+        writer.add_mask_token_id(mask)
+        if mrope_target:
+            writer.add_rope_dimension_sections([head_dim // 2, 0, 0, 0])
     types = config.get("layer_types") or ["full_attention"] * n_layers
-    if config.get("sliding_window") and "sliding_attention" in types:
+    if config.get("use_sliding_window") and config.get("sliding_window"):
         writer.add_sliding_window(int(config["sliding_window"]))
-        writer.add_array(f"{schema}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    if tokenizer is not None:
+        _add_tokenizer(writer, tokenizer, None, pre="qwen35")
 
-    out = []
-    for hf, aliases in names.DRAFTER_GLOBAL.items():
-        gguf_name = aliases[0] if schema == "dflash-draft" else aliases[-1]
-        out.append((gguf_name, state_dict[hf]))
+    glob, layer = names.DRAFTER_NAMES[schema]
+    out = [(gguf_name, state_dict[hf]) for hf, gguf_name in glob.items()]
     for bid in range(n_layers):
-        for hf, g in names.DRAFTER_LAYER.items():
-            out.append((f"blk.{bid}.{g}", state_dict[f"layers.{bid}.{hf}"]))
+        out += [(f"blk.{bid}.{g}", state_dict[f"layers.{bid}.{hf}"]) for hf, g in layer.items()]
     for name, t in out:
         _add_tensor(writer, name, t, choose_format(name, tuple(t.shape), mix, n_layers))
     _finish(writer)
