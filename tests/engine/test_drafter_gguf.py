@@ -108,3 +108,13 @@ def test_a_wrong_tap_shows_in_acceptance(demo, reference, tmp_path):
     shifted = _trace(demo, load_drafter(folder, demo["target"]))
     accepted = sum(a for *_, a in shifted)
     assert accepted < 0.8 * sum(a for *_, a in reference)
+
+
+def test_a_drafter_through_llama_quantize_drafts_like_the_converter_output(demo, tmp_path):
+    from dflash_chat.engine.weights.gguf_write import quantize_like_llama
+
+    bf16 = write_drafter_gguf(tmp_path / "bf16.gguf", demo["state"], demo["config"], "BF16", schema="dflash",
+                              tokenizer=demo["tokenizer"])
+    quantized = quantize_like_llama(bf16, tmp_path / "q8.gguf", "Q8_0")
+    direct = write_drafter_gguf(tmp_path / "direct.gguf", demo["state"], demo["config"], "Q8_0", schema="dflash")
+    assert _trace(demo, load_drafter(quantized, demo["target"])) == _trace(demo, load_drafter(direct, demo["target"]))

@@ -11,6 +11,7 @@ import copy
 import random
 import statistics
 
+import gguf
 import pytest
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLine
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights.gguf import read_gguf
-from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
+from dflash_chat.engine.weights.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
 from dflash_chat.hub import ModelFiles
 from dflash_chat.tiny import CHAT_TEMPLATE, write_drafter, write_target
 from tests.engine.helpers import run
@@ -108,6 +109,20 @@ def test_f32_gguf_target_equals_the_hf_model(tiny, arch):
     with torch.no_grad():
         want = t.hf(IDS[None]).logits[0]
     torch.testing.assert_close(_logits(model), want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mix", ["Q8_0", "Q4_K_M"])
+def test_a_target_through_llama_quantize_loads_like_the_converter_output(tiny, arch, mix, tmp_path):
+    """Published GGUFs went through llama-quantize, which writes shapes without trailing 1-sized dims:
+    the MoE shared-expert gate, [hidden, 1] as converted, comes out [hidden]."""
+    t = tiny(arch)
+    path = quantize_like_llama(t.target_gguf("F32"), tmp_path / f"{arch}-{mix}.gguf", mix)
+    dims = {tensor.name: len(tensor.shape) for tensor in gguf.GGUFReader(path).tensors}
+    if arch == "qwen3_5_moe":
+        assert dims["blk.0.ffn_gate_inp_shexp.weight"] == 1
+    want = _logits(load_target(t.target_gguf(mix), "cpu", torch.float32))
+    assert torch.equal(_logits(load_target(path, "cpu", torch.float32)), want)
 
 
 def _format_error(fmt) -> float:

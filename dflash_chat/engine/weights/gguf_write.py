@@ -2,10 +2,11 @@
 
 Used by tests (and handy for experiments): it applies the converter's transforms
 (names.py), writes the hyperparameters under llama.cpp's keys through
-`gguf.GGUFWriter`, and stores tensors as F32, as Q8_0, or in a Q4_K_M-style mix
-(Q4_K, with Q6_K for `output` and for attn_v/attn_qkv/ffn_down* in about a third
+`gguf.GGUFWriter`, and stores tensors as F32, F16, BF16, as Q8_0, or in a Q4_K_M-style
+mix (Q4_K, with Q6_K for `output` and for attn_v/attn_qkv/ffn_down* in about a third
 of the layers, legacy fallbacks where a row is not a multiple of 256, norms and
-small vectors F32).
+small vectors F32). `quantize_like_llama` then does to such a file what
+`llama-quantize` does to the converter's output, as the published GGUFs went through it.
 """
 
 from __future__ import annotations
@@ -241,3 +242,42 @@ def _finish(writer: gguf.GGUFWriter) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+_FILE_TYPE = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+              "BF16": gguf.LlamaFileType.MOSTLY_BF16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+              "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M}
+
+
+def quantize_like_llama(src: str | Path, dst: str | Path, mix: str) -> Path:
+    """What `llama-quantize SRC DST <mix>` makes of a converter-written GGUF.
+
+    Every key is kept and general.file_type / general.quantization_version are set; each tensor is
+    re-typed as `choose_format` says; and shapes are stored as ggml's writer stores them, without
+    trailing 1-sized dims (ggml_n_dims), which the gguf package's writer (the converter's) never drops:
+    a [hidden, 1] tensor comes out [hidden].
+    """
+    if mix not in _FILE_TYPE:
+        raise ValueError(f"mix must be one of {tuple(_FILE_TYPE)}")
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type",
+                                              "general.quantization_version"):
+            continue
+        vtype = field.types[0]
+        writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1] if len(field.types) > 1 else None)
+    writer.add_file_type(_FILE_TYPE[mix])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_layers = int(reader.fields[f"{arch}.block_count"].contents())
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        values = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        values = values.reshape(shape)
+        fmt = choose_format(t.name, shape, mix, n_layers)
+        while len(shape) > 1 and shape[0] == 1:  # ggml_n_dims: the trailing 1s of ne are not written
+            shape = shape[1:]
+        _add_tensor(writer, t.name, values.reshape(shape), fmt)
+    _finish(writer)
+    return Path(dst)
