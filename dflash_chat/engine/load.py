@@ -25,7 +25,8 @@ from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.quantized import QuantEmbedding
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights import names
-from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf, tokenizer_from_gguf
+from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf
+from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
 from dflash_chat.engine.weights.safetensors import read_safetensors
 
 

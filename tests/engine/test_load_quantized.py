@@ -162,7 +162,7 @@ def test_q4_k_m_gguf_target_stays_packed_and_computes_the_decoded_model(tiny, ar
             assert f"{name}.weight" not in packed, f"{name} was expanded to floats"
     if arch == "qwen3_5_moe":
         assert sum(isinstance(m, QuantExperts) for m in model.modules()) == model.cfg.num_layers
-    file_bytes = sum(int(r.n_bytes) for r in stored.reader.tensors)
+    file_bytes = sum(int(r.n_bytes) for r in stored.header.tensors)
     held = _resident_bytes(model)
     # same bytes as the file's tensors, give or take RoPE frequencies and ssm_out's column index
     assert abs(held - file_bytes) <= 0.01 * file_bytes, (held, file_bytes)

@@ -1,6 +1,6 @@
 """Read llama.cpp GGUF files into HF names, HF-shaped configs and packed tensors.
 
-`read_gguf(path)` opens the file memory-mapped (gguf.GGUFReader) and returns a
+`read_gguf(path)` opens the file memory-mapped (gguf_file.read_header) and returns a
 `GGUFModel`: the architecture, an HF config.json-shaped dict, and a lazy mapping
 HF name -> tensor in which quantized weights stay packed (`QuantTensor`) and
 every converter transform is undone on access, one tensor at a time, so a 20 GB
@@ -25,6 +25,7 @@ from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.quantized import QuantTensor
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.formats import BY_GGML_TYPE, FORMATS
+from dflash_chat.engine.weights.gguf_file import Header, Skipped, read_header
 
 _MODEL_TYPE = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3": "qwen3"}
 _HF_ARCH = {"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -57,54 +58,19 @@ class GGUFModel:
     tensors: LazyTensors
     chat_template: str | None = None
     ignored: list[str] = field(default_factory=list)  # GGUF tensors not loaded (MTP layers, unknown)
-    reader: Any = None
+    header: Header | None = None
 
 
 # --- opening and validating -------------------------------------------------------
 
-def _check_magic(path: Path) -> None:
-    if not path.is_file():
-        raise ModelFormatError(f"{path}: no such GGUF file. Check the path.")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelFormatError(f"{path}: not a GGUF file (wrong magic {magic!r}). Use a llama.cpp .gguf file.")
+def _fields(header: Header) -> dict[str, Any]:
+    """Metadata as Python values, less the tokenizer's arrays (~250k entries: only the tokenizer needs them)."""
+    return {k: v for k, v in header.fields.items()
+            if not (k.startswith("tokenizer.ggml.") and isinstance(v, (list, Skipped)))}
 
 
-def _open(path: Path):
-    from gguf import GGUFReader
-
-    _check_magic(path)
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # GGUFReader reports truncation as reshape/index errors
-        raise ModelFormatError(f"{path}: truncated or corrupt GGUF ({exc}). Download the file again.") from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ModelFormatError(f"{path}: truncated GGUF (tensor {t.name} ends past the end of the file). "
-                                   "Download the file again.")
-    return reader
-
-
-def _fields(reader) -> dict[str, Any]:
-    """Metadata as Python values, less the tokenizer's vocabulary arrays (~250k entries each: seconds to
-    convert, and only the tokenizer needs them; transformers reads those itself)."""
-    from gguf import GGUFValueType
-
-    out = {}
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or (key.startswith("tokenizer.ggml.") and f.types[:1] == [GGUFValueType.ARRAY]):
-            continue
-        try:
-            out[key] = f.contents()
-        except Exception:
-            continue
-    return out
-
-
-def _check_types(path: Path, reader) -> None:
-    for t in reader.tensors:
+def _check_types(path: Path, header: Header) -> None:
+    for t in header.tensors:
         if int(t.tensor_type) not in BY_GGML_TYPE:
             known = ", ".join(FORMATS)
             raise ModelFormatError(f"{path}: tensor {t.name} is {t.tensor_type.name}, which dflash-chat cannot run "
@@ -114,7 +80,7 @@ def _check_types(path: Path, reader) -> None:
 # --- raw tensors ---------------------------------------------------------------------
 
 def _raw(t) -> torch.Tensor | QuantTensor:
-    """A ReaderTensor as a torch tensor sharing the file's memory (float) or a packed QuantTensor."""
+    """A tensor record as a torch tensor sharing the file's memory (float) or a packed QuantTensor."""
     fmt = BY_GGML_TYPE[int(t.tensor_type)]
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     shape = (1,) * (names.gguf_rank(t.name) - len(shape)) + shape  # leading 1s a ggml writer dropped
@@ -352,14 +318,14 @@ def _drafter_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str
 SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})(?=\.gguf$)", re.IGNORECASE)
 
 
-def _split_parts(path: Path, reader, kv: dict) -> list[tuple[Path, Any]]:
-    """(path, reader) of every part of a split GGUF (llama.cpp's gguf-split: NAME-0000i-of-0000n.gguf).
+def _split_parts(path: Path, header: Header, kv: dict) -> list[tuple[Path, Header]]:
+    """(path, header) of every part of a split GGUF (llama.cpp's gguf-split: NAME-0000i-of-0000n.gguf).
 
     The first part holds the metadata and some tensors; the others hold only tensors.
     """
     count = int(kv.get("split.count", 1) or 1)
     if count <= 1:
-        return [(path, reader)]
+        return [(path, header)]
     m = SPLIT_PART.search(path.name)
     if m is None:
         raise ModelFormatError(f"{path} is one part of a {count}-part split GGUF renamed from NAME-0000i-of-"
@@ -367,20 +333,20 @@ def _split_parts(path: Path, reader, kv: dict) -> list[tuple[Path, Any]]:
     if int(kv.get("split.no", 0) or 0) != 0:
         first = f"{path.name[:m.start()]}-00001-of-{count:05d}.gguf"
         raise ModelFormatError(f"{path} is part of a {count}-part split GGUF: pass its first part ({first}).")
-    parts = [(path, reader)]
+    parts = [(path, header)]
     for i in range(2, count + 1):
         part = path.with_name(f"{path.name[:m.start()]}-{i:05d}-of-{count:05d}.gguf")
         if not part.is_file():
             raise ModelFormatError(f"{path}: part {part.name} of this split GGUF is missing. Download it again.")
-        parts.append((part, _open(part)))
+        parts.append((part, read_header(part)))
     return parts
 
 
 def read_gguf(path: str | Path) -> GGUFModel:
     path = Path(path)
-    reader = _open(path)
-    kv = _fields(reader)
-    parts = _split_parts(path, reader, kv)
+    header = read_header(path)
+    kv = _fields(header)
+    parts = _split_parts(path, header, kv)
     arch = kv.get("general.architecture")
     supported = names.TARGET_ARCHS + names.DRAFTER_ARCHS
     if arch not in supported:
@@ -392,8 +358,8 @@ def read_gguf(path: str | Path) -> GGUFModel:
     try:
         if arch in names.TARGET_ARCHS:
             embd = by_name.get("token_embd.weight")
-            tokens = reader.fields.get("tokenizer.ggml.tokens")
-            vocab = int(embd.shape[1]) if embd is not None else len(tokens.data) if tokens is not None else 0
+            tokens = header.fields.get("tokenizer.ggml.tokens")
+            vocab = int(embd.shape[1]) if embd is not None else tokens.count if tokens is not None else 0
             cfg = _target_config(kv, arch, set(by_name), vocab)
             loaders, used = _target_loaders(arch, cfg, by_name)
         else:
@@ -408,25 +374,4 @@ def read_gguf(path: str | Path) -> GGUFModel:
         cfg["bos_token_id"] = int(kv["tokenizer.ggml.bos_token_id"])
     return GGUFModel(path=path, arch=arch, hf_config=cfg, tensors=LazyTensors(loaders),
                      chat_template=kv.get("tokenizer.chat_template"),
-                     ignored=sorted(set(by_name) - used), reader=reader)
-
-
-# --- tokenizer ------------------------------------------------------------------------------
-
-def tokenizer_from_gguf(source: GGUFModel | str | Path):
-    """A transformers PreTrainedTokenizerFast built from the file's tokenizer.ggml.* metadata + chat template."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
-
-    path = source.path if isinstance(source, GGUFModel) else Path(source)
-    _check_magic(path)  # transformers reads the file itself; its errors become ModelFormatError below
-    try:
-        architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
-        backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    except Exception as exc:
-        _open(path)  # a truncated or corrupt file says so (this full read costs seconds, only on failure)
-        raise ModelFormatError(f"{path}: cannot build a tokenizer from the GGUF metadata ({exc}). "
-                               "Use the model's official tokenizer files instead.") from None
-    specials = {k: v for k, v in tokenizer_config.items() if k.endswith("_token") and v is not None}
-    chat_template = tokenizer_config.get("chat_template")
-    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=chat_template, **specials)
+                     ignored=sorted(set(by_name) - used), header=header)

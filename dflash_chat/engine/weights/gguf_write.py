@@ -97,16 +97,29 @@ def _common_keys(writer: gguf.GGUFWriter, cfg: dict, n_blocks: int) -> int:
     return head_dim
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None, pre: str) -> None:
-    """Byte-level BPE vocabulary under llama.cpp's tokenizer.ggml.* keys."""
-    vocab = tokenizer.get_vocab()
-    tokens = [None] * len(vocab)
-    for tok, i in vocab.items():
-        tokens[i] = tok
-    special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()}
-    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
+def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None, pre: str,
+                   vocab_size: int | None = None) -> None:
+    """Byte-level BPE vocabulary under llama.cpp's tokenizer.ggml.* keys, listed as the converter lists it:
+    ids the tokenizer lacks, up to the model's `vocab_size`, become [PAD<id>] of type UNUSED; added tokens
+    are CONTROL when special (or shaped <|...|>), USER_DEFINED otherwise."""
     import json
 
+    reverse = {i: t for t, i in tokenizer.get_vocab().items()}
+    added = tokenizer.added_tokens_decoder
+    tokens, types = [], []
+    for i in range(max(vocab_size or 0, max(reverse) + 1)):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        tok = reverse[i]
+        tokens.append(tok)
+        if i not in added:
+            types.append(gguf.TokenType.NORMAL)
+        elif added[i].special or (tok.startswith("<|") and tok.endswith("|>")):
+            types.append(gguf.TokenType.CONTROL)
+        else:
+            types.append(gguf.TokenType.USER_DEFINED)
     model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     writer.add_tokenizer_model("gpt2")
@@ -158,7 +171,8 @@ def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], con
         if cfg.get("shared_expert_intermediate_size"):
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if tokenizer is not None:
-        _add_tokenizer(writer, tokenizer, chat_template, pre="qwen35" if arch != "qwen3" else "qwen2")
+        _add_tokenizer(writer, tokenizer, chat_template, pre="qwen35" if arch != "qwen3" else "qwen2",
+                       vocab_size=cfg.get("vocab_size"))
     elif chat_template:
         writer.add_chat_template(chat_template)
 
