@@ -227,7 +227,30 @@ def load_tokenizer(directory: str | Path):
     if not any((directory / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise ModelFormatError(
             f"folder {directory} has no tokenizer files (tokenizer.json): copy them from the model's official repo")
-    return AutoTokenizer.from_pretrained(str(directory))
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except Exception as exc:  # transformers' own errors are tracebacks about its internals
+        for name in _TOKENIZER_JSON:
+            _check_json(directory / name)
+        raise ModelFormatError(f"cannot load the tokenizer in {directory} ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}): copy the files from the model's "
+                               "official repo again") from None
+
+
+_TOKENIZER_JSON = ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
+                   "generation_config.json", "vocab.json")
+
+
+def _check_json(path: Path) -> None:
+    """A one-line error naming the file and where its JSON breaks, if it does."""
+    import json
+
+    if not path.is_file():
+        return
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFormatError(f"{path} is not valid JSON ({exc}): re-download the model") from None
 
 
 def _pair_tokenizer(target: str | Path, tokenizer: str | Path | None):
