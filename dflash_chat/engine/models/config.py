@@ -24,12 +24,12 @@ class RopeScaling:
     """A checkpoint's RoPE frequency scaling (`rope_parameters` / `rope_scaling`), read as transformers reads it.
 
     `kind` "default" (plain RoPE), "linear" (positions divided by `factor`) or "yarn" (z-lab's Qwen3.6
-    drafters). For yarn, `factor` None means max_position_embeddings / original_max_position_embeddings
-    and `attention_factor` None means the one derived from factor / mscale / mscale_all_dim.
+    drafters). A yarn config without `factor` means max_position_embeddings / original_max_position_embeddings;
+    `attention_factor` None: the one YaRN derives from factor, mscale and mscale_all_dim.
     """
 
     kind: str = "default"
-    factor: float | None = 1.0
+    factor: float = 1.0
     original_max_position_embeddings: int = 0
     beta_fast: float = 32.0
     beta_slow: float = 1.0

@@ -15,10 +15,10 @@ committed rows; `propose` drafts after them); `forward_train` runs many blocks o
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
-
-import math
 
 from dflash_chat.engine.models.attention import Projections, attend
 from dflash_chat.engine.models.config import DrafterConfig, RopeScaling
