@@ -19,13 +19,14 @@ import torch
 from dflash_chat.engine.checkpoint import materialise, normalise_target_names, read_config
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
-from dflash_chat.engine.models.dflash import DFlashDrafter
+from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.quantized import QuantEmbedding
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights import names
-from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf, tokenizer_from_gguf
+from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf
+from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
 from dflash_chat.engine.weights.safetensors import read_safetensors
 
 
@@ -181,7 +182,7 @@ def _check_fits(cfg: DrafterConfig, fc_width: int | None, target: TargetModel) -
         )
 
 
-def load_drafter(path: str | Path, target: TargetModel, *, causal_sliding: bool | None = None,
+def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None = None,
                  quant: str | None = None) -> DFlashDrafter:
     """A DFlash drafter bound to `target`'s embeddings and LM head.
 
@@ -202,16 +203,16 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal_sliding: bool 
         _check_fits(cfg, fc.shape[-1] if fc is not None else None, target)
     except ModelFormatError as exc:
         raise ModelFormatError(f"{path}: {exc}") from None
-    if causal_sliding is not None:
-        cfg.causal_sliding = causal_sliding
+    if causal is not None:  # overrides what the checkpoint says (experiments)
+        cfg.causal = causal
     if fc is not None:
         tensors = ChainMap({"fc.weight": fc}, tensors)  # read (and quantized) once
     with torch.device("meta"):
         drafter = DFlashDrafter(cfg, target.cfg.hidden_size)
     materialise(drafter, tensors, param.device, param.dtype, "drafter")
-    drafter.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(param.device)
+    drafter.rotary = drafter_rotary(cfg).to(param.device)
     _check_materialised(drafter, "drafter")
-    drafter.bind(target.model.embed_tokens, target.lm_head)
+    drafter.bind(target.model.embed_tokens, target.lm_head, target.model.norm, target.cfg.num_layers)
     return drafter.eval()
 
 
@@ -226,7 +227,30 @@ def load_tokenizer(directory: str | Path):
     if not any((directory / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise ModelFormatError(
             f"folder {directory} has no tokenizer files (tokenizer.json): copy them from the model's official repo")
-    return AutoTokenizer.from_pretrained(str(directory))
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except Exception as exc:  # transformers' own errors are tracebacks about its internals
+        for name in _TOKENIZER_JSON:
+            _check_json(directory / name)
+        raise ModelFormatError(f"cannot load the tokenizer in {directory} ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}): copy the files from the model's "
+                               "official repo again") from None
+
+
+_TOKENIZER_JSON = ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
+                   "generation_config.json", "vocab.json")
+
+
+def _check_json(path: Path) -> None:
+    """A one-line error naming the file and where its JSON breaks, if it does."""
+    import json
+
+    if not path.is_file():
+        return
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFormatError(f"{path} is not valid JSON ({exc}): re-download the model") from None
 
 
 def _pair_tokenizer(target: str | Path, tokenizer: str | Path | None):
@@ -252,7 +276,7 @@ def load_pair(
     device=None,
     dtype=None,
     max_context: int | None = None,
-    causal_sliding: bool | None = None,
+    causal: bool | None = None,
     drafter_quant: str | None = None,
     decode: str = "auto",
 ) -> LoadedPair:
@@ -264,7 +288,7 @@ def load_pair(
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
     model = load_target(target, device, dtype)
     _check_vocab(tok, model)
-    draft = load_drafter(drafter, model, causal_sliding=causal_sliding, quant=drafter_quant) if drafter else None
+    draft = load_drafter(drafter, model, causal=causal, quant=drafter_quant) if drafter else None
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     engine = Engine(model, draft, max_context=context, decode=decode)
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)

@@ -65,7 +65,9 @@ def drafter_config_dict(shape: DrafterShape, target_config, mask_token_id: int) 
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "block_size": shape.block_size,
-        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids)},
+        # the teacher taps each layer's own output, the last one too (see `teacher`)
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids),
+                          "last_layer_tap": "raw"},
         "num_target_layers": target_config.num_hidden_layers,
         "hidden_size": target_config.hidden_size,
         "intermediate_size": shape.intermediate_size,

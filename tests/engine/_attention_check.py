@@ -14,6 +14,7 @@ CASES = [  # (rows allocated, used length end, T new rows, heads, kv heads, head
     (600, 40, 16, 4, 1, 16, False, None),  # the drafter's block: non-causal
     (1200, 1100, 16, 4, 2, 16, False, 300),  # windowed drafter layer: early chunks skipped
     (1200, 1100, 4, 4, 4, 16, True, 200),  # causal and windowed
+    (600, 300, 16, 4, 2, 16, False, 5),  # a window narrower than the block: keys past the query drop out too
 ]
 
 

@@ -106,3 +106,16 @@ def test_bad_sampling_parameters():
     for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"max_new_tokens": 0}):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "tokenizer.json"])
+def test_a_folder_whose_json_is_broken_is_one_line_naming_the_file_and_position(target_copy, name):
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.errors import describe
+
+    broken = target_copy / name
+    broken.write_text('{"model_type": "qwen3_5",\n  "hidden_size": 64,,\n}')
+    with pytest.raises(ModelFormatError, match=rf"{broken} is not valid JSON \(.*line 2 column 21.*\)") as exc:
+        load_pair(target_copy, None, device="cpu")
+    text = describe(exc.value)
+    assert "\n" not in text and "Traceback" not in text

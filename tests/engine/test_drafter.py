@@ -39,7 +39,7 @@ def test_training_forward_equals_inference(tiny_dirs):
     target_dir, drafter_dir, _ = tiny_dirs["qwen3_5"]
     target = load_target(target_dir, "cpu", torch.float32)
     for causal in (True, False):
-        drafter = load_drafter(drafter_dir, target, causal_sliding=causal)
+        drafter = load_drafter(drafter_dir, target, causal=causal)
         gen = torch.Generator().manual_seed(1)
         S = 30  # > sliding window (8): the window matters
         feats = torch.randn(S, 2 * target.cfg.hidden_size, generator=gen)

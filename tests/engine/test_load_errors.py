@@ -162,3 +162,34 @@ def test_split_gguf_given_by_a_later_part_or_missing_one(files, tmp_path):
     first.with_name("m-00003-of-00003.gguf").unlink()
     with pytest.raises(ModelFormatError, match=r"part m-00003-of-00003\.gguf of this split GGUF is missing"):
         load_target(first, "cpu")
+
+
+def _patch_tensor_record(src, dst, name: str, *, dims=None, offset=None):
+    """A copy of `src` whose tensor record `name` states other dims (same count) or another data offset."""
+    import gguf
+    import numpy as np
+
+    t = next(t for t in gguf.GGUFReader(src).tensors if t.name == name)
+    at = t.field.offset + 8 + len(name.encode()) + 4  # past the name and the dim count
+    data = bytearray(src.read_bytes())
+    if dims is not None:
+        data[at:at + 8 * len(dims)] = np.array(dims, dtype=np.uint64).tobytes()
+    if offset is not None:
+        at += 8 * len(t.shape) + 4  # past the dims and the type
+        data[at:at + 8] = np.array([offset], dtype=np.uint64).tobytes()
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"dims": [64, 0]}, r"has a zero dimension \(ne \[64, 0\]\)"),
+    ({"dims": [2**64 - 64, 64]}, r"has a negative dimension \(ne \[-64, 64\]\)"),
+    ({"dims": [48, 64]}, r"has rows of 48 values, not whole Q8_0 blocks of 32"),
+    ({"dims": [64, 2**40]}, r"ends past the end of the file"),
+    ({"offset": 10**9}, r"ends past the end of the file"),
+])
+def test_inconsistent_tensor_metadata_is_a_one_line_corrupt_file_error(files, tmp_path, change, problem):
+    path = _patch_tensor_record(files["target_gguf"], tmp_path / "bad.gguf", "blk.0.attn_q.weight", **change)
+    with pytest.raises(ModelFormatError, match=rf"bad\.gguf: corrupt GGUF: tensor blk\.0\.attn_q\.weight {problem}") as exc:
+        load_target(path, "cpu")
+    _one_line(exc)

@@ -11,6 +11,7 @@ import copy
 import random
 import statistics
 
+import gguf
 import pytest
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLine
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights.gguf import read_gguf
-from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
+from dflash_chat.engine.weights.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
 from dflash_chat.hub import ModelFiles
 from dflash_chat.tiny import CHAT_TEMPLATE, write_drafter, write_target
 from tests.engine.helpers import run
@@ -110,6 +111,20 @@ def test_f32_gguf_target_equals_the_hf_model(tiny, arch):
     torch.testing.assert_close(_logits(model), want, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mix", ["Q8_0", "Q4_K_M"])
+def test_a_target_through_llama_quantize_loads_like_the_converter_output(tiny, arch, mix, tmp_path):
+    """Published GGUFs went through llama-quantize, which writes shapes without trailing 1-sized dims:
+    the MoE shared-expert gate, [hidden, 1] as converted, comes out [hidden]."""
+    t = tiny(arch)
+    path = quantize_like_llama(t.target_gguf("F32"), tmp_path / f"{arch}-{mix}.gguf", mix)
+    dims = {tensor.name: len(tensor.shape) for tensor in gguf.GGUFReader(path).tensors}
+    if arch == "qwen3_5_moe":
+        assert dims["blk.0.ffn_gate_inp_shexp.weight"] == 1
+    want = _logits(load_target(t.target_gguf(mix), "cpu", torch.float32))
+    assert torch.equal(_logits(load_target(path, "cpu", torch.float32)), want)
+
+
 def _format_error(fmt) -> float:
     """Relative RMS error of `fmt` on Gaussian values (how the tiny models' weights are drawn)."""
     x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(0))
@@ -147,7 +162,7 @@ def test_q4_k_m_gguf_target_stays_packed_and_computes_the_decoded_model(tiny, ar
             assert f"{name}.weight" not in packed, f"{name} was expanded to floats"
     if arch == "qwen3_5_moe":
         assert sum(isinstance(m, QuantExperts) for m in model.modules()) == model.cfg.num_layers
-    file_bytes = sum(int(r.n_bytes) for r in stored.reader.tensors)
+    file_bytes = sum(int(r.n_bytes) for r in stored.header.tensors)
     held = _resident_bytes(model)
     # same bytes as the file's tensors, give or take RoPE frequencies and ssm_out's column index
     assert abs(held - file_bytes) <= 0.01 * file_bytes, (held, file_bytes)

@@ -44,11 +44,11 @@ def test_error_injecting_drafter_is_lossless_at_every_acceptance_length(arch, ti
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("causal_sliding", [True, False])
-def test_real_drafter_module_is_lossless(arch, causal_sliding, tiny_dirs):
+@pytest.mark.parametrize("causal", [True, False])
+def test_real_drafter_module_is_lossless(arch, causal, tiny_dirs):
     target_dir, drafter_dir, _ = tiny_dirs[arch]
     target = load_target(target_dir, "cpu", torch.float32)
-    drafter = load_drafter(drafter_dir, target, causal_sliding=causal_sliding)
+    drafter = load_drafter(drafter_dir, target, causal=causal)
     spec = Engine(target, drafter, max_context=256)
     ar = Engine(target, None, max_context=256)
     params = SamplingParams(max_new_tokens=40)

@@ -10,7 +10,8 @@ import torch
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.quantized import QuantLinear, QuantTensor
 from dflash_chat.engine.weights import names
-from dflash_chat.engine.weights.gguf import read_gguf, tokenizer_from_gguf
+from dflash_chat.engine.weights.gguf import read_gguf
+from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
 from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
 from tests.engine.quant_helpers import one_thread
 
@@ -135,7 +136,7 @@ def test_regrouped_tensors_keep_packed_rows_and_gather_inputs(tmp_path):
     x = torch.randn(3, out.shape[1])
     torch.testing.assert_close(lin(x), x @ out.dequantize().T, rtol=1e-5, atol=1e-5)
     # equals the file's blocks decoded by gguf's own numpy dequantizer, columns put back in HF order
-    raw = next(t for t in m.reader.tensors if t.name == "blk.0.ssm_out.weight")
+    raw = next(t for t in m.header.tensors if t.name == "blk.0.ssm_out.weight")
     decoded = torch.from_numpy(gguf.quants.dequantize(raw.data, raw.tensor_type).astype(np.float32))
     dims = names.LinearAttnDims(2, 4, 32, 64)
     assert torch.equal(out.dequantize(), names.from_gguf(decoded, names.OUT_COLS, dims))
@@ -209,8 +210,11 @@ def test_drafter_round_trip(tmp_path, schema, mix):
             assert got.fmt.name == "Q8_0"
             torch.testing.assert_close(got.dequantize(), want, rtol=0, atol=float(want.abs().max()) / 127)
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "head_dim", "block_size", "dflash_config", "layer_types", "sliding_window", "num_target_layers"):
+                "head_dim", "block_size", "layer_types", "sliding_window"):
         assert m.hf_config[key] == cfg[key], key
+    # llama.cpp hands a last-layer tap over un-normed; neither converter writes a causal drafter
+    assert m.hf_config["dflash_config"] == {**cfg["dflash_config"], "last_layer_tap": "raw"}
+    assert m.hf_config["is_causal"] is False
     from dflash_chat.engine.models.config import DrafterConfig
 
     dc = DrafterConfig.from_dict(m.hf_config)

@@ -32,12 +32,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None, causal: bool = True) -> torch.Tensor:
-    """Visibility [Q, K]: a query at position p sees keys at positions <= p when causal, and only those
-    > p - window when windowed."""
+    """Visibility [Q, K]: a query at position p sees keys at positions <= p when causal, and, when windowed,
+    only keys less than `window` positions away on either side (flash-attention's symmetric window, as the
+    drafters were trained with)."""
     rel = q_pos[:, None] - k_pos[None, :]
     visible = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
     if window is not None:
-        visible &= rel < window
+        visible &= rel.abs() < window
     return visible
 
 
@@ -45,7 +46,7 @@ def attend_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  causal: bool = True, window: int | None = None) -> torch.Tensor:
     """q [T, heads, d] at `span.pos` against the cache rows [0, span.end) -> [T, heads * d].
 
-    A query at position p sees key position j when j < end, and j <= p if causal, and p - j < window if
+    A query at position p sees key position j when j < end, and j <= p if causal, and |p - j| < window if
     windowed. On CUDA a length-aware kernel reads only the rows below `end`; elsewhere SDPA reads
     `span.bound` rows with a mask (all of them in fixed-shape steps, the used ones in eager steps).
     """

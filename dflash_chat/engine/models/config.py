@@ -19,17 +19,57 @@ TARGET_MODEL_TYPES = {
 }
 
 
-def _rope(d: dict, partial_default: float = 1.0) -> tuple[float, float]:
-    """(theta, partial_rotary_factor) from either `rope_theta` or `rope_parameters`."""
-    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    theta = params.get("rope_theta", d.get("rope_theta"))
+@dataclass(frozen=True)
+class RopeScaling:
+    """A checkpoint's RoPE frequency scaling (`rope_parameters` / `rope_scaling`), read as transformers reads it.
+
+    `kind` "default" (plain RoPE), "linear" (positions divided by `factor`) or "yarn" (z-lab's Qwen3.6
+    drafters). A yarn config without `factor` means max_position_embeddings / original_max_position_embeddings;
+    `attention_factor` None: the one YaRN derives from factor, mscale and mscale_all_dim.
+    """
+
+    kind: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+SCALED_ROPE_KINDS = ("linear", "yarn")
+
+
+def _rope(d: dict, partial_default: float = 1.0) -> tuple[float, float, RopeScaling]:
+    """(theta, partial_rotary_factor, scaling) from `rope_theta` and `rope_parameters` or `rope_scaling`."""
+    params = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    theta = params.get("rope_theta", (d.get("rope_parameters") or {}).get("rope_theta", d.get("rope_theta")))
     if theta is None:
         theta = 10000.0
     partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor", partial_default))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ModelFormatError(f"rope type {rope_type!r} is not supported (only plain RoPE)")
-    return float(theta), float(partial)
+    kind = params.get("rope_type", params.get("type")) or "default"
+    if kind == "default":
+        return float(theta), float(partial), RopeScaling()
+    if kind not in SCALED_ROPE_KINDS:
+        raise ModelFormatError(f"rope type {kind!r} is not supported (supported: default, {', '.join(SCALED_ROPE_KINDS)})")
+    factor = params.get("factor")
+    if factor is None and kind == "linear":
+        raise ModelFormatError("linear rope scaling without a 'factor'")
+    original = (params.get("original_max_position_embeddings") or d.get("original_max_position_embeddings")
+                or d.get("max_position_embeddings") or 0)
+    if kind == "yarn" and not original:
+        raise ModelFormatError("yarn rope scaling without original_max_position_embeddings or max_position_embeddings")
+    if factor is None:
+        factor = d["max_position_embeddings"] / original
+    scaling = RopeScaling(
+        kind=kind, factor=float(factor), original_max_position_embeddings=int(original),
+        beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"),
+        attention_factor=params.get("attention_factor"), truncate=bool(params.get("truncate", True)),
+    )
+    return float(theta), float(partial), scaling
 
 
 def _need(d: dict, key: str, what: str):
@@ -102,7 +142,9 @@ class TargetConfig:
         hidden = _need(d, "hidden_size", what)
         heads = _need(d, "num_attention_heads", what)
         layers = _need(d, "num_hidden_layers", what)
-        theta, partial = _rope(d, 1.0 if arch == "qwen3" else 0.25)  # Qwen3.5/3.6 rotate a quarter of each head
+        theta, partial, scaling = _rope(d, 1.0 if arch == "qwen3" else 0.25)  # Qwen3.5/3.6 rotate a quarter of each head
+        if scaling.kind != "default":
+            raise ModelFormatError(f"{what}: rope type {scaling.kind!r} is not supported for targets (only plain RoPE)")
         layer_types = d.get("layer_types")
         if arch == "qwen3":
             layer_types = ["full_attention"] * layers
@@ -161,8 +203,14 @@ class DrafterConfig:
     target_layer_ids: list[int]
     layer_types: list[str]
     sliding_window: int | None
-    # Sliding layers attend causally inside the block (llama.cpp's fork, vLLM, SGLang); full layers never do.
-    causal_sliding: bool = True
+    # Attention inside the block. The drafters were trained bidirectional (z-lab's reference runs every
+    # layer with is_causal=False; llama.cpp's fork writes attention.causal = false); a sliding window
+    # only limits how far back into the context a query sees.
+    causal: bool = False
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    # A tap of the target's last layer reads what HF's hidden_states[-1] holds: the final-normed state
+    # (z-lab's reference). "raw": the layer's own output, what our first demo drafter was trained on.
+    last_layer_tap: str = "normed"
 
     @classmethod
     def from_dict(cls, d: dict) -> "DrafterConfig":
@@ -180,11 +228,14 @@ class DrafterConfig:
         hidden = _need(d, "hidden_size", what)
         heads = _need(d, "num_attention_heads", what)
         layers = _need(d, "num_hidden_layers", what)
-        theta, _ = _rope(d)
+        theta, _, scaling = _rope(d)
         layer_types = d.get("layer_types") or ["full_attention"] * layers
         window = d.get("sliding_window")
         if not d.get("use_sliding_window", "sliding_attention" in layer_types):
             layer_types = ["full_attention"] * layers
+        last_tap = dflash.get("last_layer_tap", "normed")
+        if last_tap not in ("normed", "raw"):
+            raise ModelFormatError(f"drafter dflash_config.last_layer_tap is {last_tap!r}: expected 'normed' or 'raw'")
         return cls(
             hidden_size=hidden,
             intermediate_size=_need(d, "intermediate_size", what),
@@ -199,5 +250,15 @@ class DrafterConfig:
             target_layer_ids=[int(i) for i in taps],
             layer_types=list(layer_types[:layers]),
             sliding_window=window if "sliding_attention" in layer_types else None,
-            causal_sliding=bool(dflash.get("causal_sliding", d.get("causal_sliding", True))),
+            causal=_causal(d),
+            rope_scaling=scaling,
+            last_layer_tap=last_tap,
         )
+
+
+def _causal(d: dict) -> bool:
+    """Block attention causality as the checkpoint states it (dflash_config.causal, is_causal, causal), default not."""
+    for value in ((d.get("dflash_config") or {}).get("causal"), d.get("is_causal"), d.get("causal")):
+        if value is not None:
+            return bool(value)
+    return False

@@ -4,8 +4,10 @@ It has no embedding or LM head of its own: `bind()` borrows the target's. Contex
 target's hidden states after the layers in `target_layer_ids`, concatenated, projected by `fc` and
 normed by `hidden_norm`; every draft layer turns those rows into extra keys/values (its own k_proj,
 v_proj, k_norm, RoPE at the context positions). Queries come only from the block
-[last committed token, mask x (B-1)]. Full-attention layers see the whole block both ways; sliding
-layers see the last `sliding_window` positions and, by default, attend causally inside the block.
+[last committed token, mask x (B-1)]. Every layer sees the whole block both ways unless the checkpoint
+says it is causal (z-lab's reference: `is_causal=False`); sliding layers see only keys within
+`sliding_window` positions of the query, both ways, as flash-attention's symmetric window does in the
+reference: in effect a limit on how far back into the context a query sees.
 
 Inference keeps the context K/V of committed positions only (`append_context` adds the newly
 committed rows; `propose` drafts after them); `forward_train` runs many blocks over one sequence at once, for training.
@@ -13,13 +15,56 @@ committed rows; `propose` drafts after them); `forward_train` runs many blocks o
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from dflash_chat.engine.models.attention import Projections, attend, attend_cache, causal_mask
-from dflash_chat.engine.models.config import DrafterConfig
+from dflash_chat.engine.models.config import DrafterConfig, RopeScaling
 from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary
 from dflash_chat.engine.models.span import Span
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> tuple[torch.Tensor, float]:
+    """(inv_freq [head_dim / 2], attention factor on cos/sin) as transformers computes them."""
+    base = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+    if scaling.kind == "default":
+        return 1.0 / base, 1.0
+    if scaling.kind == "linear":
+        return 1.0 / (scaling.factor * base), 1.0
+    return _yarn(head_dim, theta, base, scaling)
+
+
+def _yarn(dim: int, theta: float, base: torch.Tensor, s: RopeScaling) -> tuple[torch.Tensor, float]:
+    """YaRN: interpolated frequencies below a ramp, extrapolated above it, and an attention factor."""
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor = s.attention_factor
+    if factor is None:
+        factor = mscale(s.factor, s.mscale) / mscale(s.factor, s.mscale_all_dim) if s.mscale and s.mscale_all_dim \
+            else mscale(s.factor)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float) - low) / (high - low)).clamp(0, 1)
+    extrapolated = 1 - ramp
+    inv_freq = 1.0 / (s.factor * base) * (1 - extrapolated) + 1.0 / base * extrapolated
+    return inv_freq, float(factor)
+
+
+def drafter_rotary(cfg: DrafterConfig) -> Rotary:
+    inv_freq, factor = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    return Rotary(cfg.head_dim, cfg.rope_theta, inv_freq=inv_freq, attention_factor=factor)
 
 
 class DraftAttention(Projections):
@@ -27,7 +72,7 @@ class DraftAttention(Projections):
         super().__init__(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
         self.sliding = layer_type == "sliding_attention"
         self.window = cfg.sliding_window if self.sliding else None
-        self.causal = self.sliding and cfg.causal_sliding
+        self.causal = cfg.causal
 
     def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, same_block: torch.Tensor | None = None) -> torch.Tensor | None:
         """Visibility [Q, K], or None when every key is visible.
@@ -63,18 +108,32 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg, t) for t in cfg.layer_types)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = drafter_rotary(cfg)
         self._embed: nn.Module | None = None
         self._lm_head: nn.Module | None = None
+        self._final_norm: nn.Module | None = None
+        self._normed_slice: slice | None = None
         self.cache_k: torch.Tensor | None = None
         self.cache_v: torch.Tensor | None = None
         self.ctx_len = 0
 
     # -- wiring -----------------------------------------------------------------
-    def bind(self, embed_tokens: nn.Module, lm_head: nn.Module) -> None:
-        """Borrow the target's embedding and LM head (not registered: they are not our weights)."""
+    def bind(self, embed_tokens: nn.Module, lm_head: nn.Module, final_norm: nn.Module | None = None,
+             target_layers: int | None = None) -> None:
+        """Borrow the target's embedding and LM head (not registered: they are not our weights).
+
+        With `final_norm` and the target's layer count, a tap of its last layer is final-normed here
+        (the target hands over every tap as the layer's own output), as in z-lab's reference, unless
+        the config says the drafter was trained on the raw output.
+        """
         object.__setattr__(self, "_embed", embed_tokens)
         object.__setattr__(self, "_lm_head", lm_head)
+        last = target_layers - 1 if target_layers else None
+        if final_norm is not None and self.cfg.last_layer_tap == "normed" and last in self.target_layer_ids:
+            k = self.target_layer_ids.index(last)
+            width = self.fc.in_features // len(self.target_layer_ids)
+            object.__setattr__(self, "_final_norm", final_norm)
+            self._normed_slice = slice(k * width, (k + 1) * width)
 
     def allocate(self, max_context: int) -> None:
         """Preallocate the context K/V cache for `max_context` committed positions."""
@@ -91,6 +150,9 @@ class DFlashDrafter(nn.Module):
         self.ctx_len = min(self.ctx_len, length)
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        if self._final_norm is not None:
+            features = features.clone()
+            features[..., self._normed_slice] = self._final_norm(features[..., self._normed_slice])
         return self.hidden_norm(self.fc(features))
 
     # -- inference --------------------------------------------------------------

@@ -37,19 +37,26 @@ class Rotary(nn.Module):
     `allocate` precomputes the cos/sin tables for a context once; `at` then gathers the rows of the
     positions asked for (a device tensor, so fixed-shape steps need no host value), with the same
     values `cos_sin` computes, element for element.
+    Scaled RoPE (YaRN...) passes its own `inv_freq` and the `attention_factor` cos and sin are scaled by.
     """
 
-    def __init__(self, rotary_dim: int, theta: float):
+    def __init__(self, rotary_dim: int, theta: float, inv_freq: torch.Tensor | None = None,
+                 attention_factor: float = 1.0):
         super().__init__()
         self.rotary_dim = rotary_dim
-        inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        if inv_freq is None:
+            inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_factor = attention_factor
         self.table: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.to(dtype), sin.to(dtype)
 
     def allocate(self, length: int, dtype: torch.dtype) -> None:
         """Tables for positions 0..length-1 (kept when the ones there already cover them)."""

@@ -1,6 +1,6 @@
 """Read llama.cpp GGUF files into HF names, HF-shaped configs and packed tensors.
 
-`read_gguf(path)` opens the file memory-mapped (gguf.GGUFReader) and returns a
+`read_gguf(path)` opens the file memory-mapped (gguf_file.read_header) and returns a
 `GGUFModel`: the architecture, an HF config.json-shaped dict, and a lazy mapping
 HF name -> tensor in which quantized weights stay packed (`QuantTensor`) and
 every converter transform is undone on access, one tensor at a time, so a 20 GB
@@ -25,6 +25,7 @@ from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.quantized import QuantTensor
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.formats import BY_GGML_TYPE, FORMATS
+from dflash_chat.engine.weights.gguf_file import Header, Skipped, read_header
 
 _MODEL_TYPE = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3": "qwen3"}
 _HF_ARCH = {"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -57,54 +58,19 @@ class GGUFModel:
     tensors: LazyTensors
     chat_template: str | None = None
     ignored: list[str] = field(default_factory=list)  # GGUF tensors not loaded (MTP layers, unknown)
-    reader: Any = None
+    header: Header | None = None
 
 
 # --- opening and validating -------------------------------------------------------
 
-def _check_magic(path: Path) -> None:
-    if not path.is_file():
-        raise ModelFormatError(f"{path}: no such GGUF file. Check the path.")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelFormatError(f"{path}: not a GGUF file (wrong magic {magic!r}). Use a llama.cpp .gguf file.")
+def _fields(header: Header) -> dict[str, Any]:
+    """Metadata as Python values, less the tokenizer's arrays (~250k entries: only the tokenizer needs them)."""
+    return {k: v for k, v in header.fields.items()
+            if not (k.startswith("tokenizer.ggml.") and isinstance(v, (list, Skipped)))}
 
 
-def _open(path: Path):
-    from gguf import GGUFReader
-
-    _check_magic(path)
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # GGUFReader reports truncation as reshape/index errors
-        raise ModelFormatError(f"{path}: truncated or corrupt GGUF ({exc}). Download the file again.") from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ModelFormatError(f"{path}: truncated GGUF (tensor {t.name} ends past the end of the file). "
-                                   "Download the file again.")
-    return reader
-
-
-def _fields(reader) -> dict[str, Any]:
-    """Metadata as Python values, less the tokenizer's vocabulary arrays (~250k entries each: seconds to
-    convert, and only the tokenizer needs them; transformers reads those itself)."""
-    from gguf import GGUFValueType
-
-    out = {}
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or (key.startswith("tokenizer.ggml.") and f.types[:1] == [GGUFValueType.ARRAY]):
-            continue
-        try:
-            out[key] = f.contents()
-        except Exception:
-            continue
-    return out
-
-
-def _check_types(path: Path, reader) -> None:
-    for t in reader.tensors:
+def _check_types(path: Path, header: Header) -> None:
+    for t in header.tensors:
         if int(t.tensor_type) not in BY_GGML_TYPE:
             known = ", ".join(FORMATS)
             raise ModelFormatError(f"{path}: tensor {t.name} is {t.tensor_type.name}, which dflash-chat cannot run "
@@ -114,9 +80,10 @@ def _check_types(path: Path, reader) -> None:
 # --- raw tensors ---------------------------------------------------------------------
 
 def _raw(t) -> torch.Tensor | QuantTensor:
-    """A ReaderTensor as a torch tensor sharing the file's memory (float) or a packed QuantTensor."""
+    """A tensor record as a torch tensor sharing the file's memory (float) or a packed QuantTensor."""
     fmt = BY_GGML_TYPE[int(t.tensor_type)]
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    shape = (1,) * (names.gguf_rank(t.name) - len(shape)) + shape  # leading 1s a ggml writer dropped
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the memmap is read-only; we never write to it
         data = torch.from_numpy(np.asarray(t.data))
@@ -237,20 +204,26 @@ def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> d
 
 
 def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
-    ns = "dflash-draft.dflash" if arch == "dflash-draft" else "dflash"
+    """The z-lab config.json a drafter GGUF came from, in either schema (DESIGN.md §5).
 
-    def pick(*keys):
-        for k in keys:
-            if k in kv:
-                return kv[k]
-        return None
-
-    taps = pick(f"{ns}.target_layer_ids", f"{ns}.target_layers", f"{arch}.target_layers")
-    mask = pick(f"{ns}.mask_token_id", f"{arch}.mask_token_id")
-    block = pick(f"{ns}.block_size", f"{arch}.block_size")
+    The fork (`dflash-draft`) keeps its DFlash keys under `dflash-draft.dflash.*` with HF's tap ids and
+    states `attention.causal = false`. Mainline (`dflash`) writes `dflash.block_size`, the mask token as
+    `tokenizer.ggml.mask_token_id` and `dflash.target_layers` as HF's ids + 1 (llama.cpp taps the input
+    of the next layer); it writes no causal key (llama.cpp's DFlash graph is not causal).
+    """
+    if arch == "dflash-draft":
+        ns = "dflash-draft.dflash"
+        taps, mask, block = kv.get(f"{ns}.target_layer_ids"), kv.get(f"{ns}.mask_token_id"), kv.get(f"{ns}.block_size")
+        where = f"{ns}.target_layer_ids / mask_token_id / block_size"
+    else:
+        taps = kv.get("dflash.target_layers")
+        taps = None if taps is None else [int(i) - 1 for i in taps]
+        mask = kv.get("tokenizer.ggml.mask_token_id", kv.get("dflash.mask_token_id"))
+        block = kv.get("dflash.block_size")
+        where = "dflash.target_layers, tokenizer.ggml.mask_token_id, dflash.block_size"
     for key, value in (("target layers", taps), ("mask token id", mask), ("block size", block)):
         if value is None:
-            raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({ns}.*); the file is incomplete.")
+            raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({where}); the file is incomplete.")
     layers = int(_get(kv, arch, "block_count"))
     pattern = _get(kv, arch, "attention.sliding_window_pattern")
     window = _get(kv, arch, "attention.sliding_window")
@@ -262,17 +235,32 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
         **_transformer_fields(kv, arch, layers),
         "intermediate_size": int(_get(kv, arch, "feed_forward_length")),
         "block_size": int(block),
-        "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": [int(i) for i in taps]},
+        # llama.cpp hands a tap of the target's last layer over before the final norm
+        "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": [int(i) for i in taps],
+                          "last_layer_tap": "raw"},
         "layer_types": types,
         "use_sliding_window": "sliding_attention" in types,
         "sliding_window": int(window) if window else None,
+        "is_causal": bool(_get(kv, arch, "attention.causal", False)),
     }
-    n_target = pick(f"{ns}.n_target_layers", f"{ns}.num_target_layers")
-    if n_target is not None:
-        cfg["num_target_layers"] = int(n_target)
+    scaling = _rope_scaling(kv, arch)
+    if scaling:
+        cfg["rope_scaling"] = scaling
     if _get(kv, arch, "vocab_size"):
         cfg["vocab_size"] = int(_get(kv, arch, "vocab_size"))
     return cfg
+
+
+def _rope_scaling(kv: dict, arch: str) -> dict | None:
+    """`rope.scaling.*` keys (the converters write them from the config's rope_scaling) as HF's dict."""
+    kind = _get(kv, arch, "rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    out = {"rope_type": kind, "factor": _get(kv, arch, "rope.scaling.factor")}
+    extra = {"original_max_position_embeddings": "rope.scaling.original_context_length",
+             "beta_fast": "rope.scaling.yarn_beta_fast", "beta_slow": "rope.scaling.yarn_beta_slow"}
+    out.update({hf: _get(kv, arch, key) for hf, key in extra.items() if _get(kv, arch, key) is not None})
+    return out
 
 
 # --- tensor plans ------------------------------------------------------------------------
@@ -309,21 +297,20 @@ def _target_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]
     return loaders, used
 
 
-def _drafter_loaders(cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
+def _drafter_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
+    """The schema's tensor names first, the other schema's as a fallback (community files mix them)."""
     loaders: dict[str, Callable] = {}
     used: set[str] = set()
-    for hf, aliases in names.DRAFTER_GLOBAL.items():
-        for g in aliases:
-            if g in by_name:
-                loaders[hf] = lambda t=by_name[g]: _raw(t)
-                used.add(g)
-                break
+    schemas = [names.DRAFTER_NAMES[arch]] + [v for k, v in names.DRAFTER_NAMES.items() if k != arch]
+    wanted = {hf: [glob[hf] for glob, _ in schemas] for hf in schemas[0][0]}
     for bid in range(cfg["num_hidden_layers"]):
-        for hf, g in names.DRAFTER_LAYER.items():
-            gname = f"blk.{bid}.{g}"
-            if gname in by_name:
-                loaders[f"layers.{bid}.{hf}"] = lambda t=by_name[gname]: _raw(t)
-                used.add(gname)
+        for hf in schemas[0][1]:
+            wanted[f"layers.{bid}.{hf}"] = [f"blk.{bid}.{layer[hf]}" for _, layer in schemas]
+    for hf, candidates in wanted.items():
+        gname = next((g for g in candidates if g in by_name), None)
+        if gname is not None:
+            loaders[hf] = lambda t=by_name[gname]: _raw(t)
+            used.add(gname)
     return loaders, used
 
 
@@ -331,14 +318,14 @@ def _drafter_loaders(cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
 SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})(?=\.gguf$)", re.IGNORECASE)
 
 
-def _split_parts(path: Path, reader, kv: dict) -> list[tuple[Path, Any]]:
-    """(path, reader) of every part of a split GGUF (llama.cpp's gguf-split: NAME-0000i-of-0000n.gguf).
+def _split_parts(path: Path, header: Header, kv: dict) -> list[tuple[Path, Header]]:
+    """(path, header) of every part of a split GGUF (llama.cpp's gguf-split: NAME-0000i-of-0000n.gguf).
 
     The first part holds the metadata and some tensors; the others hold only tensors.
     """
     count = int(kv.get("split.count", 1) or 1)
     if count <= 1:
-        return [(path, reader)]
+        return [(path, header)]
     m = SPLIT_PART.search(path.name)
     if m is None:
         raise ModelFormatError(f"{path} is one part of a {count}-part split GGUF renamed from NAME-0000i-of-"
@@ -346,20 +333,20 @@ def _split_parts(path: Path, reader, kv: dict) -> list[tuple[Path, Any]]:
     if int(kv.get("split.no", 0) or 0) != 0:
         first = f"{path.name[:m.start()]}-00001-of-{count:05d}.gguf"
         raise ModelFormatError(f"{path} is part of a {count}-part split GGUF: pass its first part ({first}).")
-    parts = [(path, reader)]
+    parts = [(path, header)]
     for i in range(2, count + 1):
         part = path.with_name(f"{path.name[:m.start()]}-{i:05d}-of-{count:05d}.gguf")
         if not part.is_file():
             raise ModelFormatError(f"{path}: part {part.name} of this split GGUF is missing. Download it again.")
-        parts.append((part, _open(part)))
+        parts.append((part, read_header(part)))
     return parts
 
 
 def read_gguf(path: str | Path) -> GGUFModel:
     path = Path(path)
-    reader = _open(path)
-    kv = _fields(reader)
-    parts = _split_parts(path, reader, kv)
+    header = read_header(path)
+    kv = _fields(header)
+    parts = _split_parts(path, header, kv)
     arch = kv.get("general.architecture")
     supported = names.TARGET_ARCHS + names.DRAFTER_ARCHS
     if arch not in supported:
@@ -371,13 +358,13 @@ def read_gguf(path: str | Path) -> GGUFModel:
     try:
         if arch in names.TARGET_ARCHS:
             embd = by_name.get("token_embd.weight")
-            tokens = reader.fields.get("tokenizer.ggml.tokens")
-            vocab = int(embd.shape[1]) if embd is not None else len(tokens.data) if tokens is not None else 0
+            tokens = header.fields.get("tokenizer.ggml.tokens")
+            vocab = int(embd.shape[1]) if embd is not None else tokens.count if tokens is not None else 0
             cfg = _target_config(kv, arch, set(by_name), vocab)
             loaders, used = _target_loaders(arch, cfg, by_name)
         else:
             cfg = _drafter_config(kv, arch, path)
-            loaders, used = _drafter_loaders(cfg, by_name)
+            loaders, used = _drafter_loaders(arch, cfg, by_name)
     except (TypeError, KeyError, ValueError, IndexError) as exc:
         raise ModelFormatError(f"{path}: {arch} GGUF is missing hyperparameters ({exc}).") from None
     eos = kv.get("tokenizer.ggml.eos_token_id")
@@ -387,25 +374,4 @@ def read_gguf(path: str | Path) -> GGUFModel:
         cfg["bos_token_id"] = int(kv["tokenizer.ggml.bos_token_id"])
     return GGUFModel(path=path, arch=arch, hf_config=cfg, tensors=LazyTensors(loaders),
                      chat_template=kv.get("tokenizer.chat_template"),
-                     ignored=sorted(set(by_name) - used), reader=reader)
-
-
-# --- tokenizer ------------------------------------------------------------------------------
-
-def tokenizer_from_gguf(source: GGUFModel | str | Path):
-    """A transformers PreTrainedTokenizerFast built from the file's tokenizer.ggml.* metadata + chat template."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
-
-    path = source.path if isinstance(source, GGUFModel) else Path(source)
-    _check_magic(path)  # transformers reads the file itself; its errors become ModelFormatError below
-    try:
-        architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
-        backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    except Exception as exc:
-        _open(path)  # a truncated or corrupt file says so (this full read costs seconds, only on failure)
-        raise ModelFormatError(f"{path}: cannot build a tokenizer from the GGUF metadata ({exc}). "
-                               "Use the model's official tokenizer files instead.") from None
-    specials = {k: v for k, v in tokenizer_config.items() if k.endswith("_token") and v is not None}
-    chat_template = tokenizer_config.get("chat_template")
-    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=chat_template, **specials)
+                     ignored=sorted(set(by_name) - used), header=header)

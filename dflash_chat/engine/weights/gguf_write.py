@@ -2,10 +2,11 @@
 
 Used by tests (and handy for experiments): it applies the converter's transforms
 (names.py), writes the hyperparameters under llama.cpp's keys through
-`gguf.GGUFWriter`, and stores tensors as F32, as Q8_0, or in a Q4_K_M-style mix
-(Q4_K, with Q6_K for `output` and for attn_v/attn_qkv/ffn_down* in about a third
+`gguf.GGUFWriter`, and stores tensors as F32, F16, BF16, as Q8_0, or in a Q4_K_M-style
+mix (Q4_K, with Q6_K for `output` and for attn_v/attn_qkv/ffn_down* in about a third
 of the layers, legacy fallbacks where a row is not a multiple of 256, norms and
-small vectors F32).
+small vectors F32). `quantize_like_llama` then does to such a file what
+`llama-quantize` does to the converter's output, as the published GGUFs went through it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.formats import FORMATS, Format
 from dflash_chat.engine.weights.quantize import quantize
 
-MIXES = ("F32", "F16", "Q8_0", "Q4_K_M")
+MIXES = ("F32", "F16", "BF16", "Q8_0", "Q4_K_M")
 _ARCH_OF_MODEL_TYPE = {"qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe",
                        "qwen3_5_moe": "qwen35moe", "qwen3": "qwen3"}
 _FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0", "Q8_0": "F16"}
@@ -36,8 +37,8 @@ def choose_format(gguf_name: str, shape: tuple[int, ...], mix: str, n_layers: in
     base = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
     if mix == "F32" or len(shape) == 1 or "norm" in gguf_name or base in _KEEP_F32:
         return FORMATS["F32"]
-    if mix == "F16":
-        return FORMATS["F16"]
+    if mix in ("F16", "BF16"):
+        return FORMATS[mix]
     if mix == "Q8_0":
         want = "Q8_0"
     else:
@@ -69,6 +70,13 @@ def _rope_keys(writer: gguf.GGUFWriter, cfg: dict, head_dim: int) -> None:
         writer.add_rope_dimension_count(int(head_dim * partial))
     if "mrope_section" in params:
         writer.add_rope_dimension_sections(list(params["mrope_section"]) + [0] * (4 - len(params["mrope_section"])))
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in ("linear", "yarn"):  # what the converters write from a config's rope_scaling
+        writer.add_rope_scaling_type(gguf.RopeScalingType(kind))
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+        if scaling.get("original_max_position_embeddings"):
+            writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
 
 
 def _common_keys(writer: gguf.GGUFWriter, cfg: dict, n_blocks: int) -> int:
@@ -89,16 +97,29 @@ def _common_keys(writer: gguf.GGUFWriter, cfg: dict, n_blocks: int) -> int:
     return head_dim
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None, pre: str) -> None:
-    """Byte-level BPE vocabulary under llama.cpp's tokenizer.ggml.* keys."""
-    vocab = tokenizer.get_vocab()
-    tokens = [None] * len(vocab)
-    for tok, i in vocab.items():
-        tokens[i] = tok
-    special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()}
-    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
+def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None, pre: str,
+                   vocab_size: int | None = None) -> None:
+    """Byte-level BPE vocabulary under llama.cpp's tokenizer.ggml.* keys, listed as the converter lists it:
+    ids the tokenizer lacks, up to the model's `vocab_size`, become [PAD<id>] of type UNUSED; added tokens
+    are CONTROL when special (or shaped <|...|>), USER_DEFINED otherwise."""
     import json
 
+    reverse = {i: t for t, i in tokenizer.get_vocab().items()}
+    added = tokenizer.added_tokens_decoder
+    tokens, types = [], []
+    for i in range(max(vocab_size or 0, max(reverse) + 1)):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        tok = reverse[i]
+        tokens.append(tok)
+        if i not in added:
+            types.append(gguf.TokenType.NORMAL)
+        elif added[i].special or (tok.startswith("<|") and tok.endswith("|>")):
+            types.append(gguf.TokenType.CONTROL)
+        else:
+            types.append(gguf.TokenType.USER_DEFINED)
     model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     writer.add_tokenizer_model("gpt2")
@@ -150,7 +171,8 @@ def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], con
         if cfg.get("shared_expert_intermediate_size"):
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if tokenizer is not None:
-        _add_tokenizer(writer, tokenizer, chat_template, pre="qwen35" if arch != "qwen3" else "qwen2")
+        _add_tokenizer(writer, tokenizer, chat_template, pre="qwen35" if arch != "qwen3" else "qwen2",
+                       vocab_size=cfg.get("vocab_size"))
     elif chat_template:
         writer.add_chat_template(chat_template)
 
@@ -182,35 +204,47 @@ def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], con
 
 
 def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], config: dict, mix: str = "F32", *,
-                       schema: str = "dflash-draft") -> Path:
-    """Write a z-lab DFlash drafter in the fork's (`dflash-draft`) or upstream's (`dflash`) schema."""
+                       schema: str = "dflash-draft", tokenizer=None, mrope_target: bool = False) -> Path:
+    """A z-lab DFlash drafter as the DFlash fork's converter (`dflash-draft`) or mainline llama.cpp's
+    (`dflash`, conversion/qwen.py DFlashModel) writes it: see DESIGN.md §5 and `gguf._drafter_config`.
+
+    `tokenizer`: the vocabulary both converters copy in (the fork from the drafter's folder, mainline from
+    the target's). `mrope_target`: mainline gives drafts of M-RoPE targets (Qwen3.5/3.6) degenerate rope
+    sections [head_dim / 2, 0, 0, 0].
+    """
     if schema not in names.DRAFTER_ARCHS:
         raise ValueError(f"schema must be one of {names.DRAFTER_ARCHS}")
     dflash = config.get("dflash_config") or {}
-    block_size = dflash.get("block_size", config.get("block_size"))
+    block_size = int(dflash.get("block_size", config.get("block_size")))
+    mask, taps = int(dflash["mask_token_id"]), [int(i) for i in dflash["target_layer_ids"]]
     n_layers = config["num_hidden_layers"]
     writer = gguf.GGUFWriter(str(path), schema)
     writer.add_name("dflash-chat drafter fixture")
-    _common_keys(writer, config, n_layers)
-    ns = f"{schema}.dflash" if schema == "dflash-draft" else "dflash"
-    writer.add_uint32(f"{ns}.block_size", int(block_size))
-    writer.add_uint32(f"{ns}.mask_token_id", int(dflash["mask_token_id"]))
-    taps_key = f"{ns}.target_layer_ids" if schema == "dflash-draft" else f"{ns}.target_layers"
-    writer.add_array(taps_key, [int(i) for i in dflash["target_layer_ids"]])
-    if config.get("num_target_layers") is not None:
-        writer.add_uint32(f"{ns}.n_target_layers", int(config["num_target_layers"]))
+    head_dim = _common_keys(writer, config, n_layers)
+    if schema == "dflash-draft":
+        writer.add_causal_attention(False)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_uint32("dflash-draft.dflash.block_size", block_size)
+        writer.add_uint32("dflash-draft.dflash.mask_token_id", mask)
+        writer.add_array("dflash-draft.dflash.target_layer_ids", taps)
+        writer.add_uint32("dflash-draft.dflash.n_target_features", config["hidden_size"] * len(taps))
+    else:
+        writer.add_uint32("dflash.block_size", block_size)
+        writer.add_array("dflash.target_layers", [i + 1 for i in taps])  # llama.cpp taps the next layer's input
+        writer.add_mask_token_id(mask)
+        if mrope_target:
+            writer.add_rope_dimension_sections([head_dim // 2, 0, 0, 0])
     types = config.get("layer_types") or ["full_attention"] * n_layers
-    if config.get("sliding_window") and "sliding_attention" in types:
+    if config.get("use_sliding_window") and config.get("sliding_window"):
         writer.add_sliding_window(int(config["sliding_window"]))
-        writer.add_array(f"{schema}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    if tokenizer is not None:
+        _add_tokenizer(writer, tokenizer, None, pre="qwen35")
 
-    out = []
-    for hf, aliases in names.DRAFTER_GLOBAL.items():
-        gguf_name = aliases[0] if schema == "dflash-draft" else aliases[-1]
-        out.append((gguf_name, state_dict[hf]))
+    glob, layer = names.DRAFTER_NAMES[schema]
+    out = [(gguf_name, state_dict[hf]) for hf, gguf_name in glob.items()]
     for bid in range(n_layers):
-        for hf, g in names.DRAFTER_LAYER.items():
-            out.append((f"blk.{bid}.{g}", state_dict[f"layers.{bid}.{hf}"]))
+        out += [(f"blk.{bid}.{g}", state_dict[f"layers.{bid}.{hf}"]) for hf, g in layer.items()]
     for name, t in out:
         _add_tensor(writer, name, t, choose_format(name, tuple(t.shape), mix, n_layers))
     _finish(writer)
@@ -222,3 +256,42 @@ def _finish(writer: gguf.GGUFWriter) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+_FILE_TYPE = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+              "BF16": gguf.LlamaFileType.MOSTLY_BF16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+              "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M}
+
+
+def quantize_like_llama(src: str | Path, dst: str | Path, mix: str) -> Path:
+    """What `llama-quantize SRC DST <mix>` makes of a converter-written GGUF.
+
+    Every key is kept and general.file_type / general.quantization_version are set; each tensor is
+    re-typed as `choose_format` says; and shapes are stored as ggml's writer stores them, without
+    trailing 1-sized dims (ggml_n_dims), which the gguf package's writer (the converter's) never drops:
+    a [hidden, 1] tensor comes out [hidden].
+    """
+    if mix not in _FILE_TYPE:
+        raise ValueError(f"mix must be one of {tuple(_FILE_TYPE)}")
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type",
+                                              "general.quantization_version"):
+            continue
+        vtype = field.types[0]
+        writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1] if len(field.types) > 1 else None)
+    writer.add_file_type(_FILE_TYPE[mix])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_layers = int(reader.fields[f"{arch}.block_count"].contents())
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        values = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        values = values.reshape(shape)
+        fmt = choose_format(t.name, shape, mix, n_layers)
+        while len(shape) > 1 and shape[0] == 1:  # ggml_n_dims: the trailing 1s of ne are not written
+            shape = shape[1:]
+        _add_tensor(writer, t.name, values.reshape(shape), fmt)
+    _finish(writer)
+    return Path(dst)

@@ -95,15 +95,9 @@ GGUF_GATE_EXPS = "blk.{bid}.ffn_gate_exps.weight"
 GGUF_UP_EXPS = "blk.{bid}.ffn_up_exps.weight"
 GGUF_GATE_UP_EXPS = "blk.{bid}.ffn_gate_up_exps.weight"
 
-# Drafter tensors: the z-lab state dict (no "model." prefix) <-> GGUF. Aliases cover both schemas.
-DRAFTER_GLOBAL = {
-    "fc.weight": ("dflash_fc.weight", "fc.weight"),
-    "hidden_norm.weight": ("dflash_hidden_norm.weight", "hidden_norm.weight"),
-    "norm.weight": ("output_norm.weight",),
-}
-DRAFTER_LAYER = {
+# Drafter tensors: the z-lab state dict (no "model." prefix) <-> GGUF, per schema (DESIGN.md §5). Norms are raw.
+_DRAFTER_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
@@ -114,6 +108,29 @@ DRAFTER_LAYER = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+DRAFTER_NAMES = {  # schema -> (global names, per-layer names under blk.N.)
+    "dflash-draft": (  # the DFlash fork's converter
+        {"fc.weight": "dflash_fc.weight", "hidden_norm.weight": "dflash_hidden_norm.weight",
+         "norm.weight": "output_norm.weight"},
+        {**_DRAFTER_LAYER, "post_attention_layernorm.weight": "post_attention_norm.weight"},
+    ),
+    "dflash": (  # mainline llama.cpp's converter (conversion/qwen.py, DFlashModel)
+        {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight", "norm.weight": "output_norm.weight"},
+        {**_DRAFTER_LAYER, "post_attention_layernorm.weight": "ffn_norm.weight"},
+    ),
+}
+
+
+def gguf_rank(gguf_name: str) -> int:
+    """How many dims a tensor has as the converter writes it (ggml writers drop trailing 1-sized ones).
+
+    llama-quantize and every other ggml-written file store a tensor's shape without its trailing 1s
+    (ggml_n_dims): the shared-expert gate [hidden, 1] comes back [hidden].
+    """
+    base = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
+    if base.endswith(".bias") or base == "ssm_a" or "norm" in base:
+        return 1
+    return 3 if "_exps." in base else 2
 
 
 def NORM_LIKE(hf_name: str, arch: str) -> bool:

@@ -1,0 +1,120 @@
+"""DFlash drafter GGUFs in both schemas draft exactly like the safetensors drafter they came from.
+
+The shipped demo pair is the vehicle: its drafter is trained, so a drafter reading the wrong target
+layers or a wrong norm shows in what it proposes and in how much the target accepts (a random drafter
+is accepted about never, right or wrong). The GGUFs are written as the two converters write them
+(`write_drafter_gguf`: the DFlash fork's `dflash-draft`, mainline llama.cpp's `dflash`), in BF16 as
+`convert_hf_to_gguf.py --outtype auto` writes a BF16 checkpoint, so every weight is bit for bit the same.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import gguf
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dflash_chat.chat.prompt import build_prompt
+from dflash_chat.demo import demo_paths
+from dflash_chat.engine.events import Step
+from dflash_chat.engine.load import load_drafter, load_target, load_tokenizer
+from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.spec import Engine
+from dflash_chat.engine.weights.gguf_write import write_drafter_gguf
+
+
+@pytest.fixture(scope="module")
+def demo():
+    target_dir, drafter_dir = demo_paths()
+    tokenizer = load_tokenizer(target_dir)
+    prompts = json.loads((target_dir.parent / "heldout_prompts.json").read_text())[:3]
+    return {
+        "target": load_target(target_dir, "cpu", torch.float32),
+        "tokenizer": tokenizer,
+        "drafter_dir": drafter_dir,
+        "state": load_file(str(drafter_dir / "model.safetensors")),
+        "config": json.loads((drafter_dir / "config.json").read_text()),
+        "prompts": [build_prompt(tokenizer, chat, thinking=False).ids for chat in prompts],
+    }
+
+
+def _trace(demo, drafter) -> list[tuple[tuple[int, ...], int, int]]:
+    """Every verify step of greedy answers to the prompts: (tokens committed, drafted, accepted)."""
+    engine = Engine(demo["target"], drafter, max_context=1024)
+    steps = []
+    for prompt in demo["prompts"]:
+        for event in engine.generate(prompt, SamplingParams(max_new_tokens=48)):
+            if isinstance(event, Step):
+                steps.append((tuple(event.token_ids), event.drafted, event.accepted))
+        engine.reset()
+    return steps
+
+
+def _fields(path) -> dict:
+    reader = gguf.GGUFReader(path)
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.t")} | {
+        "tensors": {t.name for t in reader.tensors}}
+
+
+@pytest.fixture(scope="module")
+def reference(demo):
+    return _trace(demo, load_drafter(demo["drafter_dir"], demo["target"]))
+
+
+def test_the_fork_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp_path):
+    path = write_drafter_gguf(tmp_path / "fork.gguf", demo["state"], demo["config"], "BF16",
+                              schema="dflash-draft", tokenizer=demo["tokenizer"])
+    kv = _fields(path)
+    assert kv["general.architecture"] == "dflash-draft"
+    assert kv["dflash-draft.dflash.target_layer_ids"] == [1, 3, 5]  # HF's ids as they are
+    assert kv["dflash-draft.dflash.mask_token_id"] == 3 and kv["dflash-draft.attention.causal"] is False
+    assert {"dflash_fc.weight", "dflash_hidden_norm.weight", "output_norm.weight",
+            "blk.0.post_attention_norm.weight"} <= kv["tensors"]
+    assert not {"token_embd.weight", "output.weight"} & kv["tensors"]
+
+
+def test_the_mainline_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp_path):
+    path = write_drafter_gguf(tmp_path / "mainline.gguf", demo["state"], demo["config"], "BF16",
+                              schema="dflash", tokenizer=demo["tokenizer"], mrope_target=True)
+    kv = _fields(path)
+    assert kv["general.architecture"] == "dflash"
+    assert kv["dflash.target_layers"] == [2, 4, 6]  # HF's [1, 3, 5] plus one
+    assert kv["tokenizer.ggml.mask_token_id"] == 3 and kv["dflash.block_size"] == 16
+    assert not any("causal" in k or "mask_token_id" in k and k.startswith("dflash") for k in kv)
+    assert {"fc.weight", "enc.output_norm.weight", "output_norm.weight", "blk.0.ffn_norm.weight"} <= kv["tensors"]
+    assert not {"token_embd.weight", "output.weight", "blk.0.post_attention_norm.weight"} & kv["tensors"]
+
+
+@pytest.mark.parametrize("schema", ["dflash-draft", "dflash"])
+def test_gguf_drafter_drafts_exactly_like_its_safetensors(demo, reference, schema, tmp_path):
+    path = write_drafter_gguf(tmp_path / f"{schema}.gguf", demo["state"], demo["config"], "BF16", schema=schema,
+                              tokenizer=demo["tokenizer"], mrope_target=schema == "dflash")
+    drafter = load_drafter(path, demo["target"])
+    assert drafter.target_layer_ids == [1, 3, 5] and drafter.mask_token_id == 3 and not drafter.cfg.causal
+    got = _trace(demo, drafter)
+    assert got == reference
+    assert sum(accepted for *_, accepted in got) > len(got)  # a trained drafter: more than one token a step
+
+
+def test_a_wrong_tap_shows_in_acceptance(demo, reference, tmp_path):
+    """What an off-by-one in the taps would cost: the test above would see it."""
+    folder = tmp_path / "shifted"
+    shutil.copytree(demo["drafter_dir"], folder)
+    cfg = dict(demo["config"], dflash_config=dict(demo["config"]["dflash_config"], target_layer_ids=[0, 2, 4]))
+    (folder / "config.json").write_text(json.dumps(cfg))
+    shifted = _trace(demo, load_drafter(folder, demo["target"]))
+    accepted = sum(a for *_, a in shifted)
+    assert accepted < 0.8 * sum(a for *_, a in reference)
+
+
+def test_a_drafter_through_llama_quantize_drafts_like_the_converter_output(demo, tmp_path):
+    from dflash_chat.engine.weights.gguf_write import quantize_like_llama
+
+    bf16 = write_drafter_gguf(tmp_path / "bf16.gguf", demo["state"], demo["config"], "BF16", schema="dflash",
+                              tokenizer=demo["tokenizer"])
+    quantized = quantize_like_llama(bf16, tmp_path / "q8.gguf", "Q8_0")
+    direct = write_drafter_gguf(tmp_path / "direct.gguf", demo["state"], demo["config"], "Q8_0", schema="dflash")
+    assert _trace(demo, load_drafter(quantized, demo["target"])) == _trace(demo, load_drafter(direct, demo["target"]))
