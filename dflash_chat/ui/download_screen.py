@@ -20,9 +20,7 @@ from textual.widgets import Label, ProgressBar
 
 from dflash_chat import hub
 from dflash_chat.errors import one_line
-from dflash_chat.hub import size_text
-
-MIB = 2**20
+from dflash_chat.sizes import rate_text, size_text
 
 
 class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
@@ -144,14 +142,14 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
 
 
 def describe(p: hub.Progress) -> str:
-    """'1.2 GB / 16.5 GB · 45.0 MB/s · 5:12 left', or the file's state."""
+    """'1.2 GB / 16.5 GB · 45 MB/s · 5:12 left', or the file's state."""
     if p.status in ("cached", "done"):
         return f"{size_text(p.total)} · {p.status}"
     if p.status == "verifying":
         return f"{size_text(p.total)} · checking the hash…"
     if p.status == "resuming":
         return f"resuming from {size_text(p.done)} of {size_text(p.total)}…"
-    parts = [f"{size_text(p.done)} / {size_text(p.total)}", f"{p.speed / MIB:.1f} MB/s"]
+    parts = [f"{size_text(p.done)} / {size_text(p.total)}", rate_text(p.speed)]
     if p.eta is not None:
         parts.append(f"{clock(p.eta)} left")
     return " · ".join(parts)
