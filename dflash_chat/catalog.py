@@ -15,9 +15,15 @@ catalog.toml under `[models.NAME]` instead of `[pairs.NAME]`:
 
     [models."qwen3.6-27b".target]        # another uploader's quants for a shipped pair
     repo = "someone/Qwen3.6-27B-GGUF"
+    revision = "main"
 
 `extends` copies a pair and overlays the keys given (tables merge key by key);
 a [models.NAME] with a shipped pair's name overlays that pair.
+
+Shipped sources are pinned to a commit, so the file the picker sized is the file that downloads.
+A drafter repo can hold several trainings of the drafter (z-lab retrained the 35B-A3B one): the
+drafter section names each under `versions` with its shape, and each quant says which `version`
+its file is. A local drafter file of a pair with several versions is sized as the largest.
 """
 
 from __future__ import annotations
@@ -31,14 +37,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dflash_chat import paths
+from dflash_chat.engine.memory import DrafterShape, TargetShape, drafter_cache_rows
 from dflash_chat.errors import UserError
+from dflash_chat.sizes import GB
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
-
-GB = 10**9
 
 # Tokenizer repos: tokenizer_config.json must be there; the rest is fetched when present.
 TOKENIZER_PATTERNS = ("tokenizer_config.json",)
@@ -61,6 +67,8 @@ BITS_PER_WEIGHT = {
     "Q5_K_S": 5.54, "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_0": 4.5, "IQ4_XS": 4.25,
     "IQ4_NL": 4.5, "Q3_K_L": 4.27, "Q3_K_M": 3.91, "Q3_K_S": 3.5, "Q2_K": 3.35,
 }
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_LONG_CONTEXT = 2**18
 
 _QUANT_TOKEN = re.compile(r"^(I?Q\d(_[A-Z0-9]+)*|BF16|F16|F32|MXFP4\w*)$", re.IGNORECASE)
 _SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$", re.IGNORECASE)
@@ -82,52 +90,19 @@ class Source:
     extras: tuple[str, ...] = ()  # fetched when the repo has them
     path: Path | None = None
     size: int = 0  # approximate bytes, until a listing says
+    shape: DrafterShape | None = None  # a drafter source: the shape of the weights it holds
+    version: str = ""  # a drafter source: which training of the drafter its file is
 
     @classmethod
-    def local(cls, path: Path) -> Source:
+    def local(cls, path: Path, shape: DrafterShape | None = None) -> Source:
         """A model file or checkpoint folder on disk; its quant is read from the name ('local' if none)."""
         kind = "gguf" if path.suffix.lower() == ".gguf" else "safetensors"
-        return cls(kind, quant_of(path.name) or "local", path=path, size=local_size(path))
+        return cls(kind, quant_of(path.name) or "local", path=path, size=local_size(path), shape=shape)
 
     def describe(self) -> str:
         if self.path is not None:
             return str(self.path)
         return f"{self.repo} {' '.join(self.patterns)}"
-
-
-@dataclass(frozen=True)
-class TargetShape:
-    """What sizes a hybrid Qwen3.5/3.6 target's state (DESIGN.md §4)."""
-
-    layers: int
-    full_attention_interval: int
-    kv_heads: int
-    head_dim: int
-    linear_key_heads: int
-    linear_value_heads: int
-    linear_key_dim: int
-    linear_value_dim: int
-    conv_kernel: int
-    hidden: int
-    intermediate: int
-    vocab: int
-
-    @property
-    def attention_layers(self) -> int:
-        return self.layers // self.full_attention_interval
-
-    @property
-    def linear_layers(self) -> int:
-        return self.layers - self.attention_layers
-
-
-@dataclass(frozen=True)
-class DrafterShape:
-    layers: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    block_size: int = 16
 
 
 @dataclass(frozen=True)
@@ -139,7 +114,7 @@ class Pair:
     default_context: int
     max_context: int
     target_shape: TargetShape
-    drafter_shape: DrafterShape | None
+    drafter_versions: tuple[tuple[str, DrafterShape], ...]  # (name, shape) of each training of the drafter
     targets: tuple[Source, ...]  # in order of preference
     drafters: tuple[Source, ...]  # in order of preference; empty: plain decoding
     tokenizer: Source
@@ -166,6 +141,7 @@ class Pair:
             kind="gguf",
             quant=quant.upper(),
             repo=self.target_repo,
+            revision=next((s.revision for s in self.targets if s.repo == self.target_repo), "main"),
             patterns=(f"*{quant}*.gguf",),
             size=_estimated_size(self.targets, quant),
         )
@@ -175,6 +151,11 @@ class Pair:
             return found
         have = ", ".join(self.drafter_quants) or "none"
         raise CatalogError(f"{self.title} has no drafter quant {quant} (it has {have})")
+
+    def local_drafter(self, path: Path) -> Source:
+        """A drafter file of this pair on disk, sized as the largest version of the drafter (its
+        training cannot be told from the name)."""
+        return Source.local(path, _largest(self.drafter_versions))
 
 
 def _find(sources: tuple[Source, ...], quant: str) -> Source | None:
@@ -269,6 +250,8 @@ def _read_toml_text(text: str, where: str) -> dict[str, Any]:
 
 def _merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
+    if "repo" in overlay and "revision" not in overlay:
+        merged.pop("revision", None)  # the shipped pin belongs to the shipped repo
     for key, value in overlay.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = _merge(merged[key], value)
@@ -280,6 +263,7 @@ def _merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
 # --- parsing one pair ---------------------------------------------------------------------------
 
 _PAIR_KEYS = {"title", "rank", "cpu_default", "default_context", "max_context", "tokenizer", "target", "drafter"}
+_SOURCE_KEYS = {"repo", "revision", "pattern", "format", "size_gb", "path"}
 
 
 class _Reader:
@@ -315,10 +299,12 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
     r = _Reader(name, origin)
     r.only(table, _PAIR_KEYS)
     target = r.get(table, "target", dict)
-    drafter = r.get(table, "drafter", dict, {})
+    drafter = dict(r.get(table, "drafter", dict, {}))
+    versions = _drafter_versions(r, drafter)
     targets, target_repo = _sources(r, target, "target.", required=True)
+    drafters = _sources(r, drafter, "drafter.", required=False, versions=versions)[0]
     default_context = r.get(table, "default_context", int, 32768)
-    return Pair(
+    pair = Pair(
         name=name,
         title=r.get(table, "title", str, name),
         rank=r.get(table, "rank", int, 0),
@@ -326,17 +312,54 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
         default_context=default_context,
         max_context=r.get(table, "max_context", int, default_context),
         target_shape=_shape(r, TargetShape, r.get(target, "shape", dict, at="target."), "target.shape."),
-        drafter_shape=(
-            _shape(r, DrafterShape, r.get(drafter, "shape", dict, at="drafter."), "drafter.shape.")
-            if "shape" in drafter
-            else None
-        ),
+        drafter_versions=versions,
         targets=targets,
-        drafters=_sources(r, drafter, "drafter.", required=False)[0],
+        drafters=drafters,
         tokenizer=_tokenizer_source(r, table.get("tokenizer")),
         target_repo=target_repo,
         origin=origin,
     )
+    if origin == "catalog":
+        _check_pinned(r, pair)
+    return pair
+
+
+def _drafter_versions(r: _Reader, drafter: dict[str, Any]) -> tuple[tuple[str, DrafterShape], ...]:
+    """The drafter's trainings: `versions.NAME = { shape = {...} }`, or one unnamed `shape`.
+    Pops both keys from `drafter` (the rest are its sources)."""
+    versions = r.get(drafter, "versions", dict, {}, at="drafter.")
+    shape = r.get(drafter, "shape", dict, None, at="drafter.")
+    drafter.pop("versions", None)
+    drafter.pop("shape", None)
+    if versions and shape is not None:
+        raise r.fail("has both `drafter.shape` and `drafter.versions`; give each version its shape")
+    if shape is not None:
+        return (("", _shape(r, DrafterShape, shape, "drafter.shape.")),)
+    out = []
+    for version, spec in versions.items():
+        at = f"drafter.versions.{version}."
+        if not isinstance(spec, dict):
+            raise r.fail(f"`{at.rstrip('.')}` must be a table like {{ shape = {{...}} }}")
+        r.only(spec, {"shape", "weights"}, at)
+        r.get(spec, "weights", str, "", at=at)
+        out.append((version, _shape(r, DrafterShape, r.get(spec, "shape", dict, at=at), f"{at}shape.")))
+    return tuple(out)
+
+
+def _largest(versions: tuple[tuple[str, DrafterShape], ...]) -> DrafterShape | None:
+    """The version whose context cache is the largest at a long context (the safe one to size by)."""
+
+    def cache_width(shape: DrafterShape) -> int:
+        return sum(drafter_cache_rows(shape, _LONG_CONTEXT)) * shape.kv_heads * shape.head_dim
+
+    return max((shape for _, shape in versions), key=cache_width, default=None)
+
+
+def _check_pinned(r: _Reader, pair: Pair) -> None:
+    """Shipped Hub sources name a commit: the listing the picker sized must not move under it."""
+    for source in (*pair.targets, *pair.drafters, pair.tokenizer):
+        if source.repo is not None and not COMMIT.match(source.revision):
+            raise r.fail(f"source {source.repo} must be pinned to a 40-hex commit, not {source.revision!r}")
 
 
 def _shape(r: _Reader, cls, table: Mapping[str, Any], at: str):
@@ -351,29 +374,49 @@ def _shape(r: _Reader, cls, table: Mapping[str, Any], at: str):
 
 
 def _sources(
-    r: _Reader, table: Mapping[str, Any], at: str, required: bool
+    r: _Reader, table: Mapping[str, Any], at: str, required: bool, versions: tuple = ()
 ) -> tuple[tuple[Source, ...], str | None]:
     """One section's sources and its repo; a target section must name a repo and quants, a drafter need not."""
     r.only(table, {"repo", "revision", "shape", "quants", "path"}, at)
+    largest = _largest(versions)
     if "path" in table:
-        return (_local_source(r, table, at),), None
+        return (replace(_local_source(r, table, at), shape=largest),), None
     repo = r.get(table, "repo", str, ... if required else None, at=at)
     revision = r.get(table, "revision", str, "main", at=at)
     quants = r.get(table, "quants", dict, ... if required else {}, at=at)
     if required and not quants:
         raise r.fail(f"needs at least one entry in `{at}quants`")
     sources = tuple(
-        _quant_source(r, quant, spec, repo, revision, f"{at}quants.{quant}.") for quant, spec in quants.items()
+        _quant_source(r, quant, spec, repo, revision, f"{at}quants.{quant}.", versions)
+        for quant, spec in quants.items()
     )
     return sources, repo
 
 
-def _quant_source(r: _Reader, quant: str, spec: Any, repo: str | None, revision: str, at: str) -> Source:
+def _version_of(r: _Reader, spec: Mapping[str, Any], versions: tuple, at: str) -> tuple[str, DrafterShape | None]:
+    """The (version, shape) a drafter quant's file holds; the only version when it names none."""
+    if not versions:
+        return "", None
+    named = dict(versions)
+    if "version" not in spec:
+        if len(versions) > 1:
+            raise r.fail(f"needs `{at}version` (one of: {', '.join(named)}): which drafter its file holds")
+        return versions[0]
+    version = r.get(spec, "version", str, at=at)
+    if version not in named:
+        raise r.fail(f"`{at}version` is {version!r}; the drafter's versions are: {', '.join(named)}")
+    return version, named[version]
+
+
+def _quant_source(
+    r: _Reader, quant: str, spec: Any, repo: str | None, revision: str, at: str, versions: tuple = ()
+) -> Source:
     if not isinstance(spec, dict):
         raise r.fail(f"`{at.rstrip('.')}` must be a table like {{ pattern = \"*{quant}*.gguf\" }}")
-    r.only(spec, {"repo", "revision", "pattern", "format", "size_gb", "path"}, at)
+    r.only(spec, _SOURCE_KEYS | ({"version"} if versions else set()), at)
+    version, shape = _version_of(r, spec, versions, at)
     if "path" in spec:
-        return replace(_local_source(r, spec, at), quant=quant)
+        return replace(_local_source(r, spec, at), quant=quant, shape=shape, version=version)
     repo = r.get(spec, "repo", str, repo, at=at)
     if repo is None:
         raise r.fail(f"needs `{at}repo` (or a `repo` for the whole section)")
@@ -381,11 +424,12 @@ def _quant_source(r: _Reader, quant: str, spec: Any, repo: str | None, revision:
     revision = r.get(spec, "revision", str, revision, at=at)
     fmt = r.get(spec, "format", str, "gguf", at=at)
     if fmt == "safetensors":
-        return Source("safetensors", quant, repo, revision, SAFETENSORS_PATTERNS, SAFETENSORS_EXTRAS, size=size)
+        return Source("safetensors", quant, repo, revision, SAFETENSORS_PATTERNS, SAFETENSORS_EXTRAS, size=size,
+                      shape=shape, version=version)
     if fmt != "gguf":
         raise r.fail(f"`{at}format` must be \"gguf\" or \"safetensors\", got {fmt!r}")
     pattern = r.get(spec, "pattern", str, at=at)
-    return Source("gguf", quant, repo, revision, (pattern,), size=size)
+    return Source("gguf", quant, repo, revision, (pattern,), size=size, shape=shape, version=version)
 
 
 def _local_source(r: _Reader, spec: Mapping[str, Any], at: str) -> Source:

@@ -6,11 +6,10 @@ start first and probe in a worker. `choose()` is pure: it takes a `Machine`
 one-line explanation, e.g.
 "RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; 4.2 GB left for a 32k context".
 
-Memory needed = target weights + drafter weights + state for the context
-+ workspace + margin, where state (DESIGN.md §4) is the KV cache of the full
-attention layers (every 4th layer), the fixed recurrent and conv state of the
-Gated DeltaNet layers (twice: the committed state and the one the verify step
-rolls back from) and the drafter's KV cache.
+Memory needed = target weights + drafter weights + state for the context + workspace + margin.
+Every term but the margin comes from engine/memory.py, the rules the engine sizes its buffers by
+(state: KV caches, Gated DeltaNet state and its copies, RoPE tables, the drafter's context cache;
+workspace: a prefill chunk or a verify step), in the dtype the engine computes in on that device.
 """
 
 from __future__ import annotations
@@ -21,14 +20,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_chat.catalog import Catalog, CatalogError, DrafterShape, Pair, Source, TargetShape
+from dflash_chat.catalog import Catalog, CatalogError, Pair, Source
+from dflash_chat.engine import memory
 from dflash_chat.errors import UserError
+from dflash_chat.sizes import size_text
 
 GIB = 2**30
-KV_BYTES = 2  # bf16 keys/values
-STATE_BYTES = 4  # fp32 recurrent state
-PREFILL_CHUNK = 2048  # tokens per prefill forward, for activation memory
-FIXED_WORKSPACE = GIB // 2  # cuBLAS/Triton workspaces, allocator slack
 MARGIN_FRACTION = 0.05
 MIN_MARGIN = GIB // 2
 
@@ -46,7 +43,7 @@ class Gpu:
 
     @property
     def label(self) -> str:
-        return f"{short_gpu_name(self.name)} {round(self.total / GIB)} GB"
+        return f"{short_gpu_name(self.name)} {nominal_gb(self.total)} GB"
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ class Machine:
     @property
     def label(self) -> str:
         gpu = self.gpu
-        return gpu.label if gpu else f"CPU, {gb(self.ram_total)} RAM"
+        return gpu.label if gpu else f"CPU, {nominal_gb(self.ram_total)} GB RAM"
 
     @property
     def total(self) -> int:
@@ -81,10 +78,24 @@ class Machine:
         gpu = self.gpu
         return gpu.free if gpu else self.ram_available
 
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of the dtype the engine computes in here (memory.compute_bytes)."""
+        return memory.compute_bytes(self.device)
 
-def gb(n: int | float) -> str:
-    """Bytes as the app shows memory and files: '16.5 GB' (binary gigabytes)."""
-    return f"{n / GIB:.1f} GB"
+
+def nominal_gb(total: int) -> int:
+    """The size a card or a RAM kit is sold as ('24' for an RTX 3090): a name, not a measurement;
+    measured figures go through sizes.size_text."""
+    return round(total / GIB)
+
+
+def planned(vram_gb: float, ram: Machine | None = None) -> Machine:
+    """A machine with one GPU of `vram_gb` (the size it is sold as), all of it free: to plan for a
+    card before buying it or before downloading for it (`dflash-chat models --vram`)."""
+    total = int(vram_gb * GIB)
+    ram_total, ram_available = (ram.ram_total, ram.ram_available) if ram else (0, 0)
+    return Machine((Gpu(0, "planned GPU", total, total),), ram_total, ram_available)
 
 
 def short_gpu_name(name: str) -> str:
@@ -129,43 +140,7 @@ def _ram() -> tuple[int, int]:
         return total, total
 
 
-# --- memory arithmetic ------------------------------------------------------------------------------
-
-
-def kv_bytes(shape: TargetShape, context: int) -> int:
-    """Keys and values of the full-attention layers for `context` positions."""
-    return shape.attention_layers * 2 * shape.kv_heads * shape.head_dim * context * KV_BYTES
-
-
-def recurrent_bytes(shape: TargetShape) -> int:
-    """Gated DeltaNet state (per value head: key_dim x value_dim) plus the conv window, per copy."""
-    state = shape.linear_value_heads * shape.linear_key_dim * shape.linear_value_dim * STATE_BYTES
-    conv_channels = 2 * shape.linear_key_heads * shape.linear_key_dim + (
-        shape.linear_value_heads * shape.linear_value_dim
-    )
-    conv = conv_channels * (shape.conv_kernel - 1) * KV_BYTES
-    return shape.linear_layers * (state + conv)
-
-
-def drafter_kv_bytes(shape: DrafterShape | None, context: int) -> int:
-    if shape is None:
-        return 0
-    return shape.layers * 2 * shape.kv_heads * shape.head_dim * (context + shape.block_size) * KV_BYTES
-
-
-def state_bytes(pair: Pair, context: int, with_drafter: bool = True) -> int:
-    recurrent = 2 * recurrent_bytes(pair.target_shape)  # committed + the copy verify rolls back from
-    drafter = drafter_kv_bytes(pair.drafter_shape, context) if with_drafter else 0
-    return kv_bytes(pair.target_shape, context) + recurrent + drafter
-
-
-def workspace_bytes(pair: Pair) -> int:
-    """Activations of one prefill chunk, the verify block's logits, fixed library workspaces."""
-    s = pair.target_shape
-    width = 4 * s.hidden + 3 * s.intermediate + 2 * s.linear_value_heads * s.linear_value_dim
-    block = pair.drafter_shape.block_size if pair.drafter_shape else 1
-    logits = 2 * block * s.vocab * 4
-    return FIXED_WORKSPACE + PREFILL_CHUNK * width * KV_BYTES + logits
+# --- memory arithmetic (the terms come from engine/memory.py) ----------------------------------------
 
 
 def margin_bytes(total: int) -> int:
@@ -196,11 +171,13 @@ class Budget:
 
 
 def budget(pair: Pair, target: Source, drafter: Source | None, context: int, machine: Machine) -> Budget:
+    e = machine.compute_bytes
+    shape = drafter.shape if drafter else None
     return Budget(
-        target=target.size,
-        drafter=drafter.size if drafter else 0,
-        state=state_bytes(pair, context, with_drafter=drafter is not None),
-        workspace=workspace_bytes(pair),
+        target=memory.weight_bytes(target.size, target.kind, e),
+        drafter=memory.weight_bytes(drafter.size, drafter.kind, e) if drafter else 0,
+        state=memory.state_bytes(pair.target_shape, shape, context, e).total,
+        workspace=memory.workspace_bytes(pair.target_shape, shape, context, e),
         margin=margin_bytes(machine.total),
         available=machine.available,
     )
@@ -272,9 +249,9 @@ def choose(
     if pinned or allow_no_fit:
         return smallest
     raise NoFitError(
-        f"{machine.label}: nothing fits in the {gb(machine.available)} free; the smallest option, "
+        f"{machine.label}: nothing fits in the {size_text(machine.available)} free; the smallest option, "
         f"{_parts(smallest)} with {_a_ctx(smallest.context)} context, needs "
-        f"{gb(smallest.budget.need)}. Try a shorter --context, close other programs using "
+        f"{size_text(smallest.budget.need)}. Try a shorter --context, close other programs using "
         f"{'the GPU' if machine.gpu else 'memory'}, or pick a model and quant yourself (--model, --quant)."
     )
 
@@ -345,7 +322,7 @@ def _targets(pair: Pair, quant: str | None, target_local: Source | None) -> list
 
 def _drafters(pair: Pair, drafter_quant: str | None, drafter_local: Source | None) -> list[Source | None]:
     if drafter_local is not None:
-        return [drafter_local]
+        return [pair.local_drafter(drafter_local.path)]
     if drafter_quant is not None:
         return [pair.drafter(drafter_quant)]
     return list(pair.drafters) or [None]
@@ -362,11 +339,11 @@ def _make_choice(machine: Machine, pair: Pair, target: Source, drafter: Source |
     b = budget(pair, target, drafter, ctx, machine)
     parts = _parts_of(pair, target, drafter)
     if b.fits:
-        text = f"{machine.label}: {parts}; {gb(b.left_for_context)} left for {_a_ctx(ctx)} context"
+        text = f"{machine.label}: {parts}; {size_text(b.left_for_context)} left for {_a_ctx(ctx)} context"
     else:
         text = (
-            f"{machine.label}: {parts} with {_a_ctx(ctx)} context needs {gb(b.need)}, "
-            f"only {gb(b.available)} free: it will not fit"
+            f"{machine.label}: {parts} with {_a_ctx(ctx)} context needs {size_text(b.need)}, "
+            f"only {size_text(b.available)} free: it will not fit"
         )
     return Choice(pair, target, drafter, ctx, machine.device, b, text)
 
@@ -403,6 +380,6 @@ def add_choice_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", help="model pair name from `dflash-chat models`")
     group.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M")
     group.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
-    group.add_argument("--context", type=int, help="context length in tokens (default: the context_length setting for the chat, each model's own for models/pull)")
+    group.add_argument("--context", type=int, help="context length in tokens (default: the context_length setting)")
     group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
     group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")

@@ -6,6 +6,11 @@ llama.cpp's `-hf` and the `hf` CLI. huggingface_hub does the talking: the repo
 listing (`HfApi.model_info`), URLs, auth headers (HF_TOKEN or a stored login),
 the offline switch (HF_HUB_OFFLINE), the HTTP session and the cache layout.
 
+Gated repos (the z-lab Qwen3.6 drafters): their listing is public but their files need a token
+whose account accepted the repo's terms. `plan` notes which parts are gated, and `download` checks
+access before it fetches anything, raising `GatedRepoAccessError` with the exact steps; the app
+then offers a token field, which `save_token` stores the way `hf auth login` does.
+
 One thing it no longer does is keep a partial file when a download stops, so the
 transfer itself is done here, into `blobs/<etag>.incomplete` of the repo's cache
 folder (the name older huggingface_hub versions resumed from). A stop, a dropped
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from huggingface_hub import HfApi, constants, hf_hub_download, hf_hub_url
+from huggingface_hub import HfApi, constants, get_token, hf_hub_download, hf_hub_url, login
 from huggingface_hub.errors import (
     GatedRepoError,
     HFValidationError,
@@ -48,6 +53,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from dflash_chat.catalog import Source, matches, quant_of, split_group
 from dflash_chat.errors import UserError
+from dflash_chat.sizes import size_text
 
 try:  # huggingface_hub >= 2.4 talks through httpx2, earlier 1.x through httpx
     import httpx2 as httpx
@@ -76,6 +82,27 @@ class OfflineError(HubError):
 
 class NotEnoughDiskError(HubError):
     pass
+
+
+class GatedRepoAccessError(HubError):
+    """A gated repo's files are needed and this machine's token (if any) may not read them."""
+
+    def __init__(self, repo: str, token_present: bool, endpoint: str = constants.ENDPOINT) -> None:
+        self.repo = repo
+        self.token_present = token_present
+        self.page = f"{endpoint.rstrip('/')}/{repo}"
+        super().__init__(gated_message(repo, self.page, token_present))
+
+
+def gated_message(repo: str, page: str, token_present: bool) -> str:
+    """One line: what to do to read a gated repo."""
+    if not token_present:
+        return (f"{repo} is gated: accept its terms on {page} (logged in to Hugging Face), then give "
+                "dflash-chat a token: run `hf auth login` or set HF_TOKEN (a read token from "
+                "https://huggingface.co/settings/tokens), and start again")
+    via = "the token in HF_TOKEN" if os.environ.get("HF_TOKEN") else "your Hugging Face token"
+    return (f"{repo} is gated and {via} has no access to it yet: accept its terms on {page} with the "
+            "same account (some repos approve by hand: wait for the e-mail), then start again")
 
 
 class DownloadCancelled(HubError):
@@ -111,6 +138,11 @@ class Part:
     source: Source
     files: tuple[RemoteFile, ...] = ()
     path: Path | None = None  # a local file the user gave: nothing to fetch
+    gated: bool = False  # the repo needs a token with access to its files
+
+    @property
+    def repo(self) -> str | None:
+        return self.source.repo
 
 
 @dataclass(frozen=True)
@@ -131,6 +163,11 @@ class Plan:
     @property
     def to_fetch(self) -> tuple[RemoteFile, ...]:
         return tuple(f for f in self.files if not f.cached)
+
+    @property
+    def gated_repos(self) -> tuple[str, ...]:
+        """Gated repos the plan still has files to fetch from."""
+        return tuple(dict.fromkeys(p.repo for p in self.parts if p.gated and any(not f.cached for f in p.files)))
 
     def missing_bytes(self) -> int:
         """Bytes still to fetch, counting what partial files already hold."""
@@ -176,14 +213,6 @@ def is_offline() -> bool:
     return constants.is_offline_mode() or value in constants.ENV_VARS_TRUE_VALUES
 
 
-def size_text(n: int | float) -> str:
-    """Bytes for people: '512 B', '4.0 KB', '1.5 MB', '16.5 GB' (binary units)."""
-    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
 # --- planning ---------------------------------------------------------------------------------------
 
 
@@ -221,7 +250,7 @@ def plan(
                 raise
             missing.append(_missing_line(source))
             continue
-        parts.append(Part(role, source, files))
+        parts.append(Part(role, source, files, gated=listing.gated))
     if missing:
         raise OfflineError(
             f"{listings.offline_reason}, and the cache ({cache}) lacks: {'; '.join(missing)}. "
@@ -242,6 +271,7 @@ class _Listing:
     entries: dict[str, tuple[int, str | None, str | None]]  # filename -> (size, sha256, blob_id)
     cached: set[str] = field(default_factory=set)  # complete in the cache at this commit
     from_cache: bool = False
+    gated: bool = False
 
 
 class _Listings:
@@ -270,7 +300,7 @@ class _Listings:
                 ) from None
             except HfHubHTTPError as exc:
                 if isinstance(exc, (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError)):
-                    raise _repo_error(exc, repo, revision) from None
+                    raise _repo_error(exc, repo, revision, self.endpoint) from None
                 status = exc.response.status_code if exc.response is not None else "?"
                 self.offline_reason = f"the Hub answered HTTP {status} for {repo}"
         return _cached_listing(self.cache, repo, revision)
@@ -283,7 +313,7 @@ class _Listings:
         for sibling in info.siblings or []:
             sha256 = sibling.lfs.sha256 if sibling.lfs else None
             entries[sibling.rfilename] = (sibling.size or 0, sha256, sibling.blob_id)
-        listing = _Listing(repo, revision, info.sha or revision, entries)
+        listing = _Listing(repo, revision, info.sha or revision, entries, gated=bool(info.gated))
         snapshot = _storage(self.cache, repo) / "snapshots" / listing.commit
         for name, (size, sha256, blob_id) in entries.items():
             if _complete(snapshot / name, size) or _complete(_blob(self.cache, repo, sha256 or blob_id), size):
@@ -291,11 +321,9 @@ class _Listings:
         return listing
 
 
-def _repo_error(exc: HfHubHTTPError, repo: str, revision: str) -> HubError:
+def _repo_error(exc: HfHubHTTPError, repo: str, revision: str, endpoint: str) -> HubError:
     if isinstance(exc, GatedRepoError):
-        return HubError(
-            f"{repo} is gated: accept its terms on its Hub page, then set HF_TOKEN (or run `hf auth login`)"
-        )
+        return GatedRepoAccessError(repo, get_token() is not None, endpoint)
     if isinstance(exc, RevisionNotFoundError):
         return HubError(f"{repo} has no revision {revision!r}; fix the revision in the catalog or config")
     return HubError(
@@ -409,6 +437,7 @@ def download(
     """
     report = progress or (lambda _p: None)
     cancel = cancel or threading.Event()
+    check_access(plan)
     _check_disk(plan, disk_free or _free_bytes)
     for part in plan.parts:
         for file in part.files:
@@ -432,6 +461,39 @@ def fetch(
 ) -> ModelFiles:
     """plan() then download(): the local paths of a model, fetching what is missing."""
     return download(plan(target, drafter, tokenizer, **where), progress=progress, cancel=cancel)
+
+
+def check_access(plan: Plan) -> None:
+    """GatedRepoAccessError for the first gated repo the plan needs files from that the token cannot read."""
+    for repo in plan.gated_repos:
+        token = plan.token if isinstance(plan.token, str) else get_token()
+        if not token:
+            raise GatedRepoAccessError(repo, False, plan.endpoint)
+        try:
+            HfApi(endpoint=plan.endpoint, token=token).auth_check(repo)
+        except GatedRepoError:
+            raise GatedRepoAccessError(repo, True, plan.endpoint) from None
+        except (HfHubHTTPError, httpx.TransportError) as exc:
+            raise HubError(f"could not check access to {repo} ({type(exc).__name__}); check your connection "
+                           "and try again") from None
+
+
+def save_token(token: str) -> None:
+    """Check a Hugging Face token with the Hub and store it as `hf auth login` does (huggingface_hub's
+    login); HubError when the Hub refuses the token or cannot be reached."""
+    token = token.strip()
+    if not token:
+        raise HubError("paste a token: create a read token on https://huggingface.co/settings/tokens")
+    try:
+        login(token=token, add_to_git_credential=False)
+    except ValueError as exc:  # an organisation token
+        raise HubError(f"{exc}") from None
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise HubError(f"the Hub did not accept that token (HTTP {status}): copy it again from "
+                       "https://huggingface.co/settings/tokens") from None
+    except httpx.TransportError as exc:
+        raise HubError(f"cannot reach the Hub to check the token ({type(exc).__name__}); try again") from None
 
 
 def _model_files(plan: Plan) -> ModelFiles:
@@ -527,7 +589,7 @@ def _stream_into(plan, file, partial: Path, digest: "_Digest", meter: "_Meter", 
         try:
             hf_raise_for_status(response)
         except HfHubHTTPError as exc:
-            raise _refused(file, response.status_code, exc) from None
+            raise _refused(file, response.status_code, exc, plan.endpoint) from None
         if start and (response.status_code != 206 or not _range_starts_at(response, start)):
             digest.reset()  # the server sent the whole file: start over
             start = 0
@@ -551,7 +613,9 @@ def _stream_into(plan, file, partial: Path, digest: "_Digest", meter: "_Meter", 
         )
 
 
-def _refused(file: RemoteFile, status: int, exc: Exception) -> HubError:
+def _refused(file: RemoteFile, status: int, exc: Exception, endpoint: str) -> HubError:
+    if isinstance(exc, GatedRepoError):
+        return GatedRepoAccessError(file.repo, get_token() is not None, endpoint)
     if status in (401, 403):
         hint = "the repo may be gated or private: accept its terms on the Hub and set HF_TOKEN"
     elif status == 404:
@@ -706,6 +770,7 @@ def _complete(path: Path, size: int) -> bool:
 
 __all__ = [
     "DownloadCancelled",
+    "GatedRepoAccessError",
     "HubError",
     "MissingFilesError",
     "ModelFiles",
@@ -716,7 +781,9 @@ __all__ = [
     "Progress",
     "RemoteFile",
     "cached_parts",
+    "check_access",
     "download",
     "fetch",
     "plan",
+    "save_token",
 ]

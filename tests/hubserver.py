@@ -9,6 +9,12 @@ What huggingface_hub 2.4 asks of it (read from its source):
   X-Repo-Commit, as the Hub does. Errors carry X-Error-Code (RepoNotFound, RevisionNotFound,
   EntryNotFound) which hf_raise_for_status turns into its typed errors.
 - Range requests answer 206 with Content-Range. No Xet headers are ever sent.
+- Gated repos (`Repo(gated="manual")`), as the Hub answers them: the listing stays public and says
+  `"gated": "manual"`; a file (or GET /api/models/{repo}/auth-check) without a token answers 401,
+  with a token whose account has no access 403, both with X-Error-Code: GatedRepo (which
+  hf_raise_for_status turns into GatedRepoError). `Repo.granted` holds the tokens with access.
+- GET /api/whoami-v2 with `Authorization: Bearer <token>` answers the account for a token in
+  `HubServer.tokens` (token -> user name), else 401 "Invalid credentials in Authorization header".
 
 Knobs for failure cases: `drop_after[filename] = n` makes the next GET of that file send n
 bytes and close the connection; `delay` sleeps between 64 KiB pieces (to cancel mid-file);
@@ -41,6 +47,8 @@ def git_blob_id(data: bytes) -> str:
 class Repo:
     files: dict[str, bytes]
     commit: str = ""
+    gated: str | bool = False  # "auto" or "manual": files need a token in `granted`
+    granted: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if not self.commit:
@@ -74,6 +82,7 @@ class HubServer:
     max_requests: int = 200
     drop_after: dict[str, int] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)  # valid token -> user name
 
     def __enter__(self) -> "HubServer":
         handler = type("Handler", (_Handler,), {"hub": self})
@@ -110,6 +119,7 @@ class _Server(ThreadingHTTPServer):
 
 
 _API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/]+)$")
+_AUTH_CHECK = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/auth-check$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 _CDN = re.compile(r"^/cdn/(?P<sha>[0-9a-f]{64})$")
 
@@ -138,6 +148,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(503, "ServiceUnavailable", "try again")
         if m := _API.match(path):
             return self._model_info(m["repo"], m["rev"])
+        if path == "/api/whoami-v2":
+            return self._whoami()
+        if m := _AUTH_CHECK.match(path):
+            repo = self._repo(m["repo"], "main")
+            if repo is not None and self._may_read(m["repo"], repo):
+                self._send_json({"ok": True})
+            return None
         if m := _RESOLVE.match(path):
             return self._resolve(m["repo"], m["rev"], m["file"], body)
         if m := _CDN.match(path):
@@ -157,22 +174,59 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return repo
 
-    def _model_info(self, repo_id: str, rev: str) -> None:
-        repo = self._repo(repo_id, rev)
-        if repo is None:
+    def _token(self) -> str | None:
+        auth = self.headers.get("Authorization", "")
+        if not auth.startswith("Bearer "):
+            return None
+        return auth.removeprefix("Bearer ").strip() or None
+
+    def _may_read(self, repo_id: str, repo: Repo) -> bool:
+        """True for an open repo or a granted token; otherwise answers as the Hub does and False."""
+        if not repo.gated:
+            return True
+        token = self._token()
+        if token in repo.granted:
+            return True
+        if token is None:
+            message = (f"Access to model {repo_id} is restricted. You must have access to it and be "
+                       "authenticated to access it. Please log in.")
+            self._error(401, "GatedRepo", message)
+        else:
+            message = (f"Access to model {repo_id} is restricted and you are not in the authorized list. "
+                       f"Visit https://huggingface.co/{repo_id} to ask for access.")
+            self._error(403, "GatedRepo", message)
+        return False
+
+    def _whoami(self) -> None:
+        name = self.hub.tokens.get(self._token() or "")
+        if name is None:
+            self.send_response(401)
+            self.send_header("X-Error-Message", "Invalid credentials in Authorization header")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
-        info = {
-            "id": repo_id,
-            "sha": repo.commit,
-            "private": False,
-            "siblings": [repo.sibling(name) for name in sorted(repo.files)],
-        }
-        payload = json.dumps(info).encode()
+        self._send_json({"type": "user", "name": name, "auth": {"accessToken": {"displayName": f"{name}-read", "role": "read"}}})
+
+    def _send_json(self, data) -> None:
+        payload = json.dumps(data).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def _model_info(self, repo_id: str, rev: str) -> None:
+        repo = self._repo(repo_id, rev)
+        if repo is None:
+            return
+        self._send_json({
+            "id": repo_id,
+            "sha": repo.commit,
+            "private": False,
+            "gated": repo.gated,
+            "siblings": [repo.sibling(name) for name in sorted(repo.files)],
+        })
 
     def _resolve(self, repo_id: str, rev: str, name: str, body: bool) -> None:
         repo = self._repo(repo_id, rev)
@@ -180,6 +234,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if name not in repo.files:
             return self._error(404, "EntryNotFound", f"{name} does not exist", {"X-Repo-Commit": repo.commit})
+        if not self._may_read(repo_id, repo):
+            return None
         data = repo.files[name]
         if repo.is_lfs(name):
             sha = hashlib.sha256(data).hexdigest()
@@ -271,10 +327,19 @@ def isolate_hub(monkeypatch, tmp_path):
 
     home = tmp_path / "hf-home"
     monkeypatch.setenv("HF_HOME", str(home))
-    for name in ("HF_HUB_CACHE", "HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
+    for name in ("HF_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
     return home / "hub"
+
+
+def point_login_at(monkeypatch, server: HubServer) -> None:
+    """huggingface_hub's login checks a token with its module-level HfApi, whose endpoint was fixed
+    at import: point it at the test Hub (as HF_ENDPOINT set before start-up does for real)."""
+    from huggingface_hub import hf_api
+
+    monkeypatch.setattr(hf_api.api, "endpoint", server.url)

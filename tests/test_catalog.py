@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_chat.catalog import BITS_PER_WEIGHT, CatalogError, load_catalog, matches, quant_of, split_group
+from dflash_chat.catalog import BITS_PER_WEIGHT, COMMIT, CatalogError, _pair, load_catalog, matches, quant_of, split_group
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def test_shipped_pairs_follow_the_design(config):
     assert [p.name for p in catalog.pairs if p.cpu_default] == ["qwen3.5-4b"]
 
     big = catalog.get("qwen3.6-27b")
-    assert big.target_quants == ("Q8_0", "Q4_K_M")  # order of preference
+    assert big.target_quants == ("Q8_0", "Q4_K_M", "Q3_K_M")  # order of preference
     assert big.target("Q4_K_M").repo == "unsloth/Qwen3.6-27B-GGUF"
     assert big.drafter_quants[0] == "Q8_0" and big.drafter_quants[-1] == "Q4_K_M"
     assert big.drafter("Q8_0").repo == "spiritbuun/Qwen3.6-27B-DFlash-GGUF"
@@ -33,6 +33,7 @@ def test_shipped_pairs_follow_the_design(config):
         assert all(s.size > 0 for s in pair.targets + pair.drafters), pair.name
         # a Q8_0 file is bigger than a Q4_K_M one
         assert pair.target("Q8_0").size > pair.target("Q4_K_M").size
+        assert all(s.shape is not None for s in pair.drafters), pair.name  # every drafter file is sized
     assert {p.drafter("BF16").repo for p in catalog.pairs if p.name.startswith("qwen3.5")} == {
         "z-lab/Qwen3.5-4B-DFlash",
         "z-lab/Qwen3.5-9B-DFlash",
@@ -42,6 +43,8 @@ def test_shipped_pairs_follow_the_design(config):
 UPLOADS = [
     "Qwen3.6-27B-Q8_0.gguf",
     "Qwen3.6-27B-Q4_K_M.gguf",
+    "Qwen3.6-27B-Q3_K_M.gguf",
+    "Qwen3.6-27B-UD-Q3_K_XL.gguf",
     "Qwen3.6-27B-Q4_K_S.gguf",
     "Qwen3.6-27B-UD-Q4_K_XL.gguf",
     "Qwen3.6-27B-Q6_K.gguf",
@@ -52,10 +55,11 @@ UPLOADS = [
 ]
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M", "Q3_K_M"])
 def test_patterns_pick_their_quant_and_nothing_else(config, quant):
     pair = load_catalog(config).get("qwen3.6-27b")
-    for source in (pair.target(quant), pair.drafter(quant)):
+    sources = [pair.target(quant)] + [s for s in pair.drafters if s.quant == quant]
+    for source in sources:
         hits = [name for name in UPLOADS if matches(name, source.patterns[0])]
         assert hits and all(quant_of(h) == quant for h in hits), (source.patterns, hits)
 
@@ -109,7 +113,7 @@ drafter = {{ path = "{drafter}" }}
     assert [(s.path, s.quant, s.size, s.kind) for s in mine.targets] == [(target, "Q5_K_M", 1234, "gguf")]
     assert [(s.path, s.size, s.kind) for s in mine.drafters] == [(drafter, 99, "safetensors")]
     assert mine.target_shape == shipped.target_shape and mine.tokenizer == shipped.tokenizer
-    assert shipped.target_quants == ("Q8_0", "Q4_K_M")  # the shipped pair is untouched
+    assert shipped.target_quants == ("Q8_0", "Q4_K_M", "Q3_K_M")  # the shipped pair is untouched
 
 
 def test_user_table_with_a_shipped_name_overlays_it(config):
@@ -122,10 +126,52 @@ quants.Q5_K_M = { pattern = "*Q5_K_M*.gguf", size_gb = 19.3 }
     )
     pair = load_catalog(config).get("qwen3.6-27b")
     assert pair.target_repo == "someone/Qwen3.6-27B-GGUF"
-    assert pair.target_quants == ("Q8_0", "Q4_K_M", "Q5_K_M")
+    assert pair.target_quants == ("Q8_0", "Q4_K_M", "Q3_K_M", "Q5_K_M")
     assert {s.repo for s in pair.targets} == {"someone/Qwen3.6-27B-GGUF"}
+    assert {s.revision for s in pair.targets} == {"main"}  # the shipped pin was for unsloth's repo
     assert pair.target("Q5_K_M").size == 19_300_000_000
     assert pair.drafter("Q8_0").repo == "spiritbuun/Qwen3.6-27B-DFlash-GGUF"
+
+
+def test_every_shipped_source_is_pinned_to_a_commit(config):
+    for pair in load_catalog(config).pairs:
+        for source in (*pair.targets, *pair.drafters, pair.tokenizer):
+            assert COMMIT.match(source.revision), (pair.name, source.repo, source.revision)
+        assert pair.target("Q6_K").revision == pair.targets[0].revision  # unlisted quants: the same listing
+
+
+def test_an_unpinned_shipped_source_is_refused():
+    table = {
+        "tokenizer": "Qwen/Q",
+        "target": {"repo": "a/b", "revision": "main", "quants": {"Q8_0": {"pattern": "*Q8_0*"}},
+                   "shape": {"layers": 1, "attention_layers": 1, "heads": 1, "kv_heads": 1, "head_dim": 8,
+                             "rotary_dim": 8, "hidden": 8, "intermediate": 8, "vocab": 8}},
+    }
+    with pytest.raises(CatalogError, match="a/b must be pinned to a 40-hex commit, not 'main'"):
+        _pair("x", table, "catalog")
+
+
+def test_the_35b_drafter_sources_say_which_training_their_file_holds(config):
+    """z-lab retrained the 35B-A3B drafter: the GGUFs quantize the April weights, the BF16 source is
+    pinned to the June retrain, and each is sized by the shape of the weights it holds."""
+    pair = load_catalog(config).get("qwen3.6-35b-a3b")
+    versions = dict(pair.drafter_versions)
+    assert set(versions) == {"2026-04", "2026-06"}
+    assert versions["2026-04"].layers == 8 and versions["2026-04"].sliding_layers == 0
+    assert (versions["2026-06"].layers, versions["2026-06"].sliding_layers, versions["2026-06"].sliding_window) == (6, 5, 4096)
+    assert versions["2026-06"].taps == 8 and versions["2026-04"].taps == 5
+    for quant in ("Q8_0", "Q4_K_M"):
+        source = pair.drafter(quant)
+        assert source.repo == "starskyzheng/Qwen3.6-35B-DFlash-GGUF" and source.version == "2026-04"
+        assert source.shape == versions["2026-04"]
+    bf16 = pair.drafter("BF16")
+    assert (bf16.repo, bf16.revision) == ("z-lab/Qwen3.6-35B-A3B-DFlash", "0ce151d016ba8f0f0454d160a81b52ad4588c924")
+    assert bf16.version == "2026-06" and bf16.shape == versions["2026-06"]
+
+
+def test_the_27b_drafter_slides_on_four_of_five_layers(config):
+    shape = load_catalog(config).get("qwen3.6-27b").drafter("BF16").shape
+    assert (shape.layers, shape.sliding_layers, shape.sliding_window, shape.kv_heads) == (5, 4, 2048, 8)
 
 
 @pytest.mark.parametrize(
@@ -141,6 +187,14 @@ quants.Q5_K_M = { pattern = "*Q5_K_M*.gguf", size_gb = 19.3 }
         ('[models.x]\nextends = "qwen3.6-27b"\nrank = "high"\n', r"`rank` must be a whole number, got 'high'"),
         ("[models.x\n", r"is not valid TOML .*; fix or delete it"),
         ('[models.x]\nextends = "qwen3.6-27b"\ndrafter.shape = 3\n', r"`drafter.shape` must be dict, got 3"),
+        (
+            '[models.x]\nextends = "qwen3.6-35b-a3b"\n[models.x.drafter.quants]\nQ6_K = { pattern = "*q6_k*" }\n',
+            r"needs `drafter.quants.Q6_K.version` \(one of: 2026-04, 2026-06\)",
+        ),
+        (
+            '[models.x]\nextends = "qwen3.6-35b-a3b"\n[models.x.drafter.quants]\nQ6_K = { pattern = "*q6_k*", version = "v9" }\n',
+            r"`drafter.quants.Q6_K.version` is 'v9'; the drafter's versions are: 2026-04, 2026-06",
+        ),
     ],
 )
 def test_config_mistakes_are_one_line_that_names_the_key(config, text, message):

@@ -9,7 +9,8 @@ import pytest
 
 from dflash_chat import cli, hardware, hub
 from dflash_chat.catalog import load_catalog
-from dflash_chat.hardware import GIB, Gpu, Machine, gb
+from dflash_chat.hardware import GIB, Gpu, Machine
+from dflash_chat.sizes import size_text
 from tests.hubserver import HubServer, Repo, isolate_hub
 
 TINY_PAIR = """
@@ -17,11 +18,12 @@ TINY_PAIR = """
 title = "Tiny"
 rank = 99
 default_context = 4096
+max_context = 32768
 tokenizer = "tiny/Tiny"
 
 [models.tiny.target]
 repo = "tiny/Tiny-GGUF"
-shape = { layers = 4, full_attention_interval = 4, kv_heads = 1, head_dim = 16, linear_key_heads = 1, linear_value_heads = 2, linear_key_dim = 8, linear_value_dim = 8, conv_kernel = 4, hidden = 32, intermediate = 64, vocab = 256 }
+shape = { layers = 4, attention_layers = 1, heads = 2, kv_heads = 1, head_dim = 16, rotary_dim = 4, linear_key_heads = 1, linear_value_heads = 2, linear_key_dim = 8, linear_value_dim = 8, conv_kernel = 4, hidden = 32, intermediate = 64, vocab = 256 }
 quants.Q8_0 = { pattern = "*Q8_0*.gguf", size_gb = 0.00006 }
 quants.Q4_K_M = { pattern = "*Q4_K_M*.gguf", size_gb = 0.00004 }
 
@@ -73,7 +75,7 @@ def row(out: str, model: str, quant: str) -> list[str]:
 def test_pull_then_models_shows_it_cached(home, capsys):
     code, out, err = run(capsys, "pull", "tiny", "--quant", "Q4_K_M")
     assert code == 0, err
-    size = hub.size_text(40_000 + 2 + 30_000 + 2 + 2)  # Q4_K_M, config, weights, tokenizer files
+    size = size_text(40_000 + 2 + 30_000 + 2 + 2)  # Q4_K_M, config, weights, tokenizer files
     assert out.splitlines()[0] == f"Tiny: 5 files, {size}, {size} to download -> {home}"
     lines = [line for line in out.splitlines() if line.startswith(("target:", "drafter:", "tokenizer:"))]
     paths = dict(line.split(":", 1) for line in lines)
@@ -82,10 +84,10 @@ def test_pull_then_models_shows_it_cached(home, capsys):
 
     code, out, err = run(capsys, "models")
     assert code == 0, err
-    assert out.splitlines()[0] == f"This machine: RTX 3090 24 GB, {23.5:.1f} GB free"
+    assert out.splitlines()[0] == f"This machine: RTX 3090 24 GB, {size_text(RTX_3090.available)} free"
     tiny = load_catalog().get("tiny")
-    need = hardware.budget(tiny, tiny.target("Q4_K_M"), tiny.drafter("BF16"), 4096, RTX_3090).need
-    assert row(out, "tiny", "Q4_K_M") == ["tiny", "Q4_K_M", "0.0 GB", "BF16", f"{gb(need)} @4k", "yes", "yes"]
+    need = hardware.budget(tiny, tiny.target("Q4_K_M"), tiny.drafter("BF16"), 8192, RTX_3090).need
+    assert row(out, "tiny", "Q4_K_M") == ["tiny", "Q4_K_M", "40 kB", "BF16", f"{size_text(need)} @8k", "yes", "yes"]
     assert row(out, "tiny", "Q8_0")[5:] == ["yes", "drafter+tokenizer", "<- pick"]  # rank 99, Q8_0 fits
     assert row(out, "qwen3.6-27b", "Q4_K_M")[6] == "-"
     assert "Pick: RTX 3090 24 GB: Tiny Q8_0 + drafter BF16;" in out
@@ -109,9 +111,9 @@ def test_pull_of_a_model_too_big_for_this_machine_fetches_its_smallest_option(ho
     monkeypatch.setattr(hardware, "probe", lambda: small)
     args = argparse.Namespace(model="qwen3.6-27b", quant=None, drafter_quant=None, context=None)
     pair, target, drafter = pull._what_to_pull(load_catalog(), args)
-    assert (pair.name, target.quant, drafter.quant) == ("qwen3.6-27b", "Q4_K_M", "Q4_K_M")  # the smallest of each
+    assert (pair.name, target.quant, drafter.quant) == ("qwen3.6-27b", "Q3_K_M", "Q4_K_M")  # the smallest of each
     out = capsys.readouterr().out
-    assert "will not fit" in out and "Fetching the smallest anyway: Qwen3.6-27B Q4_K_M + drafter Q4_K_M" in out
+    assert "will not fit" in out and "Fetching the smallest anyway: Qwen3.6-27B Q3_K_M + drafter Q4_K_M" in out
 
 
 def test_pull_a_quant_the_repo_lacks(home, capsys):
@@ -135,11 +137,64 @@ def test_models_on_a_cpu_only_machine(home, capsys, monkeypatch):
     monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
     code, out, err = run(capsys, "models", "--context", "8192")
     assert code == 0, err
-    assert out.splitlines()[0] == "This machine: CPU, 16.0 GB RAM, 12.0 GB free (CPU-only build of torch)"
-    assert "Pick: CPU, 16.0 GB RAM: Qwen3.5-4B Q8_0 + drafter BF16;" in out  # the demo pair
+    assert out.splitlines()[0] == f"This machine: CPU, 16 GB RAM, {size_text(12 * GIB)} free (CPU-only build of torch)"
+    assert "Pick: CPU, 16 GB RAM: no GPU (CPU-only build of torch), so the tiny built-in demo model;" in out
     assert row(out, "qwen3.6-27b", "Q8_0")[5] == "no"
-    demo = row(out, "qwen3.5-4b", "Q8_0")
-    assert (demo[3], demo[5:]) == ("BF16", ["yes", "-", "<- pick"])
+    four_b = row(out, "qwen3.5-4b", "Q8_0")
+    assert (four_b[3], four_b[5:]) == ("BF16", ["yes", "-"])  # fits, but the app runs the demo pair
+    assert "<- pick" not in out
+
+
+def app_explanation(machine: Machine) -> str:
+    """What the chat app itself says it runs on `machine` (the model manager, settings as saved)."""
+    from dflash_chat import settings
+    from dflash_chat.chat import model_manager
+    from dflash_chat.chat.model_source import from_settings
+
+    current = settings.load()
+    return model_manager.choose(from_settings(current), current.context_length, machine=machine).explanation
+
+
+@pytest.mark.parametrize("machine", [CPU_ONLY, RTX_3090], ids=["cpu-only", "rtx-3090"])
+def test_models_doctor_and_the_app_agree_on_the_pick(home, capsys, monkeypatch, machine):
+    monkeypatch.setattr(hardware, "probe", lambda: machine)
+    expected = app_explanation(machine)
+    _, models_out, _ = run(capsys, "models")
+    _, doctor_out, _ = run(capsys, "doctor")
+    assert f"Pick: {expected}" in models_out.splitlines()
+    assert f"OK   model: {expected}" in doctor_out.splitlines()
+
+
+def test_pull_without_a_model_on_a_cpu_only_machine_fetches_nothing(home, capsys, monkeypatch, server):
+    monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
+    code, out, err = run(capsys, "pull")
+    assert code == 0, err
+    assert out.splitlines() == [app_explanation(CPU_ONLY),
+                                "Nothing to download. To fetch a real model anyway: dflash-chat pull qwen3.5-4b"]
+    assert not server.requests
+
+
+def test_models_vram_plans_for_another_card_without_probing(home, capsys, monkeypatch):
+    from dflash_chat import paths
+
+    paths.config_file().write_text("")  # the shipped pairs only
+
+    def no_probe():
+        raise AssertionError("--vram must not probe this machine")
+
+    monkeypatch.setattr(hardware, "probe", no_probe)
+    code, out, err = run(capsys, "models", "--vram", "24", "--context", "32768")
+    assert code == 0, err
+    assert out.splitlines()[0] == "Planning for a 24 GB GPU (--vram), all of it free"
+    assert "Pick: planned GPU 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0;" in out
+    assert row(out, "qwen3.6-27b", "Q4_K_M")[5:] == ["yes", "-", "<- pick"]
+    assert row(out, "qwen3.6-27b", "Q8_0")[5] == "no"
+    _, out, _ = run(capsys, "models", "--vram", "80", "--context", "32768")
+    assert "Pick: planned GPU 80 GB: Qwen3.6-27B Q8_0 + drafter Q8_0;" in out
+    # the 35B-A3B drafter's training shows where the repo holds two
+    assert row(out, "qwen3.6-35b-a3b", "Q8_0")[3] == "Q8_0 (2026-04)"
+    code, _, err = run(capsys, "models", "--vram", "0")
+    assert code == 2 and "--vram takes the GPU's size in GB" in err
 
 
 def test_unknown_model_is_one_line(home, capsys):
@@ -156,6 +211,7 @@ def test_doctor_reports_each_line_ok_or_what_to_do(home, capsys):
     assert any("kernels: " in line for line in lines)
     assert any(line.startswith(f"OK   HF cache {home}") for line in lines)
     assert any(line.startswith("OK   model: RTX 3090 24 GB: Tiny Q8_0") for line in lines)
+    assert f"OK   Hub: {hub.default_endpoint()} reachable (" in out  # the test Hub answered
     assert any("1 model pair(s) of your own" in line for line in lines)
     fixes = [line for line in lines if line.startswith("FIX")]
     assert all(" -> " in line for line in fixes)  # every problem says what to do
@@ -171,3 +227,53 @@ def test_doctor_flags_a_broken_config(home, capsys):
     assert code == 1
     line = next(line for line in out.splitlines() if line.startswith("FIX  config: "))
     assert "is not valid TOML" in line and line.endswith(f"-> edit {paths.config_file()}")
+
+
+def test_doctor_says_when_the_hub_cannot_be_reached(home, monkeypatch):
+    import socket
+
+    from dflash_chat.commands import doctor
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: refused at once
+    check = doctor.hub_reachable(f"http://127.0.0.1:{port}")
+    assert not check.ok
+    assert check.line() == (f"FIX  Hub: cannot reach http://127.0.0.1:{port} (ConnectError) -> check the connection "
+                            "or the proxy (HTTPS_PROXY); HF_HUB_OFFLINE=1 runs downloaded models only")
+
+    silent = socket.socket()  # accepts connections, never answers: the short timeout decides
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        monkeypatch.setattr(doctor, "HUB_TIMEOUT", 0.3)
+        check = doctor.hub_reachable(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        assert not check.ok and "Timeout" in check.text
+    finally:
+        silent.close()
+
+
+def test_doctor_torch_hints_fit_a_pipx_install(monkeypatch, tmp_path):
+    from dflash_chat.commands import doctor
+
+    venv = tmp_path / "pipx" / "venvs" / "dflash-chat"
+    venv.mkdir(parents=True)
+    (venv / "pipx_metadata.json").write_text("{}")
+    monkeypatch.setattr("sys.prefix", str(venv))
+    [missing] = doctor.torch_checks(None)
+    assert missing.fix == (
+        "install it: pipx runpip dflash-chat install torch --index-url https://download.pytorch.org/whl/cu128 "
+        "(CPU only: pipx runpip dflash-chat install torch --index-url https://download.pytorch.org/whl/cpu)"
+    )
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "plain-venv"))
+    assert doctor.install_command("triton").endswith(" -m pip install triton")
+
+
+def test_pull_of_a_gated_drafter_without_a_token_is_one_line_and_fetches_nothing(home, capsys, server):
+    server.repos["tiny/Tiny-DFlash"].gated = "manual"
+    code, out, err = run(capsys, "pull", "tiny", "--quant", "Q4_K_M")
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"dflash-chat: tiny/Tiny-DFlash is gated: accept its terms on {server.url}/tiny/Tiny-DFlash")
+    assert "`hf auth login` or set HF_TOKEN" in err
+    assert not server.gets("/resolve/") and not server.gets("/cdn/")

@@ -11,9 +11,12 @@ import pytest
 from dflash_chat import hardware
 from dflash_chat.catalog import load_catalog
 from dflash_chat.errors import UserError
-from dflash_chat.hardware import GIB, Gpu, Machine, NoFitError, budget, choose, gb
+from dflash_chat.engine import memory
+from dflash_chat.hardware import GIB, Gpu, Machine, NoFitError, budget, choose
+from dflash_chat.sizes import size_text
 
-GPUS = {8: "RTX 4060", 12: "RTX 3060", 16: "RTX 4080", 24: "RTX 3090", 32: "RTX 5090", 48: "RTX A6000", 80: "H100"}
+GPUS = {8: "RTX 4060", 12: "RTX 3060", 16: "RTX 4080", 20: "RTX 4000 Ada", 24: "RTX 3090", 32: "RTX 5090",
+        48: "RTX A6000", 80: "H100"}
 
 
 def machine(size_gb: int, used_gb: float = 0.4) -> Machine:
@@ -37,21 +40,25 @@ def search_order(catalog, m: Machine):
 
 
 # What fits where: the spec of the picker. Pairs by rank (27B, 35B-A3B, 9B, 4B), target Q8_0
-# before Q4_K_M, drafter Q8_0 before Q4_K_M; the demo pair (4B) on CPU.
+# before Q4_K_M before Q3_K_M, drafter Q8_0 before BF16 before Q4_K_M; on the CPU (16 GB RAM, the
+# engine computing in float32 there) the cpu_default pair (4B).
 TABLE = {
     # size  context: (pair, target quant, drafter quant) or None (nothing fits)
     (0, 8192): ("qwen3.5-4b", "Q8_0", "BF16"),
     (0, 32768): ("qwen3.5-4b", "Q8_0", "BF16"),
-    (0, 131072): ("qwen3.5-4b", "Q4_K_M", "BF16"),
+    (0, 131072): None,  # float32 caches on the CPU
     (8, 8192): ("qwen3.5-4b", "Q8_0", "BF16"),
     (8, 32768): ("qwen3.5-4b", "Q4_K_M", "BF16"),
     (8, 131072): None,
     (12, 8192): ("qwen3.5-9b", "Q4_K_M", "BF16"),
     (12, 32768): ("qwen3.5-9b", "Q4_K_M", "BF16"),
-    (12, 131072): ("qwen3.5-4b", "Q4_K_M", "BF16"),
+    (12, 131072): None,
     (16, 8192): ("qwen3.5-9b", "Q8_0", "BF16"),
     (16, 32768): ("qwen3.5-9b", "Q8_0", "BF16"),
-    (16, 131072): ("qwen3.5-9b", "Q4_K_M", "BF16"),
+    (16, 131072): ("qwen3.5-4b", "Q8_0", "BF16"),
+    (20, 8192): ("qwen3.6-27b", "Q4_K_M", "Q4_K_M"),
+    (20, 32768): ("qwen3.6-27b", "Q3_K_M", "Q8_0"),  # Q4_K_M does not fit beside a 32k context
+    (20, 131072): ("qwen3.5-9b", "Q4_K_M", "BF16"),
     (24, 8192): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
     (24, 32768): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
     (24, 131072): ("qwen3.5-9b", "Q8_0", "BF16"),
@@ -96,7 +103,7 @@ def test_more_memory_never_picks_worse_and_longer_context_never_picks_better(cat
             return len(search_order(catalog, machine(80)))
         return search_order(catalog, machine(80)).index((c.pair, c.target, c.drafter))
 
-    sizes = [8, 12, 16, 24, 32, 48, 80]
+    sizes = [8, 12, 16, 20, 24, 32, 48, 80]
     by_size = [position(s, context) for s in sizes]
     assert by_size == sorted(by_size, reverse=True)
     for size in sizes:
@@ -108,16 +115,16 @@ def test_explanation_is_one_line_like_the_issue(catalog):
     left = choice.budget.available - choice.budget.target - choice.budget.drafter
     left -= choice.budget.workspace + choice.budget.margin
     assert choice.explanation == (
-        f"RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; {gb(left)} left for a 32k context"
+        f"RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; {size_text(left)} left for a 32k context"
     )
-    assert left >= hardware.state_bytes(choice.pair, 32768)
+    assert left >= choice.budget.state
     assert choose(machine(8), catalog, context=8192).explanation.endswith("left for an 8k context")
 
 
-def test_cpu_uses_the_demo_pair(catalog):
+def test_cpu_takes_the_cpu_default_pair_when_asked_to_choose(catalog):
     choice = choose(machine(0), catalog, context=8192)
     assert choice.pair.cpu_default and choice.device == "cpu"
-    assert choice.explanation.startswith("CPU, 16.0 GB RAM: Qwen3.5-4B Q8_0 + drafter BF16;")
+    assert choice.explanation.startswith("CPU, 16 GB RAM: Qwen3.5-4B Q8_0 + drafter BF16;")
 
 
 def test_nothing_fits_says_what_the_smallest_needs(catalog):
@@ -127,31 +134,72 @@ def test_nothing_fits_says_what_the_smallest_needs(catalog):
     smallest = budget(catalog.get("qwen3.5-4b"), catalog.get("qwen3.5-4b").target("Q4_K_M"),
                       catalog.get("qwen3.5-4b").drafter("BF16"), 32768, tiny)
     message = str(err.value)
-    assert message.startswith("GTX 1650 4 GB: nothing fits in the 3.6 GB free; the smallest option, ")
-    assert f"Qwen3.5-4B Q4_K_M + drafter BF16 with a 32k context, needs {gb(smallest.need)}" in message
+    assert message.startswith(f"GTX 1650 4 GB: nothing fits in the {size_text(tiny.available)} free; the smallest option, ")
+    assert f"Qwen3.5-4B Q4_K_M + drafter BF16 with a 32k context, needs {size_text(smallest.need)}" in message
     assert "--context" in message and "\n" not in message
 
 
-# --- state arithmetic (DESIGN.md §4) --------------------------------------------------------------
+# --- the memory model behind the budget (engine/memory.py) ----------------------------------------
 
 
-def test_only_every_fourth_layer_holds_kv(catalog):
-    shape = catalog.get("qwen3.6-27b").target_shape
-    # 64 layers -> 16 full-attention layers x K and V x 4 heads x 256 x 2 bytes x 32768 = 2 GiB
-    assert hardware.kv_bytes(shape, 32768) == 16 * 2 * 4 * 256 * 2 * 32768 == 2 * GIB
-    assert hardware.kv_bytes(shape, 65536) == 2 * hardware.kv_bytes(shape, 32768)
-
-
-def test_recurrent_state_is_fixed_and_sized_by_the_gdn_layers(catalog):
-    shape = catalog.get("qwen3.6-27b").target_shape
-    # 48 GDN layers x (48 value heads x 128 x 128 fp32 + conv window 3 x (2*16*128 + 48*128) bf16)
-    per_layer = 48 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 48 * 128) * 2
-    assert hardware.recurrent_bytes(shape) == 48 * per_layer
+def test_the_budget_is_the_memory_models(catalog):
+    """The picker adds up the engine's own sizing rules: no arithmetic of its own."""
     pair = catalog.get("qwen3.6-27b")
-    grows = hardware.state_bytes(pair, 65536) - hardware.state_bytes(pair, 32768)
-    assert grows == hardware.kv_bytes(shape, 32768) + hardware.drafter_kv_bytes(pair.drafter_shape, 32768) - (
-        hardware.drafter_kv_bytes(pair.drafter_shape, 0)
-    )
+    target, drafter = pair.target("Q4_K_M"), pair.drafter("Q8_0")
+    b = budget(pair, target, drafter, 32768, machine(24))
+    assert b.state == memory.state_bytes(pair.target_shape, drafter.shape, 32768, 2).total
+    assert b.workspace == memory.workspace_bytes(pair.target_shape, drafter.shape, 32768, 2)
+    assert (b.target, b.drafter) == (target.size, drafter.size)  # GGUF tensors stay packed
+
+
+def test_the_cpu_budget_is_float32(catalog):
+    """The engine computes in float32 on the CPU: caches and a BF16 checkpoint take twice the bytes."""
+    pair = catalog.get("qwen3.5-4b")
+    target, drafter = pair.target("Q8_0"), pair.drafter("BF16")
+    on_gpu = budget(pair, target, drafter, 8192, machine(24))
+    on_cpu = budget(pair, target, drafter, 8192, machine(0))
+    bf16, fp32 = (memory.state_bytes(pair.target_shape, drafter.shape, 8192, e) for e in (2, 4))
+    assert (on_gpu.state, on_cpu.state) == (bf16.total, fp32.total)
+    assert fp32.target_kv == 2 * bf16.target_kv and fp32.drafter_kv == 2 * bf16.drafter_kv
+    assert fp32.gdn_recurrent == bf16.gdn_recurrent  # the recurrent state is float32 everywhere
+    assert on_cpu.drafter == 2 * on_gpu.drafter == 2 * drafter.size
+    assert on_cpu.target == on_gpu.target == target.size
+
+
+def test_the_27b_drafters_sliding_layers_keep_only_their_window(catalog):
+    """4 of the 27B drafter's 5 layers slide over 2048 positions: past that, only one layer grows."""
+    pair = catalog.get("qwen3.6-27b")
+    shape = pair.drafter("Q8_0").shape
+    assert (shape.layers, shape.sliding_layers, shape.sliding_window) == (5, 4, 2048)
+    short = memory.state_bytes(pair.target_shape, shape, 32768, 2)
+    long = memory.state_bytes(pair.target_shape, shape, 65536, 2)
+    per_position = 2 * shape.kv_heads * shape.head_dim * 2
+    assert long.drafter_kv - short.drafter_kv == 32768 * per_position  # one full layer
+    assert short.drafter_kv == (32768 + 16 + 4 * (2048 + 16)) * per_position
+    # 64 layers, 16 of them full attention: K and V x 4 heads x 256 x bf16 x (32k + the block)
+    assert short.target_kv == 16 * 2 * 4 * 256 * 2 * (32768 + 16)
+
+
+def test_each_35b_drafter_source_is_sized_by_the_training_its_file_holds(catalog):
+    pair = catalog.get("qwen3.6-35b-a3b")
+    gguf, bf16 = pair.drafter("Q8_0"), pair.drafter("BF16")
+    assert (gguf.version, gguf.shape.layers, gguf.shape.kv_heads, gguf.shape.sliding_layers) == ("2026-04", 8, 4, 0)
+    assert (bf16.version, bf16.shape.layers, bf16.shape.kv_heads, bf16.shape.sliding_layers) == ("2026-06", 6, 8, 5)
+    old = memory.state_bytes(pair.target_shape, gguf.shape, 131072, 2).drafter_kv
+    new = memory.state_bytes(pair.target_shape, bf16.shape, 131072, 2).drafter_kv
+    per_position = 2 * 128 * 2
+    assert old == 8 * 4 * (131072 + 16) * per_position
+    assert new == 8 * (5 * (4096 + 16) + 131072 + 16) * per_position
+
+
+def test_the_27b_comes_at_q3_k_m_where_q4_k_m_does_not_fit(catalog):
+    pair = catalog.get("qwen3.6-27b")
+    twenty = machine(20)
+    assert not any(budget(pair, pair.target("Q4_K_M"), d, 32768, twenty).fits for d in pair.drafters)
+    choice = choose(twenty, catalog, context=32768)
+    assert (choice.pair.name, choice.target.quant) == ("qwen3.6-27b", "Q3_K_M")
+    assert choice.target.patterns == ("*Q3_K_M*.gguf",) and choice.target.size == 13_590_000_000
+    assert choose(machine(24), catalog, context=32768).target.quant == "Q4_K_M"  # never where Q4_K_M fits
 
 
 # --- overrides --------------------------------------------------------------------------------------
@@ -169,7 +217,7 @@ def test_a_drafter_quant_alone_skips_the_pairs_without_it(catalog):
     # 27B and 35B-A3B publish a Q8_0 drafter, 9B and 4B only BF16
     choice = choose(machine(24), catalog, drafter_quant="Q8_0", context=8192)
     assert (choice.pair.name, choice.drafter.quant) == ("qwen3.6-27b", "Q8_0")
-    with pytest.raises(NoFitError, match="Qwen3.6-27B Q4_K_M \\+ drafter Q8_0"):
+    with pytest.raises(NoFitError, match="Qwen3.6-27B Q3_K_M \\+ drafter Q8_0"):
         choose(machine(16), catalog, drafter_quant="Q8_0", context=8192)
     with pytest.raises(UserError, match="no model has drafter quant Q2_K"):
         choose(machine(80), catalog, drafter_quant="Q2_K")
@@ -187,7 +235,7 @@ def test_allow_no_fit_returns_the_smallest_option(catalog):
     with pytest.raises(NoFitError):
         choose(machine(8), catalog, model="qwen3.6-27b")
     choice = choose(machine(8), catalog, model="qwen3.6-27b", allow_no_fit=True)
-    assert (choice.target.quant, choice.drafter.quant) == ("Q4_K_M", "Q4_K_M") and not choice.fits
+    assert (choice.target.quant, choice.drafter.quant) == ("Q3_K_M", "Q4_K_M") and not choice.fits
     pair = catalog.get("qwen3.6-27b")
     assert choice.budget.need == min(budget(pair, t, d, choice.context, machine(8)).need
                                      for t in pair.targets for d in pair.drafters)
@@ -224,6 +272,11 @@ def test_a_drafter_file_alone_picks_the_pair_it_belongs_to(catalog, tmp_path):
         handle.truncate(2 * 10**9)
     choice = choose(machine(80), catalog, drafter_file=drafter)
     assert choice.pair.name == "qwen3.6-27b" and choice.drafter.path == drafter
+    assert choice.drafter.shape == catalog.get("qwen3.6-27b").drafter("Q8_0").shape  # sized as the pair's drafter
+    other = tmp_path / "Qwen3.6-35B-A3B-DFlash.gguf"  # two trainings: sized as the larger cache
+    with other.open("wb") as handle:
+        handle.truncate(10**9)
+    assert choose(machine(80), catalog, drafter_file=other).drafter.shape.layers == 8
     # too small for the 27B: the error says so, never a smaller target beside the 27B's drafter
     with pytest.raises(NoFitError, match="Qwen3.6-27B"):
         choose(machine(8), catalog, drafter_file=drafter)

@@ -11,6 +11,7 @@ import pytest
 from huggingface_hub import constants, hf_hub_download
 
 from dflash_chat import hub
+from dflash_chat.sizes import size_text
 from dflash_chat.catalog import (
     SAFETENSORS_EXTRAS,
     SAFETENSORS_PATTERNS,
@@ -226,7 +227,7 @@ def test_not_enough_disk_stops_before_any_transfer(server):
         hub.download(plan, disk_free=lambda path: 50_000)
     message = str(err.value)
     assert "not enough disk space" in message and "HF_HUB_CACHE" in message
-    assert f"needs {hub.size_text(plan.missing_bytes())}, {hub.size_text(50_000)} is free" in message
+    assert f"needs {size_text(plan.missing_bytes())}, {size_text(50_000)} is free" in message
     assert not [r for r in server.requests if "/resolve/" in r.path or "/cdn/" in r.path]
 
 
@@ -327,3 +328,81 @@ def test_cached_parts_reads_the_cache_without_network(server, cache):
     files = fetch_all(server)
     assert hub.cached_parts(target, cache) == (files.target,)
     assert hub.cached_parts(sources("Q8_0")[0], cache) is None
+
+
+# --- gated repos (the z-lab Qwen3.6 drafters) -------------------------------------------------------
+
+
+@pytest.fixture
+def gated(repos):
+    """The drafter repo gated as the z-lab Qwen3.6 ones are; the token "granted" has accepted its terms."""
+    repos[DRAFTER_REPO].gated = "manual"
+    repos[DRAFTER_REPO].granted = {"granted"}
+    with HubServer(repos, tokens={"granted": "ada", "refused": "bob"}) as running:
+        yield running
+
+
+def test_a_gated_repo_without_a_token_stops_before_any_transfer_with_the_steps(gated):
+    plan = hub.plan(*sources(), endpoint=gated.url)
+    assert plan.gated_repos == (DRAFTER_REPO,)
+    with pytest.raises(hub.GatedRepoAccessError) as err:
+        hub.download(plan)
+    message = str(err.value)
+    assert message == (
+        f"{DRAFTER_REPO} is gated: accept its terms on {gated.url}/{DRAFTER_REPO} (logged in to Hugging Face), "
+        "then give dflash-chat a token: run `hf auth login` or set HF_TOKEN (a read token from "
+        "https://huggingface.co/settings/tokens), and start again"
+    )
+    assert not err.value.token_present
+    assert not gated.gets("/resolve/") and not gated.gets("/cdn/")  # not even the open target
+
+
+def test_a_token_without_access_is_told_to_accept_the_terms(gated, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "refused")
+    with pytest.raises(hub.GatedRepoAccessError) as err:
+        hub.download(hub.plan(*sources(), endpoint=gated.url))
+    assert err.value.token_present
+    assert str(err.value).startswith(f"{DRAFTER_REPO} is gated and the token in HF_TOKEN has no access to it yet: "
+                                     f"accept its terms on {gated.url}/{DRAFTER_REPO} with the same account")
+    checks = gated.gets("/auth-check")
+    assert checks and checks[-1].headers["authorization"] == "Bearer refused"  # asked the Hub, as 403 answers
+
+
+def test_a_token_with_access_downloads(gated, monkeypatch, repos):
+    monkeypatch.setenv("HF_TOKEN", "granted")
+    files = hub.fetch(*sources(), endpoint=gated.url)
+    assert (files.drafter / "model.safetensors").read_bytes() == repos[DRAFTER_REPO].files["model.safetensors"]
+
+
+def test_a_gated_file_refused_mid_download_is_the_same_one_line(gated, monkeypatch):
+    """If access goes away between the check and the transfer, the Hub's 401 says the same thing."""
+    plan = hub.plan(*sources(), endpoint=gated.url)
+    monkeypatch.setattr(hub, "check_access", lambda plan: None)
+    with pytest.raises(hub.GatedRepoAccessError, match=f"^{DRAFTER_REPO} is gated: accept its terms"):
+        hub.download(plan)
+
+
+def test_cached_gated_files_need_no_token(gated, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "granted")
+    hub.fetch(*sources(), endpoint=gated.url)
+    monkeypatch.delenv("HF_TOKEN")
+    plan = hub.plan(*sources(), endpoint=gated.url)
+    assert plan.gated_repos == ()
+    hub.download(plan)
+
+
+def test_save_token_stores_it_as_hf_auth_login_does(gated, monkeypatch, cache):
+    from huggingface_hub import constants, get_token
+
+    from tests.hubserver import point_login_at
+
+    point_login_at(monkeypatch, gated)
+    with pytest.raises(hub.HubError, match=r"the Hub did not accept that token \(HTTP 401\)"):
+        hub.save_token("typo")
+    assert get_token() is None
+    hub.save_token("  granted\n")
+    assert get_token() == "granted"
+    assert open(constants.HF_TOKEN_PATH).read() == "granted"  # where `hf auth login` keeps it
+    assert "granted" in open(constants.HF_STORED_TOKENS_PATH).read()
+    plan = hub.plan(*sources(), endpoint=gated.url)
+    hub.download(plan)  # the stored token now opens the gated repo

@@ -38,6 +38,3 @@ def _process_ram() -> MemoryUse | None:
         return None
     return MemoryUse("RAM", resident, total)
 
-
-def gigabytes(n: int) -> str:
-    return f"{n / 2**30:.1f}"

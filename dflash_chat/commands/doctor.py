@@ -5,17 +5,22 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_chat import hardware, paths
 from dflash_chat.errors import UserError
-from dflash_chat.hardware import gb
+from dflash_chat.sizes import size_text
 
-CUDA_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cu128"
+TORCH_INDEX = "https://download.pytorch.org/whl"
+CUDA_TORCH = f"--index-url {TORCH_INDEX}/cu128"
+CPU_TORCH = f"--index-url {TORCH_INDEX}/cpu"
 MIN_FREE_DISK = 20 * 10**9
+HUB_TIMEOUT = 5.0  # seconds to wait for the Hub before calling it unreachable
 
 
 @dataclass(frozen=True)
@@ -66,13 +71,25 @@ def _import_torch():
         return None
 
 
+def install_command(args: str) -> str:
+    """The pip command that installs into the environment dflash-chat runs from: `pipx runpip
+    dflash-chat install ...` for a pipx install (pipx writes pipx_metadata.json into its venvs),
+    else this interpreter's `-m pip`."""
+    prefix = Path(sys.prefix)
+    if (prefix / "pipx_metadata.json").is_file():
+        return f"pipx runpip {prefix.name} install {args}"
+    return f"{shlex.quote(sys.executable)} -m pip install {args}"
+
+
 def torch_checks(torch) -> list[Check]:
     if torch is None:
-        fix = f"install it: {CUDA_TORCH} (or plain `pip install torch` for CPU)"
+        fix = (f"install it: {install_command(f'torch {CUDA_TORCH}')} "
+               f"(CPU only: {install_command(f'torch {CPU_TORCH}')})")
         return [Check(False, "torch is not installed", fix)]
     checks = [Check(True, f"torch {torch.__version__}")]
     if torch.version.cuda is None:
-        checks.append(Check(False, "CUDA: this torch is a CPU-only build", f"for an NVIDIA GPU: {CUDA_TORCH}"))
+        fix = f"for an NVIDIA GPU: {install_command(f'--force-reinstall torch {CUDA_TORCH}')}"
+        checks.append(Check(False, "CUDA: this torch is a CPU-only build", fix))
     elif not torch.cuda.is_available():
         checks.append(
             Check(False, f"CUDA {torch.version.cuda}: no GPU visible", "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
@@ -82,7 +99,7 @@ def torch_checks(torch) -> list[Check]:
         for index in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(index)
             name = torch.cuda.get_device_name(index)
-            checks.append(Check(True, f"GPU {index}: {name}, {gb(total)} total, {gb(free)} free"))
+            checks.append(Check(True, f"GPU {index}: {name}, {size_text(total)} total, {size_text(free)} free"))
     checks.append(kernel_check(torch))
     return checks
 
@@ -92,7 +109,7 @@ def kernel_check(torch) -> Check:
         import triton
     except ImportError:
         if torch.cuda.is_available():
-            return Check(False, "kernels: Triton is not importable", "pip install triton (fused CUDA kernels)")
+            return Check(False, "kernels: Triton is not importable", f"{install_command('triton')} (fused CUDA kernels)")
         return Check(True, "kernels: torch reference paths (no CUDA; Triton not installed)")
     if torch.cuda.is_available():
         return Check(True, f"kernels: Triton {triton.__version__} with CUDA (fused kernels)")
@@ -100,19 +117,21 @@ def kernel_check(torch) -> Check:
 
 
 def ram_check(machine: hardware.Machine) -> Check:
-    return Check(True, f"RAM: {gb(machine.ram_total)} total, {gb(machine.ram_available)} available")
+    return Check(True, f"RAM: {size_text(machine.ram_total)} total, {size_text(machine.ram_available)} available")
 
 
 def choice_check(machine: hardware.Machine) -> Check:
+    """What the chat app would run here (the same words as the app and `dflash-chat models`)."""
     from dflash_chat.catalog import CatalogError, load_catalog
+    from dflash_chat.commands.models import app_choice
 
     try:
-        choice = hardware.choose(machine, load_catalog())
+        explanation, _ = app_choice(machine, load_catalog())
     except CatalogError as exc:
         return Check(False, f"model: {exc}", f"edit {paths.config_file()}")
     except UserError as exc:
         return Check(False, f"model: {exc}", "see `dflash-chat models` and pick one with --model/--quant")
-    return Check(True, f"model: {choice.explanation}")
+    return Check(True, f"model: {explanation}")
 
 
 def hub_checks() -> list[Check]:
@@ -128,18 +147,32 @@ def hub_checks() -> list[Check]:
     free = shutil.disk_usage(where).free
     if free < MIN_FREE_DISK:
         checks.append(
-            Check(False, f"HF cache {cache}: {gb(free)} free disk", "free space or set HF_HUB_CACHE to a bigger disk")
+            Check(False, f"HF cache {cache}: {size_text(free)} free disk", "free space or set HF_HUB_CACHE to a bigger disk")
         )
     else:
-        checks.append(Check(True, f"HF cache {cache} ({gb(free)} free disk)"))
-    endpoint = hub.default_endpoint()
+        checks.append(Check(True, f"HF cache {cache} ({size_text(free)} free disk)"))
     if hub.is_offline():
         checks.append(Check(True, "Hub: offline (HF_HUB_OFFLINE): cached models only"))
     else:
-        checks.append(Check(True, f"Hub: {endpoint}"))
-    token = "found" if get_token() else "none (needed only for gated or private repos)"
+        checks.append(hub_reachable(hub.default_endpoint()))
+    token = "found" if get_token() else "none (the z-lab drafters are gated: `hf auth login` once you need one)"
     checks.append(Check(True, f"Hub token: {token}"))
     return checks
+
+
+def hub_reachable(endpoint: str, timeout: float | None = None) -> Check:
+    """One request to the Hub with a short timeout: does it answer at all?"""
+    from huggingface_hub.utils import get_session
+
+    start = time.monotonic()
+    try:
+        response = get_session().head(endpoint, timeout=timeout or HUB_TIMEOUT, follow_redirects=True)
+    except Exception as exc:  # noqa: BLE001 - any transport failure means the same thing here
+        return Check(False, f"Hub: cannot reach {endpoint} ({type(exc).__name__})",
+                     "check the connection or the proxy (HTTPS_PROXY); HF_HUB_OFFLINE=1 runs downloaded models only")
+    if response.status_code >= 500:
+        return Check(False, f"Hub: {endpoint} answered HTTP {response.status_code}", "it may be down: try again later")
+    return Check(True, f"Hub: {endpoint} reachable ({time.monotonic() - start:.2f} s)")
 
 
 def config_checks() -> list[Check]:

@@ -1,4 +1,4 @@
-"""`dflash-chat models`: the catalog, what fits this machine and what is already cached."""
+"""`dflash-chat models`: the catalog, what fits this machine (or a card you plan for) and what is cached."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import argparse
 
 from dflash_chat import hardware
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
-from dflash_chat.hardware import Choice, Machine, NoFitError, gb
+from dflash_chat.errors import UserError
+from dflash_chat.hardware import Choice, Machine, NoFitError
+from dflash_chat.sizes import size_text
 
 
 def register(subparsers) -> None:
@@ -14,28 +16,62 @@ def register(subparsers) -> None:
         "models",
         help="list the model pairs, what fits this machine and what is cached",
         description="List the model pairs dflash-chat knows (shipped and from config.toml), "
-        "whether each quant fits this machine's free memory, and what is already downloaded.",
+        "whether each quant fits this machine's free memory (or a GPU of --vram GB), and what is "
+        "already downloaded. The pick is what the chat app runs.",
     )
-    parser.add_argument("--context", type=int, help="context length to size memory for (default: each model's)")
+    parser.add_argument("--context", type=int, help="context length to size memory for (default: the context_length setting)")
+    parser.add_argument("--vram", type=float, metavar="GB",
+                        help="plan for a GPU of this size (as sold, e.g. 24) instead of this machine")
     parser.set_defaults(handler=run)
+
+
+def app_choice(machine: Machine, catalog: Catalog, context: int | None = None) -> tuple[str, Choice | None]:
+    """What the chat app runs on `machine` with the saved settings: (its one-line explanation, the
+    catalog choice, or None when it runs the built-in demo pair or a path the `model` setting names).
+    `models`, `doctor` and `pull` say this, so they never disagree with the app."""
+    from dflash_chat import settings as settings_module
+    from dflash_chat.chat import model_manager
+    from dflash_chat.chat.model_source import ModelSource, Pick, resolve
+
+    settings = settings_module.load()
+    request = resolve(settings, pick=Pick(context=context))
+    if isinstance(request, ModelSource):
+        drafter = f" with {request.drafter}" if request.drafter else ""
+        return f"the `model` setting runs {request.target}{drafter} as it is", None
+    chosen = model_manager.choose(request, settings.context_length, machine=machine, catalog=catalog)
+    return chosen.explanation, chosen.choice
+
+
+def context_for(args: argparse.Namespace) -> int:
+    """--context, else the context the chat app sizes its model for."""
+    from dflash_chat import settings as settings_module
+
+    return args.context or settings_module.load().context_length
 
 
 def run(args: argparse.Namespace) -> int:
     from dflash_chat import hub  # huggingface_hub loads only when the command runs
 
     catalog = load_catalog()
-    machine = hardware.probe()
+    if args.vram is not None:
+        if args.vram <= 0:
+            raise UserError(f"--vram takes the GPU's size in GB, e.g. --vram 24 (got {args.vram:g})")
+        machine = hardware.planned(args.vram)
+        print(f"Planning for a {args.vram:g} GB GPU (--vram), all of it free")
+    else:
+        machine = hardware.probe()
+        free = f"{size_text(machine.available)} free"
+        print(f"This machine: {machine.label}, {free}" + (f" ({machine.cuda_note})" if machine.cuda_note else ""))
+    context = context_for(args)
     try:
-        pick: Choice | None = hardware.choose(machine, catalog, context=args.context)
-        verdict = f"Pick: {pick.explanation}"
+        explanation, pick = app_choice(machine, catalog, context)
+        verdict = f"Pick: {explanation}"
     except NoFitError as exc:
         pick, verdict = None, f"Pick: none. {exc}"
 
-    free = f"{gb(machine.available)} free"
-    print(f"This machine: {machine.label}, {free}" + (f" ({machine.cuda_note})" if machine.cuda_note else ""))
     rows = [("MODEL", "QUANT", "SIZE", "DRAFTER", "NEEDS", "FITS", "CACHED", "")]
     for pair in catalog.ranked():
-        rows += _rows(catalog, pair, machine, args.context, pick)
+        rows += _rows(catalog, pair, machine, context, pick)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -45,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _rows(
-    catalog: Catalog, pair: Pair, machine: Machine, context: int | None, pick: Choice | None
+    catalog: Catalog, pair: Pair, machine: Machine, context: int, pick: Choice | None
 ) -> list[tuple[str, ...]]:
     from dflash_chat import hub
 
-    ctx = min(context or pair.default_context, pair.max_context)  # a row per pair even past its maximum
+    ctx = min(context, pair.max_context)  # a row per pair even past its maximum
     tokenizer_cached = hub.cached_parts(pair.tokenizer) is not None
     rows = []
     for target in pair.targets:
@@ -61,15 +97,24 @@ def _rows(
             (
                 pair.name,
                 target.quant,
-                gb(target.size),
-                drafter.quant if drafter else "-",
-                f"{gb(need.need)} @{hardware.context_label(ctx)}",
+                size_text(target.size),
+                _drafter_cell(pair, drafter),
+                f"{size_text(need.need)} @{hardware.context_label(ctx)}",
                 "yes" if need.fits else "no",
                 _cached(target, drafter, tokenizer_cached),
                 "<- pick" if picked else "",
             )
         )
     return rows
+
+
+def _drafter_cell(pair: Pair, drafter: Source | None) -> str:
+    """'Q8_0', or 'Q8_0 (2026-04)' when the drafter exists in several trainings."""
+    if drafter is None:
+        return "-"
+    if len(pair.drafter_versions) > 1 and drafter.version:
+        return f"{drafter.quant} ({drafter.version})"
+    return drafter.quant
 
 
 def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool) -> str:

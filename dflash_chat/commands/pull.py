@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from dflash_chat import hardware
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
+from dflash_chat.sizes import size_text
 
 if TYPE_CHECKING:
     from dflash_chat import hub
@@ -16,13 +17,13 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "pull",
         help="download a model pair (target, drafter, tokenizer) ahead of time",
-        description="Download a model pair into the Hugging Face cache. Without MODEL, the pair "
-        "and quants that fit this machine; an interrupted pull resumes where it stopped.",
+        description="Download a model pair into the Hugging Face cache. Without MODEL, what the chat "
+        "app would run on this machine; an interrupted pull resumes where it stopped.",
     )
     parser.add_argument("model", nargs="?", help="model pair name from `dflash-chat models`")
     parser.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M (default: the best that fits)")
     parser.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
-    parser.add_argument("--context", type=int, help="context length the choice is sized for")
+    parser.add_argument("--context", type=int, help="context length the choice is sized for (default: the context_length setting)")
     parser.set_defaults(handler=run)
 
 
@@ -30,12 +31,16 @@ def run(args: argparse.Namespace) -> int:
     from dflash_chat import hub  # huggingface_hub loads only when the command runs
 
     catalog = load_catalog()
-    pair, target, drafter = _what_to_pull(catalog, args)
+    what = _what_to_pull(catalog, args)
+    if what is None:
+        return 0
+    pair, target, drafter = what
     plan = hub.plan(target, drafter, pair.tokenizer)
+    hub.check_access(plan)  # a gated repo says what to do before anything downloads
     todo = plan.missing_bytes()
     print(
-        f"{pair.title}: {len(plan.files)} files, {hub.size_text(plan.total_bytes)}"
-        + (f", {hub.size_text(todo)} to download" if todo else ", all cached")
+        f"{pair.title}: {len(plan.files)} files, {size_text(plan.total_bytes)}"
+        + (f", {size_text(todo)} to download" if todo else ", all cached")
         + f" -> {plan.cache_dir}"
     )
     files = _download_with_bar(plan)
@@ -46,21 +51,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _what_to_pull(catalog: Catalog, args: argparse.Namespace) -> tuple[Pair, Source, Source | None]:
-    """Pinned quants need no probe; otherwise the picker chooses (the smallest when nothing fits)."""
+def _what_to_pull(catalog: Catalog, args: argparse.Namespace) -> tuple[Pair, Source, Source | None] | None:
+    """Pinned quants need no probe; nothing named pulls what the chat app would run (None when that
+    is the built-in demo pair or a path: nothing to download); otherwise the picker chooses (the
+    smallest when nothing fits)."""
+    from dflash_chat.commands.models import app_choice, context_for
+
     if args.model and args.quant:
         pair = catalog.get(args.model)
         target = pair.target(args.quant)
         if args.drafter_quant:
             return pair, target, pair.drafter(args.drafter_quant)
         return pair, target, pair.drafters[0] if pair.drafters else None
+    machine = hardware.probe()
+    if not (args.model or args.quant or args.drafter_quant):
+        explanation, choice = app_choice(machine, catalog, args.context)
+        print(explanation)
+        if choice is None:
+            suggestion = next((p.name for p in catalog.ranked() if p.cpu_default), catalog.ranked()[-1].name)
+            print(f"Nothing to download. To fetch a real model anyway: dflash-chat pull {suggestion}")
+            return None
+        return choice.pair, choice.target, choice.drafter
     choice = hardware.choose(
-        hardware.probe(),
+        machine,
         catalog,
         model=args.model,
         quant=args.quant,
         drafter_quant=args.drafter_quant,
-        context=args.context,
+        context=context_for(args),
         allow_no_fit=args.model is not None,  # a named model is fetched even if this machine is too small
     )
     print(choice.explanation)
@@ -71,24 +89,20 @@ def _what_to_pull(catalog: Catalog, args: argparse.Namespace) -> tuple[Pair, Sou
 
 
 def _download_with_bar(plan: hub.Plan) -> hub.ModelFiles:
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
+    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.text import Text
 
     from dflash_chat import hub
+    from dflash_chat.sizes import rate_text
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
+    class Bytes(ProgressColumn):
+        """Done / total and speed, in the app's one byte format (sizes.py)."""
+
+        def render(self, task) -> Text:
+            speed = f"  {rate_text(task.speed)}" if task.speed else ""
+            return Text(f"{size_text(task.completed)} / {size_text(task.total or 0)}{speed}")
+
+    columns = (TextColumn("{task.description}"), BarColumn(), Bytes(), TimeRemainingColumn())
     with Progress(*columns) as bar:
         tasks = {f.key: bar.add_task(f.filename, total=f.size) for f in plan.files}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_chat.sizes import size_text
 from dflash_chat.train.common import Log
 from dflash_chat.train.corpus import Conversation, Corpus, build_corpus, free_form_prompts
 from dflash_chat.train.drafter import (
@@ -125,7 +126,7 @@ def ship(work: Path, out: Path, log: Log = print) -> None:
     prompts = [c.prompt_messages for c in load_corpus(work / "corpus.json").heldout]
     (out / HELDOUT_FILE).write_text(json.dumps(prompts, indent=1) + "\n")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    log(f"shipped the demo pair to {out} ({size / 2**20:.1f} MiB)")
+    log(f"shipped the demo pair to {out} ({size_text(size)})")
 
 
 def save_corpus(corpus: Corpus, path: Path) -> None:

@@ -248,7 +248,7 @@ class ChatScreen(Screen):
 
     async def on_download_needed(self, message: DownloadNeeded) -> None:
         from dflash_chat.chat.model_manager import label
-        from dflash_chat.hub import size_text
+        from dflash_chat.sizes import size_text
         from dflash_chat.ui.download_screen import DownloadScreen
 
         if message.request is not self.request:

@@ -3,6 +3,10 @@
 Push it with a `hub.Plan`. It dismisses with the local paths (`hub.ModelFiles`), or with None
 when the user pressed Esc or the download failed; a notification then says what to do.
 
+A gated repo (the z-lab Qwen3.6 drafters) the token cannot read stops the download before any
+transfer: the screen says what to do and shows a token field. Enter stores the token the way
+`hf auth login` does (hub.save_token), checks access again and resumes the download.
+
     files = await app.push_screen_wait(DownloadScreen(plan))
 """
 
@@ -16,13 +20,11 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Label, ProgressBar
+from textual.widgets import Input, Label, ProgressBar
 
 from dflash_chat import hub
 from dflash_chat.errors import one_line
-from dflash_chat.hub import size_text
-
-MIB = 2**20
+from dflash_chat.sizes import rate_text, size_text
 
 
 class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
@@ -40,12 +42,25 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
     DownloadScreen .download-stat { color: $text-muted; }
     DownloadScreen ProgressBar Bar { width: 1fr; }
     DownloadScreen #download-hint { color: $text-muted; margin-top: 1; }
+    DownloadScreen #download-gated { height: auto; margin-top: 1; display: none; }
+    DownloadScreen #download-gated.shown { display: block; }
+    DownloadScreen #download-gated-text { color: $warning; }
     """
 
     class FileProgressed(Message):
         def __init__(self, progress: hub.Progress) -> None:
             super().__init__()
             self.progress = progress
+
+    class Gated(Message):
+        """A gated repo the token cannot read (or a token the Hub refused): ask for a token."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    class TokenSaved(Message):
+        """The token was stored and opens every gated repo of the plan: download again."""
 
     class Finished(Message):
         """files on success; error is None when the user cancelled."""
@@ -74,6 +89,10 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
             yield Label(self.title_text, classes="dialog-title")
             yield Label("Looking up the files…", id="download-summary")
             yield VerticalScroll(id="download-files")
+            with Vertical(id="download-gated"):
+                yield Label("", id="download-gated-text")
+                yield Input(placeholder="hf_…  (a read token from huggingface.co/settings/tokens; Enter saves it)",
+                            password=True, id="download-token")
             yield Label("Esc cancels; the files fetched so far are kept and resume next time", id="download-hint")
 
     def on_mount(self) -> None:
@@ -86,10 +105,23 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
             files = hub.download(self.plan, progress=self._report, cancel=self.cancel, disk_free=self.disk_free)
         except hub.DownloadCancelled:
             self.post_message(self.Finished(None, None))
+        except hub.GatedRepoAccessError as exc:
+            self.post_message(self.Gated(str(exc)))
         except Exception as exc:  # noqa: BLE001 - shown to the user instead of a crashed worker
             self.post_message(self.Finished(None, one_line(exc, "the download")))
         else:
             self.post_message(self.Finished(files, None))
+
+    @work(thread=True, exclusive=True, group="token")
+    def save_token(self, token: str) -> None:
+        """Store the token (huggingface_hub's login checks it with the Hub), then check access again."""
+        try:
+            hub.save_token(token)
+            hub.check_access(self.plan)
+        except hub.HubError as exc:
+            self.post_message(self.Gated(one_line(exc, "the token")))
+        else:
+            self.post_message(self.TokenSaved())
 
     def _report(self, progress: hub.Progress) -> None:
         self.post_message(self.FileProgressed(progress))  # from the worker thread; never blocks
@@ -121,6 +153,28 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
         self.query_one(f"#download-bar-{index}", ProgressBar).update(progress=p.done)
         self.query_one(f"#download-stat-{index}", Label).update(describe(p))
 
+    def on_download_screen_gated(self, message: Gated) -> None:
+        self.query_one("#download-gated-text", Label).update(message.text)
+        self.query_one("#download-gated").add_class("shown")
+        field = self.query_one("#download-token", Input)
+        field.disabled = False
+        field.value = ""
+        field.focus()
+        self.query_one("#download-hint", Label).update("Esc cancels; nothing was downloaded from the gated repo yet")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "download-token" or not event.value.strip():
+            return
+        event.input.disabled = True
+        self.query_one("#download-gated-text", Label).update("Checking the token with the Hub…")
+        self.save_token(event.value)
+
+    def on_download_screen_token_saved(self, message: TokenSaved) -> None:
+        self.query_one("#download-gated").remove_class("shown")
+        self.query_one("#download-hint", Label).update(
+            "Token saved (as `hf auth login` does). Esc cancels; the files fetched so far are kept")
+        self.fetch()
+
     def on_download_screen_finished(self, message: Finished) -> None:
         if message.files is not None:
             self.dismiss(message.files)
@@ -144,14 +198,14 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
 
 
 def describe(p: hub.Progress) -> str:
-    """'1.2 GB / 16.5 GB · 45.0 MB/s · 5:12 left', or the file's state."""
+    """'1.2 GB / 16.5 GB · 45 MB/s · 5:12 left', or the file's state."""
     if p.status in ("cached", "done"):
         return f"{size_text(p.total)} · {p.status}"
     if p.status == "verifying":
         return f"{size_text(p.total)} · checking the hash…"
     if p.status == "resuming":
         return f"resuming from {size_text(p.done)} of {size_text(p.total)}…"
-    parts = [f"{size_text(p.done)} / {size_text(p.total)}", f"{p.speed / MIB:.1f} MB/s"]
+    parts = [f"{size_text(p.done)} / {size_text(p.total)}", rate_text(p.speed)]
     if p.eta is not None:
         parts.append(f"{clock(p.eta)} left")
     return " · ".join(parts)

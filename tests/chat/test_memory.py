@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import sys
 
-from dflash_chat.chat.memory import gigabytes, memory_use
+from dflash_chat.chat.memory import memory_use
 
 
 def test_cpu_reports_this_process_ram():
@@ -15,6 +15,3 @@ def test_gpu_without_torch_loaded_reports_nothing(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert memory_use("cuda:0") is None
 
-
-def test_gigabytes():
-    assert gigabytes(3 * 2**30 + 2**29) == "3.5"

@@ -128,7 +128,7 @@ def test_without_a_gpu_the_demo_pair_unless_a_model_is_named(home, monkeypatch):
     monkeypatch.setattr(model_source, "demo_source", lambda: demo)
     chosen = model_manager.choose(Pick(context=2048), 8192, machine=NO_GPU)
     assert chosen.demo == dataclasses.replace(demo, context=2048) and chosen.choice is None
-    assert chosen.explanation.startswith("CPU, 64.0 GB RAM: no GPU (no CUDA device visible), so the tiny built-in demo")
+    assert chosen.explanation.startswith("CPU, 64 GB RAM: no GPU (no CUDA device visible), so the tiny built-in demo")
     on_cpu = model_manager.choose(Pick(model="qwen3.5-4b"), 8192, machine=NO_GPU)
     assert on_cpu.choice.pair.name == "qwen3.5-4b" and on_cpu.choice.device == "cpu"
 
@@ -163,7 +163,7 @@ def tiny_hub(home, monkeypatch, tmp_path):
     pair = {
         "title": "Tiny", "rank": 100, "default_context": 1024, "max_context": 4096, "tokenizer": "tiny/Tiny",
         "target": {"repo": "tiny/Tiny-GGUF", "quants": {"Q8_0": {"pattern": "*Q8_0*.gguf"}},
-                   "shape": dict(layers=4, full_attention_interval=2, kv_heads=2, head_dim=16, linear_key_heads=2,
+                   "shape": dict(layers=4, attention_layers=2, heads=4, kv_heads=2, head_dim=16, rotary_dim=4, linear_key_heads=2,
                                  linear_value_heads=4, linear_key_dim=16, linear_value_dim=16, conv_kernel=4,
                                  hidden=64, intermediate=128, vocab=384)},
         "drafter": {"quants": {"BF16": {"repo": "tiny/Tiny-DFlash", "format": "safetensors"}}},

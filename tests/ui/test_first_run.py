@@ -40,7 +40,8 @@ TINY_PAIR = {
     "tokenizer": TOKENIZER_REPO,
     "target": {
         "repo": TARGET_REPO,
-        "shape": {"layers": 4, "full_attention_interval": 2, "kv_heads": 2, "head_dim": 16, "linear_key_heads": 2,
+        "shape": {"layers": 4, "attention_layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "rotary_dim": 4,
+                  "linear_key_heads": 2,
                   "linear_value_heads": 4, "linear_key_dim": 16, "linear_value_dim": 16, "conv_kernel": 4,
                   "hidden": 64, "intermediate": 128, "vocab": 384},
         "quants": {"Q8_0": {"pattern": "*Q8_0*.gguf", "size_gb": 0.0003}},
@@ -321,7 +322,7 @@ def test_without_a_gpu_and_without_the_demo_files_the_app_says_what_to_pass(home
 
     subtitle, usable = run(main())
     error = hook.messages[0].error
-    assert error.startswith("CPU, 16.0 GB RAM: no GPU (CPU-only build of torch), and the tiny demo model is not part")
+    assert error.startswith("CPU, 16 GB RAM: no GPU (CPU-only build of torch), and the tiny demo model is not part")
     assert "--target DIR --drafter DIR" in error and "--model NAME" in error
     assert subtitle == "no model" and usable
 
@@ -341,7 +342,7 @@ def test_without_a_gpu_the_demo_pair_runs_and_the_app_says_so(home, monkeypatch,
 
     source, notice, subtitle, messages = run(main())
     assert source.demo and source.target == str(target)
-    assert messages[0].startswith("CPU, 16.0 GB RAM: no GPU (CPU-only build of torch), so the tiny built-in demo model")
+    assert messages[0].startswith("CPU, 16 GB RAM: no GPU (CPU-only build of torch), so the tiny built-in demo model")
     assert "tiny built-in demo model" in notice and subtitle == "tiny demo model"
     assert messages[-1].startswith("tiny demo model is ready")
 

@@ -9,8 +9,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Sparkline, Static, Switch
 
 from dflash_chat.chat.live_stats import LiveStats
-from dflash_chat.chat.memory import MemoryUse, gigabytes
+from dflash_chat.chat.memory import MemoryUse
 from dflash_chat.engine.events import AcceptanceFigures, GenerationStats
+from dflash_chat.sizes import size_text
 
 BARS = " ▁▂▃▄▅▆▇█"
 DASH = "—"
@@ -154,7 +155,7 @@ class StatsPanel(VerticalScroll):
         dtype = getattr(pair, "dtype", None)
         rows.append(("device", f"{pair.device}" + (f" · {_short(dtype)}" if dtype else "")))
         if memory is not None:
-            rows.append((memory.kind, f"{gigabytes(memory.used_bytes)} / {gigabytes(memory.total_bytes)} GB"))
+            rows.append((memory.kind, f"{size_text(memory.used_bytes)} / {size_text(memory.total_bytes)}"))
         self._show_rows("model", tuple(rows))
 
     def set_thinking(self, on: bool) -> None:

@@ -1,0 +1,225 @@
+"""The one memory model: what the engine allocates for a model pair, term by term.
+
+The picker (hardware.py) adds these terms up to decide what fits before any weight is read, so this
+module imports nothing heavy (no torch): only the shapes and the rules. The engine's allocations
+must follow the same rules; tests/engine/test_memory_model.py loads real pairs of each architecture
+and compares these figures with the bytes of the tensors the engine really holds, so a change to
+either side that makes them drift fails there.
+
+Notation: C = the context the engine is built for (`Engine(max_context=C)`), B = the drafter's block
+size (1 without a drafter), e = bytes per element of the compute dtype (`compute_bytes`: bf16 on a
+GPU, float32 on the CPU, as engine/load.py's default_dtype).
+
+What the engine holds for a whole conversation (`state_bytes`):
+- target KV: every full-attention layer keeps K and V of `cache_rows(C, B)` = C + B positions (the
+  verify step writes up to B-1 positions past the committed ones), [rows, kv_heads, head_dim] in e;
+- target RoPE table: cos and sin, [rows, rotary_dim] in e;
+- Gated DeltaNet: per linear-attention layer `RECURRENT_COPIES` float32 states [value_heads,
+  key_dim, value_dim] (the live state, the copy the last speculative forward rolls back from, and
+  the snapshot taken after each prefill for prefix reuse) and `CONV_COPIES` conv windows
+  [kernel-1, conv_channels] in e (live, snapshot);
+- the prefill snapshot's logits: [vocab] float32;
+- drafter KV: per layer K and V of `drafter_cache_rows` positions, [rows, kv_heads, head_dim] in e:
+  C + B rows for a full-attention layer; a sliding-window layer only ever reads its last `window`
+  context positions plus the block, so it needs min(C + B, window + B);
+- drafter RoPE table: cos and sin, [C + B, head_dim] in e.
+
+What a step or a prefill chunk needs on top, for a moment (`workspace_bytes`): see there.
+Weights are the files' bytes (`weight_bytes`): GGUF tensors stay packed; a BF16 safetensors
+checkpoint is held in the compute dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFILL_CHUNK = 1024  # tokens per prefill forward; engine/spec.py's must equal it (a test checks)
+RECURRENT_COPIES = 3  # live + rollback source + prefill snapshot
+CONV_COPIES = 2  # live + prefill snapshot
+STATE_BYTES = 4  # the recurrent state is float32 on every device
+LOGIT_BYTES = 4  # logits are float32
+FIXED_WORKSPACE = 2**29  # cuBLAS / Triton workspaces and allocator slack (512 MiB)
+CHECKPOINT_BYTES = 2  # BF16: the dtype of the safetensors checkpoints the catalog ships
+
+
+def compute_bytes(device: str) -> int:
+    """Bytes per element of the model dtype on `device`: bf16 on CUDA, float32 on the CPU."""
+    return 2 if device.startswith("cuda") else 4
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What sizes a target's state: hybrid Qwen3.5/3.6 (GDN + attention) or attention-only Qwen3."""
+
+    layers: int
+    attention_layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    hidden: int
+    intermediate: int  # MoE: the width a token activates (routed experts x width + shared expert)
+    vocab: int
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    conv_kernel: int = 4
+
+    @property
+    def linear_layers(self) -> int:
+        return self.layers - self.attention_layers
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.linear_key_heads * self.linear_key_dim + self.linear_value_heads * self.linear_value_dim
+
+    @classmethod
+    def of(cls, cfg) -> TargetShape:
+        """The shape of an engine TargetConfig (engine/models/config.py), as the loader parsed it."""
+        active = cfg.intermediate_size
+        if cfg.is_moe:
+            active = cfg.num_experts_per_tok * cfg.moe_intermediate_size + cfg.shared_expert_intermediate_size
+        return cls(
+            layers=cfg.num_layers,
+            attention_layers=sum(t == "full_attention" for t in cfg.layer_types),
+            heads=cfg.num_heads,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            rotary_dim=cfg.rotary_dim,
+            hidden=cfg.hidden_size,
+            intermediate=active,
+            vocab=cfg.vocab_size,
+            linear_key_heads=cfg.linear_num_key_heads,
+            linear_value_heads=cfg.linear_num_value_heads,
+            linear_key_dim=cfg.linear_key_head_dim,
+            linear_value_dim=cfg.linear_value_head_dim,
+            conv_kernel=cfg.linear_conv_kernel_dim,
+        )
+
+
+@dataclass(frozen=True)
+class DrafterShape:
+    """What sizes a DFlash drafter's context cache."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    block_size: int = 16
+    taps: int = 5  # target layers whose hidden states it reads
+    sliding_layers: int = 0
+    sliding_window: int = 0
+
+    @classmethod
+    def of(cls, cfg) -> DrafterShape:
+        """The shape of an engine DrafterConfig (engine/models/config.py)."""
+        sliding = sum(t == "sliding_attention" for t in cfg.layer_types) if cfg.sliding_window else 0
+        return cls(
+            layers=cfg.num_layers,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            hidden=cfg.hidden_size,
+            block_size=cfg.block_size,
+            taps=len(cfg.target_layer_ids),
+            sliding_layers=sliding,
+            sliding_window=cfg.sliding_window or 0,
+        )
+
+
+# --- the rules the engine allocates by -------------------------------------------------------------
+
+
+def cache_rows(context: int, block: int) -> int:
+    """Positions every target cache (and a full-attention drafter layer) holds: C + B."""
+    return context + block
+
+
+def drafter_cache_rows(shape: DrafterShape, context: int) -> list[int]:
+    """Positions each drafter layer's context cache holds (sliding-window layers, then full ones)."""
+    full = cache_rows(context, shape.block_size)
+    window = min(full, shape.sliding_window + shape.block_size)
+    return [window] * shape.sliding_layers + [full] * (shape.layers - shape.sliding_layers)
+
+
+# --- bytes, term by term ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """The engine's buffers for one conversation, by term (see the module docstring)."""
+
+    target_kv: int = 0
+    target_rope: int = 0
+    gdn_recurrent: int = 0
+    gdn_conv: int = 0
+    snapshot_logits: int = 0
+    drafter_kv: int = 0
+    drafter_rope: int = 0
+
+    @property
+    def total(self) -> int:
+        return (self.target_kv + self.target_rope + self.gdn_recurrent + self.gdn_conv + self.snapshot_logits
+                + self.drafter_kv + self.drafter_rope)
+
+
+def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> StateBytes:
+    block = drafter.block_size if drafter else 1
+    rows = cache_rows(context, block)
+    recurrent = target.linear_value_heads * target.linear_key_dim * target.linear_value_dim * STATE_BYTES
+    conv = (target.conv_kernel - 1) * target.conv_channels * e
+    state = StateBytes(
+        target_kv=target.attention_layers * 2 * rows * target.kv_heads * target.head_dim * e,
+        target_rope=2 * rows * target.rotary_dim * e,
+        gdn_recurrent=target.linear_layers * RECURRENT_COPIES * recurrent,
+        gdn_conv=target.linear_layers * CONV_COPIES * conv,
+        snapshot_logits=target.vocab * LOGIT_BYTES,
+    )
+    if drafter is None:
+        return state
+    per_row = 2 * drafter.kv_heads * drafter.head_dim * e
+    return StateBytes(
+        **{**state.__dict__,
+           "drafter_kv": sum(drafter_cache_rows(drafter, context)) * per_row,
+           "drafter_rope": 2 * rows * drafter.head_dim * e},
+    )
+
+
+def workspace_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> int:
+    """Memory held only while a prefill chunk or a verify step runs: the larger of the two, plus
+    FIXED_WORKSPACE for library workspaces and allocator slack. An estimate (what the engine frees
+    again cannot be read back from its tensors), sized generously.
+
+    Prefill chunk (T = min(PREFILL_CHUNK, C) tokens at the end of the context):
+    - layer activations: the residual, norm, attention (q with its gate, k, v, out) and MLP (gate,
+      up, product) rows, ~(6 H + 3 I) per token in e; a GDN layer's projections and conv window
+      (3 conv channels + the z gate) in e and its normalised q, k and output in float32;
+    - the causal mask: a bool [T, C + B] plus its copy repeated for each query head per KV head;
+    - the drafter's context features: taps x H per token, gathered and concatenated (twice).
+    Verify step: the target's logits and probabilities for the block ([B, vocab] float32, twice)
+    and, per GDN layer, what rollback keeps: keys, decays and corrected values of the block
+    (float32) and the conv window [kernel-1+B, channels] in e.
+    """
+    block = drafter.block_size if drafter else 1
+    rows = cache_rows(context, block)
+    tokens = min(PREFILL_CHUNK, context)
+    gdn_floats = target.linear_value_heads * (2 * target.linear_key_dim + target.linear_value_dim)
+    per_token = (6 * target.hidden + 3 * target.intermediate) * e
+    if target.linear_layers:
+        per_token += (3 * target.conv_channels + target.linear_value_heads * target.linear_value_dim) * e
+        per_token += gdn_floats * STATE_BYTES
+    query_groups = max(1, target.heads // max(1, target.kv_heads))
+    mask = (1 + query_groups) * tokens * rows
+    features = 2 * drafter.taps * tokens * target.hidden * e if drafter else 0
+    prefill = tokens * per_token + mask + features
+    record = block * target.linear_value_heads * (target.linear_key_dim + target.linear_value_dim + 1) * STATE_BYTES
+    record += (target.conv_kernel - 1 + block) * target.conv_channels * e
+    verify = 2 * block * target.vocab * LOGIT_BYTES + target.linear_layers * record
+    return FIXED_WORKSPACE + max(prefill, verify)
+
+
+def weight_bytes(file_bytes: int, kind: str, e: int) -> int:
+    """Weights in memory: GGUF tensors stay packed; a BF16 safetensors checkpoint takes the compute dtype."""
+    if kind == "safetensors":
+        return file_bytes * e // CHECKPOINT_BYTES
+    return file_bytes
