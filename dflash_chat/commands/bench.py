@@ -10,6 +10,8 @@ from pathlib import Path
 
 from dflash_chat.errors import UserError
 
+SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b")  # engine/synthetic.py holds their shapes
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure DFlash against plain decoding")
@@ -18,7 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--drafter")
     p.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3_5_moe", "qwen3"], help="tiny random target's architecture")
     p.add_argument("--hidden", type=int, default=256, help="tiny random target's hidden size")
-    p.add_argument("--layers", type=int, default=8, help="tiny random target's layer count")
+    p.add_argument("--layers", type=int, help="layer count of the tiny random target (default 8) or of the "
+                   "--synthetic model (default: all of them)")
     p.add_argument("--acceptance", type=float, default=0.8, help="per-token acceptance of the error-injecting drafter")
     p.add_argument("--block", type=int, default=16, help="block size of the error-injecting drafter")
     p.add_argument("--prompts", type=int, default=4)
@@ -29,6 +32,17 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny random target")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--synthetic", metavar="MODEL", choices=sorted(SYNTHETIC_MODELS),
+                   help=f"a real model's shapes with random packed weights ({', '.join(sorted(SYNTHETIC_MODELS))}): "
+                   "step times against the memory-bandwidth floor, kernels per step, tok/s")
+    p.add_argument("--quant", choices=["Q4_K_M", "Q8_0", "bf16"],
+                   help="--synthetic weights: a llama.cpp quant mix or bf16 (default Q4_K_M; bf16 on the CPU)")
+    p.add_argument("--vocab", type=int, help="--synthetic: cut the vocabulary (default: the model's; 4096 on the CPU, "
+                   "where the real one would take minutes per token)")
+    p.add_argument("--decode", choices=["auto", "graphs", "fixed", "eager"], default="auto",
+                   help="--synthetic: the decode path (default: CUDA graphs on a GPU, eager steps on the CPU)")
+    p.add_argument("--save", metavar="DIR", help="--synthetic: also write the figures as JSON into DIR "
+                   "(the project keeps GPU runs under bench/results/)")
     p.set_defaults(handler=main)
 
 
@@ -40,7 +54,7 @@ def _random_pair(args, tmp: Path):
     from dflash_chat.engine.spec import Engine
     from dflash_chat.tiny import write_target
 
-    hf = write_target(tmp, args.arch, hidden=args.hidden, layers=args.layers, seed=0)
+    hf = write_target(tmp, args.arch, hidden=args.hidden, layers=args.layers or 8, seed=0)
     target = load_target(tmp, args.device, getattr(torch, args.dtype) if args.dtype else None)
     args.hf_model = hf
     args.target_device = {target.model.norm.weight.device}
@@ -56,7 +70,7 @@ def _random_pair(args, tmp: Path):
         return Engine(target, oracle, max_context=context)
 
     title = (
-        f"tiny random {args.arch} target (hidden {args.hidden}, {args.layers} layers) on {target.model.norm.weight.device}; "
+        f"tiny random {args.arch} target (hidden {args.hidden}, {args.layers or 8} layers) on {target.model.norm.weight.device}; "
         f"autoregressive decoding first, to learn the true continuation, then DFlash with an error-injecting "
         f"drafter (block {args.block}, each drafted token right with probability {args.acceptance})"
     )
@@ -100,8 +114,36 @@ def _demo(args) -> int:
     return 0 if report.identical else 1
 
 
+def _synthetic(args) -> int:
+    from dflash_chat import synthetic_bench
+    from dflash_chat.engine.load import default_device
+
+    import torch
+
+    device = torch.device(args.device) if args.device else default_device()
+    on_cpu = device.type == "cpu"
+    setup = synthetic_bench.Setup(
+        model=args.synthetic, quant=args.quant or ("bf16" if on_cpu else "Q4_K_M"), layers=args.layers,
+        vocab=args.vocab or (4096 if on_cpu else None), device=str(device), decode=args.decode, tokens=args.tokens,
+        prompt_tokens=32 if on_cpu else 256, repeats=3 if on_cpu else 20, vs_transformers=args.vs_transformers,
+    )
+    log = (lambda *_: None) if args.json else print
+    figures = synthetic_bench.run(setup, log=log)
+    if args.save:
+        path = synthetic_bench.save(figures, args.save)
+        log(f"saved {path}")
+    print(json.dumps(figures) if args.json else synthetic_bench.format_report(figures))
+    return 0 if all(d["identical_to_ar"] for d in figures["dflash"]) or figures["dtype"] != "float32" else 1
+
+
 def _check(args) -> None:
     """Flags that do not go together, refused before anything loads."""
+    synthetic_only = [flag for flag, value in (("--quant", args.quant), ("--vocab", args.vocab),
+                                               ("--save", args.save)) if value]
+    if synthetic_only and not args.synthetic:
+        raise UserError(f"{', '.join(synthetic_only)} go with --synthetic MODEL")
+    if args.synthetic and (args.demo or args.target):
+        raise UserError("--synthetic measures random weights at a model's shapes: leave out --demo and --target")
     if args.vs_transformers and (args.demo or args.target):
         raise UserError("--vs-transformers times transformers on the tiny random target only: leave out --demo and --target")
     if args.target and not args.drafter:
@@ -121,6 +163,8 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.demo:
         return _demo(args)
+    if args.synthetic:
+        return _synthetic(args)
     hf = None
     if args.target:
         ar, spec_for, prompts, stops = _real_pair(args, args.target, args.drafter)

@@ -67,6 +67,7 @@ class FixedSteps:
         self.generator: torch.Generator | None = None
         self.graphs: dict | None = None
         self.pending: list = []  # (kind, begin, end) intervals not yet counted
+        self.host_s = 0.0  # host time the steps took: issuing them and reading their results (not the wait)
         if graphs:
             try:
                 self._capture_all()
@@ -108,27 +109,27 @@ class FixedSteps:
 
     # -- graphs ------------------------------------------------------------------------
     def _entry_points(self) -> dict:
-        if self.drafter is None:
-            return {"decode": self._decode}
-        return {"draft": self._draft, "verify": self._verify}
+        first = {"decode": self._decode} if self.drafter is None else {"draft": self._draft, "verify": self._verify}
+        return {**first, self._accept_key(): self._accept, "commit": self._commit}
 
     def _capture_all(self) -> None:
-        self.graphs = {}
+        """Warm every entry point up in step order, then capture each. Nothing runs during a capture, so
+        every capture reads buffers that hold real values (accept and commit read verify's outputs)."""
         self.remaining.fill_(self.B)
-        for name, fn in self._entry_points().items():
-            self.graphs[name] = self._capture(fn)
-        self.graphs["commit"] = self._capture(self._commit, warm=self._accept)
-        self.graphs[self._accept_key()] = self._capture(self._accept)
+        steps = self._entry_points()
+        self._warm_up(*steps.values())
+        self.graphs = {name: self._capture(fn) for name, fn in steps.items()}
 
-    def _capture(self, fn, warm=None):
+    def _warm_up(self, *fns) -> None:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # first-use checks, compiles, allocator warm-up
-                if warm is not None:
-                    warm()
-                fn()
+            for _ in range(2):  # first-use checks, Triton compiles, allocator warm-up
+                for fn in fns:
+                    fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def _capture(self, fn) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
@@ -145,7 +146,8 @@ class FixedSteps:
             return
         if self.graphs is not None and isinstance(name, tuple):  # a sampling setting seen for the first time
             try:
-                self.graphs[name] = self._capture(self._accept)  # accept is pure: warming it up changes nothing
+                self._warm_up(self._accept)  # accept is pure: warming it up changes nothing
+                self.graphs[name] = self._capture(self._accept)
                 self.graphs[name].replay()
                 return
             except Exception as exc:  # noqa: BLE001
@@ -178,6 +180,7 @@ class FixedSteps:
 
     def step(self, remaining: int) -> Step:
         """One decode step; `remaining` (>= 1) new tokens may still come."""
+        issued = time.perf_counter()
         self.remaining.fill_(remaining)
         if not self.params.greedy:
             self.draws.fill(self.generator)
@@ -193,8 +196,10 @@ class FixedSteps:
             ready.record()
         if self.drafter is not None:
             self._timed("draft", "draft")  # the next step's draft, queued before the read
+        self.host_s += time.perf_counter() - issued
         if ready is not None:
             ready.synchronize()
+        read = time.perf_counter()
         out = self.host.tolist()
         n, accepted = out[self.B], out[self.B + 1]
         emitted = out[:n]
@@ -203,6 +208,7 @@ class FixedSteps:
         self.last = emitted[-1]
         draft_s, verify_s = self._count(wait=False)
         drafted = min(self.B - 1, remaining - 1)
+        self.host_s += time.perf_counter() - read
         return Step(emitted, drafted, min(accepted, drafted), draft_s, verify_s)
 
     def _count(self, wait: bool) -> tuple[float, float]:

@@ -15,9 +15,12 @@ What the engine holds for a whole conversation (`state_bytes`):
   verify step writes up to B-1 positions past the committed ones), [rows, kv_heads, head_dim] in e;
 - target RoPE table: cos and sin, [rows, rotary_dim] in e;
 - Gated DeltaNet: per linear-attention layer `RECURRENT_COPIES` float32 states [value_heads,
-  key_dim, value_dim] (the live state, the copy the last speculative forward rolls back from, and
-  the snapshot taken after each prefill for prefix reuse) and `CONV_COPIES` conv windows
-  [kernel-1, conv_channels] in e (live, snapshot);
+  key_dim, value_dim] (the live state and the snapshot taken after each prefill for prefix reuse; a
+  speculative forward leaves the live state alone, so there is no copy to roll back from) and
+  `CONV_COPIES` conv windows [kernel-1, conv_channels] in e (live, snapshot);
+- what a verify leaves for its commit, per linear-attention layer (engine/state.py): the block's keys
+  [value_heads, B, key_dim], cumulative decays [value_heads, B] and corrected values [value_heads, B,
+  value_dim] in float32, and its conv window [kernel-1+B, conv_channels] in e;
 - the prefill snapshot's logits: [vocab] float32;
 - drafter KV: per layer K and V of `drafter_cache_rows` positions, [rows, kv_heads, head_dim] in e:
   C + B rows for a full-attention layer; a sliding-window layer only ever reads its last `window`
@@ -33,8 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREFILL_CHUNK = 1024  # tokens per prefill forward; engine/spec.py's must equal it (a test checks)
-RECURRENT_COPIES = 3  # live + rollback source + prefill snapshot
+PREFILL_CHUNK = 1024  # tokens per prefill forward (engine/spec.py prefills in chunks of this)
+RECURRENT_COPIES = 2  # live + prefill snapshot
 CONV_COPIES = 2  # live + prefill snapshot
 STATE_BYTES = 4  # the recurrent state is float32 on every device
 LOGIT_BYTES = 4  # logits are float32
@@ -153,14 +156,15 @@ class StateBytes:
     target_rope: int = 0
     gdn_recurrent: int = 0
     gdn_conv: int = 0
+    gdn_verify: int = 0
     snapshot_logits: int = 0
     drafter_kv: int = 0
     drafter_rope: int = 0
 
     @property
     def total(self) -> int:
-        return (self.target_kv + self.target_rope + self.gdn_recurrent + self.gdn_conv + self.snapshot_logits
-                + self.drafter_kv + self.drafter_rope)
+        return (self.target_kv + self.target_rope + self.gdn_recurrent + self.gdn_conv + self.gdn_verify
+                + self.snapshot_logits + self.drafter_kv + self.drafter_rope)
 
 
 def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> StateBytes:
@@ -173,6 +177,7 @@ def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int,
         target_rope=2 * rows * target.rotary_dim * e,
         gdn_recurrent=target.linear_layers * RECURRENT_COPIES * recurrent,
         gdn_conv=target.linear_layers * CONV_COPIES * conv,
+        gdn_verify=target.linear_layers * verify_record_bytes(target, block, e),
         snapshot_logits=target.vocab * LOGIT_BYTES,
     )
     if drafter is None:
@@ -183,6 +188,12 @@ def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int,
            "drafter_kv": sum(drafter_cache_rows(drafter, context)) * per_row,
            "drafter_rope": 2 * rows * drafter.head_dim * e},
     )
+
+
+def verify_record_bytes(target: TargetShape, block: int, e: int) -> int:
+    """One GDN layer's buffers for what a speculative forward of `block` tokens leaves to its commit."""
+    floats = block * target.linear_value_heads * (target.linear_key_dim + target.linear_value_dim + 1)
+    return floats * STATE_BYTES + (target.conv_kernel - 1 + block) * target.conv_channels * e
 
 
 def workspace_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> int:
@@ -196,9 +207,8 @@ def workspace_bytes(target: TargetShape, drafter: DrafterShape | None, context: 
       (3 conv channels + the z gate) in e and its normalised q, k and output in float32;
     - the causal mask: a bool [T, C + B] plus its copy repeated for each query head per KV head;
     - the drafter's context features: taps x H per token, gathered and concatenated (twice).
-    Verify step: the target's logits and probabilities for the block ([B, vocab] float32, twice)
-    and, per GDN layer, what rollback keeps: keys, decays and corrected values of the block
-    (float32) and the conv window [kernel-1+B, channels] in e.
+    Verify step: the target's logits and probabilities for the block ([B, vocab] float32, twice) and
+    the sampling noise ([B, vocab] float32).
     """
     block = drafter.block_size if drafter else 1
     rows = cache_rows(context, block)
@@ -212,9 +222,7 @@ def workspace_bytes(target: TargetShape, drafter: DrafterShape | None, context: 
     mask = (1 + query_groups) * tokens * rows
     features = 2 * drafter.taps * tokens * target.hidden * e if drafter else 0
     prefill = tokens * per_token + mask + features
-    record = block * target.linear_value_heads * (target.linear_key_dim + target.linear_value_dim + 1) * STATE_BYTES
-    record += (target.conv_kernel - 1 + block) * target.conv_channels * e
-    verify = 2 * block * target.vocab * LOGIT_BYTES + target.linear_layers * record
+    verify = 3 * block * target.vocab * LOGIT_BYTES
     return FIXED_WORKSPACE + max(prefill, verify)
 
 

@@ -33,7 +33,21 @@ class OracleDrafter:
         self._on: dict[torch.device, torch.Tensor] = {}
 
     def allocate(self, max_context: int) -> None:
+        self.max_context = max_context
+        self._draw_tables()
+        self._on = {}
+        self.ctx_len = 0
+
+    def rebase(self, reference: list[int]) -> None:
+        """A new true continuation; the tables stay where they are (a captured draft step keeps reading them)."""
+        self.reference = list(reference)
+        self._draw_tables()
+        for table in self._on.values():
+            table.copy_(self.proposals)
+
+    def _draw_tables(self) -> None:
         g = torch.Generator().manual_seed(self.seed)
+        max_context = self.max_context
         rows, D = max_context + 1, self.block_size - 1
         truth = torch.randint(0, self.vocab_size, (rows + D + 1,), generator=g)
         known = torch.tensor(self.reference[: truth.shape[0]], dtype=torch.long)
@@ -49,8 +63,6 @@ class OracleDrafter:
             wrong = torch.rand(rows, D, generator=g) >= self.accept_prob
         shift = 1 + torch.randint(0, self.vocab_size - 1, (rows, D), generator=g)
         self.proposals = torch.where(wrong, (draft + shift) % self.vocab_size, draft)
-        self._on = {}
-        self.ctx_len = 0
 
     def truncate(self, length: int) -> None:
         self.ctx_len = min(self.ctx_len, length)

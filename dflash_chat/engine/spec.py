@@ -28,10 +28,10 @@ import torch
 
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
+from dflash_chat.engine.memory import PREFILL_CHUNK
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.sampling import Draws, SamplingParams, accept, first_token
 
-PREFILL_CHUNK = 1024
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
 
 

@@ -178,3 +178,42 @@ def test_step_entry_points_read_nothing_from_the_device(arch, sampling, tiny_dir
         with NoHostReads():
             for name in names + [steps._accept_key(), "commit"]:
                 steps._run(name)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_give_the_eager_tokens(arch, dtype, tiny_dirs):
+    """On the GPU: the captured steps, the same steps uncaptured, and eager steps agree (fp32: token for
+    token; bf16: token for token too, as every path runs the same kernels on the same shapes per step)."""
+    target_dir, drafter_dir, _ = tiny_dirs[arch]
+    target = load_target(target_dir, "cuda", dtype)
+    engines = {mode: Engine(target, load_drafter(drafter_dir, target), max_context=200, decode=mode)
+               for mode in ("graphs", "fixed")}
+    assert engines["graphs"].decode == "graphs", "capture failed (see the warning)"
+    ar = Engine(target, None, max_context=200, decode="graphs")
+    assert ar.decode == "graphs"
+    ar_eager = Engine(target, None, max_context=200, decode="eager")
+    for prompt, n in zip(_prompts(target.cfg.vocab_size, 3, seed=5), (37, 16, 50)):
+        params = SamplingParams(max_new_tokens=n)
+        _same_run(engines["graphs"], engines["fixed"], prompt, params)
+        expected, _ = _same_run(ar, ar_eager, prompt, params)
+        if dtype == torch.float32:
+            assert run(engines["graphs"], prompt, params)[0] == expected
+
+
+@cuda
+@pytest.mark.gpu
+def test_cuda_graphs_sample_on_the_device(tiny_dirs):
+    target = load_target(tiny_dirs["qwen3_5"][0], "cuda", torch.bfloat16)
+    engine = Engine(target, load_drafter(tiny_dirs["qwen3_5"][1], target), max_context=200, decode="graphs")
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=40, seed=3)
+    first, finished, _ = run(engine, [3, 4, 5], params)
+    assert finished.reason == "length" and len(first) == 40
+    engine.reset()
+    assert run(engine, [3, 4, 5], params)[0] == first
+    assert ("accept", 0.8, 20, 0.9) in engine.fixed.graphs  # captured for this setting

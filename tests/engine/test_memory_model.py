@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_chat.engine import memory, spec
+from dflash_chat.engine import memory
 from dflash_chat.engine.load import load_pair
 from dflash_chat.engine.memory import DrafterShape, TargetShape
 from dflash_chat.engine.sampling import SamplingParams
@@ -114,10 +114,6 @@ def test_the_counter_sees_a_buffer_the_model_does_not_know(tiny_dirs, full_draft
     engine.extra = torch.zeros_like(engine.state.layers[1].k)
     with pytest.raises(AssertionError):
         assert_close(held_bytes(engine), estimate(engine))
-
-
-def test_the_prefill_chunk_is_the_engines():
-    assert memory.PREFILL_CHUNK == spec.PREFILL_CHUNK
 
 
 def test_the_compute_dtype_is_the_loaders():

@@ -1,0 +1,427 @@
+"""`dflash-chat bench --synthetic MODEL`: the engine at a real model's shapes, with random packed weights.
+
+One run measures, on whatever device is there: the weight bytes a decode step reads and the device's
+copy bandwidth (so the step's floor), the autoregressive step against that floor, the B-token verify
+against the autoregressive step, the draft step and the accept + commit, the host time per step, the
+kernels each entry point launches (torch profiler), and end to end tokens/s of autoregressive decoding
+and of DFlash at forced acceptance lengths (the real drafter runs at its real cost; its proposals are
+replaced by an error-injecting oracle's, so the acceptance is what the run asks for). With
+--vs-transformers, transformers' own bf16 generate() (eager and static cache) on the same shapes.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from dflash_chat.engine import synthetic
+from dflash_chat.engine.oracle import OracleDrafter
+from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.sizes import rate_text, size_text
+
+ACCEPTANCE_LENGTHS = (3, 6)  # tokens per verify step the DFlash runs are forced to
+
+
+@dataclass
+class Setup:
+    model: str
+    quant: str = "Q4_K_M"
+    layers: int | None = None
+    vocab: int | None = None
+    device: str | None = None
+    decode: str = "auto"
+    tokens: int = 64
+    prompt_tokens: int = 256
+    repeats: int = 20
+    vs_transformers: bool = False
+
+
+class InjectedDrafter:
+    """The real drafter, run at its real cost, whose proposals an oracle replaces (a forced acceptance)."""
+
+    def __init__(self, real, oracle: OracleDrafter):
+        self.real, self.oracle = real, oracle
+        self.block_size = real.block_size
+        self.target_layer_ids = real.target_layer_ids
+
+    @property
+    def ctx_len(self) -> int:
+        return self.real.ctx_len
+
+    @ctx_len.setter
+    def ctx_len(self, value: int) -> None:
+        self.real.ctx_len = self.oracle.ctx_len = value
+
+    def allocate(self, max_context: int) -> None:
+        self.real.allocate(max_context)
+        self.oracle.allocate(max_context)
+
+    def truncate(self, length: int) -> None:
+        self.real.truncate(length)
+        self.oracle.truncate(length)
+
+    def append_context(self, features, start: int) -> None:
+        self.real.append_context(features, start)
+        self.oracle.append_context(features, start)
+
+    def store_context(self, features, positions) -> None:
+        self.real.store_context(features, positions)
+
+    def propose(self, last_token: int, start: int, length: int):
+        self.real.propose(last_token, start, length)
+        return self.oracle.propose(last_token, start, length)
+
+    def block_ids(self, device):
+        return self.real.block_ids(device)
+
+    def draft_block(self, ids, span):
+        self.real.draft_block(ids, span)
+        return self.oracle.draft_block(ids, span)
+
+
+@dataclass
+class Report:
+    figures: dict = field(default_factory=dict)
+
+    def __setitem__(self, key, value):
+        self.figures[key] = value
+
+    def __getitem__(self, key):
+        return self.figures[key]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn, device: torch.device, repeats: int, between=None) -> float:
+    """Median seconds of fn() over `repeats` calls after two warm-up calls (device time on CUDA)."""
+    samples = []
+    for i in range(repeats + 2):
+        if between is not None:
+            between()
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            seconds = begin.elapsed_time(end) / 1000
+        else:
+            t0 = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - t0
+        if i >= 2:
+            samples.append(seconds)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes read + written per second by a device-to-device copy (1 GiB on CUDA, 64 MiB elsewhere)."""
+    n = (1 << 30) if device.type == "cuda" else (64 << 20)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * n / time_call(lambda: dst.copy_(src), device, 10)
+
+
+def kernels_launched(fn, device: torch.device) -> int:
+    """Kernels one call of fn launches on CUDA (torch profiler); elsewhere the operators it runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    events = prof.events()
+    if device.type == "cuda":
+        return sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def run(setup: Setup, log=print) -> dict:
+    from dflash_chat.engine.load import default_device, default_dtype
+    from dflash_chat.engine.spec import Engine
+
+    device = torch.device(setup.device) if setup.device else default_device()
+    dtype = default_dtype(device)
+    if setup.vocab:
+        synthetic.TARGETS[setup.model] = {**synthetic.TARGETS[setup.model], "vocab_size": setup.vocab}
+    r = Report()
+    r["model"], r["quant"], r["device"] = setup.model, setup.quant, str(device)
+    r["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    r["torch"] = torch.__version__
+    r["commit"], r["date"] = git_commit(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    t0 = time.perf_counter()
+    target = synthetic.build_target(setup.model, setup.quant, setup.layers, device, dtype)
+    drafter = synthetic.build_drafter(setup.model, target, "bf16" if setup.quant == "bf16" else "Q8_0")
+    _sync(device)
+    r["build_s"] = time.perf_counter() - t0
+    cfg = target.cfg
+    r["layers"], r["vocab"], r["dtype"] = cfg.num_layers, cfg.vocab_size, str(dtype).removeprefix("torch.")
+    r["weight_bytes_per_token"] = synthetic.bytes_per_token(target)
+    r["drafter_weight_bytes"] = synthetic.bytes_per_token(drafter)
+    r["copy_bytes_per_s"] = copy_bandwidth(device)
+    log(f"{setup.model} {setup.quant}, {cfg.num_layers} layers, vocab {cfg.vocab_size} on {r['gpu'] or device} "
+        f"({r['build_s']:.1f} s to build): {size_text(r['weight_bytes_per_token'])} of weights per token, "
+        f"copy bandwidth {rate_text(r['copy_bytes_per_s'])}")
+
+    context = setup.prompt_tokens + setup.tokens + 64
+    prompt = torch.randint(0, cfg.vocab_size, (setup.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    params = SamplingParams(max_new_tokens=setup.tokens)
+
+    t0 = time.perf_counter()
+    ar = Engine(target, None, max_context=context, decode=setup.decode)
+    _sync(device)
+    r["decode"], r["ar_setup_s"] = ar.decode, time.perf_counter() - t0
+    _generate(ar, prompt, params)  # the first run pays for the first-use work
+    host0 = ar.fixed.host_s if ar.fixed else 0.0
+    ar_run = _generate(ar, prompt, params)
+    if ar.fixed is not None and ar_run.stats.steps:
+        r["ar_host_ms_per_step"] = 1e3 * (ar.fixed.host_s - host0) / ar_run.stats.steps
+    reference = prompt + ar_run.tokens
+    oracle = OracleDrafter(reference, cfg.vocab_size, block_size=drafter.block_size, mode="fixed", accept_prob=2)
+    t0 = time.perf_counter()
+    spec = Engine(target, InjectedDrafter(drafter, oracle), max_context=context, decode=setup.decode)
+    _sync(device)
+    r["dflash_setup_s"] = time.perf_counter() - t0
+    log(f"decode path: {ar.decode}; engine setup (warm-up and capture) {r['ar_setup_s']:.1f} s AR, "
+        f"{r['dflash_setup_s']:.1f} s DFlash")
+
+    _steps(r, ar, spec, prompt, setup, device)
+    _end_to_end(r, ar_run, spec, oracle, reference, prompt, params)
+    del ar, spec
+    if setup.vs_transformers:
+        del target, drafter
+        _free(device)
+        r["transformers"] = vs_transformers(setup, device, prompt, log)
+    return r.figures
+
+
+def _generate(engine, prompt, params):
+    from dflash_chat.bench import generate
+
+    engine.reset()
+    return generate(engine, prompt, params)
+
+
+def _free(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
+    """Each entry point timed on its own, from a state after a real prefill."""
+    reps = setup.repeats
+    for engine in (ar, spec):
+        engine.reset()
+        for _ in engine.generate(prompt, SamplingParams(max_new_tokens=2)):
+            pass
+        if engine.fixed is not None:
+            engine.fixed.begin(1, SamplingParams(), None)
+    if ar.fixed is None:  # eager steps: time the target forwards directly
+        _eager_steps(r, ar, spec, reps, device)
+    else:
+        a, s = ar.fixed, spec.fixed
+        a.remaining.fill_(10**6)
+        s.remaining.fill_(10**6)
+        r["ar_step_ms"] = 1e3 * time_call(lambda: a._run("decode"), device, reps)
+        r["verify_ms"] = 1e3 * time_call(lambda: s._run("verify"), device, reps)
+        r["draft_ms"] = 1e3 * time_call(lambda: s._run("draft"), device, reps)
+        start = int(s.start.item())
+        r["accept_commit_ms"] = 1e3 * time_call(lambda: (s._run(s._accept_key()), s._run("commit")), device, reps,
+                                                between=lambda: s.start.fill_(start))
+        s.start.fill_(start)
+        was = a.graphs, s.graphs
+        a.graphs = s.graphs = None  # count the kernels of the uncaptured steps
+        r["kernels_per_step"] = {
+            "decode": kernels_launched(lambda: a._run("decode"), device),
+            "verify": kernels_launched(lambda: s._run("verify"), device),
+            "draft": kernels_launched(lambda: s._run("draft"), device),
+            "accept_commit": kernels_launched(lambda: (s._run(s._accept_key()), s._run("commit")), device),
+        }
+        a.graphs, s.graphs = was
+        s.start.fill_(start)
+    floor = r["weight_bytes_per_token"] / r["copy_bytes_per_s"] * 1e3
+    r["ar_floor_ms"] = floor
+    r["ar_over_floor"] = r["ar_step_ms"] / floor
+    r["verify_over_ar"] = r["verify_ms"] / r["ar_step_ms"]
+    r["draft_over_verify"] = r["draft_ms"] / r["verify_ms"]
+
+
+def _eager_steps(r: Report, ar, spec, reps, device) -> None:
+    from dflash_chat.engine.models.span import Span
+
+    target, state = ar.target, ar.state
+    start = state.length
+    ids1 = torch.zeros(1, dtype=torch.long, device=device)
+    idsb = torch.zeros(spec.block_size, dtype=torch.long, device=device)
+
+    def decode():
+        target(ids1, state, logits="all", span=Span.eager(start, 1, device))
+
+    def verify():
+        spec.target(idsb, spec.state, logits="all", taps=spec.taps, speculative=True,
+                    span=Span.eager(spec.state.length, spec.block_size, device))
+
+    def draft():
+        spec.drafter.real.propose(0, spec.drafter.real.ctx_len, spec.block_size - 1)
+
+    r["ar_step_ms"] = 1e3 * time_call(decode, device, reps)
+    r["verify_ms"] = 1e3 * time_call(verify, device, reps)
+    r["draft_ms"] = 1e3 * time_call(draft, device, reps)
+    r["kernels_per_step"] = {"decode": kernels_launched(decode, device), "verify": kernels_launched(verify, device),
+                             "draft": kernels_launched(draft, device)}
+
+
+def _end_to_end(r: Report, ar_run, spec, oracle, reference, prompt, params) -> None:
+    r["ar_tokens_per_s"] = ar_run.stats.decode_tokens_per_s
+    runs = []
+    for length in ACCEPTANCE_LENGTHS:
+        oracle.accept_prob = length - 1  # drafts right before the first wrong one
+        oracle.rebase(reference)
+        _generate(spec, prompt, params)  # warm
+        host0 = spec.fixed.host_s if spec.fixed else 0.0
+        got = _generate(spec, prompt, params)
+        stats = got.stats
+        entry = {
+            "forced_acceptance_length": length,
+            "mean_acceptance_length": stats.mean_acceptance_length,
+            "tokens_per_s": stats.decode_tokens_per_s,
+            "speedup_vs_ar": stats.decode_tokens_per_s / r["ar_tokens_per_s"] if r["ar_tokens_per_s"] else 0.0,
+            "identical_to_ar": got.tokens == ar_run.tokens,
+        }
+        if spec.fixed is not None and stats.steps:
+            entry["host_ms_per_step"] = 1e3 * (spec.fixed.host_s - host0) / stats.steps
+        runs.append(entry)
+    r["dflash"] = runs
+
+
+def vs_transformers(setup: Setup, device, prompt, log) -> dict:
+    """transformers' generate() in bf16 (dynamic and static cache) and our bf16 autoregressive decoding, on
+    the same shapes with random weights, one after the other (one bf16 copy of the model at a time)."""
+    from transformers import AutoModelForCausalLM
+
+    from dflash_chat.engine.spec import Engine
+
+    out: dict = {}
+    n = setup.tokens
+    ours = synthetic.build_target(setup.model, "bf16", setup.layers, device, torch.bfloat16)
+    t0 = time.perf_counter()
+    engine = Engine(ours, None, max_context=len(prompt) + n + 8, decode=setup.decode)
+    setup_s = time.perf_counter() - t0
+    _generate(engine, prompt, SamplingParams(max_new_tokens=n))
+    run = _generate(engine, prompt, SamplingParams(max_new_tokens=n))
+    out["ours_bf16_tokens_per_s"] = run.stats.decode_tokens_per_s
+    out["ours_bf16_setup_s"] = setup_s
+    del engine, ours
+    _free(device)
+
+    raw = dict(synthetic.TARGETS[setup.model], num_hidden_layers=setup.layers or
+               synthetic.TARGETS[setup.model]["num_hidden_layers"])
+    model_type = raw.pop("model_type").removesuffix("_text")
+    cfg = _hf_config(model_type, raw)
+    with torch.device(device):
+        hf = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).eval()
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    ids = torch.tensor([prompt], device=device)
+    for cache in ("dynamic", "static"):
+        kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
+        if cache == "static":
+            kw["cache_implementation"] = "static"
+        try:
+            with torch.no_grad():
+                hf.generate(ids, **{**kw, "max_new_tokens": 2})
+                _sync(device)
+                t0 = time.perf_counter()
+                hf.generate(ids, **{**kw, "max_new_tokens": 1})
+                _sync(device)
+                t1 = time.perf_counter()
+                hf.generate(ids, **kw)
+                _sync(device)
+                t2 = time.perf_counter()
+            out[f"transformers_{cache}_tokens_per_s"] = (n - 1) / max((t2 - t1) - (t1 - t0), 1e-9)
+        except Exception as exc:  # noqa: BLE001 - report what transformers cannot do, keep the rest
+            out[f"transformers_{cache}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    best = max((v for k, v in out.items() if k.startswith("transformers_") and k.endswith("tokens_per_s")), default=0)
+    out["ours_bf16_over_transformers_best"] = out["ours_bf16_tokens_per_s"] / best if best else None
+    log(f"transformers bf16: {out}")
+    del hf
+    _free(device)
+    return out
+
+
+def _hf_config(model_type: str, raw: dict):
+    from transformers import AutoConfig
+
+    if model_type == "qwen3_5":
+        from transformers import Qwen3_5TextConfig as cls
+    elif model_type == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeTextConfig as cls
+    else:
+        return AutoConfig.for_model(model_type, **raw)
+    return cls(**raw)
+
+
+def format_report(f: dict) -> str:
+    k = f.get("kernels_per_step", {})
+    lines = [
+        f"{f['model']} {f['quant']} ({f['layers']} layers, vocab {f['vocab']}) on {f['gpu'] or f['device']}, "
+        f"{f['dtype']}, decode path: {f['decode']}",
+        f"  weights read per token   {size_text(f['weight_bytes_per_token']):>8}   copy bandwidth "
+        f"{rate_text(f['copy_bytes_per_s'])}",
+        f"  AR step                  {f['ar_step_ms']:8.3f} ms   floor {f['ar_floor_ms']:.3f} ms  -> {f['ar_over_floor']:.2f}x the floor",
+        f"  verify-B                 {f['verify_ms']:8.3f} ms   {f['verify_over_ar']:.2f}x the AR step",
+        f"  draft                    {f['draft_ms']:8.3f} ms   {f['draft_over_verify']:.0%} of a verify",
+    ]
+    if "accept_commit_ms" in f:
+        lines.append(f"  accept + commit          {f['accept_commit_ms']:8.3f} ms")
+    lines.append("  kernels per call         " + ", ".join(f"{name} {n}" for name, n in k.items()))
+    host = f", host {f['ar_host_ms_per_step']:.3f} ms/step" if "ar_host_ms_per_step" in f else ""
+    lines.append(f"  AR decode                {f['ar_tokens_per_s']:8.1f} tok/s{host}")
+    for d in f["dflash"]:
+        host = f", host {d['host_ms_per_step']:.3f} ms/step" if "host_ms_per_step" in d else ""
+        lines.append(f"  DFlash at length {d['forced_acceptance_length']}       {d['tokens_per_s']:8.1f} tok/s   "
+                     f"{d['speedup_vs_ar']:.2f}x AR (measured {d['mean_acceptance_length']:.2f} tokens/step{host}; "
+                     f"same tokens as AR: {'yes' if d['identical_to_ar'] else 'no'})")
+    if "transformers" in f:
+        t = f["transformers"]
+        lines.append(f"  bf16: ours {t['ours_bf16_tokens_per_s']:.1f} tok/s; transformers "
+                     + ", ".join(f"{c} {t[f'transformers_{c}_tokens_per_s']:.1f}" for c in ("dynamic", "static")
+                                 if f"transformers_{c}_tokens_per_s" in t)
+                     + (f" -> ours {t['ours_bf16_over_transformers_best']:.2f}x the best"
+                        if t.get("ours_bf16_over_transformers_best") else ""))
+    return "\n".join(lines)
+
+
+def save(figures: dict, folder: str | os.PathLike) -> Path:
+    """bench/results/<date>-<device>-<model>-<quant>.json"""
+    import json
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    device = (figures.get("gpu") or figures["device"]).replace(" ", "-").lower()
+    name = f"{figures['date'][:10]}-{device}-{figures['model']}-{figures['quant']}-{figures['layers']}l.json"
+    path = folder / name
+    path.write_text(json.dumps(figures, indent=2))
+    return path

@@ -1,0 +1,89 @@
+"""Random packed weights at real shapes (engine/synthetic.py) and `bench --synthetic` on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dflash_chat.engine import synthetic
+from dflash_chat.engine.weights.formats import FORMATS, dequantize
+
+
+def test_the_q4_k_m_mix_is_llama_cpps():
+    fmt = lambda name, shape, mix="Q4_K_M": synthetic.weight_format(name, shape, mix, 64)  # noqa: E731
+    assert fmt("lm_head.weight", (248320, 5120)) is FORMATS["Q6_K"]
+    assert fmt("model.embed_tokens.weight", (248320, 5120)) is FORMATS["Q4_K"]
+    # attn_v / attn_qkv / ffn_down: Q6_K in the first and last eighth and every third layer between
+    bumped = [i for i in range(64) if fmt(f"model.layers.{i}.mlp.down_proj.weight", (5120, 17408)) is FORMATS["Q6_K"]]
+    assert bumped[:10] == [0, 1, 2, 3, 4, 5, 6, 7, 10, 13] and bumped[-8:] == list(range(56, 64))
+    assert fmt("model.layers.10.linear_attn.in_proj_qkv.weight", (10240, 5120)) is FORMATS["Q6_K"]
+    assert fmt("model.layers.11.linear_attn.in_proj_qkv.weight", (10240, 5120)) is FORMATS["Q4_K"]
+    assert fmt("model.layers.10.mlp.gate_proj.weight", (17408, 5120)) is FORMATS["Q4_K"]
+    # rows that are not whole 256-value blocks fall back; norms, conv, router and 1-row gates stay float
+    assert fmt("model.layers.0.x.weight", (64, 2080)) is FORMATS["Q8_0"]
+    for name, shape in [("model.norm.weight", (5120,)), ("model.layers.0.linear_attn.conv1d.weight", (10240, 1, 4)),
+                        ("model.layers.0.mlp.gate.weight", (256, 2048)),
+                        ("model.layers.0.mlp.shared_expert_gate.weight", (1, 2048))]:
+        assert fmt(name, shape) is None
+    assert fmt("lm_head.weight", (248320, 5120), "Q8_0") is FORMATS["Q8_0"]
+    assert fmt("lm_head.weight", (248320, 5120), "bf16") is None
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_random_blocks_are_small_and_finite(name):
+    fmt = FORMATS[name]
+    t = synthetic.random_packed(fmt, (3, 512), "cpu", torch.Generator().manual_seed(0))
+    values = dequantize(t.data, fmt)
+    assert values.shape == (3, 512) and values.isfinite().all()
+    assert 0 < values.abs().max() < 1.0
+
+
+def test_cut_models_keep_both_layer_kinds_and_valid_taps():
+    target = synthetic.target_config("qwen3.6-27b", layers=2)
+    assert target.layer_types == ["linear_attention", "full_attention"]
+    drafter = synthetic.drafter_config("qwen3.6-27b", 2, vocab=4096)
+    assert drafter.num_layers == 2 and drafter.layer_types == ["sliding_attention", "full_attention"]
+    assert all(0 <= t < 2 for t in drafter.target_layer_ids) and drafter.mask_token_id == 4095
+    full = synthetic.drafter_config("qwen3.6-35b-a3b", 40)
+    assert full.target_layer_ids == [1, 6, 11, 16, 22, 27, 32, 37] and full.sliding_window == 4096
+
+
+def test_bytes_per_token_counts_the_routed_experts_a_token_picks():
+    synthetic.TARGETS["tiny-moe"] = dict(synthetic.TARGETS["qwen3.6-35b-a3b"], vocab_size=512, hidden_size=256,
+                                         num_experts=16, num_experts_per_tok=2, moe_intermediate_size=256,
+                                         shared_expert_intermediate_size=256, num_attention_heads=2,
+                                         num_key_value_heads=1, head_dim=128, linear_num_key_heads=2,
+                                         linear_num_value_heads=2)
+    try:
+        model = synthetic.build_target("tiny-moe", "Q8_0", layers=2)
+    finally:
+        del synthetic.TARGETS["tiny-moe"]
+    experts = [m for m in model.modules() if type(m).__name__ == "QuantExperts"]
+    expert_bytes = sum(b.numel() for m in experts for b in m.buffers())
+    everything = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    embed = model.model.embed_tokens.packed.numel()
+    assert synthetic.bytes_per_token(model) == everything - embed + embed // 512 - expert_bytes + expert_bytes * 2 // 16
+
+
+def test_bench_synthetic_runs_on_the_cpu(tmp_path):
+    """The issue's smoke run: real 27B layer shapes, two layers, every figure printed and saved."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dflash_chat.cli", "bench", "--synthetic", "qwen3.6-27b", "--layers", "2",
+         "--tokens", "6", "--threads", "1", "--json", "--save", str(tmp_path)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["model"] == "qwen3.6-27b" and figures["layers"] == 2 and figures["device"] == "cpu"
+    assert figures["weight_bytes_per_token"] > 2e9  # two 27B layers, a 4096-token vocabulary, float32
+    for key in ("ar_step_ms", "ar_floor_ms", "verify_ms", "draft_ms", "copy_bytes_per_s", "ar_tokens_per_s"):
+        assert figures[key] > 0, key
+    assert all(n > 0 for n in figures["kernels_per_step"].values())
+    runs = {d["forced_acceptance_length"]: d for d in figures["dflash"]}
+    assert set(runs) == {3, 6} and all(d["identical_to_ar"] for d in runs.values())
+    assert runs[6]["mean_acceptance_length"] > runs[3]["mean_acceptance_length"] > 1
+    saved = list(tmp_path.glob("*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["date"] == figures["date"]
