@@ -34,9 +34,27 @@ def check(alloc, end, T, heads, kv_heads, d, causal, window, dtype=torch.float32
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
 
 
+def check_ring(rows, end, T, window, causal):
+    """A sliding layer's ring of `rows` rows (position j in row j mod rows) against the full cache."""
+    g = torch.Generator().manual_seed(end)
+    q = torch.randn(T, 4, 16, generator=g)
+    full_k, full_v = torch.randn(end, 2, 16, generator=g), torch.randn(end, 2, 16, generator=g)
+    ring_k, ring_v = torch.full((rows, 2, 16), float("nan")), torch.full((rows, 2, 16), float("nan"))
+    held = torch.arange(end - rows, end)
+    ring_k[held % rows], ring_v[held % rows] = full_k[held], full_v[held]
+    span = Span.fixed(torch.tensor(end - T), torch.arange(T), rows)
+    want = attend_cache(q, full_k, full_v, Span.eager(end - T, T, q.device), 0.25, causal=causal, window=window)
+    for got in (kernel.attend(q, ring_k, ring_v, span.pos, span.end, 0.25, causal, window),
+                attend_cache(q, ring_k.nan_to_num(), ring_v.nan_to_num(), span, 0.25, causal=causal, window=window)):
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 if __name__ == "__main__":
     assert kernel.available(torch.empty(0)), "the kernel must be selected under the interpreter"
     for case in CASES:
         check(*case)
     check(*CASES[1], dtype=torch.float16)
+    check_ring(rows=300 + 16, end=1700, T=16, window=300, causal=False)  # the drafter's sliding layers
+    check_ring(rows=40 + 16, end=90, T=16, window=40, causal=False)
     print("attention kernel checks passed")

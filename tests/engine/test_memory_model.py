@@ -96,11 +96,6 @@ def test_the_estimate_without_a_drafter(tiny_dirs, arch):
     assert_close(held_bytes(engine), estimate(engine))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine keeps C + B rows for every drafter layer; a sliding-window layer needs only "
-    "window + B (memory.drafter_cache_rows) -- the drafter cache rework must allocate that",
-)
 def test_sliding_window_layers_hold_only_their_window(tiny_dirs):
     target = tiny_dirs["qwen3_5"][0]
     engine = loaded(target, tiny_dirs["qwen3_5"][1], CONTEXTS[1])  # one sliding (window 8) and one full layer

@@ -6,7 +6,9 @@ into fixed chunks (split-KV, "flash decoding"): the grid is sized for the alloca
 CUDA graph can replay it at any length, and a program whose chunk lies past `end` (or outside every
 row's causal / window range) exits before reading anything, so the time follows the used length.
 Grouped-query heads are folded into the rows (each KV head is read once for its `rep` query heads).
-A second kernel merges the chunks' partial softmaxes.
+A second kernel merges the chunks' partial softmaxes. A cache with fewer rows than positions (a
+sliding-window layer's ring) holds position j in row j mod rows; the chunks then cover the positions
+the ring still holds.
 
 The torch reference is `models.attention.attend_cache`'s SDPA path; tests compare both under
 TRITON_INTERPRET=1.
@@ -41,7 +43,8 @@ def _kernels():
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
            end: torch.Tensor | int, scale: float, causal: bool, window: int | None) -> torch.Tensor:
-    """q [T, heads, d]; caches [rows, kv_heads, d]; pos [T]; end: valid rows (device 0-d tensor or int).
+    """q [T, heads, d]; caches [rows, kv_heads, d] (position j in row j mod rows); pos [T]; end: positions
+    written so far (device 0-d tensor or int).
 
     Returns [T, heads * d] in q's dtype. Sync-free: every size comes from shapes, `end` stays on the device.
     """
@@ -49,8 +52,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: t
     rows_alloc, kv_heads, _ = k_cache.shape
     rep = heads // kv_heads
     R = T * rep
-    if not torch.is_tensor(end):
-        end = torch.tensor(end, device=q.device)
+    if not torch.is_tensor(end):  # an eager step: end = pos[-1] + 1, computed where it lives (no host copy)
+        end = pos[-1:] + 1
     end = end.reshape(1).to(torch.int64)
     q = q.contiguous()
     block_r = max(16, min(64, 1 << (R - 1).bit_length()))
@@ -60,10 +63,11 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: t
     out = torch.empty(T, heads, d, device=q.device, dtype=q.dtype)
     partial, merge = _kernels()
     grid = (kv_heads, -(-R // block_r), splits)
-    partial[grid](q, k_cache, v_cache, pos, end, acc, ml, T, rep, R, scale, window or 0,
+    partial[grid](q, k_cache, v_cache, pos, end, acc, ml, T, rep, R, scale, window or 0, rows_alloc,
                   q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
                   D=d, BLOCK_R=block_r, BLOCK_N=BLOCK_N, SPLIT=SPLIT, CAUSAL=causal, WINDOWED=window is not None,
                   IEEE=q.dtype == torch.float32,
                   num_warps=4 if block_r <= 16 else 8)
-    merge[(kv_heads, R)](acc, ml, end, out, rep, R, kv_heads, out.stride(0), out.stride(1), D=d, SPLIT=SPLIT)
+    merge[(kv_heads, R)](acc, ml, end, out, rep, R, kv_heads, rows_alloc, out.stride(0), out.stride(1), D=d,
+                         SPLIT=SPLIT)
     return out.reshape(T, heads * d)

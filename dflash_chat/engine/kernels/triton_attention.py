@@ -4,9 +4,8 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
-def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, rep, R, scale, window,
+def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, rep, R, scale, window, cache_rows,
                    stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
                    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr):
@@ -15,7 +14,8 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
     s = tl.program_id(2)  # cache chunk
     KVH = tl.num_programs(0)
     end = tl.load(end_ptr)
-    lo_chunk = s * SPLIT
+    first = tl.maximum(end - cache_rows, 0)  # the oldest position a ring cache still holds (0 otherwise)
+    lo_chunk = first + s * SPLIT
     if lo_chunk >= end:
         return  # never read by the merge
     rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -39,9 +39,10 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
     for j0 in range(start, hi, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)
         inside = j < hi
-        k = tl.load(k_ptr + j[:, None].to(tl.int64) * stride_kn + g * stride_kh + d[None, :], mask=inside[:, None],
+        row = (j % cache_rows).to(tl.int64)  # position j lives in row j mod rows
+        k = tl.load(k_ptr + row[:, None] * stride_kn + g * stride_kh + d[None, :], mask=inside[:, None],
                     other=0.0)
-        v = tl.load(v_ptr + j[:, None].to(tl.int64) * stride_vn + g * stride_vh + d[None, :], mask=inside[:, None],
+        v = tl.load(v_ptr + row[:, None] * stride_vn + g * stride_vh + d[None, :], mask=inside[:, None],
                     other=0.0)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -69,11 +70,12 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
     tl.store(ml_ptr + 2 * base + 1, l, mask=live)
 
 @triton.jit
-def merge_kernel(acc_ptr, ml_ptr, end_ptr, out_ptr, rep, R, KVH, stride_ot, stride_oh,
+def merge_kernel(acc_ptr, ml_ptr, end_ptr, out_ptr, rep, R, KVH, cache_rows, stride_ot, stride_oh,
                  D: tl.constexpr, SPLIT: tl.constexpr):
     g = tl.program_id(0)
     row = tl.program_id(1)
-    used = (tl.load(end_ptr) + SPLIT - 1) // SPLIT
+    end = tl.load(end_ptr)
+    used = (end - tl.maximum(end - cache_rows, 0) + SPLIT - 1) // SPLIT
     d = tl.arange(0, D)
     m_all = float("-inf")
     for s in range(0, used):

@@ -44,7 +44,10 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = N
 
 def attend_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: Span, scale: float, *,
                  causal: bool = True, window: int | None = None) -> torch.Tensor:
-    """q [T, heads, d] at `span.pos` against the cache rows [0, span.end) -> [T, heads * d].
+    """q [T, heads, d] at `span.pos` against the cached positions [0, span.end) -> [T, heads * d].
+
+    Position j lives in row j mod rows: the identity for a cache as long as the context, a ring for a
+    sliding-window layer that keeps only its window.
 
     A query at position p sees key position j when j < end, and j <= p if causal, and |p - j| < window if
     windowed. On CUDA a length-aware kernel reads only the rows below `end`; elsewhere SDPA reads
@@ -54,8 +57,15 @@ def attend_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
     if kernel.available(q):
         return kernel.attend(q, k_cache, v_cache, span.pos, span.end, scale, causal, window)
-    k, v = k_cache[: span.bound], v_cache[: span.bound]
-    return attend(q, k, v, cache_mask(span, causal, window), scale)
+    rows = k_cache.shape[0]
+    if span.bound <= rows:
+        k, v = k_cache[: span.bound], v_cache[: span.bound]
+        return attend(q, k, v, cache_mask(span, causal, window), scale)
+    # a ring (a sliding-window layer's cache): row r holds the newest position below end that is r mod rows
+    last = span.end - 1
+    held = last - torch.remainder(last - torch.arange(rows, device=q.device), rows)
+    visible = causal_mask(span.pos, held, window, causal) & (held >= 0)[None, :]
+    return attend(q, k_cache, v_cache, visible, scale)
 
 
 def cache_mask(span: Span, causal: bool, window: int | None) -> torch.Tensor | None:

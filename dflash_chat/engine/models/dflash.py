@@ -67,6 +67,17 @@ def drafter_rotary(cfg: DrafterConfig) -> Rotary:
     return Rotary(cfg.head_dim, cfg.rope_theta, inv_freq=inv_freq, attention_factor=factor)
 
 
+def _write(cache_k: torch.Tensor, cache_v: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+           v: torch.Tensor) -> None:
+    """K/V of `positions` into their rows (j mod rows); of a run longer than a ring, only the newest rows."""
+    rows = cache_k.shape[0]
+    if positions.shape[0] > rows:
+        positions, k, v = positions[-rows:], k[-rows:], v[-rows:]
+    at = torch.remainder(positions, rows)
+    cache_k.index_copy_(0, at, k)
+    cache_v.index_copy_(0, at, v)
+
+
 class DraftAttention(Projections):
     def __init__(self, cfg: DrafterConfig, layer_type: str):
         super().__init__(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
@@ -113,8 +124,7 @@ class DFlashDrafter(nn.Module):
         self._lm_head: nn.Module | None = None
         self._final_norm: nn.Module | None = None
         self._normed_slice: slice | None = None
-        self.cache_k: torch.Tensor | None = None
-        self.cache_v: torch.Tensor | None = None
+        self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: K and V [rows, kv_heads, head_dim]
         self.ctx_len = 0
 
     # -- wiring -----------------------------------------------------------------
@@ -136,13 +146,18 @@ class DFlashDrafter(nn.Module):
             self._normed_slice = slice(k * width, (k + 1) * width)
 
     def allocate(self, max_context: int) -> None:
-        """Preallocate the context K/V cache for `max_context` committed positions."""
+        """Preallocate the context K/V caches for `max_context` positions. A sliding-window layer never looks
+        further back than its window from the block it drafts, so it keeps a ring of window + B rows
+        (position j in row j mod rows); full layers keep every position."""
         p = self.norm.weight  # fc may be a quantized module: the norm holds the compute dtype
-        shape = (len(self.layers), max_context, self.cfg.num_kv_heads, self.cfg.head_dim)
-        dtype = p.dtype
-        self.cache_k = torch.zeros(shape, dtype=dtype, device=p.device)
-        self.cache_v = torch.zeros(shape, dtype=dtype, device=p.device)
-        self.rotary.allocate(max_context, dtype)
+        self.cache = []
+        for layer in self.layers:
+            window = layer.self_attn.window
+            rows = min(max_context, window + self.block_size) if window else max_context
+            shape = (rows, self.cfg.num_kv_heads, self.cfg.head_dim)
+            self.cache.append((torch.zeros(shape, dtype=p.dtype, device=p.device),
+                               torch.zeros(shape, dtype=p.dtype, device=p.device)))
+        self.rotary.allocate(max_context, p.dtype)
         self.ctx_len = 0
 
     def truncate(self, length: int) -> None:
@@ -186,13 +201,12 @@ class DFlashDrafter(nn.Module):
     def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Context K/V of the target features [n, K*H] at `positions` [n] (a fixed-shape step stores a whole
         verify block; the rows past the accepted ones are overwritten before anything reads them)."""
-        dtype = self.cache_k.dtype
+        dtype = self.norm.weight.dtype
         h = self.project_context(features.to(dtype))
         cos, sin = self.rotary.at(positions, dtype)
-        for i, layer in enumerate(self.layers):
+        for layer, (cache_k, cache_v) in zip(self.layers, self.cache):
             k, v = layer.self_attn.keys_values(h, cos, sin)
-            self.cache_k[i].index_copy_(0, positions, k)
-            self.cache_v[i].index_copy_(0, positions, v)
+            _write(cache_k, cache_v, positions, k, v)
 
     @torch.no_grad()
     def draft_hidden(self, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
@@ -217,17 +231,16 @@ class DFlashDrafter(nn.Module):
     def _draft(self, ids: torch.Tensor, span: Span) -> torch.Tensor:
         """The final-normed hidden states of the drafted positions (block rows 1..), the block's own K/V
         written to the cache rows past the context (the next block or context rows overwrite them)."""
-        dtype = self.cache_k.dtype
+        dtype = self.norm.weight.dtype
         x = self._embed(ids).to(dtype)
         cos, sin = self.rotary.at(span.pos, dtype)
-        for i, layer in enumerate(self.layers):
+        for layer, (cache_k, cache_v) in zip(self.layers, self.cache):
             attn = layer.self_attn
             xn = layer.input_layernorm(x)
             q, _ = attn.queries(xn, cos, sin)
             k, v = attn.keys_values(xn, cos, sin)
-            self.cache_k[i].index_copy_(0, span.pos, k)
-            self.cache_v[i].index_copy_(0, span.pos, v)
-            out = attend_cache(q, self.cache_k[i], self.cache_v[i], span, attn.scale, causal=attn.causal,
+            _write(cache_k, cache_v, span.pos, k, v)
+            out = attend_cache(q, cache_k, cache_v, span, attn.scale, causal=attn.causal,
                                window=attn.window)
             x = layer.finish(x, attn.o_proj(out))
         return self.norm(x[1:])
