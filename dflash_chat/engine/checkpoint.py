@@ -23,6 +23,7 @@ from torch import nn
 
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.layers import Experts
+from dflash_chat.engine.placement import Placement
 from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear, QuantTensor
 from dflash_chat.engine.weights.gguf import LazyTensors
 
@@ -88,19 +89,20 @@ def _is_packed(t: Weight) -> bool:
     return isinstance(t, QuantTensor) or (isinstance(t, tuple) and any(isinstance(p, QuantTensor) for p in t))
 
 
-def _owned(t: Weight, device: torch.device) -> Weight:
-    """`t` on `device` in memory of its own (never a view of the read-only memory-mapped file).
-
-    Only CPU tensors can be views of the file: one already on an accelerator is kept as it is.
-    """
+def _owned(t: Weight, placement: Placement) -> Weight:
+    """`t` on the placement's device in memory of its own (never a view of the read-only memory-mapped file)."""
     if isinstance(t, tuple):
-        return tuple(_owned(p, device) for p in t)
-    moved = t.to(device)
+        return tuple(_owned(p, placement) for p in t)
     if isinstance(t, QuantTensor):
-        if moved.data is not t.data or moved.device.type != "cpu":
-            return moved
-        return QuantTensor(t.data.clone(), t.fmt, t.shape, t.input_index)
-    return moved if moved is not t or moved.device.type != "cpu" else t.clone()
+        index = None if t.input_index is None else t.input_index.to(placement.device)
+        return QuantTensor(placement.place(t.data), t.fmt, t.shape, index)
+    return placement.place(t)
+
+
+def _nbytes(t: Weight) -> int:
+    if isinstance(t, tuple):
+        return sum(_nbytes(p) for p in t)
+    return t.nbytes if isinstance(t, QuantTensor) else t.numel() * t.element_size()
 
 
 def _as_float(t: Weight) -> torch.Tensor:
@@ -109,32 +111,38 @@ def _as_float(t: Weight) -> torch.Tensor:
     return t.dequantize() if isinstance(t, QuantTensor) else t
 
 
-def _quant_twin(module: nn.Module, weights: dict[str, Weight], device, dtype) -> nn.Module | None:
+def _quant_twin(module: nn.Module, weights: dict[str, Weight], placement: Placement, dtype) -> nn.Module | None:
     """The Quant* module holding `weights` packed; None for other modules or plain float weights."""
     if not any(_is_packed(t) for t in weights.values()):
         return None
     if isinstance(module, nn.Linear):
-        return QuantLinear(_owned(weights["weight"], device))
+        return QuantLinear(_owned(weights["weight"], placement))
     if isinstance(module, nn.Embedding):
-        return QuantEmbedding(_owned(weights["weight"], device), dtype=dtype)
+        return QuantEmbedding(_owned(weights["weight"], placement), dtype=dtype)
     if isinstance(module, Experts):
-        return QuantExperts(_owned(weights["gate_up_proj"], device), _owned(weights["down_proj"], device))
+        return QuantExperts(_owned(weights["gate_up_proj"], placement), _owned(weights["down_proj"], placement))
     return None
 
 
-def _fill(param: nn.Parameter, t: Weight, device, dtype) -> nn.Parameter:
-    t = _as_float(t)  # a packed tensor where no quantized module exists (tiny vectors): decode it
+def _fill(param: nn.Parameter, t: Weight, placement: Placement, dtype) -> nn.Parameter:
+    t = _as_float(_owned(t, placement))  # a packed tensor where no quantized module exists (tiny vectors): decode it
     if param.dim() == 3 and t.dim() == 2:  # conv1d weight stored [C, K]
         t = t.unsqueeze(1)
-    out = torch.empty(param.shape, device=device, dtype=dtype)
+    if t.dtype == dtype and tuple(t.shape) == tuple(param.shape):
+        return nn.Parameter(t)
+    out = torch.empty(param.shape, device=placement.device, dtype=dtype)
     with torch.no_grad():
         out.copy_(t)
     return nn.Parameter(out)
 
 
 def materialise(model: nn.Module, tensors: Mapping[str, Weight], device, dtype, what: str,
-                skip: tuple[str, ...] = ()) -> None:
-    """Load `tensors` into a meta-device `model`, one module at a time; names in `skip` stay on meta."""
+                skip: tuple[str, ...] = (), placement: Placement | None = None) -> None:
+    """Load `tensors` into a meta-device `model`, one module at a time; names in `skip` stay on meta.
+
+    `placement` moves the tensors to the device and counts their bytes (a progress display's); by
+    default a plain one for `device`."""
+    placement = placement or Placement(device)
     wanted = [n for n, _ in model.named_parameters() if n not in skip]
     missing = [n for n in wanted if n not in tensors]
     if missing:
@@ -154,10 +162,11 @@ def materialise(model: nn.Module, tensors: Mapping[str, Weight], device, dtype, 
                     f"{what} tensor {full} has shape {got}, the model's config implies {want}: "
                     "the weights and config do not belong together"
                 )
-        twin = _quant_twin(module, weights, device, dtype)
+        twin = _quant_twin(module, weights, placement, dtype)
         if twin is not None:
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr, twin)
-            continue
-        for p, full in own:
-            setattr(module, p, _fill(getattr(module, p), weights[p], device, dtype))
+        else:
+            for p, full in own:
+                setattr(module, p, _fill(getattr(module, p), weights[p], placement, dtype))
+        placement.count(sum(_nbytes(t) for t in weights.values()))

@@ -22,6 +22,7 @@ from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.quantized import QuantEmbedding
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights import names
@@ -88,6 +89,16 @@ def resolve_model_path(path: str | Path, what: str) -> tuple[str, Path]:
     raise ModelFormatError(f"{what} {path} is not a GGUF file or a model folder: {hint}")
 
 
+def model_bytes(path: str | Path) -> int:
+    """Bytes of a model's weight files: a GGUF with all its split parts, or a folder's safetensors."""
+    kind, path = resolve_model_path(path, "model")
+    if kind == "gguf":
+        m = SPLIT_PART.search(path.name)
+        parts = [path] if m is None else path.parent.glob(SPLIT_PART.sub("-*-of-" + m[2], path.name))
+        return sum(p.stat().st_size for p in parts)
+    return sum(p.stat().st_size for p in path.glob("*.safetensors"))
+
+
 def display_name(path: str | Path) -> str:
     """A short name for a model: a GGUF's stem, the repo id of a Hugging Face cache snapshot, a folder's name."""
     path = Path(path)
@@ -118,8 +129,9 @@ def _check_materialised(module: torch.nn.Module, what: str) -> None:
 
 # --- target ------------------------------------------------------------------------------------
 
-def load_target(path: str | Path, device=None, dtype=None) -> TargetModel:
-    """A target model from a Hugging Face folder or a GGUF file (quantized tensors stay packed)."""
+def load_target(path: str | Path, device=None, dtype=None, placement: Placement | None = None) -> TargetModel:
+    """A target model from a Hugging Face folder or a GGUF file (quantized tensors stay packed).
+    `placement` moves the tensors to the device and counts them (a progress display)."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     kind, path = resolve_model_path(path, "target")
@@ -135,7 +147,8 @@ def load_target(path: str | Path, device=None, dtype=None) -> TargetModel:
         raise ModelFormatError("target weights have no lm_head.weight and config.json does not tie embeddings")
     with torch.device("meta"):
         model = TargetModel(cfg)
-    materialise(model, tensors, device, dtype, "target", skip=("lm_head.weight",) if tied else ())
+    materialise(model, tensors, device, dtype, "target", skip=("lm_head.weight",) if tied else (),
+                placement=placement)
     if tied:
         _tie_lm_head(model)
     model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta).to(device)
@@ -183,6 +196,7 @@ def _check_fits(cfg: DrafterConfig, fc_width: int | None, target: TargetModel) -
 
 
 def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None = None,
+                 placement: Placement | None = None,
                  quant: str | None = None) -> DFlashDrafter:
     """A DFlash drafter bound to `target`'s embeddings and LM head.
 
@@ -209,7 +223,7 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None =
         tensors = ChainMap({"fc.weight": fc}, tensors)  # read (and quantized) once
     with torch.device("meta"):
         drafter = DFlashDrafter(cfg, target.cfg.hidden_size)
-    materialise(drafter, tensors, param.device, param.dtype, "drafter")
+    materialise(drafter, tensors, param.device, param.dtype, "drafter", placement=placement)
     drafter.rotary = drafter_rotary(cfg).to(param.device)
     _check_materialised(drafter, "drafter")
     drafter.bind(target.model.embed_tokens, target.lm_head, target.model.norm, target.cfg.num_layers)
@@ -279,16 +293,20 @@ def load_pair(
     causal: bool | None = None,
     drafter_quant: str | None = None,
     decode: str = "auto",
+    progress: Progress | None = None,
 ) -> LoadedPair:
     """Target (+ drafter) and tokenizer, ready to chat. `tokenizer`: a folder with the official
     tokenizer/chat-template files; without it the target folder's own, or the target GGUF's metadata.
-    `decode`: the decode path (see spec.decode_mode); on CUDA the default captures the steps as graphs here."""
+    `decode`: the decode path (see spec.decode_mode); on CUDA the default captures the steps as graphs here.
+    `progress(bytes placed, bytes in all)` is called as the weights reach the device."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
-    model = load_target(target, device, dtype)
+    placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0), progress)
+    model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)
-    draft = load_drafter(drafter, model, causal=causal, quant=drafter_quant) if drafter else None
+    draft = load_drafter(drafter, model, causal=causal, quant=drafter_quant, placement=placement) if drafter else None
+    placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     engine = Engine(model, draft, max_context=context, decode=decode)
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)

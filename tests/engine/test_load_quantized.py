@@ -370,3 +370,31 @@ def test_quantized_pair_on_cuda(tiny):
         exact.engine.reset()
         want = run(ar, prompt, SamplingParams(max_new_tokens=16))[0]
         assert run(exact.engine, prompt, SamplingParams(max_new_tokens=16))[0] == want
+
+
+def test_loading_reports_progress_up_to_the_files_bytes(tiny):
+    """load_pair's progress: monotonic byte counts of the weights placed, ending at the files' size."""
+    from dflash_chat.engine.load import model_bytes
+
+    t = tiny("qwen3_5")
+    target_path, drafter_path = t.target_gguf("Q4_K_M"), t.drafter_gguf("Q8_0", "dflash-draft")
+    calls = []
+    load_pair(target_path, drafter_path, device="cpu", max_context=64, progress=lambda done, total: calls.append((done, total)))
+    total = model_bytes(target_path) + model_bytes(drafter_path)
+    assert len(calls) > 10 and calls[-1] == (total, total)
+    assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:])) and all(c[1] == total for c in calls)
+    # the tensors are nearly all of a GGUF: the count reaches most of the way before the final report
+    assert calls[-2][0] > 0.8 * total
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_staged_placement_equals_a_plain_copy():
+    from dflash_chat.engine.placement import STAGING_BYTES, Placement
+
+    placement = Placement("cuda")
+    for n in (3, STAGING_BYTES // 2 + 5, 2 * STAGING_BYTES + 7):  # inside one buffer, across both, wrapping
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8)
+        assert torch.equal(placement.place(src).cpu(), src)
+    bf = torch.randn(1000, 333).to(torch.bfloat16)
+    assert torch.equal(placement.place(bf).cpu(), bf)
