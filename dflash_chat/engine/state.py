@@ -6,15 +6,12 @@ Commit after a partial accept (DFlash verifies B tokens, keeps n <= B of them):
 - Attention: the cache rows beyond the kept length are simply ignored (length is a number, or a device
   tensor in fixed-shape steps) and overwritten by the next forward.
 - GDN: a recurrent state cannot be truncated, so a speculative forward leaves the state as it was and
-  keeps what takes it to the state after any prefix of the block (see gdn.py): for a block that fits one
-  chunk (every verify block), the chunk's keys, cumulative decays and corrected values u from the
-  triangular solve the forward did anyway, in preallocated buffers, so the commit of n tokens is one
-  batched matmul per layer, in place: S0 * exp(G[n-1]) + (k[:n] * exp(G[n-1] - G[:n]))^T u[:n], with n a
-  host int or a device tensor (a masked matmul over all B rows). Longer blocks keep their recurrence
-  inputs and re-run the first n tokens. The layer also keeps its conv window [conv state; the block's
-  conv inputs]; the conv state after n tokens is rows n..n+kernel-2.
-  Memory: the block's k/u/decays and conv window (B rows) per GDN layer; no copy of the state.
-  Compute: no projections, no second target forward.
+  keeps its recurrence inputs (q, k, v, decays, betas: no projections to redo) in preallocated buffers;
+  the commit of n tokens re-runs the recurrence over them in place, n a host int or a device tensor
+  (tokens past n masked to a no-op, so the shapes do not depend on n): one read and one write of the
+  state, like a decode step (see gdn.py and kernels/gdn.py). The layer also keeps its conv window [conv
+  state; the block's conv inputs]; the conv state after n tokens is rows n..n+kernel-2.
+  Memory: the block's inputs and conv window (B rows) per GDN layer; no copy of the state.
 """
 
 from __future__ import annotations
@@ -34,14 +31,16 @@ class AttentionCache:
 class GDNCache:
     recurrent: torch.Tensor  # [v_heads, k_dim, v_dim], float32
     conv: torch.Tensor  # [kernel-1, conv_dim]
-    # what the last speculative forward left for its commit (preallocated for `block` tokens, grown on demand
-    # in eager steps): chunk keys [H, B, k_dim], cumulative decays [H, B], corrected values [H, B, v_dim], all
-    # float32, and the conv window [kernel-1+B, conv_dim]
+    # what the last speculative forward left for its commit (room for `block` tokens, grown on demand in eager
+    # steps): its recurrence inputs, q and k [B, key_heads, k_dim] and g, beta [B, v_heads] in float32, v [B,
+    # v_heads, v_dim], and its conv window [kernel-1+B, conv_dim]
+    spec_q: torch.Tensor
     spec_k: torch.Tensor
-    spec_G: torch.Tensor
-    spec_u: torch.Tensor
+    spec_v: torch.Tensor
+    spec_g: torch.Tensor
+    spec_beta: torch.Tensor
     spec_window: torch.Tensor
-    pending: object | None = None  # a ChunkUpdate over the buffers, or a Replay (blocks longer than a chunk)
+    pending: int = 0  # tokens of the last speculative forward (0: none)
 
 
 @dataclass
@@ -58,7 +57,7 @@ class ModelState:
             if isinstance(layer, GDNCache):
                 layer.recurrent.zero_()
                 layer.conv.zero_()
-                layer.pending = None
+                layer.pending = 0
 
     def gdn_layers(self) -> list[GDNCache]:
         return [c for c in self.layers if isinstance(c, GDNCache)]

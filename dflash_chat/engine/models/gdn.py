@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dflash_chat.engine.kernels import gdn as gdn_kernel
 from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.layers import GatedRMSNorm
 from dflash_chat.engine.state import GDNCache
@@ -23,22 +24,10 @@ CHUNK = 64  # tokens per triangular solve
 STEPWISE = 4  # below this many tokens, the token-by-token recurrence beats a solve
 
 
-def recurrence(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
-    """Run the delta rule token by token, updating `state` [H, K, V] (float32) in place.
-
-    q, k: [T, H, K]; v: [T, H, V]; g, beta: [T, H]. Returns outputs [T, H, V] (float32).
-    """
-    T = q.shape[0]
-    out = torch.empty(T, v.shape[1], v.shape[2], dtype=torch.float32, device=v.device)
-    decay = g.float().exp()
-    for t in range(T):
-        state.mul_(decay[t][:, None, None])
-        kt = k[t].float()
-        remembered = torch.einsum("hkv,hk->hv", state, kt)
-        delta = (v[t].float() - remembered) * beta[t].float()[:, None]
-        state.add_(kt[:, :, None] * delta[:, None, :])
-        out[t] = torch.einsum("hkv,hk->hv", state, q[t].float())
-    return out
+def per_value_head(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """q or k [T, key_heads, K] -> [T, heads, K]: value head h reads key head h // (heads / key_heads)."""
+    rep = heads // x.shape[1]
+    return x.repeat_interleave(rep, dim=1) if rep > 1 else x
 
 
 @dataclass
@@ -69,23 +58,6 @@ class ChunkUpdate:
         log_w = torch.where(rows[None, :] < n, last - self.G, float("-inf"))
         weighted = self.k * log_w.exp()[..., None]
         state.mul_(last.exp()[..., None]).baddbmm_(weighted.transpose(1, 2), self.u)
-
-
-@dataclass
-class Replay:
-    """A block's recurrence inputs and conv window, for blocks longer than a chunk: re-run the first n
-    (n a host int)."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    window: torch.Tensor
-
-    def advance(self, n: int, state: torch.Tensor) -> None:
-        if n:
-            delta_rule(self.q[:n], self.k[:n], self.v[:n], self.g[:n], self.beta[:n], state)
 
 
 def solve_chunk(q, k, v, g, beta, state: torch.Tensor, advance: bool = True) -> tuple[torch.Tensor, ChunkUpdate]:
@@ -128,10 +100,22 @@ def chunked(q, k, v, g, beta, state: torch.Tensor, chunk: int = CHUNK) -> torch.
 
 
 def delta_rule(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
-    """Token by token for a few tokens (decode), a chunk at a time beyond (verify blocks, prefill)."""
-    if q.shape[0] < STEPWISE:
-        return recurrence(q, k, v, g, beta, state)
-    return chunked(q, k, v, g, beta, state)
+    """The recurrence over T tokens, `state` updated in place; q, k at key heads. On CUDA the fused kernel;
+    elsewhere token by token for a few tokens (decode), a chunk at a time beyond (prefill)."""
+    if q.shape[0] < STEPWISE or gdn_kernel.available(state):
+        return gdn_kernel.recurrent(q, k, v, g, beta, state, update=True)
+    H = v.shape[1]
+    return chunked(per_value_head(q, H), per_value_head(k, H), v, g, beta, state)
+
+
+def outputs_only(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
+    """The outputs of the recurrence over T tokens from `state`, which stays as it was (a verify)."""
+    H = v.shape[1]
+    if gdn_kernel.available(state):
+        return gdn_kernel.recurrent(q, k, v, g, beta, state, update=False)
+    if q.shape[0] <= CHUNK:
+        return solve_chunk(per_value_head(q, H), per_value_head(k, H), v, g, beta, state, advance=False)[0]
+    return chunked(per_value_head(q, H), per_value_head(k, H), v, g, beta, state.clone())
 
 
 class GatedDeltaNet(nn.Module):
@@ -156,15 +140,17 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(self.value_total, cfg.hidden_size, bias=False)
 
     def new_cache(self, device, dtype, block: int = 1) -> GDNCache:
-        """The layer's state, with room for what a speculative forward of up to `block` tokens leaves to commit."""
+        """The layer's state, with room for the inputs of a speculative forward of up to `block` tokens."""
         f32 = dict(dtype=torch.float32, device=device)
-        H = self.num_v_heads
+        H, Hk = self.num_v_heads, self.num_k_heads
         return GDNCache(
             recurrent=torch.zeros(H, self.k_dim, self.v_dim, **f32),
             conv=torch.zeros(self.kernel - 1, self.conv_dim, dtype=dtype, device=device),
-            spec_k=torch.zeros(H, block, self.k_dim, **f32),
-            spec_G=torch.zeros(H, block, **f32),
-            spec_u=torch.zeros(H, block, self.v_dim, **f32),
+            spec_q=torch.zeros(block, Hk, self.k_dim, **f32),
+            spec_k=torch.zeros(block, Hk, self.k_dim, **f32),
+            spec_v=torch.zeros(block, H, self.v_dim, dtype=dtype, device=device),
+            spec_g=torch.zeros(block, H, **f32),
+            spec_beta=torch.zeros(block, H, **f32),
             spec_window=torch.zeros(self.kernel - 1 + block, self.conv_dim, dtype=dtype, device=device),
         )
 
@@ -187,60 +173,52 @@ class GatedDeltaNet(nn.Module):
         q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         q = q * self.k_dim**-0.5
-        if self.num_v_heads != self.num_k_heads:
-            rep = self.num_v_heads // self.num_k_heads
-            q = q.repeat_interleave(rep, dim=1)
-            k = k.repeat_interleave(rep, dim=1)
         beta = torch.sigmoid(self.in_proj_b(x).float())
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         return window, (q, k, v, g, beta)
 
     def forward(self, x: torch.Tensor, cache: GDNCache, speculative: bool = False) -> torch.Tensor:
-        """Mix T new tokens. A speculative forward leaves the state as it was and keeps, in the cache, what
-        `commit` needs to take it to the state after any prefix of the block."""
+        """Mix T new tokens. A speculative forward leaves the state as it was and keeps its recurrence
+        inputs and conv window in the cache, so `commit` can take the state to after any prefix of the block."""
         T = x.shape[0]
         window, (q, k, v, g, beta) = self.recurrence_inputs(x, cache)
         if speculative:
-            core = self._hold(cache, window, q, k, v, g, beta)
+            _hold(cache, window, q, k, v, g, beta)
+            core = outputs_only(q, k, v, g, beta, cache.recurrent)
         else:
             cache.conv.copy_(window[T:])
             core = delta_rule(q, k, v, g, beta, cache.recurrent)
-            cache.pending = None
+            cache.pending = 0
         z = self.in_proj_z(x).reshape(T, self.num_v_heads, self.v_dim)
         core = self.norm(core.to(x.dtype), z)
         return self.out_proj(core.reshape(T, self.value_total))
 
     @staticmethod
-    def _hold(cache: GDNCache, window, q, k, v, g, beta) -> torch.Tensor:
-        T = q.shape[0]
-        if T > CHUNK:
-            cache.pending = Replay(q, k, v, g, beta, window)
-            return delta_rule(q, k, v, g, beta, cache.recurrent.clone())
-        if cache.spec_G.shape[1] < T:  # an eager step longer than the buffers were made for
-            H = cache.spec_G.shape[0]
-            cache.spec_k = cache.spec_k.new_zeros(H, T, cache.spec_k.shape[2])
-            cache.spec_G = cache.spec_G.new_zeros(H, T)
-            cache.spec_u = cache.spec_u.new_zeros(H, T, cache.spec_u.shape[2])
-            cache.spec_window = cache.spec_window.new_zeros(window.shape[0], window.shape[1])
-        core, update = solve_chunk(q, k, v, g, beta, cache.recurrent, advance=False)
-        kept = ChunkUpdate(cache.spec_k[:, :T], cache.spec_G[:, :T], cache.spec_u[:, :T])
-        kept.k.copy_(update.k)
-        kept.G.copy_(update.G)
-        kept.u.copy_(update.u)
-        cache.spec_window[: window.shape[0]].copy_(window)
-        cache.pending = kept
-        return core
-
-    @staticmethod
     def commit(cache: GDNCache, keep: int | torch.Tensor) -> None:
         """State after only the first `keep` tokens of the last speculative forward (a host int, or a 0-d
-        device tensor >= 1)."""
+        device tensor >= 1): the recurrence re-run over the kept tokens' stored inputs, in place."""
         rows = cache.conv.shape[0]
-        cache.pending.advance(keep, cache.recurrent)
+        inputs = (cache.spec_q, cache.spec_k, cache.spec_v, cache.spec_g, cache.spec_beta)
         if isinstance(keep, int):
-            window = cache.pending.window if isinstance(cache.pending, Replay) else cache.spec_window
-            cache.conv.copy_(window[keep : keep + rows])
+            if keep:
+                gdn_kernel.recurrent(*(x[:keep] for x in inputs), cache.recurrent, update=True, outputs=False)
+            cache.conv.copy_(cache.spec_window[keep : keep + rows])
         else:
-            at = keep + torch.arange(rows, device=cache.conv.device)
-            cache.conv.copy_(cache.spec_window.index_select(0, at))
-        cache.pending = None
+            gdn_kernel.recurrent(*(x[: cache.pending] for x in inputs), cache.recurrent, update=True,
+                                 outputs=False, keep=keep)
+            cache.conv.copy_(cache.spec_window.index_select(0, keep + torch.arange(rows, device=keep.device)))
+        cache.pending = 0
+
+
+def _hold(cache: GDNCache, window, q, k, v, g, beta) -> None:
+    """Keep a speculative forward's recurrence inputs and conv window for its commit."""
+    T = q.shape[0]
+    if cache.spec_g.shape[0] < T:  # an eager step longer than the buffers were made for
+        for name in ("spec_q", "spec_k", "spec_v", "spec_g", "spec_beta"):
+            buf = getattr(cache, name)
+            setattr(cache, name, buf.new_zeros(T, *buf.shape[1:]))
+        cache.spec_window = cache.spec_window.new_zeros(window.shape[0], window.shape[1])
+    for buf, x in ((cache.spec_q, q), (cache.spec_k, k), (cache.spec_v, v), (cache.spec_g, g), (cache.spec_beta, beta)):
+        buf[:T].copy_(x)
+    cache.spec_window[: window.shape[0]].copy_(window)
+    cache.pending = T

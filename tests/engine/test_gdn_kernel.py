@@ -1,0 +1,39 @@
+"""The GDN recurrence kernel (decode, verify outputs, masked commit) against the torch reference, under
+Triton's interpreter in a child process (TRITON_INTERPRET must be set before triton is imported); and the
+reference's masked commit against a plain run of the kept tokens."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_chat.engine.kernels.gdn import reference
+from tests.engine._gdn_check import close, inputs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_kernel_equals_the_reference_in_the_interpreter():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DFLASH_CHAT_TRITON_GDN": "1", "PYTHONPATH": str(ROOT),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("DFLASH_CHAT_NO_TRITON", None)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_gdn_check.py"))],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gdn kernel checks passed" in proc.stdout
+
+
+@pytest.mark.parametrize("keep", [1, 4, 9])
+def test_a_masked_commit_runs_only_the_kept_tokens(keep):
+    x, state = inputs(9, seed=keep)
+    plain = state.clone()
+    reference(*(t[:keep] for t in x), plain, update=True)
+    masked = state.clone()
+    assert reference(*x, masked, update=True, outputs=False, keep=torch.tensor(keep)) is None
+    close(masked, plain)
