@@ -34,6 +34,7 @@ from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource, Pick, from_s
 from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, next_prompt, stop_token_ids
 from dflash_chat.errors import UserError, one_line
 from dflash_chat.settings import Settings
+from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.messages import (
     AnswerChunk,
     AnswerEnded,
@@ -45,6 +46,7 @@ from dflash_chat.ui.messages import (
     ModelUnavailable,
     PromptSent,
 )
+from dflash_chat.ui.notices import PlainNotices
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
 from dflash_chat.ui.widgets.prompt_input import PromptInput
 from dflash_chat.ui.widgets.stats_panel import StatsPanel
@@ -54,21 +56,6 @@ NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hi
 CODE_BLOCK = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 END_STATUS = {"stop": COMPLETE, "length": COMPLETE, "cancelled": CANCELLED, "error": ERROR}
 
-# (binding id, default keys, action, palette title, help) — the palette and the keymap read this
-COMMANDS = (
-    ("toggle-thinking", "ctrl+t", "toggle_thinking", "Toggle thinking", "Thinking on/off for the next answer"),
-    ("stop", "escape", "stop", "Stop generation", "Stop the answer being written (it is kept)"),
-    ("new-chat", "ctrl+n", "new_chat", "New chat", "Start a new conversation"),
-    ("history", "ctrl+o", "history", "History", "Open, rename, delete or export saved chats"),
-    ("regenerate", "ctrl+r", "regenerate", "Regenerate", "Write the last answer again"),
-    ("copy-answer", "ctrl+l", "copy_answer", "Copy last answer", "Copy the last answer to the clipboard"),
-    ("copy-code", "ctrl+b", "copy_code", "Copy last code block", "Copy the last code block of the last answer"),
-    ("focus-switch", "ctrl+f", "focus_switch", "Switch focus", "Move between the message box and the chat"),
-    ("toggle-panel", "f2", "toggle_panel", "Toggle side panel", "Show or hide the stats panel"),
-    ("settings", "ctrl+s", "settings", "Settings", "Edit sampling, system prompt, theme and model"),
-)
-
-IN_FOOTER = ("toggle-thinking", "stop", "new-chat", "history", "settings")
 
 
 def last_code_block(text: str) -> str | None:
@@ -89,10 +76,10 @@ class Turn:
     last_saved: float = 0.0
 
 
-class ChatScreen(Screen):
+class ChatScreen(PlainNotices, Screen):
+    # priority: a command's key (default or remapped) works wherever the focus is, the message box included
     BINDINGS = [
-        Binding(keys, action, title, id=binding_id, show=binding_id in IN_FOOTER)
-        for binding_id, keys, action, title, _help in COMMANDS
+        Binding(c.keys, c.action, c.title, id=c.id, show=c.footer, priority=True) for c in COMMANDS
     ]
 
     thinking = reactive(False)

@@ -21,11 +21,12 @@ from textual.widgets import Label, ProgressBar
 from dflash_chat import hub
 from dflash_chat.errors import one_line
 from dflash_chat.hub import size_text
+from dflash_chat.ui.notices import PlainNotices
 
 MIB = 2**20
 
 
-class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
+class DownloadScreen(PlainNotices, ModalScreen["hub.ModelFiles | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel download", id="download-cancel")]
 
     DEFAULT_CSS = """

@@ -13,13 +13,14 @@ from textual.widgets import DataTable, Footer, Label
 from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown
 from dflash_chat.errors import UserError
 from dflash_chat.ui.dialogs import ConfirmDialog, TextDialog
+from dflash_chat.ui.notices import PlainNotices
 
 
 def when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
 
 
-class HistoryScreen(Screen[int | None]):
+class HistoryScreen(PlainNotices, Screen[int | None]):
     """Dismisses with the id of the conversation to open, or None."""
 
     BINDINGS = [

@@ -13,7 +13,8 @@ from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp
-from dflash_chat.ui.chat_screen import COMMANDS, last_code_block
+from dflash_chat.ui.chat_screen import last_code_block
+from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.settings_screen import SettingsScreen
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
@@ -270,7 +271,7 @@ def test_keymap_from_settings_rebinds_by_id(home):
 
     before, after_f5, after_ctrl_t, switch, messages = run(main())
     assert (before, after_f5, after_ctrl_t, switch) == (False, True, True, True)
-    assert any("unknown binding ids no-such-id" in m for m in messages)
+    assert any("unknown binding id 'no-such-id'" in m for m in messages)
 
 
 def test_every_command_is_in_the_palette_with_its_key(home):
@@ -280,8 +281,8 @@ def test_every_command_is_in_the_palette_with_its_key(home):
             return {c.title: c.help for c in app.get_system_commands(app.chat)}
 
     commands = run(main())
-    for _id, _keys, _action, title, _help in COMMANDS:
-        assert title in commands
+    for command in COMMANDS:
+        assert command.title in commands
     assert commands["Regenerate"].endswith("(f9)")
     assert commands["Toggle thinking"].endswith("(ctrl+t)")
     assert "Quit" in commands and "Theme" in commands

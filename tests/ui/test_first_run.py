@@ -9,7 +9,7 @@ it reports a 24 GB card, and DFLASH_CHAT_DEVICE=cpu makes the engine load on the
 from __future__ import annotations
 
 import pytest
-import tomli_w
+import tomlkit
 
 from dflash_chat import cli, demo, hardware, hub, paths
 from dflash_chat import settings as settings_module
@@ -92,7 +92,7 @@ def first_run(home, server, monkeypatch, tmp_path):
     monkeypatch.setattr(hub, "PROGRESS_INTERVAL", 0.0)
     monkeypatch.setattr(hardware, "probe", lambda: RTX_4090)
     paths.config_file().parent.mkdir(parents=True, exist_ok=True)
-    paths.config_file().write_text(tomli_w.dumps({"models": {"tiny": TINY_PAIR}}))
+    paths.config_file().write_text(tomlkit.dumps({"models": {"tiny": TINY_PAIR}}))
     return cache
 
 
