@@ -189,15 +189,23 @@ def parse_assignment(text: str, keymap: Mapping[str, str] | None = None) -> tupl
 def flag(key: str) -> Callable[[str], Any]:
     """An argparse `type` that checks a command-line flag with the rules of setting `key`:
     `--max-tokens 0` fails as `max_new_tokens = 0` would, before anything loads."""
+    return _argparse_type(VALIDATORS[key], key)
 
-    def check(text: str) -> Any:
+
+def ranged(kind: type, low: float, high: float) -> Callable[[str], Any]:
+    """An argparse `type` for a flag that is no setting, worded like the settings' own checks."""
+    return _argparse_type(_number(kind, low, high), _kind_name(kind))
+
+
+def _argparse_type(check: Callable[[Any], Any], name: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
-            return VALIDATORS[key](text)
+            return check(text)
         except _Invalid as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    check.__name__ = key  # argparse names the type in some messages
-    return check
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
 
 
 # reading

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from dflash_chat.errors import UserError
+from dflash_chat.settings import flag, ranged
 
 
 def register(subparsers) -> None:
@@ -17,16 +18,16 @@ def register(subparsers) -> None:
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
     p.add_argument("--drafter")
     p.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3_5_moe", "qwen3"], help="tiny random target's architecture")
-    p.add_argument("--hidden", type=int, default=256, help="tiny random target's hidden size")
-    p.add_argument("--layers", type=int, default=8, help="tiny random target's layer count")
-    p.add_argument("--acceptance", type=float, default=0.8, help="per-token acceptance of the error-injecting drafter")
-    p.add_argument("--block", type=int, default=16, help="block size of the error-injecting drafter")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--hidden", type=ranged(int, 8, 16384), default=256, help="tiny random target's hidden size")
+    p.add_argument("--layers", type=ranged(int, 1, 512), default=8, help="tiny random target's layer count")
+    p.add_argument("--acceptance", type=ranged(float, 0.0, 1.0), default=0.8, help="per-token acceptance of the error-injecting drafter")
+    p.add_argument("--block", type=ranged(int, 1, 256), default=16, help="block size of the error-injecting drafter")
+    p.add_argument("--prompts", type=ranged(int, 1, 10_000), default=4)
+    p.add_argument("--tokens", type=flag("max_new_tokens"), default=128, help="new tokens per prompt")
     p.add_argument("--device")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="tiny random target's dtype (default: bfloat16 on CUDA, float32 on CPU); float32 keeps greedy runs bit-comparable")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--threads", type=ranged(int, 1, 4096), help="torch CPU threads")
     p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny random target")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=main)

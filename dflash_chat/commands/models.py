@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dflash_chat import hardware
-from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
+from dflash_chat.catalog import Catalog, CatalogError, Pair, Source, is_quant_name, load_catalog
 from dflash_chat.hardware import Choice, Machine, NoFitError, gb
 
 
@@ -16,7 +16,7 @@ def register(subparsers) -> None:
         description="List the model pairs dflash-chat knows (shipped and from config.toml), "
         "whether each quant fits this machine's free memory, and what is already downloaded.",
     )
-    parser.add_argument("--context", type=int, help="context length to size memory for (default: each model's)")
+    hardware.add_choice_arguments(parser, files=False)  # --model, --quant, --drafter-quant: rows for those only
     parser.set_defaults(handler=run)
 
 
@@ -24,9 +24,11 @@ def run(args: argparse.Namespace) -> int:
     from dflash_chat import hub  # huggingface_hub loads only when the command runs
 
     catalog = load_catalog()
+    pairs = _pairs(catalog, args)
     machine = hardware.probe()
     try:
-        pick: Choice | None = hardware.choose(machine, catalog, context=args.context)
+        pick: Choice | None = hardware.choose(machine, catalog, model=args.model, quant=args.quant,
+                                              drafter_quant=args.drafter_quant, context=args.context)
         verdict = f"Pick: {pick.explanation}"
     except NoFitError as exc:
         pick, verdict = None, f"Pick: none. {exc}"
@@ -34,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     free = f"{gb(machine.available)} free"
     print(f"This machine: {machine.label}, {free}" + (f" ({machine.cuda_note})" if machine.cuda_note else ""))
     rows = [("MODEL", "QUANT", "SIZE", "DRAFTER", "NEEDS", "FITS", "CACHED", "")]
-    for pair in catalog.ranked():
-        rows += _rows(catalog, pair, machine, args.context, pick)
+    for pair in pairs:
+        rows += _rows(catalog, pair, machine, args, pick)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -44,17 +46,40 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pairs(catalog: Catalog, args: argparse.Namespace) -> list[Pair]:
+    """The pairs to list: the one named, else those offering the quants asked for (CatalogError if none does)."""
+    pairs = [catalog.get(args.model)] if args.model else list(catalog.ranked())
+    offering, refusal = [], None
+    for pair in pairs:
+        try:
+            if args.quant:
+                pair.target(args.quant)
+            if args.drafter_quant:
+                pair.drafter(args.drafter_quant)
+        except CatalogError as exc:
+            refusal = refusal or exc
+            continue
+        offering.append(pair)
+    if offering:
+        return offering
+    if args.model or len(pairs) == 1 or (args.quant and not is_quant_name(args.quant)):
+        raise refusal
+    drafters = ", ".join(dict.fromkeys(q for p in pairs for q in p.drafter_quants))
+    raise CatalogError(f"no model has drafter quant {args.drafter_quant} (they have {drafters})")
+
+
 def _rows(
-    catalog: Catalog, pair: Pair, machine: Machine, context: int | None, pick: Choice | None
+    catalog: Catalog, pair: Pair, machine: Machine, args: argparse.Namespace, pick: Choice | None
 ) -> list[tuple[str, ...]]:
     from dflash_chat import hub
 
-    ctx = min(context or pair.default_context, pair.max_context)  # a row per pair even past its maximum
+    ctx = min(args.context or pair.default_context, pair.max_context)  # a row per pair even past its maximum
     tokenizer_cached = hub.cached_parts(pair.tokenizer) is not None
     rows = []
-    for target in pair.targets:
+    for target in [pair.target(args.quant)] if args.quant else pair.targets:
         # the preferred drafter that fits beside this target, else the smallest option
-        best = hardware.choose(machine, catalog, model=pair.name, quant=target.quant, context=ctx, allow_no_fit=True)
+        best = hardware.choose(machine, catalog, model=pair.name, quant=target.quant, drafter_quant=args.drafter_quant,
+                               context=ctx, allow_no_fit=True)
         drafter, need = best.drafter, best.budget
         picked = pick is not None and (pick.pair, pick.target, pick.drafter) == (pair, target, drafter)
         rows.append(

@@ -7,6 +7,7 @@ import json
 import sys
 
 from dflash_chat.errors import UserError
+from dflash_chat.settings import flag, ranged
 
 
 def register(subparsers) -> None:
@@ -16,12 +17,13 @@ def register(subparsers) -> None:
     p.add_argument("--demo", action="store_true", help="use the embedded tiny demo pair")
     p.add_argument("--prompt", required=True, help="the user's message")
     p.add_argument("--system", help="system prompt")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--context", type=int, default=8192, help="context length to allocate")
+    # the same rules and messages as the settings of the same meaning (max_new_tokens, temperature, ...)
+    p.add_argument("--max-tokens", type=flag("max_new_tokens"), default=256, help="longest answer, in tokens")
+    p.add_argument("--temperature", type=flag("temperature"), default=0.0, help="0 = greedy (0-2)")
+    p.add_argument("--top-p", type=flag("top_p"), default=1.0, help="nucleus sampling mass (0.01-1)")
+    p.add_argument("--top-k", type=flag("top_k"), default=0, help="keep the k likeliest tokens (0 = off)")
+    p.add_argument("--seed", type=ranged(int, 0, 2**63 - 1), help="sampling seed (whole number)")
+    p.add_argument("--context", type=flag("context_length"), default=8192, help="context length to allocate (256-1048576)")
     p.add_argument("--think", action="store_true", help="let the model think first (off by default: drafters are trained without thinking)")
     p.add_argument("--no-drafter", action="store_true", help="plain autoregressive decoding (the baseline)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
