@@ -16,7 +16,7 @@ from dflash_chat import paths
 from dflash_chat import settings as settings_module
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource, Pick
-from dflash_chat.errors import one_line
+from dflash_chat.errors import UserError, one_line
 from dflash_chat.settings import Settings
 from dflash_chat.ui import keymap
 from dflash_chat.ui.chat_screen import ChatScreen
@@ -47,7 +47,13 @@ class DFlashChatApp(App):
         found = self.theme_files = discover_themes(user_themes)
         for theme in found.themes:
             self.register_theme(theme)
-        self.chat = ChatScreen(settings, self.store, source, self.store.recent_prompts())
+        self.chat = ChatScreen(settings, self.store, source, self._recent_prompts())
+
+    def _recent_prompts(self) -> list[str]:
+        try:
+            return self.store.recent_prompts()
+        except UserError:  # the history cannot be read just now: Up/Down starts empty
+            return []
 
     def get_default_screen(self) -> Screen:
         return self.chat

@@ -11,7 +11,6 @@ is missing, and then the files load. Answers stream back as batched messages
 from __future__ import annotations
 
 import re
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from textual.widgets import Footer, Header, Switch
 from dflash_chat.chat.bridge import StreamEnd, stream_answer
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, PARTIAL, Conversation, Message, title_from
 from dflash_chat.chat.detokenize import IncrementalDecoder
-from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.history import HistoryStore, HistoryUnavailable
 from dflash_chat.chat.memory import memory_use
 from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource, Pick, from_settings, load_device
 from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, next_prompt, stop_token_ids
@@ -67,7 +66,7 @@ def last_code_block(text: str) -> str | None:
 class Turn:
     """The answer being written: where its text goes, where it is saved, and the pair writing it."""
 
-    conversation_id: int
+    conversation: Conversation
     message: Message
     widget: AssistantMessage
     cancel: threading.Event
@@ -102,6 +101,7 @@ class ChatScreen(PlainNotices, Screen):
         self.transcript: Transcript | None = None  # what the engine holds, for prefix reuse
         self.transcripts: dict[int, Transcript] = {}  # the last one of each chat, for resuming it
         self._prompts = prompts or []
+        self.unsaved: list[Conversation] = []  # chats whose history writes failed (said once each)
         self.set_reactive(ChatScreen.thinking, settings.thinking)
 
     # layout
@@ -333,13 +333,16 @@ class ChatScreen(PlainNotices, Screen):
             return self.manager_note.splitlines()[-1]
         return f"No model is loaded yet: {HOW_TO_PICK}."
 
-    def record(self, write, *args):
-        """A history write; if the database fails the chat goes on, and says so."""
+    def record(self, conversation: Conversation, write, *args):
+        """A history write for `conversation`. If it fails, the chat goes on unsaved: said once, in words,
+        and no later write of that chat is tried (it would fail the same way, or save half a chat)."""
+        if any(c is conversation for c in self.unsaved):
+            return None
         try:
             return write(*args)
-        except sqlite3.Error as exc:
-            self.notify(f"Could not save to the history ({exc}); this chat is not being saved.",
-                        severity="error", timeout=15)
+        except HistoryUnavailable as exc:
+            self.unsaved.append(conversation)
+            self.notify(f"This chat is not being saved (you can go on chatting): {exc}.", severity="error", timeout=30)
             return None
 
     @on(PromptInput.Submitted)
@@ -357,10 +360,10 @@ class ChatScreen(PlainNotices, Screen):
         event.input.remember(text)
         if self.conversation.id is None:
             self.conversation.title = title_from(text)
-            self.conversation.id = self.record(self.store.create, self.conversation.title)
+            self.conversation.id = self.record(self.conversation, self.store.create, self.conversation.title)
         message = Message("user", text)
         self.conversation.messages.append(message)
-        self.record(self.store.add, self.conversation.id, message)
+        self.record(self.conversation, self.store.add, self.conversation.id, message)
         await self.chat_view.add_user(text)
         await self.answer()
 
@@ -368,9 +371,9 @@ class ChatScreen(PlainNotices, Screen):
         turns = self.conversation.chat_turns(self.settings.system_prompt)
         message = Message("assistant", status=PARTIAL)
         self.conversation.messages.append(message)
-        self.record(self.store.add, self.conversation.id, message)
+        self.record(self.conversation, self.store.add, self.conversation.id, message)
         widget = await self.chat_view.add_assistant()
-        self.turn = Turn(self.conversation.id, message, widget, threading.Event(), self.thinking, self.pair)
+        self.turn = Turn(self.conversation, message, widget, threading.Event(), self.thinking, self.pair)
         self.generate(self.turn.pair, self.stops, turns, self.thinking, self.settings, self.turn.cancel,
                       self.transcript)
 
@@ -415,7 +418,7 @@ class ChatScreen(PlainNotices, Screen):
         self.panel.show_live(chunk.live, speculative=turn.pair.drafter_name is not None)
         now = time.monotonic()
         if now - turn.last_saved >= SAVE_EVERY_S:
-            self.record(self.store.update, turn.message)
+            self.record(turn.conversation, self.store.update, turn.message)
             turn.last_saved = now
 
     async def on_answer_ended(self, message: AnswerEnded) -> None:
@@ -426,16 +429,17 @@ class ChatScreen(PlainNotices, Screen):
             return
         # the tokens the engine holds mean nothing to a model loaded since
         held = message.transcript if turn.pair is self.pair else None
-        if held is not None:
-            self.transcripts[turn.conversation_id] = held
+        chat_id = turn.conversation.id
+        if held is not None and chat_id is not None:
+            self.transcripts[chat_id] = held
         else:
-            self.transcripts.pop(turn.conversation_id, None)
-        same_chat = turn.conversation_id == self.conversation.id
+            self.transcripts.pop(chat_id, None)
+        same_chat = turn.conversation is self.conversation
         self.transcript = held if same_chat else None
         turn.message.thinking, turn.message.content = end.thinking, end.answer
         turn.message.status = END_STATUS.get(end.reason, ERROR)
         turn.message.stats = end.stats
-        self.record(self.store.update, turn.message)
+        self.record(turn.conversation, self.store.update, turn.message)
         if turn.widget.is_attached:
             await turn.widget.finish(turn.message, end.error)
         if end.stats is not None:
@@ -470,9 +474,14 @@ class ChatScreen(PlainNotices, Screen):
         self.query_one(PromptInput).focus()
 
     async def open_conversation(self, conversation_id: int) -> None:
+        try:
+            conversation = self.store.load(conversation_id)
+        except UserError as exc:  # gone, or the history cannot be read just now
+            self.notify(f"Could not open that chat: {exc}", severity="error", timeout=20)
+            return
         self.action_stop()
         self.transcript = self.transcripts.get(conversation_id)
-        self.conversation = self.store.load(conversation_id)
+        self.conversation = conversation
         await self.chat_view.show(self.conversation)
         last = self.conversation.last("assistant")
         self.panel.show_figures(None)
@@ -482,9 +491,13 @@ class ChatScreen(PlainNotices, Screen):
 
     async def conversation_deleted(self) -> None:
         """After the history screen: start afresh if the open chat was deleted there."""
-        if self.conversation.id is not None and self.conversation.id not in {
-            s.id for s in self.store.summaries()
-        }:
+        if self.conversation.id is None:
+            return
+        try:
+            saved = {s.id for s in self.store.summaries()}
+        except UserError:
+            return  # the history cannot be read just now: keep the chat open
+        if self.conversation.id not in saved:
             await self.action_new_chat()
 
     async def action_regenerate(self) -> None:
@@ -501,7 +514,7 @@ class ChatScreen(PlainNotices, Screen):
         if messages[-1].role == "assistant":
             old = messages.pop()
             if old.id is not None:
-                self.record(self.store.remove_message, old.id)
+                self.record(self.conversation, self.store.remove_message, old.id)
             widgets = self.chat_view.query(AssistantMessage)
             if widgets:
                 await widgets.last().remove()

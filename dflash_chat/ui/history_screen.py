@@ -53,7 +53,11 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
     def refresh_rows(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        summaries = self.store.summaries()
+        try:
+            summaries = self.store.summaries()
+        except UserError as exc:  # the history cannot be read just now
+            self.notify(f"Could not read the history: {exc}", severity="error", timeout=20)
+            summaries = []
         for s in summaries:
             table.add_row(s.title, str(s.messages), when(s.updated), key=str(s.id))
         empty = self.query_one("#history-empty", Label)
@@ -84,14 +88,14 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
         conversation_id = self.selected()
         if conversation_id is None:
             return
-        current = self.store.load(conversation_id).title
-        title = await self.app.push_screen_wait(TextDialog("Rename conversation", current))
-        if title is None:
-            return
         try:
+            current = self.store.load(conversation_id).title
+            title = await self.app.push_screen_wait(TextDialog("Rename conversation", current))
+            if title is None:
+                return
             self.store.rename(conversation_id, title)
         except UserError as exc:
-            self.notify(str(exc), severity="error")
+            self.notify(str(exc), severity="error", timeout=20)
             return
         self.refresh_rows()
 
@@ -100,27 +104,39 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
         conversation_id = self.selected()
         if conversation_id is None:
             return
-        title = self.store.load(conversation_id).title
-        if await self.app.push_screen_wait(ConfirmDialog(f"Delete “{title}”? This cannot be undone.")):
+        try:
+            title = self.store.load(conversation_id).title
+            if not await self.app.push_screen_wait(ConfirmDialog(f"Delete “{title}”? This cannot be undone.")):
+                return
             self.store.delete(conversation_id)
-            self.refresh_rows()
+        except UserError as exc:
+            self.notify(str(exc), severity="error", timeout=20)
+            return
+        self.refresh_rows()
 
     @work
     async def action_export(self) -> None:
         conversation_id = self.selected()
         if conversation_id is None:
             return
-        conversation = self.store.load(conversation_id)
+        try:
+            conversation = self.store.load(conversation_id)
+        except UserError as exc:
+            self.notify(str(exc), severity="error", timeout=20)
+            return
         default = str(self.export_dir / export_filename(conversation.title))
         target = await self.app.push_screen_wait(TextDialog("Export to Markdown file", default))
         if not target:
             return
         path = Path(target).expanduser()
+        if path.is_file() and not await self.app.push_screen_wait(ConfirmDialog(f"{path} exists. Replace it?")):
+            return  # a file of the user's is only replaced when they say so
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(to_markdown(conversation), encoding="utf-8")
-        except OSError as exc:
-            self.notify(f"could not write {path}: {exc.strerror or exc}. Pick another path.", severity="error")
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            self.notify(f"could not write {path}: {why}. Pick another path.", severity="error", timeout=20)
             return
         self.notify(f"exported to {path}")
 
