@@ -18,7 +18,7 @@ from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource, Pick
 from dflash_chat.errors import UserError, one_line
 from dflash_chat.settings import Settings
-from dflash_chat.ui import keymap
+from dflash_chat.ui import keymap, paste
 from dflash_chat.ui.chat_screen import ChatScreen
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.settings_screen import SettingsScreen
@@ -38,6 +38,7 @@ class DFlashChatApp(App):
                  user_themes: Path | None = None, problems: Sequence[str] = ()) -> None:
         """`problems`: what could not be used from config.toml (settings.read), shown until dismissed."""
         super().__init__()
+        paste.install()  # before the driver starts reading the terminal
         self.settings = settings
         self.export_dir = export_dir
         self.problems = list(problems)
