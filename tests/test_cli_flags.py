@@ -112,3 +112,26 @@ def test_quant_names_are_checked_against_the_catalog_before_any_plan(machine, ca
     captured = capsys.readouterr()
     assert fragment in captured.err and captured.err.count("\n") == 1
     assert "files," not in captured.out  # no download was planned
+
+
+def test_dflash_chat_home_holds_the_apps_files_and_models_stay_in_the_hf_cache(monkeypatch, tmp_path, capsys):
+    """What the README's Files section says: DFLASH_CHAT_HOME moves config and history, not the models."""
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    from dflash_chat import paths
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(home))
+    for name in ("HF_HOME", "HF_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hardware, "probe", lambda: Machine((), 16 * GIB, 12 * GIB, "no GPU"))
+    assert paths.config_file() == home / "config" / "config.toml" and paths.history_db().parent == home / "data"
+    assert main(["models"]) == 0
+    cache = capsys.readouterr().out.splitlines()[-1]
+    assert cache.startswith(f"Cache: {constants.HF_HUB_CACHE} ") and str(home) not in cache
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    files = readme[readme.index("## Files"):readme.index("## How it works")]
+    assert "`DFLASH_CHAT_HOME=DIR` keeps dflash-chat's own files" in files and "Models stay in the Hugging Face" in files
