@@ -72,8 +72,8 @@ class DownloadScreen(PlainNotices, ModalScreen["hub.ModelFiles | None"]):
 
     def compose(self):
         with Vertical(id="download-box"):
-            yield Label(self.title_text, classes="dialog-title")
-            yield Label("Looking up the files…", id="download-summary")
+            yield Label(self.title_text, classes="dialog-title", markup=False)
+            yield Label("Looking up the files…", id="download-summary", markup=False)
             yield VerticalScroll(id="download-files")
             yield Label("Esc cancels; the files fetched so far are kept and resume next time", id="download-hint")
 
@@ -106,7 +106,7 @@ class DownloadScreen(PlainNotices, ModalScreen["hub.ModelFiles | None"]):
             self._rows[file.key] = index
             rows.append(
                 Vertical(
-                    Label(f"{file.repo}/{file.filename}", classes="download-name"),
+                    Label(f"{file.repo}/{file.filename}", classes="download-name", markup=False),
                     ProgressBar(total=max(file.size, 1), show_eta=False, id=f"download-bar-{index}"),
                     Label("cached" if file.cached else "waiting", id=f"download-stat-{index}", classes="download-stat"),
                     classes="download-row",

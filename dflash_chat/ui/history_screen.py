@@ -8,6 +8,7 @@ from pathlib import Path
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
+from rich.text import Text
 from textual.widgets import DataTable, Footer, Label
 
 from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown
@@ -59,7 +60,7 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
             self.notify(f"Could not read the history: {exc}", severity="error", timeout=20)
             summaries = []
         for s in summaries:
-            table.add_row(s.title, str(s.messages), when(s.updated), key=str(s.id))
+            table.add_row(Text(s.title), str(s.messages), when(s.updated), key=str(s.id))  # a title is never markup
         empty = self.query_one("#history-empty", Label)
         empty.update("" if summaries else "No saved conversations yet.")
         empty.display = not summaries

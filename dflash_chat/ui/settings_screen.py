@@ -49,7 +49,7 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
                 yield Label("theme", classes="field-name")
                 yield Select([(name, name) for name in self.theme_names], value=self.current.theme,
                              allow_blank=False, id="field-theme")
-            yield Static("", id="settings-errors")
+            yield Static("", id="settings-errors", markup=False)  # quotes what was typed
             with Horizontal(id="settings-buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="save")
                 yield Button("Cancel (esc)", id="cancel")
