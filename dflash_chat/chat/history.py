@@ -169,7 +169,8 @@ class HistoryStore:
                 "LEFT JOIN messages m ON m.conversation_id = c.id "
                 "GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
             ).fetchall()
-            return [ConversationSummary(*row) for row in rows]
+            return [ConversationSummary(cid, _text(title), _time(created), _time(updated), count)
+                    for cid, title, created, updated, count in rows]
 
     def load(self, conversation_id: int) -> Conversation:
         with self._using():
@@ -180,11 +181,11 @@ class HistoryStore:
                 raise UserError(f"conversation {conversation_id} is not in the history")
             messages = [
                 Message(
-                    role=role,
-                    content=content,
-                    thinking=thinking,
-                    status=status,
-                    stats=_stats_from_json(stats),
+                    role=_text(role),
+                    content=_text(content),
+                    thinking=_text(thinking),
+                    status=_text(status),
+                    stats=_stats_from_json(stats if isinstance(stats, str) else None),
                     id=message_id,
                 )
                 for message_id, role, content, thinking, status, stats in self.db.execute(
@@ -193,7 +194,7 @@ class HistoryStore:
                     (conversation_id,),
                 )
             ]
-            return Conversation(title=row[0], messages=messages, id=conversation_id)
+            return Conversation(title=_text(row[0]), messages=messages, id=conversation_id)
 
     # messages
 
@@ -235,7 +236,7 @@ class HistoryStore:
             rows = self.db.execute(
                 "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,)
             ).fetchall()
-            return [content for (content,) in reversed(rows)]
+            return [_text(content) for (content,) in reversed(rows)]
 
     def _touch(self, conversation_id: int, now: float) -> None:
         self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
@@ -289,8 +290,36 @@ def _stats_to_json(stats: GenerationStats | None) -> str | None:
 
 
 def _stats_from_json(text: str | None) -> GenerationStats | None:
+    """The saved figures, or None when they cannot be read back (hand-edited, or from another version):
+    the message itself is kept either way."""
     if not text:
         return None
-    record = json.loads(text)
-    fields = GenerationStats.__dataclass_fields__
-    return GenerationStats(**{k: v for k, v in record.items() if k in fields})
+    try:
+        record = json.loads(text)
+        fields = GenerationStats.__dataclass_fields__
+        values = {k: v for k, v in record.items() if k in fields}
+        if not all(_fits(fields[k].default, v) for k, v in values.items()):
+            return None
+        return GenerationStats(**values)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _fits(default: object, value: object) -> bool:
+    """A saved figure has the kind of its field: a number, a flag, or (the histogram) whole numbers."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float))
+    return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in value)
+
+
+def _time(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _text(value: object) -> str:
+    """A text column as text, whatever was stored in it (a hand-edited database may hold bytes or NULL)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)

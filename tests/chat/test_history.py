@@ -184,3 +184,27 @@ def test_a_history_folder_that_cannot_be_one_is_kept_in_memory(tmp_path, make):
     path = blocker / "history.sqlite3" if make == "a file" else blocker / "deeper" / "history.sqlite3"
     store, note = HistoryStore.open_or_recover(path)
     assert store.in_memory and "cannot be opened or created" in note and blocker.read_text() == "not a folder"
+
+
+def test_a_hand_edited_history_reads_back_without_failing(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    cid = store.create("edited")
+    store.add(cid, Message("user", "question"))
+    store.add(cid, Message("assistant", "answer", stats=GenerationStats(new_tokens=3)))
+    store.add(cid, Message("assistant", "again", stats=GenerationStats(new_tokens=4)))
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE messages SET stats = '{not json' WHERE content = 'answer'")
+    db.execute("""UPDATE messages SET stats = '{"new_tokens": "many"}' WHERE content = 'again'""")
+    db.execute("UPDATE messages SET content = X'FFFE41' WHERE role = 'user'")
+    db.execute("UPDATE conversations SET updated = 'yesterday'")
+    db.commit()
+    db.close()
+    store = HistoryStore(path)
+    messages = store.load(cid).messages
+    assert [m.content for m in messages] == ["\ufffd\ufffdA", "answer", "again"]
+    assert [m.stats for m in messages] == [None, None, None]  # figures that cannot be read are dropped, not the text
+    assert store.summaries()[0].updated == 0.0 and store.recent_prompts() == ["\ufffd\ufffdA"]
