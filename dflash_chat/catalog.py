@@ -266,6 +266,9 @@ def _read_user_models(config_path: Path) -> dict[str, Any]:
         text = config_path.read_text("utf-8")
     except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, not UTF-8, unreadable: one line, not a traceback
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise CatalogError(f"{config_path} cannot be read ({reason}); fix or move it") from None
     models = _read_toml_text(text, str(config_path)).get("models", {})
     if not isinstance(models, dict):
         raise CatalogError(f"{config_path}: `models` must be a table of [models.NAME] entries")

@@ -8,6 +8,7 @@ import random
 import tempfile
 from pathlib import Path
 
+from dflash_chat.commands.run import check_device
 from dflash_chat.errors import UserError
 from dflash_chat.settings import flag, ranged
 
@@ -113,6 +114,7 @@ def _check(args) -> None:
 
 def main(args: argparse.Namespace) -> int:
     _check(args)
+    check_device(args.device)
     import torch
 
     from dflash_chat.bench import compare, report

@@ -32,6 +32,26 @@ def register(subparsers) -> None:
     p.set_defaults(handler=main)
 
 
+def check_device(device: str | None) -> None:
+    """--device names a device this torch can use; UserError (before anything loads) says what to pass."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device {device!r} is not a device: use cpu, cuda or cuda:N") from None
+    if where.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: this machine has no usable CUDA GPU (see `dflash-chat doctor`); use --device cpu")
+        count = torch.cuda.device_count()
+        if where.index is not None and where.index >= count:
+            raise UserError(f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    elif where.type != "cpu":
+        raise UserError(f"--device {device}: dflash-chat runs on cpu or cuda")
+
+
 def resolve_paths(args) -> tuple[str, str | None]:
     if args.demo:
         from dflash_chat.demo import demo_paths
@@ -71,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
     from dflash_chat.engine.sampling import SamplingParams
 
     target, drafter = resolve_paths(args)
+    check_device(args.device)
     pair = load_pair(target, drafter, device=args.device, max_context=args.context)
     tok = pair.tokenizer
     prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)

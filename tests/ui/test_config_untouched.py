@@ -97,3 +97,45 @@ def test_the_settings_screen_edits_only_what_was_changed(home):
 
     run(main())
     assert config.read_text() == COMMENTED.replace("temperature = 0.5\n", "temperature = 0.5\ntop_k = 7\n")
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b"temperature = = 1\n", "not valid TOML"),
+        (b"top_k = 5\n\xff\xfe\n", "not UTF-8"),
+        (None, "is a folder"),
+        (b"temperature = 5  # too hot\n", "temperature must be between"),
+        (b'keymap = "stop=f5"\n', "keymap must be a table"),
+        (b'[keymap]\nstop = "ctrl+t"\n', "ctrl+t is also toggle-thinking's key"),
+        (b"temprature = 0.5\n", "unknown setting 'temprature'"),
+        (b'theme = "gone"\n', "Theme 'gone' cannot be used"),
+    ],
+)
+def test_the_app_starts_on_any_config_toml_says_what_it_cannot_use_and_leaves_it_as_it_is(
+        home, monkeypatch, content, said):
+    """Through the command's own path (flags, settings.read, build_app), as `dflash-chat --target PATH` runs it."""
+    from dflash_chat import cli
+    from dflash_chat.commands.chat import build_app
+
+    config = paths.config_file()
+    config.parent.mkdir(parents=True, exist_ok=True)
+    if content is None:
+        config.mkdir()
+    else:
+        config.write_bytes(content)
+    args = cli.build_parser().parse_args(["--target", str(home / "no-model")])  # fails to load: said, the app stays
+
+    async def main():
+        app = build_app(args, *settings_module.read())
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: any(said in m for m, _ in notices(app)), 30, "the problem to be said")
+            await wait_for(pilot, lambda: app.chat.sub_title == "no model", 30, "the model choice to end")
+            return notices(app)
+
+    said_all = run(main())
+    assert [t for m, t in said_all if said in m][0] >= 24 * 3600  # stays until dismissed
+    if content is None:
+        assert config.is_dir() and not any(config.iterdir())
+    else:
+        assert config.read_bytes() == content
