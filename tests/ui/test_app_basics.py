@@ -99,29 +99,29 @@ def test_history_open_rename_delete_export(home, tmp_path):
         app = DFlashChatApp(Settings(), export_dir=export_dir)
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.press("ctrl+o")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             table = app.screen.query_one(DataTable)
             assert table.row_count == 2
             # rename the newest (first row)
             await pilot.press("r")
-            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 5, "rename dialog")
+            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 30, "rename dialog")
             app.screen.query_one(Input).value = "Context managers"
             await pilot.press("enter")
             await pilot.pause()
             # export it
             await pilot.press("e")
-            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 5, "export dialog")
+            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 30, "export dialog")
             exported = app.screen.query_one(Input).value
             await pilot.press("enter")
             await pilot.pause()
             # delete the older one (second row), then open the renamed one
             await pilot.press("down", "d")
-            await wait_for(pilot, lambda: app.screen.query("#yes"), 5, "confirm dialog")
+            await wait_for(pilot, lambda: app.screen.query("#yes"), 30, "confirm dialog")
             await pilot.press("y")
             await pilot.pause()
             assert app.screen.query_one(DataTable).row_count == 1
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.screen is app.chat, 5, "back to chat")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
             await pilot.pause()
             users = [w.text for w in app.chat.query(UserMessage)]
             answers = app.chat.query(AssistantMessage)
@@ -161,7 +161,7 @@ def test_settings_screen_refuses_bad_values_and_saves_good_ones(home):
         app = DFlashChatApp(Settings())
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
             app.screen.query_one("#field-temperature", Input).value = "hot"
             await pilot.press("ctrl+s")
             await pilot.pause()
@@ -172,7 +172,7 @@ def test_settings_screen_refuses_bad_values_and_saves_good_ones(home):
             app.screen.query_one("#field-thinking", Switch).value = True
             app.screen.query_one("#field-theme").value = "dflash-light"
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.screen is app.chat, 5, "back to chat")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
             return still_open, refused, app.theme, app.chat.settings, app.chat.thinking
 
     still_open, refused, theme, chat_settings, thinking = run(main())
@@ -193,11 +193,11 @@ def test_settings_screen_saves_model_paths_absolute(home, tmp_path, monkeypatch)
         app = DFlashChatApp(Settings())
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
             app.screen.query_one("#field-model", Input).value = "./models/target"
             app.screen.query_one("#field-drafter", Input).value = "models/drafter"
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.screen is app.chat, 5, "back to chat")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
             return app.chat.settings
 
     chat_settings = run(main())
@@ -322,7 +322,7 @@ def test_a_missing_model_is_a_notification_and_the_app_stays_usable(home, tmp_pa
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_for(pilot, lambda: any("did not load" in m for m in notes(app)), 30, "load failure")
             await pilot.press("ctrl+o")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             return notes(app), app.chat.sub_title
 
     messages, subtitle = run(main())

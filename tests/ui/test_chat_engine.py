@@ -223,9 +223,9 @@ def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
         app = DFlashChatApp(fast_settings())  # no model needed to read the history
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.press("ctrl+o")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation.id, 5, "chat")
+            await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation.id, 30, "chat")
             await pilot.pause()
             return ([w.text for w in app.chat.query(UserMessage)],
                     [m.content for m in app.chat.conversation.messages], app.chat.conversation.title)
@@ -292,7 +292,7 @@ def test_choosing_a_model_on_the_settings_screen_loads_it(home, tiny_pair):
         app = DFlashChatApp(fast_settings())
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
             app.screen.query_one("#field-model", Input).value = str(target)
             app.screen.query_one("#field-drafter", Input).value = str(drafter)
             await pilot.press("ctrl+s")

@@ -90,10 +90,10 @@ def test_the_settings_screen_edits_only_what_was_changed(home):
         app = DFlashChatApp(settings_module.load())
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
             app.screen.query_one("#field-top_k", Input).value = "7"
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.screen is app.chat, 5, "back to chat")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
 
     run(main())
     assert config.read_text() == COMMENTED.replace("temperature = 0.5\n", "temperature = 0.5\ntop_k = 7\n")

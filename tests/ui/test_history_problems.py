@@ -111,7 +111,7 @@ def test_a_history_that_cannot_be_opened_keeps_the_session_in_memory(home, tiny_
             await send(pilot, "hello")
             await answered(pilot, app, 1)
             await pilot.press("ctrl+o")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             rows = app.screen.query_one("#history-table").row_count
             return [(n.message, n.timeout) for n in app._notifications], rows
 

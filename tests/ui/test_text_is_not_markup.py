@@ -32,16 +32,16 @@ def test_a_chat_title_and_error_text_that_look_like_markup_are_shown_as_they_are
         app = DFlashChatApp(Settings())
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.press("ctrl+o")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             await pilot.pause()
             cell = str(app.screen.query_one(DataTable).get_cell_at((0, 0)))
             await pilot.press("d")
-            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 5, "confirm dialog")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 30, "confirm dialog")
             question = str(app.screen.query_one(".dialog-title").render())
             await pilot.press("n")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "back to history")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "back to history")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation.id == cid, 5, "the chat")
+            await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation.id == cid, 30, "the chat")
             await pilot.pause()
             return cell, question, app.is_running
 
@@ -59,7 +59,7 @@ def test_a_typed_value_and_a_model_path_that_look_like_markup_are_shown_as_they_
             await pilot.pause()
             notice = str(app.chat.query_one(Notice).render())
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
             app.screen.query_one("#field-temperature", Input).value = "[/x]"
             await pilot.press("ctrl+s")
             await pilot.pause()
