@@ -235,7 +235,7 @@ def _document(path: Path) -> dict[str, Any]:
 
 def _from_file(key: str, value: Any) -> Any:
     if key == "keymap" and not isinstance(value, Mapping):  # the typed form is for the command line
-        raise SettingsError(f'keymap must be a table: a [keymap] section with lines like toggle-thinking = "ctrl+k"')
+        raise SettingsError('keymap must be a table: a [keymap] section with lines like toggle-thinking = "ctrl+k"')
     return parse_value(key, value)
 
 
@@ -299,12 +299,22 @@ def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
         parse_value(key, value)
         if key == "keymap":
             _set_table(document, key, value)
-        else:
+        elif not _same(_held(document, key), value):  # an equal value keeps the user's spelling of it
             document[key] = value
     new_text = document.as_string()
     if new_text != text:
         _write_atomically(path, new_text)
     return path
+
+
+def _held(document: Any, key: str) -> Any:
+    """What the file says for `key` (as a plain value), or None."""
+    item = document.get(key)
+    return item.unwrap() if hasattr(item, "unwrap") else item
+
+
+def _same(held: Any, value: Any) -> bool:
+    return type(held) is type(value) and held == value  # `thinking = 1` is not `true`
 
 
 def _set_table(document: Any, key: str, entries: Mapping[str, str]) -> None:

@@ -24,7 +24,6 @@ from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.settings_screen import SettingsScreen
 from dflash_chat.ui.themes import DEFAULT_THEME, discover_themes
 
-
 STICKY_S = 7 * 24 * 3600  # a notice about the user's own files stays until dismissed (click it, or the palette)
 
 

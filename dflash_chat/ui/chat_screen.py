@@ -56,7 +56,6 @@ CODE_BLOCK = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE |
 END_STATUS = {"stop": COMPLETE, "length": COMPLETE, "cancelled": CANCELLED, "error": ERROR}
 
 
-
 def last_code_block(text: str) -> str | None:
     blocks = CODE_BLOCK.findall(text)
     return blocks[-1][1] if blocks else None

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from rich.text import Text
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
-from rich.text import Text
 from textual.widgets import DataTable, Footer, Label
 
 from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown

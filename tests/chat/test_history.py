@@ -102,7 +102,6 @@ def make_read_only(path) -> None:
 
 
 def test_a_read_only_history_opens_and_is_not_moved_aside(tmp_path):
-    import sqlite3
 
     path = tmp_path / "h.sqlite3"
     store = store_at(path)

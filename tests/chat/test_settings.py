@@ -209,3 +209,12 @@ def test_flags_use_the_settings_rules():
     assert check("12") == 12
     with pytest.raises(argparse.ArgumentTypeError, match="must be between 1 and 1000000, got 0"):
         check("0")
+
+
+def test_an_equal_value_keeps_the_users_spelling(home):
+    path = write_config("temperature = 0.50  # two places\nthinking = true\n")
+    settings.update({"temperature": 0.5, "thinking": True})
+    assert path.read_text() == "temperature = 0.50  # two places\nthinking = true\n"
+    path = write_config("thinking = 1\n")
+    settings.update({"thinking": True})
+    assert path.read_text() == "thinking = true\n"

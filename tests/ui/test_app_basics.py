@@ -14,8 +14,8 @@ from dflash_chat.chat.model_source import ModelSource
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.chat_screen import last_code_block
-from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.history_screen import HistoryScreen
+from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.settings_screen import SettingsScreen
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.prompt_input import PromptInput
