@@ -135,3 +135,27 @@ def test_dflash_chat_home_holds_the_apps_files_and_models_stay_in_the_hf_cache(m
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     files = readme[readme.index("## Files"):readme.index("## How it works")]
     assert "`DFLASH_CHAT_HOME=DIR` keeps dflash-chat's own files" in files and "Models stay in the Hugging Face" in files
+
+
+@pytest.mark.parametrize(
+    "argv, env, fragment",
+    [
+        (["run", "--demo", "--prompt", "hi", "--device", "tpu"], None, "--device 'tpu' is not a device: use cpu, cuda or cuda:N"),
+        (["bench", "--device", "gpu0"], None, "--device 'gpu0' is not a device"),
+        (["--demo"], "tpu", "DFLASH_CHAT_DEVICE 'tpu' is not a device"),
+    ],
+)
+def test_a_device_name_is_checked_before_anything_loads(capsys, monkeypatch, argv, env, fragment):
+    if env:
+        monkeypatch.setenv("DFLASH_CHAT_DEVICE", env)
+    assert main(argv) == 2
+    assert fragment in one_line_error(capsys)
+
+
+def test_a_cuda_device_on_a_machine_without_one_says_so(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    assert main(["run", "--demo", "--prompt", "hi", "--device", "cuda:1"]) == 2
+    assert "--device cuda:1: this machine has no usable CUDA GPU" in one_line_error(capsys)

@@ -7,6 +7,7 @@ model-choice flags, the `model` setting, or (nothing named) the best pair for th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -39,8 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from dflash_chat.chat.model_source import DEVICE_ENV
+    from dflash_chat.commands.run import check_device_name
+
     if args.assignments:
         return save_assignments(args.assignments)
+    check_device_name(os.environ.get(DEVICE_ENV), DEVICE_ENV)  # spelling only: torch loads in the worker
     current, problems = settings_module.read()  # what cannot be used is shown in the app, never rewritten
     build_app(args, current, problems).run()
     return 0

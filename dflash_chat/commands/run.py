@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from dflash_chat.errors import UserError
@@ -32,24 +33,29 @@ def register(subparsers) -> None:
     p.set_defaults(handler=main)
 
 
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def check_device_name(device: str | None, name: str = "--device") -> None:
+    """The device is spelled as one dflash-chat runs on (cpu, cuda, cuda:N); no torch import."""
+    if device is not None and not DEVICE.fullmatch(device.strip()):
+        raise UserError(f"{name} {device!r} is not a device: use cpu, cuda or cuda:N")
+
+
 def check_device(device: str | None) -> None:
-    """--device names a device this torch can use; UserError (before anything loads) says what to pass."""
+    """--device names a device this machine has; UserError (before anything loads) says what to pass."""
+    check_device_name(device)
     if device is None:
         return
     import torch
 
-    try:
-        where = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UserError(f"--device {device!r} is not a device: use cpu, cuda or cuda:N") from None
+    where = torch.device(device.strip())
     if where.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"--device {device}: this machine has no usable CUDA GPU (see `dflash-chat doctor`); use --device cpu")
         count = torch.cuda.device_count()
         if where.index is not None and where.index >= count:
             raise UserError(f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
-    elif where.type != "cpu":
-        raise UserError(f"--device {device}: dflash-chat runs on cpu or cuda")
 
 
 def resolve_paths(args) -> tuple[str, str | None]:
