@@ -130,13 +130,15 @@ class Pair:
         return tuple(s.quant for s in self.drafters)
 
     def target(self, quant: str) -> Source:
-        """The target source for `quant`; a quant the catalog does not list is looked up by pattern."""
+        """The target source for `quant`; another llama.cpp quant is looked up in the repo by pattern."""
         if found := _find(self.targets, quant):
             return found
+        listed = ", ".join(self.target_quants)
+        if not is_quant_name(quant):
+            raise CatalogError(f"{quant} is not a quant llama.cpp writes (e.g. Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q3_K_S, "
+                               f"IQ4_XS); {self.title} lists {listed}")
         if self.target_repo is None:
-            raise CatalogError(
-                f"{self.title} has no quant {quant} (it has {', '.join(self.target_quants)})"
-            )
+            raise CatalogError(f"{self.title} has no quant {quant} (it has {listed})")
         return Source(
             kind="gguf",
             quant=quant.upper(),
@@ -176,6 +178,16 @@ class Catalog:
 
     def ranked(self) -> tuple[Pair, ...]:
         return tuple(sorted(self.pairs, key=lambda p: -p.rank))
+
+
+def is_quant_name(name: str) -> bool:
+    """A quant llama.cpp's quantizer writes (gguf's LlamaFileType names: Q3_K_S, IQ4_XS, ...), optionally as
+    unsloth's dynamic variants (a UD- prefix, or Qn_K_XL)."""
+    from gguf import LlamaFileType  # numpy: not on the --help path
+
+    base = name.strip().upper().removeprefix("UD-")
+    known = {t.name.split("_", 1)[1] for t in LlamaFileType if t.name != "GUESSED"}
+    return base in known or re.fullmatch(r"Q[2-8]_K_XL", base) is not None
 
 
 def quant_of(filename: str) -> str | None:
@@ -235,6 +247,9 @@ def _read_user_models(config_path: Path) -> dict[str, Any]:
         text = config_path.read_text("utf-8")
     except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, not UTF-8, unreadable: one line, not a traceback
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise CatalogError(f"{config_path} cannot be read ({reason}); fix or move it") from None
     models = _read_toml_text(text, str(config_path)).get("models", {})
     if not isinstance(models, dict):
         raise CatalogError(f"{config_path}: `models` must be a table of [models.NAME] entries")

@@ -16,14 +16,42 @@ from dflash_chat import __version__
 SUBCOMMANDS = ("run", "bench", "models", "pull", "doctor")
 
 
+class Parser(argparse.ArgumentParser):
+    """Errors in one line that says where to look, instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+class Commands(argparse._SubParsersAction):
+    """The subcommands. The chat's own options (the top-level ones) must not come before a command:
+    `dflash-chat --quant X models` would silently drop --quant. And a command reports options it does
+    not know itself, under its own usage: `dflash-chat models --target-file F`."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name = values[0]
+        given = [a.option_strings[0] for a in parser._actions
+                 if a.option_strings and a.dest not in ("help", "version")
+                 and getattr(namespace, a.dest, None) != a.default]
+        if given:
+            parser.exit(2, f"{parser.prog}: {', '.join(given)} before the command `{name}` would be ignored: "
+                           f"options go after the command they belong to (see `{parser.prog} {name} --help`)\n")
+        command = self._name_parser_map.get(name)
+        if command is not None:
+            command.parse_args(values[1:], namespace)  # errors name the command, not the chat
+            setattr(namespace, self.dest, name)
+            return
+        super().__call__(parser, namespace, values, option_string)  # an unknown command: argparse says so
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dflash-chat",
         description="Chat with a local Qwen3.6 model, sped up by DFlash speculative decoding.",
     )
     parser.add_argument("--version", action="version", version=f"dflash-chat {__version__}")
     _command("chat").add_arguments(parser)
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", action=Commands)
     for name in SUBCOMMANDS:
         _command(name).register(subparsers)
     return parser
@@ -35,7 +63,10 @@ def _command(name: str):
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a flag refused (already said in one line)
+        return int(exc.code or 0)
     handler = getattr(args, "handler", None) or _command("chat").main
     try:
         return int(handler(args) or 0)

@@ -375,11 +375,15 @@ def _a_ctx(context: int) -> str:
 # --- command-line flags shared by the commands that pick a model ------------------------------------
 
 
-def add_choice_arguments(parser: argparse.ArgumentParser) -> None:
+def add_choice_arguments(parser: argparse.ArgumentParser, *, files: bool = True) -> None:
+    """The flags that pin the choice; `files`: also --target-file/--drafter-file (the chat, not `models`)."""
+    from dflash_chat.settings import flag
+
     group = parser.add_argument_group("model choice (default: the best that fits this machine)")
     group.add_argument("--model", help="model pair name from `dflash-chat models`")
     group.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M")
     group.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
-    group.add_argument("--context", type=int, help="context length in tokens (default: the context_length setting)")
-    group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
-    group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")
+    group.add_argument("--context", type=flag("context_length"), help="context length in tokens, 256-1048576 (default: the context_length setting for the chat, each model's own for models/pull)")
+    if files:
+        group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
+        group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")

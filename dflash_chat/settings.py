@@ -1,22 +1,30 @@
 """The user's settings: a typed object read from and written to config.toml.
 
-The file is shared: the model catalog keeps its own `[models]` entries in it, so
-writing keeps every key and table this module does not know. Writes go to a
-temporary file beside config.toml, then os.replace, so a crash never leaves
-half a file. Invalid values are refused with a message that names the key and
-what it accepts.
+config.toml is the user's file. Reading never writes it. A write (an explicit change: `--set`, the
+settings screen, a theme picked in the palette) edits only the keys that changed, in place, with
+tomlkit: comments, order, formatting and every key and table this module does not know (the model
+catalog keeps `[models]` entries here) stay byte for byte. Writes go to a temporary file beside
+config.toml, then os.replace, so a crash never leaves half a file; the file keeps its permissions,
+and a config.toml that is a symlink stays one (its target is rewritten).
+
+A value that cannot be used is refused with a message that names the key and what it accepts: at
+once for `--set` and the settings screen; when read from the file, `load` refuses it and `read`
+(the app) reports it and uses the default meanwhile.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-import tomli_w
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
 
 from dflash_chat import paths
 from dflash_chat.errors import UserError
@@ -31,6 +39,10 @@ class SettingsError(UserError):
     """A setting is unknown or its value is out of range; the message says which and why."""
 
 
+class _Invalid(ValueError):
+    """What is wrong with a value, without the key's name ('must be between 0 and 2, got 3')."""
+
+
 @dataclass(frozen=True)
 class Settings:
     temperature: float = 0.7
@@ -43,28 +55,31 @@ class Settings:
     model: str = ""
     drafter: str = ""
     context_length: int = 8192
-    # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; see ui/app.py for the ids
+    # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; the ids are in ui/keymap.py
     keymap: dict[str, str] = field(default_factory=dict)
 
 
-def _number(kind: type, low: float | None, high: float | None) -> Callable[[str, Any], Any]:
-    def check(key: str, value: Any) -> Any:
+OTHER_TABLES = ("models",)  # kept in config.toml by the model catalog (catalog.py)
+
+
+def _number(kind: type, low: float | None, high: float | None) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
         if isinstance(value, bool):
-            raise SettingsError(f"{key} must be a number, not {value!r}")
+            raise _Invalid(f"must be a number, not {value!r}")
         if isinstance(value, str):
             try:
                 value = kind(value.strip())
             except ValueError:
-                raise SettingsError(f"{key} must be {_kind_name(kind)}, got {value!r}") from None
+                raise _Invalid(f"must be {_kind_name(kind)}, got {value!r}") from None
         if kind is int and isinstance(value, float):
             if not value.is_integer():
-                raise SettingsError(f"{key} must be a whole number, got {value!r}")
+                raise _Invalid(f"must be a whole number, got {value!r}")
             value = int(value)
         if not isinstance(value, (int, float)):
-            raise SettingsError(f"{key} must be {_kind_name(kind)}, got {value!r}")
+            raise _Invalid(f"must be {_kind_name(kind)}, got {value!r}")
         value = kind(value)
-        if low is not None and value < low or high is not None and value > high:
-            raise SettingsError(f"{key} must be between {low} and {high}, got {value}")
+        if value != value or low is not None and value < low or high is not None and value > high:
+            raise _Invalid(f"must be between {low} and {high}, got {value}")
         return value
 
     return check
@@ -74,20 +89,20 @@ def _kind_name(kind: type) -> str:
     return "a whole number" if kind is int else "a number"
 
 
-def _text(key: str, value: Any) -> str:
+def _text(value: Any) -> str:
     if not isinstance(value, str):
-        raise SettingsError(f"{key} must be text, got {value!r}")
+        raise _Invalid(f"must be text, got {value!r}")
     return value
 
 
-def _name(key: str, value: Any) -> str:
-    value = _text(key, value).strip()
+def _name(value: Any) -> str:
+    value = _text(value).strip()
     if not value:
-        raise SettingsError(f"{key} cannot be empty")
+        raise _Invalid("cannot be empty")
     return value
 
 
-def _flag(key: str, value: Any) -> bool:
+def _flag(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -96,24 +111,24 @@ def _flag(key: str, value: Any) -> bool:
             return True
         if lowered in ("false", "off", "no", "0"):
             return False
-    raise SettingsError(f"{key} must be on or off (true/false), got {value!r}")
+    raise _Invalid(f"must be on or off (true/false), got {value!r}")
 
 
-def _keymap(key: str, value: Any) -> dict[str, str]:
+def _keymap(value: Any) -> dict[str, str]:
     if isinstance(value, str):
-        # command-line form: "toggle-thinking=ctrl+t;stop=escape"
+        # typed form (--set, the settings screen): "toggle-thinking=ctrl+t;stop=escape"
         pairs = [item.split("=", 1) for item in value.split(";") if item.strip()]
         if any(len(pair) != 2 for pair in pairs):
-            raise SettingsError(f"{key} must look like 'binding-id=keys;other-id=keys'")
+            raise _Invalid("must look like 'binding-id=keys;other-id=keys'")
         value = {name.strip(): keys.strip() for name, keys in pairs}
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and v for k, v in value.items()
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in value.items()
     ):
-        raise SettingsError(f"{key} must be a table of binding id = \"keys\"")
-    return dict(value)
+        raise _Invalid('must be a table of binding-id = "keys" (e.g. toggle-thinking = "ctrl+k")')
+    return {k: v.strip() for k, v in value.items()}
 
 
-VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
+VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "temperature": _number(float, 0.0, 2.0),
     "top_p": _number(float, 0.01, 1.0),
     "top_k": _number(int, 0, 100_000),
@@ -145,71 +160,201 @@ KEYS = tuple(f.name for f in fields(Settings))
 
 
 def parse_value(key: str, value: Any) -> Any:
-    """Validate one setting given as text or as a TOML value; SettingsError says what is wrong."""
+    """Validate one setting given as typed text or as a TOML value; SettingsError says what is wrong."""
     if key not in VALIDATORS:
-        known = ", ".join(KEYS)
-        raise SettingsError(f"unknown setting {key!r}; known settings: {known}")
-    return VALIDATORS[key](key, value)
+        raise SettingsError(f"unknown setting {key!r}; known settings: {', '.join(KEYS)}")
+    try:
+        return VALIDATORS[key](value)
+    except _Invalid as exc:
+        raise SettingsError(f"{key} {exc}") from None
 
 
-def parse_assignment(text: str) -> tuple[str, Any]:
-    """'key=value' (as given to --set) -> (key, typed value)."""
+def parse_assignment(text: str, keymap: Mapping[str, str] | None = None) -> tuple[str, Any]:
+    """'key=value' (as given to --set) -> (key, typed value). 'keymap.ID=KEYS' changes one entry of
+    `keymap` (the current one) and returns the whole table; 'keymap.ID=' removes that entry."""
     key, sep, value = text.partition("=")
     if not sep:
         raise SettingsError(f"--set takes key=value, got {text!r} (e.g. --set temperature=0.2)")
     key = key.strip()
+    table, dot, entry = key.partition(".")
+    if dot and table == "keymap" and entry.strip():
+        entries = dict(keymap or {})
+        entries.pop(entry.strip(), None)
+        if value.strip():
+            entries[entry.strip()] = value.strip()
+        return "keymap", parse_value("keymap", entries)
     return key, parse_value(key, value)
 
 
-def _read_document(path: Path) -> dict[str, Any]:
+def flag(key: str) -> Callable[[str], Any]:
+    """An argparse `type` that checks a command-line flag with the rules of setting `key`:
+    `--max-tokens 0` fails as `max_new_tokens = 0` would, before anything loads."""
+    return _argparse_type(VALIDATORS[key], key)
+
+
+def ranged(kind: type, low: float, high: float) -> Callable[[str], Any]:
+    """An argparse `type` for a flag that is no setting, worded like the settings' own checks."""
+    return _argparse_type(_number(kind, low, high), _kind_name(kind))
+
+
+def _argparse_type(check: Callable[[Any], Any], name: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return check(text)
+        except _Invalid as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
+
+
+# reading
+
+
+def _read_text(path: Path) -> str:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return {}
+        return ""
+    except IsADirectoryError:
+        raise SettingsError(f"{path} is a folder, not a settings file; move it away") from None
+    except OSError as exc:
+        raise SettingsError(f"{path} cannot be read ({exc.strerror or exc})") from None
     try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); fix or delete it") from None
+
+
+def _document(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(_read_text(path))
+    except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
 
 
-def load(path: Path | None = None) -> Settings:
-    """Settings from config.toml (defaults for anything missing)."""
+def _from_file(key: str, value: Any) -> Any:
+    if key == "keymap" and not isinstance(value, Mapping):  # the typed form is for the command line
+        raise SettingsError('keymap must be a table: a [keymap] section with lines like toggle-thinking = "ctrl+k"')
+    return parse_value(key, value)
+
+
+def read(path: Path | None = None) -> tuple[Settings, list[str]]:
+    """Settings for the app and what in the file cannot be used: each such value is left at its
+    default meanwhile, and stays in the file for the user to fix. Never raises for the file's content."""
     path = path or paths.config_file()
-    document = _read_document(path)
+    try:
+        document = _document(path)
+    except SettingsError as exc:
+        return Settings(), [f"{exc}. Using the default settings meanwhile."]
+    values, problems = {}, []
+    defaults = Settings()
+    for key, value in document.items():
+        if key in OTHER_TABLES:
+            continue
+        if key not in VALIDATORS:
+            problems.append(f"{path}: unknown setting {key!r} is ignored (known: {', '.join(KEYS)})")
+            continue
+        try:
+            values[key] = _from_file(key, value)
+        except SettingsError as exc:
+            problems.append(f"{path}: {exc}; fix or remove that line (using {getattr(defaults, key)!r} meanwhile)")
+    return Settings(**values), problems
+
+
+def load(path: Path | None = None) -> Settings:
+    """Settings from config.toml (defaults for anything missing); SettingsError for anything that cannot be used."""
+    path = path or paths.config_file()
+    document = _document(path)
     values = {}
-    for key in KEYS:
-        if key in document:
-            try:
-                values[key] = parse_value(key, document[key])
-            except SettingsError as exc:
-                raise SettingsError(f"{path}: {exc}; fix or remove that line") from None
+    for key, value in document.items():
+        if key not in VALIDATORS:
+            continue  # another part's table ([models]) or a key of no use; read() reports the latter
+        try:
+            values[key] = _from_file(key, value)
+        except SettingsError as exc:
+            raise SettingsError(f"{path}: {exc}; fix or remove that line") from None
     return Settings(**values)
 
 
-def save(settings: Settings, path: Path | None = None) -> Path:
-    """Write `settings` into config.toml, keeping every other key and table already there."""
+# writing
+
+
+def changes(old: Settings, new: Settings) -> dict[str, Any]:
+    """The settings `new` changes from `old` (what a form edited), to pass to `update`."""
+    return {key: getattr(new, key) for key in KEYS if getattr(new, key) != getattr(old, key)}
+
+
+def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
+    """Write exactly these settings (validated values) into config.toml; nothing else in it changes."""
     path = path or paths.config_file()
-    document = _read_document(path)
-    defaults = Settings()
-    for key in KEYS:
-        value = getattr(settings, key)
-        if value == getattr(defaults, key):
-            document.pop(key, None)
-        else:
+    if not changes:
+        return path
+    text = _read_text(path)
+    try:
+        document = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
+    for key, value in changes.items():
+        parse_value(key, value)
+        if key == "keymap":
+            _set_table(document, key, value)
+        elif not _same(_held(document, key), value):  # an equal value keeps the user's spelling of it
             document[key] = value
-    _write_atomically(path, tomli_w.dumps(document))  # tomli-w writes bare keys before tables
+    new_text = document.as_string()
+    if new_text != text:
+        _write_atomically(path, new_text)
     return path
 
 
+def _held(document: Any, key: str) -> Any:
+    """What the file says for `key` (as a plain value), or None."""
+    item = document.get(key)
+    return item.unwrap() if hasattr(item, "unwrap") else item
+
+
+def _same(held: Any, value: Any) -> bool:
+    return type(held) is type(value) and held == value  # `thinking = 1` is not `true`
+
+
+def _set_table(document: Any, key: str, entries: Mapping[str, str]) -> None:
+    """Edit the table's entries in place (comments stay); an empty one removes the table."""
+    if not entries:
+        document.pop(key, None)
+        return
+    table = document.get(key)
+    if not isinstance(table, Mapping):
+        document[key] = dict(entries)
+        return
+    for name in [name for name in table if name not in entries]:
+        del table[name]
+    for name, value in entries.items():
+        if table.get(name) != value:
+            table[name] = value
+
+
 def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    target = Path(os.path.realpath(path))  # a symlinked config.toml stays a symlink
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = _mode_for(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _mode_for(path: Path) -> int:
+    """The file's own permissions, or what a new file gets under the umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask

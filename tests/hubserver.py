@@ -17,7 +17,8 @@ What huggingface_hub 2.4 asks of it (read from its source):
   `HubServer.tokens` (token -> user name), else 401 "Invalid credentials in Authorization header".
 
 Knobs for failure cases: `drop_after[filename] = n` makes the next GET of that file send n
-bytes and close the connection; `delay` sleeps between 64 KiB pieces (to cancel mid-file);
+bytes and close the connection; `delay` sleeps between 64 KiB pieces; `hold` (an Event) stops
+every transfer after its first piece until it is set, so a cancel always lands mid-file;
 `honour_ranges = False` answers every Range request with the whole file (200), as some
 proxies do; `busy = n` answers the next n file GETs with 503.
 The server counts requests and answers 500 past `max_requests`, so no client loop can spin.
@@ -77,6 +78,7 @@ class Request:
 class HubServer:
     repos: dict[str, Repo]
     delay: float = 0.0
+    hold: threading.Event | None = None  # unset: each transfer waits after its first piece
     honour_ranges: bool = True
     busy: int = 0  # answer this many file GETs with 503 first
     max_requests: int = 200
@@ -94,9 +96,16 @@ class HubServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.hold is not None:
+            self.hold.set()  # no handler thread is left waiting
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+    def release_when(self, event: threading.Event) -> None:
+        """Let held transfers go on once `event` is set (a client's cancel): the client then reads its
+        next piece, sees the cancel and keeps the first piece, however fast or slow the machine is."""
+        threading.Thread(target=lambda: (event.wait(120), self.hold.set()), daemon=True).start()
 
     def gets(self, fragment: str) -> list[Request]:
         return [r for r in self.requests if r.method == "GET" and fragment in r.path]
@@ -287,6 +296,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self.wfile.write(chunk)
             sent += len(chunk)
+            if i == 0 and self.hub.hold is not None:
+                self.wfile.flush()
+                self.hub.hold.wait(120)
             if self.hub.delay:
                 self.wfile.flush()
                 time.sleep(self.hub.delay)

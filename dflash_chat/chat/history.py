@@ -3,6 +3,11 @@
 Each message is written when it is sent or as its answer streams: an answer
 is saved as "partial" while it is written and updated when it ends, so a
 crash keeps everything before it and the part of the answer already seen.
+
+A history that cannot be used (a read-only file or folder, a file another
+program holds locked, a full disk) raises HistoryUnavailable, whose message
+says in words what is wrong and what to do; when it cannot even be opened,
+`open_or_recover` keeps this session's chats in memory instead.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +47,32 @@ CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id,
 """
 
 
+BUSY_TIMEOUT_S = 1.0  # how long a write waits for another program's lock (on the UI thread: keep it short)
+
+
 class HistoryCorruptError(UserError):
     """The history file exists but SQLite cannot read it."""
+
+
+class HistoryUnavailable(UserError):
+    """The history cannot be read or written just now; the message says why and what to do."""
+
+
+def explain(exc: BaseException, path: Path) -> str:
+    """Why the history at `path` cannot be used, in words, with what to do about it."""
+    text = str(exc).lower()
+    if "locked" in text or "busy" in text:
+        return (f"another program holds the history file {path} (another dflash-chat, or a database tool): "
+                "close it, or keep the history elsewhere with --data-dir DIR")
+    if "readonly" in text or "read-only" in text or isinstance(exc, PermissionError):
+        return (f"the history file {path} or its folder is read-only: make them writable, "
+                "or keep the history elsewhere with --data-dir DIR")
+    if "unable to open" in text or isinstance(exc, (NotADirectoryError, FileExistsError, IsADirectoryError)):
+        return (f"the history file {path} cannot be opened or created (is {path.parent} a writable folder?): "
+                "fix that, or keep the history elsewhere with --data-dir DIR")
+    if "full" in text or "disk i/o" in text or isinstance(exc, OSError) and exc.errno == 28:
+        return f"the disk holding the history file {path} is full or failing: free some space"
+    return f"the history file {path} cannot be used ({exc})"
 
 
 @dataclass(frozen=True)
@@ -55,134 +85,164 @@ class ConversationSummary:
 
 
 class HistoryStore:
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time, in_memory: bool = False) -> None:
+        """The history at `path`; `in_memory`: a store for this session only (path is where it would be)."""
         self.path = path
         self.clock = clock
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.in_memory = in_memory
         try:
-            self.db = sqlite3.connect(path, isolation_level=None)
+            if not in_memory:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(":memory:" if in_memory else path, isolation_level=None, timeout=BUSY_TIMEOUT_S)
             self.db.execute("PRAGMA foreign_keys = ON")
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise UserError(f"{path} was written by a newer dflash-chat; upgrade, or move the file away")
+                raise HistoryUnavailable(f"{path} was written by a newer dflash-chat; upgrade, or move the file away")
             if version < SCHEMA_VERSION:  # a new file: the only write an open makes
                 self.db.executescript(SCHEMA)
                 self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        except sqlite3.OperationalError as exc:  # read-only, locked, cannot be opened: the file is fine
-            raise UserError(
-                f"the history file {path} cannot be used ({exc}): make it and its folder writable, "
-                "or keep the history elsewhere with --data-dir DIR"
-            ) from None
+        except (OSError, sqlite3.OperationalError) as exc:  # read-only, locked, cannot be opened: the file is fine
+            raise HistoryUnavailable(explain(exc, path)) from None
         except sqlite3.DatabaseError as exc:
             raise HistoryCorruptError(f"the history file {path} cannot be read ({exc})") from None
 
     @classmethod
     def open_or_recover(cls, path: Path, **kwargs) -> tuple[HistoryStore, str | None]:
-        """Open the store; a corrupt file is moved aside and a new one started.
-        Returns the store and, after a recovery, a line saying what happened."""
+        """Open the store. A corrupt file is moved aside and a new one started; a history that cannot be
+        used is left as it is and this session's chats are kept in memory. Returns the store and, when
+        either happened, a line saying so."""
         try:
             return cls(path, **kwargs), None
         except HistoryCorruptError as exc:
             aside = _free_name(path.with_name(path.name + ".corrupt"))
-            path.rename(aside)
-            for suffix in ("-wal", "-shm", "-journal"):
-                path.with_name(path.name + suffix).unlink(missing_ok=True)
-            note = f"{exc}. It was moved to {aside} and a new history was started."
-            return cls(path, **kwargs), note
+            try:
+                path.rename(aside)
+                for suffix in ("-wal", "-shm", "-journal"):
+                    path.with_name(path.name + suffix).unlink(missing_ok=True)
+                return cls(path, **kwargs), f"{exc}. It was moved to {aside} and a new history was started."
+            except (OSError, HistoryUnavailable) as failed:
+                reason = explain(failed, path) if isinstance(failed, OSError) else str(failed)
+                return cls(path, in_memory=True, **kwargs), f"{exc}, and it could not be moved aside: {reason}. " + _MEMORY_NOTE
+        except HistoryUnavailable as exc:
+            return cls(path, in_memory=True, **kwargs), f"Chat history is off: {exc}. " + _MEMORY_NOTE
+
+    @contextmanager
+    def _using(self) -> Iterator[None]:
+        """Any SQLite failure of a read or write becomes HistoryUnavailable, in words."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise HistoryUnavailable(explain(exc, self.path)) from None
 
     def close(self) -> None:
-        self.db.close()
+        try:
+            self.db.close()
+        except sqlite3.Error:
+            pass
 
     # conversations
 
     def create(self, title: str) -> int:
-        now = self.clock()
-        cursor = self.db.execute(
-            "INSERT INTO conversations (title, created, updated) VALUES (?, ?, ?)",
-            (title, now, now),
-        )
-        return cursor.lastrowid
+        with self._using():
+            now = self.clock()
+            cursor = self.db.execute(
+                "INSERT INTO conversations (title, created, updated) VALUES (?, ?, ?)",
+                (title, now, now),
+            )
+            return cursor.lastrowid
 
     def rename(self, conversation_id: int, title: str) -> None:
-        title = title.strip()
-        if not title:
-            raise UserError("a conversation title cannot be empty")
-        self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+        with self._using():
+            title = title.strip()
+            if not title:
+                raise UserError("a conversation title cannot be empty")
+            self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
 
     def delete(self, conversation_id: int) -> None:
-        self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        with self._using():
+            self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def summaries(self) -> list[ConversationSummary]:
-        rows = self.db.execute(
-            "SELECT c.id, c.title, c.created, c.updated, COUNT(m.id) FROM conversations c "
-            "LEFT JOIN messages m ON m.conversation_id = c.id "
-            "GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
-        ).fetchall()
-        return [ConversationSummary(*row) for row in rows]
+        with self._using():
+            rows = self.db.execute(
+                "SELECT c.id, c.title, c.created, c.updated, COUNT(m.id) FROM conversations c "
+                "LEFT JOIN messages m ON m.conversation_id = c.id "
+                "GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
+            ).fetchall()
+            return [ConversationSummary(cid, _text(title), _time(created), _time(updated), count)
+                    for cid, title, created, updated, count in rows]
 
     def load(self, conversation_id: int) -> Conversation:
-        row = self.db.execute(
-            "SELECT title FROM conversations WHERE id = ?", (conversation_id,)
-        ).fetchone()
-        if row is None:
-            raise UserError(f"conversation {conversation_id} is not in the history")
-        messages = [
-            Message(
-                role=role,
-                content=content,
-                thinking=thinking,
-                status=status,
-                stats=_stats_from_json(stats),
-                id=message_id,
-            )
-            for message_id, role, content, thinking, status, stats in self.db.execute(
-                "SELECT id, role, content, thinking, status, stats FROM messages "
-                "WHERE conversation_id = ? ORDER BY id",
-                (conversation_id,),
-            )
-        ]
-        return Conversation(title=row[0], messages=messages, id=conversation_id)
+        with self._using():
+            row = self.db.execute(
+                "SELECT title FROM conversations WHERE id = ?", (conversation_id,)
+            ).fetchone()
+            if row is None:
+                raise UserError(f"conversation {conversation_id} is not in the history")
+            messages = [
+                Message(
+                    role=_text(role),
+                    content=_text(content),
+                    thinking=_text(thinking),
+                    status=_text(status),
+                    stats=_stats_from_json(stats if isinstance(stats, str) else None),
+                    id=message_id,
+                )
+                for message_id, role, content, thinking, status, stats in self.db.execute(
+                    "SELECT id, role, content, thinking, status, stats FROM messages "
+                    "WHERE conversation_id = ? ORDER BY id",
+                    (conversation_id,),
+                )
+            ]
+            return Conversation(title=_text(row[0]), messages=messages, id=conversation_id)
 
     # messages
 
     def add(self, conversation_id: int, message: Message) -> int:
-        now = self.clock()
-        cursor = self.db.execute(
-            "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                conversation_id,
-                message.role,
-                message.content,
-                message.thinking,
-                message.status,
-                _stats_to_json(message.stats),
-                now,
-            ),
-        )
-        self._touch(conversation_id, now)
-        message.id = cursor.lastrowid
-        return message.id
+        with self._using():
+            now = self.clock()
+            cursor = self.db.execute(
+                "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id,
+                    message.role,
+                    message.content,
+                    message.thinking,
+                    message.status,
+                    _stats_to_json(message.stats),
+                    now,
+                ),
+            )
+            self._touch(conversation_id, now)
+            message.id = cursor.lastrowid
+            return message.id
 
     def update(self, message: Message) -> None:
         """Rewrite a saved message (an answer as it streams, then as it ended)."""
-        self.db.execute(
-            "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ? WHERE id = ?",
-            (message.content, message.thinking, message.status, _stats_to_json(message.stats), message.id),
-        )
+        with self._using():
+            self.db.execute(
+                "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ? WHERE id = ?",
+                (message.content, message.thinking, message.status, _stats_to_json(message.stats), message.id),
+            )
 
     def remove_message(self, message_id: int) -> None:
-        self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+        with self._using():
+            self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """The user's latest prompts, oldest first (for Up/Down in the input)."""
-        rows = self.db.execute(
-            "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,)
-        ).fetchall()
-        return [content for (content,) in reversed(rows)]
+        with self._using():
+            rows = self.db.execute(
+                "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,)
+            ).fetchall()
+            return [_text(content) for (content,) in reversed(rows)]
 
     def _touch(self, conversation_id: int, now: float) -> None:
         self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+
+
+_MEMORY_NOTE = "This session's chats are kept until you quit, and not saved."
 
 
 def to_markdown(conversation: Conversation) -> str:
@@ -230,8 +290,36 @@ def _stats_to_json(stats: GenerationStats | None) -> str | None:
 
 
 def _stats_from_json(text: str | None) -> GenerationStats | None:
+    """The saved figures, or None when they cannot be read back (hand-edited, or from another version):
+    the message itself is kept either way."""
     if not text:
         return None
-    record = json.loads(text)
-    fields = GenerationStats.__dataclass_fields__
-    return GenerationStats(**{k: v for k, v in record.items() if k in fields})
+    try:
+        record = json.loads(text)
+        fields = GenerationStats.__dataclass_fields__
+        values = {k: v for k, v in record.items() if k in fields}
+        if not all(_fits(fields[k].default, v) for k, v in values.items()):
+            return None
+        return GenerationStats(**values)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _fits(default: object, value: object) -> bool:
+    """A saved figure has the kind of its field: a number, a flag, or (the histogram) whole numbers."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float))
+    return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in value)
+
+
+def _time(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _text(value: object) -> str:
+    """A text column as text, whatever was stored in it (a hand-edited database may hold bytes or NULL)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)

@@ -8,7 +8,9 @@ import random
 import tempfile
 from pathlib import Path
 
+from dflash_chat.commands.run import check_device
 from dflash_chat.errors import UserError
+from dflash_chat.settings import flag, ranged
 
 SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b")  # engine/synthetic.py holds their shapes
 
@@ -19,17 +21,17 @@ def register(subparsers) -> None:
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
     p.add_argument("--drafter")
     p.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3_5_moe", "qwen3"], help="tiny random target's architecture")
-    p.add_argument("--hidden", type=int, default=256, help="tiny random target's hidden size")
-    p.add_argument("--layers", type=int, help="layer count of the tiny random target (default 8) or of the "
-                   "--synthetic model (default: all of them)")
-    p.add_argument("--acceptance", type=float, default=0.8, help="per-token acceptance of the error-injecting drafter")
-    p.add_argument("--block", type=int, default=16, help="block size of the error-injecting drafter")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--hidden", type=ranged(int, 8, 16384), default=256, help="tiny random target's hidden size")
+    p.add_argument("--layers", type=ranged(int, 1, 512), help="layer count of the tiny random target (default 8) or "
+                   "of the --synthetic model (default: all of them)")
+    p.add_argument("--acceptance", type=ranged(float, 0.0, 1.0), default=0.8, help="per-token acceptance of the error-injecting drafter")
+    p.add_argument("--block", type=ranged(int, 1, 256), default=16, help="block size of the error-injecting drafter")
+    p.add_argument("--prompts", type=ranged(int, 1, 10_000), default=4)
+    p.add_argument("--tokens", type=flag("max_new_tokens"), default=128, help="new tokens per prompt")
     p.add_argument("--device")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="tiny random target's dtype (default: bfloat16 on CUDA, float32 on CPU); float32 keeps greedy runs bit-comparable")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--threads", type=ranged(int, 1, 4096), help="torch CPU threads")
     p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny random target")
     p.add_argument("--json", action="store_true")
     p.add_argument("--synthetic", metavar="MODEL", choices=sorted(SYNTHETIC_MODELS),
@@ -37,7 +39,7 @@ def register(subparsers) -> None:
                    "step times against the memory-bandwidth floor, kernels per step, tok/s")
     p.add_argument("--quant", choices=["Q4_K_M", "Q8_0", "bf16"],
                    help="--synthetic weights: a llama.cpp quant mix or bf16 (default Q4_K_M; bf16 on the CPU)")
-    p.add_argument("--vocab", type=int, help="--synthetic: cut the vocabulary (default: the model's; 4096 on the CPU, "
+    p.add_argument("--vocab", type=ranged(int, 16, 1 << 20), help="--synthetic: cut the vocabulary (default: the model's; 4096 on the CPU, "
                    "where the real one would take minutes per token)")
     p.add_argument("--decode", choices=["auto", "graphs", "fixed", "eager"], default="auto",
                    help="--synthetic: the decode path (default: CUDA graphs on a GPU, eager steps on the CPU)")
@@ -154,6 +156,7 @@ def _check(args) -> None:
 
 def main(args: argparse.Namespace) -> int:
     _check(args)
+    check_device(args.device)
     import torch
 
     from dflash_chat.bench import compare, report

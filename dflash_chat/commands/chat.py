@@ -7,7 +7,8 @@ model-choice flags, the `model` setting, or (nothing named) the best pair for th
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+import os
+import sys
 from pathlib import Path
 
 from dflash_chat import hardware, paths
@@ -39,36 +40,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    current = settings_module.load()
+    from dflash_chat.chat.model_source import DEVICE_ENV
+    from dflash_chat.commands.run import check_device_name
+
     if args.assignments:
-        return save_assignments(current, args.assignments)
-    build_app(args, current).run()
+        return save_assignments(args.assignments)
+    check_device_name(os.environ.get(DEVICE_ENV), DEVICE_ENV)  # spelling only: torch loads in the worker
+    current, problems = settings_module.read()  # what cannot be used is shown in the app, never rewritten
+    build_app(args, current, problems).run()
     return 0
 
 
-def build_app(args: argparse.Namespace, current: settings_module.Settings):
+def build_app(args: argparse.Namespace, current: settings_module.Settings, problems: list[str] = ()):
     from dflash_chat.chat.model_source import pick_from_args, resolve
     from dflash_chat.ui.app import DFlashChatApp
 
     source = resolve(current, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args))
     history = (args.data_dir / paths.history_db().name) if args.data_dir else None
-    return DFlashChatApp(current, source, history_path=history)
+    return DFlashChatApp(current, source, history_path=history, problems=problems)
 
 
-def save_assignments(current: settings_module.Settings, assignments: list[str]) -> int:
+def save_assignments(assignments: list[str]) -> int:
+    """--set: validate every assignment, then change exactly those keys in config.toml (nothing else in it)."""
     from dflash_chat.chat.model_source import drafter_value, model_value
 
-    updated = current
+    current, _ = settings_module.read()
+    changes: dict = {}
     for text in assignments:
-        key, value = settings_module.parse_assignment(text)
+        key, value = settings_module.parse_assignment(text, keymap=changes.get("keymap", current.keymap))
         if key == "model":
             value = model_value(value)
         elif key == "drafter":
             value = drafter_value(value)
-        updated = replace(updated, **{key: value})
-    path = settings_module.save(updated)
-    for text in assignments:
-        key = text.partition("=")[0].strip()
-        print(f"{key} = {getattr(updated, key)!r}")
+        elif key == "theme":
+            check_theme(value)
+        elif key == "keymap":
+            check_keymap(value)
+        changes[key] = value
+    path = settings_module.update(changes)
+    for key, value in changes.items():
+        print(f"{key} = {value!r}")
     print(f"saved to {path}")
+    for problem in settings_module.read(path)[1]:  # what else in the file the app cannot use
+        print(f"note: {problem}", file=sys.stderr)
     return 0
+
+
+def check_theme(name: str) -> None:
+    """A theme name must be one the app can show: shipped, Textual's own, or a theme file that loads."""
+    from textual.theme import BUILTIN_THEMES
+
+    from dflash_chat.ui.themes import discover_themes
+
+    found = discover_themes()
+    if name in found.names | set(BUILTIN_THEMES):
+        return
+    if name in found.broken:
+        raise settings_module.SettingsError(f"theme {name!r} cannot be used: {found.broken[name]}")
+    ours = ", ".join(t.name for t in found.themes)
+    raise settings_module.SettingsError(
+        f"theme must be one of {ours} (or Textual's: {', '.join(sorted(BUILTIN_THEMES))}), or the name of "
+        f"a theme file in {paths.user_themes_dir()}; got {name!r}"
+    )
+
+
+def check_keymap(overrides: dict[str, str]) -> None:
+    from dflash_chat.ui import keymap
+
+    problems = keymap.resolve(overrides).problems
+    if problems:
+        raise settings_module.SettingsError(problems[0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dflash_chat import hardware
-from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
+from dflash_chat.catalog import Catalog, CatalogError, Pair, Source, is_quant_name, load_catalog
 from dflash_chat.errors import UserError
 from dflash_chat.hardware import Choice, Machine, NoFitError
 from dflash_chat.sizes import size_text
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
         "whether each quant fits this machine's free memory (or a GPU of --vram GB), and what is "
         "already downloaded. The pick is what the chat app runs.",
     )
-    parser.add_argument("--context", type=int, help="context length to size memory for (default: the context_length setting)")
+    hardware.add_choice_arguments(parser, files=False)  # --model, --quant, --drafter-quant: rows for those only
     parser.add_argument("--vram", type=float, metavar="GB",
                         help="plan for a GPU of this size (as sold, e.g. 24) instead of this machine")
     parser.set_defaults(handler=run)
@@ -63,15 +63,21 @@ def run(args: argparse.Namespace) -> int:
         free = f"{size_text(machine.available)} free"
         print(f"This machine: {machine.label}, {free}" + (f" ({machine.cuda_note})" if machine.cuda_note else ""))
     context = context_for(args)
+    pairs = _pairs(catalog, args)
     try:
-        explanation, pick = app_choice(machine, catalog, context)
+        if args.model or args.quant or args.drafter_quant:
+            pick = hardware.choose(machine, catalog, model=args.model, quant=args.quant,
+                                   drafter_quant=args.drafter_quant, context=context)
+            explanation = pick.explanation
+        else:
+            explanation, pick = app_choice(machine, catalog, context)
         verdict = f"Pick: {explanation}"
     except NoFitError as exc:
         pick, verdict = None, f"Pick: none. {exc}"
 
     rows = [("MODEL", "QUANT", "SIZE", "DRAFTER", "NEEDS", "FITS", "CACHED", "")]
-    for pair in catalog.ranked():
-        rows += _rows(catalog, pair, machine, context, pick)
+    for pair in pairs:
+        rows += _rows(catalog, pair, machine, context, pick, args)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -80,17 +86,40 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pairs(catalog: Catalog, args: argparse.Namespace) -> list[Pair]:
+    """The pairs to list: the one named, else those offering the quants asked for (CatalogError if none does)."""
+    pairs = [catalog.get(args.model)] if args.model else list(catalog.ranked())
+    offering, refusal = [], None
+    for pair in pairs:
+        try:
+            if args.quant:
+                pair.target(args.quant)
+            if args.drafter_quant:
+                pair.drafter(args.drafter_quant)
+        except CatalogError as exc:
+            refusal = refusal or exc
+            continue
+        offering.append(pair)
+    if offering:
+        return offering
+    if args.model or len(pairs) == 1 or (args.quant and not is_quant_name(args.quant)):
+        raise refusal
+    drafters = ", ".join(dict.fromkeys(q for p in pairs for q in p.drafter_quants))
+    raise CatalogError(f"no model has drafter quant {args.drafter_quant} (they have {drafters})")
+
+
 def _rows(
-    catalog: Catalog, pair: Pair, machine: Machine, context: int, pick: Choice | None
+    catalog: Catalog, pair: Pair, machine: Machine, context: int, pick: Choice | None, args: argparse.Namespace
 ) -> list[tuple[str, ...]]:
     from dflash_chat import hub
 
     ctx = min(context, pair.max_context)  # a row per pair even past its maximum
     tokenizer_cached = hub.cached_parts(pair.tokenizer) is not None
     rows = []
-    for target in pair.targets:
+    for target in [pair.target(args.quant)] if args.quant else pair.targets:
         # the preferred drafter that fits beside this target, else the smallest option
-        best = hardware.choose(machine, catalog, model=pair.name, quant=target.quant, context=ctx, allow_no_fit=True)
+        best = hardware.choose(machine, catalog, model=pair.name, quant=target.quant, drafter_quant=args.drafter_quant,
+                               context=ctx, allow_no_fit=True)
         drafter, need = best.drafter, best.budget
         picked = pick is not None and (pick.pair, pick.target, pick.drafter) == (pair, target, drafter)
         rows.append(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from dflash_chat import hardware
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
+from dflash_chat.settings import flag
 from dflash_chat.sizes import size_text
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ def register(subparsers) -> None:
     parser.add_argument("model", nargs="?", help="model pair name from `dflash-chat models`")
     parser.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M (default: the best that fits)")
     parser.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
-    parser.add_argument("--context", type=int, help="context length the choice is sized for (default: the context_length setting)")
+    parser.add_argument("--context", type=flag("context_length"), help="context length the choice is sized for (256-1048576)")
     parser.set_defaults(handler=run)
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from dflash_chat.errors import UserError
+from dflash_chat.settings import flag, ranged
 
 
 def register(subparsers) -> None:
@@ -16,18 +18,44 @@ def register(subparsers) -> None:
     p.add_argument("--demo", action="store_true", help="use the embedded tiny demo pair")
     p.add_argument("--prompt", required=True, help="the user's message")
     p.add_argument("--system", help="system prompt")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--context", type=int, default=8192, help="context length to allocate")
+    # the same rules and messages as the settings of the same meaning (max_new_tokens, temperature, ...)
+    p.add_argument("--max-tokens", type=flag("max_new_tokens"), default=256, help="longest answer, in tokens")
+    p.add_argument("--temperature", type=flag("temperature"), default=0.0, help="0 = greedy (0-2)")
+    p.add_argument("--top-p", type=flag("top_p"), default=1.0, help="nucleus sampling mass (0.01-1)")
+    p.add_argument("--top-k", type=flag("top_k"), default=0, help="keep the k likeliest tokens (0 = off)")
+    p.add_argument("--seed", type=ranged(int, 0, 2**63 - 1), help="sampling seed (whole number)")
+    p.add_argument("--context", type=flag("context_length"), default=8192, help="context length to allocate (256-1048576)")
     p.add_argument("--think", action="store_true", help="let the model think first (off by default: drafters are trained without thinking)")
     p.add_argument("--no-drafter", action="store_true", help="plain autoregressive decoding (the baseline)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--json", action="store_true", help="print one JSON record with the answer and the statistics")
     p.set_defaults(handler=main)
+
+
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def check_device_name(device: str | None, name: str = "--device") -> None:
+    """The device is spelled as one dflash-chat runs on (cpu, cuda, cuda:N); no torch import."""
+    if device is not None and not DEVICE.fullmatch(device.strip()):
+        raise UserError(f"{name} {device!r} is not a device: use cpu, cuda or cuda:N")
+
+
+def check_device(device: str | None) -> None:
+    """--device names a device this machine has; UserError (before anything loads) says what to pass."""
+    check_device_name(device)
+    if device is None:
+        return
+    import torch
+
+    where = torch.device(device.strip())
+    if where.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: this machine has no usable CUDA GPU (see `dflash-chat doctor`); use --device cpu")
+        count = torch.cuda.device_count()
+        if where.index is not None and where.index >= count:
+            raise UserError(f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
 
 
 def resolve_paths(args) -> tuple[str, str | None]:
@@ -69,6 +97,7 @@ def main(args: argparse.Namespace) -> int:
     from dflash_chat.engine.sampling import SamplingParams
 
     target, drafter = resolve_paths(args)
+    check_device(args.device)
     pair = load_pair(target, drafter, device=args.device, max_context=args.context)
     tok = pair.tokenizer
     prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,46 +16,63 @@ from dflash_chat import paths
 from dflash_chat import settings as settings_module
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource, Pick
+from dflash_chat.errors import UserError, one_line
 from dflash_chat.settings import Settings
-from dflash_chat.ui.chat_screen import COMMANDS, ChatScreen
+from dflash_chat.ui import keymap, paste
+from dflash_chat.ui.chat_screen import ChatScreen
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.settings_screen import SettingsScreen
 from dflash_chat.ui.themes import DEFAULT_THEME, discover_themes
+
+STICKY_S = 7 * 24 * 3600  # a notice about the user's own files stays until dismissed (click it, or the palette)
 
 
 class DFlashChatApp(App):
     TITLE = "dflash-chat"
     CSS_PATH = "app.tcss"
-    BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True)]
+    BINDINGS = [Binding(keymap.QUIT.keys, keymap.QUIT.action, keymap.QUIT.title, id=keymap.QUIT.id, priority=True)]
 
     def __init__(self, settings: Settings, source: ModelSource | Pick | None = None, *,
                  history_path: Path | None = None, export_dir: Path | None = None,
-                 user_themes: Path | None = None) -> None:
+                 user_themes: Path | None = None, problems: Sequence[str] = ()) -> None:
+        """`problems`: what could not be used from config.toml (settings.read), shown until dismissed."""
         super().__init__()
+        paste.install()  # before the driver starts reading the terminal
         self.settings = settings
         self.export_dir = export_dir
-        self.keymap: dict[str, str] = {}
+        self.problems = list(problems)
+        self.keys = keymap.Resolved()
+        self._fallback_theme: str | None = None  # shown because the chosen one cannot be: not a choice to save
         self.store, self.history_note = HistoryStore.open_or_recover(history_path or paths.history_db())
-        found = discover_themes(user_themes)
-        self.theme_problems = found.problems
+        found = self.theme_files = discover_themes(user_themes)
         for theme in found.themes:
             self.register_theme(theme)
-        self.chat = ChatScreen(settings, self.store, source, self.store.recent_prompts())
+        self.chat = ChatScreen(settings, self.store, source, self._recent_prompts())
+
+    def _recent_prompts(self) -> list[str]:
+        try:
+            return self.store.recent_prompts()
+        except UserError:  # the history cannot be read just now: Up/Down starts empty
+            return []
 
     def get_default_screen(self) -> Screen:
         return self.chat
 
     def on_mount(self) -> None:
-        fallback = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
-        self.theme = self.settings.theme if self.settings.theme in self.available_themes else fallback
-        if self.theme != self.settings.theme:
-            self.notify(f"Theme {self.settings.theme!r} was not found; using {fallback}.", severity="warning")
+        for problem in self.problems:
+            self.warn(problem)
+        for stem, problem in self.theme_files.broken.items():
+            if stem != self.settings.theme:  # that one is said with the theme below
+                self.warn(problem)
+        self._show_theme(self.settings.theme)
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         self._apply_keymap(self.settings.keymap)
-        for problem in self.theme_problems:
-            self.notify(problem, severity="warning", timeout=15)
         if self.history_note:
-            self.notify(self.history_note, severity="error", timeout=20)
+            self.warn(self.history_note, severity="error")
+
+    def warn(self, message: str, severity: str = "warning") -> None:
+        """A notice that stays until dismissed: it asks the user to fix something of theirs."""
+        self.notify(message, severity=severity, timeout=STICKY_S, markup=False)
 
     def on_unmount(self) -> None:
         if self.chat.turn is not None:
@@ -64,37 +81,54 @@ class DFlashChatApp(App):
 
     # keymap and palette
 
-    def _apply_keymap(self, keymap: dict[str, str]) -> None:
-        known = {binding_id for binding_id, *_ in COMMANDS} | {"quit"}
-        unknown = sorted(set(keymap) - known)
-        if unknown:
-            self.notify(f"keymap: unknown binding ids {', '.join(unknown)}; known: {', '.join(sorted(known))}",
-                        severity="warning", timeout=15)
-        self.keymap = {k: v for k, v in keymap.items() if k in known}
-        self.set_keymap(self.keymap)
+    def _apply_keymap(self, overrides: dict[str, str]) -> None:
+        """Apply what can be of the user's [keymap]; each refusal is a notice, and that action keeps its key."""
+        self.keys = keymap.resolve(overrides)
+        for problem in self.keys.problems:
+            self.warn(problem)
+        self.set_keymap(self.keys.keymap)
 
-    def key_for(self, binding_id: str, default: str) -> str:
-        return self.keymap.get(binding_id, default).split(",")[0]
+    def key_for(self, binding_id: str) -> str:
+        return self.keys.first_key(binding_id)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
+        if self._notifications:
+            yield SystemCommand("Dismiss notifications", "Close every notification shown", self.clear_notifications)
         if screen is not self.chat:
             return
-        for binding_id, keys, action, title, help_text in COMMANDS:
-            yield SystemCommand(title, f"{help_text} ({self.key_for(binding_id, keys)})",
-                                lambda action=action: self.chat.run_action(action))
+        for command in keymap.COMMANDS:
+            yield SystemCommand(command.title, f"{command.help} ({self.key_for(command.id)})",
+                                lambda action=command.action: self.chat.run_action(action))
 
     # themes
 
+    def _show_theme(self, name: str) -> None:
+        """Show the theme the settings name; one that cannot be used is reported and left in config.toml."""
+        if name in self.available_themes:
+            self.theme = name
+            return
+        fallback = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+        if self.theme != fallback:
+            self._fallback_theme = fallback
+            self.theme = fallback
+        why = self.theme_files.broken.get(name) or f"there is no theme of that name (theme files go in {paths.user_themes_dir()})."
+        self.warn(f"Theme {name!r} cannot be used: {why} Showing {fallback} meanwhile; config.toml still says "
+                  f"theme = {name!r} (pick another with Ctrl+P > Theme, or fix the file).")
+
     def _remember_theme(self, theme: Theme) -> None:
+        """A theme the user picked (the palette's theme picker) is saved; the fallback shown at start is not."""
+        if theme.name == self._fallback_theme:
+            self._fallback_theme = None
+            return
         if theme.name == self.settings.theme:
             return
         self.settings = replace(self.settings, theme=theme.name)
         self.chat.settings = replace(self.chat.settings, theme=theme.name)
         try:
-            settings_module.save(self.settings)
+            settings_module.update({"theme": theme.name})
         except (OSError, settings_module.SettingsError) as exc:  # e.g. config.toml was broken meanwhile
-            self.notify(f"Could not save the theme choice: {exc}", severity="error", timeout=15)
+            self.warn(f"Could not save the theme choice: {one_line(exc, 'saving config.toml')}", severity="error")
 
     # screens
 
@@ -110,9 +144,10 @@ class DFlashChatApp(App):
         saved = await self.push_screen_wait(SettingsScreen(self.settings, list(self.available_themes)))
         if saved is None:
             return
-        self.settings = saved
+        previous, self.settings = self.settings, saved
         self.chat.apply_settings(saved)
         if saved.theme != self.theme and saved.theme in self.available_themes:
             self.theme = saved.theme
-        self._apply_keymap(saved.keymap)
+        if saved.keymap != previous.keymap:
+            self._apply_keymap(saved.keymap)
         self.notify("Settings saved")

@@ -11,7 +11,6 @@ is missing, and then the files load. Answers stream back as batched messages
 from __future__ import annotations
 
 import re
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -28,12 +27,13 @@ from textual.widgets import Footer, Header, Switch
 from dflash_chat.chat.bridge import StreamEnd, stream_answer
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, PARTIAL, Conversation, Message, title_from
 from dflash_chat.chat.detokenize import IncrementalDecoder
-from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.history import HistoryStore, HistoryUnavailable
 from dflash_chat.chat.memory import memory_use
 from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource, Pick, from_settings, load_device
 from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, next_prompt, stop_token_ids
 from dflash_chat.errors import UserError, one_line
 from dflash_chat.settings import Settings
+from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.messages import (
     AnswerChunk,
     AnswerEnded,
@@ -45,6 +45,7 @@ from dflash_chat.ui.messages import (
     ModelUnavailable,
     PromptSent,
 )
+from dflash_chat.ui.notices import PlainNotices
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
 from dflash_chat.ui.widgets.prompt_input import PromptInput
 from dflash_chat.ui.widgets.stats_panel import StatsPanel
@@ -53,22 +54,6 @@ SAVE_EVERY_S = 1.0  # how often a streaming answer is written to the history
 NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hidden until asked for
 CODE_BLOCK = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 END_STATUS = {"stop": COMPLETE, "length": COMPLETE, "cancelled": CANCELLED, "error": ERROR}
-
-# (binding id, default keys, action, palette title, help) — the palette and the keymap read this
-COMMANDS = (
-    ("toggle-thinking", "ctrl+t", "toggle_thinking", "Toggle thinking", "Thinking on/off for the next answer"),
-    ("stop", "escape", "stop", "Stop generation", "Stop the answer being written (it is kept)"),
-    ("new-chat", "ctrl+n", "new_chat", "New chat", "Start a new conversation"),
-    ("history", "ctrl+o", "history", "History", "Open, rename, delete or export saved chats"),
-    ("regenerate", "ctrl+r", "regenerate", "Regenerate", "Write the last answer again"),
-    ("copy-answer", "ctrl+l", "copy_answer", "Copy last answer", "Copy the last answer to the clipboard"),
-    ("copy-code", "ctrl+b", "copy_code", "Copy last code block", "Copy the last code block of the last answer"),
-    ("focus-switch", "ctrl+f", "focus_switch", "Switch focus", "Move between the message box and the chat"),
-    ("toggle-panel", "f2", "toggle_panel", "Toggle side panel", "Show or hide the stats panel"),
-    ("settings", "ctrl+s", "settings", "Settings", "Edit sampling, system prompt, theme and model"),
-)
-
-IN_FOOTER = ("toggle-thinking", "stop", "new-chat", "history", "settings")
 
 
 def last_code_block(text: str) -> str | None:
@@ -80,7 +65,7 @@ def last_code_block(text: str) -> str | None:
 class Turn:
     """The answer being written: where its text goes, where it is saved, and the pair writing it."""
 
-    conversation_id: int
+    conversation: Conversation
     message: Message
     widget: AssistantMessage
     cancel: threading.Event
@@ -89,10 +74,10 @@ class Turn:
     last_saved: float = 0.0
 
 
-class ChatScreen(Screen):
+class ChatScreen(PlainNotices, Screen):
+    # priority: a command's key (default or remapped) works wherever the focus is, the message box included
     BINDINGS = [
-        Binding(keys, action, title, id=binding_id, show=binding_id in IN_FOOTER)
-        for binding_id, keys, action, title, _help in COMMANDS
+        Binding(c.keys, c.action, c.title, id=c.id, show=c.footer, priority=True) for c in COMMANDS
     ]
 
     thinking = reactive(False)
@@ -115,6 +100,7 @@ class ChatScreen(Screen):
         self.transcript: Transcript | None = None  # what the engine holds, for prefix reuse
         self.transcripts: dict[int, Transcript] = {}  # the last one of each chat, for resuming it
         self._prompts = prompts or []
+        self.unsaved: list[Conversation] = []  # chats whose history writes failed (said once each)
         self.set_reactive(ChatScreen.thinking, settings.thinking)
 
     # layout
@@ -346,13 +332,16 @@ class ChatScreen(Screen):
             return self.manager_note.splitlines()[-1]
         return f"No model is loaded yet: {HOW_TO_PICK}."
 
-    def record(self, write, *args):
-        """A history write; if the database fails the chat goes on, and says so."""
+    def record(self, conversation: Conversation, write, *args):
+        """A history write for `conversation`. If it fails, the chat goes on unsaved: said once, in words,
+        and no later write of that chat is tried (it would fail the same way, or save half a chat)."""
+        if any(c is conversation for c in self.unsaved):
+            return None
         try:
             return write(*args)
-        except sqlite3.Error as exc:
-            self.notify(f"Could not save to the history ({exc}); this chat is not being saved.",
-                        severity="error", timeout=15)
+        except HistoryUnavailable as exc:
+            self.unsaved.append(conversation)
+            self.notify(f"This chat is not being saved (you can go on chatting): {exc}.", severity="error", timeout=30)
             return None
 
     @on(PromptInput.Submitted)
@@ -370,10 +359,10 @@ class ChatScreen(Screen):
         event.input.remember(text)
         if self.conversation.id is None:
             self.conversation.title = title_from(text)
-            self.conversation.id = self.record(self.store.create, self.conversation.title)
+            self.conversation.id = self.record(self.conversation, self.store.create, self.conversation.title)
         message = Message("user", text)
         self.conversation.messages.append(message)
-        self.record(self.store.add, self.conversation.id, message)
+        self.record(self.conversation, self.store.add, self.conversation.id, message)
         await self.chat_view.add_user(text)
         await self.answer()
 
@@ -381,9 +370,9 @@ class ChatScreen(Screen):
         turns = self.conversation.chat_turns(self.settings.system_prompt)
         message = Message("assistant", status=PARTIAL)
         self.conversation.messages.append(message)
-        self.record(self.store.add, self.conversation.id, message)
+        self.record(self.conversation, self.store.add, self.conversation.id, message)
         widget = await self.chat_view.add_assistant()
-        self.turn = Turn(self.conversation.id, message, widget, threading.Event(), self.thinking, self.pair)
+        self.turn = Turn(self.conversation, message, widget, threading.Event(), self.thinking, self.pair)
         self.generate(self.turn.pair, self.stops, turns, self.thinking, self.settings, self.turn.cancel,
                       self.transcript)
 
@@ -428,7 +417,7 @@ class ChatScreen(Screen):
         self.panel.show_live(chunk.live, speculative=turn.pair.drafter_name is not None)
         now = time.monotonic()
         if now - turn.last_saved >= SAVE_EVERY_S:
-            self.record(self.store.update, turn.message)
+            self.record(turn.conversation, self.store.update, turn.message)
             turn.last_saved = now
 
     async def on_answer_ended(self, message: AnswerEnded) -> None:
@@ -439,16 +428,17 @@ class ChatScreen(Screen):
             return
         # the tokens the engine holds mean nothing to a model loaded since
         held = message.transcript if turn.pair is self.pair else None
-        if held is not None:
-            self.transcripts[turn.conversation_id] = held
+        chat_id = turn.conversation.id
+        if held is not None and chat_id is not None:
+            self.transcripts[chat_id] = held
         else:
-            self.transcripts.pop(turn.conversation_id, None)
-        same_chat = turn.conversation_id == self.conversation.id
+            self.transcripts.pop(chat_id, None)
+        same_chat = turn.conversation is self.conversation
         self.transcript = held if same_chat else None
         turn.message.thinking, turn.message.content = end.thinking, end.answer
         turn.message.status = END_STATUS.get(end.reason, ERROR)
         turn.message.stats = end.stats
-        self.record(self.store.update, turn.message)
+        self.record(turn.conversation, self.store.update, turn.message)
         if turn.widget.is_attached:
             await turn.widget.finish(turn.message, end.error)
         if end.stats is not None:
@@ -483,9 +473,14 @@ class ChatScreen(Screen):
         self.query_one(PromptInput).focus()
 
     async def open_conversation(self, conversation_id: int) -> None:
+        try:
+            conversation = self.store.load(conversation_id)
+        except UserError as exc:  # gone, or the history cannot be read just now
+            self.notify(f"Could not open that chat: {exc}", severity="error", timeout=20)
+            return
         self.action_stop()
         self.transcript = self.transcripts.get(conversation_id)
-        self.conversation = self.store.load(conversation_id)
+        self.conversation = conversation
         await self.chat_view.show(self.conversation)
         last = self.conversation.last("assistant")
         self.panel.show_figures(None)
@@ -495,9 +490,13 @@ class ChatScreen(Screen):
 
     async def conversation_deleted(self) -> None:
         """After the history screen: start afresh if the open chat was deleted there."""
-        if self.conversation.id is not None and self.conversation.id not in {
-            s.id for s in self.store.summaries()
-        }:
+        if self.conversation.id is None:
+            return
+        try:
+            saved = {s.id for s in self.store.summaries()}
+        except UserError:
+            return  # the history cannot be read just now: keep the chat open
+        if self.conversation.id not in saved:
             await self.action_new_chat()
 
     async def action_regenerate(self) -> None:
@@ -514,7 +513,7 @@ class ChatScreen(Screen):
         if messages[-1].role == "assistant":
             old = messages.pop()
             if old.id is not None:
-                self.record(self.store.remove_message, old.id)
+                self.record(self.conversation, self.store.remove_message, old.id)
             widgets = self.chat_view.query(AssistantMessage)
             if widgets:
                 await widgets.last().remove()

@@ -21,7 +21,7 @@ class TextDialog(ModalScreen[str | None]):
 
     def compose(self):
         with Vertical(classes="dialog-box"):
-            yield Label(self.title_text, classes="dialog-title")
+            yield Label(self.title_text, classes="dialog-title", markup=False)
             yield Input(self.value, placeholder=self.placeholder, id="dialog-input")
             yield Label("Enter to confirm · Esc to cancel", classes="dialog-hint")
 
@@ -44,7 +44,7 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def compose(self):
         with Vertical(classes="dialog-box"):
-            yield Label(self.question, classes="dialog-title")
+            yield Label(self.question, classes="dialog-title", markup=False)  # quotes a chat's title
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (n)", id="no")

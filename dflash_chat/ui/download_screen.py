@@ -25,9 +25,10 @@ from textual.widgets import Input, Label, ProgressBar
 from dflash_chat import hub
 from dflash_chat.errors import one_line
 from dflash_chat.sizes import rate_text, size_text
+from dflash_chat.ui.notices import PlainNotices
 
 
-class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
+class DownloadScreen(PlainNotices, ModalScreen["hub.ModelFiles | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel download", id="download-cancel")]
 
     DEFAULT_CSS = """
@@ -86,8 +87,8 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
 
     def compose(self):
         with Vertical(id="download-box"):
-            yield Label(self.title_text, classes="dialog-title")
-            yield Label("Looking up the files…", id="download-summary")
+            yield Label(self.title_text, classes="dialog-title", markup=False)
+            yield Label("Looking up the files…", id="download-summary", markup=False)
             yield VerticalScroll(id="download-files")
             with Vertical(id="download-gated"):
                 yield Label("", id="download-gated-text")
@@ -137,7 +138,7 @@ class DownloadScreen(ModalScreen["hub.ModelFiles | None"]):
             self._rows[file.key] = index
             rows.append(
                 Vertical(
-                    Label(f"{file.repo}/{file.filename}", classes="download-name"),
+                    Label(f"{file.repo}/{file.filename}", classes="download-name", markup=False),
                     ProgressBar(total=max(file.size, 1), show_eta=False, id=f"download-bar-{index}"),
                     Label("cached" if file.cached else "waiting", id=f"download-stat-{index}", classes="download-stat"),
                     classes="download-row",

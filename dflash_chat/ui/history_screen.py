@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from rich.text import Text
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
@@ -13,13 +14,14 @@ from textual.widgets import DataTable, Footer, Label
 from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown
 from dflash_chat.errors import UserError
 from dflash_chat.ui.dialogs import ConfirmDialog, TextDialog
+from dflash_chat.ui.notices import PlainNotices
 
 
 def when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
 
 
-class HistoryScreen(Screen[int | None]):
+class HistoryScreen(PlainNotices, Screen[int | None]):
     """Dismisses with the id of the conversation to open, or None."""
 
     BINDINGS = [
@@ -52,9 +54,13 @@ class HistoryScreen(Screen[int | None]):
     def refresh_rows(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        summaries = self.store.summaries()
+        try:
+            summaries = self.store.summaries()
+        except UserError as exc:  # the history cannot be read just now
+            self.notify(f"Could not read the history: {exc}", severity="error", timeout=20)
+            summaries = []
         for s in summaries:
-            table.add_row(s.title, str(s.messages), when(s.updated), key=str(s.id))
+            table.add_row(Text(s.title), str(s.messages), when(s.updated), key=str(s.id))  # a title is never markup
         empty = self.query_one("#history-empty", Label)
         empty.update("" if summaries else "No saved conversations yet.")
         empty.display = not summaries
@@ -83,14 +89,14 @@ class HistoryScreen(Screen[int | None]):
         conversation_id = self.selected()
         if conversation_id is None:
             return
-        current = self.store.load(conversation_id).title
-        title = await self.app.push_screen_wait(TextDialog("Rename conversation", current))
-        if title is None:
-            return
         try:
+            current = self.store.load(conversation_id).title
+            title = await self.app.push_screen_wait(TextDialog("Rename conversation", current))
+            if title is None:
+                return
             self.store.rename(conversation_id, title)
         except UserError as exc:
-            self.notify(str(exc), severity="error")
+            self.notify(str(exc), severity="error", timeout=20)
             return
         self.refresh_rows()
 
@@ -99,27 +105,39 @@ class HistoryScreen(Screen[int | None]):
         conversation_id = self.selected()
         if conversation_id is None:
             return
-        title = self.store.load(conversation_id).title
-        if await self.app.push_screen_wait(ConfirmDialog(f"Delete “{title}”? This cannot be undone.")):
+        try:
+            title = self.store.load(conversation_id).title
+            if not await self.app.push_screen_wait(ConfirmDialog(f"Delete “{title}”? This cannot be undone.")):
+                return
             self.store.delete(conversation_id)
-            self.refresh_rows()
+        except UserError as exc:
+            self.notify(str(exc), severity="error", timeout=20)
+            return
+        self.refresh_rows()
 
     @work
     async def action_export(self) -> None:
         conversation_id = self.selected()
         if conversation_id is None:
             return
-        conversation = self.store.load(conversation_id)
+        try:
+            conversation = self.store.load(conversation_id)
+        except UserError as exc:
+            self.notify(str(exc), severity="error", timeout=20)
+            return
         default = str(self.export_dir / export_filename(conversation.title))
         target = await self.app.push_screen_wait(TextDialog("Export to Markdown file", default))
         if not target:
             return
         path = Path(target).expanduser()
+        if path.is_file() and not await self.app.push_screen_wait(ConfirmDialog(f"{path} exists. Replace it?")):
+            return  # a file of the user's is only replaced when they say so
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(to_markdown(conversation), encoding="utf-8")
-        except OSError as exc:
-            self.notify(f"could not write {path}: {exc.strerror or exc}. Pick another path.", severity="error")
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            self.notify(f"could not write {path}: {why}. Pick another path.", severity="error", timeout=20)
             return
         self.notify(f"exported to {path}")
 

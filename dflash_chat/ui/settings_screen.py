@@ -11,8 +11,9 @@ from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
 
 from dflash_chat import settings as settings_module
 from dflash_chat.chat.model_source import drafter_value, model_value
-from dflash_chat.errors import UserError
+from dflash_chat.errors import UserError, one_line
 from dflash_chat.settings import DESCRIPTIONS, Settings, SettingsError
+from dflash_chat.ui.notices import PlainNotices
 
 TEXT_FIELDS = (
     "temperature", "top_p", "top_k", "max_new_tokens", "system_prompt",
@@ -20,7 +21,7 @@ TEXT_FIELDS = (
 )
 
 
-class SettingsScreen(Screen[Settings | None]):
+class SettingsScreen(PlainNotices, Screen[Settings | None]):
     """Dismisses with the saved Settings, or None when left without saving."""
 
     BINDINGS = [
@@ -48,7 +49,7 @@ class SettingsScreen(Screen[Settings | None]):
                 yield Label("theme", classes="field-name")
                 yield Select([(name, name) for name in self.theme_names], value=self.current.theme,
                              allow_blank=False, id="field-theme")
-            yield Static("", id="settings-errors")
+            yield Static("", id="settings-errors", markup=False)  # quotes what was typed
             with Horizontal(id="settings-buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="save")
                 yield Button("Cancel (esc)", id="cancel")
@@ -91,9 +92,9 @@ class SettingsScreen(Screen[Settings | None]):
             self.notify("Not saved: " + errors[0], severity="error")
             return
         try:
-            settings_module.save(new)
+            settings_module.update(settings_module.changes(self.current, new))  # only what was edited here
         except (OSError, SettingsError) as exc:
-            self.notify(f"Could not save the settings: {exc}", severity="error")
+            self.notify(f"Could not save the settings: {one_line(exc, 'saving config.toml')}", severity="error")
             return
         self.dismiss(new)
 

@@ -37,6 +37,11 @@ class ThemeFileError(Exception):
 class ThemeSet:
     themes: list[Theme] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    broken: dict[str, str] = field(default_factory=dict)  # file stem -> why it was skipped
+
+    @property
+    def names(self) -> set[str]:
+        return {theme.name for theme in self.themes}
 
 
 def shipped_themes_dir() -> Path:
@@ -93,5 +98,7 @@ def discover_themes(user_dir: Path | None = None) -> ThemeSet:
             try:
                 found.themes.append(load_theme_file(path))
             except ThemeFileError as exc:
-                found.problems.append(f"theme file {path} was skipped: {exc}. Fix or remove it.")
+                message = f"theme file {path} was skipped: {exc}. Fix or remove it."
+                found.problems.append(message)
+                found.broken[path.stem] = message
     return found

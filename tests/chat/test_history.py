@@ -5,7 +5,13 @@ import itertools
 import pytest
 
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL, Message
-from dflash_chat.chat.history import HistoryCorruptError, HistoryStore, export_filename, to_markdown
+from dflash_chat.chat.history import (
+    HistoryCorruptError,
+    HistoryStore,
+    HistoryUnavailable,
+    export_filename,
+    to_markdown,
+)
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.errors import UserError
 
@@ -96,7 +102,6 @@ def make_read_only(path) -> None:
 
 
 def test_a_read_only_history_opens_and_is_not_moved_aside(tmp_path):
-    import sqlite3
 
     path = tmp_path / "h.sqlite3"
     store = store_at(path)
@@ -106,11 +111,11 @@ def test_a_read_only_history_opens_and_is_not_moved_aside(tmp_path):
     store, note = HistoryStore.open_or_recover(path)
     assert note is None and not (tmp_path / "h.sqlite3.corrupt").exists()
     assert [s.title for s in store.summaries()] == ["kept"]
-    with pytest.raises(sqlite3.OperationalError, match="readonly"):  # the chat screen reports failed writes
+    with pytest.raises(HistoryUnavailable, match="read-only: make them writable"):  # the chat screen says so
         store.create("new")
 
 
-def test_a_read_only_history_that_needs_its_schema_is_one_line_not_corrupt(tmp_path):
+def test_a_read_only_history_that_needs_its_schema_is_kept_in_memory_not_moved(tmp_path):
     import sqlite3
 
     path = tmp_path / "h.sqlite3"
@@ -119,12 +124,11 @@ def test_a_read_only_history_that_needs_its_schema_is_one_line_not_corrupt(tmp_p
     db.commit()
     db.close()
     make_read_only(path)
-    with pytest.raises(UserError) as raised:
-        HistoryStore.open_or_recover(path)
-    assert not isinstance(raised.value, HistoryCorruptError)
-    message = str(raised.value)
-    assert "\n" not in message and "readonly" in message and "--data-dir" in message
-    assert path.exists() and not (tmp_path / "h.sqlite3.corrupt").exists()
+    before = path.read_bytes()
+    store, note = HistoryStore.open_or_recover(path)
+    assert store.in_memory and store.create("works") == 1
+    assert "\n" not in note and "read-only" in note and "--data-dir" in note and "kept until you quit" in note
+    assert path.read_bytes() == before and not (tmp_path / "h.sqlite3.corrupt").exists()
 
 
 def test_a_history_from_a_newer_version_is_left_where_it_is(tmp_path):
@@ -134,8 +138,8 @@ def test_a_history_from_a_newer_version_is_left_where_it_is(tmp_path):
     db = sqlite3.connect(path)
     db.execute("PRAGMA user_version = 99")
     db.close()
-    with pytest.raises(UserError, match="newer dflash-chat"):
-        HistoryStore.open_or_recover(path)
+    store, note = HistoryStore.open_or_recover(path)
+    assert store.in_memory and "newer dflash-chat" in note
     assert path.exists() and not (tmp_path / "h.sqlite3.corrupt").exists()
 
 
@@ -152,3 +156,54 @@ def test_markdown_export(tmp_path):
     assert "*(stopped)*" in text
     assert export_filename("Python: with?") == "python-with.md"
     assert export_filename("???") == "conversation.md"
+
+
+def test_a_history_another_program_holds_says_so(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # a database tool in the middle of a write
+    try:
+        with pytest.raises(HistoryUnavailable, match="another program holds the history file"):
+            store.create("new")
+        held, note = HistoryStore.open_or_recover(path)
+        assert held.in_memory and "another program holds" in note and "permission" not in note
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.create("now it can") == 1
+
+
+@pytest.mark.parametrize("make", ["a file", "a file above"])
+def test_a_history_folder_that_cannot_be_one_is_kept_in_memory(tmp_path, make):
+    blocker = tmp_path / "data"
+    blocker.write_text("not a folder")
+    path = blocker / "history.sqlite3" if make == "a file" else blocker / "deeper" / "history.sqlite3"
+    store, note = HistoryStore.open_or_recover(path)
+    assert store.in_memory and "cannot be opened or created" in note and blocker.read_text() == "not a folder"
+
+
+def test_a_hand_edited_history_reads_back_without_failing(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    cid = store.create("edited")
+    store.add(cid, Message("user", "question"))
+    store.add(cid, Message("assistant", "answer", stats=GenerationStats(new_tokens=3)))
+    store.add(cid, Message("assistant", "again", stats=GenerationStats(new_tokens=4)))
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE messages SET stats = '{not json' WHERE content = 'answer'")
+    db.execute("""UPDATE messages SET stats = '{"new_tokens": "many"}' WHERE content = 'again'""")
+    db.execute("UPDATE messages SET content = X'FFFE41' WHERE role = 'user'")
+    db.execute("UPDATE conversations SET updated = 'yesterday'")
+    db.commit()
+    db.close()
+    store = HistoryStore(path)
+    messages = store.load(cid).messages
+    assert [m.content for m in messages] == ["\ufffd\ufffdA", "answer", "again"]
+    assert [m.stats for m in messages] == [None, None, None]  # figures that cannot be read are dropped, not the text
+    assert store.summaries()[0].updated == 0.0 and store.recent_prompts() == ["\ufffd\ufffdA"]

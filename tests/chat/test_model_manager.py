@@ -157,7 +157,7 @@ def test_pull_command_and_labels_name_what_was_chosen(home, tmp_path):
 @pytest.fixture
 def tiny_hub(home, monkeypatch, tmp_path):
     """A catalog pair `tiny` in config.toml whose repos are on a local Hub (tiny placeholder files)."""
-    import tomli_w
+    import tomlkit
 
     isolate_hub(monkeypatch, tmp_path)
     pair = {
@@ -169,7 +169,7 @@ def tiny_hub(home, monkeypatch, tmp_path):
         "drafter": {"quants": {"BF16": {"repo": "tiny/Tiny-DFlash", "format": "safetensors"}}},
     }
     paths.config_file().parent.mkdir(parents=True)
-    paths.config_file().write_text(tomli_w.dumps({"models": {"tiny": pair}}))
+    paths.config_file().write_text(tomlkit.dumps({"models": {"tiny": pair}}))
     repos = {
         "tiny/Tiny-GGUF": Repo({"Tiny-Q8_0.gguf": b"GGUF" + bytes(1000), "Tiny-Q4_K_M.gguf": b"GGUF" + bytes(600)}),
         "tiny/Tiny-DFlash": Repo({"config.json": b"{}", "model.safetensors": bytes(500)}),

@@ -31,7 +31,7 @@ def test_round_trip_keeps_other_tables(home):
     path.write_text('[models.mine]\ntarget = "/m/t.gguf"\n\n[[extra]]\nx = 1\n')
     saved = replace(settings.load(), temperature=settings.parse_value("temperature", "0.25"),
                     thinking=settings.parse_value("thinking", "on"))
-    settings.save(saved)
+    settings.update(settings.changes(Settings(), saved))
     document = tomllib.loads(path.read_text())
     assert document["models"] == {"mine": {"target": "/m/t.gguf"}}
     assert document["extra"] == [{"x": 1}]
@@ -39,10 +39,10 @@ def test_round_trip_keeps_other_tables(home):
     assert settings.load() == saved
 
 
-def test_defaults_are_not_written(home):
-    settings.save(Settings(top_k=5))
-    document = tomllib.loads(paths.config_file().read_text())
-    assert document == {"top_k": 5}
+def test_only_changed_values_are_written(home):
+    settings.update(settings.changes(Settings(), Settings(top_k=5)))
+    assert paths.config_file().read_text() == "top_k = 5\n"
+    assert settings.changes(Settings(), Settings()) == {}
 
 
 @pytest.mark.parametrize(
@@ -57,6 +57,10 @@ def test_defaults_are_not_written(home):
         ("theme", " ", "cannot be empty"),
         ("context_length", "12", "between"),
         ("keymap", "stop", "binding-id=keys"),
+        ("keymap", 5, "must be a table"),
+        ("keymap", {"stop": ""}, "must be a table"),
+        ("temperature", "nan", "between"),
+        ("max_new_tokens", True, "must be a number"),
         ("colour", "red", "unknown setting"),
     ],
 )
@@ -93,7 +97,7 @@ def test_broken_toml_is_a_user_error(home):
 
 
 def test_failed_write_leaves_old_file_whole(home, monkeypatch):
-    settings.save(Settings(top_k=7))
+    settings.update({"top_k": 7})
     before = paths.config_file().read_bytes()
 
     def boom(*_args):
@@ -101,7 +105,116 @@ def test_failed_write_leaves_old_file_whole(home, monkeypatch):
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError):
-        settings.save(Settings(top_k=9))
+        settings.update({"top_k": 9})
     assert paths.config_file().read_bytes() == before
     leftovers = [p.name for p in paths.config_dir().iterdir() if p.name != "config.toml"]
     assert leftovers == []
+
+
+USER_FILE = """\
+# my dflash-chat settings
+temperature   = 0.5    # warm, but not too warm
+theme = "dflash-light"
+
+# chat
+system_prompt = 'Be brief.'
+
+[keymap]
+# keys I like
+stop = "ctrl+g"   # like emacs
+
+[models.mine]          # my own GGUFs
+target = { path = "~/m/t.gguf" }
+"""
+
+
+def write_config(text: str, mode: int = 0o644):
+    path = paths.config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_update_changes_one_line_and_keeps_every_other_byte(home):
+    path = write_config(USER_FILE, 0o640)
+    settings.update({"temperature": 0.2})
+    assert path.read_text() == USER_FILE.replace("temperature   = 0.5 ", "temperature   = 0.2 ")
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_update_adds_new_keys_with_the_other_top_level_keys(home):
+    path = write_config(USER_FILE)
+    settings.update({"top_k": 5, "keymap": {"stop": "ctrl+g", "new-chat": "f5"}})
+    text = path.read_text()
+    assert text == USER_FILE.replace("system_prompt = 'Be brief.'\n", "system_prompt = 'Be brief.'\ntop_k = 5\n").replace(
+        'stop = "ctrl+g"   # like emacs\n', 'stop = "ctrl+g"   # like emacs\nnew-chat = "f5"\n')
+    assert settings.load() == Settings(temperature=0.5, theme="dflash-light", system_prompt="Be brief.", top_k=5,
+                                       keymap={"stop": "ctrl+g", "new-chat": "f5"})
+
+
+def test_a_symlinked_config_stays_a_symlink(home, tmp_path):
+    real = tmp_path / "dotfiles" / "dflash.toml"
+    real.parent.mkdir()
+    real.write_text("top_k = 3\n")
+    paths.config_dir().mkdir(parents=True)
+    paths.config_file().symlink_to(real)
+    settings.update({"top_k": 4})
+    assert paths.config_file().is_symlink() and real.read_text() == "top_k = 4\n"
+
+
+def test_a_new_file_gets_the_usual_permissions(home):
+    old = os.umask(0o022)
+    try:
+        settings.update({"top_k": 4})
+    finally:
+        os.umask(old)
+    assert paths.config_file().stat().st_mode & 0o777 == 0o644
+
+
+def test_nothing_to_change_writes_nothing(home):
+    path = write_config(USER_FILE)
+    before = path.stat().st_mtime_ns
+    settings.update({})
+    settings.update({"temperature": 0.5})  # the value it has
+    assert path.read_text() == USER_FILE and path.stat().st_mtime_ns == before
+
+
+def test_read_reports_what_it_cannot_use_and_never_raises(home):
+    write_config('temperature = 5\ntheme = "mine"\nkeymap = "stop=f5"\ncolour = "red"\n[models.x]\nextends = "y"\n')
+    current, problems = settings.read()
+    assert current == Settings(theme="mine")
+    assert len(problems) == 3
+    assert "temperature must be between 0.0 and 2.0, got 5.0" in problems[0] and "using 0.7 meanwhile" in problems[0]
+    assert "keymap must be a table" in problems[1]
+    assert "unknown setting 'colour'" in problems[2]
+    write_config("temperature = = 1\n")
+    current, problems = settings.read()
+    assert current == Settings() and "not valid TOML" in problems[0] and "default settings" in problems[0]
+    write_config("")
+    paths.config_file().write_bytes(b"top_k = 5\n\xff\n")
+    assert "not UTF-8" in settings.read()[1][0]
+
+
+def test_keymap_entries_from_the_command_line():
+    assert settings.parse_assignment("keymap.stop=ctrl+g", {"new-chat": "f5"}) == (
+        "keymap", {"new-chat": "f5", "stop": "ctrl+g"})
+    assert settings.parse_assignment("keymap.new-chat=", {"new-chat": "f5"}) == ("keymap", {})
+
+
+def test_flags_use_the_settings_rules():
+    import argparse
+
+    check = settings.flag("max_new_tokens")
+    assert check("12") == 12
+    with pytest.raises(argparse.ArgumentTypeError, match="must be between 1 and 1000000, got 0"):
+        check("0")
+
+
+def test_an_equal_value_keeps_the_users_spelling(home):
+    path = write_config("temperature = 0.50  # two places\nthinking = true\n")
+    settings.update({"temperature": 0.5, "thinking": True})
+    assert path.read_text() == "temperature = 0.50  # two places\nthinking = true\n"
+    path = write_config("thinking = 1\n")
+    settings.update({"thinking": True})
+    assert path.read_text() == "thinking = true\n"

@@ -13,8 +13,9 @@ from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp
-from dflash_chat.ui.chat_screen import COMMANDS, last_code_block
+from dflash_chat.ui.chat_screen import last_code_block
 from dflash_chat.ui.history_screen import HistoryScreen
+from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.settings_screen import SettingsScreen
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.prompt_input import PromptInput
@@ -98,29 +99,29 @@ def test_history_open_rename_delete_export(home, tmp_path):
         app = DFlashChatApp(Settings(), export_dir=export_dir)
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.press("ctrl+o")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             table = app.screen.query_one(DataTable)
             assert table.row_count == 2
             # rename the newest (first row)
             await pilot.press("r")
-            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 5, "rename dialog")
+            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 30, "rename dialog")
             app.screen.query_one(Input).value = "Context managers"
             await pilot.press("enter")
             await pilot.pause()
             # export it
             await pilot.press("e")
-            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 5, "export dialog")
+            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 30, "export dialog")
             exported = app.screen.query_one(Input).value
             await pilot.press("enter")
             await pilot.pause()
             # delete the older one (second row), then open the renamed one
             await pilot.press("down", "d")
-            await wait_for(pilot, lambda: app.screen.query("#yes"), 5, "confirm dialog")
+            await wait_for(pilot, lambda: app.screen.query("#yes"), 30, "confirm dialog")
             await pilot.press("y")
             await pilot.pause()
             assert app.screen.query_one(DataTable).row_count == 1
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.screen is app.chat, 5, "back to chat")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
             await pilot.pause()
             users = [w.text for w in app.chat.query(UserMessage)]
             answers = app.chat.query(AssistantMessage)
@@ -160,7 +161,7 @@ def test_settings_screen_refuses_bad_values_and_saves_good_ones(home):
         app = DFlashChatApp(Settings())
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
             app.screen.query_one("#field-temperature", Input).value = "hot"
             await pilot.press("ctrl+s")
             await pilot.pause()
@@ -171,7 +172,7 @@ def test_settings_screen_refuses_bad_values_and_saves_good_ones(home):
             app.screen.query_one("#field-thinking", Switch).value = True
             app.screen.query_one("#field-theme").value = "dflash-light"
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.screen is app.chat, 5, "back to chat")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
             return still_open, refused, app.theme, app.chat.settings, app.chat.thinking
 
     still_open, refused, theme, chat_settings, thinking = run(main())
@@ -192,11 +193,11 @@ def test_settings_screen_saves_model_paths_absolute(home, tmp_path, monkeypatch)
         app = DFlashChatApp(Settings())
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
             app.screen.query_one("#field-model", Input).value = "./models/target"
             app.screen.query_one("#field-drafter", Input).value = "models/drafter"
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.screen is app.chat, 5, "back to chat")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
             return app.chat.settings
 
     chat_settings = run(main())
@@ -270,7 +271,7 @@ def test_keymap_from_settings_rebinds_by_id(home):
 
     before, after_f5, after_ctrl_t, switch, messages = run(main())
     assert (before, after_f5, after_ctrl_t, switch) == (False, True, True, True)
-    assert any("unknown binding ids no-such-id" in m for m in messages)
+    assert any("unknown binding id 'no-such-id'" in m for m in messages)
 
 
 def test_every_command_is_in_the_palette_with_its_key(home):
@@ -280,8 +281,8 @@ def test_every_command_is_in_the_palette_with_its_key(home):
             return {c.title: c.help for c in app.get_system_commands(app.chat)}
 
     commands = run(main())
-    for _id, _keys, _action, title, _help in COMMANDS:
-        assert title in commands
+    for command in COMMANDS:
+        assert command.title in commands
     assert commands["Regenerate"].endswith("(f9)")
     assert commands["Toggle thinking"].endswith("(ctrl+t)")
     assert "Quit" in commands and "Theme" in commands
@@ -321,7 +322,7 @@ def test_a_missing_model_is_a_notification_and_the_app_stays_usable(home, tmp_pa
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_for(pilot, lambda: any("did not load" in m for m in notes(app)), 30, "load failure")
             await pilot.press("ctrl+o")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             return notes(app), app.chat.sub_title
 
     messages, subtitle = run(main())

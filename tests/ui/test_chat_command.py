@@ -79,3 +79,74 @@ def test_flags_reach_the_app(home, tmp_path):
         assert app.store.path.exists()
     finally:
         app.store.close()
+
+
+USER_FILE = """\
+# my dflash-chat settings
+temperature   = 0.5    # warm
+theme = "dflash-light"
+
+[keymap]
+# keys I like
+stop = "ctrl+g"   # like emacs
+
+[models.mine]          # my own GGUFs
+target = { path = "~/m/t.gguf" }
+"""
+
+
+def write_config(text: str):
+    config = paths.config_file()
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(text)
+    config.chmod(0o644)
+    return config
+
+
+def test_set_edits_one_key_in_place_and_keeps_every_other_byte(home, capsys):
+    config = write_config(USER_FILE)
+    assert cli.main(["--set", "temperature=0.2"]) == 0
+    assert config.read_text() == USER_FILE.replace("temperature   = 0.5 ", "temperature   = 0.2 ")
+    assert config.stat().st_mode & 0o777 == 0o644
+    assert cli.main(["--set", "keymap.new-chat=f5"]) == 0
+    assert config.read_text() == USER_FILE.replace("temperature   = 0.5 ", "temperature   = 0.2 ").replace(
+        'stop = "ctrl+g"   # like emacs\n', 'stop = "ctrl+g"   # like emacs\nnew-chat = "f5"\n')
+
+
+@pytest.mark.parametrize(
+    "assignment, fragment",
+    [
+        ("theme=nosuch", "theme must be one of dflash-dark"),
+        ("theme=", "theme cannot be empty"),
+        ("keymap=stop", "binding-id=keys"),
+        ("keymap=no-such-id=f5", "unknown binding id 'no-such-id'"),
+        ("keymap.stop=ctrl+t", "ctrl+t is also toggle-thinking's key"),
+        ("keymap.stop=enter", "enter is kept for sending the message"),
+        ("keymap.stop=q", "types a character"),
+    ],
+)
+def test_set_validates_theme_and_keymap_like_every_other_key(home, capsys, assignment, fragment):
+    config = write_config(USER_FILE)
+    assert cli.main(["--set", assignment]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+    assert config.read_text() == USER_FILE
+
+
+def test_set_theme_accepts_a_users_theme_file_and_says_why_a_broken_one_is_not(home, capsys):
+    themes = paths.user_themes_dir()
+    themes.mkdir(parents=True)
+    (themes / "sunset.toml").write_text("primary = '#ff8800'\n")
+    (themes / "broken.toml").write_text("primary = 'blurple'\n")
+    assert cli.main(["--set", "theme=sunset"]) == 0
+    assert settings_module.load().theme == "sunset"
+    assert cli.main(["--set", "theme=broken"]) == 2
+    assert "theme 'broken' cannot be used" in capsys.readouterr().err
+
+
+def test_set_notes_what_else_in_the_file_cannot_be_used(home, capsys):
+    config = write_config('theme = "gone"\ntop_p = 7\n')
+    assert cli.main(["--set", "top_k=3"]) == 0
+    err = capsys.readouterr().err
+    assert "top_p must be between" in err and "Traceback" not in err
+    assert config.read_text() == 'theme = "gone"\ntop_p = 7\ntop_k = 3\n'

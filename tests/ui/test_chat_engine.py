@@ -4,6 +4,7 @@ assertions are on structure and on the engine's own GenerationStats)."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,8 @@ from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource, demo_source
 from dflash_chat.demo import demo_available
+from dflash_chat.engine.events import Step
+from dflash_chat.ui import chat_screen
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.messages import AnswerChunk, ModelLoaded, PromptSent
@@ -33,6 +36,39 @@ class Seen:
     def __call__(self, message) -> None:
         if isinstance(message, self.kind) and not any(m is message for m in self.messages):
             self.messages.append(message)
+
+
+class Paced:
+    """The loaded pair's real engine, one step at a time: after each step it waits until the test
+    lets the next one run (or the answer is cancelled). A test that must act while an answer streams
+    then never misses that state, however fast or slow the machine is."""
+
+    def __init__(self, pair) -> None:
+        self.waiting = threading.Event()  # a step is done and the next one waits for `go`
+        self.go = threading.Event()
+        real = pair.engine.generate
+
+        def generate(prompt_ids, params, cancel=None):
+            for event in real(prompt_ids, params, cancel):
+                yield event
+                if isinstance(event, Step):
+                    self.waiting.set()
+                    while not self.go.wait(0.02) and not (cancel is not None and cancel.is_set()):
+                        pass
+                    self.go.clear()
+                    self.waiting.clear()
+
+        pair.engine.generate = generate
+
+    async def until(self, pilot, condition, what: str, timeout: float = 60.0) -> None:
+        """Let the answer go on a step at a time until `condition()` holds."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            if self.waiting.is_set():
+                self.go.set()
+            await pilot.pause(0.02)
 
 
 def make_app(tiny_pair, **settings):
@@ -121,18 +157,19 @@ def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):
     assert on.opens_thinking and not off.opens_thinking
 
 
-def test_escape_stops_mid_answer_and_keeps_the_partial_answer(home, tiny_pair):
+def test_escape_stops_mid_answer_and_keeps_the_partial_answer(home, tiny_pair, monkeypatch):
+    monkeypatch.setattr(chat_screen, "SAVE_EVERY_S", 0.0)  # every chunk saved: no wait for the clock
+
     async def main():
         app = make_app(tiny_pair, max_new_tokens=400)
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            paced = Paced(app.chat.pair)
             await send(pilot, "tell me a long story")
-            await wait_for(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content, 60,
-                           "the first streamed text")
+            await paced.until(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content,
+                              "the first streamed text")
             # while it streams, the answer so far is already on disk, marked partial (what a crash keeps)
-            on_disk = HistoryStore(paths.history_db())
-            await wait_for(pilot, lambda: on_disk.load(1).messages[-1].content, 10, "the partial answer saved")
-            during = on_disk.load(1).messages[-1]
+            during = HistoryStore(paths.history_db()).load(1).messages[-1]
             await pilot.press("escape")
             await answered(pilot, app, 1)
             await pilot.pause()
@@ -140,7 +177,7 @@ def test_escape_stops_mid_answer_and_keeps_the_partial_answer(home, tiny_pair):
             return app.chat.last_end, str(widget.query_one(".status").render()), during
 
     end, status, during = run(main())
-    assert during.status == PARTIAL and end.answer.startswith(during.content)
+    assert during.status == PARTIAL and during.content and end.answer.startswith(during.content)
     assert end.reason == "cancelled"
     assert 0 < end.stats.new_tokens < 400
     assert "stopped" in status
@@ -186,9 +223,9 @@ def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
         app = DFlashChatApp(fast_settings())  # no model needed to read the history
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.press("ctrl+o")
-            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation.id, 5, "chat")
+            await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation.id, 30, "chat")
             await pilot.pause()
             return ([w.text for w in app.chat.query(UserMessage)],
                     [m.content for m in app.chat.conversation.messages], app.chat.conversation.title)
@@ -255,7 +292,7 @@ def test_choosing_a_model_on_the_settings_screen_loads_it(home, tiny_pair):
         app = DFlashChatApp(fast_settings())
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
             app.screen.query_one("#field-model", Input).value = str(target)
             app.screen.query_one("#field-drafter", Input).value = str(drafter)
             await pilot.press("ctrl+s")
@@ -276,9 +313,10 @@ def test_switching_the_model_mid_answer_stops_the_answer_and_loads_the_new_model
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
             first_pair = app.chat.pair
+            paced = Paced(first_pair)
             await send(pilot, "tell me a long story")
-            await wait_for(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content, 60,
-                           "the first streamed text")
+            await paced.until(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content,
+                              "the first streamed text")
             # the same target without its drafter: a different model, loaded while the answer streams
             app.chat.apply_settings(replace(app.chat.settings, model=str(target), drafter="", max_new_tokens=3))
             await wait_for(pilot, lambda: app.chat.turn is None, 60, "the answer to stop")

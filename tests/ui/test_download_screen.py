@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -71,18 +72,21 @@ def notes(app) -> list[str]:
 
 
 def test_bars_advance_and_the_screen_returns_the_paths(server, cache):
-    server.delay = 0.02
+    server.hold = threading.Event()  # the target stops after its first piece until the bar has shown it
     app = Host(DownloadScreen(make_plan(server)))
 
     async def scenario():
         async with app.run_test() as pilot:
             seen: list[float] = []
+            deadline = time.monotonic() + 60
             while app.result == "pending":
                 if app.screen is app.download:
                     bar = app.download.query_one("#download-bar-0", ProgressBar)
                     seen.append(bar.progress)
+                    if 0 < (bar.progress or 0) < len(TARGET):
+                        server.hold.set()
                 await pilot.pause(0.02)
-                assert len(seen) < 1000, "download never finished"
+                assert time.monotonic() < deadline, "download never finished"
             return seen
 
     seen = asyncio.run(scenario())
@@ -95,13 +99,14 @@ def test_bars_advance_and_the_screen_returns_the_paths(server, cache):
 
 
 def test_escape_cancels_and_keeps_the_partial_file(server, cache):
-    server.delay = 0.05
+    server.hold = threading.Event()  # the target stops after its first piece: Esc lands mid-file
     app = Host(DownloadScreen(make_plan(server)))
 
     async def scenario():
         async with app.run_test() as pilot:
             bar = app.download.query_one("#download-bar-0", ProgressBar)
             await until(pilot, lambda: (bar.progress or 0) > 0, "the first bytes")
+            server.release_when(app.download.cancel)
             await pilot.press("escape")
             await until(pilot, lambda: app.result != "pending", "the cancel")
             return notes(app)

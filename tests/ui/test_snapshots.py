@@ -34,7 +34,7 @@ def test_chat_mid_conversation(snap_compare, home, theme):
     app = DFlashChatApp(Settings(theme=theme))
 
     async def run_before(pilot):
-        await wait_for(pilot, lambda: app.chat.is_mounted and app.chat.query("ChatView"), 5, "chat screen")
+        await wait_for(pilot, lambda: app.chat.is_mounted and app.chat.query("ChatView"), 30, "chat screen")
         await app.chat.open_conversation(cid)
         steady(app.screen)
         await pilot.pause()
@@ -49,7 +49,7 @@ def test_history_screen(snap_compare, home, theme):
 
     async def run_before(pilot):
         await pilot.press("ctrl+o")
-        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 5, "history screen")
+        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
@@ -61,7 +61,7 @@ def test_settings_screen(snap_compare, home, theme):
 
     async def run_before(pilot):
         await pilot.press("ctrl+s")
-        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 5, "settings screen")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
         steady(app.screen)
         await pilot.pause()
 
@@ -73,7 +73,7 @@ def test_chat_on_a_narrow_terminal_with_the_panel_below(snap_compare, home):
     app = DFlashChatApp(Settings())
 
     async def run_before(pilot):
-        await wait_for(pilot, lambda: app.chat.is_mounted and app.chat.query("ChatView"), 5, "chat screen")
+        await wait_for(pilot, lambda: app.chat.is_mounted and app.chat.query("ChatView"), 30, "chat screen")
         await app.chat.open_conversation(cid)
         await pilot.press("f2")
         steady(app.screen)

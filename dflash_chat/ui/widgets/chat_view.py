@@ -36,7 +36,7 @@ class AssistantMessage(Vertical):
             box.display = bool(thinking)
             yield Markdown(thinking, classes="thinking-text")
         yield Markdown(message.content if message else "", classes="answer")
-        yield Static("", classes="status")
+        yield Static("", classes="status", markup=False)  # holds error text
 
     def on_mount(self) -> None:
         if self._initial is not None:
@@ -100,7 +100,7 @@ class ChatView(VerticalScroll):
         await self.remove_children()
         widgets = [self._widget_for(m) for m in conversation.messages]
         if notice and not widgets:
-            widgets.append(Notice(notice, classes="notice"))
+            widgets.append(Notice(notice, classes="notice", markup=False))  # paths, model errors
         if widgets:
             await self.mount_all(widgets)
         self.anchor()

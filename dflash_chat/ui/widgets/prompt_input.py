@@ -9,6 +9,8 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
+from dflash_chat.ui.paste import clean
+
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 
 
@@ -37,6 +39,10 @@ class PromptInput(TextArea):
             self._replace_via_keyboard("\n", start, end)
             return
         await super()._on_key(event)
+
+    def _on_paste(self, event: events.Paste) -> None:
+        # runs before TextArea's own handler (Textual dispatches along the MRO), which inserts event.text
+        event.text = clean(event.text)  # pasted control characters never reach the message
 
     def remember(self, text: str) -> None:
         if text and (not self.prompts or self.prompts[-1] != text):

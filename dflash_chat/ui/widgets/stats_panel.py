@@ -39,7 +39,7 @@ def _table(rows: tuple[tuple[str, str], ...]) -> Table:
     table.add_column(style="dim", no_wrap=True)
     table.add_column(justify="right", no_wrap=True)
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(Text(name), Text(value))  # values hold model names and paths: never markup
     return table
 
 

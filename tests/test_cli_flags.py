@@ -1,0 +1,161 @@
+"""Command-line flags are checked before anything loads, with the settings' own rules and words,
+and a command's options are taken after it (and refused before it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_chat import hardware, settings
+from dflash_chat.cli import main
+from dflash_chat.hardware import GIB, Gpu, Machine
+
+MISSING = "/no/such/model"  # were anything loaded, the error would be about this path
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.mark.parametrize(
+    "flag, value, key",
+    [
+        ("--max-tokens", "0", "max_new_tokens"),
+        ("--max-tokens", "-5", "max_new_tokens"),
+        ("--temperature", "-1", "temperature"),
+        ("--top-p", "5", "top_p"),
+        ("--top-k", "-3", "top_k"),
+        ("--context", "-5", "context_length"),
+        ("--context", "0", "context_length"),
+        ("--temperature", "warm", "temperature"),
+        ("--max-tokens", "2.5", "max_new_tokens"),
+    ],
+)
+def test_run_refuses_bad_values_like_the_settings_file_before_loading(capsys, flag, value, key):
+    assert main(["run", "--target", MISSING, "--drafter", MISSING, "--prompt", "hi", flag, value]) == 2
+    err = one_line_error(capsys)
+    with pytest.raises(settings.SettingsError) as refused:
+        settings.parse_value(key, value)
+    rule = str(refused.value).removeprefix(f"{key} ")  # 'must be between 1 and 1000000, got 0'
+    assert err == f"dflash-chat run: argument {flag}: {rule} (see `dflash-chat run --help`)"
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["run", "--demo", "--prompt", "hi", "--seed", "-1"], "argument --seed: must be between 0 and"),
+        (["run", "--demo", "--prompt", "hi", "--seed", "1e40"], "argument --seed: must be a whole number"),
+        (["bench", "--prompts", "0"], "argument --prompts: must be between 1 and 10000, got 0"),
+        (["bench", "--tokens", "0"], "argument --tokens: must be between 1 and 1000000, got 0"),
+        (["bench", "--block", "0"], "argument --block: must be between 1 and 256, got 0"),
+        (["bench", "--threads", "-1"], "argument --threads: must be between 1 and 4096, got -1"),
+        (["bench", "--acceptance", "2"], "argument --acceptance: must be between 0.0 and 1.0, got 2.0"),
+        (["bench", "--layers", "0"], "argument --layers: must be between 1 and 512, got 0"),
+        (["--context", "0"], "argument --context: must be between 256 and 1048576, got 0"),
+        (["--context", "-5"], "argument --context: must be between 256 and 1048576, got -5"),
+        (["models", "--context", "0"], "argument --context: must be between 256 and 1048576, got 0"),
+        (["pull", "--context", "-5"], "argument --context: must be between 256 and 1048576, got -5"),
+    ],
+)
+def test_every_numeric_flag_is_checked_in_one_line(capsys, argv, fragment):
+    assert main(argv) == 2
+    assert fragment in one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--quant", "Q3_K_S", "models"], "--quant before the command `models` would be ignored"),
+        (["--demo", "models"], "--demo before the command `models` would be ignored"),
+        (["--context", "4096", "pull"], "--context before the command `pull` would be ignored"),
+        (["--set", "top_k=2", "doctor"], "--set before the command `doctor` would be ignored"),
+        (["models", "--target-file", "x.gguf"], "dflash-chat models: unrecognized arguments: --target-file x.gguf"),
+        (["run", "--prompt", "hi", "--quant", "Q8_0"], "dflash-chat run: unrecognized arguments: --quant Q8_0"),
+    ],
+)
+def test_options_go_after_their_command(capsys, argv, fragment):
+    assert main(argv) == 2
+    assert fragment in one_line_error(capsys)
+
+
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path / "app"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    gpu = Machine((Gpu(0, "NVIDIA GeForce RTX 3090", 24 * GIB, int(23.5 * GIB)),), 64 * GIB, 48 * GIB)
+    monkeypatch.setattr(hardware, "probe", lambda: gpu)
+
+
+def test_models_takes_quant_options_after_the_command(machine, capsys):
+    assert main(["models", "--quant", "Q3_K_S"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:] if line.startswith("qwen")]
+    assert rows and all(row[1] == "Q3_K_S" for row in rows)  # one row per pair, for that quant
+    assert main(["models", "--model", "qwen3.6-27b", "--drafter-quant", "BF16"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:] if line.startswith("qwen")]
+    assert [(r[0], r[1], r[4]) for r in rows] == [("qwen3.6-27b", "Q8_0", "BF16"), ("qwen3.6-27b", "Q4_K_M", "BF16")]
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["pull", "--quant", "Q9_ZZ"], "Q9_ZZ is not a quant llama.cpp writes"),
+        (["pull", "qwen3.6-27b", "--quant", "Q9_ZZ"], "Q9_ZZ is not a quant llama.cpp writes"),
+        (["models", "--quant", "Q9_ZZ"], "Q9_ZZ is not a quant llama.cpp writes"),
+        (["models", "--drafter-quant", "Q2"], "no model has drafter quant Q2 (they have Q8_0, BF16, Q4_K_M)"),
+        (["pull", "qwen3.6-27b", "--quant", "Q8_0", "--drafter-quant", "Q2"], "Qwen3.6-27B has no drafter quant Q2"),
+    ],
+)
+def test_quant_names_are_checked_against_the_catalog_before_any_plan(machine, capsys, argv, fragment):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert fragment in captured.err and captured.err.count("\n") == 1
+    assert "files," not in captured.out  # no download was planned
+
+
+def test_dflash_chat_home_holds_the_apps_files_and_models_stay_in_the_hf_cache(monkeypatch, tmp_path, capsys):
+    """What the README's Files section says: DFLASH_CHAT_HOME moves config and history, not the models."""
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    from dflash_chat import paths
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(home))
+    for name in ("HF_HOME", "HF_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hardware, "probe", lambda: Machine((), 16 * GIB, 12 * GIB, "no GPU"))
+    assert paths.config_file() == home / "config" / "config.toml" and paths.history_db().parent == home / "data"
+    assert main(["models"]) == 0
+    cache = capsys.readouterr().out.splitlines()[-1]
+    assert cache.startswith(f"Cache: {constants.HF_HUB_CACHE} ") and str(home) not in cache
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    files = readme[readme.index("## Files"):readme.index("## How it works")]
+    assert "`DFLASH_CHAT_HOME=DIR` keeps dflash-chat's own files" in files and "Models stay in the Hugging Face" in files
+
+
+@pytest.mark.parametrize(
+    "argv, env, fragment",
+    [
+        (["run", "--demo", "--prompt", "hi", "--device", "tpu"], None, "--device 'tpu' is not a device: use cpu, cuda or cuda:N"),
+        (["bench", "--device", "gpu0"], None, "--device 'gpu0' is not a device"),
+        (["--demo"], "tpu", "DFLASH_CHAT_DEVICE 'tpu' is not a device"),
+    ],
+)
+def test_a_device_name_is_checked_before_anything_loads(capsys, monkeypatch, argv, env, fragment):
+    if env:
+        monkeypatch.setenv("DFLASH_CHAT_DEVICE", env)
+    assert main(argv) == 2
+    assert fragment in one_line_error(capsys)
+
+
+def test_a_cuda_device_on_a_machine_without_one_says_so(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    assert main(["run", "--demo", "--prompt", "hi", "--device", "cuda:1"]) == 2
+    assert "--device cuda:1: this machine has no usable CUDA GPU" in one_line_error(capsys)
