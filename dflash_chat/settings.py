@@ -55,6 +55,7 @@ class Settings:
     model: str = ""
     drafter: str = ""
     context_length: int = 8192
+    decode: str = "auto"  # the decode path: auto (CUDA graphs on a GPU), graphs, fixed or eager (engine/spec.py)
     # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; the ids are in ui/keymap.py
     keymap: dict[str, str] = field(default_factory=dict)
 
@@ -128,6 +129,16 @@ def _keymap(value: Any) -> dict[str, str]:
     return {k: v.strip() for k, v in value.items()}
 
 
+def _one_of(*options: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in options:
+            raise _Invalid(f"must be one of {', '.join(options)}, got {value!r}")
+        return text
+
+    return check
+
+
 VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "temperature": _number(float, 0.0, 2.0),
     "top_p": _number(float, 0.01, 1.0),
@@ -139,6 +150,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "model": _text,
     "drafter": _text,
     "context_length": _number(int, 256, 1_048_576),
+    "decode": _one_of("auto", "graphs", "fixed", "eager"),
     "keymap": _keymap,
 }
 
@@ -153,6 +165,7 @@ DESCRIPTIONS: dict[str, str] = {
     "model": "pair name (dflash-chat models) or model folder/GGUF; empty: pick for this GPU",
     "drafter": "DFlash drafter directory (empty = plain decoding)",
     "context_length": "tokens of context the model keeps",
+    "decode": "decode path: auto (CUDA graphs on a GPU, eager on the CPU), graphs, fixed (same steps, not captured) or eager",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
 }
 

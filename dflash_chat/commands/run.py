@@ -29,6 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-drafter", action="store_true", help="plain autoregressive decoding (the baseline)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--decode", choices=["auto", "graphs", "fixed", "eager"], default="auto",
+                   help="decode path: CUDA graphs on a GPU by default (see the decode setting)")
     p.add_argument("--json", action="store_true", help="print one JSON record with the answer and the statistics")
     p.set_defaults(handler=main)
 
@@ -98,7 +100,13 @@ def main(args: argparse.Namespace) -> int:
 
     target, drafter = resolve_paths(args)
     check_device(args.device)
-    pair = load_pair(target, drafter, device=args.device, max_context=args.context)
+    from dflash_chat.commands.progress import LoadProgress
+    from dflash_chat.engine.load import display_name, model_bytes
+
+    progress = LoadProgress(display_name(target))
+    pair = load_pair(target, drafter, device=args.device, max_context=args.context, decode=args.decode,
+                     progress=progress)
+    progress.close(model_bytes(target) + (model_bytes(drafter) if drafter else 0))
     tok = pair.tokenizer
     prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
     params = SamplingParams(

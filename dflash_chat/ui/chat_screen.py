@@ -292,7 +292,7 @@ class ChatScreen(PlainNotices, Screen):
             from dflash_chat.engine.load import load_pair  # first torch import happens here
 
             pair = load_pair(source.target, source.drafter, tokenizer=source.tokenizer,
-                             device=load_device(source), max_context=context_length)
+                             device=load_device(source), max_context=context_length, decode=self.settings.decode)
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
             self.post_message(ModelFailed(source, one_line(exc, "loading the model")))
             return
