@@ -21,6 +21,7 @@ from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
 from dflash_chat.engine.models.layers import Rotary
+from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.quantized import QuantEmbedding
@@ -153,6 +154,7 @@ def load_target(path: str | Path, device=None, dtype=None, placement: Placement 
         _tie_lm_head(model)
     model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta).to(device)
     _check_materialised(model, "target")
+    fuse_projections(model)
     return model.eval()
 
 
@@ -226,6 +228,7 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None =
     materialise(drafter, tensors, param.device, param.dtype, "drafter", placement=placement)
     drafter.rotary = drafter_rotary(cfg).to(param.device)
     _check_materialised(drafter, "drafter")
+    fuse_projections(drafter)
     drafter.bind(target.model.embed_tokens, target.lm_head, target.model.norm, target.cfg.num_layers)
     return drafter.eval()
 

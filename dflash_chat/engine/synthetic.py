@@ -17,6 +17,7 @@ from torch import nn
 
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter
+from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Experts, Rotary
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.quantized import QuantTensor
@@ -166,6 +167,7 @@ def build_target(name: str, mix: str = "Q4_K_M", layers: int | None = None, devi
         model = TargetModel(cfg)
     materialise(model, SyntheticWeights(model, mix, cfg.num_layers, device), device, dtype, "synthetic target")
     model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta).to(device)
+    fuse_projections(model)
     return model.eval()
 
 
@@ -180,6 +182,7 @@ def build_drafter(name: str, target: TargetModel, mix: str = "Q8_0") -> DFlashDr
                 "synthetic drafter")
     drafter.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(p.device)
     drafter.bind(target.model.embed_tokens, target.lm_head)
+    fuse_projections(drafter)
     return drafter.eval()
 
 

@@ -38,9 +38,12 @@ def one_thread():
 
 
 def overwrite_parameters(model, tensors: dict) -> None:
-    """Copy float `tensors` into every parameter of a loaded float `model` (conv1d weights may come as [C, K])."""
+    """Copy float `tensors` into every parameter of a loaded float `model` (conv1d weights may come as [C, K]).
+
+    Fused projections (models/fused.py) are views of one storage: writing the checkpoint's names fills them."""
     import torch
 
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(tensors[name].reshape(p.shape))
+            if ".shared." not in name:
+                p.copy_(tensors[name].reshape(p.shape))

@@ -95,9 +95,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _resident_bytes(model: nn.Module) -> int:
+    """Bytes of the storages the weights live in, each once (fused projections are views of one storage)."""
     seen = {}
     for t in (*model.parameters(), *model.buffers()):
-        seen[t.data_ptr()] = t.numel() * t.element_size()
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 
 

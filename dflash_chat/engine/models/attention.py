@@ -99,11 +99,24 @@ class Projections(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps, zero_centred)
         self.k_norm = RMSNorm(head_dim, eps, zero_centred)
         self.scale = head_dim**-0.5
+        self.shared = None  # q/k/v in one matmul per weight format, once fused (models/fused.py)
+
+    def shared_input_parts(self) -> list[nn.Module]:
+        return [self.q_proj, self.k_proj, self.v_proj]
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """(q, output gate, k, v) as `queries` and `keys_values` give them, from one fused matmul when there is one."""
+        if self.shared is None:
+            return (*self.queries(x, cos, sin), *self.keys_values(x, cos, sin))
+        q, k, v = self.shared(x)
+        return (*self._queries(q, cos, sin), *self._keys_values(k, v, cos, sin))
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(q [T, heads, d] normed and rotated, output gate [T, heads * d] or None)."""
-        T = x.shape[0]
-        q = self.q_proj(x)
+        return self._queries(self.q_proj(x), cos, sin)
+
+    def _queries(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        T = q.shape[0]
         gate = None
         if self.gated:
             q, gate = q.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -113,7 +126,10 @@ class Projections(nn.Module):
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(k, v) [T, kv_heads, d]; k normed and rotated."""
-        T = x.shape[0]
-        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        return self._keys_values(self.k_proj(x), self.v_proj(x), cos, sin)
+
+    def _keys_values(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        T = k.shape[0]
+        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+        v = v.view(T, self.num_kv_heads, self.head_dim)
         return apply_rotary(k, cos, sin), v

@@ -237,8 +237,7 @@ class DFlashDrafter(nn.Module):
         for layer, (cache_k, cache_v) in zip(self.layers, self.cache):
             attn = layer.self_attn
             xn = layer.input_layernorm(x)
-            q, _ = attn.queries(xn, cos, sin)
-            k, v = attn.keys_values(xn, cos, sin)
+            q, _, k, v = attn.project(xn, cos, sin)
             _write(cache_k, cache_v, span.pos, k, v)
             out = attend_cache(q, cache_k, cache_v, span, attn.scale, causal=attn.causal,
                                window=attn.window)

@@ -138,6 +138,16 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(self.v_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_total, cfg.hidden_size, bias=False)
+        self.shared = None  # qkv, z, b and a in one matmul per weight format, once fused (models/fused.py)
+
+    def shared_input_parts(self) -> list[nn.Module]:
+        return [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a]
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(qkv, z, b, a) projections of x."""
+        if self.shared is not None:
+            return self.shared(x)
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
 
     def new_cache(self, device, dtype, block: int = 1) -> GDNCache:
         """The layer's state, with room for the inputs of a speculative forward of up to `block` tokens."""
@@ -160,10 +170,9 @@ class GatedDeltaNet(nn.Module):
         out = F.conv1d(window.t()[None], w[:, None, :], groups=self.conv_dim)[0].t()
         return F.silu(out)
 
-    def recurrence_inputs(self, x: torch.Tensor, cache: GDNCache):
+    def recurrence_inputs(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: GDNCache):
         """The conv window [conv state; qkv projections] and the recurrence inputs (q, k, v, g, beta)."""
-        T = x.shape[0]
-        mixed = self.in_proj_qkv(x)
+        T = mixed.shape[0]
         window = torch.cat((cache.conv.to(mixed.dtype), mixed), dim=0)  # [K-1+T, C]
         qkv = self.conv(window)
         q, k, v = torch.split(qkv, [self.key_total, self.key_total, self.value_total], dim=-1)
@@ -173,15 +182,16 @@ class GatedDeltaNet(nn.Module):
         q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         q = q * self.k_dim**-0.5
-        beta = torch.sigmoid(self.in_proj_b(x).float())
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        beta = torch.sigmoid(b.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         return window, (q, k, v, g, beta)
 
     def forward(self, x: torch.Tensor, cache: GDNCache, speculative: bool = False) -> torch.Tensor:
         """Mix T new tokens. A speculative forward leaves the state as it was and keeps its recurrence
         inputs and conv window in the cache, so `commit` can take the state to after any prefix of the block."""
         T = x.shape[0]
-        window, (q, k, v, g, beta) = self.recurrence_inputs(x, cache)
+        mixed, z, b, a = self.project(x)
+        window, (q, k, v, g, beta) = self.recurrence_inputs(mixed, b, a, cache)
         if speculative:
             _hold(cache, window, q, k, v, g, beta)
             core = outputs_only(q, k, v, g, beta, cache.recurrent)
@@ -189,8 +199,7 @@ class GatedDeltaNet(nn.Module):
             cache.conv.copy_(window[T:])
             core = delta_rule(q, k, v, g, beta, cache.recurrent)
             cache.pending = 0
-        z = self.in_proj_z(x).reshape(T, self.num_v_heads, self.v_dim)
-        core = self.norm(core.to(x.dtype), z)
+        core = self.norm(core.to(x.dtype), z.reshape(T, self.num_v_heads, self.v_dim))
         return self.out_proj(core.reshape(T, self.value_total))
 
     @staticmethod

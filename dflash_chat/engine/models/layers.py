@@ -101,9 +101,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.shared = None  # gate and up in one matmul per weight format, once fused (models/fused.py)
+
+    def shared_input_parts(self) -> list[nn.Module]:
+        return [self.gate_proj, self.up_proj]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.shared(x) if self.shared is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Experts(nn.Module):

@@ -35,8 +35,7 @@ class Attention(Projections):
         return AttentionCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
     def forward(self, x, cache: AttentionCache, span: Span, cos, sin) -> torch.Tensor:
-        q, gate = self.queries(x, cos, sin)
-        k, v = self.keys_values(x, cos, sin)
+        q, gate, k, v = self.project(x, cos, sin)
         cache.k.index_copy_(0, span.pos, k)
         cache.v.index_copy_(0, span.pos, v)
         out = attend_cache(q, cache.k, cache.v, span, self.scale)
