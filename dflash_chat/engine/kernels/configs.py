@@ -3,10 +3,12 @@
 Pure Python (no torch, no triton): the kernels, `tools/gpu_check.py --compile-only` and the tests read it.
 
 Every format is processed in units of 256 values of one weight row (one K-quant block, or eight 32-value
-blocks). A unit is decoded as a tile of int32 words [rows, C, T2, 4]: C groups of 4*T2 consecutive words,
-each thread holding 4 consecutive words of one row (one 128-bit load when the field is 16-byte aligned).
-Every word carries NH "slots" of four byte-wide levels (the low and high nibbles of Q4_K, the four 2-bit
-planes of Q2_K...), so C * T2 * 4 * 4 * NH == 256.
+blocks). A unit is decoded as a tile of int32 words [rows, C, T2, RW]: C groups of T2*RW consecutive words,
+each thread holding RW consecutive words of one row: 4 (one 128-bit load) where the format's fields are
+16-byte aligned (Q4_K, Q5_K), else 2 (the width of the matching activation load: four 16-bit values per
+64-bit word, two per 128-bit load), so a group's words and its scale stay in one thread. Every word
+carries NH "slots" of four byte-wide levels (the low and high nibbles of Q4_K, the four 2-bit planes of
+Q2_K...), so C * T2 * RW * 4 * NH == 256.
 
 The launch numbers below are PROVISIONAL: chosen from the byte/issue budget in NOTES.md and checked for
 registers and spills by the compile check, not yet measured on each family. `tools/gpu_check.py` prints
@@ -25,27 +27,28 @@ SMALL_M = 32  # rows of x up to which the small-M kernels run (decode, verify); 
 class Tiling:
     unit_bytes: int  # bytes of one unit in a packed row
     groups: int  # C: word groups per unit
-    runs: int  # T2: 4-word runs per group
+    runs: int  # T2: runs of `vec` words per group
     slots: int  # NH: 4-level slots per word
     aligned: bool  # every unit starts on a 4-byte boundary (else words are read as two and funnel-shifted)
+    vec: int = 2  # RW: consecutive words per thread
 
 
 TILINGS: dict[str, Tiling] = {
-    "Q8_0": Tiling(8 * 34, 8, 2, 1, False),
-    "Q4_0": Tiling(8 * 18, 8, 1, 2, False),
-    "Q5_0": Tiling(8 * 22, 8, 1, 2, False),
-    "Q5_1": Tiling(8 * 24, 8, 1, 2, True),
-    "Q2_K": Tiling(84, 2, 2, 4, True),
-    "Q3_K": Tiling(110, 2, 2, 4, False),
-    "Q4_K": Tiling(144, 4, 2, 2, True),
-    "Q5_K": Tiling(176, 4, 2, 2, True),
-    "Q6_K": Tiling(210, 4, 2, 2, False),
-    "IQ4_NL": Tiling(8 * 18, 8, 1, 2, False),
-    "IQ4_XS": Tiling(136, 8, 1, 2, True),
+    "Q8_0": Tiling(8 * 34, 8, 4, 1, False),
+    "Q4_0": Tiling(8 * 18, 8, 2, 2, False),
+    "Q5_0": Tiling(8 * 22, 8, 2, 2, False),
+    "Q5_1": Tiling(8 * 24, 8, 2, 2, True),
+    "Q2_K": Tiling(84, 2, 4, 4, True),
+    "Q3_K": Tiling(110, 2, 4, 4, False),
+    "Q4_K": Tiling(144, 4, 2, 2, True, vec=4),
+    "Q5_K": Tiling(176, 4, 2, 2, True, vec=4),
+    "Q6_K": Tiling(210, 4, 4, 2, False),
+    "IQ4_NL": Tiling(8 * 18, 8, 2, 2, False),
+    "IQ4_XS": Tiling(136, 8, 2, 2, True),
 }
 FLOATS = {"F32": 4, "F16": 2, "BF16": 2}  # float experts: bytes per value
 
-assert all(t.groups * t.runs * 16 * t.slots == UNIT for t in TILINGS.values())
+assert all(t.groups * t.runs * t.vec * 4 * t.slots == UNIT for t in TILINGS.values())
 
 
 def kernel_supports(fmt_name: str, k: int, row_bytes: int) -> bool:
@@ -59,20 +62,18 @@ class Family:
 
     name: str
     sms: int  # a typical part's SM count, used when compiling without the GPU
-    gemv_rows: int  # BN of the M=1 FMA kernel: 64 rows x 256 values = 128 values per thread per unit (4 warps)
-    gemm_rows: int  # BN of the tensor-core kernel for 2 <= M <= 32
-    warps: int
+    block_n: int  # weight rows per program: 64 rows x 256 values = 4 rows of 4 (or 2) words per thread
     programs_per_sm: int  # resident programs the split-K heuristic aims for (latency hiding)
     min_units_per_split: int = 4
 
 
 FAMILIES: dict[str, Family] = {
-    # H100/H200: 64K registers and up to 2048 threads per SM: four 128-thread programs of <= 128 registers
-    "sm_90": Family("sm_90", sms=132, gemv_rows=64, gemm_rows=64, warps=4, programs_per_sm=4),
-    # RTX 4090 (Ada): 1536 threads per SM, so three programs
-    "sm_89": Family("sm_89", sms=128, gemv_rows=64, gemm_rows=64, warps=4, programs_per_sm=3),
+    # H100/H200: 64K registers and 2048 threads per SM
+    "sm_90": Family("sm_90", sms=132, block_n=64, programs_per_sm=4),
+    # RTX 4090 (Ada): 64K registers, 1536 threads per SM
+    "sm_89": Family("sm_89", sms=128, block_n=64, programs_per_sm=3),
     # RTX 3090 / A-series Ampere consumer parts: like Ada, fewer SMs
-    "sm_86": Family("sm_86", sms=82, gemv_rows=64, gemm_rows=64, warps=4, programs_per_sm=3),
+    "sm_86": Family("sm_86", sms=82, block_n=64, programs_per_sm=3),
 }
 
 
@@ -86,6 +87,13 @@ def family_of(capability: tuple[int, int]) -> Family:
     return FAMILIES["sm_86"]
 
 
+def warps_for(fmt_name: str) -> int:
+    """4 rows of RW words per thread over 64 rows: 4 warps for RW = 4 (72-180 registers on sm_90), 8 for RW = 2
+    (which at 4 warps would hold 8 rows per thread: 120-255 registers)."""
+    tiling = TILINGS.get(fmt_name)
+    return 4 if tiling is None or tiling.vec == 4 else 8
+
+
 @dataclass(frozen=True)
 class Launch:
     kernel: str  # "gemv" (M == 1, FMA) or "gemm" (tensor cores)
@@ -95,23 +103,23 @@ class Launch:
     warps: int
 
 
-def pick_launch(m: int, n: int, k: int, fam: Family, sms: int | None = None) -> Launch:
+def pick_launch(fmt_name: str, m: int, n: int, k: int, fam: Family, sms: int | None = None) -> Launch:
     """The kernel and its launch for y[M, N] = x[M, K] @ W.T: split K until the GPU has enough programs."""
     sms = sms or fam.sms
     gemv = m == 1
-    block_n = fam.gemv_rows if gemv else fam.gemm_rows
     block_m = 1 if gemv else (16 if m <= 16 else 32)
-    tiles = -(-n // block_n) * -(-m // max(block_m, 1))
+    tiles = -(-n // fam.block_n) * -(-m // block_m)
     units = k // UNIT
     split = 1
     target = fam.programs_per_sm * sms
     while tiles * split * 2 <= target and units // (split * 2) >= fam.min_units_per_split:
         split *= 2
-    return Launch("gemv" if gemv else "gemm", block_n, block_m, split, fam.warps)
+    return Launch("gemv" if gemv else "gemm", fam.block_n, block_m, split, warps_for(fmt_name))
 
 
-def pick_experts_launch(tokens: int, fam: Family) -> Launch:
-    """Routed experts: one program per (routed pair, row block); the FMA kernel for a single token."""
+def pick_experts_launch(fmt_name: str, tokens: int, fam: Family) -> Launch:
+    """Routed experts: one program per (routed pair, row block); the FMA kernel for a single token, else the
+    tensor-core kernel over blocks of up to 16 (a few tokens) or 64 (prefill) pairs of one expert."""
     if tokens == 1:
-        return Launch("gemv", fam.gemv_rows, 1, 1, fam.warps)
-    return Launch("gemm", fam.gemm_rows, 16, 1, fam.warps)
+        return Launch("gemv", fam.block_n, 1, 1, warps_for(fmt_name))
+    return Launch("gemm", fam.block_n, 16 if tokens <= 32 else 64, 1, warps_for(fmt_name))

@@ -16,6 +16,11 @@ import triton
 import triton.language as tl
 
 
+def _launch(kernel, grid, *args, **kwargs) -> None:
+    """Every launch goes through here (kernels/compile_check.py captures them to compile without a GPU)."""
+    kernel[grid](*args, **kwargs)
+
+
 @triton.jit
 def _silu(x):
     return x / (1.0 + tl.exp(tl.minimum(-x, 88.0)))  # (no inf: the interpreter treats overflow as an error)
@@ -50,7 +55,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
                  zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
     h = x.shape[-1]
     r, out = torch.empty_like(x), torch.empty_like(x)
-    _norm_kernel[(_rows(x),)](x, residual, weight, r, out, h, eps, HAS_RES=True, ZERO_CENTRED=zero_centred,
+    _launch(_norm_kernel, (_rows(x),), x, residual, weight, r, out, h, eps, HAS_RES=True, ZERO_CENTRED=zero_centred,
                               BLOCK=triton.next_power_of_2(h), num_warps=4)
     return r, out
 
@@ -58,7 +63,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
     h = x.shape[-1]
     out = torch.empty_like(x)
-    _norm_kernel[(_rows(x),)](x, x, weight, x, out, h, eps, HAS_RES=False, ZERO_CENTRED=zero_centred,
+    _launch(_norm_kernel, (_rows(x),), x, x, weight, x, out, h, eps, HAS_RES=False, ZERO_CENTRED=zero_centred,
                               BLOCK=triton.next_power_of_2(h), num_warps=4)
     return out
 
@@ -103,7 +108,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     rows = _rows(x)
     out = torch.empty_like(x)
     per = 16
-    _gated_norm_kernel[(triton.cdiv(rows, per),)](x, gate, weight, out, rows, d, eps, ROWS=per,
+    _launch(_gated_norm_kernel, (triton.cdiv(rows, per),), x, gate, weight, out, rows, d, eps, ROWS=per,
                                                   BLOCK=triton.next_power_of_2(d))
     return out
 
@@ -133,6 +138,6 @@ def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tor
     kernel = weight.shape[-1]
     out = torch.empty_like(x)
     block = 1024
-    _conv_step_kernel[(triton.cdiv(c, block),)](x, state, weight, out, c, state.stride(0), state.stride(1),
+    _launch(_conv_step_kernel, (triton.cdiv(c, block),), x, state, weight, out, c, state.stride(0), state.stride(1),
                                                 weight.stride(0), weight.stride(1), KERNEL=kernel, BLOCK=block)
     return out

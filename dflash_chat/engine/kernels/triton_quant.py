@@ -24,6 +24,7 @@ through shared memory (checked by `kernels/compile_check.py`).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -35,27 +36,40 @@ from dflash_chat.engine.weights.formats import IQ4_LEVELS, Format
 FMT_IDS = {"Q8_0": 0, "Q4_0": 1, "Q5_0": 2, "Q5_1": 3, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "Q2_K": 7, "Q3_K": 8,
            "IQ4_NL": 9, "IQ4_XS": 10, "F32": 100, "F16": 101, "BF16": 102}
 _X_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# Compiled for a GPU, byte moves are one PRMT (inline PTX); the interpreter runs the same function as shift-and-mask
+# (tests/engine/test_quant_prmt.py checks the selectors against it with a model of PRMT).
+_PRMT = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+# (word, 0x40000000) -> bytes (0, 0, byte b of word, 0x40): the float 2 + byte/64
+PRMT_FLOAT = tuple(tl.constexpr(f"prmt.b32 $0, $1, $2, 0x7{b}44;") for b in range(4))
+_PRMT_F0, _PRMT_F1, _PRMT_F2, _PRMT_F3 = PRMT_FLOAT
+# (word, 0x64646464) -> low half (byte b of word, 0x64): the fp16 1024 + byte
+PRMT_HALF = tuple(tl.constexpr(f"prmt.b32 $0, $1, $2, 0x444{b};") for b in range(4))
+_PRMT_H0, _PRMT_H1, _PRMT_H2, _PRMT_H3 = PRMT_HALF
 
 
 # --- reading the packed words ---------------------------------------------------------------------------
 
 @triton.jit
-def _word(w_ptr, byte_off, t, mask, ALIGNED: tl.constexpr):
-    """Word t (int32) of the field at byte_off (even; a multiple of 4 when ALIGNED) of the int32-viewed rows."""
+def _word(rows_ptr, byte_off, t, ALIGNED: tl.constexpr):
+    """Word t (int32) of the field at byte_off (even; a multiple of 4 when ALIGNED) of each row.
+
+    rows_ptr: int32 pointers to the rows' starts (rows are whole words), byte_off: int32 offsets within a row,
+    the same for every row (so the offset arithmetic is shared by all of a thread's rows).
+    """
     at = (byte_off >> 2) + t
     if ALIGNED:
-        return tl.load(w_ptr + at, mask=mask, other=0)
-    shifted = (byte_off & 2) != 0
-    lo = tl.load(w_ptr + at, mask=mask, other=0)
-    hi = tl.load(w_ptr + at + 1, mask=mask & shifted, other=0)  # only when the field straddles two words
+        return tl.load(rows_ptr + at)
+    straddles = (byte_off & 2) != 0
+    lo = tl.load(rows_ptr + at)
+    hi = tl.load(rows_ptr + at + 1, mask=straddles, other=0)  # read only when the field straddles two words
     both = (hi.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)
     return (both >> ((byte_off & 2) * 8)).to(tl.int32)
 
 
 @triton.jit
-def _byte(w_ptr, byte_off, zt, mask, ALIGNED: tl.constexpr):
-    """The byte at byte_off (any tensor of offsets), zero-extended."""
-    word = _word(w_ptr, byte_off - (byte_off & 3), zt, mask, ALIGNED)
+def _byte(rows_ptr, byte_off, zt, ALIGNED: tl.constexpr):
+    """The byte at byte_off (a tensor of offsets within the row), zero-extended."""
+    word = _word(rows_ptr, byte_off - (byte_off & 3), zt, ALIGNED)
     return (word >> ((byte_off & 3) * 8)) & 0xFF
 
 
@@ -76,11 +90,11 @@ def _spread4(bits):
 
 
 @triton.jit
-def _k_scale_min(w_ptr, blk, j, zt, mask):
+def _k_scale_min(rows_ptr, base, j, zt):
     """Q4_K/Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes at offset 4."""
-    s0 = _word(w_ptr, blk + 4, zt, mask, True)
-    s1 = _word(w_ptr, blk + 8, zt, mask, True)
-    s2 = _word(w_ptr, blk + 12, zt, mask, True)
+    s0 = _word(rows_ptr, base + 4, zt, True)
+    s1 = _word(rows_ptr, base + 8, zt, True)
+    s2 = _word(rows_ptr, base + 12, zt, True)
     sh = (j % 4) * 8
     a = (s0 >> sh) & 0xFF
     b = (s1 >> sh) & 0xFF
@@ -92,75 +106,75 @@ def _k_scale_min(w_ptr, blk, j, zt, mask):
 
 
 @triton.jit
-def _decode(w_ptr, blk, c, t, zt, mask, h: tl.constexpr, FMT: tl.constexpr):
-    """Slot h of the unit at byte `blk` of each row, over the tile [rows, C, T2, 4] (c: group, t: word in run).
+def _decode(rows_ptr, base, c, t, zt, h: tl.constexpr, FMT: tl.constexpr):
+    """Slot h of the unit at byte `base` of each row, over the tile [rows, C, T2, RW] (c: group, t: word in group).
 
     Returns (Q, scale, minv): Q holds four unsigned levels u in its bytes, and value = scale * (u - OFFSET) - minv
     (IQ4: u indexes the codebook, value = scale * level).
     """
     if FMT == 0:  # Q8_0: 8 blocks of (d, int8[32]); group c = block
-        Q = _word(w_ptr, blk + 34 * c + 2, t, mask, False) ^ -2139062144  # 0x80808080: u = q + 128
-        scale = _f16lo(_word(w_ptr, blk + 34 * c, zt, mask, False))
+        Q = _word(rows_ptr, base + 34 * c + 2, t, False) ^ -2139062144  # 0x80808080: u = q + 128
+        scale = _f16lo(_word(rows_ptr, base + 34 * c, zt, False))
         minv = scale * 0.0
     elif FMT == 1 or FMT == 9:  # Q4_0 / IQ4_NL: 8 blocks of (d, qs[16]); slot h = low/high nibbles
-        Q = (_word(w_ptr, blk + 18 * c + 2, t, mask, False) >> (4 * h)) & 0x0F0F0F0F
-        scale = _f16lo(_word(w_ptr, blk + 18 * c, zt, mask, False))
+        Q = (_word(rows_ptr, base + 18 * c + 2, t, False) >> (4 * h)) & 0x0F0F0F0F
+        scale = _f16lo(_word(rows_ptr, base + 18 * c, zt, False))
         minv = scale * 0.0
     elif FMT == 2:  # Q5_0: (d, qh u32, qs[16]); value i's fifth bit is bit i of qh
-        qs = _word(w_ptr, blk + 22 * c + 6, t, mask, False)
-        qh = _word(w_ptr, blk + 22 * c + 2, zt, mask, False)
+        qs = _word(rows_ptr, base + 22 * c + 6, t, False)
+        qh = _word(rows_ptr, base + 22 * c + 2, zt, False)
         Q = ((qs >> (4 * h)) & 0x0F0F0F0F) | _spread4((qh >> (16 * h + 4 * t)) & 0xF)
-        scale = _f16lo(_word(w_ptr, blk + 22 * c, zt, mask, False))
+        scale = _f16lo(_word(rows_ptr, base + 22 * c, zt, False))
         minv = scale * 0.0
     elif FMT == 3:  # Q5_1: (d, m, qh, qs[16]); value = d * u + m
-        qs = _word(w_ptr, blk + 24 * c + 8, t, mask, True)
-        qh = _word(w_ptr, blk + 24 * c + 4, zt, mask, True)
+        qs = _word(rows_ptr, base + 24 * c + 8, t, True)
+        qh = _word(rows_ptr, base + 24 * c + 4, zt, True)
         Q = ((qs >> (4 * h)) & 0x0F0F0F0F) | _spread4((qh >> (16 * h + 4 * t)) & 0xF)
-        dm = _word(w_ptr, blk + 24 * c, zt, mask, True)
+        dm = _word(rows_ptr, base + 24 * c, zt, True)
         scale = _f16lo(dm)
         minv = -_f16hi(dm)
     elif FMT == 4 or FMT == 5:  # Q4_K / Q5_K: group c = 64 values, slot h = its two 32-value sub-blocks
         if FMT == 4:
-            Q = (_word(w_ptr, blk + 16 + 32 * c, t, mask, True) >> (4 * h)) & 0x0F0F0F0F
+            Q = (_word(rows_ptr, base + 16 + 32 * c, t, True) >> (4 * h)) & 0x0F0F0F0F
         else:
-            qh = _word(w_ptr, blk + 16 + c * 0, t, mask, True)  # bit 2c+h of qh[l]: the fifth bit of value 64c+32h+l
-            Q = ((_word(w_ptr, blk + 48 + 32 * c, t, mask, True) >> (4 * h)) & 0x0F0F0F0F) | \
+            qh = _word(rows_ptr, base + 16 + c * 0, t, True)  # bit 2c+h of qh[l]: the fifth bit of value 64c+32h+l
+            Q = ((_word(rows_ptr, base + 48 + 32 * c, t, True) >> (4 * h)) & 0x0F0F0F0F) | \
                 (((qh >> (2 * c + h)) & 0x01010101) << 4)
-        sc, mn = _k_scale_min(w_ptr, blk, 2 * c + h, zt, mask)
-        dd = _word(w_ptr, blk + c * 0, zt, mask, True)
+        sc, mn = _k_scale_min(rows_ptr, base, 2 * c + h, zt)
+        dd = _word(rows_ptr, base + c * 0, zt, True)
         scale = _f16lo(dd) * sc.to(tl.float32)
         minv = _f16hi(dd) * mn.to(tl.float32)
     elif FMT == 6:  # Q6_K: group c = (half, low/high 32-byte run of ql), slot h = nibble; value 128*half + 32*j + l
         half = c // 2
         j = 2 * h + c % 2
-        ql = _word(w_ptr, blk + 32 * c, t, mask, False)
-        qh = _word(w_ptr, blk + 128 + 32 * half, t, mask, False)
+        ql = _word(rows_ptr, base + 32 * c, t, False)
+        qh = _word(rows_ptr, base + 128 + 32 * half, t, False)
         Q = ((ql >> (4 * h)) & 0x0F0F0F0F) | (((qh >> (2 * j)) & 0x03030303) << 4)
         g = 8 * half + 2 * j + t // 4  # one int8 scale per 16 values
-        sw = _word(w_ptr, blk + 192 + (g - (g & 3)), zt, mask, False)
+        sw = _word(rows_ptr, base + 192 + (g - (g & 3)), zt, False)
         sc = (sw << (24 - 8 * (g & 3))) >> 24
-        scale = _f16lo(_word(w_ptr, blk + 208 + c * 0, zt, mask, False)) * sc.to(tl.float32)
+        scale = _f16lo(_word(rows_ptr, base + 208 + c * 0, zt, False)) * sc.to(tl.float32)
         minv = scale * 0.0
     elif FMT == 7:  # Q2_K: group c = half, slot h = 2-bit plane s; value 128*half + 32*s + l
-        Q = (_word(w_ptr, blk + 16 + 32 * c, t, mask, True) >> (2 * h)) & 0x03030303
+        Q = (_word(rows_ptr, base + 16 + 32 * c, t, True) >> (2 * h)) & 0x03030303
         g = 8 * c + 2 * h + t // 4
-        scb = _byte(w_ptr, blk + g, zt, mask, True)
-        dd = _word(w_ptr, blk + 80 + c * 0, zt, mask, True)
+        scb = _byte(rows_ptr, base + g, zt, True)
+        dd = _word(rows_ptr, base + 80 + c * 0, zt, True)
         scale = _f16lo(dd) * (scb & 0xF).to(tl.float32)
         minv = _f16hi(dd) * (scb >> 4).to(tl.float32)
     elif FMT == 8:  # Q3_K: like Q2_K plus a high bit from hmask (bit 4*half + s of hmask[l]); u = q + 4
-        hm = _word(w_ptr, blk + c * 0, t, mask, False)
-        Q = ((_word(w_ptr, blk + 32 + 32 * c, t, mask, False) >> (2 * h)) & 0x03030303) | \
+        hm = _word(rows_ptr, base + c * 0, t, False)
+        Q = ((_word(rows_ptr, base + 32 + 32 * c, t, False) >> (2 * h)) & 0x03030303) | \
             (((hm >> (4 * c + h)) & 0x01010101) << 2)
         g = 8 * c + 2 * h + t // 4
-        low = (_byte(w_ptr, blk + 96 + g % 8, zt, mask, False) >> (4 * (g // 8))) & 0xF
-        high = (_byte(w_ptr, blk + 104 + g % 4, zt, mask, False) >> (2 * (g // 4))) & 3
-        scale = _f16lo(_word(w_ptr, blk + 108 + c * 0, zt, mask, False)) * ((low | (high << 4)) - 32).to(tl.float32)
+        low = (_byte(rows_ptr, base + 96 + g % 8, zt, False) >> (4 * (g // 8))) & 0xF
+        high = (_byte(rows_ptr, base + 104 + g % 4, zt, False) >> (2 * (g // 4))) & 3
+        scale = _f16lo(_word(rows_ptr, base + 108 + c * 0, zt, False)) * ((low | (high << 4)) - 32).to(tl.float32)
         minv = scale * 0.0
     else:  # IQ4_XS: (d, scales_h u16, scales_l[4], qs[128]); group c = 32-value sub-block
-        Q = (_word(w_ptr, blk + 8 + 16 * c, t, mask, True) >> (4 * h)) & 0x0F0F0F0F
-        head = _word(w_ptr, blk + c * 0, zt, mask, True)
-        ls = ((_word(w_ptr, blk + 4 + c * 0, zt, mask, True) >> (4 * c)) & 0xF) | (((head >> (16 + 2 * c)) & 3) << 4)
+        Q = (_word(rows_ptr, base + 8 + 16 * c, t, True) >> (4 * h)) & 0x0F0F0F0F
+        head = _word(rows_ptr, base + c * 0, zt, True)
+        ls = ((_word(rows_ptr, base + 4 + c * 0, zt, True) >> (4 * c)) & 0xF) | (((head >> (16 + 2 * c)) & 3) << 4)
         scale = _f16lo(head) * (ls - 32).to(tl.float32)
         minv = scale * 0.0
     return Q, scale, minv
@@ -204,21 +218,42 @@ def _is_table(FMT: tl.constexpr):
 
 
 @triton.jit
-def _level(Q, b: tl.constexpr, kv_ptr, FMT: tl.constexpr):
-    """Byte b of Q as a float f = 2 + u * 2^-6 (u < 128; 2 + u * 2^-7 for Q8_0's 8-bit levels), built by placing u
-    in the mantissa of 2.0 (one shift-and-mask: no int-to-float conversion); IQ4: the codebook level itself."""
+def _exponent_word(kv_ptr, zt, FMT: tl.constexpr):
+    """The exponent bytes `_level` puts above a level (0x40000000: 2.0; Q8_0: 0x64 bytes, fp16 1024), loaded once
+    before the loop from the constants table (entries 16, 17). PRMT needs its second word or its selector in a
+    register; with a constant there, ptxas re-creates it (from a uniform register) before every PRMT."""
+    return tl.load(kv_ptr + 16 + (FMT == 0) + zt).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _level(Q, b: tl.constexpr, kv_ptr, FMT: tl.constexpr, magic):
+    """Byte b of Q as a float f = 2 + u * 2^-6 (levels u < 128), built by placing u in the mantissa of 2.0 (one
+    PRMT: no int-to-float conversion); Q8_0: f = 1024 + u through fp16; IQ4: the codebook level itself."""
     if _is_table(FMT):
         return tl.load(kv_ptr + ((Q >> (8 * b)) & 0xF))
-    if FMT == 0:
-        if b == 0:
-            p = Q << 15
-        elif b == 1:
-            p = Q << 7
-        elif b == 2:
-            p = Q >> 1
+    if FMT == 0:  # 8-bit levels: under the fp16 exponent of 1024 (0x64uu = 1024 + u, exact), then half to float
+        if _PRMT:
+            if b == 0:
+                h = tl.inline_asm_elementwise(_PRMT_H0, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+            elif b == 1:
+                h = tl.inline_asm_elementwise(_PRMT_H1, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+            elif b == 2:
+                h = tl.inline_asm_elementwise(_PRMT_H2, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+            else:
+                h = tl.inline_asm_elementwise(_PRMT_H3, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
         else:
-            p = Q >> 9
-        return ((p & 0x007F8000) | 0x40000000).to(tl.float32, bitcast=True)
+            h = ((Q >> (8 * b)) & 0xFF) | 0x6400
+        return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if _PRMT:  # the level byte moves to byte 2 under the exponent byte of 2.0 (levels < 128 leave bit 23 clear)
+        if b == 0:
+            p = tl.inline_asm_elementwise(_PRMT_F0, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+        elif b == 1:
+            p = tl.inline_asm_elementwise(_PRMT_F1, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+        elif b == 2:
+            p = tl.inline_asm_elementwise(_PRMT_F2, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            p = tl.inline_asm_elementwise(_PRMT_F3, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+        return p.to(tl.float32, bitcast=True)
     if b == 0:
         p = Q << 16
     elif b == 1:
@@ -227,7 +262,7 @@ def _level(Q, b: tl.constexpr, kv_ptr, FMT: tl.constexpr):
         p = Q
     else:
         p = Q >> 8
-    return ((p & 0x007F0000) | 0x40000000).to(tl.float32, bitcast=True)
+    return ((p & 0x00FF0000) | 0x40000000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -236,7 +271,7 @@ def _affine(FMT: tl.constexpr):
     if _is_table(FMT):
         return 0.0, 1.0
     if FMT == 0:
-        return 2.0, 128.0
+        return 1024.0, 1.0
     return 2.0, 64.0
 
 
@@ -257,9 +292,20 @@ def _xval(xq, b: tl.constexpr, X_KIND: tl.constexpr):
 
 
 @triton.jit
-def _tile_index(BN: tl.constexpr, C: tl.constexpr, T2: tl.constexpr):
+def _pick_first(a, b):
+    return a
+
+
+@triton.jit
+def _first(x):
+    """x[..., 0] of a tensor constant along its last dim (held in one thread): no arithmetic."""
+    return tl.reduce(x, 3, _pick_first)
+
+
+@triton.jit
+def _tile_index(BN: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr):
     c = tl.arange(0, C)[None, :, None, None]
-    t = tl.arange(0, T2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    t = tl.arange(0, T2)[None, None, :, None] * RW + tl.arange(0, RW)[None, None, None, :]
     zr = tl.zeros([BN, 1, 1, 1], dtype=tl.int32)
     return c, t, (c + t) * 0, zr  # zt: every per-row field is read through a full-shape (broadcast) pointer
 
@@ -268,18 +314,19 @@ def _tile_index(BN: tl.constexpr, C: tl.constexpr, T2: tl.constexpr):
 
 @triton.jit
 def _gemv_rows(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, u_start, u_end, FMT: tl.constexpr, C: tl.constexpr,
-               T2: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr, X_KIND: tl.constexpr,
+               T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr, X_KIND: tl.constexpr,
                BN: tl.constexpr):
     """sum over units u_start..u_end-1 of W[rows, unit] . x[unit] -> fp32 [BN]. x: int64 view (16-bit) or fp32."""
-    c, t, zt, zr = _tile_index(BN, C, T2)
-    mask = (rows < N)[:, None, None, None]
-    rowb = rows.to(tl.int64)[:, None, None, None] * row_bytes
+    c, t, zt, zr = _tile_index(BN, C, T2, RW)
+    # rows past N read row N-1 (no predicated loads); their results are never stored
+    rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
     A, INV_B = _affine(FMT)
-    acc = tl.zeros([BN, C, T2, 4], dtype=tl.float32)
+    magic = _exponent_word(kv_ptr, zt, FMT)
+    acc = tl.zeros([BN, C, T2], dtype=tl.float32)
     for u in range(u_start, u_end):
-        blk = rowb + u * UNIT_BYTES
+        base = u * UNIT_BYTES
         for h in tl.static_range(NH):
-            Q, scale, minv = _decode(w_ptr, blk, c, t, zt, mask, h, FMT)
+            Q, scale, minv = _decode(rows_ptr, base, c, t, zt, h, FMT)
             quad = u * 64 + _x_quad(c, t, h, FMT) + zr
             if X_KIND == 0:
                 x0 = tl.load(x_ptr + 4 * quad)
@@ -292,14 +339,17 @@ def _gemv_rows(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, u_start, u_end, FMT: tl
                 x1 = _xval(xq, 1, X_KIND)
                 x2 = _xval(xq, 2, X_KIND)
                 x3 = _xval(xq, 3, X_KIND)
-            dot = _level(Q, 0, kv_ptr, FMT) * x0
-            dot += _level(Q, 1, kv_ptr, FMT) * x1
-            dot += _level(Q, 2, kv_ptr, FMT) * x2
-            dot += _level(Q, 3, kv_ptr, FMT) * x3
-            xsum = (x0 + x1) + (x2 + x3)
-            # sum (scale (u - OFF) - minv) x = scale/B * dot - (scale (A/B + OFF) + minv) * xsum
-            acc += dot * (scale * INV_B) - xsum * (scale * (A * INV_B + _offset(FMT)) + minv)
-    return tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
+            dot = _level(Q, 0, kv_ptr, FMT, magic) * x0
+            dot += _level(Q, 1, kv_ptr, FMT, magic) * x1
+            dot += _level(Q, 2, kv_ptr, FMT, magic) * x2
+            dot += _level(Q, 3, kv_ptr, FMT, magic) * x3
+            # a thread's 4 words share their group: sum them in registers, then scale once per group
+            dot = tl.sum(dot, axis=3)
+            xsum = tl.sum((x0 + x1) + (x2 + x3), axis=3)  # activations only: shared by all of the thread's rows
+            # sum (scale (u - OFF) - minv) x = scale/B * dot - (scale (A/B + OFF) + minv) * xsum: two FMAs
+            acc += dot * _first(scale * INV_B)
+            acc -= xsum * _first(scale * (A * INV_B + _offset(FMT)) + minv)
+    return tl.sum(tl.sum(acc, axis=2), axis=1)
 
 
 @triton.jit
@@ -319,7 +369,7 @@ def _gemv_float_rows(x_ptr, w_ptr, rows, N, K, u_start, u_end, BN: tl.constexpr)
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, N, row_bytes, units, units_per_split,
-                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
+                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
                  X_KIND: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """out[n] (SPLIT == 1, in out's dtype) or out[split, n] (fp32 partial sums) for one row of x."""
     pid_n = tl.program_id(0)
@@ -327,7 +377,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, N, row_bytes, units, units_per_s
     rows = pid_n * BN + tl.arange(0, BN)
     u_start = pid_k * units_per_split
     u_end = tl.minimum(u_start + units_per_split, units)
-    y = _gemv_rows(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, u_start, u_end, FMT, C, T2, NH, UNIT_BYTES, X_KIND, BN)
+    y = _gemv_rows(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, u_start, u_end, FMT, C, T2, RW, NH, UNIT_BYTES, X_KIND, BN)
     tl.store(out_ptr + pid_k * N + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
@@ -340,13 +390,14 @@ def _join4(a, b, c, d):
 
 
 @triton.jit
-def _slot_values(w_ptr, kv_ptr, blk, c, t, zt, mask, h: tl.constexpr, FMT: tl.constexpr, EXACT: tl.constexpr):
-    """Slot h's weights as fp32 [BN, C, T2, 4, 2, 2] (word, then byte b = 2i + k)."""
+def _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, h: tl.constexpr, FMT: tl.constexpr,
+                 EXACT: tl.constexpr):
+    """Slot h's weights as fp32 [BN, C, T2, RW, 2, 2] (word, then byte b = 2i + k)."""
     A, INV_B = _affine(FMT)
-    Q, scale, minv = _decode(w_ptr, blk, c, t, zt, mask, h, FMT)
+    Q, scale, minv = _decode(rows_ptr, base, c, t, zt, h, FMT)
     if _is_table(FMT):
-        return _join4(scale * _level(Q, 0, kv_ptr, FMT), scale * _level(Q, 1, kv_ptr, FMT),
-                      scale * _level(Q, 2, kv_ptr, FMT), scale * _level(Q, 3, kv_ptr, FMT))
+        return _join4(scale * _level(Q, 0, kv_ptr, FMT, magic), scale * _level(Q, 1, kv_ptr, FMT, magic),
+                      scale * _level(Q, 2, kv_ptr, FMT, magic), scale * _level(Q, 3, kv_ptr, FMT, magic))
     elif EXACT:
         off = _offset(FMT)
         return _join4(scale * ((Q & 0xFF).to(tl.float32) - off) - minv,
@@ -356,47 +407,55 @@ def _slot_values(w_ptr, kv_ptr, blk, c, t, zt, mask, h: tl.constexpr, FMT: tl.co
     else:
         mul = scale * INV_B
         sub = scale * (A * INV_B + _offset(FMT)) + minv
-        return _join4(_level(Q, 0, kv_ptr, FMT) * mul - sub, _level(Q, 1, kv_ptr, FMT) * mul - sub,
-                      _level(Q, 2, kv_ptr, FMT) * mul - sub, _level(Q, 3, kv_ptr, FMT) * mul - sub)
+        return _join4(_level(Q, 0, kv_ptr, FMT, magic) * mul - sub, _level(Q, 1, kv_ptr, FMT, magic) * mul - sub,
+                      _level(Q, 2, kv_ptr, FMT, magic) * mul - sub, _level(Q, 3, kv_ptr, FMT, magic) * mul - sub)
 
 
 @triton.jit
-def _unit_values(w_ptr, kv_ptr, blk, c, t, zt, mask, FMT: tl.constexpr, BN: tl.constexpr, C: tl.constexpr,
-                 T2: tl.constexpr, NH: tl.constexpr, EXACT: tl.constexpr):
-    """The unit's 256 weights of each row as fp32 [BN, C, T2, 4, 4, NH] (word, byte, slot order).
+def _unit_values(rows_ptr, kv_ptr, base, c, t, zt, magic, FMT: tl.constexpr, BN: tl.constexpr, C: tl.constexpr,
+                 T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, EXACT: tl.constexpr):
+    """The unit's 256 weights of each row as fp32 [BN, C, T2, RW, 4, NH] (word, byte, slot order).
 
     EXACT: scale * (u - OFFSET) - minv as in formats.py (dequantize); else the same through the affine levels
     (one FMA per value; what the matmul uses).
     """
-    s0 = _slot_values(w_ptr, kv_ptr, blk, c, t, zt, mask, 0, FMT, EXACT)
+    s0 = _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 0, FMT, EXACT)
     if NH == 1:
         v = s0
     elif NH == 2:
-        v = tl.join(s0, _slot_values(w_ptr, kv_ptr, blk, c, t, zt, mask, 1, FMT, EXACT))
+        v = tl.join(s0, _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 1, FMT, EXACT))
     else:
-        v = _join4(s0, _slot_values(w_ptr, kv_ptr, blk, c, t, zt, mask, 1, FMT, EXACT),
-                   _slot_values(w_ptr, kv_ptr, blk, c, t, zt, mask, 2, FMT, EXACT),
-                   _slot_values(w_ptr, kv_ptr, blk, c, t, zt, mask, 3, FMT, EXACT))
-    return tl.reshape(v, [BN, C, T2, 4, 4, NH])
+        v = _join4(s0, _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 1, FMT, EXACT),
+                   _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 2, FMT, EXACT),
+                   _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 3, FMT, EXACT))
+    return tl.reshape(v, [BN, C, T2, RW, 4, NH])
 
 
 @triton.jit
-def _unit_x_index(FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, NH: tl.constexpr):
-    """Index within the unit of the activation for each weight of `_unit_values` -> [1, C, T2, 4, 4, NH]."""
+def _unit_x_index(FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr):
+    """Index within the unit of the activation for each weight of `_unit_values` -> [1, C, T2, RW, 4, NH]."""
     c = tl.arange(0, C)[None, :, None, None, None, None]
-    t = tl.arange(0, T2)[None, None, :, None, None, None] * 4 + tl.arange(0, 4)[None, None, None, :, None, None]
+    t = tl.arange(0, T2)[None, None, :, None, None, None] * RW + tl.arange(0, RW)[None, None, None, :, None, None]
     b = tl.arange(0, 4)[None, None, None, None, :, None]
     h = tl.arange(0, NH)[None, None, None, None, None, :]
     return 4 * _x_quad(c, t, h, FMT) + b
 
 
 @triton.jit
+def _slot_x_index(FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, h: tl.constexpr):
+    """Index within the unit of the activation for each weight of `_slot_values` -> [1, C, T2, RW, 4]."""
+    c = tl.arange(0, C)[None, :, None, None, None]
+    t = tl.arange(0, T2)[None, None, :, None, None] * RW + tl.arange(0, RW)[None, None, None, :, None]
+    return 4 * _x_quad(c, t, h, FMT) + tl.arange(0, 4)[None, None, None, None, :]
+
+
+@triton.jit
 def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stride_xm, u_start, u_end,
-               FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
+               FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr):
     """fp32 [BM, BN]: x[x_rows] @ W[rows].T over units u_start..u_end-1 (x rows given as indices, x_live masks)."""
-    x_row = x_rows.to(tl.int64)[:, None, None, None, None, None] * stride_xm
-    live = x_live[:, None, None, None, None, None]
+    x_row = x_rows.to(tl.int64)[:, None, None, None, None] * stride_xm
+    live = x_live[:, None, None, None, None]
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     if FMT >= 100:
         ks = tl.arange(0, 256)
@@ -409,25 +468,26 @@ def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stri
             else:
                 acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
     else:
-        c, t, zt, zr = _tile_index(BN, C, T2)
-        mask = (rows < N)[:, None, None, None]
-        rowb = rows.to(tl.int64)[:, None, None, None] * row_bytes
-        x_at = _unit_x_index(FMT, C, T2, NH)
+        c, t, zt, zr = _tile_index(BN, C, T2, RW)
+        rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)  # see _gemv_rows
+        x_at = _unit_x_index(FMT, C, T2, RW, NH)
+        magic = _exponent_word(kv_ptr, zt, FMT)
         for u in range(u_start, u_end):
-            w = _unit_values(w_ptr, kv_ptr, rowb + u * UNIT_BYTES, c, t, zt, mask, FMT, BN, C, T2, NH, False)
-            x = tl.load(x_ptr + x_row + u * 256 + x_at, mask=live, other=0.0)
-            w = tl.reshape(w, [BN, 256])
-            x = tl.reshape(x, [BM, 256])
-            if x_ptr.dtype.element_ty == tl.float32:
-                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
+            for h in tl.static_range(NH):  # one dot per slot: only a slot's weights are live at once
+                w = _slot_values(rows_ptr, kv_ptr, u * UNIT_BYTES, c, t, zt, magic, h, FMT, False)
+                x = tl.load(x_ptr + x_row + u * 256 + _slot_x_index(FMT, C, T2, RW, h), mask=live, other=0.0)
+                w = tl.reshape(w, [BN, 256 // NH])
+                x = tl.reshape(x, [BM, 256 // NH])
+                if x_ptr.dtype.element_ty == tl.float32:
+                    acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+                else:
+                    acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
     return acc
 
 
 @triton.jit
 def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, M, N, row_bytes, stride_xm, units, units_per_split,
-                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
+                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """out[m, n] (SPLIT == 1) or out[split, m, n] (fp32 partial sums)."""
     pid_n = tl.program_id(0)
@@ -438,7 +498,7 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, M, N, row_bytes, stride_xm, unit
     u_start = pid_k * units_per_split
     u_end = tl.minimum(u_start + units_per_split, units)
     acc = _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, units * 256, ms, ms < M, stride_xm, u_start, u_end,
-                     FMT, C, T2, NH, UNIT_BYTES, BM, BN)
+                     FMT, C, T2, RW, NH, UNIT_BYTES, BM, BN)
     out = out_ptr + pid_k.to(tl.int64) * M * N + ms[:, None] * N + rows[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(ms < M)[:, None] & (rows < N)[None, :])
 
@@ -459,7 +519,7 @@ def _reduce_kernel(part_ptr, out_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.cons
 @triton.jit
 def _experts_gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert_ptr, N, K, row_bytes,
                          expert_stride, units, stride_xm, stride_om,
-                         FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, NH: tl.constexpr,
+                         FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
                          UNIT_BYTES: tl.constexpr, X_KIND: tl.constexpr, BN: tl.constexpr):
     """Program (i, n): out[dst[i]] = x[src[i]] @ W[expert[i]].T for one routed pair i."""
     i = tl.program_id(0)
@@ -471,7 +531,7 @@ def _experts_gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert
     if FMT >= 100:
         y = _gemv_float_rows(x_ptr + src * stride_xm, w_e, rows, N, K, 0, units, BN)
     else:
-        y = _gemv_rows(x_ptr + src * stride_xm, w_e, kv_ptr, rows, N, row_bytes, 0, units, FMT, C, T2, NH,
+        y = _gemv_rows(x_ptr + src * stride_xm, w_e, kv_ptr, rows, N, row_bytes, 0, units, FMT, C, T2, RW, NH,
                        UNIT_BYTES, X_KIND, BN)
     tl.store(out_ptr + dst * stride_om + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
@@ -479,7 +539,7 @@ def _experts_gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert
 @triton.jit
 def _experts_gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert_ptr, offsets_ptr, N, K, row_bytes,
                          expert_stride, units, stride_xm, stride_om,
-                         FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, NH: tl.constexpr,
+                         FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
                          UNIT_BYTES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Program (i, n): if sorted pair i starts a block of BM pairs of its expert, that block's rows times the expert."""
     i = tl.program_id(0)
@@ -493,7 +553,7 @@ def _experts_gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert
         src = tl.load(src_ptr + pos, mask=live, other=0)
         dst = tl.load(dst_ptr + pos, mask=live, other=0).to(tl.int64)
         acc = _gemm_tile(x_ptr, w_ptr + e.to(tl.int64) * expert_stride, kv_ptr, rows, N, row_bytes, K, src, live,
-                         stride_xm, 0, units, FMT, C, T2, NH, UNIT_BYTES, BM, BN)
+                         stride_xm, 0, units, FMT, C, T2, RW, NH, UNIT_BYTES, BM, BN)
         tl.store(out_ptr + dst[:, None] * stride_om + rows[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=live[:, None] & (rows < N)[None, :])
 
@@ -501,23 +561,30 @@ def _experts_gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert
 # --- dequantize -------------------------------------------------------------------------------------------
 
 @triton.jit
-def _dequant_kernel(w_ptr, out_ptr, kv_ptr, N, row_bytes, K, FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr,
+def _dequant_kernel(w_ptr, out_ptr, kv_ptr, N, row_bytes, K, FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr,
                     NH: tl.constexpr, UNIT_BYTES: tl.constexpr, BN: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     u = tl.program_id(1)
-    c, t, zt, zr = _tile_index(BN, C, T2)
-    mask = (rows < N)[:, None, None, None]
-    blk = rows.to(tl.int64)[:, None, None, None] * row_bytes + u * UNIT_BYTES
-    v = _unit_values(w_ptr, kv_ptr, blk, c, t, zt, mask, FMT, BN, C, T2, NH, True)
-    at = rows.to(tl.int64)[:, None, None, None, None, None] * K + u * 256 + _unit_x_index(FMT, C, T2, NH)
+    c, t, zt, zr = _tile_index(BN, C, T2, RW)
+    rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
+    v = _unit_values(rows_ptr, kv_ptr, u * UNIT_BYTES, c, t, zt, _exponent_word(kv_ptr, zt, FMT), FMT, BN, C, T2, RW, NH, True)
+    at = rows.to(tl.int64)[:, None, None, None, None, None] * K + u * 256 + _unit_x_index(FMT, C, T2, RW, NH)
     tl.store(out_ptr + at, v.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None, None, None, None, None])
 
 
 # --- host side --------------------------------------------------------------------------------------------
 
+def _launch(kernel, grid, *args, **kwargs) -> None:
+    """Every launch goes through here (kernels/compile_check.py captures them to compile without a GPU)."""
+    kernel[grid](*args, **kwargs)
+
+
 @functools.cache
 def _levels(device: torch.device) -> torch.Tensor:
-    return torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=device)
+    """The kernels' constants: the IQ4 codebook, then the exponent words of _exponent_word."""
+    levels = torch.tensor(IQ4_LEVELS, dtype=torch.float32).view(torch.int32)
+    words = torch.cat([levels, torch.tensor([0x40000000, 0x64646464], dtype=torch.int32)])
+    return words.view(torch.float32).to(device)
 
 
 def _family(device: torch.device) -> configs.Family:
@@ -535,9 +602,9 @@ def _sms(device: torch.device) -> int:
 
 def _constexprs(fmt: Format) -> dict:
     if not fmt.quantized:
-        return dict(FMT=FMT_IDS[fmt.name], C=1, T2=1, NH=1, UNIT_BYTES=0)
+        return dict(FMT=FMT_IDS[fmt.name], C=1, T2=1, RW=1, NH=1, UNIT_BYTES=0)
     til = configs.TILINGS[fmt.name]
-    return dict(FMT=FMT_IDS[fmt.name], C=til.groups, T2=til.runs, NH=til.slots, UNIT_BYTES=til.unit_bytes)
+    return dict(FMT=FMT_IDS[fmt.name], C=til.groups, T2=til.runs, RW=til.vec, NH=til.slots, UNIT_BYTES=til.unit_bytes)
 
 
 def _words(packed: torch.Tensor) -> torch.Tensor:
@@ -555,8 +622,8 @@ def supports(fmt: Format, k: int) -> bool:
     return fmt.quantized and configs.kernel_supports(fmt.name, k, fmt.row_bytes(k))
 
 
-def launch_for(m: int, n: int, k: int, device: torch.device) -> configs.Launch:
-    return configs.pick_launch(m, n, k, _family(device), _sms(device))
+def launch_for(fmt: Format, m: int, n: int, k: int, device: torch.device) -> configs.Launch:
+    return configs.pick_launch(fmt.name, m, n, k, _family(device), _sms(device))
 
 
 def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
@@ -564,27 +631,28 @@ def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
     """x [M, K] (M <= 32) @ W.T -> [M, n] in x.dtype; W [n, K] packed rows (see configs.kernel_supports)."""
     m, k = x.shape
     x = x.contiguous()
-    launch = launch or launch_for(m, n, k, x.device)
+    launch = launch or launch_for(fmt, m, n, k, x.device)
     units = k // configs.UNIT
     per_split = -(-units // launch.split)
     split = -(-units // per_split)
     out = torch.empty((split, m, n) if split > 1 else (m, n), device=x.device,
                       dtype=torch.float32 if split > 1 else x.dtype)
-    common = dict(**_constexprs(fmt), BN=launch.block_n, SPLIT=split, num_warps=launch.warps)
+    common = dict(**_constexprs(fmt), BN=launch.block_n, SPLIT=split, num_warps=launch.warps, enable_fp_fusion=True)
     w, rb = _words(packed), packed.shape[-1]
     if launch.kernel == "gemv":
         xa, kind = _x_arg(x)
         grid = (triton.cdiv(n, launch.block_n), split)
-        _gemv_kernel[grid](xa, w, out, _levels(x.device), n, rb, units, per_split, X_KIND=kind, **common)
+        _launch(_gemv_kernel, grid, xa, w, out, _levels(x.device), n, rb, units, per_split, X_KIND=kind, **common)
     else:
         grid = (triton.cdiv(n, launch.block_n), triton.cdiv(m, launch.block_m), split)
-        _gemm_kernel[grid](x, w, out, _levels(x.device), m, n, rb, x.stride(0), units, per_split,
-                           BM=launch.block_m, **common)
+        # num_stages=1: the weight words go to registers; pipelining would stage them through shared memory
+        _launch(_gemm_kernel, grid, x, w, out, _levels(x.device), m, n, rb, x.stride(0), units, per_split,
+                BM=launch.block_m, num_stages=1, **common)
     if split == 1:
         return out
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     block = 1024
-    _reduce_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT=split, BLOCK=block)
+    _launch(_reduce_kernel, (triton.cdiv(m * n, block),), out, y, m * n, SPLIT=split, BLOCK=block)
     return y
 
 
@@ -609,20 +677,20 @@ def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: 
         return out
     if expert_of is None:
         expert_of = expert_of_position(offsets, pairs)
-    launch = configs.pick_experts_launch(x.shape[0] if tokens is None else tokens, _family(x.device))
+    launch = configs.pick_experts_launch(fmt.name, x.shape[0] if tokens is None else tokens, _family(x.device))
     w = _words(packed) if fmt.quantized else packed.contiguous()
     row_bytes, expert_stride = packed.shape[-1], w[0].numel()
     units = k // configs.UNIT
     grid = (pairs, triton.cdiv(n, launch.block_n))
-    common = dict(**_constexprs(fmt), BN=launch.block_n, num_warps=launch.warps)
+    common = dict(**_constexprs(fmt), BN=launch.block_n, num_warps=launch.warps, enable_fp_fusion=True)
     if launch.kernel == "gemv":
         xa, kind = _x_arg(x) if fmt.quantized else (x, 0)
         stride = xa.stride(0)
-        _experts_gemv_kernel[grid](xa, w, out, _levels(x.device), src, dst, expert_of, n, k, row_bytes,
+        _launch(_experts_gemv_kernel, grid, xa, w, out, _levels(x.device), src, dst, expert_of, n, k, row_bytes,
                                    expert_stride, units, stride, out.stride(0), X_KIND=kind, **common)
     else:
-        _experts_gemm_kernel[grid](x, w, out, _levels(x.device), src, dst, expert_of, offsets, n, k, row_bytes,
-                                   expert_stride, units, x.stride(0), out.stride(0), BM=launch.block_m, **common)
+        _launch(_experts_gemm_kernel, grid, x, w, out, _levels(x.device), src, dst, expert_of, offsets, n, k,
+                row_bytes, expert_stride, units, x.stride(0), out.stride(0), BM=launch.block_m, num_stages=1, **common)
     return out
 
 
@@ -633,7 +701,7 @@ def dequantize(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.dtype) ->
     bn = 16
     grid = (triton.cdiv(n, bn), k // configs.UNIT)
     # no FMA contraction: scale * (u - off) - minv rounds exactly like the torch path
-    _dequant_kernel[grid](_words(packed.reshape(n, -1)), out, _levels(packed.device), n, packed.shape[-1], k,
+    _launch(_dequant_kernel, grid, _words(packed.reshape(n, -1)), out, _levels(packed.device), n, packed.shape[-1], k,
                           **_constexprs(fmt), BN=bn, enable_fp_fusion=False)
     return out.reshape(*packed.shape[:-1], k)
 
