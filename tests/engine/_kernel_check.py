@@ -116,7 +116,17 @@ def check_experts_module() -> None:
             got = kernels.grouped_experts(x, idx, w, [(float_experts.gate_up_proj.data, None)],
                                           (float_experts.down_proj.data, None))
             _check("float experts, one launch", got, want, 1e-5)
-    assert all(kernels._checked[("experts", f, torch.device("cpu"), torch.float32)] for f in ("Q4_K", "Q6_K", "F32"))
+        # gate and up stored in different formats (files may mix them): two launches for the pair
+        q8 = formats.FORMATS["Q8_0"]
+        up = torch.from_numpy(random_rows(q8, e * i, h, seed=8)).reshape(e, i, -1)
+        mixed = QuantExperts((gate_up[:, :i], QuantTensor(up, q8, (e, i, h))), down)
+        assert not mixed.fused
+        float_experts.gate_up_proj.data = torch.cat([float_experts.gate_up_proj.data[:, :i],
+                                                     formats.dequantize(up, q8)], dim=1)
+        with torch.no_grad():
+            _check("QuantExperts, gate and up apart", mixed(x, idx, w), float_experts(x, idx, w), 1e-5)
+    assert all(kernels._checked[("experts", f, torch.device("cpu"), torch.float32)]
+               for f in ("Q4_K", "Q6_K", "F32", "Q8_0"))
 
 
 def check_glue() -> None:

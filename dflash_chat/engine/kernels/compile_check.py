@@ -113,7 +113,7 @@ def _specialise(c: Captured):
     return signature, constexprs, attrs, options
 
 
-def _key(c: Captured, arch: str) -> tuple:
+def _key(c: Captured, arch: str, cc: int | None = None) -> tuple:
     signature, constexprs, attrs, options = _specialise(c)
     return (c.kernel.__name__, arch, tuple(signature.items()), tuple(sorted((k, repr(v)) for k, v in constexprs.items())),
             tuple(sorted((k, repr(v)) for k, v in attrs.items())), tuple(sorted(options.items())))
@@ -160,13 +160,14 @@ def _tool(name: str, arch: int) -> str:
     return ptxas if name == "ptxas" else os.path.join(os.path.dirname(ptxas), name)
 
 
-def compile_one(c: Captured, arch: str, case: str) -> Report:
+def compile_one(c: Captured, arch: str, case: str, cc: int | None = None) -> Report:
+    """Build one captured launch for `arch` (or any compute capability `cc`, e.g. the GPU's own)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import sm_arch_from_capability
     from triton.compiler import ASTSource
 
-    cc = ARCHES[arch]
+    cc = cc or ARCHES[arch]
     signature, constexprs, attrs, options = _specialise(c)
     start = time.perf_counter()
     src = ASTSource(fn=c.kernel, signature=signature, constexprs=constexprs, attrs=attrs)

@@ -84,7 +84,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     g, u = gate.reshape(-1, n), up.reshape(-1, n)  # views: the halves of a fused projection keep their row stride
     out = torch.empty(g.shape, device=gate.device, dtype=gate.dtype)
     block = min(1024, triton.next_power_of_2(n))
-    _silu_mul_kernel[(g.shape[0], triton.cdiv(n, block))](g, u, out, n, g.stride(0), u.stride(0), BLOCK=block)
+    _launch(_silu_mul_kernel, (g.shape[0], triton.cdiv(n, block)), g, u, out, n, g.stride(0), u.stride(0), BLOCK=block)
     return out.reshape(gate.shape)
 
 

@@ -298,8 +298,11 @@ def _pick_first(a, b):
 
 @triton.jit
 def _first(x):
-    """x[..., 0] of a tensor constant along its last dim (held in one thread): no arithmetic."""
-    return tl.reduce(x, 3, _pick_first)
+    """x[..., 0] of a tensor constant along its last dim (held in one thread): no arithmetic when compiled
+    (the interpreter would run the combine function in Python per element: there, the equal max)."""
+    if _PRMT:
+        return tl.reduce(x, 3, _pick_first)
+    return tl.max(x, axis=3)
 
 
 @triton.jit
@@ -354,15 +357,15 @@ def _gemv_rows(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, u_start, u_end, FMT: tl
 
 @triton.jit
 def _gemv_float_rows(x_ptr, w_ptr, rows, N, K, u_start, u_end, BN: tl.constexpr):
-    """Float weights [N, K] (any float dtype) times one fp32/16-bit row x -> fp32 [BN]."""
-    ks = tl.arange(0, 256)[None, :]
-    mask = (rows < N)[:, None]
+    """Float weights [N, K] (any float dtype) times one row x -> fp32 [BN], in 64-value steps (a [BN, 64] accumulator:
+    32 registers per thread at BN = 64)."""
+    ks = tl.arange(0, 64)[None, :]
+    rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * K  # rows past N are never stored
     zr = tl.zeros([BN, 1], dtype=tl.int32)
-    acc = tl.zeros([BN, 256], dtype=tl.float32)
-    for u in range(u_start, u_end):
-        k = u * 256 + ks
-        w = tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + k, mask=mask, other=0.0)
-        x = tl.load(x_ptr + k + zr)
+    acc = tl.zeros([BN, 64], dtype=tl.float32)
+    for k0 in range(u_start * 256, u_end * 256, 64):
+        w = tl.load(rows_ptr + k0 + ks)
+        x = tl.load(x_ptr + k0 + ks + zr)
         acc += w.to(tl.float32) * x.to(tl.float32)
     return tl.sum(acc, axis=1)
 
@@ -370,8 +373,8 @@ def _gemv_float_rows(x_ptr, w_ptr, rows, N, K, u_start, u_end, BN: tl.constexpr)
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, N, row_bytes, units, units_per_split,
                  FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
-                 X_KIND: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    """out[n] (SPLIT == 1, in out's dtype) or out[split, n] (fp32 partial sums) for one row of x."""
+                 X_KIND: tl.constexpr, BN: tl.constexpr):
+    """out[n] (in out's dtype) or, split over K, out[split, n] (fp32 partial sums) for one row of x."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BN + tl.arange(0, BN)
@@ -488,8 +491,8 @@ def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stri
 @triton.jit
 def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, M, N, row_bytes, stride_xm, units, units_per_split,
                  FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    """out[m, n] (SPLIT == 1) or out[split, m, n] (fp32 partial sums)."""
+                 BM: tl.constexpr, BN: tl.constexpr):
+    """out[m, n] or, split over K, out[split, m, n] (fp32 partial sums)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -504,12 +507,12 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, M, N, row_bytes, stride_xm, unit
 
 
 @triton.jit
-def _reduce_kernel(part_ptr, out_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+def _reduce_kernel(part_ptr, out_ptr, total, splits, BLOCK: tl.constexpr):
     """out = sum over splits of part[split] (in split order: deterministic), cast to out's dtype."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = i < total
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in tl.static_range(SPLIT):
+    for s in range(splits):
         acc += tl.load(part_ptr + s * total + i, mask=live, other=0.0)
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=live)
 
@@ -637,7 +640,7 @@ def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
     split = -(-units // per_split)
     out = torch.empty((split, m, n) if split > 1 else (m, n), device=x.device,
                       dtype=torch.float32 if split > 1 else x.dtype)
-    common = dict(**_constexprs(fmt), BN=launch.block_n, SPLIT=split, num_warps=launch.warps, enable_fp_fusion=True)
+    common = dict(**_constexprs(fmt), BN=launch.block_n, num_warps=launch.warps, enable_fp_fusion=True)
     w, rb = _words(packed), packed.shape[-1]
     if launch.kernel == "gemv":
         xa, kind = _x_arg(x)
@@ -652,7 +655,7 @@ def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
         return out
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     block = 1024
-    _launch(_reduce_kernel, (triton.cdiv(m * n, block),), out, y, m * n, SPLIT=split, BLOCK=block)
+    _launch(_reduce_kernel, (triton.cdiv(m * n, block),), out, y, m * n, split, BLOCK=block)
     return y
 
 
