@@ -61,8 +61,8 @@ def check_matmul(name: str) -> None:
         warnings.simplefilter("error")  # a disabled kernel warns: that must not happen here
         for m in (1, 16, 40):
             x = _x(m, k, torch.float16, seed=m)
-            _check(f"{name} dispatch M={m}", kernels.matmul(x, packed, fmt, n), x.float() @ ref.to(torch.float16).float().T,
-                   TOL[torch.float16])
+            want = x.float() @ ref.to(torch.float16).float().T
+            _check(f"{name} dispatch M={m}", kernels.matmul(x, packed, fmt, n), want, TOL[torch.float16])
     assert kernels._checked[("matmul", name, packed.device, torch.float16)] is True
 
 

@@ -308,7 +308,8 @@ def test_low_bit_types_read_as_gguf_decodes_them(tmp_path, name):
     blocks = random_rows(fmt, 3, 512, seed=fmt.ggml_type)
     path = tmp_path / f"{name}.gguf"
     w = gguf.GGUFWriter(str(path), "qwen3")
-    w.add_tensor("blk.0.ffn_down.weight", blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType(fmt.ggml_type))
+    qtype = gguf.GGMLQuantizationType(fmt.ggml_type)
+    w.add_tensor("blk.0.ffn_down.weight", blocks, raw_shape=blocks.shape, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

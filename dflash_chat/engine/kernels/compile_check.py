@@ -115,8 +115,10 @@ def _specialise(c: Captured):
 
 def _key(c: Captured, arch: str, cc: int | None = None) -> tuple:
     signature, constexprs, attrs, options = _specialise(c)
-    return (c.kernel.__name__, arch, tuple(signature.items()), tuple(sorted((k, repr(v)) for k, v in constexprs.items())),
-            tuple(sorted((k, repr(v)) for k, v in attrs.items())), tuple(sorted(options.items())))
+    def items(d):
+        return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+    return (c.kernel.__name__, arch, tuple(signature.items()), items(constexprs), items(attrs), items(options))
 
 
 _LDG = re.compile(r"\bLDG(?:STS)?\.E((?:\.[A-Z0-9_]+)*)")

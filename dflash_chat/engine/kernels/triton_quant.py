@@ -85,7 +85,7 @@ def _f16hi(w):
 
 @triton.jit
 def _spread4(bits):
-    """4 bits (0..15) -> bit 4 of each byte of a word: bit i to byte i (one multiply: the shifted copies never overlap)."""
+    """4 bits (0..15) -> bit 4 of each byte of a word, bit i to byte i (one multiply: the copies never overlap)."""
     return (bits * 0x02040810) & 0x10101010
 
 
@@ -372,7 +372,8 @@ def _gemv_float_rows(x_ptr, w_ptr, rows, N, K, u_start, u_end, BN: tl.constexpr)
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, N, row_bytes, units, units_per_split,
-                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
+                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
+                 UNIT_BYTES: tl.constexpr,
                  X_KIND: tl.constexpr, BN: tl.constexpr):
     """out[n] (in out's dtype) or, split over K, out[split, n] (fp32 partial sums) for one row of x."""
     pid_n = tl.program_id(0)
@@ -454,7 +455,8 @@ def _slot_x_index(FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.c
 
 @triton.jit
 def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stride_xm, u_start, u_end,
-               FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
+               FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
+                 UNIT_BYTES: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr):
     """fp32 [BM, BN]: x[x_rows] @ W[rows].T over units u_start..u_end-1 (x rows given as indices, x_live masks)."""
     x_row = x_rows.to(tl.int64)[:, None, None, None, None] * stride_xm
@@ -472,7 +474,8 @@ def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stri
                 acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
     else:
         c, t, zt, zr = _tile_index(BN, C, T2, RW)
-        rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)  # see _gemv_rows
+        # rows past N read row N-1 (see _gemv_rows)
+        rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
         x_at = _unit_x_index(FMT, C, T2, RW, NH)
         magic = _exponent_word(kv_ptr, zt, FMT)
         for u in range(u_start, u_end):
@@ -490,7 +493,8 @@ def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stri
 
 @triton.jit
 def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, M, N, row_bytes, stride_xm, units, units_per_split,
-                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr,
+                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
+                 UNIT_BYTES: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr):
     """out[m, n] or, split over K, out[split, m, n] (fp32 partial sums)."""
     pid_n = tl.program_id(0)
@@ -564,13 +568,15 @@ def _experts_gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert
 # --- dequantize -------------------------------------------------------------------------------------------
 
 @triton.jit
-def _dequant_kernel(w_ptr, out_ptr, kv_ptr, N, row_bytes, K, FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr,
+def _dequant_kernel(w_ptr, out_ptr, kv_ptr, N, row_bytes, K, FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr,
+                    RW: tl.constexpr,
                     NH: tl.constexpr, UNIT_BYTES: tl.constexpr, BN: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     u = tl.program_id(1)
     c, t, zt, zr = _tile_index(BN, C, T2, RW)
     rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
-    v = _unit_values(rows_ptr, kv_ptr, u * UNIT_BYTES, c, t, zt, _exponent_word(kv_ptr, zt, FMT), FMT, BN, C, T2, RW, NH, True)
+    magic = _exponent_word(kv_ptr, zt, FMT)
+    v = _unit_values(rows_ptr, kv_ptr, u * UNIT_BYTES, c, t, zt, magic, FMT, BN, C, T2, RW, NH, True)
     at = rows.to(tl.int64)[:, None, None, None, None, None] * K + u * 256 + _unit_x_index(FMT, C, T2, RW, NH)
     tl.store(out_ptr + at, v.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None, None, None, None, None])
 
