@@ -74,6 +74,14 @@ def _byte(rows_ptr, byte_off, zt, ALIGNED: tl.constexpr):
 
 
 @triton.jit
+def _f16_at(rows_ptr, byte_off, zt):
+    """The fp16 at byte_off (even) as fp32: one word holds it, so no second load (a block's last two bytes must
+    not reach past the row: the next word may be past the tensor)."""
+    word = tl.load(rows_ptr + (byte_off >> 2) + zt)
+    return _f16lo(word >> ((byte_off & 2) * 8))
+
+
+@triton.jit
 def _f16lo(w):
     return (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
@@ -114,17 +122,17 @@ def _decode(rows_ptr, base, c, t, zt, h: tl.constexpr, FMT: tl.constexpr):
     """
     if FMT == 0:  # Q8_0: 8 blocks of (d, int8[32]); group c = block
         Q = _word(rows_ptr, base + 34 * c + 2, t, False) ^ -2139062144  # 0x80808080: u = q + 128
-        scale = _f16lo(_word(rows_ptr, base + 34 * c, zt, False))
+        scale = _f16_at(rows_ptr, base + 34 * c, zt)
         minv = scale * 0.0
     elif FMT == 1 or FMT == 9:  # Q4_0 / IQ4_NL: 8 blocks of (d, qs[16]); slot h = low/high nibbles
         Q = (_word(rows_ptr, base + 18 * c + 2, t, False) >> (4 * h)) & 0x0F0F0F0F
-        scale = _f16lo(_word(rows_ptr, base + 18 * c, zt, False))
+        scale = _f16_at(rows_ptr, base + 18 * c, zt)
         minv = scale * 0.0
     elif FMT == 2:  # Q5_0: (d, qh u32, qs[16]); value i's fifth bit is bit i of qh
         qs = _word(rows_ptr, base + 22 * c + 6, t, False)
         qh = _word(rows_ptr, base + 22 * c + 2, zt, False)
         Q = ((qs >> (4 * h)) & 0x0F0F0F0F) | _spread4((qh >> (16 * h + 4 * t)) & 0xF)
-        scale = _f16lo(_word(rows_ptr, base + 22 * c, zt, False))
+        scale = _f16_at(rows_ptr, base + 22 * c, zt)
         minv = scale * 0.0
     elif FMT == 3:  # Q5_1: (d, m, qh, qs[16]); value = d * u + m
         qs = _word(rows_ptr, base + 24 * c + 8, t, True)
@@ -153,7 +161,7 @@ def _decode(rows_ptr, base, c, t, zt, h: tl.constexpr, FMT: tl.constexpr):
         g = 8 * half + 2 * j + t // 4  # one int8 scale per 16 values
         sw = _word(rows_ptr, base + 192 + (g - (g & 3)), zt, False)
         sc = (sw << (24 - 8 * (g & 3))) >> 24
-        scale = _f16lo(_word(rows_ptr, base + 208 + c * 0, zt, False)) * sc.to(tl.float32)
+        scale = _f16_at(rows_ptr, base + 208 + c * 0, zt) * sc.to(tl.float32)
         minv = scale * 0.0
     elif FMT == 7:  # Q2_K: group c = half, slot h = 2-bit plane s; value 128*half + 32*s + l
         Q = (_word(rows_ptr, base + 16 + 32 * c, t, True) >> (2 * h)) & 0x03030303
@@ -169,7 +177,7 @@ def _decode(rows_ptr, base, c, t, zt, h: tl.constexpr, FMT: tl.constexpr):
         g = 8 * c + 2 * h + t // 4
         low = (_byte(rows_ptr, base + 96 + g % 8, zt, False) >> (4 * (g // 8))) & 0xF
         high = (_byte(rows_ptr, base + 104 + g % 4, zt, False) >> (2 * (g // 4))) & 3
-        scale = _f16lo(_word(rows_ptr, base + 108 + c * 0, zt, False)) * ((low | (high << 4)) - 32).to(tl.float32)
+        scale = _f16_at(rows_ptr, base + 108 + c * 0, zt) * ((low | (high << 4)) - 32).to(tl.float32)
         minv = scale * 0.0
     else:  # IQ4_XS: (d, scales_h u16, scales_l[4], qs[128]); group c = 32-value sub-block
         Q = (_word(rows_ptr, base + 8 + 16 * c, t, True) >> (4 * h)) & 0x0F0F0F0F
