@@ -43,6 +43,8 @@ def test_launch_choice():
     assert tiles * narrow.split <= fam.programs_per_sm * fam.sms  # split K only up to the target
     assert 17408 // 256 // narrow.split >= fam.min_units_per_split
     assert configs.pick_launch("Q4_K", 16, 17408, 5120, fam).block_m == 16
+    assert configs.pick_launch("Q6_K", 16, 5120, 17408, fam).warps == 4  # tensor cores: 4 warps but for Q8_0
+    assert configs.pick_launch("Q8_0", 16, 5120, 17408, fam).warps == 8
     assert configs.pick_launch("Q4_K", 17, 17408, 5120, fam).block_m == 32
     assert configs.pick_experts_launch("Q4_K", 1, fam).kernel == "gemv"
     assert configs.pick_experts_launch("Q4_K", 16, fam).block_m == 16

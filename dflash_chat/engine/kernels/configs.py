@@ -87,11 +87,20 @@ def family_of(capability: tuple[int, int]) -> Family:
     return FAMILIES["sm_86"]
 
 
-def warps_for(fmt_name: str) -> int:
-    """4 rows of RW words per thread over 64 rows: 4 warps for RW = 4 (72-180 registers on sm_90), 8 for RW = 2
-    (which at 4 warps would hold 8 rows per thread: 120-255 registers)."""
+def warps_for(fmt_name: str, kernel: str) -> int:
+    """Warps per 64-row program (the compile check's numbers on sm_90).
+
+    gemv: 4 rows of RW words per thread: 4 warps for RW = 4 (72-120 registers), 8 for RW = 2 (at 4 warps 8 rows
+    per thread: 120-170 registers and more instructions per value). gemm: 4 warps (fewest instructions per
+    value, 150-220 registers) unless a row-unit holds 64 words (Q8_0's byte levels), which spills at 4 warps; at
+    8 warps ptxas caps registers at 128, where Q3_K spills.
+    """
     tiling = TILINGS.get(fmt_name)
-    return 4 if tiling is None or tiling.vec == 4 else 8
+    if tiling is None:
+        return 4
+    if kernel == "gemv":
+        return 4 if tiling.vec == 4 else 8
+    return 8 if tiling.groups * tiling.runs * tiling.vec >= 64 else 4
 
 
 @dataclass(frozen=True)
@@ -114,12 +123,13 @@ def pick_launch(fmt_name: str, m: int, n: int, k: int, fam: Family, sms: int | N
     target = fam.programs_per_sm * sms
     while tiles * split * 2 <= target and units // (split * 2) >= fam.min_units_per_split:
         split *= 2
-    return Launch("gemv" if gemv else "gemm", fam.block_n, block_m, split, warps_for(fmt_name))
+    kernel = "gemv" if gemv else "gemm"
+    return Launch(kernel, fam.block_n, block_m, split, warps_for(fmt_name, kernel))
 
 
 def pick_experts_launch(fmt_name: str, tokens: int, fam: Family) -> Launch:
     """Routed experts: one program per (routed pair, row block); the FMA kernel for a single token, else the
     tensor-core kernel over blocks of up to 16 (a few tokens) or 64 (prefill) pairs of one expert."""
     if tokens == 1:
-        return Launch("gemv", fam.block_n, 1, 1, warps_for(fmt_name))
-    return Launch("gemm", fam.block_n, 16 if tokens <= 32 else 64, 1, warps_for(fmt_name))
+        return Launch("gemv", fam.block_n, 1, 1, warps_for(fmt_name, "gemv"))
+    return Launch("gemm", fam.block_n, 16 if tokens <= 32 else 64, 1, warps_for(fmt_name, "gemm"))
