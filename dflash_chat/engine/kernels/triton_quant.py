@@ -234,6 +234,31 @@ def _exponent_word(kv_ptr, zt, FMT: tl.constexpr):
 
 
 @triton.jit
+def _prmt(Q, magic, b: tl.constexpr, HALF: tl.constexpr):
+    """PTX prmt of (Q, magic) with the selector PRMT_HALF[b] (HALF) or PRMT_FLOAT[b]. (Branches, not a constexpr
+    tuple index: that needs a newer Triton than some machines run.)"""
+    if HALF:
+        if b == 0:
+            asm: tl.constexpr = _PRMT_H0
+        elif b == 1:
+            asm: tl.constexpr = _PRMT_H1
+        elif b == 2:
+            asm: tl.constexpr = _PRMT_H2
+        else:
+            asm: tl.constexpr = _PRMT_H3
+    else:
+        if b == 0:
+            asm: tl.constexpr = _PRMT_F0
+        elif b == 1:
+            asm: tl.constexpr = _PRMT_F1
+        elif b == 2:
+            asm: tl.constexpr = _PRMT_F2
+        else:
+            asm: tl.constexpr = _PRMT_F3
+    return tl.inline_asm_elementwise(asm, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _level(Q, b: tl.constexpr, kv_ptr, FMT: tl.constexpr, magic):
     """Byte b of Q as a float f = 2 + u * 2^-6 (levels u < 128), built by placing u in the mantissa of 2.0 (one
     PRMT: no int-to-float conversion); Q8_0: f = 1024 + u through fp16; IQ4: the codebook level itself."""
@@ -241,35 +266,13 @@ def _level(Q, b: tl.constexpr, kv_ptr, FMT: tl.constexpr, magic):
         return tl.load(kv_ptr + ((Q >> (8 * b)) & 0xF))
     if FMT == 0:  # 8-bit levels: under the fp16 exponent of 1024 (0x64uu = 1024 + u, exact), then half to float
         if _PRMT:
-            if b == 0:
-                h = tl.inline_asm_elementwise(_PRMT_H0, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
-            elif b == 1:
-                h = tl.inline_asm_elementwise(_PRMT_H1, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
-            elif b == 2:
-                h = tl.inline_asm_elementwise(_PRMT_H2, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
-            else:
-                h = tl.inline_asm_elementwise(_PRMT_H3, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+            h = _prmt(Q, magic, b, True)
         else:
             h = ((Q >> (8 * b)) & 0xFF) | 0x6400
         return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     if _PRMT:  # the level byte moves to byte 2 under the exponent byte of 2.0 (levels < 128 leave bit 23 clear)
-        if b == 0:
-            p = tl.inline_asm_elementwise(_PRMT_F0, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
-        elif b == 1:
-            p = tl.inline_asm_elementwise(_PRMT_F1, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
-        elif b == 2:
-            p = tl.inline_asm_elementwise(_PRMT_F2, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            p = tl.inline_asm_elementwise(_PRMT_F3, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
-        return p.to(tl.float32, bitcast=True)
-    if b == 0:
-        p = Q << 16
-    elif b == 1:
-        p = Q << 8
-    elif b == 2:
-        p = Q
-    else:
-        p = Q >> 8
+        return _prmt(Q, magic, b, False).to(tl.float32, bitcast=True)
+    p = Q << (16 - 8 * b) if b < 2 else Q >> (8 * b - 16)
     return ((p & 0x00FF0000) | 0x40000000).to(tl.float32, bitcast=True)
 
 
