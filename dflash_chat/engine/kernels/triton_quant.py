@@ -239,22 +239,22 @@ def _prmt(Q, magic, b: tl.constexpr, HALF: tl.constexpr):
     tuple index: that needs a newer Triton than some machines run.)"""
     if HALF:
         if b == 0:
-            asm: tl.constexpr = _PRMT_H0
+            asm = _PRMT_H0
         elif b == 1:
-            asm: tl.constexpr = _PRMT_H1
+            asm = _PRMT_H1
         elif b == 2:
-            asm: tl.constexpr = _PRMT_H2
+            asm = _PRMT_H2
         else:
-            asm: tl.constexpr = _PRMT_H3
+            asm = _PRMT_H3
     else:
         if b == 0:
-            asm: tl.constexpr = _PRMT_F0
+            asm = _PRMT_F0
         elif b == 1:
-            asm: tl.constexpr = _PRMT_F1
+            asm = _PRMT_F1
         elif b == 2:
-            asm: tl.constexpr = _PRMT_F2
+            asm = _PRMT_F2
         else:
-            asm: tl.constexpr = _PRMT_F3
+            asm = _PRMT_F3
     return tl.inline_asm_elementwise(asm, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
 
 
