@@ -235,27 +235,23 @@ def _exponent_word(kv_ptr, zt, FMT: tl.constexpr):
 
 @triton.jit
 def _prmt(Q, magic, b: tl.constexpr, HALF: tl.constexpr):
-    """PTX prmt of (Q, magic) with the selector PRMT_HALF[b] (HALF) or PRMT_FLOAT[b]. (Branches, not a constexpr
-    tuple index: that needs a newer Triton than some machines run.)"""
+    """PTX prmt of (Q, magic) with the selector PRMT_HALF[b] (HALF) or PRMT_FLOAT[b]. (One call per branch: a
+    selector taken from a constexpr tuple or held in a local needs newer Tritons than some machines run.)"""
     if HALF:
         if b == 0:
-            asm = _PRMT_H0
+            return tl.inline_asm_elementwise(_PRMT_H0, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
         elif b == 1:
-            asm = _PRMT_H1
+            return tl.inline_asm_elementwise(_PRMT_H1, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
         elif b == 2:
-            asm = _PRMT_H2
-        else:
-            asm = _PRMT_H3
-    else:
-        if b == 0:
-            asm = _PRMT_F0
-        elif b == 1:
-            asm = _PRMT_F1
-        elif b == 2:
-            asm = _PRMT_F2
-        else:
-            asm = _PRMT_F3
-    return tl.inline_asm_elementwise(asm, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+            return tl.inline_asm_elementwise(_PRMT_H2, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(_PRMT_H3, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+    if b == 0:
+        return tl.inline_asm_elementwise(_PRMT_F0, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+    elif b == 1:
+        return tl.inline_asm_elementwise(_PRMT_F1, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+    elif b == 2:
+        return tl.inline_asm_elementwise(_PRMT_F2, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(_PRMT_F3, "=r,r,r", [Q, magic], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
