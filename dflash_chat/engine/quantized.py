@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_chat.engine import kernels
-from dflash_chat.engine.models.layers import Routing, routed
+from dflash_chat.engine.models.layers import routed
 from dflash_chat.engine.weights.formats import Format, get_format
 from dflash_chat.engine.weights.quantize import quantize
 
@@ -183,25 +183,17 @@ class QuantExperts(nn.Module):
         self.register_buffer("down", down.data.contiguous())
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= kernels.SMALL_M and kernels.use_triton(self.down):
+        if kernels.use_triton(self.down):
             return self.forward_grouped(x, top_k_index, top_k_weights)
         return self.forward_per_expert(x, top_k_index, top_k_weights)
 
     def forward_grouped(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        """Decode and verify: every expert in one kernel call per projection, no host sync."""
-        r = Routing.sort(top_k_index, self.num_experts)
-
-        def project(inputs, src, packed, fmt, n):  # results in pair order: pair p = token * top_k + slot
-            return kernels.moe_matmul(inputs, packed, fmt, n, src, r.order, r.offsets)
-
+        """Every expert in one kernel call per projection, no host sync (decode, verify and prefill alike)."""
         if self.fused:
-            gate, up = project(x, r.token_of, self.gate_up, self.gate_fmt, 2 * self.intermediate).chunk(2, dim=-1)
+            gate_up = [(self.gate_up, self.gate_fmt)]
         else:
-            gate = project(x, r.token_of, self.gate, self.gate_fmt, self.intermediate)
-            up = project(x, r.token_of, self.up, self.up_fmt, self.intermediate)
-        y = project(F.silu(gate) * up, r.order, self.down, self.down_fmt, self.hidden)
-        y = y.view(*top_k_index.shape, self.hidden) * top_k_weights[..., None].to(y.dtype)
-        return y.sum(dim=1, dtype=torch.float32).to(x.dtype)
+            gate_up = [(self.gate, self.gate_fmt), (self.up, self.up_fmt)]
+        return kernels.grouped_experts(x, top_k_index, top_k_weights, gate_up, (self.down, self.down_fmt))
 
     def _gate_up(self, x: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fused:
@@ -211,7 +203,8 @@ class QuantExperts(nn.Module):
                 kernels.matmul(x, self.up[e], self.up_fmt, self.intermediate))
 
     def forward_per_expert(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        """Prefill: one dequantize + matmul per expert that received tokens."""
+        """The torch path (no Triton): one dequantize + matmul per expert that received tokens (reads the
+        routing back to the host)."""
         out = torch.zeros_like(x)
         for expert, rows, weights in routed(top_k_index, top_k_weights, self.num_experts):
             gate, up = self._gate_up(x[rows], expert)

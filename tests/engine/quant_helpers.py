@@ -7,7 +7,8 @@ import numpy as np
 from dflash_chat.engine.weights.formats import Format
 
 # byte offsets of the fp16 fields (d, dmin, m) in each block layout
-FP16_FIELDS = {"Q4_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+FP16_FIELDS = {"Q4_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2),
+               "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def random_rows(fmt: Format, rows: int, cols: int, seed: int = 0) -> np.ndarray:

@@ -13,7 +13,7 @@ from dflash_chat.engine.weights.quantize import quantize  # noqa: E402
 
 @pytest.fixture
 def q8_weight():
-    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))  # K = 256: a shape the kernels take
     return quantize(w, "Q8_0"), get_format("Q8_0")
 
 
@@ -25,35 +25,38 @@ def test_broken_kernel_falls_back_to_torch(monkeypatch, q8_weight, failure):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(kernels, "_checked", {})
 
+    calls = []
+
     def broken(x, p, f, n):
+        calls.append(x.shape)
         if failure == "raises":
             raise RuntimeError("no kernel image is available")
         return torch.zeros(x.shape[0], n, dtype=x.dtype)
 
     monkeypatch.setattr(triton_quant, "matmul", broken)
-    x = torch.randn(3, 64)
+    x = torch.randn(3, 256)
     with pytest.warns(UserWarning, match="Triton matmul Q8_0 kernel disabled"):
         y = kernels.matmul(x, packed, fmt, 64)
     torch.testing.assert_close(y, reference.matmul(x, packed, fmt, 64))
+    assert calls  # the kernel was really tried
     # decided once per format and device
     assert kernels._checked[("matmul", fmt.name, packed.device, x.dtype)] is False
 
 
 def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
     from dflash_chat.engine.kernels import triton_quant
-    from dflash_chat.engine.models.layers import Routing
 
     packed, fmt = q8_weight
-    experts = torch.stack([packed, packed.flip(0)])  # two experts of 64 x 64
+    experts = torch.stack([packed, packed.flip(0)])  # two experts of 64 x 256
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(kernels, "_checked", {})
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise RuntimeError("out of resources: shared memory")
 
     monkeypatch.setattr(triton_quant, "moe_matmul", broken)
-    x = torch.randn(3, 64)
-    r = Routing.sort(torch.tensor([[1, 0], [0, 1], [1, 0]]), 2)
+    x = torch.randn(3, 256)
+    r = kernels.route(torch.tensor([[1, 0], [0, 1], [1, 0]]), 2)
     with pytest.warns(UserWarning, match="Triton experts Q8_0 kernel disabled"):
         y = kernels.moe_matmul(x, experts, fmt, 64, r.token_of, r.order, r.offsets)
     want = torch.stack([x[t] @ reference.dequantize_rows(experts[e], fmt, torch.float32).T
@@ -70,7 +73,7 @@ def test_broken_dequantize_kernel_falls_back_to_torch(monkeypatch, q8_weight):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(kernels, "_checked", {})
     monkeypatch.setattr(triton_quant, "dequantize", lambda p, f, k, dtype: torch.zeros(p.shape[0], k, dtype=dtype))
-    emb = QuantEmbedding(QuantTensor(packed, fmt, (64, 64)))
+    emb = QuantEmbedding(QuantTensor(packed, fmt, (64, 256)))
     ids = torch.tensor([3, 9])
     with pytest.warns(UserWarning, match="Triton dequantize Q8_0 kernel disabled"):
         rows = emb(ids)

@@ -282,8 +282,8 @@ def _tiny_gguf(path, arch, qtype=None):
     w.add_block_count(1)
     if qtype is None:
         w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
-    else:  # raw blocks of an unsupported type (Q2_K: 84 bytes per 256 values)
-        w.add_tensor("token_embd.weight", np.zeros((4, 84), dtype=np.uint8), raw_shape=(4, 84), raw_dtype=qtype)
+    else:  # raw blocks of an unsupported type (IQ2_XXS: 66 bytes per 256 values)
+        w.add_tensor("token_embd.weight", np.zeros((4, 66), dtype=np.uint8), raw_shape=(4, 66), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -297,8 +297,34 @@ def test_unsupported_arch(tmp_path):
 
 
 def test_unsupported_quant_type(tmp_path):
-    with pytest.raises(ModelFormatError, match="Q2_K, which dflash-chat cannot run"):
-        read_gguf(_tiny_gguf(tmp_path / "q.gguf", "qwen3", gguf.GGMLQuantizationType.Q2_K))
+    with pytest.raises(ModelFormatError, match="tensor token_embd.weight is IQ2_XXS, which dflash-chat cannot run"):
+        read_gguf(_tiny_gguf(tmp_path / "q.gguf", "qwen3", gguf.GGMLQuantizationType.IQ2_XXS))
+
+
+@pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
+def test_low_bit_types_read_as_gguf_decodes_them(tmp_path, name):
+    """Blocks written as llama-quantize lays them out come back packed, and decode as gguf's numpy reference does."""
+    from dflash_chat.engine.weights.formats import FORMATS
+    from dflash_chat.engine.weights.gguf import _raw
+    from tests.engine.quant_helpers import random_rows
+
+    fmt = FORMATS[name]
+    blocks = random_rows(fmt, 3, 512, seed=fmt.ggml_type)
+    path = tmp_path / f"{name}.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    qtype = gguf.GGMLQuantizationType(fmt.ggml_type)
+    w.add_tensor("blk.0.ffn_down.weight", blocks, raw_shape=blocks.shape, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tensor = gguf.GGUFReader(path).tensors[0]
+    packed = _raw(tensor)
+    assert isinstance(packed, QuantTensor) and packed.fmt is fmt and packed.shape == (3, 512)
+    want = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+    np.testing.assert_array_equal(packed.dequantize().numpy(), want)
+    x = torch.randn(2, 512)
+    torch.testing.assert_close(QuantLinear(packed)(x), x @ torch.from_numpy(want).T, rtol=1e-5, atol=1e-4)
 
 
 def test_our_names_agree_with_gguf_tensor_map():

@@ -1,9 +1,13 @@
-"""tools/gpu_check.py's CPU dry run: the report it would print on a GPU, built with the torch path."""
+"""tools/gpu_check.py without a GPU: its dry run under Triton's interpreter (the kernels, not the torch path,
+against the torch path), its handling of kernels that fell back, and its compile-only mode."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,8 @@ from tests.engine.quant_helpers import one_thread
 
 _single_thread = pytest.fixture(autouse=True)(one_thread)
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tools" / "gpu_check.py"
 
 
 def _load_script():
@@ -22,23 +27,33 @@ def _load_script():
     return gpu_check
 
 
-def test_gpu_check_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
+def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("DFLASH_CHAT_NO_TRITON", None)
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--json", str(out)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
     gpu_check = _load_script()
-    monkeypatch.setenv("OUT", str(tmp_path))
-    assert gpu_check.main(["--dry-run"]) == 0
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["device"] == "cpu" and report["correctness"]["all_ok"]
-    assert report["correctness"]["checked"] == len(gpu_check.QUANT_FORMATS) * len(gpu_check.M_VALUES)
+    c = report["correctness"]
+    assert report["triton"] is True and c["all_ok"] and not c["disabled_kernels"]
+    # every format at M = 1, 4, 16, three expert format pairs on one and five tokens, five glue kernels
+    assert c["checked"] == len(gpu_check.QUANT_FORMATS) * 3 + 3 * 2 + 5
+    assert {r["format"] for r in c["rows"] if r["what"] == "matmul"} == set(gpu_check.QUANT_FORMATS)
+    assert all(r["dequantize_exact"] for r in c["rows"] if r["what"] == "matmul")
     layers = report["benchmark"]["layers"]
     assert [row["name"] for row in layers] == [s[0] for s in gpu_check.SHAPES_27B]
     assert all(row["GBps_M1"] > 0 and row["M16_over_M1"] > 0 for row in layers)
     experts = report["experts"]["rows"]
-    assert [row["M"] for row in experts] == [1, 16] and all(row["t_grouped_us"] > 0 for row in experts)
+    assert [(row["formats"], row["M"]) for row in experts] == [("Q4_K+Q6_K", 1), ("Q4_K+Q6_K", 16),
+                                                               ("Q8_0+Q8_0", 1), ("Q8_0+Q8_0", 16)]
     assert experts[0]["active_experts"] == report["experts"]["top_k"]
     # the loaded modules hold the file's tensor bytes: within 5% of the file (header and padding aside)
     assert abs(report["resident"]["resident_over_file"] - 1) < 0.05
     assert set(report["goals"]) == {"M1_frac_of_copy>=0.70", "M16_over_M1<=1.3", "resident_within_5pct"}
-    assert "copy bandwidth" in capsys.readouterr().out
+    assert "copy bandwidth" in proc.stdout
 
 
 def test_a_kernel_that_fell_back_to_torch_fails_the_check(tmp_path, monkeypatch, capsys):
@@ -48,10 +63,32 @@ def test_a_kernel_that_fell_back_to_torch_fails_the_check(tmp_path, monkeypatch,
     from dflash_chat.engine import kernels
 
     gpu_check = _load_script()
-    monkeypatch.setattr(kernels, "_checked", {("matmul", "Q4_K", torch.device("cpu"), torch.float32): False})
+    monkeypatch.setattr(kernels, "_checked", {("matmul", "Q4_K", torch.device("cpu"), torch.float16): False})
     monkeypatch.setenv("OUT", str(tmp_path))
     assert gpu_check.main(["--dry-run"]) == 1
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["correctness"]["all_ok"] is False
-    assert report["correctness"]["disabled_kernels"] == ["matmul Q4_K cpu torch.float32"]
+    assert report["correctness"]["disabled_kernels"] == ["matmul Q4_K cpu torch.float16"]
     assert "DISABLED (fell back to torch): matmul Q4_K" in capsys.readouterr().out
+
+
+def test_compile_only_builds_without_a_gpu_with_no_spills_and_wide_loads():
+    """A few of the configurations the engine picks (27B decode and verify in both files, 35B experts), built
+    for Hopper and Ampere by Triton without a driver, then read back from ptxas and the SASS."""
+    pytest.importorskip("triton")
+    from dflash_chat.engine.kernels import compile_check
+
+    gpu_check = _load_script()
+    cases = [c for c in gpu_check.catalog_cases() if c[0].startswith("qwen3.6-27b gate/up")
+             or c[0] == "qwen3.6-35b-a3b experts 1024x2048 Q4_K tokens=1"]
+    assert len(cases) == 5  # Q4_K and Q8_0 at M = 1 and 16, and the experts' FMA kernel
+    reports = compile_check.compile_all(cases, ["sm_90"]) + compile_check.compile_all(cases[:1], ["sm_86"])
+    assert {r.kernel for r in reports} == {"_gemv_kernel", "_gemm_kernel", "_experts_gemv_kernel"}
+    for r in reports:
+        assert r.regs > 0 and r.spill_bytes == 0, compile_check.format_report(r)
+        assert r.loads and r.narrow_loads() == 0, compile_check.format_report(r)  # weights read as 32+ bit words
+        if r.kernel != "_gemm_kernel":  # the FMA kernels never stage through shared memory
+            assert r.loop_instructions > 0 and r.loop_shared == 0, compile_check.format_report(r)
+    q4k_gemv = next(r for r in reports if r.case.endswith("Q4_K M=1") and r.arch == "sm_90")
+    assert q4k_gemv.loads.get(128, 0) > 0  # Q4_K's 16-byte aligned fields: 128-bit loads
+    assert q4k_gemv.instructions_per_value < 6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from dflash_chat.engine.weights.formats import Format, dequantize
 
@@ -44,3 +45,33 @@ def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: 
             picked = x.index_select(0, src[lo:hi].long())
             out.index_copy_(0, dst[lo:hi].long(), matmul(picked, packed[e], fmt, n))
     return out
+
+
+# --- fused glue: the torch path, rounding where the model code rounds (engine/models/layers.py, gdn.py) ----
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
+    """RMSNorm over the last dim: x * (1 + w) in float32 (zero-centred, Qwen3.5/3.6), else w * norm(x) in x's dtype."""
+    if zero_centred:
+        return F.rms_norm(x.float(), x.shape[-1:], 1.0 + weight.float(), eps).type_as(x)
+    return weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).type_as(x)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    r = residual + x
+    return r, rms_norm(r, weight, eps, zero_centred)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return (rms_norm(x, weight, eps, False) * F.silu(gate.float())).to(x.dtype)
+
+
+def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    window = torch.cat((state.to(x.dtype), x[None]), dim=0)  # [K, C]
+    out = F.conv1d(window.t()[None], weight.to(x.dtype)[:, None, :], groups=x.shape[-1])[0, :, 0]
+    state.copy_(window[1:])
+    return F.silu(out)

@@ -45,8 +45,13 @@ Q8_0 = Format("Q8_0", 8, 32, 34)
 Q4_K = Format("Q4_K", 12, QK_K, 144)
 Q5_K = Format("Q5_K", 13, QK_K, 176)
 Q6_K = Format("Q6_K", 14, QK_K, 210)
+Q2_K = Format("Q2_K", 10, QK_K, 84)
+Q3_K = Format("Q3_K", 11, QK_K, 110)
+IQ4_NL = Format("IQ4_NL", 20, 32, 18)
+IQ4_XS = Format("IQ4_XS", 23, QK_K, 136)
 
-FORMATS: dict[str, Format] = {f.name: f for f in (F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)}
+FORMATS: dict[str, Format] = {f.name: f for f in (F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+                                                  Q6_K, IQ4_NL, IQ4_XS)}
 BY_GGML_TYPE: dict[int, Format] = {f.ggml_type: f for f in FORMATS.values()}
 
 
@@ -154,9 +159,70 @@ def _deq_q6_k(b: torch.Tensor) -> torch.Tensor:
     return y.reshape(-1, QK_K)
 
 
+def _two_bit_planes(qs: torch.Tensor) -> torch.Tensor:
+    """Q2_K/Q3_K's 64 bytes of 2-bit fields -> [nb, 256]: value 128*h + 32*s + l is bits 2s..2s+1 of qs[32*h + l]."""
+    q = qs.to(torch.int32).reshape(-1, 2, 1, 32)
+    shifts = torch.arange(0, 8, 2, device=qs.device).view(1, 1, 4, 1)
+    return ((q >> shifts) & 3).reshape(-1, QK_K)
+
+
+def _deq_q2_k(b: torch.Tensor) -> torch.Tensor:
+    sc = b[:, 0:16].to(torch.int32)  # per 16 values: scale in the low nibble, min in the high one
+    dl = _f16(b, 80) * (sc & 0xF).float()
+    ml = _f16(b, 82) * (sc >> 4).float()
+    q = _two_bit_planes(b[:, 16:80]).reshape(-1, 16, 16).float()
+    return (dl.unsqueeze(-1) * q - ml.unsqueeze(-1)).reshape(-1, QK_K)
+
+
+def q3_k_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Q3_K's 12 bytes of 6-bit scales -> int32 [nb, 16] in -32..31: low nibbles from bytes 0..7 (low nibble
+    first, then high), the two high bits from bytes 8..11 (group g: bits 2*(g // 4) of byte 8 + g % 4)."""
+    s = scales.to(torch.int32)
+    low = torch.cat([s[:, 0:8] & 0xF, s[:, 0:8] >> 4], dim=1)
+    shifts = torch.arange(0, 8, 2, device=scales.device).view(1, 4, 1)
+    high = ((s[:, 8:12].unsqueeze(1) >> shifts) & 3).reshape(-1, 16)
+    return (low | (high << 4)) - 32
+
+
+def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
+    dl = _f16(b, 108) * q3_k_scales(b[:, 96:108]).float()
+    # bit i of hmask[l] belongs to value 32*i + l; a clear bit subtracts 4
+    hm = b[:, 0:32].to(torch.int32).unsqueeze(1)
+    high = ((hm >> torch.arange(8, device=b.device).view(1, 8, 1)) & 1).reshape(-1, QK_K)
+    q = _two_bit_planes(b[:, 32:96]) - 4 * (1 - high)
+    return (dl.unsqueeze(-1) * q.reshape(-1, 16, 16).float()).reshape(-1, QK_K)
+
+
+# The IQ4 codebook: a nibble indexes one of 16 non-uniform int8 levels.
+IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_levels(qs: torch.Tensor) -> torch.Tensor:
+    """16-byte runs of index nibbles -> levels [.., 32]: low nibbles (values 0..15), then high ones."""
+    lo, hi = _nibbles(qs)
+    table = torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=qs.device)
+    return table[torch.cat([lo, hi], dim=-1).long()]
+
+
+def _deq_iq4_nl(b: torch.Tensor) -> torch.Tensor:
+    return _f16(b, 0) * _iq4_levels(b[:, 2:18])
+
+
+def _deq_iq4_xs(b: torch.Tensor) -> torch.Tensor:
+    sh = (b[:, 2].to(torch.int32) | (b[:, 3].to(torch.int32) << 8)).unsqueeze(1)
+    sl = b[:, 4:8].to(torch.int32)
+    j = torch.arange(8, device=b.device)
+    low = (sl[:, j // 2] >> (4 * (j % 2))) & 0xF
+    ls = (low | (((sh >> (2 * j)) & 3) << 4)) - 32
+    dl = _f16(b, 0) * ls.float()  # [nb, 8], one per 32 values
+    levels = _iq4_levels(b[:, 8:136].reshape(-1, 8, 16))
+    return (dl.unsqueeze(-1) * levels).reshape(-1, QK_K)
+
+
 _BLOCK_DEQUANT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Q4_0": _deq_q4_0, "Q5_0": _deq_q5_0, "Q5_1": _deq_q5_1, "Q8_0": _deq_q8_0,
-    "Q4_K": _deq_q4_k, "Q5_K": _deq_q5_k, "Q6_K": _deq_q6_k,
+    "Q2_K": _deq_q2_k, "Q3_K": _deq_q3_k, "Q4_K": _deq_q4_k, "Q5_K": _deq_q5_k, "Q6_K": _deq_q6_k,
+    "IQ4_NL": _deq_iq4_nl, "IQ4_XS": _deq_iq4_xs,
 }
 
 
