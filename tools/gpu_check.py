@@ -371,6 +371,42 @@ def _glue_cases(label: str, hidden: int, width: int, conv: int, head_dim: int) -
     ]
 
 
+def _attention_cases(label: str, heads: int, kv_heads: int, head_dim: int, context: int = 32768) -> list:
+    """The cache attention kernels at a model's shapes: decode (1 row), verify (16 rows, causal) and the
+    drafter's block (16 rows, non-causal, a sliding ring)."""
+    from dflash_chat.engine.kernels import attention
+
+    def run(T, causal, window, rows):
+        pos = _meta(T, dtype=torch.int64)
+        cache = _meta(rows, kv_heads, head_dim)
+        attention.attend(_meta(T, heads, head_dim), cache, cache, pos, _meta(1, dtype=torch.int64),
+                         head_dim**-0.5, causal, window)
+
+    return [
+        (f"{label} attention decode d={head_dim}", lambda: run(1, True, None, context + 16)),
+        (f"{label} attention verify d={head_dim}", lambda: run(16, True, None, context + 16)),
+        (f"{label} attention draft ring d={head_dim}", lambda: run(16, False, 2048, 2048 + 16)),
+    ]
+
+
+def _gdn_cases(label: str, key_heads: int, value_heads: int, key_dim: int, value_dim: int) -> list:
+    """The GDN recurrence kernel: decode (update), verify (outputs only) and the masked commit."""
+    from dflash_chat.engine.kernels import gdn
+
+    def run(T, update, outputs, keep):
+        f32 = torch.float32
+        q = _meta(T, key_heads, key_dim, dtype=f32)
+        gdn._triton(q, q, _meta(T, value_heads, value_dim), _meta(T, value_heads, dtype=f32),
+                    _meta(T, value_heads, dtype=f32), _meta(value_heads, key_dim, value_dim, dtype=f32), update, outputs,
+                    _meta((), dtype=torch.int64) if keep else None)
+
+    return [
+        (f"{label} gdn decode", lambda: run(1, True, True, False)),
+        (f"{label} gdn verify", lambda: run(16, False, True, False)),
+        (f"{label} gdn commit", lambda: run(16, True, False, True)),
+    ]
+
+
 def catalog_cases() -> list:
     """Every kernel configuration the engine picks for the shipped catalog's targets (Q4_K_M and Q8_0 files,
     bf16 activations, decode M=1 and verify M=16), the other formats at one shape, routed experts at the
@@ -400,6 +436,10 @@ def catalog_cases() -> list:
                 for tokens in (1, 16):
                     cases.append(_experts_case(f"{pair.name} experts {n}x{k}", fmt_name, e, n, k, tokens, top_k))
         cases += _glue_cases(pair.name, s.hidden, width, qkv, s.linear_value_dim)
+        cases += _attention_cases(pair.name, s.kv_heads * 6, s.kv_heads, s.head_dim)  # 6 query heads per KV head
+        cases += _gdn_cases(pair.name, s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim)
+        for version, d in pair.drafter_versions:
+            cases += _attention_cases(f"{pair.name} drafter {version}", d.kv_heads * 4, d.kv_heads, d.head_dim)
     for fmt_name in QUANT_FORMATS:
         if fmt_name not in ("Q4_K", "Q6_K", "Q8_0"):
             for m in (1, 16):
@@ -414,7 +454,8 @@ def compile_only(arches: list[str], quick: bool) -> int:
     cases = catalog_cases()
     if quick:  # the 27B's ffn_gate/up in its two files, both kernels, the 35B's experts and one glue kernel
         cases = [c for c in cases if c[0].startswith("qwen3.6-27b gate/up") or "experts 1024x2048 Q4_K" in c[0]
-                 or c[0] == "qwen3.6-27b add_rms_norm h=5120"]
+                 or c[0] == "qwen3.6-27b add_rms_norm h=5120" or c[0] == "qwen3.6-27b attention verify d=256"
+                 or c[0] == "qwen3.6-27b gdn commit"]
     start = time.perf_counter()
     print(f"{'arch':<6} {'kernel':<22} {'first case needing it':<44} registers, spilled bytes, global loads "
           "(count by width), main loop", flush=True)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The one GPU script for a lent CUDA machine (see README, Development): installs the carried wheels,
-# runs the CUDA tests, the kernel check and the engine benchmarks, and leaves JSON under $OUT.
-#   run: bash tools/gpu_run.sh   (carry .whl; wheels from `pip download` as the device README says)
+# The one GPU script for a lent CUDA machine: installs the carried wheels (.whl, see README's
+# Development section), then in order of value: the kernel check (it also fills Triton's cache in
+# parallel), the 27B synthetic benchmark (the decode path against the bandwidth floor), the CUDA
+# tests, the 35B-A3B benchmark and the bf16 comparison with transformers. JSON and logs go to $OUT.
+# Each step has its own time limit (seconds, overridable: GPU_CHECK_S=... etc.).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -10,10 +12,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-git rev-parse HEAD 2>/dev/null > "$OUT/commit.txt" || true
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 step() { local name=$1 limit=$2; shift 2; echo "=== $name"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"; echo "=== $name rc=${PIPESTATUS[0]}"; }
-step gpu_check "${GPU_CHECK_S:-150}" python3 tools/gpu_check.py ${GPU_CHECK_ARGS:---no-sweep}
-step cuda_tests "${CUDA_TESTS_S:-90}" python3 -m pytest -q -x -p no:cacheprovider -k cuda tests/engine
-step bench "${BENCH_S:-120}" python3 -m dflash_chat.cli bench --device cuda --dtype bfloat16 ${BENCH_ARGS:---layers 16 --hidden 2048 --prompts 2 --tokens 64 --vs-transformers} --json
-step bench_moe "${BENCH_S:-120}" python3 -m dflash_chat.cli bench --device cuda --dtype bfloat16 --arch qwen3_5_moe --layers 8 --hidden 1024 --prompts 2 --tokens 64 --json
+bench() { python3 -m dflash_chat.cli bench --device cuda --save "$OUT" "$@"; }
+step gpu_check "${GPU_CHECK_S:-120}" python3 tools/gpu_check.py --json "$OUT/gpu_check.json"
+step bench_27b "${BENCH_S:-120}" bench --synthetic qwen3.6-27b --tokens 64
+step cuda_tests "${CUDA_TESTS_S:-60}" python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/engine
+step bench_35b "${BENCH_MOE_S:-60}" bench --synthetic qwen3.6-35b-a3b --tokens 64
+step bench_bf16 "${BENCH_HF_S:-60}" bench --synthetic qwen3.6-27b --quant bf16 --layers 16 --tokens 32 --vs-transformers

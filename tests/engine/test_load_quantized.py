@@ -352,6 +352,7 @@ def test_display_names():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_quantized_pair_on_cuda(tiny):
     """On the GPU the packed bytes live on the device, the Triton kernels run, and DFlash stays lossless."""
     t = tiny("qwen3_5")

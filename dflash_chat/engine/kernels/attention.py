@@ -38,7 +38,7 @@ def available(q: torch.Tensor) -> bool:
 def _kernels():
     from dflash_chat.engine.kernels import triton_attention  # imports triton: only once the kernel is wanted
 
-    return triton_attention.partial_kernel, triton_attention.merge_kernel
+    return triton_attention
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
@@ -61,13 +61,14 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: t
     acc = torch.empty(splits, kv_heads, R, d, device=q.device, dtype=torch.float32)
     ml = torch.empty(splits, kv_heads, R, 2, device=q.device, dtype=torch.float32)
     out = torch.empty(T, heads, d, device=q.device, dtype=q.dtype)
-    partial, merge = _kernels()
+    kernels = _kernels()
     grid = (kv_heads, -(-R // block_r), splits)
-    partial[grid](q, k_cache, v_cache, pos, end, acc, ml, T, rep, R, scale, window or 0, rows_alloc,
+    kernels._launch(kernels.partial_kernel, grid, q, k_cache, v_cache, pos, end, acc, ml, T, rep, R, scale,
+                    window or 0, rows_alloc,
                   q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
                   D=d, BLOCK_R=block_r, BLOCK_N=BLOCK_N, SPLIT=SPLIT, CAUSAL=causal, WINDOWED=window is not None,
                   IEEE=q.dtype == torch.float32,
                   num_warps=4 if block_r <= 16 else 8)
-    merge[(kv_heads, R)](acc, ml, end, out, rep, R, kv_heads, rows_alloc, out.stride(0), out.stride(1), D=d,
-                         SPLIT=SPLIT)
+    kernels._launch(kernels.merge_kernel, (kv_heads, R), acc, ml, end, out, rep, R, kv_heads, rows_alloc,
+                    out.stride(0), out.stride(1), D=d, SPLIT=SPLIT)
     return out.reshape(T, heads * d)

@@ -1,7 +1,7 @@
 """Compile the Triton kernels for a GPU family on a machine without a GPU, and read what ptxas made of them.
 
 The real host code runs on meta tensors (shapes and dtypes, no memory) with the launch hook of
-`triton_quant` / `triton_glue` replaced, so every launch it would make is captured with its exact arguments
+`triton_quant` / `triton_glue` / `triton_attention` / `triton_gdn` replaced, so every launch it would make is captured with its exact arguments
 and configuration. Each is then specialised the way Triton's JIT would (dtypes, 16-byte divisibility, ints
 equal to 1) and built with `triton.compile` for an explicit `GPUTarget("cuda", cc, 32)`: no driver needed.
 From the result:
@@ -61,7 +61,7 @@ class Report:
 @contextlib.contextmanager
 def capture(family):
     """Launches of the kernels modules go to a list instead of a GPU; launch choices follow `family`."""
-    from dflash_chat.engine.kernels import triton_glue, triton_quant
+    from dflash_chat.engine.kernels import triton_attention, triton_gdn, triton_glue, triton_quant
 
     launches: list[Captured] = []
 
@@ -71,14 +71,16 @@ def capture(family):
             values = kwargs["BN"] * 256 // (32 * kwargs["num_warps"])
         launches.append(Captured(kernel, args, kwargs, values))
 
-    saved = (triton_quant._launch, triton_glue._launch, triton_quant._family, triton_quant._sms)
-    triton_quant._launch = triton_glue._launch = record
+    saved = (triton_quant._launch, triton_glue._launch, triton_attention._launch, triton_gdn._launch,
+             triton_quant._family, triton_quant._sms)
+    triton_quant._launch = triton_glue._launch = triton_attention._launch = triton_gdn._launch = record
     triton_quant._family = lambda device: family
     triton_quant._sms = lambda device: family.sms
     try:
         yield launches
     finally:
-        triton_quant._launch, triton_glue._launch, triton_quant._family, triton_quant._sms = saved
+        (triton_quant._launch, triton_glue._launch, triton_attention._launch, triton_gdn._launch,
+         triton_quant._family, triton_quant._sms) = saved
 
 
 _OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")

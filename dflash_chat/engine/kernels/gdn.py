@@ -67,7 +67,7 @@ def reference(q, k, v, g, beta, state, *, update: bool, outputs: bool = True, ke
 def _kernel():
     from dflash_chat.engine.kernels import triton_gdn  # imports triton: only once the kernel is wanted
 
-    return triton_gdn.recurrent_kernel
+    return triton_gdn
 
 
 def _triton(q, k, v, g, beta, state, update, outputs, keep):
@@ -77,8 +77,10 @@ def _triton(q, k, v, g, beta, state, update, outputs, keep):
     g, beta = g.float().contiguous(), beta.float().contiguous()
     out = torch.empty(T, H, V, dtype=torch.float32, device=v.device) if outputs else state  # state: unused pointer
     vb = min(V_BLOCK, V)
-    _kernel()[(H, V // vb)](
-        q, k, v, g, beta, state, out, keep if keep is not None else state, T, H // q.shape[1],
+    kernels = _kernel()
+    kernels._launch(
+        kernels.recurrent_kernel, (H, V // vb), q, k, v, g, beta, state, out, keep if keep is not None else state,
+        T, H // q.shape[1],
         q.stride(0), q.stride(1), v.stride(0), v.stride(1),
         K=K, V=V, VB=vb, UPDATE=update, OUTPUTS=outputs, MASKED=keep is not None,
     )

@@ -4,6 +4,11 @@ import triton
 import triton.language as tl
 
 
+def _launch(kernel, grid, *args, **kwargs) -> None:
+    """Every launch goes through here (kernels/compile_check.py captures them to compile without a GPU)."""
+    kernel[grid](*args, **kwargs)
+
+
 @triton.jit
 def recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, keep_ptr, T, rep,
                      stride_qt, stride_qh, stride_vt, stride_vh,
@@ -15,13 +20,13 @@ def recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, k
     rk = tl.arange(0, K)
     kh = h // rep  # its key head
     tile = state_ptr + h.to(tl.int64) * K * V + rk[:, None] * V + cols[None, :]
-    s = tl.load(tile)
+    s = tl.load(tile).to(tl.float32)
     n = T
     if MASKED:
         n = tl.load(keep_ptr).to(tl.int32)
     for t in range(0, n):
-        qt = tl.load(q_ptr + t * stride_qt + kh * stride_qh + rk)
-        kt = tl.load(k_ptr + t * stride_qt + kh * stride_qh + rk)
+        qt = tl.load(q_ptr + t * stride_qt + kh * stride_qh + rk).to(tl.float32)
+        kt = tl.load(k_ptr + t * stride_qt + kh * stride_qh + rk).to(tl.float32)
         vt = tl.load(v_ptr + t * stride_vt + h * stride_vh + cols).to(tl.float32)
         decay = tl.exp(tl.load(g_ptr + t * H + h))
         b = tl.load(beta_ptr + t * H + h)
@@ -31,4 +36,4 @@ def recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, k
         if OUTPUTS:
             tl.store(out_ptr + (t * H + h).to(tl.int64) * V + cols, tl.sum(s * qt[:, None], 0))
     if UPDATE:
-        tl.store(tile, s)
+        tl.store(tile, s.to(state_ptr.dtype.element_ty))

@@ -172,9 +172,12 @@ class GatedDeltaNet(nn.Module):
 
     def recurrence_inputs(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: GDNCache):
         """The conv window [conv state; qkv projections] and the recurrence inputs (q, k, v, g, beta)."""
-        T = mixed.shape[0]
         window = torch.cat((cache.conv.to(mixed.dtype), mixed), dim=0)  # [K-1+T, C]
-        qkv = self.conv(window)
+        return window, self.split_normalise(self.conv(window), b, a)
+
+    def split_normalise(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+        """(q, k, v, g, beta) from the conv output [T, C] and the b, a projections."""
+        T = qkv.shape[0]
         q, k, v = torch.split(qkv, [self.key_total, self.key_total, self.value_total], dim=-1)
         q = q.reshape(T, self.num_k_heads, self.k_dim).float()
         k = k.reshape(T, self.num_k_heads, self.k_dim).float()
@@ -184,13 +187,15 @@ class GatedDeltaNet(nn.Module):
         q = q * self.k_dim**-0.5
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        return window, (q, k, v, g, beta)
+        return q, k, v, g, beta
 
     def forward(self, x: torch.Tensor, cache: GDNCache, speculative: bool = False) -> torch.Tensor:
         """Mix T new tokens. A speculative forward leaves the state as it was and keeps its recurrence
         inputs and conv window in the cache, so `commit` can take the state to after any prefix of the block."""
         T = x.shape[0]
         mixed, z, b, a = self.project(x)
+        if T == 1 and not speculative:  # decode: the conv window shifts in place
+            return self._decode(mixed, z, b, a, cache)
         window, (q, k, v, g, beta) = self.recurrence_inputs(mixed, b, a, cache)
         if speculative:
             _hold(cache, window, q, k, v, g, beta)
@@ -201,6 +206,16 @@ class GatedDeltaNet(nn.Module):
             cache.pending = 0
         core = self.norm(core.to(x.dtype), z.reshape(T, self.num_v_heads, self.v_dim))
         return self.out_proj(core.reshape(T, self.value_total))
+
+    def _decode(self, mixed, z, b, a, cache: GDNCache) -> torch.Tensor:
+        from dflash_chat.engine import kernels
+
+        qkv = kernels.conv_step(mixed[0], cache.conv, self.conv1d.weight[:, 0, :])[None]
+        q, k, v, g, beta = self.split_normalise(qkv, b, a)
+        core = delta_rule(q, k, v, g, beta, cache.recurrent)
+        cache.pending = 0
+        core = self.norm(core.to(mixed.dtype), z.reshape(1, self.num_v_heads, self.v_dim))
+        return self.out_proj(core.reshape(1, self.value_total))
 
     @staticmethod
     def commit(cache: GDNCache, keep: int | torch.Tensor) -> None:

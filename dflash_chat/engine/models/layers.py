@@ -19,16 +19,24 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.zero_centred:  # normalised and scaled in float32, as the reference does
-            return F.rms_norm(x.float(), x.shape[-1:], 1.0 + self.weight.float(), self.eps).type_as(x)
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], None, self.eps).type_as(x)
+        # zero-centred: normalised and scaled in float32, as the reference does
+        return _ops().rms_norm(x, self.weight, self.eps, self.zero_centred)
 
 
 class GatedRMSNorm(RMSNorm):
     """The GDN output norm: plain RMSNorm, then times silu(gate)."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return (super().forward(x) * F.silu(gate.float())).to(x.dtype)
+        return _ops().gated_rms_norm(x, gate, self.weight, self.eps)
+
+
+def _ops():
+    """The fused kernels (engine/kernels: Triton on CUDA, the same arithmetic in torch elsewhere) when no
+    gradient is wanted; the torch reference when training (the kernels have no backward)."""
+    from dflash_chat.engine import kernels
+    from dflash_chat.engine.kernels import reference
+
+    return reference if torch.is_grad_enabled() else kernels
 
 
 class Rotary(nn.Module):
@@ -90,9 +98,11 @@ class PreNormBlock(nn.Module):
     """A pre-norm decoder layer's tail; subclasses hold `mlp` and `post_attention_layernorm`."""
 
     def finish(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
-        """Add the mixer's (attention's) output to the residual stream, then the MLP's."""
-        x = x + mixed
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """Add the mixer's (attention's) output to the residual stream, then the MLP's (the add and the
+        post-attention norm in one kernel)."""
+        norm = self.post_attention_layernorm
+        x, h = _ops().add_rms_norm(mixed, x, norm.weight, norm.eps, norm.zero_centred)
+        return x + self.mlp(h)
 
 
 class MLP(nn.Module):
@@ -108,7 +118,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.shared(x) if self.shared is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(_ops().silu_mul(gate, up))
 
 
 class Experts(nn.Module):
@@ -120,6 +130,11 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        from dflash_chat.engine import kernels
+
+        if kernels.use_triton(x) and not torch.is_grad_enabled():  # one launch per projection, no host sync
+            return kernels.grouped_experts(x, top_k_index, top_k_weights, [(self.gate_up_proj, None)],
+                                           (self.down_proj, None))
         if x.shape[0] <= PAIRWISE_TOKENS:
             return self.pairwise(x, top_k_index, top_k_weights)
         out = torch.zeros_like(x)
@@ -141,8 +156,8 @@ class Experts(nn.Module):
         return (y * top_k_weights.reshape(-1, 1).to(y.dtype)).view(T, k, -1).sum(dim=1)
 
 
-# Up to this many tokens (decode, verify) float experts run pair by pair (no host sync; the routed
-# experts kernel replaces this on CUDA); longer inputs (prefill) loop over the experts that got tokens.
+# Without the routed-experts kernel (CPU), up to this many tokens (decode, verify) float experts run pair by
+# pair (no host sync); longer inputs (prefill) loop over the experts that got tokens.
 PAIRWISE_TOKENS = 32
 
 
