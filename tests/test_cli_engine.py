@@ -171,3 +171,16 @@ def test_bench_measures_a_users_own_pair(pair, capsys):
     record = json.loads(capsys.readouterr().out)
     assert record["prompts"] == 2 and record["identical_output"] is True
     assert record["new_tokens"] <= 2 * 16
+    # the load rate beside the disk's read rate of the same file
+    assert record["load_bytes"] > 0 and record["load_s"] > 0 and record["load_bytes_per_s"] > 0
+    assert record["disk_read_bytes_per_s"] > 0
+
+
+def test_disk_read_rate_reads_the_file(tmp_path):
+    from dflash_chat import disk
+
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(b"x" * (3 << 20))
+    rate, _ = disk.read_rate(path, limit=1 << 20)
+    assert rate > 0
+    assert disk.largest_file(tmp_path) == path

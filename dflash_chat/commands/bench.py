@@ -84,7 +84,23 @@ def _real_pair(args, target_dir, drafter_dir):
     from dflash_chat.engine.load import load_drafter, load_pair
     from dflash_chat.engine.spec import Engine
 
+    import time
+
+    from dflash_chat import disk
+    from dflash_chat.engine.load import model_bytes, resolve_model_path
+    from dflash_chat.sizes import rate_text, size_text
+
+    # the disk first (its cache dropped), then the load: the load reads what the disk has
+    disk_rate, dropped = disk.read_rate(disk.largest_file(resolve_model_path(target_dir, "target")[1]))
+    t0 = time.perf_counter()
     pair = load_pair(target_dir, None, device=args.device, max_context=4096)
+    seconds = time.perf_counter() - t0
+    size = model_bytes(target_dir)
+    args.load_figures = {"load_bytes": size, "load_s": seconds, "load_bytes_per_s": size / seconds,
+                         "disk_read_bytes_per_s": disk_rate, "disk_cache_dropped": dropped}
+    if not args.json:
+        print(f"loaded the target ({size_text(size)}) in {seconds:.1f} s: {rate_text(size / seconds)}; the disk reads "
+              f"it at {rate_text(disk_rate)}" + ("" if dropped else " (page cache not dropped: may be memory's)"))
     drafter = load_drafter(drafter_dir, pair.engine.target)
     spec = Engine(pair.engine.target, drafter, max_context=4096)
     questions = [
@@ -180,7 +196,7 @@ def main(args: argparse.Namespace) -> int:
             if args.vs_transformers:
                 hf = _time_transformers(args, prompts, result)
     if args.json:
-        print(json.dumps({"setup": title, **result.as_dict(), **(hf or {})}))
+        print(json.dumps({"setup": title, **result.as_dict(), **(hf or {}), **getattr(args, "load_figures", {})}))
     else:
         print(report(result, title))
         if hf:
