@@ -393,12 +393,14 @@ def _gdn_cases(label: str, key_heads: int, value_heads: int, key_dim: int, value
     """The GDN recurrence kernel: decode (update), verify (outputs only) and the masked commit."""
     from dflash_chat.engine.kernels import gdn
 
+    heads = gdn.Heads(key_heads, value_heads, key_dim, value_dim)
+
     def run(T, update, outputs, keep):
         f32 = torch.float32
-        q = _meta(T, key_heads, key_dim, dtype=f32)
-        gdn._triton(q, q, _meta(T, value_heads, value_dim), _meta(T, value_heads, dtype=f32),
-                    _meta(T, value_heads, dtype=f32), _meta(value_heads, key_dim, value_dim, dtype=f32), update, outputs,
-                    _meta((), dtype=torch.int64) if keep else None)
+        width = 2 * key_heads * key_dim + value_heads * value_dim
+        gdn._triton(_meta(T, width), _meta(T, value_heads), _meta(T, value_heads), _meta(value_heads, dtype=f32),
+                    _meta(value_heads, dtype=f32), _meta(value_heads, key_dim, value_dim, dtype=f32), heads, update,
+                    outputs, _meta((), dtype=torch.int64) if keep else None)
 
     return [
         (f"{label} gdn decode", lambda: run(1, True, True, False)),

@@ -18,9 +18,9 @@ What the engine holds for a whole conversation (`state_bytes`):
   key_dim, value_dim] (the live state and the snapshot taken after each prefill for prefix reuse; a
   speculative forward leaves the live state alone, so there is no copy to roll back from) and
   `CONV_COPIES` conv windows [kernel-1, conv_channels] in e (live, snapshot);
-- what a verify leaves for its commit, per linear-attention layer (engine/state.py): the block's
-  recurrence inputs, q and k [B, key_heads, key_dim] and decays and betas [B, value_heads] in float32,
-  v [B, value_heads, value_dim] in e, and its conv window [kernel-1+B, conv_channels] in e;
+- what a verify leaves for its commit, per linear-attention layer (engine/state.py): the block's conv
+  output [B, conv_channels], its raw gate projections b and a [B, value_heads] and its conv window
+  [kernel-1+B, conv_channels], all in e;
 - the prefill snapshot's logits: [vocab] float32;
 - drafter KV: per layer K and V of `drafter_cache_rows` positions, [rows, kv_heads, head_dim] in e:
   C + B rows for a full-attention layer; a sliding-window layer only ever reads its last `window`
@@ -192,9 +192,8 @@ def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int,
 
 def verify_record_bytes(target: TargetShape, block: int, e: int) -> int:
     """One GDN layer's buffers for what a speculative forward of `block` tokens leaves to its commit."""
-    floats = block * (2 * target.linear_key_heads * target.linear_key_dim + 2 * target.linear_value_heads)
-    values = block * target.linear_value_heads * target.linear_value_dim
-    return floats * STATE_BYTES + values * e + (target.conv_kernel - 1 + block) * target.conv_channels * e
+    values = block * (target.conv_channels + 2 * target.linear_value_heads)
+    return values * e + (target.conv_kernel - 1 + block) * target.conv_channels * e
 
 
 def workspace_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> int:

@@ -6,7 +6,7 @@ Commit after a partial accept (DFlash verifies B tokens, keeps n <= B of them):
 - Attention: the cache rows beyond the kept length are simply ignored (length is a number, or a device
   tensor in fixed-shape steps) and overwritten by the next forward.
 - GDN: a recurrent state cannot be truncated, so a speculative forward leaves the state as it was and
-  keeps its recurrence inputs (q, k, v, decays, betas: no projections to redo) in preallocated buffers;
+  keeps its conv output and gate projections (no projections to redo) in preallocated buffers;
   the commit of n tokens re-runs the recurrence over them in place, n a host int or a device tensor
   (tokens past n masked to a no-op, so the shapes do not depend on n): one read and one write of the
   state, like a decode step (see gdn.py and kernels/gdn.py). The layer also keeps its conv window [conv
@@ -32,13 +32,11 @@ class GDNCache:
     recurrent: torch.Tensor  # [v_heads, k_dim, v_dim], float32
     conv: torch.Tensor  # [kernel-1, conv_dim]
     # what the last speculative forward left for its commit (room for `block` tokens, grown on demand in eager
-    # steps): its recurrence inputs, q and k [B, key_heads, k_dim] and g, beta [B, v_heads] in float32, v [B,
-    # v_heads, v_dim], and its conv window [kernel-1+B, conv_dim]
-    spec_q: torch.Tensor
-    spec_k: torch.Tensor
-    spec_v: torch.Tensor
-    spec_g: torch.Tensor
-    spec_beta: torch.Tensor
+    # steps): its conv output [B, conv_dim], its raw gate projections b and a [B, v_heads], and its conv window
+    # [kernel-1+B, conv_dim], all in the model dtype
+    spec_qkv: torch.Tensor
+    spec_b: torch.Tensor
+    spec_a: torch.Tensor
     spec_window: torch.Tensor
     pending: int = 0  # tokens of the last speculative forward (0: none)
 

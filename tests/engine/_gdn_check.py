@@ -6,41 +6,52 @@ import torch
 
 from dflash_chat.engine.kernels import gdn
 
+HEADS = gdn.Heads(key_heads=2, value_heads=4, key_dim=16, value_dim=64)
 
-def inputs(T, Hk=2, H=4, K=16, V=64, seed=0, v_dtype=torch.float32):
+
+def inputs(T, heads=HEADS, seed=0, dtype=torch.float32):
+    """(conv output, b, a, A_log, dt_bias) and a state."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(T, Hk, K, generator=g), dim=-1) * K**-0.5
-    k = torch.nn.functional.normalize(torch.randn(T, Hk, K, generator=g), dim=-1)
-    v = torch.randn(T, H, V, generator=g).to(v_dtype)
-    decay = -torch.rand(T, H, generator=g) * 0.5
-    beta = torch.rand(T, H, generator=g)
-    state = torch.randn(H, K, V, generator=g)
-    return (q, k, v, decay, beta), state
+    width = 2 * heads.key_total + heads.value_heads * heads.value_dim
+    qkv = torch.randn(T, width, generator=g).to(dtype)
+    b, a = torch.randn(T, heads.value_heads, generator=g).to(dtype), torch.randn(T, heads.value_heads, generator=g).to(dtype)
+    a_log, dt_bias = torch.rand(heads.value_heads, generator=g) - 0.5, torch.rand(heads.value_heads, generator=g)
+    state = torch.randn(heads.value_heads, heads.key_dim, heads.value_dim, generator=g)
+    return (qkv, b, a, a_log, dt_bias), state
 
 
-def close(a, b):
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+def expected(x, state, keep=None, update=True):
+    """The torch reference, token by token on prepared inputs."""
+    prepared = gdn.prepare(*x, HEADS)
+    if keep is not None:
+        prepared = tuple(t[:keep] for t in prepared)
+    return gdn.reference(*prepared, state, update=update)
+
+
+def close(a, b, tol=1e-5):
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 if __name__ == "__main__":
     assert gdn.available(torch.empty(0)), "the kernel must be selected under the interpreter"
-    for T, v_dtype in ((1, torch.float32), (16, torch.float32), (5, torch.float16)):
-        x, state = inputs(T, v_dtype=v_dtype, seed=T)
+    for T, dtype in ((1, torch.float32), (16, torch.float32), (5, torch.float16)):
+        x, state = inputs(T, dtype=dtype, seed=T)
+        tol = 1e-5 if dtype == torch.float32 else 1e-3
         # decode / prefill: outputs and the state written
         want_state = state.clone()
-        want = gdn.reference(*x, want_state, update=True)
+        want = expected(x, want_state)
         got_state = state.clone()
-        close(gdn.recurrent(*x, got_state, update=True), want)
-        close(got_state, want_state)
+        close(gdn.mix(*x, got_state, HEADS, update=True), want, tol)
+        close(got_state, want_state, tol)
         # verify: outputs, the state left as it was
         kept = state.clone()
-        close(gdn.recurrent(*x, kept, update=False), want)
+        close(gdn.mix(*x, kept, HEADS, update=False), want, tol)
         assert torch.equal(kept, state)
         # commit: the first `keep` tokens only, keep on the device
         for keep in sorted({1, T // 2 or 1, T}):
             want_state = state.clone()
-            gdn.reference(*(t[:keep] for t in x), want_state, update=True, outputs=False)
+            expected(x, want_state, keep=keep)
             got_state = state.clone()
-            assert gdn.recurrent(*x, got_state, update=True, outputs=False, keep=torch.tensor(keep)) is None
-            close(got_state, want_state)
+            assert gdn.mix(*x, got_state, HEADS, update=True, outputs=False, keep=torch.tensor(keep)) is None
+            close(got_state, want_state, tol)
     print("gdn kernel checks passed")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_chat.engine.kernels.gdn import reference
-from tests.engine._gdn_check import close, inputs
+from dflash_chat.engine.kernels import gdn
+from tests.engine._gdn_check import HEADS, close, expected, inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,21 @@ def test_kernel_equals_the_reference_in_the_interpreter():
 def test_a_masked_commit_runs_only_the_kept_tokens(keep):
     x, state = inputs(9, seed=keep)
     plain = state.clone()
-    reference(*(t[:keep] for t in x), plain, update=True)
+    expected(x, plain, keep=keep)
     masked = state.clone()
-    assert reference(*x, masked, update=True, outputs=False, keep=torch.tensor(keep)) is None
+    assert gdn.mix(*x, masked, HEADS, update=True, outputs=False, keep=torch.tensor(keep)) is None
     close(masked, plain)
+
+
+@pytest.mark.parametrize("T", [2, 16, 70])
+def test_every_torch_path_computes_the_recurrence(T):
+    """mix's torch paths (token by token, one solve, chunks; update or not) against the token-by-token reference."""
+    x, state = inputs(T, seed=T)
+    want_state = state.clone()
+    want = expected(x, want_state)
+    kept = state.clone()
+    close(gdn.mix(*x, kept, HEADS, update=False), want, 1e-4)
+    assert torch.equal(kept, state)
+    got_state = state.clone()
+    close(gdn.mix(*x, got_state, HEADS, update=True), want, 1e-4)
+    close(got_state, want_state, 1e-4)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dflash_chat.engine.models.config import TargetConfig
-from dflash_chat.engine.kernels.gdn import reference
-from dflash_chat.engine.models.gdn import CHUNK, GatedDeltaNet, solve_chunk
+from dflash_chat.engine.kernels.gdn import CHUNK, reference, solve_chunk
+from dflash_chat.engine.models.gdn import GatedDeltaNet
 
 
 def recurrence(q, k, v, g, beta, state):
@@ -64,7 +64,7 @@ def _rolled_back_and_plain(layer, dtype, T: int, keep: int, on_device: bool = Fa
         for cache in (spec, plain):
             layer(prefix, cache)
         layer(block, spec, speculative=True)
-        GatedDeltaNet.commit(spec, torch.tensor(keep) if on_device else keep)
+        layer.commit(spec, torch.tensor(keep) if on_device else keep)
         if keep:
             layer(block[:keep], plain)
     return spec, plain

@@ -10,8 +10,8 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
 
 
 @triton.jit
-def recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, keep_ptr, T, rep,
-                     stride_qt, stride_qh, stride_vt, stride_vh,
+def recurrent_kernel(qkv_ptr, b_ptr, a_ptr, alog_ptr, dt_ptr, state_ptr, out_ptr, keep_ptr, T, rep,
+                     stride_t, key_total, stride_g,
                      K: tl.constexpr, V: tl.constexpr, VB: tl.constexpr,
                      UPDATE: tl.constexpr, OUTPUTS: tl.constexpr, MASKED: tl.constexpr):
     h = tl.program_id(0)  # value head
@@ -19,19 +19,29 @@ def recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, k
     cols = tl.program_id(1) * VB + tl.arange(0, VB)
     rk = tl.arange(0, K)
     kh = h // rep  # its key head
+    q_at = kh * K + rk
+    k_at = key_total + kh * K + rk
+    v_at = 2 * key_total + h * V + cols
+    neg_a = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+    dt = tl.load(dt_ptr + h).to(tl.float32)
     tile = state_ptr + h.to(tl.int64) * K * V + rk[:, None] * V + cols[None, :]
     s = tl.load(tile).to(tl.float32)
     n = T
     if MASKED:
         n = tl.load(keep_ptr).to(tl.int32)
     for t in range(0, n):
-        qt = tl.load(q_ptr + t * stride_qt + kh * stride_qh + rk).to(tl.float32)
-        kt = tl.load(k_ptr + t * stride_qt + kh * stride_qh + rk).to(tl.float32)
-        vt = tl.load(v_ptr + t * stride_vt + h * stride_vh + cols).to(tl.float32)
-        decay = tl.exp(tl.load(g_ptr + t * H + h))
-        b = tl.load(beta_ptr + t * H + h)
+        row = qkv_ptr + t * stride_t
+        qt = tl.load(row + q_at).to(tl.float32)
+        kt = tl.load(row + k_at).to(tl.float32)
+        vt = tl.load(row + v_at).to(tl.float32)
+        qt = qt * (tl.rsqrt(tl.sum(qt * qt, 0) + 1e-6) * (1.0 / tl.sqrt(K * 1.0)))
+        kt = kt * tl.rsqrt(tl.sum(kt * kt, 0) + 1e-6)
+        x = tl.load(a_ptr + t * stride_g + h).to(tl.float32) + dt
+        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's softplus, threshold 20
+        decay = tl.exp(neg_a * softplus)
+        beta = tl.sigmoid(tl.load(b_ptr + t * stride_g + h).to(tl.float32))
         s = s * decay
-        delta = (vt - tl.sum(s * kt[:, None], 0)) * b
+        delta = (vt - tl.sum(s * kt[:, None], 0)) * beta
         s = s + kt[:, None] * delta[None, :]
         if OUTPUTS:
             tl.store(out_ptr + (t * H + h).to(tl.int64) * V + cols, tl.sum(s * qt[:, None], 0))

@@ -160,10 +160,9 @@ class TargetModel(nn.Module):
         self.commit(state, keep)
         state.pending = 0
 
-    @staticmethod
-    def commit(state: ModelState, keep: int | torch.Tensor) -> None:
+    def commit(self, state: ModelState, keep: int | torch.Tensor) -> None:
         """Bring every GDN layer to the state after the first `keep` tokens of the last speculative forward
         (attention needs nothing: its rows past the length are ignored). `keep` may be a device tensor."""
-        for cache in state.layers:
+        for layer, cache in zip(self.model.layers, state.layers):
             if isinstance(cache, GDNCache):
-                GatedDeltaNet.commit(cache, keep)
+                layer.linear_attn.commit(cache, keep)
