@@ -380,9 +380,18 @@ def _attention_cases(label: str, heads: int, kv_heads: int, head_dim: int, conte
         pos = _meta(T, dtype=torch.int64)
         cache = _meta(rows, kv_heads, head_dim)
         attention.attend(_meta(T, heads, head_dim), cache, cache, pos, _meta(1, dtype=torch.int64),
-                         head_dim**-0.5, causal, window)
+                         head_dim**-0.5, causal, window, _meta(T, heads * head_dim) if causal else None)
+
+    def prepare(T, gated, rotary_dim, rows):
+        cache = _meta(rows, kv_heads, head_dim)
+        kv = _meta(T, kv_heads * head_dim)
+        attention.prepare(_meta(T, heads * head_dim * (2 if gated else 1)), kv, kv, _meta(head_dim), _meta(head_dim),
+                          1e-6, gated, _meta(T, rotary_dim), _meta(T, rotary_dim), _meta(T, dtype=torch.int64),
+                          cache, cache, heads, gated)
 
     return [
+        (f"{label} attention prepare d={head_dim}", lambda: prepare(16, head_dim == 256, head_dim // 4
+                                                                    if head_dim == 256 else head_dim, context + 16)),
         (f"{label} attention decode d={head_dim}", lambda: run(1, True, None, context + 16)),
         (f"{label} attention verify d={head_dim}", lambda: run(16, True, None, context + 16)),
         (f"{label} attention draft ring d={head_dim}", lambda: run(16, False, 2048, 2048 + 16)),
@@ -457,6 +466,7 @@ def compile_only(arches: list[str], quick: bool) -> int:
     if quick:  # the 27B's ffn_gate/up in its two files, both kernels, the 35B's experts and one glue kernel
         cases = [c for c in cases if c[0].startswith("qwen3.6-27b gate/up") or "experts 1024x2048 Q4_K" in c[0]
                  or c[0] == "qwen3.6-27b add_rms_norm h=5120" or c[0] == "qwen3.6-27b attention verify d=256"
+                 or c[0] == "qwen3.6-27b attention prepare d=256"
                  or c[0] == "qwen3.6-27b gdn commit"]
     start = time.perf_counter()
     print(f"{'arch':<6} {'kernel':<22} {'first case needing it':<44} registers, spilled bytes, global loads "

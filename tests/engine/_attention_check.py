@@ -18,6 +18,18 @@ CASES = [  # (rows allocated, used length end, T new rows, heads, kv heads, head
 ]
 
 
+def check_gate(dtype):
+    """The output gate applied in the merge kernel: o * sigmoid(gate), rounded as the torch path rounds."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(*s, generator=g).to(dtype) for s in ((3, 4, 32), (700, 2, 32), (700, 2, 32)))
+    gate = torch.randn(3, 4 * 32, generator=g).to(dtype)
+    span = Span.fixed(torch.tensor(697), torch.arange(3), 700)
+    want = attend_cache(q.float(), k.float(), v.float(), span, 0.2).to(dtype) * torch.sigmoid(gate)
+    got = kernel.attend(q, k, v, span.pos, span.end, 0.2, True, None, gate)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
 def check(alloc, end, T, heads, kv_heads, d, causal, window, dtype=torch.float32):
     g = torch.Generator().manual_seed(alloc + end + T)
     q = torch.randn(T, heads, d, generator=g).to(dtype)
@@ -50,6 +62,40 @@ def check_ring(rows, end, T, window, causal):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def check_prepare(gated, zero_centred, head_dim, rotary_dim, rows, dtype=torch.float32):
+    """The fused norm + RoPE + cache-write kernel against the projections' torch path."""
+    from dflash_chat.engine.models.attention import Projections
+    from dflash_chat.engine.models.layers import Rotary
+
+    torch.manual_seed(head_dim + rows)
+    attn = Projections(32, 4, 2, head_dim, 1e-6, zero_centred, gated).to(dtype)
+    with torch.no_grad():
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.normal_(0, 0.3)
+    rotary = Rotary(rotary_dim, 10000.0)
+    rotary.allocate(200, dtype)
+    x = torch.randn(5, 32).to(dtype)
+    pos = torch.tensor([60, 61, 62, 63, 64])
+    cos, sin = rotary.at(pos, dtype)
+    caches = [(torch.zeros(rows, 2, head_dim, dtype=dtype), torch.zeros(rows, 2, head_dim, dtype=dtype)) for _ in range(2)]
+    with torch.no_grad():
+        for queries in (True, False):
+            import os
+
+            os.environ["DFLASH_CHAT_NO_TRITON_ATTENTION"] = "1"  # the torch path
+            want = attn.into_cache(x, cos, sin, pos, *caches[0], queries=queries)
+            del os.environ["DFLASH_CHAT_NO_TRITON_ATTENTION"]
+            got = attn.into_cache(x, cos, sin, pos, *caches[1], queries=queries)
+            tol = 1e-5 if dtype == torch.float32 else 1e-2
+            for a, b in zip(got, want):
+                if b is None:
+                    assert a is None
+                else:
+                    torch.testing.assert_close(a.reshape(b.shape), b, rtol=tol, atol=tol)
+            for a, b in zip(caches[1], caches[0]):
+                torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
 if __name__ == "__main__":
     assert kernel.available(torch.empty(0)), "the kernel must be selected under the interpreter"
     for case in CASES:
@@ -57,4 +103,9 @@ if __name__ == "__main__":
     check(*CASES[1], dtype=torch.float16)
     check_ring(rows=300 + 16, end=1700, T=16, window=300, causal=False)  # the drafter's sliding layers
     check_ring(rows=40 + 16, end=90, T=16, window=40, causal=False)
+    check_gate(torch.float32)
+    check_gate(torch.float16)
+    check_prepare(gated=True, zero_centred=True, head_dim=64, rotary_dim=16, rows=100)  # a Qwen3.5/3.6 target layer
+    check_prepare(gated=False, zero_centred=False, head_dim=32, rotary_dim=32, rows=8)  # a drafter's sliding ring
+    check_prepare(gated=True, zero_centred=True, head_dim=64, rotary_dim=16, rows=100, dtype=torch.float16)
     print("attention kernel checks passed")

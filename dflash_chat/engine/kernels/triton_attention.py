@@ -75,8 +75,8 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
     tl.store(ml_ptr + 2 * base + 1, l, mask=live)
 
 @triton.jit
-def merge_kernel(acc_ptr, ml_ptr, end_ptr, out_ptr, rep, R, KVH, cache_rows, stride_ot, stride_oh,
-                 D: tl.constexpr, SPLIT: tl.constexpr):
+def merge_kernel(acc_ptr, ml_ptr, end_ptr, out_ptr, gate_ptr, rep, R, KVH, cache_rows, stride_ot, stride_oh,
+                 D: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
     g = tl.program_id(0)
     row = tl.program_id(1)
     end = tl.load(end_ptr)
@@ -93,8 +93,60 @@ def merge_kernel(acc_ptr, ml_ptr, end_ptr, out_ptr, rep, R, KVH, cache_rows, str
         w = tl.exp(tl.load(ml_ptr + 2 * base) - m_safe)
         total += w * tl.load(ml_ptr + 2 * base + 1)
         acc += w * tl.load(acc_ptr + base * D + d)
-    out = acc / tl.where(total > 0, total, 1.0)
+    out = (acc / tl.where(total > 0, total, 1.0)).to(out_ptr.dtype.element_ty)
     t = row // rep
     head = g * rep + row % rep
+    if GATED:  # the output gate, rounded where the torch path rounds: o * sigmoid(gate)
+        gate = tl.load(gate_ptr + t * stride_ot + head * stride_oh + d).to(tl.float32)
+        out = (out.to(tl.float32) * tl.sigmoid(gate).to(out_ptr.dtype.element_ty).to(tl.float32))
     tl.store(out_ptr + t * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
+
+
+@triton.jit
+def _norm_rope(base, w_ptr, c, sn, d, partner, eps, D: tl.constexpr, RD: tl.constexpr, ZERO_CENTRED: tl.constexpr):
+    """The head at `base`: RMS-normed (weights at w_ptr) then RoPE on the first RD channels, rounded to the
+    input's dtype where the torch path rounds."""
+    x = tl.load(base + d)
+    xp = tl.load(base + partner)
+    xf, xpf = x.to(tl.float32), xp.to(tl.float32)
+    w, wp = tl.load(w_ptr + d).to(tl.float32), tl.load(w_ptr + partner).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, 0) / D + eps)
+    if ZERO_CENTRED:
+        y = (xf * inv * (1.0 + w)).to(x.dtype).to(tl.float32)
+        yp = (xpf * inv * (1.0 + wp)).to(x.dtype).to(tl.float32)
+    else:
+        y = ((xf * inv).to(x.dtype).to(tl.float32) * w).to(x.dtype).to(tl.float32)
+        yp = ((xpf * inv).to(x.dtype).to(tl.float32) * wp).to(x.dtype).to(tl.float32)
+    rotated = tl.where(d < RD // 2, -yp, yp)
+    roped = (y * c).to(x.dtype).to(tl.float32) + (rotated * sn).to(x.dtype).to(tl.float32)
+    return tl.where(d < RD, roped, y).to(x.dtype)
+
+
+@triton.jit
+def prepare_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, gate_ptr, kc_ptr, vc_ptr,
+                   heads, stride_qt, stride_kt, stride_vt, stride_ct, cache_rows, stride_cr, stride_ch, eps,
+                   D: tl.constexpr, RD: tl.constexpr, GATED: tl.constexpr, ZERO_CENTRED: tl.constexpr,
+                   HAS_Q: tl.constexpr):
+    """Program (t, j): query head j (normed, rotated, its output gate split off), or, for j >= heads, KV
+    head j - heads: key normed and rotated, key and value written to the caches' row pos[t] mod rows."""
+    t = tl.program_id(0)
+    j = tl.program_id(1)
+    d = tl.arange(0, D)
+    half = RD // 2
+    partner = tl.where(d < half, d + half, d - half)
+    partner = tl.where(d < RD, partner, d)
+    c = tl.load(cos_ptr + t * stride_ct + d, mask=d < RD, other=1.0).to(tl.float32)
+    sn = tl.load(sin_ptr + t * stride_ct + d, mask=d < RD, other=0.0).to(tl.float32)
+    if HAS_Q and j < heads:
+        base = q_ptr + t * stride_qt + j * (2 * D if GATED else D)
+        y = _norm_rope(base, qw_ptr, c, sn, d, partner, eps, D, RD, ZERO_CENTRED)
+        tl.store(qo_ptr + (t * heads + j) * D + d, y)
+        if GATED:
+            tl.store(gate_ptr + (t * heads + j) * D + d, tl.load(base + D + d))
+    else:
+        h = j - heads
+        y = _norm_rope(k_ptr + t * stride_kt + h * D, kw_ptr, c, sn, d, partner, eps, D, RD, ZERO_CENTRED)
+        row = (tl.load(pos_ptr + t) % cache_rows).to(tl.int64)
+        tl.store(kc_ptr + row * stride_cr + h * stride_ch + d, y)
+        tl.store(vc_ptr + row * stride_cr + h * stride_ch + d, tl.load(v_ptr + t * stride_vt + h * D + d))

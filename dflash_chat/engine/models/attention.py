@@ -43,7 +43,7 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = N
 
 
 def attend_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: Span, scale: float, *,
-                 causal: bool = True, window: int | None = None) -> torch.Tensor:
+                 causal: bool = True, window: int | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, heads, d] at `span.pos` against the cached positions [0, span.end) -> [T, heads * d].
 
     Position j lives in row j mod rows: the identity for a cache as long as the context, a ring for a
@@ -52,11 +52,17 @@ def attend_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     A query at position p sees key position j when j < end, and j <= p if causal, and |p - j| < window if
     windowed. On CUDA a length-aware kernel reads only the rows below `end`; elsewhere SDPA reads
     `span.bound` rows with a mask (all of them in fixed-shape steps, the used ones in eager steps).
+    gate [T, heads * d] (Qwen3.5/3.6's output gate): the output times sigmoid(gate), in the kernel on CUDA.
     """
     from dflash_chat.engine.kernels import attention as kernel
 
     if kernel.available(q):
-        return kernel.attend(q, k_cache, v_cache, span.pos, span.end, scale, causal, window)
+        return kernel.attend(q, k_cache, v_cache, span.pos, span.end, scale, causal, window, gate)
+    out = _attend_rows(q, k_cache, v_cache, span, scale, causal, window)
+    return out if gate is None else out * torch.sigmoid(gate)
+
+
+def _attend_rows(q, k_cache, v_cache, span: Span, scale: float, causal: bool, window: int | None) -> torch.Tensor:
     rows = k_cache.shape[0]
     if span.bound <= rows:
         k, v = k_cache[: span.bound], v_cache[: span.bound]
@@ -78,6 +84,17 @@ def cache_mask(span: Span, causal: bool, window: int | None) -> torch.Tensor | N
     if not eager:
         visible &= keys[None, :] < span.end
     return visible
+
+
+def write_rows(cache_k: torch.Tensor, cache_v: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> None:
+    """K/V of `positions` into their rows (j mod rows); of a run longer than a ring, only the newest rows."""
+    rows = cache_k.shape[0]
+    if positions.shape[0] > rows:
+        positions, k, v = positions[-rows:], k[-rows:], v[-rows:]
+    at = torch.remainder(positions, rows)
+    cache_k.index_copy_(0, at, k)
+    cache_v.index_copy_(0, at, v)
 
 
 class Projections(nn.Module):
@@ -103,6 +120,32 @@ class Projections(nn.Module):
 
     def shared_input_parts(self) -> list[nn.Module]:
         return [self.q_proj, self.k_proj, self.v_proj]
+
+    def into_cache(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, queries: bool = True):
+        """(q, output gate) of x, its keys and values written to the caches' rows positions mod rows; on CUDA
+        the norms, RoPE, gate split and cache writes are one kernel after the projections."""
+        from dflash_chat.engine.kernels import attention as kernel
+
+        if not kernel.available(x) or torch.is_grad_enabled():
+            if queries:
+                q, gate, k, v = self.project(x, cos, sin)
+            else:
+                (k, v), q, gate = self.keys_values(x, cos, sin), None, None
+            write_rows(k_cache, v_cache, positions, k, v)
+            return q, gate
+        if not queries:
+            if positions.shape[0] > k_cache.shape[0]:  # a long run into a ring: only its newest rows stay
+                n = k_cache.shape[0]
+                x, cos, sin, positions = x[-n:], cos[-n:], sin[-n:], positions[-n:]
+            q_raw, (k_raw, v_raw) = None, (self.k_proj(x), self.v_proj(x))
+        elif self.shared is not None:
+            q_raw, k_raw, v_raw = self.shared(x)
+        else:
+            q_raw, k_raw, v_raw = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return kernel.prepare(q_raw, k_raw, v_raw, self.q_norm.weight, self.k_norm.weight, self.k_norm.eps,
+                              self.k_norm.zero_centred, cos, sin, positions, k_cache, v_cache, self.num_heads,
+                              self.gated)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """(q, output gate, k, v) as `queries` and `keys_values` give them, from one fused matmul when there is one."""

@@ -67,17 +67,6 @@ def drafter_rotary(cfg: DrafterConfig) -> Rotary:
     return Rotary(cfg.head_dim, cfg.rope_theta, inv_freq=inv_freq, attention_factor=factor)
 
 
-def _write(cache_k: torch.Tensor, cache_v: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
-           v: torch.Tensor) -> None:
-    """K/V of `positions` into their rows (j mod rows); of a run longer than a ring, only the newest rows."""
-    rows = cache_k.shape[0]
-    if positions.shape[0] > rows:
-        positions, k, v = positions[-rows:], k[-rows:], v[-rows:]
-    at = torch.remainder(positions, rows)
-    cache_k.index_copy_(0, at, k)
-    cache_v.index_copy_(0, at, v)
-
-
 class DraftAttention(Projections):
     def __init__(self, cfg: DrafterConfig, layer_type: str):
         super().__init__(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
@@ -205,8 +194,7 @@ class DFlashDrafter(nn.Module):
         h = self.project_context(features.to(dtype))
         cos, sin = self.rotary.at(positions, dtype)
         for layer, (cache_k, cache_v) in zip(self.layers, self.cache):
-            k, v = layer.self_attn.keys_values(h, cos, sin)
-            _write(cache_k, cache_v, positions, k, v)
+            layer.self_attn.into_cache(h, cos, sin, positions, cache_k, cache_v, queries=False)
 
     @torch.no_grad()
     def draft_hidden(self, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
@@ -237,8 +225,7 @@ class DFlashDrafter(nn.Module):
         for layer, (cache_k, cache_v) in zip(self.layers, self.cache):
             attn = layer.self_attn
             xn = layer.input_layernorm(x)
-            q, _, k, v = attn.project(xn, cos, sin)
-            _write(cache_k, cache_v, span.pos, k, v)
+            q, _ = attn.into_cache(xn, cos, sin, span.pos, cache_k, cache_v)
             out = attend_cache(q, cache_k, cache_v, span, attn.scale, causal=attn.causal,
                                window=attn.window)
             x = layer.finish(x, attn.o_proj(out))

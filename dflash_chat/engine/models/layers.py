@@ -20,17 +20,17 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # zero-centred: normalised and scaled in float32, as the reference does
-        return _ops().rms_norm(x, self.weight, self.eps, self.zero_centred)
+        return ops().rms_norm(x, self.weight, self.eps, self.zero_centred)
 
 
 class GatedRMSNorm(RMSNorm):
     """The GDN output norm: plain RMSNorm, then times silu(gate)."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return _ops().gated_rms_norm(x, gate, self.weight, self.eps)
+        return ops().gated_rms_norm(x, gate, self.weight, self.eps)
 
 
-def _ops():
+def ops():
     """The fused kernels (engine/kernels: Triton on CUDA, the same arithmetic in torch elsewhere) when no
     gradient is wanted; the torch reference when training (the kernels have no backward)."""
     from dflash_chat.engine import kernels
@@ -101,7 +101,7 @@ class PreNormBlock(nn.Module):
         """Add the mixer's (attention's) output to the residual stream, then the MLP's (the add and the
         post-attention norm in one kernel)."""
         norm = self.post_attention_layernorm
-        x, h = _ops().add_rms_norm(mixed, x, norm.weight, norm.eps, norm.zero_centred)
+        x, h = ops().add_rms_norm(mixed, x, norm.weight, norm.eps, norm.zero_centred)
         return x + self.mlp(h)
 
 
@@ -118,7 +118,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.shared(x) if self.shared is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(_ops().silu_mul(gate, up))
+        return self.down_proj(ops().silu_mul(gate, up))
 
 
 class Experts(nn.Module):

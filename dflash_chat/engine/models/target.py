@@ -18,7 +18,7 @@ from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.models.attention import Projections, attend_cache
 from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.gdn import GatedDeltaNet
-from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary, SparseMoE
+from dflash_chat.engine.models.layers import MLP, RMSNorm, Rotary, SparseMoE, ops
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.state import AttentionCache, GDNCache, ModelState
 
@@ -35,16 +35,11 @@ class Attention(Projections):
         return AttentionCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
     def forward(self, x, cache: AttentionCache, span: Span, cos, sin) -> torch.Tensor:
-        q, gate, k, v = self.project(x, cos, sin)
-        cache.k.index_copy_(0, span.pos, k)
-        cache.v.index_copy_(0, span.pos, v)
-        out = attend_cache(q, cache.k, cache.v, span, self.scale)
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
-        return self.o_proj(out)
+        q, gate = self.into_cache(x, cos, sin, span.pos, cache.k, cache.v)
+        return self.o_proj(attend_cache(q, cache.k, cache.v, span, self.scale, gate=gate))
 
 
-class DecoderLayer(PreNormBlock):
+class DecoderLayer(nn.Module):
     def __init__(self, cfg: TargetConfig, layer_type: str):
         super().__init__()
         self.layer_type = layer_type
@@ -67,13 +62,23 @@ class DecoderLayer(PreNormBlock):
             return self.linear_attn.new_cache(device, dtype, block)
         return self.self_attn.new_cache(max_len, device, dtype)
 
-    def forward(self, x, cache, span: Span, cos, sin, speculative):
-        h = self.input_layernorm(x)
+    def forward(self, x, pending, cache, span: Span, cos, sin, speculative):
+        """(residual, the MLP output still to add to it): the previous layer's last add happens here, in one
+        kernel with this layer's input norm (pending is None for the first layer)."""
+        x, h = add_norm(self.input_layernorm, x, pending)
         if self.layer_type == "linear_attention":
             h = self.linear_attn(h, cache, speculative)
         else:
             h = self.self_attn(h, cache, span, cos, sin)
-        return self.finish(x, h)
+        x, h = add_norm(self.post_attention_layernorm, x, h)
+        return x, self.mlp(h)
+
+
+def add_norm(norm: RMSNorm, x: torch.Tensor, pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + pending, norm(x + pending)) in one kernel; (x, norm(x)) when nothing is pending."""
+    if pending is None:
+        return x, norm(x)
+    return ops().add_rms_norm(pending, x, norm.weight, norm.eps, norm.zero_centred)
 
 
 class Backbone(nn.Module):
@@ -136,17 +141,19 @@ class TargetModel(nn.Module):
         x = self.model.embed_tokens(ids).to(dtype)
         cos, sin = self.rotary.at(span.pos, dtype)
         tapped = dict.fromkeys(taps or ())
+        pending = None
         for i, (layer, cache) in enumerate(zip(self.model.layers, state.layers)):
-            x = layer(x, cache, span, cos, sin, speculative)
+            x, pending = layer(x, pending, cache, span, cos, sin, speculative)
             if i in tapped:
-                tapped[i] = x
+                tapped[i] = x + pending
         if eager:
             state.length = start + T
             state.pending = T if speculative else 0
         feats = torch.cat([tapped[i] for i in taps], dim=-1) if taps else None
         out = None
         if logits is not None:
-            h = self.model.norm(x[-1:] if logits == "last" else x)
+            rows = slice(-1, None) if logits == "last" else slice(None)
+            _, h = add_norm(self.model.norm, x[rows], pending[rows])
             out = self.lm_head(h).float()
             if logits == "last":
                 out = out[0]
