@@ -54,4 +54,9 @@ if __name__ == "__main__":
             got_state = state.clone()
             assert gdn.mix(*x, got_state, HEADS, update=True, outputs=False, keep=torch.tensor(keep)) is None
             close(got_state, want_state, tol)
+    # b and a as columns of one fused projection (strided, not copied)
+    (qkv, b, a, a_log, dt), state = inputs(3, seed=4)
+    ba = torch.cat((b, a), dim=1)
+    close(gdn.mix(qkv, ba[:, :4], ba[:, 4:], a_log, dt, state.clone(), HEADS, update=True),
+          expected((qkv, b, a, a_log, dt), state.clone()))
     print("gdn kernel checks passed")

@@ -196,7 +196,9 @@ def _kernel():
 def _triton(qkv, b, a, A_log, dt_bias, state, heads: Heads, update, outputs, keep):
     T, H = b.shape
     K, V = heads.key_dim, heads.value_dim
-    qkv, b, a = qkv.contiguous(), b.contiguous(), a.contiguous()
+    qkv = qkv.contiguous()
+    if b.stride() != a.stride() or b.stride(-1) != 1:  # b and a usually are columns of one fused projection
+        b, a = b.contiguous(), a.contiguous()
     out = torch.empty(T, H, V, dtype=torch.float32, device=qkv.device) if outputs else state  # state: unused
     vb = min(V_BLOCK, V)
     kernels = _kernel()
