@@ -156,6 +156,10 @@ class Backend:
         """The model's name for the title bar."""
         raise NotImplementedError
 
+    def ready_text(self, seconds: float) -> str:
+        """The notification once a model is ready."""
+        return f"{self.name()} is ready ({seconds:.1f} s to load)"
+
     def rows(self) -> tuple[tuple[str, str], ...]:
         """The panel's Model section."""
         raise NotImplementedError

@@ -46,12 +46,14 @@ class EngineSession:
                               stop_token_ids=self.stops, seed=seed)
 
     def answer(self, prompt: Prompt, params, cancel: threading.Event, post: Callable[[StreamChunk], None],
-               *, stop: tuple[str, ...] = (), thinking_split: bool = True) -> StreamEnd:
+               *, stop: tuple[str, ...] = (), thinking_split: bool = True,
+               tap: Callable[[object], None] | None = None) -> StreamEnd:
         """Generate for `prompt`, posting batched chunks; `stop` strings end the text before them.
-        `thinking_split` False: every word is answer text (a raw completion)."""
+        `thinking_split` False: every word is answer text (a raw completion). `tap` sees every engine event."""
         splitter = ThinkingSplitter(thinking=prompt.opens_thinking) if thinking_split else _NoSplit()
+        events = self.pair.engine.generate(prompt.ids, params, cancel)
         return stream_answer(
-            self.pair.engine.generate(prompt.ids, params, cancel),
+            events if tap is None else _tapped(events, tap),
             IncrementalDecoder(self.tokenizer, params.stop_token_ids),
             splitter,
             post,
@@ -66,6 +68,12 @@ class EngineSession:
         if end.reason == "error" or end.stopped_by_text:
             return None
         return Transcript(turns, prompt, list(end.token_ids), end.answer, end.thinking)
+
+
+def _tapped(events, tap):
+    for event in events:
+        tap(event)
+        yield event
 
 
 class _NoSplit:

@@ -227,7 +227,7 @@ class ChatScreen(PlainNotices, Screen):
         self.query_one(LoadBar).hide()
         self.show_status()
         await self.show_notice()
-        self.notify(f"{self.backend.name()} is ready ({event.seconds:.1f} s to load)")
+        self.notify(self.backend.ready_text(event.seconds))
 
     async def _model_failed(self, event: ModelFailed) -> None:
         self.query_one(LoadBar).hide()
