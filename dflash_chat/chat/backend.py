@@ -181,5 +181,9 @@ class Backend:
         """Start writing an answer: PromptSent?, AnswerChunk..., then AnswerEnded, all through `post`."""
         raise NotImplementedError
 
+    def stop(self, request: AnswerRequest) -> None:
+        """Stop writing that answer (Esc): what was written is kept, AnswerEnded follows."""
+        request.cancel.set()
+
     def open_chat(self, chat: Any) -> None:
         """`chat` (a Conversation) is now the open one: a new chat, or a saved one opened again."""

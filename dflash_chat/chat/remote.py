@@ -13,6 +13,8 @@ panel says which, or that the server reports none. No engine and no torch here.
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -30,7 +32,7 @@ CONNECT_S = 10.0
 READ_S = 600.0  # a long prompt's prefill on a busy server can take minutes
 
 
-def _httpx():
+def httpx_module():
     try:  # huggingface_hub >= 2.4 brings httpx2, earlier versions httpx
         import httpx2 as httpx
     except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
@@ -104,6 +106,7 @@ class HttpBackend(Backend):
         self.endpoint = endpoint
         self.served: ServedModel | None = None
         self._client = None
+        self._live: dict[threading.Event, object] = {}  # each streaming answer's response, by its cancel flag
         self._note = f"Connecting to {endpoint.host}…"
         self.subtitle = f"connecting to {endpoint.host}…"
         self.panel_note = "connecting…"
@@ -132,7 +135,7 @@ class HttpBackend(Backend):
 
     def client(self):
         if self._client is None:
-            httpx = _httpx()
+            httpx = httpx_module()
             self._client = httpx.Client(timeout=httpx.Timeout(READ_S, connect=CONNECT_S), headers=self.endpoint.headers())
         return self._client
 
@@ -184,7 +187,7 @@ class HttpBackend(Backend):
     def _why(self, exc: Exception) -> str:
         if isinstance(exc, ServerError):
             return str(exc)
-        httpx = _httpx()
+        httpx = httpx_module()
         if isinstance(exc, httpx.TransportError):
             return (f"cannot reach {self.endpoint.base} ({type(exc).__name__}: {exc}): is the server running, "
                     "and is the URL right?")
@@ -211,12 +214,30 @@ class HttpBackend(Backend):
             body["top_k"] = request.top_k
         return body
 
+    def stop(self, request: AnswerRequest) -> None:
+        """Cancel, and cut the connection at once: a read blocked waiting for the server returns, and
+        the server sees the client leave (and stops its engine) without waiting for its next chunk."""
+        request.cancel.set()
+        response = self._live.get(request.cancel)
+        if response is None:
+            return
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+
     def _answer(self, served: ServedModel, request: AnswerRequest) -> None:
         before = self._counters() if served.counters else None
+        reader = Reader(request, self.post, lambda response: self._live.__setitem__(request.cancel, response))
         try:
-            end = Reader(request, self.post).read(self.client(), self.endpoint, self._body(served, request))
+            end = reader.read(self.client(), self.endpoint, self._body(served, request))
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
-            end = StreamEnd("error", "", "", None, self._why(exc))
+            end = reader.cut_short() if request.cancel.is_set() else StreamEnd("error", "", "", None, self._why(exc))
+        finally:
+            self._live.pop(request.cancel, None)
         if end.stats is not None and end.acceptance_source is None and before is not None:
             after = self._counters()
             acceptance = openai_protocol.from_counters(before, after) if after is not None else None
@@ -228,9 +249,10 @@ class HttpBackend(Backend):
 class Reader:
     """One streamed answer: SSE lines in, batched AnswerChunks out, the figures at the end."""
 
-    def __init__(self, request: AnswerRequest, post) -> None:
+    def __init__(self, request: AnswerRequest, post, opened=lambda response: None) -> None:
         self.request = request
         self.post = post
+        self.opened = opened  # told the live response (HttpBackend.stop cuts it)
         self.splitter = ThinkingSplitter(thinking=False)  # <think> tags from a server without a reasoning parser
         self.thinking: list[str] = []
         self.answer: list[str] = []
@@ -248,18 +270,19 @@ class Reader:
         started = time.monotonic()
         self.started = started
         posted = started
-        cancelled = False
+        done = False
         with client.stream("POST", f"{endpoint.base}/chat/completions", json=body) as response:
+            self.opened(response)
             if response.status_code != 200:
                 raise ServerError(error_text(response.status_code, response.read(), endpoint))
-            for line in response.iter_lines():
+            for line in response.iter_lines() if not self.request.cancel.is_set() else ():
                 if self.request.cancel.is_set():
-                    cancelled = True  # leaving the stream closes it: the server cancels the answer
-                    break
+                    break  # leaving the stream closes it: the server cancels the answer
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    done = True
                     break
                 try:
                     chunk = json.loads(data)
@@ -271,10 +294,18 @@ class Reader:
                 if any(self.pending) and (first and self.first is not None or now - posted >= POST_INTERVAL_S):
                     self.send()
                     posted = now
+        cancelled = not done and self.finish is None and self.request.cancel.is_set()
+        return self.end("cancelled" if cancelled else "error" if self.error else
+                        {"length": "length"}.get(self.finish, "stop"))
+
+    def cut_short(self) -> StreamEnd:
+        """The answer as far as it came, when Esc cut the connection mid-read."""
+        return self.end("cancelled")
+
+    def end(self, reason: str) -> StreamEnd:
         self._feed(*self.splitter.flush())
         if any(self.pending):
             self.send()
-        reason = "cancelled" if cancelled else "error" if self.error else {"length": "length"}.get(self.finish, "stop")
         stats = self.stats(time.monotonic())
         source = self.acceptance.source if self.acceptance is not None else None
         return StreamEnd(reason, "".join(self.thinking), "".join(self.answer), stats, self.error,

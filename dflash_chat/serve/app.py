@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_chat.chat.bridge import StreamChunk, StreamEnd
 from dflash_chat.chat.prompt import Prompt, build_prompt, encode
-from dflash_chat.engine.events import Step
+from dflash_chat.engine.events import GenerationStats, Step
 from dflash_chat.errors import one_line
 from dflash_chat.serve import responses
 from dflash_chat.serve.errors import ApiError, bad_request, error_body
@@ -56,6 +56,7 @@ class Record:
     new_tokens: int
     steps: int
     steps_after_cancel: int  # decode steps the engine finished after the client's cancel was set
+    stats: GenerationStats | None = None
 
 
 class Served:
@@ -155,6 +156,7 @@ class Served:
         session.last = session.held(request.turns, prompt, end) if chat else None
         if end.stats is not None:
             record.reason, record.new_tokens, record.steps = end.reason, end.stats.new_tokens, end.stats.steps
+            record.stats = end.stats
             if end.reason != "error":
                 self.metrics.answered(end.stats, responses.finish_reason(end), queued_s,
                                       time.monotonic() - job.queued_at)

@@ -52,9 +52,9 @@ class Scheduler:
             self._changed()
 
     @property
-    def idle(self) -> bool:
+    def waiting(self) -> int:
         with self._lock:
-            return self._running is None and not self._waiting
+            return len(self._waiting)
 
     def _changed(self) -> None:
         self.on_change(int(self._running is not None), len(self._waiting))

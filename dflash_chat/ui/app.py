@@ -77,8 +77,7 @@ class DFlashChatApp(App):
         self.notify(message, severity=severity, timeout=STICKY_S, markup=False)
 
     def on_unmount(self) -> None:
-        if self.chat.turn is not None:
-            self.chat.turn.cancel.set()  # thread workers cannot be killed: let the loop see the flag
+        self.chat.action_stop()  # thread workers cannot be killed: the answer's loop must see the flag
         self.store.close()
 
     # keymap and palette

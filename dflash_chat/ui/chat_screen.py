@@ -72,10 +72,13 @@ class Turn:
     conversation: Conversation
     message: Message
     widget: AssistantMessage
-    cancel: threading.Event
-    thinking: bool
+    request: AnswerRequest
     model: Any  # what writes it (the backend's may change meanwhile)
     last_saved: float = 0.0
+
+    @property
+    def thinking(self) -> bool:
+        return self.request.thinking
 
 
 class ChatScreen(PlainNotices, Screen):
@@ -266,11 +269,10 @@ class ChatScreen(PlainNotices, Screen):
         self.conversation.messages.append(message)
         self.recorder.add(self.conversation, message)
         widget = await self.chat_view.add_assistant()
-        cancel = threading.Event()
-        self.turn = Turn(self.conversation, message, widget, cancel, self.thinking, self.backend.model)
-        self.backend.answer(AnswerRequest(
-            self.conversation, turns, self.thinking, settings.temperature, settings.top_p, settings.top_k,
-            settings.max_new_tokens, cancel))
+        request = AnswerRequest(self.conversation, turns, self.thinking, settings.temperature, settings.top_p,
+                                settings.top_k, settings.max_new_tokens, threading.Event())
+        self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
+        self.backend.answer(request)
 
     async def _prompt_sent(self, event: PromptSent) -> None:
         self.last_prompt = event.prompt
@@ -336,7 +338,7 @@ class ChatScreen(PlainNotices, Screen):
 
     def action_stop(self) -> None:
         if self.turn is not None:
-            self.turn.cancel.set()
+            self.backend.stop(self.turn.request)
 
     async def action_new_chat(self) -> None:
         self.action_stop()
