@@ -117,13 +117,18 @@ def _flag(value: Any) -> bool:
     raise _Invalid(f"must be on or off (true/false), got {value!r}")
 
 
+def _typed_table(value: Any, shape: str) -> Any:
+    """A table typed on one line (--set, the settings screen): "a=x;b=y" -> {"a": "x", "b": "y"}."""
+    if not isinstance(value, str):
+        return value
+    pairs = [item.split("=", 1) for item in value.split(";") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise _Invalid(f"must look like '{shape}'")
+    return {name.strip(): entry.strip() for name, entry in pairs}
+
+
 def _keymap(value: Any) -> dict[str, str]:
-    if isinstance(value, str):
-        # typed form (--set, the settings screen): "toggle-thinking=ctrl+t;stop=escape"
-        pairs = [item.split("=", 1) for item in value.split(";") if item.strip()]
-        if any(len(pair) != 2 for pair in pairs):
-            raise _Invalid("must look like 'binding-id=keys;other-id=keys'")
-        value = {name.strip(): keys.strip() for name, keys in pairs}
+    value = _typed_table(value, "binding-id=keys;other-id=keys")  # e.g. "toggle-thinking=ctrl+t;stop=escape"
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in value.items()
     ):
@@ -132,12 +137,7 @@ def _keymap(value: Any) -> dict[str, str]:
 
 
 def _endpoints(value: Any) -> dict[str, str]:
-    if isinstance(value, str):
-        # typed form (--set): "big-box=http://10.0.0.5:8000/v1;laptop=http://127.0.0.1:8000"
-        pairs = [item.split("=", 1) for item in value.split(";") if item.strip()]
-        if any(len(pair) != 2 for pair in pairs):
-            raise _Invalid("must look like 'name=http://host:port/v1;other=http://...'")
-        value = {name.strip(): url.strip() for name, url in pairs}
+    value = _typed_table(value, "name=http://host:port/v1;other=http://...")
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and k.strip() and isinstance(v, str)
                                                  for k, v in value.items()):
         raise _Invalid('must be a table of name = "URL" (e.g. big-box = "http://10.0.0.5:8000/v1")')

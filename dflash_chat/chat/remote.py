@@ -107,6 +107,7 @@ class HttpBackend(Backend):
         self.served: ServedModel | None = None
         self._client = None
         self._live: dict[threading.Event, object] = {}  # each streaming answer's response, by its cancel flag
+        self._reports = False  # the server's answers carry their own figures: /metrics is not needed
         self._note = f"Connecting to {endpoint.host}…"
         self.subtitle = f"connecting to {endpoint.host}…"
         self.panel_note = "connecting…"
@@ -230,7 +231,7 @@ class HttpBackend(Backend):
                 pass  # already closed
 
     def _answer(self, served: ServedModel, request: AnswerRequest) -> None:
-        before = self._counters() if served.counters else None
+        before = self._counters() if served.counters and not self._reports else None
         reader = Reader(request, self.post, lambda response: self._live.__setitem__(request.cancel, response))
         try:
             end = reader.read(self.client(), self.endpoint, self._body(served, request))
@@ -238,6 +239,7 @@ class HttpBackend(Backend):
             end = reader.cut_short() if request.cancel.is_set() else StreamEnd("error", "", "", None, self._why(exc))
         finally:
             self._live.pop(request.cancel, None)
+        self._reports = self._reports or end.acceptance_source is not None
         if end.stats is not None and end.acceptance_source is None and before is not None:
             after = self._counters()
             acceptance = openai_protocol.from_counters(before, after) if after is not None else None

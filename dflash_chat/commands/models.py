@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     print(verdict)
-    print(f"Cache: {hub.default_cache_dir()}  (dflash-chat pull MODEL --quant Q downloads ahead of time)")
     print_endpoints()
+    print(f"Cache: {hub.default_cache_dir()}  (dflash-chat pull MODEL --quant Q downloads ahead of time)")
     return 0
 
 

@@ -213,19 +213,18 @@ def build_app(served: Served) -> FastAPI:
             card["max_model_len"] = served.session.context
         return {"object": "list", "data": [card]}
 
+    async def completion(request: Request, parse, chat: bool):
+        served.check_auth(request)
+        parsed = parse(parse_json(await read_body(request, served.max_body)), served.settings)
+        return await answer(request, served, parsed, responses.Kind.new(chat, served.name))
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        served.check_auth(request)
-        body = parse_json(await read_body(request, served.max_body))
-        parsed = chat_request(body, served.settings)
-        return await answer(request, served, parsed, responses.Kind.new(True, served.name))
+        return await completion(request, chat_request, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        served.check_auth(request)
-        body = parse_json(await read_body(request, served.max_body))
-        parsed = completion_request(body, served.settings)
-        return await answer(request, served, parsed, responses.Kind.new(False, served.name))
+        return await completion(request, completion_request, chat=False)
 
     return app
 

@@ -8,7 +8,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from dataclasses import replace
 
 import pytest
@@ -22,6 +21,8 @@ from dflash_chat.chat.remote import Endpoint, HttpBackend
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.widgets.stats_panel import DASH, NO_FIGURES, format_rate, format_speed
+
+from tests.ui.conftest import wait_for
 
 from . import stub_vllm
 from .conftest import Paced, serving
@@ -45,14 +46,6 @@ class Seen:
         event = getattr(message, "event", None)
         if isinstance(event, self.kind) and not any(e is event for e in self.events):
             self.events.append(event)
-
-
-async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.02)
 
 
 async def ask(pilot, app, text: str):
@@ -92,7 +85,7 @@ def test_against_serve_the_answer_streams_and_the_panel_shows_the_servers_accept
     assert shown["tokens/step"] == f"{first.mean_acceptance_length:.2f}"
     assert shown["from"] == PER_REQUEST
     assert shown["new"] == str(first.new_tokens) == "16"
-    assert shown["prompt"] == f"{first.prompt_tokens} (0 reused)"
+    assert shown["prompt"] == f"{first.prompt_tokens} ({first.reused_tokens} reused)"
     # speed and first token measured here, on the client
     assert shown["tok/s (last)"] == format_speed(end.stats.decode_tokens_per_s) and end.stats.decode_tokens_per_s > 0
     assert shown["first token"] != DASH and end.stats.ttft_s >= first.ttft_s
