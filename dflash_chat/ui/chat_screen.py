@@ -135,9 +135,8 @@ class ChatScreen(PlainNotices, Screen):
         self.query_one(PromptInput).focus()
         await self.chat_view.show(self.conversation, self.notice())
         self.set_interval(2.0, self.refresh_model, name="memory")
-        request = getattr(self.backend, "request", None)
-        if request is not None:
-            self.begin(request)
+        if self.backend.request is not None:
+            self.begin(self.backend.request)
 
     def on_resize(self) -> None:
         narrow = self.size.width < NARROW_WIDTH

@@ -89,3 +89,11 @@ def test_bench_http_prints_in_process_and_http_figures(home, capsys):
     assert "ms per token" in out and "x tok/s" in out
     assert cli.main(["bench", "--http"]) == 2
     assert "--http measures a real pair" in capsys.readouterr().err
+
+
+def test_serve_with_files_that_do_not_load_stops_with_their_error(home, tmp_path, capsys):
+    assert cli.main(["serve", "--target", str(tmp_path / "no-model"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "serving no-model on http://localhost:" in err
+    assert err.strip().splitlines()[-1].startswith("dflash-chat: target ") and "does not exist" in err
+    assert "Traceback" not in err
