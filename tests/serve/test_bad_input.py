@@ -111,6 +111,10 @@ def test_a_huge_body_is_413_without_being_read(server):
     huge = {**GOOD, "messages": [{"role": "user", "content": "x" * (1 << 20)}]}
     error = openai_error(post(url, huge), 413)
     assert error["code"] == "request_too_large"
+    # sent in chunks, with no Content-Length to refuse it by: cut off as it passes the limit
+    chunked = httpx_module().post(f"{url}/v1/chat/completions", content=(b"x" * 8192 for _ in range(100)),
+                                  headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
+    assert openai_error(chunked, 413)["code"] == "request_too_large"
 
 
 def test_unknown_paths_and_methods_are_openai_shaped(server):
