@@ -13,7 +13,7 @@ import sys
 
 from dflash_chat import __version__
 
-SUBCOMMANDS = ("run", "bench", "models", "pull", "doctor")
+SUBCOMMANDS = ("run", "serve", "bench", "models", "pull", "doctor")
 
 
 class Parser(argparse.ArgumentParser):

@@ -58,6 +58,8 @@ class Settings:
     decode: str = "auto"  # the decode path: auto (CUDA graphs on a GPU), graphs, fixed or eager (engine/spec.py)
     # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; the ids are in ui/keymap.py
     keymap: dict[str, str] = field(default_factory=dict)
+    # name -> URL of an OpenAI-compatible server, for `dflash-chat --endpoint NAME`
+    endpoints: dict[str, str] = field(default_factory=dict)
 
 
 OTHER_TABLES = ("models",)  # kept in config.toml by the model catalog (catalog.py)
@@ -115,18 +117,34 @@ def _flag(value: Any) -> bool:
     raise _Invalid(f"must be on or off (true/false), got {value!r}")
 
 
+def _typed_table(value: Any, shape: str) -> Any:
+    """A table typed on one line (--set, the settings screen): "a=x;b=y" -> {"a": "x", "b": "y"}."""
+    if not isinstance(value, str):
+        return value
+    pairs = [item.split("=", 1) for item in value.split(";") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise _Invalid(f"must look like '{shape}'")
+    return {name.strip(): entry.strip() for name, entry in pairs}
+
+
 def _keymap(value: Any) -> dict[str, str]:
-    if isinstance(value, str):
-        # typed form (--set, the settings screen): "toggle-thinking=ctrl+t;stop=escape"
-        pairs = [item.split("=", 1) for item in value.split(";") if item.strip()]
-        if any(len(pair) != 2 for pair in pairs):
-            raise _Invalid("must look like 'binding-id=keys;other-id=keys'")
-        value = {name.strip(): keys.strip() for name, keys in pairs}
+    value = _typed_table(value, "binding-id=keys;other-id=keys")  # e.g. "toggle-thinking=ctrl+t;stop=escape"
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in value.items()
     ):
         raise _Invalid('must be a table of binding-id = "keys" (e.g. toggle-thinking = "ctrl+k")')
     return {k: v.strip() for k, v in value.items()}
+
+
+def _endpoints(value: Any) -> dict[str, str]:
+    value = _typed_table(value, "name=http://host:port/v1;other=http://...")
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k.strip() and isinstance(v, str)
+                                                 for k, v in value.items()):
+        raise _Invalid('must be a table of name = "URL" (e.g. big-box = "http://10.0.0.5:8000/v1")')
+    for name, url in value.items():
+        if not url.strip().lower().startswith(("http://", "https://")):
+            raise _Invalid(f"{name} must be an http:// or https:// URL, got {url!r}")
+    return {k.strip(): v.strip() for k, v in value.items()}
 
 
 def _one_of(*options: str) -> Callable[[Any], str]:
@@ -152,6 +170,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "context_length": _number(int, 256, 1_048_576),
     "decode": _one_of("auto", "graphs", "fixed", "eager"),
     "keymap": _keymap,
+    "endpoints": _endpoints,
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -167,9 +186,11 @@ DESCRIPTIONS: dict[str, str] = {
     "context_length": "tokens of context the model keeps",
     "decode": "decode path: auto (CUDA graphs on a GPU, eager on the CPU), graphs, fixed (same steps, not captured) or eager",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
+    "endpoints": "named OpenAI-compatible servers: name=URL;other=URL (dflash-chat --endpoint NAME)",
 }
 
 KEYS = tuple(f.name for f in fields(Settings))
+TABLES = ("keymap", "endpoints")  # settings held as a TOML table; `--set TABLE.ENTRY=VALUE` edits one entry
 
 
 def parse_value(key: str, value: Any) -> Any:
@@ -182,20 +203,22 @@ def parse_value(key: str, value: Any) -> Any:
         raise SettingsError(f"{key} {exc}") from None
 
 
-def parse_assignment(text: str, keymap: Mapping[str, str] | None = None) -> tuple[str, Any]:
+def parse_assignment(text: str, keymap: Mapping[str, str] | None = None,
+                     endpoints: Mapping[str, str] | None = None) -> tuple[str, Any]:
     """'key=value' (as given to --set) -> (key, typed value). 'keymap.ID=KEYS' changes one entry of
-    `keymap` (the current one) and returns the whole table; 'keymap.ID=' removes that entry."""
+    `keymap` (the current one) and returns the whole table; 'keymap.ID=' removes that entry. The same
+    for 'endpoints.NAME=URL'."""
     key, sep, value = text.partition("=")
     if not sep:
         raise SettingsError(f"--set takes key=value, got {text!r} (e.g. --set temperature=0.2)")
     key = key.strip()
     table, dot, entry = key.partition(".")
-    if dot and table == "keymap" and entry.strip():
-        entries = dict(keymap or {})
+    if dot and table in TABLES and entry.strip():
+        entries = dict({"keymap": keymap, "endpoints": endpoints}[table] or {})
         entries.pop(entry.strip(), None)
         if value.strip():
             entries[entry.strip()] = value.strip()
-        return "keymap", parse_value("keymap", entries)
+        return table, parse_value(table, entries)
     return key, parse_value(key, value)
 
 
@@ -249,6 +272,8 @@ def _document(path: Path) -> dict[str, Any]:
 def _from_file(key: str, value: Any) -> Any:
     if key == "keymap" and not isinstance(value, Mapping):  # the typed form is for the command line
         raise SettingsError('keymap must be a table: a [keymap] section with lines like toggle-thinking = "ctrl+k"')
+    if key == "endpoints" and not isinstance(value, Mapping):
+        raise SettingsError('endpoints must be a table: an [endpoints] section with lines like big-box = "http://..."')
     return parse_value(key, value)
 
 
@@ -310,7 +335,7 @@ def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
         raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
     for key, value in changes.items():
         parse_value(key, value)
-        if key == "keymap":
+        if key in TABLES:
             _set_table(document, key, value)
         elif not _same(_held(document, key), value):  # an equal value keeps the user's spelling of it
             document[key] = value

@@ -9,6 +9,7 @@ the first token is posted the moment it exists. `post` must not block
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.chat.live_stats import LiveStats
 from dflash_chat.chat.prompt import ThinkingSplitter
+from dflash_chat.chat.stops import StopStrings
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled
 from dflash_chat.errors import one_line
 
@@ -41,6 +43,8 @@ class StreamEnd:
     stats: GenerationStats | None
     error: str | None = None
     token_ids: tuple[int, ...] = ()  # every token the engine wrote, stop token included
+    stopped_by_text: bool = False  # a stop string ended it (the engine holds tokens past the answer)
+    acceptance_source: str | None = None  # a remote answer: which report its draft figures came from
 
 
 def stream_answer(
@@ -51,9 +55,12 @@ def stream_answer(
     *,
     interval: float = POST_INTERVAL_S,
     clock: Callable[[], float] = time.monotonic,
+    stops: StopStrings | None = None,
+    cancel: threading.Event | None = None,
 ) -> StreamEnd:
     """Drain `events`, posting StreamChunks at most every `interval` s (the first token at once);
-    returns how the answer ended."""
+    returns how the answer ended. With `stops`, text ends before the first stop string and `cancel`
+    (the engine's flag) is set, so the engine ends at its next step; the answer ended by "stop"."""
     start = clock()
     last_post = start
     live = LiveStats()
@@ -89,7 +96,12 @@ def stream_answer(
             first = not written  # a Step: the first one is the prefill's token
             live.on_step(event, clock() - start)
             written.extend(event.token_ids)
-            take(splitter.feed(decoder.push(event.token_ids)))
+            text = decoder.push(event.token_ids)
+            if stops is not None:
+                text = stops.feed(text)
+                if stops.matched and cancel is not None:
+                    cancel.set()
+            take(splitter.feed(text))
             now = clock()
             if first or now - last_post >= interval:
                 send_chunk()
@@ -98,8 +110,15 @@ def stream_answer(
             error = "the engine stopped without finishing the answer"
     except Exception as exc:  # noqa: BLE001 - any failure ends this answer, not the app
         reason, error = "error", one_line(exc, "generation")
-    take(splitter.feed(decoder.flush()))
+    tail = decoder.flush()
+    if stops is not None:
+        tail = stops.feed(tail) + stops.flush()
+    take(splitter.feed(tail))
     take(splitter.flush())
     if pending_thinking or pending_answer:
         send_chunk()
-    return StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error, tuple(written))
+    matched = stops is not None and stops.matched
+    if matched and reason in ("cancelled", "length", "stop"):
+        reason = "stop"
+    return StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error, tuple(written),
+                     stopped_by_text=matched)

@@ -179,17 +179,24 @@ def next_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool,
 
 
 def _continue(tokenizer, turns, text: str, thinking: bool, previous: Transcript) -> Prompt | None:
-    """The held tokens + the rest of `text` (the whole chat, rendered), or None when `text`
-    does not start with the chat the engine holds."""
+    """The held tokens + the rest of `text` (the whole chat, rendered) after the answer they end with,
+    or None when `text` does not hold that chat. Templates like Qwen's write an empty think block into
+    the newest answer only, so the answer's own rendering is found between its header and its end."""
     answered = previous.turns + [{"role": "assistant", "content": previous.answer}]
     if turns[: len(answered)] != answered or len(turns) == len(answered):
         return None
     im_end = token_id(tokenizer, "<|im_end|>")
     if im_end is None:
         return None
-    before = tokenizer.apply_chat_template(answered, tokenize=False, add_generation_prompt=False)
-    if not text.startswith(before) or not before.endswith("<|im_end|>\n"):
+    head = tokenizer.apply_chat_template(previous.turns, tokenize=False, add_generation_prompt=False)
+    opening, closing_tag = "<|im_start|>assistant\n", "<|im_end|>\n"
+    if not text.startswith(head + opening):
         return None
+    end = text.find(closing_tag, len(head) + len(opening))
+    if end < 0 or not text[len(head) + len(opening):end].endswith(previous.answer):
+        return None
+    rest = text[end + len(closing_tag):]
     held = previous.ids
-    closing = "\n" if held and held[-1] == im_end else "<|im_end|>\n"
-    return Prompt(text=text, ids=held + encode(tokenizer, closing + text[len(before):]), thinking=thinking)
+    closing = "\n" if held and held[-1] == im_end else closing_tag
+    return Prompt(text=previous.prompt.text + previous.answer + closing + rest,
+                  ids=held + encode(tokenizer, closing + rest), thinking=thinking)

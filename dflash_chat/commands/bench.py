@@ -43,6 +43,8 @@ def register(subparsers) -> None:
                    "where the real one would take minutes per token)")
     p.add_argument("--decode", choices=["auto", "graphs", "fixed", "eager"], default="auto",
                    help="--synthetic: the decode path (default: CUDA graphs on a GPU, eager steps on the CPU)")
+    p.add_argument("--http", action="store_true", help="with --demo (or --target/--drafter): requests/s and tok/s "
+                   "through `serve`'s streaming HTTP API against in-process, on one loaded pair (the HTTP overhead)")
     p.add_argument("--save", metavar="DIR", help="--synthetic: also write the figures as JSON into DIR "
                    "(the project keeps GPU runs under bench/results/)")
     p.set_defaults(handler=main)
@@ -79,6 +81,16 @@ def _random_pair(args, tmp: Path):
     return ar, spec_for, prompts, title
 
 
+REAL_QUESTIONS = (
+    "Show the function that joins path components in posixpath.",
+    "What does the with statement do?",
+    "Write a function that reads a JSON file.",
+    "How do I sort a list of tuples by the second item?",
+    "Show the class definition of OrderedDict.",
+    "What is a generator expression?",
+)
+
+
 def _real_pair(args, target_dir, drafter_dir):
     from dflash_chat.chat.prompt import build_prompt, stop_token_ids
     from dflash_chat.engine.load import load_drafter, load_pair
@@ -103,14 +115,7 @@ def _real_pair(args, target_dir, drafter_dir):
               f"it at {rate_text(disk_rate)}" + ("" if dropped else " (page cache not dropped: may be memory's)"))
     drafter = load_drafter(drafter_dir, pair.engine.target)
     spec = Engine(pair.engine.target, drafter, max_context=4096)
-    questions = [
-        "Show the function that joins path components in posixpath.",
-        "What does the with statement do?",
-        "Write a function that reads a JSON file.",
-        "How do I sort a list of tuples by the second item?",
-        "Show the class definition of OrderedDict.",
-        "What is a generator expression?",
-    ][: args.prompts]
+    questions = REAL_QUESTIONS[: args.prompts]
     prompts = [build_prompt(pair.tokenizer, [{"role": "user", "content": q}], thinking=False).ids for q in questions]
     stops = stop_token_ids(pair.tokenizer, extra=pair.engine.target.cfg.eos_token_id)
     return pair.engine, (lambda prompt, ar_tokens: spec), prompts, stops
@@ -130,6 +135,30 @@ def _demo(args) -> int:
         print("embedded demo pair (real trained drafter) on held-out prompts; autoregressive and DFlash with the same engine")
         print(format_report(report))
     return 0 if report.identical else 1
+
+
+def _http(args) -> int:
+    """The same greedy answers in-process and through `serve` on loopback (dflash_chat/serve/bench.py)."""
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.serve import bench
+
+    if args.demo:
+        from dflash_chat.demo import demo_paths
+        from dflash_chat.train.evaluate import demo_heldout_prompts
+
+        target, drafter = demo_paths()
+        chats = demo_heldout_prompts()[: args.prompts]
+        title = "embedded demo pair"
+    else:
+        target, drafter = args.target, args.drafter
+        chats = [[{"role": "user", "content": q}] for q in REAL_QUESTIONS][: args.prompts]
+        title = f"{args.target} + {args.drafter}"
+    pair = load_pair(target, drafter, device=args.device, max_context=4096)
+    figures = bench.run(pair, chats, args.tokens)
+    title = (f"{title}: {len(chats)} chats, greedy, {args.tokens} new tokens at most, one at a time; "
+             "in-process (the app's engine session) vs streamed through serve's HTTP API on loopback")
+    print(json.dumps({"setup": title, **figures}) if args.json else bench.report(figures, title))
+    return 0 if figures["same_text"] else 1
 
 
 def _synthetic(args) -> int:
@@ -162,6 +191,10 @@ def _check(args) -> None:
         raise UserError(f"{', '.join(synthetic_only)} go with --synthetic MODEL")
     if args.synthetic and (args.demo or args.target):
         raise UserError("--synthetic measures random weights at a model's shapes: leave out --demo and --target")
+    if args.http and not (args.demo or args.target):
+        raise UserError("--http measures a real pair: add --demo, or --target DIR --drafter DIR")
+    if args.http and args.synthetic:
+        raise UserError("--http measures a real pair through the API: leave out --synthetic")
     if args.vs_transformers and (args.demo or args.target):
         raise UserError("--vs-transformers times transformers on the tiny random target only: leave out --demo and --target")
     if args.target and not args.drafter:
@@ -180,6 +213,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.http:
+        return _http(args)
     if args.demo:
         return _demo(args)
     if args.synthetic:

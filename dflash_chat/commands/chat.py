@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             f"keys: {', '.join(settings_module.KEYS)}. {MODEL_SETTING_HELP}")
     group.add_argument("--data-dir", metavar="DIR", type=Path,
                        help="keep the chat history in DIR instead of the default data folder")
+    group.add_argument("--endpoint", metavar="URL|NAME",
+                       help="chat with an OpenAI-compatible server instead of a local model (dflash-chat serve, "
+                            "vLLM, SGLang, llama.cpp's server): its URL, e.g. http://127.0.0.1:8000/v1, or the "
+                            "name of one in the endpoints setting")
+    group.add_argument("--api-key", help="API key for --endpoint (or set DFLASH_CHAT_API_KEY)")
     hardware.add_choice_arguments(parser)
 
 
@@ -55,9 +60,31 @@ def build_app(args: argparse.Namespace, current: settings_module.Settings, probl
     from dflash_chat.chat.model_source import pick_from_args, resolve
     from dflash_chat.ui.app import DFlashChatApp
 
-    source = resolve(current, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args))
     history = (args.data_dir / paths.history_db().name) if args.data_dir else None
+    if getattr(args, "endpoint", None):
+        backend = remote_backend(args, current)
+        return DFlashChatApp(current, history_path=history, problems=problems, backend=backend)
+    if getattr(args, "api_key", None):
+        from dflash_chat.errors import UserError
+
+        raise UserError("--api-key goes with --endpoint (the key of that server)")
+    source = resolve(current, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args))
     return DFlashChatApp(current, source, history_path=history, problems=problems)
+
+
+def remote_backend(args: argparse.Namespace, current: settings_module.Settings):
+    """--endpoint: a URL, or a name from the endpoints setting; the model flags do not go with it."""
+    from dflash_chat.chat.model_source import pick_from_args
+    from dflash_chat.chat.remote import API_KEY_ENV, Endpoint, HttpBackend
+    from dflash_chat.errors import UserError
+
+    local = [flag for flag, given in (("--demo", args.demo), ("--target", args.target), ("--drafter", args.drafter))
+             if given] + (["--model/--quant/--*-file"] if pick_from_args(args).pins_files else [])
+    if local:
+        raise UserError(f"--endpoint chats with a server's model: leave out {', '.join(local)}")
+    name = args.endpoint if args.endpoint in current.endpoints else ""
+    url = current.endpoints.get(args.endpoint, args.endpoint)
+    return HttpBackend(Endpoint.of(url, args.api_key or os.environ.get(API_KEY_ENV), name))
 
 
 def save_assignments(assignments: list[str]) -> int:
@@ -67,7 +94,8 @@ def save_assignments(assignments: list[str]) -> int:
     current, _ = settings_module.read()
     changes: dict = {}
     for text in assignments:
-        key, value = settings_module.parse_assignment(text, keymap=changes.get("keymap", current.keymap))
+        key, value = settings_module.parse_assignment(text, keymap=changes.get("keymap", current.keymap),
+                                                      endpoints=changes.get("endpoints", current.endpoints))
         if key == "model":
             value = model_value(value)
         elif key == "drafter":

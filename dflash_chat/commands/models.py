@@ -82,8 +82,24 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     print(verdict)
+    print_endpoints()
     print(f"Cache: {hub.default_cache_dir()}  (dflash-chat pull MODEL --quant Q downloads ahead of time)")
     return 0
+
+
+def print_endpoints() -> None:
+    """The named servers of the endpoints setting, or how to name one."""
+    from dflash_chat import settings as settings_module
+
+    endpoints = settings_module.read()[0].endpoints
+    if not endpoints:
+        print("Endpoints: none saved (dflash-chat --set endpoints.NAME=URL names an OpenAI-compatible server; "
+              "dflash-chat --endpoint NAME chats with it)")
+        return
+    print("Endpoints (dflash-chat --endpoint NAME):")
+    width = max(len(name) for name in endpoints)
+    for name, url in sorted(endpoints.items()):
+        print(f"  {name.ljust(width)}  {url}")
 
 
 def _pairs(catalog: Catalog, args: argparse.Namespace) -> list[Pair]:

@@ -8,6 +8,13 @@ import time
 from dflash_chat.sizes import rate_text, size_text
 
 
+def progress_line(done: int, total: int, seconds: float) -> str:
+    """'1.2 GB / 16.5 GB · 1.1 GB/s · 14 s left': bytes placed, their rate, the time left at that rate."""
+    rate = done / max(seconds, 1e-9)
+    left = f" · {max(total - done, 0) / rate:.0f} s left" if rate > 0 and done < total else ""
+    return f"{size_text(done)} / {size_text(total)} · {rate_text(rate)}{left}"
+
+
 class LoadProgress:
     """Call with (bytes placed, bytes in all); redraws at most ten times a second, only on a terminal."""
 
@@ -23,9 +30,7 @@ class LoadProgress:
         if not self.live or (now - self.drawn < 0.1 and done < total):
             return
         self.drawn = now
-        rate = done / max(now - self.started, 1e-9)
-        left = f" · {max(total - done, 0) / rate:.0f} s left" if rate > 0 and done < total else ""
-        self.stream.write(f"\rloading {self.what}: {size_text(done)} / {size_text(total)} · {rate_text(rate)}{left}\x1b[K")
+        self.stream.write(f"\rloading {self.what}: {progress_line(done, total, now - self.started)}\x1b[K")
         self.stream.flush()
 
     def summary(self, total: int) -> str:

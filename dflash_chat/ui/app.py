@@ -14,6 +14,7 @@ from textual.theme import Theme
 
 from dflash_chat import paths
 from dflash_chat import settings as settings_module
+from dflash_chat.chat.backend import Backend
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource, Pick
 from dflash_chat.errors import UserError, one_line
@@ -34,8 +35,9 @@ class DFlashChatApp(App):
 
     def __init__(self, settings: Settings, source: ModelSource | Pick | None = None, *,
                  history_path: Path | None = None, export_dir: Path | None = None,
-                 user_themes: Path | None = None, problems: Sequence[str] = ()) -> None:
-        """`problems`: what could not be used from config.toml (settings.read), shown until dismissed."""
+                 user_themes: Path | None = None, problems: Sequence[str] = (), backend: Backend | None = None) -> None:
+        """`problems`: what could not be used from config.toml (settings.read), shown until dismissed.
+        `backend`: what answers (chat/backend.py); by default the engine in this process, loading `source`."""
         super().__init__()
         paste.install()  # before the driver starts reading the terminal
         self.settings = settings
@@ -47,7 +49,7 @@ class DFlashChatApp(App):
         found = self.theme_files = discover_themes(user_themes)
         for theme in found.themes:
             self.register_theme(theme)
-        self.chat = ChatScreen(settings, self.store, source, self._recent_prompts())
+        self.chat = ChatScreen(settings, self.store, source, self._recent_prompts(), backend=backend)
 
     def _recent_prompts(self) -> list[str]:
         try:
@@ -75,8 +77,7 @@ class DFlashChatApp(App):
         self.notify(message, severity=severity, timeout=STICKY_S, markup=False)
 
     def on_unmount(self) -> None:
-        if self.chat.turn is not None:
-            self.chat.turn.cancel.set()  # thread workers cannot be killed: let the loop see the flag
+        self.chat.action_stop()  # thread workers cannot be killed: the answer's loop must see the flag
         self.store.close()
 
     # keymap and palette

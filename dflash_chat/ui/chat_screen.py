@@ -1,11 +1,10 @@
-"""The main screen: conversation, message box and side panel, and the work behind them.
+"""The main screen: conversation, message box and side panel; it renders and routes keys.
 
-The model loads and answers are generated in thread workers; torch is first
-imported there (the hardware probe or engine.load), never when this module
-loads. Given a `Pick` instead of files, the model manager (chat/model_manager.py)
-chooses a pair for this machine in the worker, the DownloadScreen fetches what
-is missing, and then the files load. Answers stream back as batched messages
-(chat/bridge.py) and are saved as they grow.
+What answers sits behind a backend (chat/backend.py): the engine in this process (chat/local_backend.py:
+choose, download, load, answer, reuse prefixes) or an OpenAI-compatible server (chat/remote.py). The
+backend's worker bodies run here as thread workers and post events; each arrives wrapped in a
+BackendEvent, goes to the backend first (is it still current?), then is shown. torch is imported only
+inside those workers, never when this module loads. Chats are saved as they grow (chat/recorder.py).
 """
 
 from __future__ import annotations
@@ -13,31 +12,24 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from textual import on, work
+from textual import on
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Switch
 
-from dflash_chat.chat.bridge import StreamEnd, stream_answer
-from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, PARTIAL, Conversation, Message, title_from
-from dflash_chat.chat.detokenize import IncrementalDecoder
-from dflash_chat.chat.history import HistoryStore, HistoryUnavailable
-from dflash_chat.chat.memory import memory_use
-from dflash_chat.chat.model_source import HOW_TO_PICK, ModelSource, Pick, from_settings, load_device
-from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, next_prompt, stop_token_ids
-from dflash_chat.errors import UserError, one_line
-from dflash_chat.settings import Settings
-from dflash_chat.ui.keymap import COMMANDS
-from dflash_chat.ui.messages import (
+from dflash_chat.chat.backend import (
     AnswerChunk,
     AnswerEnded,
+    AnswerRequest,
+    Backend,
     DownloadNeeded,
+    LoadProgress,
     ModelChosen,
     ModelFailed,
     ModelLoaded,
@@ -45,8 +37,20 @@ from dflash_chat.ui.messages import (
     ModelUnavailable,
     PromptSent,
 )
+from dflash_chat.chat.bridge import StreamEnd
+from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, PARTIAL, Conversation, Message
+from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.local_backend import LocalBackend
+from dflash_chat.chat.model_source import ModelSource, Pick, from_settings
+from dflash_chat.chat.prompt import Prompt
+from dflash_chat.chat.recorder import Recorder
+from dflash_chat.errors import UserError
+from dflash_chat.settings import Settings
+from dflash_chat.ui.keymap import COMMANDS
+from dflash_chat.ui.messages import BackendEvent
 from dflash_chat.ui.notices import PlainNotices
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
+from dflash_chat.ui.widgets.load_bar import LoadBar
 from dflash_chat.ui.widgets.prompt_input import PromptInput
 from dflash_chat.ui.widgets.stats_panel import StatsPanel
 
@@ -63,15 +67,18 @@ def last_code_block(text: str) -> str | None:
 
 @dataclass
 class Turn:
-    """The answer being written: where its text goes, where it is saved, and the pair writing it."""
+    """The answer being written: where its text goes, where it is saved, and the model writing it."""
 
     conversation: Conversation
     message: Message
     widget: AssistantMessage
-    cancel: threading.Event
-    thinking: bool
-    pair: Any  # the LoadedPair writing it (the screen's may change meanwhile)
+    request: AnswerRequest
+    model: Any  # what writes it (the backend's may change meanwhile)
     last_saved: float = 0.0
+
+    @property
+    def thinking(self) -> bool:
+        return self.request.thinking
 
 
 class ChatScreen(PlainNotices, Screen):
@@ -83,25 +90,32 @@ class ChatScreen(PlainNotices, Screen):
     thinking = reactive(False)
 
     def __init__(self, settings: Settings, store: HistoryStore, source: ModelSource | Pick | None,
-                 prompts: list[str] | None = None) -> None:
+                 prompts: list[str] | None = None, backend: Backend | None = None) -> None:
         super().__init__()
         self.settings = settings
         self.store = store
-        self.request = source  # what the flags or settings asked for: files, or a Pick to choose
-        self.source = source if isinstance(source, ModelSource) else None  # the files being loaded
-        self.chosen = None  # the model manager's Chosen, when it chose
-        self.manager_note = ""  # what the model manager or loader is doing, or why no model runs
+        self.backend = backend or LocalBackend(settings, source)
+        self.backend.attach(self._post, self._spawn)
+        self.recorder = Recorder(store, self._warn_unsaved)
         self.conversation = Conversation()
-        self.pair = None  # the engine's LoadedPair once loaded
-        self.stops: tuple[int, ...] = ()  # its end-of-turn token ids
+        self.backend.open_chat(self.conversation)
         self.turn: Turn | None = None
         self.last_prompt: Prompt | None = None
         self.last_end: StreamEnd | None = None
-        self.transcript: Transcript | None = None  # what the engine holds, for prefix reuse
-        self.transcripts: dict[int, Transcript] = {}  # the last one of each chat, for resuming it
         self._prompts = prompts or []
-        self.unsaved: list[Conversation] = []  # chats whose history writes failed (said once each)
         self.set_reactive(ChatScreen.thinking, settings.thinking)
+
+    # the backend's threads and messages
+
+    def _post(self, event: object) -> None:
+        self.post_message(BackendEvent(event))  # from a worker thread: never blocks it
+
+    def _spawn(self, body, group: str) -> None:
+        # a new model job replaces the one before (its late messages are stale); answers run side by side
+        self.run_worker(body, thread=True, group=group, exclusive=group == "model")
+
+    def _warn_unsaved(self, text: str) -> None:
+        self.notify(text, severity="error", timeout=30)
 
     # layout
 
@@ -110,6 +124,7 @@ class ChatScreen(PlainNotices, Screen):
         with Horizontal(id="main"):
             with Vertical(id="chat-column"):
                 yield ChatView(id="chat")
+                yield LoadBar(id="load-bar")
                 yield PromptInput(self._prompts, id="prompt",
                                   placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: new line)")
             yield StatsPanel(id="panel")
@@ -119,9 +134,9 @@ class ChatScreen(PlainNotices, Screen):
         self.panel.set_thinking(self.thinking)
         self.query_one(PromptInput).focus()
         await self.chat_view.show(self.conversation, self.notice())
-        self.set_interval(2.0, self.refresh_memory, name="memory")
-        if self.request is not None:
-            self.begin(self.request)
+        self.set_interval(2.0, self.refresh_model, name="memory")
+        if self.backend.request is not None:
+            self.begin(self.backend.request)
 
     def on_resize(self) -> None:
         narrow = self.size.width < NARROW_WIDTH
@@ -142,207 +157,88 @@ class ChatScreen(PlainNotices, Screen):
         return self.turn is not None
 
     def notice(self) -> str:
-        """The line shown in an empty chat: what the model manager or loader is doing, or what to do."""
-        if self.pair is not None:
-            demo = self.source is not None and self.source.demo
-            return "This is the tiny built-in demo model: it knows a little Python, nothing more." if demo else ""
-        if self.manager_note:
-            return self.manager_note
-        return f"No model is loaded: {HOW_TO_PICK}. History and settings work without one."
-
-    def model_name(self) -> str:
-        """'Qwen3.6-27B Q4_K_M · drafter Q8_0' (a choice), 'tiny demo model', or the files' name."""
-        source = self.source
-        if source is not None and source.demo:
-            return "tiny demo model"
-        if source is not None and source.title:
-            return f"{source.title} {source.quant_label}".strip()
-        if self.pair is not None:
-            return self.pair.target_name
-        return source.target if source is not None else "no model"
-
-    def loading_note(self, source: ModelSource) -> str:
-        if source.demo:
-            return "Loading the tiny built-in demo model (it knows a little Python, nothing more)…"
-        loading = f"Loading {self.model_name()} …"
-        return f"{self.chosen.explanation}\n\n{loading}" if self.chosen else loading
+        """The line shown in an empty chat: what the backend is doing, or what to do."""
+        return self.backend.note
 
     async def show_notice(self) -> None:
         if not self.conversation.messages:
             await self.chat_view.show(self.conversation, self.notice())
 
+    def show_status(self) -> None:
+        """The backend's state in the title bar and the panel's Model section."""
+        backend = self.backend
+        self.sub_title = backend.subtitle
+        self.panel.show_model(backend.rows(), note=backend.panel_note)
+
+    def refresh_model(self) -> None:
+        if self.backend.model is not None:
+            self.panel.show_model(self.backend.rows())
+
     # model
 
-    def begin(self, request: ModelSource | Pick) -> None:
-        """Run what the flags or settings ask for: choose and fetch (a Pick), or load the files given."""
-        if isinstance(request, Pick):
-            self.start_picking(request)
-        else:
-            self.request, self.chosen = request, None
-            self.start_loading(request)
-
-    def _forget_model(self) -> None:
+    def begin(self, request: Any) -> None:
+        """Start what the flags or settings ask for (the backend's own request when it has one)."""
         self.action_stop()  # the answer being written comes from the model being dropped
-        self.pair = None
-        self.transcript = None
-        self.transcripts.clear()
-
-    def start_picking(self, pick: Pick) -> None:
-        """Let the model manager choose for this machine (in the worker: the probe imports torch)."""
-        self.request = pick
-        self.source = None
-        self.chosen = None
-        self._forget_model()
-        self.manager_note = "Choosing a model for this machine…"
-        self.panel.show_model(None, note="choosing…")
-        self.sub_title = "choosing a model…"
+        self.backend.begin(request)
+        self.query_one(LoadBar).hide()
+        self.show_status()
         self.call_later(self.show_notice)
-        self.pick_model(pick, self.settings.context_length)
 
-    @work(thread=True, exclusive=True, group="model")
-    def pick_model(self, pick: Pick, context_length: int) -> None:
-        post = self.post_message
-        try:
-            from dflash_chat import hub
-            from dflash_chat.chat import model_manager
+    async def on_backend_event(self, message: BackendEvent) -> None:
+        event = message.event
+        if not self.backend.handle(event):
+            return  # from a worker started for an earlier request or model
+        show = self._SHOW.get(type(event))
+        if show is not None:
+            await show(self, event)
 
-            chosen = model_manager.choose(pick, context_length)
-            post(ModelChosen(pick, chosen))
-            if chosen.demo is not None:
-                post(ModelReady(pick, chosen.demo))
-                return
-            plan = model_manager.plan_files(chosen.choice)
-            if plan.to_fetch:
-                post(DownloadNeeded(pick, chosen.choice, plan))
-                return
-            files = hub.download(plan)  # everything is cached: this only links the snapshot files
-            post(ModelReady(pick, model_manager.source_for(chosen.choice, files)))
-        except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
-            post(ModelUnavailable(pick, one_line(exc, "choosing a model")))
-
-    # A model worker cannot be stopped: messages from one started for an earlier request or
-    # source (the settings changed meanwhile) are dropped.
-
-    async def on_model_chosen(self, message: ModelChosen) -> None:
-        if message.request is not self.request:
-            return
-        self.chosen = message.chosen
-        self.manager_note = f"{self.chosen.explanation}\n\nChecking the model files…"
-        self.panel.show_model(None, note=self.chosen.explanation)
-        self.notify(self.chosen.explanation, title="Model choice", timeout=12)
+    async def _model_chosen(self, event: ModelChosen) -> None:
+        self.show_status()
+        self.notify(event.chosen.explanation, title="Model choice", timeout=12)
         await self.show_notice()
 
-    async def on_download_needed(self, message: DownloadNeeded) -> None:
+    async def _download_needed(self, event: DownloadNeeded) -> None:
         from dflash_chat.chat.model_manager import label
-        from dflash_chat.sizes import size_text
         from dflash_chat.ui.download_screen import DownloadScreen
 
-        if message.request is not self.request:
-            return
-        what = label(message.choice)
-        size = size_text(message.plan.missing_bytes())
-        self.manager_note = f"{self.chosen.explanation}\n\nDownloading {what} ({size})…"
-        self.sub_title = "downloading the model…"
+        self.show_status()
         await self.show_notice()
-        self.app.push_screen(DownloadScreen(message.plan, title=f"Downloading {what}"),
-                             callback=partial(self.downloaded, message.request, message.choice))
+        self.app.push_screen(DownloadScreen(event.plan, title=f"Downloading {label(event.choice)}"),
+                             callback=partial(self.downloaded, event.request, event.choice))
 
     async def downloaded(self, request: Pick, choice, files) -> None:
-        from dflash_chat.chat.model_manager import label, resume_advice, source_for
-
-        if request is not self.request:
-            return
-        if files is not None:
-            self.start_loading(source_for(choice, files))
-            return
-        advice = resume_advice(choice)  # the screen itself said why it stopped
-        self.manager_note = f"{label(choice)} is not downloaded yet. {advice} History and settings work meanwhile."
-        self.sub_title = "no model"
-        self.panel.show_model(None, note="not downloaded")
-        self.notify(advice, title="Model not downloaded", severity="warning", timeout=20)
+        advice = self.backend.downloaded(request, choice, files)
+        self.show_status()
+        if advice:
+            self.notify(advice, title="Model not downloaded", severity="warning", timeout=20)
         await self.show_notice()
 
-    def on_model_ready(self, message: ModelReady) -> None:
-        if message.request is self.request:
-            self.start_loading(message.source)
-
-    async def on_model_unavailable(self, message: ModelUnavailable) -> None:
-        if message.request is not self.request:
-            return
-        self.manager_note = f"No model yet: {message.error}"
-        self.sub_title = "no model"
-        self.panel.show_model(None, note="no model")
-        self.notify(message.error, title="No model", severity="error", timeout=30)
+    async def _model_ready(self, event) -> None:
+        self.show_status()
         await self.show_notice()
 
-    def start_loading(self, source: ModelSource) -> None:
-        self.source = source
-        self._forget_model()
-        note = self.chosen.explanation if self.chosen and not source.demo else "loading…"
-        self.panel.show_model(None, note=note)
-        self.sub_title = "loading model…"
-        self.manager_note = self.loading_note(source)
-        self.call_later(self.show_notice)
-        self.load_model(source, source.context or self.settings.context_length)
-
-    @work(thread=True, exclusive=True, group="model")
-    def load_model(self, source: ModelSource, context_length: int) -> None:
-        started = time.perf_counter()
-        try:
-            from dflash_chat.engine.load import load_pair  # first torch import happens here
-
-            pair = load_pair(source.target, source.drafter, tokenizer=source.tokenizer,
-                             device=load_device(source), max_context=context_length, decode=self.settings.decode)
-        except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
-            self.post_message(ModelFailed(source, one_line(exc, "loading the model")))
-            return
-        self.post_message(ModelLoaded(source, pair, time.perf_counter() - started))
-
-    async def on_model_loaded(self, message: ModelLoaded) -> None:
-        if message.source is not self.source:
-            return  # loaded for files the settings no longer name; dropping it frees its memory
-        self.pair = message.pair
-        self.stops = stop_token_ids(message.pair.tokenizer)
-        self.manager_note = ""
-        name = self.model_name()
-        self.sub_title = name
-        self.refresh_memory()
+    async def _model_unavailable(self, event: ModelUnavailable) -> None:
+        self.show_status()
+        self.notify(event.error, title="No model", severity="error", timeout=30)
         await self.show_notice()
-        self.notify(f"{name} is ready ({message.seconds:.1f} s to load)")
 
-    async def on_model_failed(self, message: ModelFailed) -> None:
-        if message.source is not self.source:
-            return
-        self.manager_note = f"The model did not load: {message.error}"
-        self.sub_title = "no model"
-        self.panel.show_model(None, note="not loaded")
+    async def _load_progress(self, event: LoadProgress) -> None:
+        self.query_one(LoadBar).show(self.backend.name(), event.done, event.total, event.seconds)
+
+    async def _model_loaded(self, event: ModelLoaded) -> None:
+        self.query_one(LoadBar).hide()
+        self.show_status()
+        await self.show_notice()
+        self.notify(self.backend.ready_text(event.seconds))
+
+    async def _model_failed(self, event: ModelFailed) -> None:
+        self.query_one(LoadBar).hide()
+        self.show_status()
         if not self.conversation.messages:
-            await self.chat_view.show(self.conversation, f"The model did not load: {message.error}")
-        self.notify(f"The model did not load: {message.error}", severity="error", timeout=15)
-
-    def refresh_memory(self) -> None:
-        if self.pair is not None:
-            self.panel.show_model(self.pair, memory_use(str(self.pair.device)), source=self.source)
+            await self.chat_view.show(self.conversation, f"The model did not load: {event.error}")
+        self.notify(f"The model did not load: {event.error}", severity="error", timeout=15)
 
     # sending and generating
-
-    def no_model_yet(self) -> str:
-        """Why a message cannot be sent yet: what the model manager or loader is doing, or how to pick."""
-        if self.manager_note:
-            return self.manager_note.splitlines()[-1]
-        return f"No model is loaded yet: {HOW_TO_PICK}."
-
-    def record(self, conversation: Conversation, write, *args):
-        """A history write for `conversation`. If it fails, the chat goes on unsaved: said once, in words,
-        and no later write of that chat is tried (it would fail the same way, or save half a chat)."""
-        if any(c is conversation for c in self.unsaved):
-            return None
-        try:
-            return write(*args)
-        except HistoryUnavailable as exc:
-            self.unsaved.append(conversation)
-            self.notify(f"This chat is not being saved (you can go on chatting): {exc}.", severity="error", timeout=30)
-            return None
 
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
@@ -352,99 +248,78 @@ class ChatScreen(PlainNotices, Screen):
         if self.generating:
             self.notify("An answer is still being written: Esc stops it.", severity="warning")
             return
-        if self.pair is None:
-            self.notify(self.no_model_yet(), severity="warning")
+        if self.backend.model is None:
+            self.notify(self.backend.no_model_yet(), severity="warning")
             return
         event.input.clear()
         event.input.remember(text)
         if self.conversation.id is None:
-            self.conversation.title = title_from(text)
-            self.conversation.id = self.record(self.conversation, self.store.create, self.conversation.title)
+            self.recorder.start(self.conversation, text)
         message = Message("user", text)
         self.conversation.messages.append(message)
-        self.record(self.conversation, self.store.add, self.conversation.id, message)
+        self.recorder.add(self.conversation, message)
         await self.chat_view.add_user(text)
         await self.answer()
 
     async def answer(self) -> None:
-        turns = self.conversation.chat_turns(self.settings.system_prompt)
+        settings = self.settings
+        turns = self.conversation.chat_turns(settings.system_prompt)
         message = Message("assistant", status=PARTIAL)
         self.conversation.messages.append(message)
-        self.record(self.conversation, self.store.add, self.conversation.id, message)
+        self.recorder.add(self.conversation, message)
         widget = await self.chat_view.add_assistant()
-        self.turn = Turn(self.conversation, message, widget, threading.Event(), self.thinking, self.pair)
-        self.generate(self.turn.pair, self.stops, turns, self.thinking, self.settings, self.turn.cancel,
-                      self.transcript)
+        request = AnswerRequest(self.conversation, turns, self.thinking, settings.temperature, settings.top_p,
+                                settings.top_k, settings.max_new_tokens, threading.Event())
+        self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
+        self.backend.answer(request)
 
-    @work(thread=True, group="generate")
-    def generate(self, pair, stops: tuple[int, ...], turns: list[dict], thinking: bool, settings: Settings,
-                 cancel: threading.Event, previous: Transcript | None) -> None:
-        post = self.post_message
-        try:
-            from dflash_chat.engine.sampling import SamplingParams
+    async def _prompt_sent(self, event: PromptSent) -> None:
+        self.last_prompt = event.prompt
 
-            prompt = next_prompt(pair.tokenizer, turns, thinking=thinking, previous=previous)
-            params = SamplingParams(
-                temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                max_new_tokens=settings.max_new_tokens, stop_token_ids=stops,
-            )
-            post(PromptSent(prompt))
-            end = stream_answer(
-                pair.engine.generate(prompt.ids, params, cancel),
-                IncrementalDecoder(pair.tokenizer, stops),
-                ThinkingSplitter(thinking=prompt.opens_thinking),
-                lambda chunk: post(AnswerChunk(chunk)),
-            )
-        except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
-            post(AnswerEnded(StreamEnd("error", "", "", None, one_line(exc, "generation"))))
-            return
-        held = None
-        if end.reason != "error":  # after an error the engine may have dropped its state
-            held = Transcript(turns, prompt, list(end.token_ids), end.answer, end.thinking)
-        post(AnswerEnded(end, held))
-
-    def on_prompt_sent(self, message: PromptSent) -> None:
-        self.last_prompt = message.prompt
-
-    async def on_answer_chunk(self, message: AnswerChunk) -> None:
-        turn, chunk = self.turn, message.chunk
+    async def _answer_chunk(self, event: AnswerChunk) -> None:
+        turn, chunk = self.turn, event.chunk
         if turn is None:
             return
         turn.message.thinking += chunk.thinking
         turn.message.content += chunk.answer
         if turn.widget.is_attached:
             await turn.widget.append(chunk.thinking, chunk.answer)
-        self.panel.show_live(chunk.live, speculative=turn.pair.drafter_name is not None)
+        self.panel.show_live(chunk.live, speculative=self.backend.speculative)
         now = time.monotonic()
         if now - turn.last_saved >= SAVE_EVERY_S:
-            self.record(turn.conversation, self.store.update, turn.message)
+            self.recorder.update(turn.conversation, turn.message)
             turn.last_saved = now
 
-    async def on_answer_ended(self, message: AnswerEnded) -> None:
-        turn, end = self.turn, message.end
+    async def _answer_ended(self, event: AnswerEnded) -> None:
+        turn, end = self.turn, event.end
         self.turn = None
         self.last_end = end
         if turn is None:
             return
-        # the tokens the engine holds mean nothing to a model loaded since
-        held = message.transcript if turn.pair is self.pair else None
-        chat_id = turn.conversation.id
-        if held is not None and chat_id is not None:
-            self.transcripts[chat_id] = held
-        else:
-            self.transcripts.pop(chat_id, None)
-        same_chat = turn.conversation is self.conversation
-        self.transcript = held if same_chat else None
         turn.message.thinking, turn.message.content = end.thinking, end.answer
         turn.message.status = END_STATUS.get(end.reason, ERROR)
         turn.message.stats = end.stats
-        self.record(turn.conversation, self.store.update, turn.message)
+        self.recorder.update(turn.conversation, turn.message)
         if turn.widget.is_attached:
             await turn.widget.finish(turn.message, end.error)
         if end.stats is not None:
-            self.panel.show_final(end.stats, thinking=turn.thinking)
+            self.panel.show_final(end.stats, thinking=turn.thinking, remote=self.backend.remote,
+                                  source=end.acceptance_source)
         if end.error:
             self.notify(end.error, severity="error", timeout=15)
+
+    _SHOW = {
+        ModelChosen: _model_chosen,
+        DownloadNeeded: _download_needed,
+        ModelReady: _model_ready,
+        ModelUnavailable: _model_unavailable,
+        LoadProgress: _load_progress,
+        ModelLoaded: _model_loaded,
+        ModelFailed: _model_failed,
+        PromptSent: _prompt_sent,
+        AnswerChunk: _answer_chunk,
+        AnswerEnded: _answer_ended,
+    }
 
     # actions (each also in the command palette, see app.py)
 
@@ -462,12 +337,12 @@ class ChatScreen(PlainNotices, Screen):
 
     def action_stop(self) -> None:
         if self.turn is not None:
-            self.turn.cancel.set()
+            self.backend.stop(self.turn.request)
 
     async def action_new_chat(self) -> None:
         self.action_stop()
-        self.transcript = None
         self.conversation = Conversation()
+        self.backend.open_chat(self.conversation)
         self.panel.show_figures(None)
         await self.chat_view.show(self.conversation, self.notice())
         self.query_one(PromptInput).focus()
@@ -479,8 +354,8 @@ class ChatScreen(PlainNotices, Screen):
             self.notify(f"Could not open that chat: {exc}", severity="error", timeout=20)
             return
         self.action_stop()
-        self.transcript = self.transcripts.get(conversation_id)
         self.conversation = conversation
+        self.backend.open_chat(conversation)
         await self.chat_view.show(self.conversation)
         last = self.conversation.last("assistant")
         self.panel.show_figures(None)
@@ -503,17 +378,15 @@ class ChatScreen(PlainNotices, Screen):
         if self.generating:
             self.notify("An answer is still being written: Esc stops it.", severity="warning")
             return
-        if self.pair is None:
-            self.notify(self.no_model_yet(), severity="warning")
+        if self.backend.model is None:
+            self.notify(self.backend.no_model_yet(), severity="warning")
             return
         messages = self.conversation.messages
         if not messages:
             self.notify("Nothing to regenerate yet.", severity="warning")
             return
         if messages[-1].role == "assistant":
-            old = messages.pop()
-            if old.id is not None:
-                self.record(self.conversation, self.store.remove_message, old.id)
+            self.recorder.remove(self.conversation, messages.pop())
             widgets = self.chat_view.query(AssistantMessage)
             if widgets:
                 await widgets.last().remove()
@@ -556,6 +429,10 @@ class ChatScreen(PlainNotices, Screen):
         old, self.settings = self.settings, new
         if new.thinking != old.thinking:
             self.thinking = new.thinking
+        backend = self.backend
+        if not isinstance(backend, LocalBackend):
+            return  # a server answers: the model settings are for this machine's engine
+        backend.settings = new
         if (new.model, new.drafter) != (old.model, old.drafter):
             try:
                 request = from_settings(new)
@@ -564,8 +441,8 @@ class ChatScreen(PlainNotices, Screen):
                 return
             self.begin(request)
         elif new.context_length != old.context_length:
-            # a copy, not the same object: what a worker still posts for the old context is then stale
-            if isinstance(self.request, Pick) and self.request.context is None:
-                self.begin(replace(self.request))  # a new context may change what fits
-            elif self.source is not None and self.source.context is None:
-                self.start_loading(replace(self.source))
+            self.action_stop()
+            backend.reload_for_context()  # a new context may change what fits, or needs a reload
+            self.query_one(LoadBar).hide()
+            self.show_status()
+            self.call_later(self.show_notice)

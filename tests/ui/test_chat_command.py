@@ -74,7 +74,7 @@ def test_flags_reach_the_app(home, tmp_path):
         ["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--data-dir", str(tmp_path / "data")])
     app = build_app(args, Settings())
     try:
-        assert app.chat.request == ModelSource(str(tmp_path / "t"), str(tmp_path / "d"))
+        assert app.chat.backend.request == ModelSource(str(tmp_path / "t"), str(tmp_path / "d"))
         assert app.store.path == tmp_path / "data" / "history.sqlite3"
         assert app.store.path.exists()
     finally:

@@ -18,7 +18,7 @@ from dflash_chat.engine.events import Step
 from dflash_chat.ui import chat_screen
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
-from dflash_chat.ui.messages import AnswerChunk, ModelLoaded, PromptSent
+from dflash_chat.chat.backend import AnswerChunk, ModelLoaded, PromptSent
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
 
@@ -26,7 +26,7 @@ from .conftest import fast_settings, run, send, wait_for
 
 
 class Seen:
-    """Messages of one type, each once (the hook sees a message at every node it bubbles
+    """Backend events of one type, each once (the hook sees a message at every node it bubbles
     through); holding them keeps their ids from being reused."""
 
     def __init__(self, kind) -> None:
@@ -34,8 +34,9 @@ class Seen:
         self.messages = []
 
     def __call__(self, message) -> None:
-        if isinstance(message, self.kind) and not any(m is message for m in self.messages):
-            self.messages.append(message)
+        event = getattr(message, "event", None)
+        if isinstance(event, self.kind) and not any(m is event for m in self.messages):
+            self.messages.append(event)
 
 
 class Paced:
@@ -77,7 +78,7 @@ def make_app(tiny_pair, **settings):
 
 
 async def answered(pilot, app, count: int) -> None:
-    await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+    await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
     await wait_for(pilot, lambda: app.chat.turn is None and sum(
         1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial") >= count,
         120, f"answer {count}")
@@ -89,7 +90,7 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     async def main():
         app = make_app(tiny_pair, max_new_tokens=8)
         async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "hello there")
             await answered(pilot, app, 1)
             await pilot.pause()
@@ -138,7 +139,7 @@ def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):
     async def main():
         app = make_app(tiny_pair, max_new_tokens=2)
         async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "hi")
             await answered(pilot, app, 1)
             await pilot.press("ctrl+t")
@@ -146,7 +147,7 @@ def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):
             await pilot.press("ctrl+r")  # the same conversation again, thinking on
             await answered(pilot, app, 1)
             await wait_for(pilot, lambda: len(hook.messages) == 2, 10, "second prompt")
-            return switch_on, [m.prompt for m in hook.messages], app.chat.pair.tokenizer
+            return switch_on, [m.prompt for m in hook.messages], app.chat.backend.pair.tokenizer
 
     switch_on, (off, on), tokenizer = run(main())
     assert switch_on is True
@@ -163,8 +164,8 @@ def test_escape_stops_mid_answer_and_keeps_the_partial_answer(home, tiny_pair, m
     async def main():
         app = make_app(tiny_pair, max_new_tokens=400)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
-            paced = Paced(app.chat.pair)
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            paced = Paced(app.chat.backend.pair)
             await send(pilot, "tell me a long story")
             await paced.until(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content,
                               "the first streamed text")
@@ -189,7 +190,7 @@ def test_the_next_turn_reuses_the_engines_prefix(home, tiny_pair):
     async def main():
         app = make_app(tiny_pair, max_new_tokens=3)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "first")
             await answered(pilot, app, 1)
             first = app.chat.last_end.stats
@@ -214,7 +215,7 @@ def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
     async def first_run():
         app = make_app(tiny_pair, max_new_tokens=3)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "remember me")
             await answered(pilot, app, 1)
             return app.chat.conversation.messages[-1].content
@@ -243,7 +244,7 @@ def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
     async def main():
         app = DFlashChatApp(fast_settings(max_new_tokens=24), demo_source())
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the demo pair to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the demo pair to load")
             notice = " ".join(str(n.render()) for n in app.chat.query(Notice))
             await send(pilot, "What does the with statement do?")
             await answered(pilot, app, 1)
@@ -260,7 +261,7 @@ def test_an_engine_error_is_a_notification_and_the_chat_goes_on(home, tiny_pair)
     async def main():
         app = make_app(tiny_pair, context_length=256, max_new_tokens=250)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "this prompt and 250 new tokens do not fit in 256")
             await answered(pilot, app, 1)
             await pilot.pause()
@@ -296,7 +297,7 @@ def test_choosing_a_model_on_the_settings_screen_loads_it(home, tiny_pair):
             app.screen.query_one("#field-model", Input).value = str(target)
             app.screen.query_one("#field-drafter", Input).value = str(drafter)
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the chosen model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the chosen model to load")
             return app.chat.sub_title, dict(app.chat.panel.shown)
 
     subtitle, shown = run(main())
@@ -311,8 +312,8 @@ def test_switching_the_model_mid_answer_stops_the_answer_and_loads_the_new_model
     async def main():
         app = make_app(tiny_pair, max_new_tokens=400)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
-            first_pair = app.chat.pair
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            first_pair = app.chat.backend.pair
             paced = Paced(first_pair)
             await send(pilot, "tell me a long story")
             await paced.until(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content,
@@ -321,11 +322,11 @@ def test_switching_the_model_mid_answer_stops_the_answer_and_loads_the_new_model
             app.chat.apply_settings(replace(app.chat.settings, model=str(target), drafter="", max_new_tokens=3))
             await wait_for(pilot, lambda: app.chat.turn is None, 60, "the answer to stop")
             stopped = app.chat.last_end
-            await wait_for(pilot, lambda: app.chat.pair not in (None, first_pair), 60, "the new model to load")
-            held = (app.chat.transcript, dict(app.chat.transcripts))
+            await wait_for(pilot, lambda: app.chat.backend.pair not in (None, first_pair), 60, "the new model to load")
+            held = (app.chat.backend.transcript, dict(app.chat.backend.transcripts))
             await send(pilot, "next")
             await answered(pilot, app, 2)
-            return stopped, held, app.chat.pair.drafter_name, app.chat.last_end
+            return stopped, held, app.chat.backend.pair.drafter_name, app.chat.last_end
 
     stopped, (transcript, transcripts), drafter, end = run(main())
     assert stopped.reason == "cancelled" and 0 < stopped.stats.new_tokens < 400
@@ -345,7 +346,7 @@ def test_a_model_load_started_before_the_settings_changed_is_dropped(home, tiny_
             app.chat.apply_settings(replace(app.chat.settings, model=str(tmp_path / "gone"), drafter=""))
             await wait_for(pilot, lambda: hook.messages, 60, "the first load to finish")
             await pilot.pause()
-            return app.chat.pair, app.chat.sub_title, app.chat.manager_note, app.chat.source.target
+            return app.chat.backend.pair, app.chat.sub_title, app.chat.backend.note, app.chat.backend.source.target
 
     pair, subtitle, note, target = run(main())
     assert pair is None and subtitle == "no model"

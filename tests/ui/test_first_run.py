@@ -22,7 +22,7 @@ from dflash_chat.commands.chat import build_app
 from dflash_chat.hardware import GIB, Gpu, Machine
 from dflash_chat.ui.download_screen import DownloadScreen
 from dflash_chat.ui.history_screen import HistoryScreen
-from dflash_chat.ui.messages import DownloadNeeded, ModelUnavailable
+from dflash_chat.chat.backend import DownloadNeeded, ModelUnavailable
 from dflash_chat.ui.widgets.stats_panel import format_speed
 from tests.hubserver import HubServer, Repo, isolate_hub
 
@@ -105,13 +105,15 @@ def start(*argv: str, **settings):
 
 
 class Seen:
-    """Messages of the given types, each once (a message is seen at every node it bubbles through)."""
+    """Messages (or the backend events they carry) of the given types, each once (a message is seen
+    at every node it bubbles through)."""
 
     def __init__(self, *kinds) -> None:
         self.kinds = kinds
         self.messages = []
 
     def __call__(self, message) -> None:
+        message = getattr(message, "event", message)
         if isinstance(message, self.kinds) and not any(m is message for m in self.messages):
             self.messages.append(message)
 
@@ -159,9 +161,9 @@ def test_first_run_explains_downloads_loads_and_answers(first_run, server):
     async def main():
         app = start()
         async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await pilot.pause()
-            loaded = (app.chat.source, app.chat.sub_title, dict(app.chat.panel.shown), notes(app))
+            loaded = (app.chat.backend.source, app.chat.sub_title, dict(app.chat.panel.shown), notes(app))
             end = await answer_one(pilot, app)
             return loaded, end, dict(app.chat.panel.shown)
 
@@ -208,8 +210,8 @@ def test_a_second_start_finds_everything_cached(first_run, server, monkeypatch, 
     async def main():
         app = start()
         async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None or hook.messages, 60, "the model to load")
-            return app.chat.source, notes(app)
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None or hook.messages, 60, "the model to load")
+            return app.chat.backend.source, notes(app)
 
     source, messages = run(main())
     assert hook.messages == []  # no download screen, nothing unavailable
@@ -269,7 +271,7 @@ def test_escape_on_the_download_screen_keeps_the_app_usable_and_the_next_start_r
             await wait_for(pilot, lambda: app.screen is app.chat and "not downloaded" in app.chat.notice(),
                            30, "the cancel")
             usable = await history_still_opens(pilot, app)
-            return app.chat.notice(), notes(app), usable, app.chat.pair
+            return app.chat.notice(), notes(app), usable, app.chat.backend.pair
 
     notice, messages, usable, pair = run(cancelled())
     advice = f"Start dflash-chat again to resume the download, or fetch it from a terminal: `{PULL}`."
@@ -285,8 +287,8 @@ def test_escape_on_the_download_screen_keeps_the_app_usable_and_the_next_start_r
     async def resumed():
         app = start()
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
-            return app.chat.source
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            return app.chat.backend.source
 
     source = run(resumed())
     ranges = [r.headers.get("range") for r in server.requests[before:] if r.path.startswith("/cdn/")]
@@ -338,9 +340,9 @@ def test_without_a_gpu_the_demo_pair_runs_and_the_app_says_so(home, monkeypatch,
     async def main():
         app = start()
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the demo pair to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the demo pair to load")
             await pilot.pause()
-            return app.chat.source, app.chat.notice(), app.chat.sub_title, notes(app)
+            return app.chat.backend.source, app.chat.notice(), app.chat.sub_title, notes(app)
 
     source, notice, subtitle, messages = run(main())
     assert source.demo and source.target == str(target)
@@ -393,8 +395,8 @@ def test_a_pair_named_on_the_settings_screen_goes_through_the_model_manager(firs
             refused = isinstance(app.screen, SettingsScreen), notes(app)[-1]
             app.screen.query_one("#field-model", Input).value = "Tiny"
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the named pair to load")
-            return refused, app.chat.source
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the named pair to load")
+            return refused, app.chat.backend.source
 
     (still_open, refusal), source = run(main())
     assert still_open and refusal.startswith("Not saved: model: unknown model 'qwen9-huge'; known models: ")
@@ -416,9 +418,9 @@ def test_on_a_real_gpu_the_probe_places_the_model_there(first_run, server, monke
     async def main():
         app = start()
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 120, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 120, "the model to load")
             end = await answer_one(pilot, app)
-            return app.chat.source, app.chat.pair.device, notes(app), end
+            return app.chat.backend.source, app.chat.backend.pair.device, notes(app), end
 
     source, device, messages, end = run(main())
     assert messages[0].startswith(f"{machine.label}: Tiny Q8_0 + drafter Q8_0; ")
@@ -432,7 +434,7 @@ from dflash_chat import cli, hardware
 from dflash_chat.chat import model_source
 from dflash_chat.commands.chat import build_app
 from dflash_chat.settings import Settings
-from dflash_chat.ui.messages import ModelUnavailable
+from dflash_chat.chat.backend import ModelUnavailable
 
 gpu = hardware.Gpu(0, "NVIDIA GeForce RTX 3090", 24 * 2**30, 23 * 2**30)
 hardware.probe = lambda: hardware.Machine((gpu,), 64 * 2**30, 48 * 2**30)
@@ -440,7 +442,7 @@ seen = []
 
 async def main():
     app = build_app(cli.build_parser().parse_args([]), Settings())
-    hook = lambda m: seen.append(m) if isinstance(m, ModelUnavailable) else None
+    hook = lambda m: seen.append(m.event) if isinstance(getattr(m, "event", None), ModelUnavailable) else None
     async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
         while not seen:
             await pilot.pause(0.05)

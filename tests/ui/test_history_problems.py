@@ -21,7 +21,7 @@ def make_app(tiny_pair, **kwargs):
 
 
 async def answered(pilot, app, count: int) -> None:
-    await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+    await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
     await wait_for(pilot, lambda: app.chat.turn is None and sum(
         1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial") >= count,
         120, f"answer {count}")
@@ -53,7 +53,7 @@ def test_a_read_only_history_is_said_once_per_chat_and_the_chat_goes_on(home, ti
     async def main():
         app = make_app(tiny_pair)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "first")
             await answered(pilot, app, 1)
             await send(pilot, "second")
@@ -79,7 +79,7 @@ def test_a_history_another_program_holds_is_said_so_and_the_chat_goes_on(home, t
     async def main():
         app = make_app(tiny_pair)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             other = sqlite3.connect(db, isolation_level=None)
             other.execute("BEGIN EXCLUSIVE")  # a database tool in the middle of a write
             try:
@@ -107,7 +107,7 @@ def test_a_history_that_cannot_be_opened_keeps_the_session_in_memory(home, tiny_
     async def main():
         app = make_app(tiny_pair, history_path=blocker / "history.sqlite3")
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.pair is not None, 60, "the model to load")
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "hello")
             await answered(pilot, app, 1)
             await pilot.press("ctrl+o")

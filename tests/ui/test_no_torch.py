@@ -44,9 +44,11 @@ def test_commands_import_no_hub_client_until_they_run():
         import sys
         import dflash_chat.commands.bench, dflash_chat.commands.chat, dflash_chat.commands.doctor
         import dflash_chat.commands.run, dflash_chat.commands.models, dflash_chat.commands.pull
+        import dflash_chat.commands.serve
         from dflash_chat.cli import build_parser
         build_parser()
-        print(sorted(m for m in ("dflash_chat.hub", "huggingface_hub", "httpx", "torch") if m in sys.modules))
+        heavy = ("dflash_chat.hub", "huggingface_hub", "httpx", "httpx2", "torch", "fastapi", "uvicorn")
+        print(sorted(m for m in heavy if m in sys.modules))
         """
     )
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)

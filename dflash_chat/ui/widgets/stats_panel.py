@@ -1,5 +1,6 @@
 """The side panel: speed and draft acceptance (live while an answer streams, then the
-engine's own figures), tokens, model and memory, and the thinking switch."""
+engine's own figures, or a server's with where they came from), tokens, model and memory, and the
+thinking switch."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Sparkline, Static, Switch
 
 from dflash_chat.chat.live_stats import LiveStats
-from dflash_chat.chat.memory import MemoryUse
 from dflash_chat.engine.events import AcceptanceFigures, GenerationStats
-from dflash_chat.sizes import size_text
 
 BARS = " ▁▂▃▄▅▆▇█"
 DASH = "—"
+NO_FIGURES = "none reported"  # a server that says nothing of its drafts
 
 
 def format_rate(value: float) -> str:
@@ -76,7 +76,7 @@ class StatsPanel(VerticalScroll):
     def on_mount(self) -> None:
         self.query_one(Sparkline).tooltip = "tokens per verify step, recent steps"
         self.show_figures(None)
-        self.show_model(None)
+        self.show_model()
         self._show_thinking_effect()
 
     # figures
@@ -90,26 +90,31 @@ class StatsPanel(VerticalScroll):
         self.show_figures(live, live=True, speculative=speculative)
         self._show_sparkline(live.recent_lengths if speculative else [])
 
-    def show_final(self, stats: GenerationStats, thinking: bool | None = None) -> None:
-        self.show_figures(stats, speculative=stats.speculative)
+    def show_final(self, stats: GenerationStats, thinking: bool | None = None, *, remote: bool = False,
+                   source: str | None = None) -> None:
+        """The answer's figures; `remote`: a server's answer, its draft figures from `source` (or none)."""
+        self.show_figures(stats, speculative=stats.speculative, source=(source or NO_FIGURES) if remote else None)
         self.histogram = list(stats.acceptance_histogram)
         self._show_histogram()
         if thinking is not None and stats.speculative and stats.drafted:
             self.by_thinking[thinking].append(stats.acceptance_rate)
             self._show_thinking_effect()
 
-    def show_figures(self, f: AcceptanceFigures | None, *, live: bool = False, speculative: bool = False) -> None:
-        """Speed, draft and token rows from LiveStats (`live`) or the engine's GenerationStats; None clears them."""
+    def show_figures(self, f: AcceptanceFigures | None, *, live: bool = False, speculative: bool = False,
+                     source: str | None = None) -> None:
+        """Speed, draft and token rows from LiveStats (`live`) or the engine's GenerationStats; None clears them.
+        `source`: where a server's draft figures came from (a row of its own)."""
         # called for every streamed chunk: same-sized tables, so no layout pass, and unchanged ones are skipped
         self._show_rows("speed", (
             ("tok/s (live)" if live else "tok/s (last)", format_speed(f.decode_tokens_per_s) if f else DASH),
             ("first token", f"{f.ttft_s:.2f} s" if f and f.ttft_s is not None else DASH),
         ), layout=False)
         drafting = f is not None and speculative
-        self._show_rows("draft", (
+        draft = (
             ("acceptance", format_rate(f.acceptance_rate) if drafting else DASH),
-            ("tokens/step", f"{f.mean_acceptance_length:.2f}" if drafting else DASH),
-        ), layout=False)
+            ("tokens/step", f"{f.mean_acceptance_length:.2f}" if drafting and f.steps else DASH),
+        )
+        self._show_rows("draft", draft + ((("from", source),) if source else ()), layout=False)
         self._show_rows("tokens", (
             ("prompt", f"{f.prompt_tokens} ({f.reused_tokens} reused)" if f else DASH),
             ("new", str(f.new_tokens) if f else DASH),
@@ -124,7 +129,8 @@ class StatsPanel(VerticalScroll):
         if before == rows:
             return
         self._rows[section] = rows
-        self.query_one(f"#{section}", Static).update(_table(rows), layout=layout or before is None)
+        resized = before is None or len(before) != len(rows)
+        self.query_one(f"#{section}", Static).update(_table(rows), layout=layout or resized)
 
     def _show_sparkline(self, lengths: list[int]) -> None:
         sparkline = self.query_one(Sparkline)
@@ -141,21 +147,12 @@ class StatsPanel(VerticalScroll):
 
     # model, memory, thinking
 
-    def show_model(self, pair, memory: MemoryUse | None = None, note: str = "", source=None) -> None:
-        """The loaded pair; `source` (a ModelSource) adds the model manager's title and quants."""
-        if pair is None:
+    def show_model(self, rows: tuple[tuple[str, str], ...] = (), note: str = "") -> None:
+        """What answers, as the backend describes it (chat/backend.py: rows); without rows, `note`."""
+        if not rows:
             self._rows.pop("model", None)
             self.query_one("#model", Static).update(Text(note or "no model loaded", style="dim"))
             return
-        title = getattr(source, "title", "")
-        drafter = pair.drafter_name.rsplit("/", 1)[-1] if pair.drafter_name else "none (plain decoding)"
-        rows = [("target", title or pair.target_name), ("drafter", drafter)]
-        if quant := getattr(source, "quant_label", ""):
-            rows.append(("quant", quant))
-        dtype = getattr(pair, "dtype", None)
-        rows.append(("device", f"{pair.device}" + (f" · {_short(dtype)}" if dtype else "")))
-        if memory is not None:
-            rows.append((memory.kind, f"{size_text(memory.used_bytes)} / {size_text(memory.total_bytes)}"))
         self._show_rows("model", tuple(rows))
 
     def set_thinking(self, on: bool) -> None:
@@ -173,6 +170,3 @@ class StatsPanel(VerticalScroll):
         text = "acceptance " + " · ".join(parts) if parts else "applies to the next answer"
         self.query_one("#thinking-effect", Static).update(Text(text, style="dim"))
 
-
-def _short(value) -> str:
-    return str(value).removeprefix("torch.")

@@ -1,0 +1,175 @@
+"""The draft-acceptance figures as OpenAI-compatible servers report them, both ways.
+
+Three shapes exist in the field, and `serve` writes the first two:
+- vLLM's per-request `metrics.speculative_decoding` object (its `--per-request-spec-decode-metrics`
+  summary): `num_spec_steps`, `num_draft_tokens`, `num_accepted_draft_tokens`, `num_spec_tokens`,
+  `acceptance_histogram` (index j: verify steps that accepted exactly j drafts; dense list, or a
+  sparse {j: count} map in some builds), `draft_acceptance_rate`, `mean_acceptance_length`
+  (1 + accepted / steps: the bonus token counted). We add the names of vLLM's Prometheus counters
+  for the same request (`num_drafts`, `num_accepted_tokens`, `num_accepted_tokens_per_pos`).
+- llama.cpp server's `timings`: `draft_n` drafted, `draft_n_accepted` accepted, `predicted_n`
+  generated (so verify steps = predicted_n - 1 - accepted: the first token comes from the prompt).
+- vLLM's Prometheus counters on /metrics: `vllm:spec_decode_num_drafts_total`,
+  `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`, per position
+  `..._num_accepted_tokens_per_pos_total{position=...}`; their difference around one answer is that
+  answer's figures when nothing else ran meanwhile.
+
+No torch, no HTTP here: plain dicts in, plain figures out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dflash_chat.engine.events import GenerationStats
+
+PER_REQUEST = "server per-request metrics"
+TIMINGS = "llama.cpp timings"
+COUNTERS = "vLLM /metrics counters"
+
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, ACCEPTED_PER_POS)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """One answer's draft figures as a server reported them, and which report they came from."""
+
+    steps: int
+    drafted: int
+    accepted: int
+    histogram: tuple[int, ...] = ()  # index j: verify steps that accepted exactly j drafts
+    source: str = PER_REQUEST
+
+
+def accepted_per_position(histogram: list[int] | tuple[int, ...]) -> list[int]:
+    """Steps whose draft position i (0-based) was accepted: every step that accepted more than i drafts."""
+    return [sum(histogram[i + 1:]) for i in range(max(len(histogram) - 1, 0))]
+
+
+def speculative_decoding(stats: GenerationStats, spec_tokens: int) -> dict:
+    """The `metrics.speculative_decoding` object of one answer, from the engine's own GenerationStats."""
+    steps, drafted, accepted = stats.steps, stats.drafted, stats.accepted
+    histogram = list(stats.acceptance_histogram)
+    return {
+        "num_spec_tokens": spec_tokens,
+        "num_spec_steps": steps,
+        "num_draft_tokens": drafted,
+        "num_accepted_draft_tokens": accepted,
+        "acceptance_histogram": histogram,
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+        # the same request in the names of vLLM's Prometheus counters
+        "num_drafts": steps,
+        "num_accepted_tokens": accepted,
+        "num_accepted_tokens_per_pos": accepted_per_position(histogram),
+    }
+
+
+def llama_timings(stats: GenerationStats) -> dict:
+    """llama.cpp server's `timings` for one answer (milliseconds; draft fields only when it drafted)."""
+    prompt_n = stats.prompt_tokens - stats.reused_tokens
+    prompt_ms = stats.prefill_s * 1000
+    predicted_ms = stats.decode_s * 1000
+    timings = {
+        "cache_n": stats.reused_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / stats.prefill_s if stats.prefill_s else 0.0,
+        "predicted_n": stats.new_tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / stats.decoded_tokens if stats.decoded_tokens > 0 else 0.0,
+        "predicted_per_second": stats.decode_tokens_per_s,
+    }
+    if stats.speculative:
+        timings.update(draft_n=stats.drafted, draft_n_accepted=stats.accepted)
+    return timings
+
+
+def _count(value) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _dense(histogram) -> tuple[int, ...]:
+    """A histogram as a dense tuple, from a list or a sparse {"j": count} map; () when unreadable."""
+    if isinstance(histogram, list):
+        counts = [_count(c) for c in histogram]
+        return tuple(counts) if all(c is not None for c in counts) else ()
+    if isinstance(histogram, Mapping):
+        try:
+            pairs = {int(k): _count(v) for k, v in histogram.items()}
+        except (TypeError, ValueError):
+            return ()
+        if not pairs or any(k < 0 or v is None for k, v in pairs.items()):
+            return ()
+        return tuple(pairs.get(j, 0) for j in range(max(pairs) + 1))
+    return ()
+
+
+def from_metrics(body: Mapping) -> Acceptance | None:
+    """The figures in a response's (or final chunk's) `metrics.speculative_decoding`, if any."""
+    metrics = body.get("metrics")
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return None
+    drafted = _count(spec.get("num_draft_tokens"))
+    accepted = _count(spec.get("num_accepted_draft_tokens", spec.get("num_accepted_tokens")))
+    steps = _count(spec.get("num_spec_steps", spec.get("num_drafts")))
+    if drafted is None or accepted is None or steps is None:
+        return None
+    return Acceptance(steps, drafted, accepted, _dense(spec.get("acceptance_histogram")), PER_REQUEST)
+
+
+def from_timings(body: Mapping) -> Acceptance | None:
+    """The figures in llama.cpp's `timings` (absent unless it drafted)."""
+    timings = body.get("timings")
+    if not isinstance(timings, Mapping):
+        return None
+    drafted, accepted = _count(timings.get("draft_n")), _count(timings.get("draft_n_accepted"))
+    if drafted is None or accepted is None:
+        return None
+    predicted = _count(timings.get("predicted_n")) or 0
+    return Acceptance(max(predicted - 1 - accepted, 0), drafted, accepted, (), TIMINGS)
+
+
+def read_counters(text: str) -> dict[str, float] | None:
+    """vLLM's spec-decode counters in a /metrics text, summed over engines and models; per-position
+    counts as f"{name}[{position}]". None when the text has none of them (not a drafting vLLM)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name.removesuffix("_total")
+                if name not in SPEC_COUNTERS or not sample.name.endswith("_total"):
+                    continue
+                if name == ACCEPTED_PER_POS:
+                    name = f"{name}[{sample.labels.get('position', '0')}]"
+                found[name] = found.get(name, 0.0) + sample.value
+    except ValueError:  # not Prometheus text at all
+        return None
+    return found if DRAFTS in found else None
+
+
+def from_counters(before: Mapping[str, float], after: Mapping[str, float]) -> Acceptance | None:
+    """One answer's figures as the growth of vLLM's counters around it (None when they did not grow)."""
+
+    def grew(name: str) -> int:
+        return int(round(after.get(name, 0.0) - before.get(name, 0.0)))
+
+    steps, drafted, accepted = grew(DRAFTS), grew(DRAFT_TOKENS), grew(ACCEPTED_TOKENS)
+    if steps <= 0 or drafted < 0 or accepted < 0:
+        return None
+    positions = sorted(int(k[len(ACCEPTED_PER_POS) + 1:-1]) for k in after if k.startswith(ACCEPTED_PER_POS + "["))
+    at_least = [grew(f"{ACCEPTED_PER_POS}[{p}]") for p in positions]  # steps that accepted more than p drafts
+    histogram: tuple[int, ...] = ()
+    if at_least:
+        counts = [steps - at_least[0]] + [a - b for a, b in zip(at_least, at_least[1:])] + [at_least[-1]]
+        histogram = tuple(counts) if all(c >= 0 for c in counts) else ()
+    return Acceptance(steps, drafted, accepted, histogram, COUNTERS)

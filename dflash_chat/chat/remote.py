@@ -1,0 +1,390 @@
+"""An OpenAI-compatible server as a backend: `dflash-chat --endpoint URL` (our `serve`, vLLM, SGLang,
+llama.cpp's server).
+
+Answers stream from POST /v1/chat/completions. Thinking is switched with
+`chat_template_kwargs.enable_thinking` (as vLLM and SGLang take it; llama.cpp reads it too) and comes
+back as `reasoning_content` (or vLLM's newer `reasoning`, or `<think>` tags in the text). Time to first
+token and tokens/s are measured here, on the client. The draft figures are what the server reports,
+first found of: per-request `metrics.speculative_decoding` (ours, vLLM's), llama.cpp's `timings`, or
+the growth of vLLM's Prometheus counters on /metrics around the answer (chat/openai_protocol.py); the
+panel says which, or that the server reports none. No engine and no torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from dflash_chat.chat import openai_protocol
+from dflash_chat.chat.backend import AnswerChunk, AnswerEnded, AnswerRequest, Backend, ModelLoaded, ModelUnavailable
+from dflash_chat.chat.bridge import POST_INTERVAL_S, StreamChunk, StreamEnd
+from dflash_chat.chat.live_stats import LiveStats
+from dflash_chat.chat.prompt import ThinkingSplitter
+from dflash_chat.engine.events import GenerationStats
+from dflash_chat.errors import UserError, one_line
+
+API_KEY_ENV = "DFLASH_CHAT_API_KEY"
+CONNECT_S = 10.0
+READ_S = 600.0  # a long prompt's prefill on a busy server can take minutes
+
+
+def httpx_module():
+    try:  # huggingface_hub >= 2.4 brings httpx2, earlier versions httpx
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
+        import httpx
+    return httpx
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the server is: `base` ends in /v1; `root` is the server's own (/metrics, /health)."""
+
+    base: str
+    api_key: str | None = None
+    name: str = ""  # a named endpoint from the settings, if it is one
+
+    @classmethod
+    def of(cls, url: str, api_key: str | None = None, name: str = "") -> Endpoint:
+        url = url.strip()
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise UserError(f"--endpoint {url!r} is not an http(s) URL: give one like http://127.0.0.1:8000/v1, "
+                            "or the name of an endpoint in the settings (dflash-chat models lists them)")
+        base = url.rstrip("/")
+        if not base.endswith("/v1"):
+            base += "/v1"
+        return cls(base, api_key or None, name)
+
+    @property
+    def root(self) -> str:
+        return self.base.removesuffix("/v1")
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.base).netloc
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The model a server answers with, and whether its /metrics has vLLM's draft counters."""
+
+    id: str
+    owner: str
+    counters: bool
+
+
+class ServerError(Exception):
+    """The server answered with an error: its own message, in one line."""
+
+
+def error_text(status: int, body: bytes, endpoint: Endpoint) -> str:
+    """What a refused request means, in one line that says what to do."""
+    try:
+        error = json.loads(body).get("error")
+        message = error.get("message") if isinstance(error, dict) else str(error or "")
+    except (ValueError, AttributeError):
+        message = body.decode("utf-8", "replace").strip()[:200]
+    if status == 401:
+        return (f"{endpoint.host} refused the API key ({message or 'unauthorised'}): pass --api-key KEY, "
+                f"or set {API_KEY_ENV}")
+    return f"{endpoint.host} answered HTTP {status}" + (f": {message}" if message else "")
+
+
+class HttpBackend(Backend):
+    remote = True
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.request = endpoint
+        self.endpoint = endpoint
+        self.served: ServedModel | None = None
+        self._client = None
+        self._live: dict[threading.Event, object] = {}  # each streaming answer's response, by its cancel flag
+        self._reports = False  # the server's answers carry their own figures: /metrics is not needed
+        self._note = f"Connecting to {endpoint.host}…"
+        self.subtitle = f"connecting to {endpoint.host}…"
+        self.panel_note = "connecting…"
+
+    @property
+    def model(self):
+        return self.served
+
+    @property
+    def note(self) -> str:
+        return "" if self.served is not None else self._note
+
+    def name(self) -> str:
+        return f"{self.served.id} @ {self.endpoint.host}" if self.served else self.endpoint.host
+
+    def ready_text(self, seconds: float) -> str:
+        return f"Connected to {self.endpoint.host}: {self.served.id}"
+
+    def rows(self) -> tuple[tuple[str, str], ...]:
+        if self.served is None:
+            return ()
+        rows = [("model", self.served.id), ("server", self.endpoint.host)]
+        if self.served.owner:
+            rows.append(("runs", self.served.owner))
+        return tuple(rows)
+
+    def client(self):
+        if self._client is None:
+            httpx = httpx_module()
+            self._client = httpx.Client(timeout=httpx.Timeout(READ_S, connect=CONNECT_S), headers=self.endpoint.headers())
+        return self._client
+
+    # lifecycle
+
+    def begin(self, request: Endpoint) -> None:
+        self.spawn(self._connect, "model")
+
+    def handle(self, event: object) -> bool:
+        if isinstance(event, ModelLoaded):
+            if event.source is not self.endpoint:
+                return False
+            self.served = event.model
+            self.subtitle, self.panel_note = self.name(), ""
+        elif isinstance(event, ModelUnavailable):
+            if event.request is not self.endpoint:
+                return False
+            self._note = f"No model yet: {event.error}"
+            self.subtitle, self.panel_note = "no model", "not connected"
+        return True
+
+    def _connect(self) -> None:
+        started = time.perf_counter()
+        try:
+            model = self._models()
+        except Exception as exc:  # noqa: BLE001 - said in words, the app carries on
+            self.post(ModelUnavailable(self.endpoint, self._why(exc)))
+            return
+        self.post(ModelLoaded(self.endpoint, model, time.perf_counter() - started))
+
+    def _models(self) -> ServedModel:
+        response = self.client().get(f"{self.endpoint.base}/models")
+        if response.status_code != 200:
+            raise ServerError(error_text(response.status_code, response.content, self.endpoint))
+        data = response.json().get("data") or []
+        if not data:
+            raise ServerError(f"{self.endpoint.host} serves no model yet (GET /v1/models is empty); is it still loading?")
+        card = data[0]
+        return ServedModel(str(card.get("id")), str(card.get("owned_by") or ""), self._counters() is not None)
+
+    def _counters(self) -> dict[str, float] | None:
+        """vLLM's draft counters on the server's /metrics (None: none there, or no /metrics)."""
+        try:
+            response = self.client().get(f"{self.endpoint.root}/metrics", timeout=CONNECT_S)
+        except Exception:  # noqa: BLE001 - a server without /metrics simply reports no counters
+            return None
+        return openai_protocol.read_counters(response.text) if response.status_code == 200 else None
+
+    def _why(self, exc: Exception) -> str:
+        if isinstance(exc, ServerError):
+            return str(exc)
+        httpx = httpx_module()
+        if isinstance(exc, httpx.TransportError):
+            return (f"cannot reach {self.endpoint.base} ({type(exc).__name__}: {exc}): is the server running, "
+                    "and is the URL right?")
+        return one_line(exc, f"talking to {self.endpoint.host}")
+
+    # answers
+
+    def answer(self, request: AnswerRequest) -> None:
+        served = self.served
+        self.spawn(lambda: self._answer(served, request), "generate")
+
+    def _body(self, served: ServedModel, request: AnswerRequest) -> dict:
+        body = {
+            "model": served.id,
+            "messages": request.turns,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "max_tokens": request.max_new_tokens,
+            "chat_template_kwargs": {"enable_thinking": request.thinking},
+        }
+        if request.top_k > 0:
+            body["top_k"] = request.top_k
+        return body
+
+    def stop(self, request: AnswerRequest) -> None:
+        """Cancel, and cut the connection at once: a read blocked waiting for the server returns, and
+        the server sees the client leave (and stops its engine) without waiting for its next chunk."""
+        request.cancel.set()
+        response = self._live.get(request.cancel)
+        if response is None:
+            return
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+
+    def _answer(self, served: ServedModel, request: AnswerRequest) -> None:
+        before = self._counters() if served.counters and not self._reports else None
+        reader = Reader(request, self.post, lambda response: self._live.__setitem__(request.cancel, response))
+        try:
+            end = reader.read(self.client(), self.endpoint, self._body(served, request))
+        except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
+            end = reader.cut_short() if request.cancel.is_set() else StreamEnd("error", "", "", None, self._why(exc))
+        finally:
+            self._live.pop(request.cancel, None)
+        self._reports = self._reports or end.acceptance_source is not None
+        if end.stats is not None and end.acceptance_source is None and before is not None:
+            after = self._counters()
+            acceptance = openai_protocol.from_counters(before, after) if after is not None else None
+            if acceptance is not None:
+                end = _with_acceptance(end, acceptance)
+        self.post(AnswerEnded(end, None, served, request.chat))
+
+
+class Reader:
+    """One streamed answer: SSE lines in, batched AnswerChunks out, the figures at the end."""
+
+    def __init__(self, request: AnswerRequest, post, opened=lambda response: None) -> None:
+        self.request = request
+        self.post = post
+        self.opened = opened  # told the live response (HttpBackend.stop cuts it)
+        self.splitter = ThinkingSplitter(thinking=False)  # <think> tags from a server without a reasoning parser
+        self.thinking: list[str] = []
+        self.answer: list[str] = []
+        self.pending = ["", ""]
+        self.live = LiveStats()
+        self.deltas = 0
+        self.first: float | None = None
+        self.last = 0.0
+        self.finish = None
+        self.usage: dict = {}
+        self.acceptance = None
+        self.error: str | None = None
+
+    def read(self, client, endpoint: Endpoint, body: dict) -> StreamEnd:
+        started = time.monotonic()
+        self.started = started
+        posted = started
+        done = False
+        with client.stream("POST", f"{endpoint.base}/chat/completions", json=body) as response:
+            self.opened(response)
+            if response.status_code != 200:
+                raise ServerError(error_text(response.status_code, response.read(), endpoint))
+            for line in response.iter_lines() if not self.request.cancel.is_set() else ():
+                if self.request.cancel.is_set():
+                    break  # leaving the stream closes it: the server cancels the answer
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    continue
+                first = self.first is None
+                self.take(chunk, time.monotonic())
+                now = time.monotonic()
+                if any(self.pending) and (first and self.first is not None or now - posted >= POST_INTERVAL_S):
+                    self.send()
+                    posted = now
+        cancelled = not done and self.finish is None and self.request.cancel.is_set()
+        return self.end("cancelled" if cancelled else "error" if self.error else
+                        {"length": "length"}.get(self.finish, "stop"))
+
+    def cut_short(self) -> StreamEnd:
+        """The answer as far as it came, when Esc cut the connection mid-read."""
+        return self.end("cancelled")
+
+    def end(self, reason: str) -> StreamEnd:
+        self._feed(*self.splitter.flush())
+        if any(self.pending):
+            self.send()
+        stats = self.stats(time.monotonic())
+        source = self.acceptance.source if self.acceptance is not None else None
+        return StreamEnd(reason, "".join(self.thinking), "".join(self.answer), stats, self.error,
+                         acceptance_source=source)
+
+    def take(self, chunk: dict, now: float) -> None:
+        if "error" in chunk and not chunk.get("choices"):
+            error = chunk["error"]
+            self.error = (error.get("message") if isinstance(error, dict) else str(error)) or "the server failed"
+            return
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        found = openai_protocol.from_metrics(chunk) or openai_protocol.from_timings(chunk)
+        if found is not None:
+            self.acceptance = found
+        if "timings" in chunk and isinstance(chunk["timings"], dict):
+            self.usage.setdefault("cached_n", chunk["timings"].get("cache_n"))
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            content = delta.get("content") or ""
+            if reasoning or content:
+                self.deltas += 1
+                if self.first is None:
+                    self.first = now
+                self.last = now
+                self._feed(reasoning, "")
+                self._feed(*self.splitter.feed(content))
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+
+    def _feed(self, thinking: str, answer: str) -> None:
+        if thinking:
+            self.thinking.append(thinking)
+            self.pending[0] += thinking
+        if answer:
+            self.answer.append(answer)
+            self.pending[1] += answer
+
+    def new_tokens(self) -> int:
+        count = self.usage.get("completion_tokens")
+        return count if isinstance(count, int) else self.deltas
+
+    def send(self) -> None:
+        live = self.live
+        live.new_tokens = self.new_tokens()
+        live.prompt_tokens = self.usage.get("prompt_tokens") or 0
+        if self.first is not None:
+            live.ttft_s = self.first - self.started
+            live.decode_s = self.last - self.first
+        self.post(AnswerChunk(StreamChunk(self.pending[0], self.pending[1], live.snapshot())))
+        self.pending = ["", ""]
+
+    def stats(self, now: float) -> GenerationStats:
+        details = self.usage.get("prompt_tokens_details") or {}
+        reused = details.get("cached_tokens") if isinstance(details, dict) else None
+        if not isinstance(reused, int):
+            reused = self.usage.get("cached_n") if isinstance(self.usage.get("cached_n"), int) else 0
+        stats = GenerationStats(
+            prompt_tokens=self.usage.get("prompt_tokens") or 0,
+            reused_tokens=reused,
+            new_tokens=self.new_tokens(),
+            ttft_s=(self.first - self.started) if self.first is not None else now - self.started,
+            decode_s=(self.last - self.first) if self.first is not None else 0.0,
+        )
+        return _stats_with(stats, self.acceptance)
+
+
+def _stats_with(stats: GenerationStats, acceptance) -> GenerationStats:
+    if acceptance is not None:
+        stats.steps, stats.drafted, stats.accepted = acceptance.steps, acceptance.drafted, acceptance.accepted
+        stats.acceptance_histogram = list(acceptance.histogram)
+        stats.speculative = True
+    return stats
+
+
+def _with_acceptance(end: StreamEnd, acceptance) -> StreamEnd:
+    from dataclasses import replace
+
+    return replace(end, stats=_stats_with(end.stats, acceptance), acceptance_source=acceptance.source)

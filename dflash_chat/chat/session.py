@@ -1,0 +1,92 @@
+"""A loaded pair in use: prompts built for prefix reuse, answers streamed, what the engine now holds.
+
+The engine keeps the tokens of its last answer and prefills only what a new prompt adds to them
+(engine/spec.py). A `Transcript` says which chat those tokens are, so the next prompt of that chat
+is built to start with them (chat/prompt.py: next_prompt). The chat screen (one transcript per chat)
+and `serve` (the last answer, whoever asked) both answer through this class. Runs in worker threads:
+no UI here, and torch only through the engine.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from dflash_chat.chat.bridge import StreamChunk, StreamEnd, stream_answer
+from dflash_chat.chat.detokenize import IncrementalDecoder
+from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, encode, next_prompt, stop_token_ids
+from dflash_chat.chat.stops import StopStrings
+
+
+class EngineSession:
+    def __init__(self, pair) -> None:
+        self.pair = pair  # engine.load.LoadedPair
+        self.tokenizer = pair.tokenizer
+        engine = pair.engine
+        self.stops = stop_token_ids(pair.tokenizer, extra=_eos_ids(engine))
+        self.context = engine.max_context
+        self.spec_tokens = engine.block_size - 1 if pair.drafter_name else 0  # drafts per verify step
+        self.last: Transcript | None = None  # what the engine holds, when it is a chat answer
+
+    @property
+    def speculative(self) -> bool:
+        return self.pair.drafter_name is not None
+
+    def chat_prompt(self, turns: list[dict[str, str]], thinking: bool, previous: Transcript | None) -> Prompt:
+        return next_prompt(self.tokenizer, turns, thinking=thinking, previous=previous)
+
+    def text_prompt(self, text: str) -> Prompt:
+        """A prompt sent as it is (completions): no chat template."""
+        return Prompt(text=text, ids=encode(self.tokenizer, text), thinking=False)
+
+    def params(self, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int, seed: int | None = None):
+        from dflash_chat.engine.sampling import SamplingParams
+
+        return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                              stop_token_ids=self.stops, seed=seed)
+
+    def answer(self, prompt: Prompt, params, cancel: threading.Event, post: Callable[[StreamChunk], None],
+               *, stop: tuple[str, ...] = (), thinking_split: bool = True,
+               tap: Callable[[object], None] | None = None) -> StreamEnd:
+        """Generate for `prompt`, posting batched chunks; `stop` strings end the text before them.
+        `thinking_split` False: every word is answer text (a raw completion). `tap` sees every engine event."""
+        splitter = ThinkingSplitter(thinking=prompt.opens_thinking) if thinking_split else _NoSplit()
+        events = self.pair.engine.generate(prompt.ids, params, cancel)
+        return stream_answer(
+            events if tap is None else _tapped(events, tap),
+            IncrementalDecoder(self.tokenizer, params.stop_token_ids),
+            splitter,
+            post,
+            stops=StopStrings(stop) if stop else None,
+            cancel=cancel,
+        )
+
+    @staticmethod
+    def held(turns: list[dict[str, str]], prompt: Prompt, end: StreamEnd) -> Transcript | None:
+        """What the engine holds after `end`, as a chat a next prompt can continue; None when it is not
+        one (an error may have dropped the state; after a stop string the tokens go past the answer)."""
+        if end.reason == "error" or end.stopped_by_text:
+            return None
+        return Transcript(turns, prompt, list(end.token_ids), end.answer, end.thinking)
+
+
+def _tapped(events, tap):
+    for event in events:
+        tap(event)
+        yield event
+
+
+class _NoSplit:
+    def feed(self, text: str) -> tuple[str, str]:
+        return "", text
+
+    def flush(self) -> tuple[str, str]:
+        return "", ""
+
+
+def _eos_ids(engine) -> tuple[int, ...]:
+    """The target config's own end-of-sequence ids (one id or a list), beside the tokenizer's."""
+    eos = getattr(engine.target.cfg, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)

@@ -1,0 +1,325 @@
+"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+
+A request is read and checked here on the event loop (auth, body size, JSON, fields, model, context),
+then queued (serve/scheduler.py) and answered on the engine thread; its chunks come back through an
+asyncio queue. Streams are Server-Sent Events as OpenAI's are. A client that goes away (a closed
+stream, or a dropped connection while it waits for a whole answer) cancels its answer: the engine
+stops at its next step. Every failure is an OpenAI-shaped JSON error; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hmac
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dflash_chat.chat.bridge import StreamChunk, StreamEnd
+from dflash_chat.chat.prompt import Prompt, build_prompt, encode
+from dflash_chat.engine.events import GenerationStats, Step
+from dflash_chat.errors import one_line
+from dflash_chat.serve import responses
+from dflash_chat.serve.errors import ApiError, bad_request, error_body
+from dflash_chat.serve.metrics import CONTENT_TYPE, Metrics
+from dflash_chat.serve.requests import ChatRequest, CompletionRequest, chat_request, completion_request, parse_json
+from dflash_chat.serve.scheduler import Job, QueueFull, Scheduler
+from dflash_chat.settings import Settings
+
+MAX_BODY = 4 * 1024 * 1024  # bytes; a long chat is far smaller
+
+
+@dataclass(frozen=True)
+class Done:
+    end: StreamEnd
+    queued_s: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    status: int = 500
+
+
+@dataclass
+class Record:
+    """A finished answer, kept for a while (the tests read how cancelling went)."""
+
+    reason: str
+    new_tokens: int
+    steps: int
+    steps_after_cancel: int  # decode steps the engine finished after the client's cancel was set
+    stats: GenerationStats | None = None
+
+
+class Served:
+    """What the server serves: the model once it is loaded, its name, the queue, the rules."""
+
+    def __init__(self, name: str | None, settings: Settings, *, api_key: str | None = None, max_waiting: int = 8,
+                 max_body: int = MAX_BODY) -> None:
+        self.name = name  # None until the model manager's choice is loaded
+        self.settings = settings  # the sampling defaults
+        self.api_key = api_key
+        self.max_body = max_body
+        self.session = None  # chat.session.EngineSession once loaded
+        self.load_error: str | None = None
+        self.metrics: Metrics | None = None
+        self.scheduler = Scheduler(max_waiting, on_change=self._queue_changed)
+        self.recent: deque[Record] = deque(maxlen=256)
+        self._checker = None  # a tokenizer of its own for checking requests, never the engine thread's
+        self._checker_lock = threading.Lock()
+
+    def ready(self, session) -> None:
+        self._checker = copy.deepcopy(session.tokenizer)
+        self.metrics = Metrics(self.name, session.spec_tokens)
+        self.session = session
+
+    def _queue_changed(self, running: int, waiting: int) -> None:
+        if self.metrics is not None:
+            self.metrics.queue(running, waiting)
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+    # checks on the event loop's side
+
+    def check_auth(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, "Missing or wrong API key: send the header 'Authorization: Bearer KEY'.",
+                           code="invalid_api_key")
+
+    def check_model(self, model: str | None) -> None:
+        if self.session is None:
+            why = f"The model failed to load: {self.load_error}" if self.load_error else "The model is still loading"
+            raise ApiError(503, f"{why}; try again in a moment (GET /health says when it is ready).",
+                           type="service_unavailable", code="model_not_ready", headers={"Retry-After": "5"})
+        if model is not None and model != self.name:
+            raise ApiError(404, f"The model '{model}' does not exist here; this server serves '{self.name}' "
+                                "(GET /v1/models).", param="model", code="model_not_found")
+
+    def prompt_tokens(self, request: ChatRequest | CompletionRequest) -> int:
+        """How many tokens the prompt takes, rendered afresh (the engine may reuse some of them)."""
+        if isinstance(request, CompletionRequest) and isinstance(request.prompt, list):
+            return len(request.prompt)
+        with self._checker_lock:
+            if isinstance(request, ChatRequest):
+                return len(build_prompt(self._checker, request.turns, thinking=request.thinking).ids)
+            return len(encode(self._checker, request.prompt))
+
+    def check_context(self, request: ChatRequest | CompletionRequest, prompt_tokens: int) -> None:
+        context, asked = self.session.context, request.sampling.max_tokens
+        if prompt_tokens + (asked or 1) > context:
+            wanted = f"{prompt_tokens + asked} tokens ({prompt_tokens} in the prompt, {asked} to write)" if asked \
+                else f"{prompt_tokens} tokens in the prompt, and no room is left to write"
+            raise bad_request(f"This model's maximum context length is {context} tokens; this request needs {wanted}. "
+                              "Shorten the prompt or lower max_tokens.", "messages" if isinstance(request, ChatRequest)
+                              else "prompt", "context_length_exceeded")
+
+    # the engine thread's side
+
+    def work(self, request: ChatRequest | CompletionRequest, emit, job: Job) -> None:
+        session = self.session
+        chat = isinstance(request, ChatRequest)
+        queued_s = job.started_at - job.queued_at
+        record = Record("error", 0, 0, 0)
+
+        def tap(event) -> None:
+            if isinstance(event, Step) and job.cancel.is_set():
+                record.steps_after_cancel += 1
+
+        try:
+            prompt = self._prompt(session, request)
+            sampling = request.sampling
+            max_new = sampling.max_tokens or session.context - len(prompt.ids)
+            if len(prompt.ids) + max_new > session.context:  # the held tokens may count a few more
+                emit(Failed(f"This model's maximum context length is {session.context} tokens; the prompt takes "
+                            f"{len(prompt.ids)} and {max_new} were asked for. Lower max_tokens.", 400))
+                return
+            params = session.params(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                    max_new_tokens=max_new, seed=sampling.seed)
+            end = session.answer(prompt, params, job.cancel, emit, stop=sampling.stop, thinking_split=chat, tap=tap)
+        except Exception as exc:  # noqa: BLE001 - one request fails, the server goes on
+            session.last = None
+            emit(Failed(one_line(exc, "generation")))
+            return
+        session.last = session.held(request.turns, prompt, end) if chat else None
+        if end.stats is not None:
+            record.reason, record.new_tokens, record.steps = end.reason, end.stats.new_tokens, end.stats.steps
+            record.stats = end.stats
+            if end.reason != "error":
+                self.metrics.answered(end.stats, responses.finish_reason(end), queued_s,
+                                      time.monotonic() - job.queued_at)
+        self.recent.append(record)
+        emit(Done(end, queued_s) if end.reason != "error" else Failed(end.error or "generation failed"))
+
+    @staticmethod
+    def _prompt(session, request) -> Prompt:
+        if isinstance(request, ChatRequest):
+            return session.chat_prompt(request.turns, request.thinking, session.last)
+        if isinstance(request.prompt, list):
+            return Prompt(text="", ids=list(request.prompt), thinking=False)
+        return session.text_prompt(request.prompt)
+
+
+def build_app(served: Served) -> FastAPI:
+    app = FastAPI(title="dflash-chat", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.served = served
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        message = {404: f"There is no {request.url.path} here: the API is under /v1 (see /v1/models).",
+                   405: f"{request.method} is not allowed on {request.url.path}."}.get(exc.status_code, str(exc.detail))
+        return JSONResponse(error_body(message, kind), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        return JSONResponse(error_body(one_line(exc, "the request"), "server_error"), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        if served.session is None:
+            state = "error" if served.load_error else "loading"
+            return JSONResponse({"status": state, "error": served.load_error}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        body = served.metrics.text() if served.metrics is not None else b""
+        return Response(body, media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        served.check_auth(request)
+        if served.name is None:
+            return {"object": "list", "data": []}
+        card = {"id": served.name, "object": "model", "created": 0, "owned_by": "dflash-chat"}
+        if served.session is not None:
+            card["max_model_len"] = served.session.context
+        return {"object": "list", "data": [card]}
+
+    async def completion(request: Request, parse, chat: bool):
+        served.check_auth(request)
+        parsed = parse(parse_json(await read_body(request, served.max_body)), served.settings)
+        return await answer(request, served, parsed, responses.Kind.new(chat, served.name))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await completion(request, chat_request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await completion(request, completion_request, chat=False)
+
+    return app
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) past `limit` bytes without reading the rest."""
+    too_big = ApiError(413, f"The request body is larger than this server takes ({limit} bytes).",
+                       code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_big
+        parts.append(part)
+    return b"".join(parts)
+
+
+async def answer(request: Request, served: Served, parsed: ChatRequest | CompletionRequest, kind: responses.Kind):
+    served.check_model(parsed.model)
+    prompt_tokens = await anyio.to_thread.run_sync(served.prompt_tokens, parsed)
+    served.check_context(parsed, prompt_tokens)
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue = asyncio.Queue()
+
+    def emit(item) -> None:  # from the engine thread
+        try:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+        except RuntimeError:  # the loop is gone: the server is shutting down
+            pass
+
+    job = Job(lambda job: served.work(parsed, emit, job))
+    try:
+        served.scheduler.submit(job)
+    except QueueFull as full:
+        raise ApiError(429, f"The server is busy: one answer runs and {served.scheduler.max_waiting} wait already. "
+                            f"Try again in {full.retry_after} s.", type="rate_limit_error",
+                       code="rate_limit_exceeded", headers={"Retry-After": str(full.retry_after)}) from None
+    if parsed.streaming.stream:
+        return StreamingResponse(stream(served, parsed, kind, items, job, prompt_tokens),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await whole(request, served, kind, items, job)
+
+
+async def whole(request: Request, served: Served, kind: responses.Kind, items: asyncio.Queue, job: Job):
+    """The whole answer as one response; the client leaving while it waits cancels the answer."""
+
+    async def finished():
+        while True:
+            item = await items.get()
+            if isinstance(item, (Done, Failed)):
+                return item
+
+    async def gone():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    result, watcher = asyncio.ensure_future(finished()), asyncio.ensure_future(gone())
+    try:
+        done, _ = await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if result not in done:
+        job.cancel.set()
+        result.cancel()
+        return Response(status_code=499)  # nobody reads it
+    item = result.result()
+    if isinstance(item, Failed):
+        raise ApiError(item.status, item.message, type="server_error" if item.status >= 500 else "invalid_request_error")
+    return responses.completion(kind, item.end, served.session.spec_tokens)
+
+
+async def stream(served: Served, parsed, kind: responses.Kind, items: asyncio.Queue, job: Job, prompt_tokens: int):
+    """Server-Sent Events: the role, the text as it is written, the finish, usage and figures, [DONE]."""
+    continuous = prompt_tokens if parsed.streaming.continuous_usage else None
+    try:
+        opening = responses.first_chunk(kind)
+        if opening is not None:
+            yield responses.sse(opening)
+        while True:
+            item = await items.get()
+            if isinstance(item, StreamChunk):
+                if item.thinking or item.answer:
+                    yield responses.sse(responses.text_chunk(kind, item, continuous))
+                continue
+            if isinstance(item, Failed):
+                yield responses.sse(error_body(item.message, "server_error" if item.status >= 500
+                                               else "invalid_request_error"))
+            else:
+                for body in responses.last_chunks(kind, item.end, served.session.spec_tokens,
+                                                  parsed.streaming.include_usage):
+                    yield responses.sse(body)
+            yield responses.sse("[DONE]")
+            return
+    finally:
+        job.cancel.set()  # the client left (or the answer is over: then it changes nothing)

@@ -1,0 +1,183 @@
+"""Request bodies of /v1/chat/completions and /v1/completions, read and checked.
+
+Each field we use is checked for its type and range, and a wrong one is a 400 naming it (`param`), as
+OpenAI's API answers. Fields we do not use (logprobs, penalties, tools, ...) are ignored, as clients
+send many of them by default. Sampling defaults are the user's settings (config.toml), so `serve`
+answers like the app does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dflash_chat.serve.errors import bad_request
+from dflash_chat.settings import Settings
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOPS = 16
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int | None  # None: up to the end of the context
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Streaming:
+    stream: bool
+    include_usage: bool  # a last chunk with `usage` (and the figures), as stream_options asks
+    continuous_usage: bool  # `usage` in every chunk (vLLM's continuous_usage_stats)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str | None
+    turns: list[dict[str, str]]
+    thinking: bool
+    sampling: Sampling
+    streaming: Streaming
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str | None
+    prompt: str | list[int]
+    sampling: Sampling
+    streaming: Streaming
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"The request body is not valid JSON ({exc}).") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of {role, content} objects.", "messages")
+    turns = [_turn(m, i) for i, m in enumerate(messages)]
+    kwargs = _optional(body, "chat_template_kwargs", Mapping) or {}
+    thinking = kwargs.get("enable_thinking", defaults.thinking)
+    if not isinstance(thinking, bool):
+        raise bad_request("'chat_template_kwargs.enable_thinking' must be true or false.",
+                          "chat_template_kwargs.enable_thinking")
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    return ChatRequest(_model(body), turns, thinking, _sampling(body, defaults, limit, name), _streaming(body))
+
+
+def completion_request(body: Mapping, defaults: Settings) -> CompletionRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        prompt = [int(t) for t in prompt]
+    elif not isinstance(prompt, str) or not prompt:
+        raise bad_request("'prompt' must be a non-empty string (or one list of token ids); batches are not supported.",
+                          "prompt")
+    limit = body.get("max_tokens", 16)  # OpenAI's default for completions
+    return CompletionRequest(_model(body), prompt, _sampling(body, defaults, limit, "max_tokens"), _streaming(body))
+
+
+def _model(body: Mapping) -> str | None:
+    return _optional(body, "model", str)
+
+
+def _turn(message, index: int) -> dict[str, str]:
+    where = f"messages[{index}]"
+    if not isinstance(message, Mapping):
+        raise bad_request(f"'{where}' must be an object with 'role' and 'content'.", where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role")
+    return {"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content")}
+
+
+def _content(content, where: str) -> str:
+    """Text, or a list of text parts (OpenAI's content parts); images and audio are refused."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"'{where}' may only hold text parts ({{\"type\": \"text\", \"text\": ...}}).", where)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"'{where}' must be a string or a list of text parts.", where)
+
+
+def _streaming(body: Mapping) -> Streaming:
+    stream = _optional(body, "stream", bool) or False
+    options = _optional(body, "stream_options", Mapping) or {}
+    include = options.get("include_usage", False)
+    continuous = options.get("continuous_usage_stats", False)
+    for name, value in (("include_usage", include), ("continuous_usage_stats", continuous)):
+        if not isinstance(value, bool):
+            raise bad_request(f"'stream_options.{name}' must be true or false.", f"stream_options.{name}")
+    return Streaming(stream, include, continuous)
+
+
+def _sampling(body: Mapping, defaults: Settings, limit, limit_name: str) -> Sampling:
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise bad_request("Only one choice per request is supported ('n' must be 1).", "n")
+    temperature = _number(body, "temperature", defaults.temperature, 0.0, 2.0)
+    top_p = _number(body, "top_p", defaults.top_p, 0.0, 1.0)
+    if top_p == 0:
+        raise bad_request("'top_p' must be greater than 0 and at most 1.", "top_p")
+    top_k = body.get("top_k", defaults.top_k)
+    if not _is_int(top_k) or top_k < -1:
+        raise bad_request("'top_k' must be a whole number: 0 or -1 for no limit, else how many tokens to keep.",
+                          "top_k")
+    if limit is not None and (not _is_int(limit) or limit < 1):
+        raise bad_request(f"'{limit_name}' must be a whole number of at least 1.", limit_name)
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
+        raise bad_request("'seed' must be a whole number from 0 to 2^63-1.", "seed")
+    return Sampling(temperature, top_p, max(int(top_k), 0), limit, seed, _stops(body.get("stop")))
+
+
+def _stops(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOPS:
+        raise bad_request(f"'stop' must be a string or a list of up to {MAX_STOPS} strings.", "stop")
+    return tuple(s for s in stop if s)
+
+
+def _number(body: Mapping, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise bad_request(f"'{name}' must be a number from {low:g} to {high:g}; got {value!r}.", name)
+    return float(value)
+
+
+def _optional(body: Mapping, name: str, kind: type):
+    value = body.get(name)
+    if value is not None and not isinstance(value, kind):
+        what = {str: "a string", bool: "true or false", Mapping: "an object"}[kind]
+        raise bad_request(f"'{name}' must be {what}.", name)
+    return value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

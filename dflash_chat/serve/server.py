@@ -1,0 +1,182 @@
+"""Running the server: the model through the app's own LocalBackend, the HTTP side through uvicorn.
+
+`load` drives chat/local_backend.py exactly as the chat screen does (choose, fetch, load with
+progress), with a `post` that speaks to the terminal instead: the download bars of `pull`, the loading
+line of `run`. The socket is bound here, before uvicorn starts, so a port in use is one line that says
+what to do. `Running` serves from a thread (the tests and `bench --http`); `serve_forever` from the
+main thread (the command, Ctrl-C stops it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+import time
+
+from dflash_chat.chat.backend import DownloadNeeded, LoadProgress, ModelChosen, ModelFailed, ModelLoaded, ModelUnavailable
+from dflash_chat.chat.local_backend import LocalBackend
+from dflash_chat.errors import UserError, one_line
+from dflash_chat.serve.app import Served, build_app
+
+
+def served_name(source) -> str:
+    """The model's id in the API: 'dflash-chat-demo', the catalog pair's title and quant, or the files' name."""
+    from dflash_chat.engine.load import display_name
+
+    if source.demo:
+        return "dflash-chat-demo"
+    if source.title:
+        return f"{source.title}-{source.target_quant}" if source.target_quant else source.title
+    return display_name(source.target)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket, or a UserError that says what to change."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        why = "is in use" if exc.errno in (98, 48, 10048) else f"cannot be used ({exc.strerror or exc})"
+        raise UserError(f"{host}:{port} {why}: pass another --port (or --host)") from None
+    sock.setblocking(False)
+    return sock
+
+
+class Loader:
+    """The `post` of a LocalBackend that serves: prints what happens, fetches with `pull`'s bars,
+    and hands the loaded model to `served`. `done` is set when it loaded or failed."""
+
+    def __init__(self, served: Served, backend: LocalBackend, *, quiet: bool = False) -> None:
+        self.served = served
+        self.backend = backend
+        self.quiet = quiet
+        self.done = threading.Event()
+        self.progress = None
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def post(self, event: object) -> None:
+        if not self.backend.handle(event):
+            return
+        if isinstance(event, ModelChosen):
+            self.say(event.chosen.explanation)
+        elif isinstance(event, DownloadNeeded):
+            self._download(event)
+        elif isinstance(event, LoadProgress):
+            self._progress(event)
+        elif isinstance(event, ModelLoaded):
+            if self.progress is not None:
+                self.progress.close(self.progress_total)
+            if self.served.name is None:
+                self.served.name = served_name(self.backend.source)
+            self.served.ready(self.backend.session)
+            self.say(f"{self.backend.name()} is ready ({event.seconds:.1f} s to load)")
+            self.done.set()
+        elif isinstance(event, (ModelFailed, ModelUnavailable)):
+            self.fail(event.error)
+
+    progress_total = 0
+
+    def _progress(self, event: LoadProgress) -> None:
+        from dflash_chat.commands.progress import LoadProgress as Line
+
+        if self.progress is None:
+            self.progress = Line(self.backend.name())
+        self.progress_total = event.total
+        self.progress(event.done, event.total)
+
+    def _download(self, event: DownloadNeeded) -> None:
+        from dflash_chat.commands.pull import _download_with_bar  # the bars `pull` shows
+
+        try:
+            files = _download_with_bar(event.plan)
+        except Exception as exc:  # noqa: BLE001 - said in one line; the server stops
+            self.fail(one_line(exc, "downloading the model"))
+            return
+        self.backend.downloaded(event.request, event.choice, files)
+
+    def fail(self, error: str) -> None:
+        self.served.load_error = error
+        self.done.set()
+
+
+def start_loading(served: Served, request, settings, *, quiet: bool = False) -> Loader:
+    """Begin choosing, fetching and loading `request` (a ModelSource or Pick) in worker threads."""
+    backend = LocalBackend(settings, request)
+    loader = Loader(served, backend, quiet=quiet)
+    backend.attach(loader.post, lambda body, group: threading.Thread(target=body, daemon=True).start())
+    backend.begin(request)
+    return loader
+
+
+def _uvicorn(served: Served, log_level: str):
+    import uvicorn
+
+    config = uvicorn.Config(build_app(served), log_level=log_level, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=5)
+    return uvicorn.Server(config)
+
+
+class Running:
+    """The server on a thread; `url` is its base (http://127.0.0.1:PORT). Stop it with `stop()`."""
+
+    def __init__(self, served: Served, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.served = served
+        self.sock = bind(host, port)
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.server = _uvicorn(served, "warning")
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
+                                       name="dflash-serve", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> Running:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.served.close()  # the running answer is cancelled: the engine stops at its next step
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+    def __enter__(self) -> Running:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
+    """Serve until Ctrl-C (or the model fails to load: then its error, exit status 2)."""
+    sock = bind(host, port)
+    server = _uvicorn(served, "warning")
+
+    def watch() -> None:
+        loader.done.wait()
+        if served.load_error:
+            server.should_exit = True
+
+    threading.Thread(target=watch, daemon=True).start()
+    shown = "localhost" if host in ("127.0.0.1", "::1") else host
+    print(f"serving {served.name} on http://{shown}:{sock.getsockname()[1]}/v1 "
+          f"(OpenAI API; /health, /metrics){' with an API key' if served.api_key else ''}; Ctrl-C stops",
+          file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        served.close()
+        sock.close()
+    if served.load_error:
+        raise UserError(served.load_error)
+    return 0

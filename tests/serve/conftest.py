@@ -1,0 +1,78 @@
+"""Servers on loopback ports the OS picks, in this process, around the real engine and the demo pair.
+
+Every server is stopped when its test ends; tests wait on conditions with deadlines, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from dflash_chat.demo import demo_available
+from dflash_chat.settings import Settings
+
+pytestmark = pytest.mark.skipif(not demo_available(), reason="the demo pair is not in dflash_chat/demo_data")
+
+GREEDY = Settings(temperature=0.0, top_p=1.0, top_k=0, context_length=1024)
+CONTEXT = 1024
+
+
+@pytest.fixture(scope="session")
+def demo_pair():
+    if not demo_available():
+        pytest.skip("the demo pair is not in dflash_chat/demo_data")
+    from dflash_chat.demo import demo_paths
+    from dflash_chat.engine.load import load_pair
+
+    return load_pair(*demo_paths(), device="cpu", max_context=CONTEXT)
+
+
+@contextlib.contextmanager
+def serving(pair, **rules):
+    """A server for `pair` (a fresh engine session on it) on a loopback port; yields (served, url)."""
+    from dflash_chat.chat.session import EngineSession
+    from dflash_chat.serve.app import Served
+    from dflash_chat.serve.server import Running
+
+    served = Served("dflash-chat-demo", replace(GREEDY, **rules.pop("settings", {})), **rules)
+    if pair is not None:
+        served.ready(EngineSession(pair))
+    with Running(served) as running:
+        yield served, running.url
+
+
+def wait_until(condition, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Paced:
+    """The pair's engine one step at a time: after each decode step it waits until the test lets the
+    next one run, or the answer is cancelled. A test acting mid-answer then never misses that state."""
+
+    def __init__(self, pair, monkeypatch) -> None:
+        from dflash_chat.engine.events import Step
+
+        self.steps = threading.Semaphore(0)  # one release per finished step
+        self.go = threading.Event()
+        real = pair.engine.generate
+
+        def generate(prompt_ids, params, cancel=None):
+            for event in real(prompt_ids, params, cancel):
+                yield event
+                if isinstance(event, Step):
+                    self.steps.release()
+                    while not self.go.is_set() and not (cancel is not None and cancel.is_set()):
+                        self.go.wait(0.01)
+
+        monkeypatch.setattr(pair.engine, "generate", generate)
+
+    def wait_step(self, timeout: float = 60.0) -> None:
+        assert self.steps.acquire(timeout=timeout), "no engine step came"
