@@ -411,7 +411,14 @@ def _gdn_cases(label: str, key_heads: int, value_heads: int, key_dim: int, value
                     _meta(value_heads, dtype=f32), _meta(value_heads, key_dim, value_dim, dtype=f32), heads, update,
                     outputs, _meta((), dtype=torch.int64) if keep else None)
 
+    def scan():
+        n, c, f32 = 16, gdn.CHUNK, torch.float32
+        shaped = [_meta(value_heads, n, c, d, dtype=f32) for d in (key_dim, key_dim, key_dim, value_dim, c)]
+        gdn._triton_scan(gdn.Chunks(*shaped, _meta(value_heads, n, dtype=f32), n * c),
+                         _meta(value_heads, key_dim, value_dim, dtype=f32))
+
     return [
+        (f"{label} gdn prefill scan", scan),
         (f"{label} gdn decode", lambda: run(1, True, True, False)),
         (f"{label} gdn verify", lambda: run(16, False, True, False)),
         (f"{label} gdn commit", lambda: run(16, True, False, True)),
@@ -466,7 +473,7 @@ def compile_only(arches: list[str], quick: bool) -> int:
     if quick:  # the 27B's ffn_gate/up in its two files, both kernels, the 35B's experts and one glue kernel
         cases = [c for c in cases if c[0].startswith("qwen3.6-27b gate/up") or "experts 1024x2048 Q4_K" in c[0]
                  or c[0] == "qwen3.6-27b add_rms_norm h=5120" or c[0] == "qwen3.6-27b attention verify d=256"
-                 or c[0] == "qwen3.6-27b attention prepare d=256"
+                 or c[0] == "qwen3.6-27b attention prepare d=256" or c[0] == "qwen3.6-27b gdn prefill scan"
                  or c[0] == "qwen3.6-27b gdn commit"]
     start = time.perf_counter()
     print(f"{'arch':<6} {'kernel':<22} {'first case needing it':<44} registers, spilled bytes, global loads "

@@ -54,6 +54,13 @@ if __name__ == "__main__":
             got_state = state.clone()
             assert gdn.mix(*x, got_state, HEADS, update=True, outputs=False, keep=torch.tensor(keep)) is None
             close(got_state, want_state, tol)
+    # prefill: the chunked form, its state pass in the scan kernel (a padded last chunk)
+    x, state = inputs(gdn.PREFILL_TOKENS + 9, seed=7)
+    want_state = state.clone()
+    want = expected(x, want_state)
+    got_state = state.clone()
+    close(gdn.mix(*x, got_state, HEADS, update=True), want, 1e-4)
+    close(got_state, want_state, 1e-4)
     # b and a as columns of one fused projection (strided, not copied)
     (qkv, b, a, a_log, dt), state = inputs(3, seed=4)
     ba = torch.cat((b, a), dim=1)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dflash_chat.engine.models.config import TargetConfig
-from dflash_chat.engine.kernels.gdn import CHUNK, reference, solve_chunk
+from dflash_chat.engine.kernels.gdn import CHUNK, chunked, reference
 from dflash_chat.engine.models.gdn import GatedDeltaNet
 
 
@@ -26,15 +26,17 @@ def _inputs(T: int, seed: int):
     return (q, k, v, g, beta), state
 
 
-@pytest.mark.parametrize("keep", [1, 3, 7, 15, 16])
-def test_chunk_update_gives_the_state_after_every_prefix(keep):
-    inputs, start = _inputs(16, seed=keep)
-    _, update = solve_chunk(*inputs, start.clone())
+@pytest.mark.parametrize(("T", "chunk"), [(1, 4), (7, 4), (16, 16), (45, 8), (64, 64), (130, 64)])
+def test_the_chunked_recurrence_equals_the_token_by_token_one(T, chunk):
+    """Every chunk's triangular system solved at once, then one pass carrying the state: the same outputs and
+    the same final state as running the tokens one by one, for padded last chunks too."""
+    inputs, start = _inputs(T, seed=T)
     stepped = start.clone()
-    recurrence(*(x[:keep] for x in inputs), stepped)
-    closed = start.clone()
-    update.advance(keep, closed)
-    torch.testing.assert_close(closed, stepped, atol=1e-5, rtol=1e-5)
+    want = recurrence(*inputs, stepped)
+    got_state = start.clone()
+    got = chunked(*inputs, got_state, chunk)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_state, stepped, atol=1e-5, rtol=1e-5)
 
 
 def _layer(dtype) -> GatedDeltaNet:

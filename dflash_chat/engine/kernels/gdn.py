@@ -40,6 +40,7 @@ def available(state: torch.Tensor) -> bool:
 
 CHUNK = 64  # tokens per triangular solve
 STEPWISE = 4  # below this many tokens, the token-by-token recurrence beats a solve
+PREFILL_TOKENS = 128  # from this many tokens on, CUDA too runs the chunked form (its scan a Triton kernel)
 
 
 @dataclass(frozen=True)
@@ -61,18 +62,15 @@ def mix(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor
     the raw b, a projections [T, value_heads]; state [H, K, V] float32. `update`: write the state after the
     tokens (after the first `keep`, a 0-d device tensor >= 1, when given). Returns the outputs [T, H, V]
     (float32) when `outputs`."""
-    if available(state):
+    T = qkv.shape[0]
+    if available(state) and (T < PREFILL_TOKENS or keep is not None):
         return _triton(qkv, b, a, A_log, dt_bias, state, heads, update, outputs, keep)
     q, k, v, g, beta = prepare(qkv, b, a, A_log, dt_bias, heads)
-    T, H = g.shape
+    H = g.shape[1]
     if keep is not None or T < STEPWISE:
         return reference(q, k, v, g, beta, state, update=update, outputs=outputs, keep=keep)
     q, k = per_value_head(q, H), per_value_head(k, H)
-    if not update:
-        if T <= CHUNK:
-            return solve_chunk(q, k, v, g, beta, state, advance=False)[0]
-        state = state.clone()
-    return chunked(q, k, v, g, beta, state)
+    return chunked(q, k, v, g, beta, state if update else state.clone())
 
 
 def prepare(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
@@ -97,72 +95,72 @@ def per_value_head(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 @dataclass
-class ChunkUpdate:
-    """How one chunk changes the state, token by token: after its first n tokens the state is
-    S0 * exp(G[n-1]) + (k[:n] * exp(G[n-1] - G[:n]))^T @ u[:n]. The corrected values u of a token do
-    not depend on later tokens, so this holds for every prefix of the chunk, not only the whole."""
+class Chunks:
+    """A sequence split into chunks of C tokens, with everything that does not depend on the state before
+    each chunk computed for all chunks at once ([H, N chunks, C, *], float32; the last chunk padded with
+    tokens that change nothing: decay 1, beta 0).
 
-    k: torch.Tensor  # [H, C, K], float32
-    G: torch.Tensor  # [H, C], cumulative log decay inside the chunk
-    u: torch.Tensor  # [H, C, V], corrected values from the triangular solve
-
-    def advance(self, n: int | torch.Tensor, state: torch.Tensor) -> None:
-        """Take `state` (the state before the chunk) to the state after the chunk's first n tokens, in place.
-
-        n: a host int, or a 0-d device tensor >= 1 (then every row is weighted and the rows >= n get weight 0,
-        so the shapes do not depend on n).
-        """
-        if isinstance(n, int):
-            if n == 0:
-                return
-            last = self.G[:, n - 1 : n]
-            weighted = self.k[:, :n] * (last - self.G[:, :n]).exp()[..., None]
-            state.mul_(last.exp()[..., None]).baddbmm_(weighted.transpose(1, 2), self.u[:, :n])
-            return
-        rows = torch.arange(self.G.shape[1], device=self.G.device)
-        last = self.G.index_select(1, (n - 1).reshape(1))  # [H, 1]
-        log_w = torch.where(rows[None, :] < n, last - self.G, float("-inf"))
-        weighted = self.k * log_w.exp()[..., None]
-        state.mul_(last.exp()[..., None]).baddbmm_(weighted.transpose(1, 2), self.u)
-
-
-def solve_chunk(q, k, v, g, beta, state: torch.Tensor, advance: bool = True) -> tuple[torch.Tensor, ChunkUpdate]:
-    """The recurrence over one chunk at once; advances `state` to the chunk's end unless told not to.
-
-    Derivation: with decays folded in (G_i = sum_{j<=i} g_j inside the chunk), the chunk's corrected
-    values u = (I + tril(beta K K^T * exp(G_i - G_j), -1))^-1 (beta V - beta exp(G) K S0), the outputs are
-    o = exp(G) Q S0 + tril(Q K^T * exp(G_i - G_j)) u, and the state after token n is as in `ChunkUpdate`.
-    Returns outputs [C, H, V] (float32) and the chunk's update.
+    Derivation (the UT transform): inside a chunk, with G_i the cumulative log decay up to token i and
+    A = tril(beta_i k_i . k_j exp(G_i - G_j), -1), the corrected values for a chunk starting from state S are
+    v' = u - w S with u = (I + A)^-1 beta v and w = (I + A)^-1 beta exp(G) k; the outputs are
+    o = exp(G) q S + tril(q k^T exp(G_i - G_j)) v', and the state after the chunk is
+    exp(G_last) S + (k exp(G_last - G))^T v'. Only the last two depend on S: `scan` runs them chunk by chunk.
     """
-    qc, kc, vc = (x.float().transpose(0, 1) for x in (q, k, v))  # [H, C, *]
-    gc = g.float().transpose(0, 1).cumsum(-1)  # [H, C]
-    bc = beta.float().transpose(0, 1)[..., None]  # [H, C, 1]
-    H, C = gc.shape
-    diff = gc[:, :, None] - gc[:, None, :]
-    strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
-    lower = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
-    decay_ij = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
-    a = (bc * kc) @ kc.transpose(1, 2) * decay_ij * strict
-    eye = torch.eye(C, device=v.device).expand(H, C, C)
-    rhs = bc * vc - bc * gc.exp()[..., None] * (kc @ state)
-    u = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
-    attn = (qc @ kc.transpose(1, 2)) * decay_ij
-    o = gc.exp()[..., None] * (qc @ state) + attn @ u
-    update = ChunkUpdate(kc, gc, u)
-    if advance:
-        update.advance(C, state)
-    return o.transpose(0, 1), update
+
+    q: torch.Tensor  # q * exp(G)
+    k: torch.Tensor  # k * exp(G_last - G)
+    w: torch.Tensor
+    u: torch.Tensor
+    attn: torch.Tensor  # [H, N, C, C]: tril(q k^T exp(G_i - G_j))
+    decay: torch.Tensor  # [H, N]: exp(G_last)
+    tokens: int
+
+    @classmethod
+    def of(cls, q, k, v, g, beta, chunk: int = CHUNK) -> Chunks:
+        """q, k [T, H, K] (per value head); v [T, H, V]; g, beta [T, H]."""
+        T, H = g.shape
+        pad = -T % chunk
+        q, k, v, g, beta = (torch.nn.functional.pad(x.float(), (0, 0) * (x.dim() - 2) + (0, 0, 0, pad))
+                            for x in (q, k, v, g, beta))
+        n = (T + pad) // chunk
+
+        def split(x):  # [T', H, *] -> [H, N, C, *]
+            return x.reshape(n, chunk, H, *x.shape[2:]).movedim(2, 0)
+
+        q, k, v, g, beta = (split(x) for x in (q, k, v, g, beta))
+        G = g.cumsum(-1)  # [H, N, C]
+        lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+        diff = G[..., :, None] - G[..., None, :]
+        decay_ij = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
+        a = (beta[..., None] * k) @ k.transpose(-1, -2) * decay_ij * (~torch.eye(chunk, dtype=torch.bool,
+                                                                                 device=q.device))
+        eye = torch.eye(chunk, device=q.device).expand_as(a)
+        solve = torch.linalg.solve_triangular(eye + a, torch.cat((beta[..., None] * v,
+                                                                 (beta * G.exp())[..., None] * k), dim=-1),
+                                              upper=False, unitriangular=True)
+        u, w = solve.split([v.shape[-1], k.shape[-1]], dim=-1)
+        last = G[..., -1:]
+        return cls(q * G.exp()[..., None], k * (last - G).exp()[..., None], w.contiguous(), u.contiguous(),
+                   (q @ k.transpose(-1, -2)) * decay_ij, last[..., 0].exp(), T)
+
+    def scan(self, state: torch.Tensor) -> torch.Tensor:
+        """Outputs [T, H, V] (float32), taking `state` [H, K, V] through every chunk in place."""
+        if available(state):
+            out = _triton_scan(self, state)
+        else:
+            H, N, C, V = self.u.shape
+            out = torch.empty(H, N, C, V, device=state.device)
+            for i in range(N):
+                fresh = self.u[:, i] - self.w[:, i] @ state
+                out[:, i] = self.q[:, i] @ state + self.attn[:, i] @ fresh
+                state.mul_(self.decay[:, i, None, None]).add_(self.k[:, i].transpose(-1, -2) @ fresh)
+        return out.reshape(out.shape[0], -1, out.shape[-1])[:, : self.tokens].transpose(0, 1)
 
 
 def chunked(q, k, v, g, beta, state: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
-    """The same recurrence, a chunk at a time (for prefill): within a chunk the delta rule's
-    triangular system is solved once (UT transform), so the loop runs T/chunk times, not T."""
-    T = q.shape[0]
-    out = torch.empty(T, v.shape[1], v.shape[2], dtype=torch.float32, device=v.device)
-    for s in range(0, T, chunk):
-        e = min(s + chunk, T)
-        out[s:e], _ = solve_chunk(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], state)
-    return out
+    """The same recurrence, a chunk at a time (prefill, a verify's outputs): the triangular systems of all
+    chunks are solved at once, then one pass over the chunks carries the state (see `Chunks`)."""
+    return Chunks.of(q, k, v, g, beta, chunk).scan(state)
 
 
 def reference(q, k, v, g, beta, state, *, update: bool, outputs: bool = True, keep=None):
@@ -191,6 +189,18 @@ def _kernel():
     from dflash_chat.engine.kernels import triton_gdn  # imports triton: only once the kernel is wanted
 
     return triton_gdn
+
+
+def _triton_scan(chunks: Chunks, state: torch.Tensor) -> torch.Tensor:
+    H, N, C, V = chunks.u.shape
+    K = chunks.w.shape[-1]
+    out = torch.empty(H, N, C, V, device=state.device)
+    vb = min(V_BLOCK, V)
+    kernels = _kernel()
+    parts = (chunks.q, chunks.k, chunks.w, chunks.u, chunks.attn, chunks.decay)
+    kernels._launch(kernels.scan_kernel, (H, V // vb), *(x.contiguous() for x in parts), state, out, N,
+                    C=C, K=K, V=V, VB=vb, num_warps=4)
+    return out
 
 
 def _triton(qkv, b, a, A_log, dt_bias, state, heads: Heads, update, outputs, keep):

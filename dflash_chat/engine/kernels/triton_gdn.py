@@ -47,3 +47,31 @@ def recurrent_kernel(qkv_ptr, b_ptr, a_ptr, alog_ptr, dt_ptr, state_ptr, out_ptr
             tl.store(out_ptr + (t * H + h).to(tl.int64) * V + cols, tl.sum(s * qt[:, None], 0))
     if UPDATE:
         tl.store(tile, s.to(state_ptr.dtype.element_ty))
+
+
+@triton.jit
+def scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, attn_ptr, decay_ptr, state_ptr, out_ptr, N,
+                C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, VB: tl.constexpr):
+    """Program (h, value block): the state tile carried through every chunk in registers (see gdn.Chunks).
+
+    The products run on tensor cores in TF32 (10-bit mantissas, fp32 sums): with IEEE fp32 or 3xTF32 the
+    tiles no longer fit in registers (ptxas spills), and TF32's error stays below the bf16 the outputs are
+    rounded to."""
+    h = tl.program_id(0)
+    cols = tl.program_id(1) * VB + tl.arange(0, VB)
+    rc = tl.arange(0, C)
+    rk = tl.arange(0, K)
+    tile = state_ptr + h.to(tl.int64) * K * V + rk[:, None] * V + cols[None, :]
+    s = tl.load(tile)
+    for n in range(0, N):
+        chunk = h.to(tl.int64) * N + n
+        w = tl.load(w_ptr + chunk * C * K + rc[:, None] * K + rk[None, :])
+        u = tl.load(u_ptr + chunk * C * V + rc[:, None] * V + cols[None, :])
+        fresh = u - tl.dot(w, s, input_precision="tf32")
+        q = tl.load(q_ptr + chunk * C * K + rc[:, None] * K + rk[None, :])
+        attn = tl.load(attn_ptr + chunk * C * C + rc[:, None] * C + rc[None, :])
+        o = tl.dot(q, s, input_precision="tf32") + tl.dot(attn, fresh, input_precision="tf32")
+        tl.store(out_ptr + chunk * C * V + rc[:, None] * V + cols[None, :], o)
+        k = tl.load(k_ptr + chunk * C * K + rc[:, None] * K + rk[None, :])
+        s = s * tl.load(decay_ptr + chunk) + tl.dot(tl.trans(k), fresh, input_precision="tf32")
+    tl.store(tile, s)
