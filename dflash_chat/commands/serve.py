@@ -11,7 +11,7 @@ import argparse
 import os
 
 from dflash_chat import hardware
-from dflash_chat.settings import flag, ranged
+from dflash_chat.settings import ranged
 
 API_KEY_ENV = "DFLASH_CHAT_API_KEY"
 DEFAULT_PORT = 8000

@@ -3,29 +3,14 @@ process since TRITON_INTERPRET must be set before triton is imported), and the r
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
 import torch
 
 from dflash_chat.engine.models.attention import attend_cache
 from dflash_chat.engine.models.span import Span
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from tests.engine.helpers import run_in_interpreter
 
 def test_kernel_equals_masked_sdpa_over_the_used_rows():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "DFLASH_CHAT_TRITON_ATTENTION": "1", "PYTHONPATH": str(ROOT),
-           "OMP_NUM_THREADS": "1"}
-    env.pop("DFLASH_CHAT_NO_TRITON", None)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_attention_check.py"))],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "attention kernel checks passed" in proc.stdout
+    run_in_interpreter("_attention_check.py", "ATTENTION", "attention kernel checks passed")
 
 
 def test_reference_path_of_a_fixed_span_ignores_rows_past_the_end():

@@ -4,29 +4,15 @@ reference's masked commit against a plain run of the kept tokens."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from dflash_chat.engine.kernels import gdn
 from tests.engine._gdn_check import HEADS, close, expected, inputs
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from tests.engine.helpers import run_in_interpreter
 
 def test_kernel_equals_the_reference_in_the_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "DFLASH_CHAT_TRITON_GDN": "1", "PYTHONPATH": str(ROOT),
-           "OMP_NUM_THREADS": "1"}
-    env.pop("DFLASH_CHAT_NO_TRITON", None)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_gdn_check.py"))],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "gdn kernel checks passed" in proc.stdout
+    run_in_interpreter("_gdn_check.py", "GDN", "gdn kernel checks passed")
 
 
 @pytest.mark.parametrize("keep", [1, 4, 9])

@@ -41,6 +41,15 @@ def use_triton(t: torch.Tensor) -> bool:
     return (t.is_cuda or interpret) and triton_available()
 
 
+def kernel_wanted(t: torch.Tensor, name: str) -> bool:
+    """Whether the Triton kernel `name` (ATTENTION, GDN) runs on `t`: on CUDA unless DFLASH_CHAT_NO_TRITON_<name>
+    is set; under TRITON_INTERPRET=1 (tests on the CPU) only when DFLASH_CHAT_TRITON_<name>=1."""
+    if os.environ.get(f"DFLASH_CHAT_NO_TRITON_{name}"):
+        return False
+    interpret = os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get(f"DFLASH_CHAT_TRITON_{name}") == "1"
+    return (t.is_cuda or interpret) and triton_available()
+
+
 _checked: dict[tuple, bool] = {}
 
 

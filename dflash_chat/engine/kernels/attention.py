@@ -17,7 +17,6 @@ TRITON_INTERPRET=1.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -26,12 +25,9 @@ BLOCK_N = 64  # keys per inner step
 
 
 def available(q: torch.Tensor) -> bool:
-    from dflash_chat.engine.kernels import triton_available
+    from dflash_chat.engine.kernels import kernel_wanted
 
-    if os.environ.get("DFLASH_CHAT_NO_TRITON_ATTENTION"):
-        return False
-    interpret = os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("DFLASH_CHAT_TRITON_ATTENTION") == "1"
-    return (q.is_cuda or interpret) and triton_available()
+    return kernel_wanted(q, "ATTENTION")
 
 
 @functools.cache

@@ -20,7 +20,6 @@ solve per chunk) for a verify's outputs and for prefill.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -30,12 +29,9 @@ V_BLOCK = 32  # value columns per program
 
 
 def available(state: torch.Tensor) -> bool:
-    from dflash_chat.engine.kernels import triton_available
+    from dflash_chat.engine.kernels import kernel_wanted
 
-    if os.environ.get("DFLASH_CHAT_NO_TRITON_GDN"):
-        return False
-    interpret = os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("DFLASH_CHAT_TRITON_GDN") == "1"
-    return (state.is_cuda or interpret) and triton_available()
+    return kernel_wanted(state, "GDN")
 
 
 CHUNK = 64  # tokens per triangular solve

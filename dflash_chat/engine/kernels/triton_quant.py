@@ -483,7 +483,6 @@ def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stri
         c, t, zt, zr = _tile_index(BN, C, T2, RW)
         # rows past N read row N-1 (see _gemv_rows)
         rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
-        x_at = _unit_x_index(FMT, C, T2, RW, NH)
         magic = _exponent_word(kv_ptr, zt, FMT)
         for u in range(u_start, u_end):
             for h in tl.static_range(NH):  # one dot per slot: only a slot's weights are live at once
