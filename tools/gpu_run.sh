@@ -4,6 +4,11 @@
 # parallel), the 27B synthetic benchmark (the decode path against the bandwidth floor), the CUDA
 # tests, the 35B-A3B benchmark and the bf16 comparison with transformers. JSON and logs go to $OUT.
 # Each step has its own time limit (seconds, overridable: GPU_CHECK_S=... etc.).
+# The device image lacks a few of our dependencies: fetch their wheels into .whl/ first (git ignores it)
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+#     gguf platformdirs tomlkit textual mdit-py-plugins linkify-it-py uc-micro-py
+# and carry .whl with the call (device tool: carry [".whl"]).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
