@@ -157,6 +157,8 @@ def _one_of(*options: str) -> Callable[[Any], str]:
     return check
 
 
+DECODE_PATHS = ("auto", "graphs", "fixed", "eager")
+
 VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "temperature": _number(float, 0.0, 2.0),
     "top_p": _number(float, 0.01, 1.0),
@@ -168,7 +170,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "model": _text,
     "drafter": _text,
     "context_length": _number(int, 256, 1_048_576),
-    "decode": _one_of("auto", "graphs", "fixed", "eager"),
+    "decode": _one_of(*DECODE_PATHS),
     "keymap": _keymap,
     "endpoints": _endpoints,
 }
@@ -201,6 +203,13 @@ def parse_value(key: str, value: Any) -> Any:
         return VALIDATORS[key](value)
     except _Invalid as exc:
         raise SettingsError(f"{key} {exc}") from None
+
+
+def as_text(key: str, value: Any) -> str:
+    """A setting as typed on one line (the settings screen): tables as 'a=x;b=y', the rest as str()."""
+    if key in TABLES:
+        return ";".join(f"{name}={entry}" for name, entry in value.items())
+    return str(value)
 
 
 def parse_assignment(text: str, keymap: Mapping[str, str] | None = None,

@@ -13,9 +13,11 @@ panel says which, or that the server reports none. No engine and no torch here.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -28,6 +30,17 @@ from dflash_chat.engine.events import GenerationStats
 from dflash_chat.errors import UserError, one_line
 
 API_KEY_ENV = "DFLASH_CHAT_API_KEY"
+
+
+def key_env(name: str) -> str:
+    """The variable holding the key of the named endpoint `name`: big-box -> DFLASH_CHAT_API_KEY_BIG_BOX.
+    Keys stay out of config.toml; each named server can have its own."""
+    return f"{API_KEY_ENV}_{re.sub(r'[^A-Z0-9]', '_', name.upper())}"
+
+
+def api_key(given: str | None, name: str, environ: Mapping[str, str]) -> str | None:
+    """--api-key, else the named endpoint's own variable, else DFLASH_CHAT_API_KEY."""
+    return given or (environ.get(key_env(name)) if name else None) or environ.get(API_KEY_ENV) or None
 CONNECT_S = 10.0
 READ_S = 600.0  # a long prompt's prefill on a busy server can take minutes
 
@@ -93,8 +106,9 @@ def error_text(status: int, body: bytes, endpoint: Endpoint) -> str:
     except (ValueError, AttributeError):
         message = body.decode("utf-8", "replace").strip()[:200]
     if status == 401:
+        where = f"{key_env(endpoint.name)} or {API_KEY_ENV}" if endpoint.name else API_KEY_ENV
         return (f"{endpoint.host} refused the API key ({message or 'unauthorised'}): pass --api-key KEY, "
-                f"or set {API_KEY_ENV}")
+                f"or set {where}")
     return f"{endpoint.host} answered HTTP {status}" + (f": {message}" if message else "")
 
 

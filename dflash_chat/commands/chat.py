@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="chat with an OpenAI-compatible server instead of a local model (dflash-chat serve, "
                             "vLLM, SGLang, llama.cpp's server): its URL, e.g. http://127.0.0.1:8000/v1, or the "
                             "name of one in the endpoints setting")
-    group.add_argument("--api-key", help="API key for --endpoint (or set DFLASH_CHAT_API_KEY)")
+    group.add_argument("--api-key", help="API key for --endpoint (or set DFLASH_CHAT_API_KEY; a named endpoint NAME also reads DFLASH_CHAT_API_KEY_NAME)")
     hardware.add_choice_arguments(parser)
 
 
@@ -75,7 +75,7 @@ def build_app(args: argparse.Namespace, current: settings_module.Settings, probl
 def remote_backend(args: argparse.Namespace, current: settings_module.Settings):
     """--endpoint: a URL, or a name from the endpoints setting; the model flags do not go with it."""
     from dflash_chat.chat.model_source import pick_from_args
-    from dflash_chat.chat.remote import API_KEY_ENV, Endpoint, HttpBackend
+    from dflash_chat.chat.remote import Endpoint, HttpBackend, api_key
     from dflash_chat.errors import UserError
 
     local = [flag for flag, given in (("--demo", args.demo), ("--target", args.target), ("--drafter", args.drafter))
@@ -84,7 +84,7 @@ def remote_backend(args: argparse.Namespace, current: settings_module.Settings):
         raise UserError(f"--endpoint chats with a server's model: leave out {', '.join(local)}")
     name = args.endpoint if args.endpoint in current.endpoints else ""
     url = current.endpoints.get(args.endpoint, args.endpoint)
-    return HttpBackend(Endpoint.of(url, args.api_key or os.environ.get(API_KEY_ENV), name))
+    return HttpBackend(Endpoint.of(url, api_key(args.api_key, name, os.environ), name))
 
 
 def save_assignments(assignments: list[str]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from dflash_chat import hardware
 from dflash_chat.catalog import Catalog, CatalogError, Pair, Source, is_quant_name, load_catalog
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 def print_endpoints() -> None:
     """The named servers of the endpoints setting, or how to name one."""
     from dflash_chat import settings as settings_module
+    from dflash_chat.chat.remote import key_env
 
     endpoints = settings_module.read()[0].endpoints
     if not endpoints:
@@ -98,8 +100,10 @@ def print_endpoints() -> None:
         return
     print("Endpoints (dflash-chat --endpoint NAME):")
     width = max(len(name) for name in endpoints)
+    url_width = max(len(url) for url in endpoints.values())
     for name, url in sorted(endpoints.items()):
-        print(f"  {name.ljust(width)}  {url}")
+        key = key_env(name)
+        print(f"  {name.ljust(width)}  {url.ljust(url_width)}  key: {key} {'(set)' if os.environ.get(key) else '(not set)'}")
 
 
 def _pairs(catalog: Catalog, args: argparse.Namespace) -> list[Pair]:

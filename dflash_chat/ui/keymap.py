@@ -35,7 +35,7 @@ COMMANDS = (
     Command("copy-code", "ctrl+b", "copy_code", "Copy last code block", "Copy the last code block of the last answer"),
     Command("focus-switch", "ctrl+f", "focus_switch", "Switch focus", "Move between the message box and the chat"),
     Command("toggle-panel", "f2", "toggle_panel", "Toggle side panel", "Show or hide the stats panel"),
-    Command("settings", "ctrl+s", "settings", "Settings", "Edit sampling, system prompt, theme and model", True),
+    Command("settings", "ctrl+s", "settings", "Settings", "Edit sampling, system prompt, theme, model, decode path and endpoints", True),
 )
 QUIT = Command("quit", "ctrl+q", "quit", "Quit", "Quit the app")
 ALL = (*COMMANDS, QUIT)

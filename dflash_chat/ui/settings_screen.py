@@ -12,12 +12,12 @@ from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
 from dflash_chat import settings as settings_module
 from dflash_chat.chat.model_source import drafter_value, model_value
 from dflash_chat.errors import UserError, one_line
-from dflash_chat.settings import DESCRIPTIONS, Settings, SettingsError
+from dflash_chat.settings import DECODE_PATHS, DESCRIPTIONS, Settings, SettingsError
 from dflash_chat.ui.notices import PlainNotices
 
 TEXT_FIELDS = (
     "temperature", "top_p", "top_k", "max_new_tokens", "system_prompt",
-    "model", "drafter", "context_length",
+    "model", "drafter", "context_length", "endpoints",
 )
 
 
@@ -40,7 +40,7 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
             for key in TEXT_FIELDS:
                 with Horizontal(classes="field"):
                     yield Label(key, classes="field-name")
-                    yield Input(str(getattr(self.current, key)), id=f"field-{key}",
+                    yield Input(settings_module.as_text(key, getattr(self.current, key)), id=f"field-{key}",
                                 placeholder=DESCRIPTIONS[key], tooltip=DESCRIPTIONS[key])
             with Horizontal(classes="field"):
                 yield Label("thinking", classes="field-name")
@@ -49,6 +49,10 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
                 yield Label("theme", classes="field-name")
                 yield Select([(name, name) for name in self.theme_names], value=self.current.theme,
                              allow_blank=False, id="field-theme")
+            with Horizontal(classes="field"):
+                yield Label("decode", classes="field-name")
+                yield Select([(name, name) for name in DECODE_PATHS], value=self.current.decode,
+                             allow_blank=False, id="field-decode", tooltip=DESCRIPTIONS["decode"])
             yield Static("", id="settings-errors", markup=False)  # quotes what was typed
             with Horizontal(id="settings-buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="save")
@@ -81,6 +85,7 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
             values["drafter"] = drafter_value(values["drafter"])
         values["thinking"] = self.query_one("#field-thinking", Switch).value
         values["theme"] = self.query_one("#field-theme", Select).value
+        values["decode"] = self.query_one("#field-decode", Select).value
         return replace(self.current, **values), errors
 
     def action_save(self) -> None:

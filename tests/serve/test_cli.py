@@ -48,6 +48,31 @@ def test_named_endpoints_are_saved_listed_and_used(home, capsys):
     app.store.close()
 
 
+def test_each_named_endpoint_reads_its_own_key_variable(home, monkeypatch, capsys):
+    assert cli.main(["--set", "endpoints.big-box=http://10.0.0.5:8000/v1", "--set", "endpoints.lab=http://lab:8000"]) == 0
+    monkeypatch.setenv("DFLASH_CHAT_API_KEY_BIG_BOX", "big-key")
+    monkeypatch.setenv("DFLASH_CHAT_API_KEY", "general-key")
+    current = settings_module.load()
+
+    def key(argv):
+        app = build_app(cli.build_parser().parse_args(argv), current)
+        app.store.close()
+        return app.chat.backend.endpoint.api_key
+
+    assert key(["--endpoint", "big-box"]) == "big-key"
+    assert key(["--endpoint", "big-box", "--api-key", "typed"]) == "typed"
+    assert key(["--endpoint", "lab"]) == "general-key"  # no variable of its own
+    assert key(["--endpoint", "http://10.0.0.5:8000/v1"]) == "general-key"  # a URL is no name
+    monkeypatch.delenv("DFLASH_CHAT_API_KEY")
+    assert key(["--endpoint", "lab"]) is None
+    assert "key" not in paths.config_file().read_text()  # keys stay out of the settings file
+
+    capsys.readouterr()
+    assert cli.main(["models", "--vram", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "key: DFLASH_CHAT_API_KEY_BIG_BOX (set)" in out and "key: DFLASH_CHAT_API_KEY_LAB (not set)" in out
+
+
 def test_models_says_how_to_name_an_endpoint_when_none_is(home, capsys):
     assert cli.main(["models", "--vram", "24"]) == 0
     assert "Endpoints: none saved (dflash-chat --set endpoints.NAME=URL" in capsys.readouterr().out

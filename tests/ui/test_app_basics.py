@@ -185,6 +185,36 @@ def test_settings_screen_refuses_bad_values_and_saves_good_ones(home):
         0.3, "Be brief.", True, "dflash-light")
 
 
+def test_settings_screen_edits_named_endpoints_and_the_decode_path(home):
+    settings_module.update({"endpoints": {"lab": "http://lab:8000/v1"}})
+
+    async def main():
+        app = DFlashChatApp(settings_module.load())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
+            field = app.screen.query_one("#field-endpoints", Input)
+            shown = field.value
+            field.value = shown + ";big-box=ftp://x"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            refused = list(notes(app))
+            field.value = shown + ";big-box=http://10.0.0.5:8000/v1"
+            app.screen.query_one("#field-decode").value = "fixed"
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
+            return shown, refused, app.chat.settings
+
+    shown, refused, chat_settings = run(main())
+    assert shown == "lab=http://lab:8000/v1"
+    assert any("big-box must be an http:// or https:// URL" in m for m in refused)
+    saved = settings_module.load()
+    assert saved.endpoints == chat_settings.endpoints == {"lab": "http://lab:8000/v1",
+                                                          "big-box": "http://10.0.0.5:8000/v1"}
+    assert saved.decode == chat_settings.decode == "fixed"
+    assert "[endpoints]" in paths.config_file().read_text()  # a TOML table, as a user would write it
+
+
 def test_settings_screen_saves_model_paths_absolute(home, tmp_path, monkeypatch):
     """A path typed relative to where the app runs still names the same files from anywhere else."""
     monkeypatch.chdir(tmp_path)
