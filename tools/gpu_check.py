@@ -10,7 +10,7 @@
 
 On a GPU:
 1. Correctness: every quantized format (Q8_0, Q4_0, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS), M in {1, 4, 16}
-   (the FMA kernel, the tensor-core kernel, split-K and its reduction), bf16 (Q4_K also fp16), against the
+   (the FMA kernel, the tensor-core kernel, split-K and its in-kernel finish), bf16 (Q4_K also fp16), against the
    torch path in fp32; dequantize bit-exact; routed experts (quantized and bf16) against one matmul per
    expert; the fused glue kernels against their torch references. A kernel that failed its first-use check
    and fell back to torch counts as a failure.

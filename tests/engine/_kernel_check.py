@@ -55,6 +55,9 @@ def check_matmul(name: str) -> None:
         y = triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch)
         assert y.dtype == dtype
         _check(f"{name} M={m} {dtype} {launch}", y, x.float() @ ref.T, TOL[dtype])
+        if launch.split > 1:  # the last split of each tile summed, in split order, and re-armed its counter
+            assert torch.equal(triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch), y), f"{name}: not repeatable"
+            assert not triton_quant._counters(x.device).any(), f"{name}: a split-K counter was left set"
 
     # the dispatcher: first-use check, then its own launch choice; large M goes through dequantize + matmul
     with warnings.catch_warnings():

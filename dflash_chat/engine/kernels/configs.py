@@ -108,7 +108,7 @@ class Launch:
     kernel: str  # "gemv" (M == 1, FMA) or "gemm" (tensor cores)
     block_n: int
     block_m: int
-    split: int  # K split into this many partial sums, reduced by a second kernel (no atomics)
+    split: int  # K split into this many partial sums, added in split order by each tile's last program
     warps: int
 
 

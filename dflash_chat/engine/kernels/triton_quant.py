@@ -8,8 +8,11 @@
   computed once per program and shared by all its rows.
 - `gemm`: the same decode for 2 <= M <= 32 (the 16-token verify); the unit's weights go to the tensor
   cores (tl.dot) against a BLOCK_M x 256 tile of x.
-- split-K without atomics: with too few row blocks to fill the GPU, programs write fp32 partial sums to
-  [split, M, N] and `_reduce_kernel` adds them in a fixed order (deterministic, capturable).
+- split-K in one launch, deterministic: with too few row blocks to fill the GPU, the programs of a tile
+  write fp32 partial sums to [split, M, N] and count their arrival on the tile's counter; the last to
+  arrive adds the partials in split order (the sum never depends on which one that is) and re-arms the
+  counter. The counters are one persistent zeroed buffer per device (kernels on one stream never
+  overlap), so a step stays capturable and needs no second kernel.
 - `experts_gemv` / `experts_gemm`: routed experts in one launch, one program per (sorted routed pair,
   row block); the pair's expert, source and destination rows come from device tensors (no host sync).
   Float experts (F32/F16/BF16) go through the same kernels.
@@ -378,11 +381,28 @@ def _gemv_float_rows(x_ptr, w_ptr, rows, N, K, u_start, u_end, BN: tl.constexpr)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, N, row_bytes, units, units_per_split,
+def _finish_split(part_ptr, y_ptr, count_ptr, tile, offs, live, total, splits):
+    """Every split of a tile calls this after storing its partial sums (part[split] + offs): the last to
+    arrive writes y[offs] = part[0] + part[1] + ... (in split order) and sets the tile's counter back to 0."""
+    # A CTA barrier, then one thread's release at GPU scope, publishes every thread's stores (the pattern of
+    # CUTLASS's split-K semaphore); the last program's acquire makes them visible, read from L2 (.cg).
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+    if arrived == splits - 1:
+        acc = tl.load(part_ptr + offs, mask=live, other=0.0, cache_modifier=".cg")  # L2: what the others wrote
+        for s in range(1, splits):
+            acc += tl.load(part_ptr + s * total + offs, mask=live, other=0.0, cache_modifier=".cg")
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=live)
+        tl.atomic_xchg(count_ptr + tile, 0)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, y_ptr, count_ptr, N, row_bytes, units, units_per_split, splits,
                  FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
                  UNIT_BYTES: tl.constexpr,
-                 X_KIND: tl.constexpr, BN: tl.constexpr):
-    """out[n] (in out's dtype) or, split over K, out[split, n] (fp32 partial sums) for one row of x."""
+                 X_KIND: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """out[n] (in out's dtype) for one row of x; SPLIT over K: out[split, n] holds fp32 partial sums and the
+    tile's last split writes their sum to y[n]."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BN + tl.arange(0, BN)
@@ -390,6 +410,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, N, row_bytes, units, units_per_s
     u_end = tl.minimum(u_start + units_per_split, units)
     y = _gemv_rows(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, u_start, u_end, FMT, C, T2, RW, NH, UNIT_BYTES, X_KIND, BN)
     tl.store(out_ptr + pid_k * N + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
+    if SPLIT:
+        _finish_split(out_ptr, y_ptr, count_ptr, pid_n, rows, rows < N, N, splits)
 
 
 # --- 2 <= M <= 32: tensor cores ---------------------------------------------------------------------------
@@ -498,11 +520,13 @@ def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stri
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, M, N, row_bytes, stride_xm, units, units_per_split,
+def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, y_ptr, count_ptr, M, N, row_bytes, stride_xm, units, units_per_split,
+                 splits,
                  FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
                  UNIT_BYTES: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr):
-    """out[m, n] or, split over K, out[split, m, n] (fp32 partial sums)."""
+                 BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """out[m, n]; SPLIT over K: out[split, m, n] holds fp32 partial sums and the tile's last split writes
+    their sum to y[m, n]."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -512,19 +536,11 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, M, N, row_bytes, stride_xm, unit
     u_end = tl.minimum(u_start + units_per_split, units)
     acc = _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, units * 256, ms, ms < M, stride_xm, u_start, u_end,
                      FMT, C, T2, RW, NH, UNIT_BYTES, BM, BN)
-    out = out_ptr + pid_k.to(tl.int64) * M * N + ms[:, None] * N + rows[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(ms < M)[:, None] & (rows < N)[None, :])
-
-
-@triton.jit
-def _reduce_kernel(part_ptr, out_ptr, total, splits, BLOCK: tl.constexpr):
-    """out = sum over splits of part[split] (in split order: deterministic), cast to out's dtype."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = i < total
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(splits):
-        acc += tl.load(part_ptr + s * total + i, mask=live, other=0.0)
-    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=live)
+    offs = ms[:, None] * N + rows[None, :]
+    live = (ms < M)[:, None] & (rows < N)[None, :]
+    tl.store(out_ptr + pid_k.to(tl.int64) * M * N + offs, acc.to(out_ptr.dtype.element_ty), mask=live)
+    if SPLIT:
+        _finish_split(out_ptr, y_ptr, count_ptr, pid_m * tl.num_programs(0) + pid_n, offs, live, M * N, splits)
 
 
 # --- routed experts ---------------------------------------------------------------------------------------
@@ -650,25 +666,34 @@ def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
     units = k // configs.UNIT
     per_split = -(-units // launch.split)
     split = -(-units // per_split)
-    out = torch.empty((split, m, n) if split > 1 else (m, n), device=x.device,
-                      dtype=torch.float32 if split > 1 else x.dtype)
-    common = dict(**_constexprs(fmt), BN=launch.block_n, num_warps=launch.warps, enable_fp_fusion=True)
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    out = torch.empty(split, m, n, device=x.device, dtype=torch.float32) if split > 1 else y
+    counters = _counters(x.device) if split > 1 else y
+    common = dict(**_constexprs(fmt), BN=launch.block_n, num_warps=launch.warps, enable_fp_fusion=True,
+                  SPLIT=split > 1)
     w, rb = _words(packed), packed.shape[-1]
+    blocks_n, blocks_m = triton.cdiv(n, launch.block_n), triton.cdiv(m, launch.block_m)
+    if split > 1 and blocks_n * blocks_m > COUNTERS:
+        raise ValueError(f"split-K over {blocks_n * blocks_m} tiles: more than the {COUNTERS} counters")
     if launch.kernel == "gemv":
         xa, kind = _x_arg(x)
-        grid = (triton.cdiv(n, launch.block_n), split)
-        _launch(_gemv_kernel, grid, xa, w, out, _levels(x.device), n, rb, units, per_split, X_KIND=kind, **common)
+        _launch(_gemv_kernel, (blocks_n, split), xa, w, out, _levels(x.device), y, counters, n, rb, units, per_split,
+                split, X_KIND=kind, **common)
     else:
-        grid = (triton.cdiv(n, launch.block_n), triton.cdiv(m, launch.block_m), split)
         # num_stages=1: the weight words go to registers; pipelining would stage them through shared memory
-        _launch(_gemm_kernel, grid, x, w, out, _levels(x.device), m, n, rb, x.stride(0), units, per_split,
-                BM=launch.block_m, num_stages=1, **common)
-    if split == 1:
-        return out
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    block = 1024
-    _launch(_reduce_kernel, (triton.cdiv(m * n, block),), out, y, m * n, split, BLOCK=block)
+        _launch(_gemm_kernel, (blocks_n, blocks_m, split), x, w, out, _levels(x.device), y, counters, m, n, rb,
+                x.stride(0), units, per_split, split, BM=launch.block_m, num_stages=1, **common)
     return y
+
+
+COUNTERS = 1 << 16  # split-K tiles at most: far more than a split launch has (see configs.pick_launch)
+
+
+@functools.cache
+def _counters(device: torch.device) -> torch.Tensor:
+    """The split-K arrival counters of a device, all zero between launches (each tile's last split re-arms its own).
+    Made at the first split launch, which a warm-up runs before any capture."""
+    return torch.zeros(COUNTERS, dtype=torch.int32, device=device)
 
 
 def expert_of_position(offsets: torch.Tensor, pairs: int) -> torch.Tensor:
