@@ -38,6 +38,7 @@ class GDNCache:
     spec_b: torch.Tensor
     spec_a: torch.Tensor
     spec_window: torch.Tensor
+    window_rows: torch.Tensor  # arange(kernel-1) on the device: the conv rows a commit takes from the window
     pending: int = 0  # tokens of the last speculative forward (0: none)
 
 

@@ -43,6 +43,10 @@ if __name__ == "__main__":
         got_state = state.clone()
         close(gdn.mix(*x, got_state, HEADS, update=True), want, tol)
         close(got_state, want_state, tol)
+        # outputs rounded by the kernel to the model's dtype, as a cast of the fp32 outputs would round them
+        rounded = gdn.mix(*x, state.clone(), HEADS, update=True, out_dtype=dtype)
+        assert rounded.dtype == dtype
+        close(rounded.float(), want.to(dtype).float(), tol)
         # verify: outputs, the state left as it was
         kept = state.clone()
         close(gdn.mix(*x, kept, HEADS, update=False), want, tol)

@@ -53,14 +53,14 @@ class Heads:
 
 def mix(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
         state: torch.Tensor, heads: Heads, *, update: bool, outputs: bool = True,
-        keep: torch.Tensor | None = None) -> torch.Tensor | None:
+        keep: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
     """The recurrence over T tokens from the conv output qkv [T, 2*key_total + value_heads*value_dim] and
     the raw b, a projections [T, value_heads]; state [H, K, V] float32. `update`: write the state after the
     tokens (after the first `keep`, a 0-d device tensor >= 1, when given). Returns the outputs [T, H, V]
-    (float32) when `outputs`."""
+    when `outputs`: float32, or rounded to `out_dtype` by the kernel when it runs (the caller casts otherwise)."""
     T = qkv.shape[0]
     if available(state) and (T < PREFILL_TOKENS or keep is not None):
-        return _triton(qkv, b, a, A_log, dt_bias, state, heads, update, outputs, keep)
+        return _triton(qkv, b, a, A_log, dt_bias, state, heads, update, outputs, keep, out_dtype)
     q, k, v, g, beta = prepare(qkv, b, a, A_log, dt_bias, heads)
     H = g.shape[1]
     if keep is not None or T < STEPWISE:
@@ -199,13 +199,13 @@ def _triton_scan(chunks: Chunks, state: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _triton(qkv, b, a, A_log, dt_bias, state, heads: Heads, update, outputs, keep):
+def _triton(qkv, b, a, A_log, dt_bias, state, heads: Heads, update, outputs, keep, out_dtype=torch.float32):
     T, H = b.shape
     K, V = heads.key_dim, heads.value_dim
     qkv = qkv.contiguous()
     if b.stride() != a.stride() or b.stride(-1) != 1:  # b and a usually are columns of one fused projection
         b, a = b.contiguous(), a.contiguous()
-    out = torch.empty(T, H, V, dtype=torch.float32, device=qkv.device) if outputs else state  # state: unused
+    out = torch.empty(T, H, V, dtype=out_dtype, device=qkv.device) if outputs else state  # state: unused
     vb = min(V_BLOCK, V)
     kernels = _kernel()
     kernels._launch(

@@ -44,7 +44,8 @@ def recurrent_kernel(qkv_ptr, b_ptr, a_ptr, alog_ptr, dt_ptr, state_ptr, out_ptr
         delta = (vt - tl.sum(s * kt[:, None], 0)) * beta
         s = s + kt[:, None] * delta[None, :]
         if OUTPUTS:
-            tl.store(out_ptr + (t * H + h).to(tl.int64) * V + cols, tl.sum(s * qt[:, None], 0))
+            o = tl.sum(s * qt[:, None], 0)
+            tl.store(out_ptr + (t * H + h).to(tl.int64) * V + cols, o.to(out_ptr.dtype.element_ty))
     if UPDATE:
         tl.store(tile, s.to(state_ptr.dtype.element_ty))
 

@@ -60,6 +60,7 @@ class GatedDeltaNet(nn.Module):
             spec_b=torch.zeros(block, H, dtype=dtype, device=device),
             spec_a=torch.zeros(block, H, dtype=dtype, device=device),
             spec_window=torch.zeros(self.kernel - 1 + block, self.conv_dim, dtype=dtype, device=device),
+            window_rows=torch.arange(self.kernel - 1, device=device),
         )
 
     def conv(self, window: torch.Tensor) -> torch.Tensor:
@@ -84,10 +85,11 @@ class GatedDeltaNet(nn.Module):
                 _hold(cache, window, qkv, b, a)
             else:
                 cache.conv.copy_(window[T:])
-        core = gdn_kernel.mix(qkv, b, a, self.A_log, self.dt_bias, cache.recurrent, self.heads, update=not speculative)
+        core = gdn_kernel.mix(qkv, b, a, self.A_log, self.dt_bias, cache.recurrent, self.heads, update=not speculative,
+                              out_dtype=x.dtype)
         if not speculative:
             cache.pending = 0
-        core = self.norm(core.to(x.dtype), z.reshape(T, self.num_v_heads, self.v_dim))
+        core = self.norm(core.to(x.dtype), z.reshape(T, self.num_v_heads, self.v_dim))  # (a kernel's are x.dtype)
         return self.out_proj(core.reshape(T, self.value_total))
 
     def commit(self, cache: GDNCache, keep: int | torch.Tensor) -> None:
@@ -103,7 +105,7 @@ class GatedDeltaNet(nn.Module):
         else:
             gdn_kernel.mix(*(x[: cache.pending] for x in inputs), self.A_log, self.dt_bias, cache.recurrent,
                            self.heads, update=True, outputs=False, keep=keep)
-            cache.conv.copy_(cache.spec_window.index_select(0, keep + torch.arange(rows, device=keep.device)))
+            torch.index_select(cache.spec_window, 0, keep + cache.window_rows, out=cache.conv)
         cache.pending = 0
 
 
