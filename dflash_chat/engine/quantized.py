@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_chat.engine import kernels
+from dflash_chat.engine.kernels import reference
 from dflash_chat.engine.models.layers import routed
 from dflash_chat.engine.weights.formats import Format, get_format
 from dflash_chat.engine.weights.quantize import quantize
@@ -182,18 +183,20 @@ class QuantExperts(nn.Module):
             self.register_buffer("up", up.data.contiguous())
         self.register_buffer("down", down.data.contiguous())
 
-    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if kernels.use_triton(self.down):
-            return self.forward_grouped(x, top_k_index, top_k_weights)
-        return self.forward_per_expert(x, top_k_index, top_k_weights)
+            return self.forward_grouped(x, top_k_index, top_k_weights, shared)
+        return reference.add_shared(self.forward_per_expert(x, top_k_index, top_k_weights), shared)
 
-    def forward_grouped(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward_grouped(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                        shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Every expert in one kernel call per projection, no host sync (decode, verify and prefill alike)."""
         if self.fused:
             gate_up = [(self.gate_up, self.gate_fmt)]
         else:
             gate_up = [(self.gate, self.gate_fmt), (self.up, self.up_fmt)]
-        return kernels.grouped_experts(x, top_k_index, top_k_weights, gate_up, (self.down, self.down_fmt))
+        return kernels.grouped_experts(x, top_k_index, top_k_weights, gate_up, (self.down, self.down_fmt), shared)
 
     def _gate_up(self, x: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fused:

@@ -171,6 +171,36 @@ def check_glue() -> None:
                 assert state.data_ptr() != want_state.data_ptr()
 
 
+def check_moe_glue() -> None:
+    """The routed layer's glue kernels against the torch path: router top-k, pair sort, weighted sum (+ shared)."""
+    from dflash_chat.engine.kernels import triton_glue
+
+    g = torch.Generator().manual_seed(5)
+    for tokens, experts, k in ((1, 256, 8), (16, 256, 8), (3, 10, 3), (32, 512, 8)):
+        logits = torch.randn(tokens, experts, generator=g)
+        want_i, want_w = reference.top_k_softmax(logits, k, torch.bfloat16)
+        got_i, got_w = triton_glue.top_k_softmax(logits, k, torch.bfloat16)
+        assert torch.equal(got_i, want_i), f"top-k of {experts} for {tokens} tokens"
+        assert got_w.dtype == torch.bfloat16
+        torch.testing.assert_close(got_w.float(), want_w.float(), rtol=8e-3, atol=1e-6)
+        # a token routed twice to one expert, idle experts, pairs of one expert in pair order
+        idx = torch.randint(0, experts, (tokens, k), generator=g)
+        idx[0, :2] = idx[-1, -1]
+        got = triton_glue.route(idx, experts)
+        for name, a, b in zip(("order", "token_of", "offsets", "expert_of"), got, reference.route(idx, experts)):
+            assert torch.equal(a, b), f"route {name} for {tokens} tokens of top-{k} over {experts} experts"
+    for dtype in (torch.float32, torch.bfloat16):
+        tokens, k, h = 3, 8, 300
+        y = torch.randn(tokens * k, h, generator=g).to(dtype)
+        w = torch.softmax(torch.randn(tokens, k, generator=g), -1).to(dtype)
+        shared = (torch.randn(tokens, h, generator=g).to(dtype), torch.randn(tokens, 1, generator=g).to(dtype))
+        for extra in (None, shared):
+            want = reference.moe_combine(y, w, extra, dtype)
+            got = triton_glue.moe_combine(y, w, extra, dtype)
+            assert got.dtype == dtype
+            torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
+
+
 def main(argv: list[str]) -> None:
     assert kernels.use_triton(torch.zeros(1)), "interpreter mode should route to Triton"
     group, names = argv[0], argv[1:]
@@ -181,6 +211,7 @@ def main(argv: list[str]) -> None:
         for name in names or [*QUANT, "F32", "F16", "BF16"]:
             check_experts(name)
         check_experts_module()
+        check_moe_glue()
     else:
         check_glue()
     print("all kernel checks passed")

@@ -45,3 +45,23 @@ def test_float_projections_fuse_in_a_loaded_model(tiny_dirs):
     assert len(storage) == 1
     fuse_projections(model)  # a second call changes nothing
     assert len(layer.linear_attn.shared.matrices) == 1
+
+
+def test_the_router_and_the_shared_expert_gate_are_one_matmul(tiny_dirs):
+    from dflash_chat.engine.load import load_target
+    from dflash_chat.engine.models.layers import SparseMoE
+
+    model = load_target(tiny_dirs["qwen3_5_moe"][0], "cpu", torch.float32)
+    moe = next(m for m in model.modules() if isinstance(m, SparseMoE))
+    assert moe.shared is not None and len(moe.shared.matrices) == 1
+    x = torch.randn(4, model.cfg.hidden_size)
+    logits, gate = moe.shared(x)
+    torch.testing.assert_close(logits, nn.functional.linear(x, moe.gate.weight), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gate, moe.shared_expert_gate(x), rtol=1e-6, atol=1e-6)
+    assert moe.gate.weight.untyped_storage().data_ptr() == moe.shared_expert_gate.weight.untyped_storage().data_ptr()
+    # the layer gives what the unfused router and gate give
+    unfused = moe.shared
+    want = moe(x)
+    moe.shared = None
+    torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-6)
+    moe.shared = unfused

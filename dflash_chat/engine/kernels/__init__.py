@@ -22,7 +22,8 @@ from dflash_chat.engine.kernels.configs import SMALL_M, kernel_supports
 from dflash_chat.engine.weights.formats import FORMATS, Format
 
 __all__ = ["SMALL_M", "matmul", "dequantize", "moe_matmul", "route", "Routes", "grouped_experts",
-           "add_rms_norm", "rms_norm", "silu_mul", "gated_rms_norm", "conv_step", "use_triton"]
+           "add_rms_norm", "rms_norm", "silu_mul", "gated_rms_norm", "conv_step", "use_triton", "top_k_softmax",
+           "moe_combine"]
 
 
 @functools.cache
@@ -166,12 +167,24 @@ class Routes:
 
 
 def route(top_k_index: torch.Tensor, num_experts: int) -> Routes:
-    flat = top_k_index.reshape(-1)
-    experts, order = torch.sort(flat, stable=True)
-    bounds = torch.arange(num_experts + 1, device=flat.device, dtype=experts.dtype)
-    offsets = torch.searchsorted(experts, bounds).to(torch.int32)
-    return Routes(order.to(torch.int32), (order // top_k_index.shape[1]).to(torch.int32), offsets,
-                  experts.to(torch.int32))
+    if use_triton(top_k_index) and top_k_index.numel() <= _triton_glue().ROUTE_PAIRS:  # decode, verify: one launch
+        return Routes(*_triton_glue().route(top_k_index.contiguous(), num_experts))
+    return Routes(*reference.route(top_k_index, num_experts))
+
+
+def top_k_softmax(logits: torch.Tensor, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top_k_index [T, k] int64, weights [T, k] in dtype): the router's choice from its logits [T, E]."""
+    if use_triton(logits) and logits.stride(-1) == 1:
+        return _triton_glue().top_k_softmax(logits, k, dtype)
+    return reference.top_k_softmax(logits, k, dtype)
+
+
+def moe_combine(y: torch.Tensor, top_k_weights: torch.Tensor, shared, dtype: torch.dtype) -> torch.Tensor:
+    """[T, H]: the experts' outputs y [T*K, H] (pair order) weighted by top_k_weights [T, K], plus
+    sigmoid(gate) * out for shared = (out [T, H], gate [T, 1]) when given."""
+    if use_triton(y) and y.is_contiguous() and top_k_weights.is_contiguous():
+        return _triton_glue().moe_combine(y, top_k_weights, shared, dtype)
+    return reference.moe_combine(y, top_k_weights, shared, dtype)
 
 
 def _experts_kernel_ok(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.dtype) -> bool:
@@ -185,12 +198,13 @@ def _experts_kernel_ok(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.d
 
 
 def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
-               offsets: torch.Tensor, expert_of: torch.Tensor | None = None) -> torch.Tensor:
+               offsets: torch.Tensor, expert_of: torch.Tensor | None = None, tokens: int | None = None) -> torch.Tensor:
     """Routed experts in one call: y [P, n], y[dst[i]] = x[src[i]] @ W[e].T for the sorted positions i of
     expert e (offsets[e] <= i < offsets[e + 1]); packed [E, N, row_bytes] (or float [E, N, K]); P = len(src),
-    dst a permutation. `expert_of` (Routes.expert_of) saves the kernel path a searchsorted."""
+    dst a permutation. `expert_of` (Routes.expert_of) saves the kernel path a searchsorted; `tokens` (the layer's,
+    default: rows of x) picks the kernel: one token's pairs go through the FMA kernel, also for the down projection."""
     if _experts_kernel_ok(packed, fmt, x.shape[-1], x.dtype):
-        return _triton_quant().moe_matmul(x, packed, fmt, n, src, dst, offsets, expert_of)
+        return _triton_quant().moe_matmul(x, packed, fmt, n, src, dst, offsets, expert_of, tokens)
     return reference.moe_matmul(x, packed, fmt, n, src, dst, offsets)
 
 
@@ -199,20 +213,22 @@ def _float_format(t: torch.Tensor) -> Format:
 
 
 def grouped_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                    gate_up: list[tuple[torch.Tensor, Format | None]], down: tuple[torch.Tensor, Format | None]
-                    ) -> torch.Tensor:
+                    gate_up: list[tuple[torch.Tensor, Format | None]], down: tuple[torch.Tensor, Format | None],
+                    shared=None) -> torch.Tensor:
     """Routed experts, every expert in one launch per projection, no host sync (any number of tokens).
 
     gate_up: [(fused [E, 2I, ...], fmt)] (gate rows then up rows) or [(gate, fmt), (up, fmt)]; down: ([E, H, ...],
     fmt). A fmt of None means a float tensor of its own dtype (the float `Experts` module's parameters:
-    `grouped_experts(x, idx, w, [(m.gate_up_proj, None)], (m.down_proj, None))`). Returns [tokens, H] in x.dtype.
+    `grouped_experts(x, idx, w, [(m.gate_up_proj, None)], (m.down_proj, None))`). Returns [tokens, H] in x.dtype,
+    with sigmoid(gate) * out of a shared expert added when shared = (out, gate).
     """
     r = route(top_k_index, down[0].shape[0])
+    tokens = top_k_index.shape[0]
 
     def project(inputs, src, weights):
         packed, fmt = weights
         fmt = fmt or _float_format(packed)
-        return moe_matmul(inputs, packed, fmt, packed.shape[1], src, r.order, r.offsets, r.expert_of)
+        return moe_matmul(inputs, packed, fmt, packed.shape[1], src, r.order, r.offsets, r.expert_of, tokens)
 
     if len(gate_up) == 1:
         both = project(x, r.token_of, gate_up[0])
@@ -221,8 +237,7 @@ def grouped_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: t
     else:
         h = silu_mul(project(x, r.token_of, gate_up[0]), project(x, r.token_of, gate_up[1]))
     y = project(h, r.order, down)  # rows in pair order: pair p = token * top_k + slot
-    y = y.view(*top_k_index.shape, y.shape[-1]) * top_k_weights[..., None].to(y.dtype)
-    return y.sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return moe_combine(y, top_k_weights, shared, x.dtype)
 
 
 # --- fused glue (see triton_glue.py; the torch reference path beside each) -----------------------------------

@@ -75,3 +75,34 @@ def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tor
     out = F.conv1d(window.t()[None], weight.to(x.dtype)[:, None, :], groups=x.shape[-1])[0, :, 0]
     state.copy_(window[1:])
     return F.silu(out)
+
+
+def top_k_softmax(logits: torch.Tensor, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router: the k likeliest experts of softmax(logits) in fp32, their weights renormalised, in dtype."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    top_w, top_i = torch.topk(probs, k, dim=-1)
+    top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    return top_i, top_w.to(dtype)
+
+
+def route(top_k_index: torch.Tensor, num_experts: int):
+    """(order, token_of, offsets, expert_of): the pairs p = token * top_k + slot stably sorted by expert."""
+    flat = top_k_index.reshape(-1)
+    experts, order = torch.sort(flat, stable=True)
+    bounds = torch.arange(num_experts + 1, device=flat.device, dtype=experts.dtype)
+    offsets = torch.searchsorted(experts, bounds).to(torch.int32)
+    return order.to(torch.int32), (order // top_k_index.shape[1]).to(torch.int32), offsets, experts.to(torch.int32)
+
+
+def add_shared(routed: torch.Tensor, shared) -> torch.Tensor:
+    """routed + sigmoid(gate) * out for shared = (out, gate) (Qwen3.5/3.6's shared expert), or routed."""
+    if shared is None:
+        return routed
+    out, gate = shared
+    return routed + torch.sigmoid(gate) * out
+
+
+def moe_combine(y: torch.Tensor, top_k_weights: torch.Tensor, shared, dtype: torch.dtype) -> torch.Tensor:
+    """The experts' outputs y [T*K, H] (pair order) weighted and summed per token in fp32, then the shared expert."""
+    y = y.view(*top_k_weights.shape, y.shape[-1]) * top_k_weights[..., None].to(y.dtype)
+    return add_shared(y.sum(dim=1, dtype=torch.float32).to(dtype), shared)

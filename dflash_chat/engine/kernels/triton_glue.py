@@ -7,6 +7,8 @@ reference path in `reference.py` to float32 rounding of the reductions; none rea
 - `silu_mul`: silu(gate) * up, gate and up being any two row-strided views (the halves of a fused gate_up).
 - `gated_rms_norm`: GDN's output norm, w * norm(x) * silu(z), over the last dim.
 - `conv_step`: one decode token through GDN's depthwise causal conv with SiLU; the conv state is shifted in place.
+- `top_k_softmax`, `route`, `moe_combine`: a routed layer's router top-k, its (token, expert) pairs sorted by
+  expert, and the weighted sum of the experts' outputs with the gated shared expert (each one launch).
 """
 
 from __future__ import annotations
@@ -140,4 +142,109 @@ def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tor
     block = 1024
     _launch(_conv_step_kernel, (triton.cdiv(c, block),), x, state, weight, out, c, state.stride(0), state.stride(1),
                                                 weight.stride(0), weight.stride(1), KERNEL=kernel, BLOCK=block)
+    return out
+
+
+# --- the routed layer's glue: top-k of the router's softmax, the pairs sorted by expert, the weighted sum ----
+
+@triton.jit
+def _top_k_softmax_kernel(logits_ptr, idx_ptr, w_ptr, E, stride_l, K: tl.constexpr, KB: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """One token per program: softmax over the E logits (fp32), the K largest (ties: the lower expert),
+    their weights renormalised to sum to 1."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    live = cols < E
+    x = tl.load(logits_ptr + t * stride_l + cols, mask=live, other=float("-inf")).to(tl.float32)
+    e = tl.where(live, tl.exp(x - tl.max(x, 0)), 0.0)
+    p = e / tl.sum(e, 0)
+    left = tl.where(live, p, -1.0)  # probabilities not taken yet
+    slots = tl.arange(0, KB)
+    top_w = tl.zeros([KB], dtype=tl.float32)
+    top_i = tl.zeros([KB], dtype=tl.int32)
+    for j in tl.static_range(K):
+        best = tl.max(left, 0)
+        i = tl.min(tl.where(left == best, cols, BLOCK), 0)
+        top_w = tl.where(slots == j, best, top_w)
+        top_i = tl.where(slots == j, i, top_i)
+        left = tl.where(cols == i, -1.0, left)
+    top_w = top_w / tl.sum(top_w, 0)
+    tl.store(idx_ptr + t * K + slots, top_i.to(idx_ptr.dtype.element_ty), mask=slots < K)
+    tl.store(w_ptr + t * K + slots, top_w.to(w_ptr.dtype.element_ty), mask=slots < K)
+
+
+def top_k_softmax(logits: torch.Tensor, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    t, e = logits.shape
+    idx = torch.empty(t, k, device=logits.device, dtype=torch.long)
+    w = torch.empty(t, k, device=logits.device, dtype=dtype)
+    _launch(_top_k_softmax_kernel, (t,), logits, idx, w, e, logits.stride(0), K=k, KB=triton.next_power_of_2(k),
+            BLOCK=triton.next_power_of_2(e))
+    return idx, w
+
+
+ROUTE_PAIRS = 256  # pairs one program sorts (32 tokens of top-8): decode and verify; prefill sorts with torch
+
+
+@triton.jit
+def _route_kernel(idx_ptr, order_ptr, token_ptr, expert_ptr, offsets_ptr, P, E, K: tl.constexpr,
+                  PB: tl.constexpr, EB: tl.constexpr):
+    """All pairs in one program: pair p's place in (expert, pair) order is the number of pairs before it,
+    counted by comparing every pair with every other; offsets[f] = pairs of experts below f (a histogram)."""
+    p = tl.arange(0, PB)
+    live = p < P
+    e = tl.load(idx_ptr + p, mask=live, other=E).to(tl.int32)  # padding sorts after every real pair
+    q = tl.arange(0, PB)
+    e_q = tl.load(idx_ptr + q, mask=q < P, other=E).to(tl.int32)
+    before = (e_q[None, :] < e[:, None]) | ((e_q[None, :] == e[:, None]) & (q[None, :] < p[:, None]))
+    place = tl.sum(before.to(tl.int32), 1)
+    tl.store(order_ptr + place, p, mask=live)
+    tl.store(token_ptr + place, p // K, mask=live)
+    tl.store(expert_ptr + place, e, mask=live)
+    counts = tl.histogram(e, EB)  # padding lands in bin E, past every real expert
+    f = tl.arange(0, EB)
+    tl.store(offsets_ptr + f, tl.cumsum(counts, 0) - counts, mask=f <= E)
+
+
+def route(top_k_index: torch.Tensor, num_experts: int):
+    """(order, token_of, offsets, expert_of) as kernels.route defines them, int32, for at most ROUTE_PAIRS pairs."""
+    pairs = top_k_index.numel()
+    device = top_k_index.device
+    order, token_of, expert_of = (torch.empty(pairs, device=device, dtype=torch.int32) for _ in range(3))
+    offsets = torch.empty(num_experts + 1, device=device, dtype=torch.int32)
+    _launch(_route_kernel, (1,), top_k_index, order, token_of, expert_of, offsets, pairs, num_experts,
+            K=top_k_index.shape[-1], PB=max(16, triton.next_power_of_2(pairs)),
+            EB=triton.next_power_of_2(num_experts + 1), num_warps=8 if pairs > 64 else 4)
+    return order, token_of, offsets, expert_of
+
+
+@triton.jit
+def _moe_combine_kernel(y_ptr, w_ptr, shared_ptr, gate_ptr, out_ptr, H, stride_g, K: tl.constexpr,
+                        SHARED: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t] = sum_j w[t, j] * y[t*K + j] (products rounded to y's dtype, summed in fp32), then, with a shared
+    expert, + sigmoid(gate[t]) * shared[t]: rounded where the model code rounds."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = cols < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(K):
+        w = tl.load(w_ptr + t * K + j).to(tl.float32)
+        y = tl.load(y_ptr + (t * K + j) * H + cols, mask=live, other=0.0)
+        acc += (y.to(tl.float32) * w).to(y.dtype).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    out = acc.to(dtype)
+    if SHARED:
+        g = tl.sigmoid(tl.load(gate_ptr + t * stride_g).to(tl.float32)).to(dtype).to(tl.float32)
+        s = tl.load(shared_ptr + t * H + cols, mask=live, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + (g * s).to(dtype).to(tl.float32)).to(dtype)
+    tl.store(out_ptr + t * H + cols, out, mask=live)
+
+
+def moe_combine(y: torch.Tensor, top_k_weights: torch.Tensor, shared, dtype: torch.dtype) -> torch.Tensor:
+    t, k = top_k_weights.shape
+    h = y.shape[-1]
+    out = torch.empty(t, h, device=y.device, dtype=dtype)
+    shared_out, gate = (shared[0].contiguous(), shared[1]) if shared is not None else (out, out)
+    block = min(1024, triton.next_power_of_2(h))
+    _launch(_moe_combine_kernel, (t, triton.cdiv(h, block)), y, top_k_weights, shared_out, gate, out, h,
+            gate.stride(0), K=k, SHARED=shared is not None, BLOCK=block)
     return out

@@ -1,7 +1,7 @@
 """Projections that read the same input, run as one matmul per weight format.
 
-A GDN layer's qkv/z/b/a, an attention layer's q/k/v and an MLP's gate/up each multiply the same
-normed input. `fuse_projections` concatenates their weight rows once after loading (grouped by
+A GDN layer's qkv/z/b/a, an attention layer's q/k/v, an MLP's gate/up and a routed layer's router and
+shared-expert gate each multiply the same normed input. `fuse_projections` concatenates their weight rows once after loading (grouped by
 format: a Q4_K_M file stores some of them in Q6_K) and leaves every original module a view of its
 rows, so the fused model holds no extra bytes and the unfused modules keep working; the layers then
 call `SharedInput` for one launch per format instead of one per projection.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dflash_chat.engine.models.layers import Router
 from dflash_chat.engine.quantized import QuantLinear, QuantTensor
 
 
@@ -19,7 +20,7 @@ def _format_key(module: nn.Module):
     """Modules with equal keys can share one matmul; None: keep apart."""
     if isinstance(module, QuantLinear):
         return None if module.input_index is not None else ("packed", module.fmt.name, module.in_features)
-    if isinstance(module, nn.Linear) and module.bias is None:
+    if isinstance(module, (nn.Linear, Router)) and getattr(module, "bias", None) is None:
         return ("float", module.weight.dtype, module.in_features)
     return None
 

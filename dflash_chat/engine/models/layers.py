@@ -129,20 +129,23 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
-    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The routed experts' weighted sum, plus sigmoid(gate) * out of a shared expert for shared = (out, gate)."""
         from dflash_chat.engine import kernels
+        from dflash_chat.engine.kernels import reference
 
         if kernels.use_triton(x) and not torch.is_grad_enabled():  # one launch per projection, no host sync
             return kernels.grouped_experts(x, top_k_index, top_k_weights, [(self.gate_up_proj, None)],
-                                           (self.down_proj, None))
+                                           (self.down_proj, None), shared)
         if x.shape[0] <= PAIRWISE_TOKENS:
-            return self.pairwise(x, top_k_index, top_k_weights)
+            return reference.add_shared(self.pairwise(x, top_k_index, top_k_weights), shared)
         out = torch.zeros_like(x)
         for expert, rows, weights in routed(top_k_index, top_k_weights, self.gate_up_proj.shape[0]):
             gate, up = F.linear(x[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
             y = F.linear(F.silu(gate) * up, self.down_proj[expert])
             out.index_add_(0, rows, (y * weights[:, None]).to(out.dtype))
-        return out
+        return reference.add_shared(out, shared)
 
 
     def pairwise(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -197,16 +200,21 @@ def routed(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: 
 
 
 class Router(nn.Module):
+    """The experts' logits (a float matrix, like nn.Linear without bias: fused.py stacks it with the
+    shared expert's gate) and the top-k choice from them."""
+
     def __init__(self, num_experts: int, hidden: int, top_k: int):
         super().__init__()
         self.top_k = top_k
+        self.in_features, self.out_features = hidden, num_experts
         self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = torch.softmax(F.linear(x, self.weight), dim=-1, dtype=torch.float)
-        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
-        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-        return top_i, top_w.to(x.dtype)
+        return self.choose(F.linear(x, self.weight), x.dtype)
+
+    def choose(self, logits: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(top_k_index, weights in dtype) from the logits [T, E] (any row stride)."""
+        return ops().top_k_softmax(logits, self.top_k, dtype)
 
 
 class SparseMoE(nn.Module):
@@ -218,9 +226,15 @@ class SparseMoE(nn.Module):
         self.experts = Experts(num_experts, hidden, intermediate)
         self.shared_expert = MLP(hidden, shared_intermediate)
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+        self.shared: nn.Module | None = None  # the router and the shared expert's gate as one matmul (fused.py)
+
+    def shared_input_parts(self) -> list[nn.Module]:
+        return [self.gate, self.shared_expert_gate]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        top_i, top_w = self.gate(x)
-        routed = self.experts(x, top_i, top_w)
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return routed + shared
+        if self.shared is not None:
+            logits, shared_gate = self.shared(x)
+            top_i, top_w = self.gate.choose(logits, x.dtype)
+        else:
+            (top_i, top_w), shared_gate = self.gate(x), self.shared_expert_gate(x)
+        return self.experts(x, top_i, top_w, (self.shared_expert(x), shared_gate))
