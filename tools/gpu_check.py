@@ -425,6 +425,24 @@ def _gdn_cases(label: str, key_heads: int, value_heads: int, key_dim: int, value
     ]
 
 
+def _moe_glue_cases(label: str, experts: int, top_k: int, hidden: int) -> list:
+    from dflash_chat.engine.kernels import triton_glue as tg
+
+    cases = []
+    for tokens in (1, 16):  # decode and verify
+        pairs = tokens * top_k
+        cases += [
+            (f"{label} router top-k of {experts} T={tokens}",
+             lambda t=tokens: tg.top_k_softmax(_meta(t, experts + 1)[:, :experts], top_k, torch.bfloat16)),
+            (f"{label} route {pairs} pairs", lambda t=tokens: tg.route(_meta(t, top_k, dtype=torch.int64), experts)),
+            (f"{label} experts' sum + shared T={tokens}",
+             lambda t=tokens, p=pairs: tg.moe_combine(_meta(p, hidden), _meta(t, top_k),
+                                                      (_meta(t, hidden), _meta(t, experts + 1)[:, experts:]),
+                                                      torch.bfloat16)),
+        ]
+    return cases
+
+
 def catalog_cases() -> list:
     """Every kernel configuration the engine picks for the shipped catalog's targets (Q4_K_M and Q8_0 files,
     bf16 activations, decode M=1 and verify M=16), the other formats at one shape, routed experts at the
@@ -453,6 +471,7 @@ def catalog_cases() -> list:
                                    ("BF16", 2 * w, h), ("BF16", h, w)):
                 for tokens in (1, 16):
                     cases.append(_experts_case(f"{pair.name} experts {n}x{k}", fmt_name, e, n, k, tokens, top_k))
+            cases += _moe_glue_cases(pair.name, e, top_k, h)
         cases += _glue_cases(pair.name, s.hidden, width, qkv, s.linear_value_dim)
         cases += _attention_cases(pair.name, s.kv_heads * 6, s.kv_heads, s.head_dim)  # 6 query heads per KV head
         cases += _gdn_cases(pair.name, s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim)

@@ -92,3 +92,14 @@ def test_compile_only_builds_without_a_gpu_with_no_spills_and_wide_loads():
     q4k_gemv = next(r for r in reports if r.case.endswith("Q4_K M=1") and r.arch == "sm_90")
     assert q4k_gemv.loads.get(128, 0) > 0  # Q4_K's 16-byte aligned fields: 128-bit loads
     assert q4k_gemv.instructions_per_value < 6
+
+
+def test_the_routed_layers_glue_compiles_without_spills():
+    """Router top-k, pair sort (decode's 8 pairs and verify's 128) and the experts' weighted sum, for Hopper."""
+    pytest.importorskip("triton")
+    from dflash_chat.engine.kernels import compile_check
+
+    cases = [c for c in _load_script().catalog_cases() if "router" in c[0] or " route " in c[0] or "sum + shared" in c[0]]
+    reports = compile_check.compile_all(cases, ["sm_90"])
+    assert {r.kernel for r in reports} == {"_top_k_softmax_kernel", "_route_kernel", "_moe_combine_kernel"}
+    assert all(r.spill_bytes == 0 for r in reports), [compile_check.format_report(r) for r in reports]
