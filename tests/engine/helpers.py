@@ -18,9 +18,10 @@ def prefilled(events) -> Prefilled:
     return next(e for e in events if isinstance(e, Prefilled))
 
 
-def run_in_interpreter(script: str, kernel: str, marker: str) -> None:
-    """Run tests/engine/<script> in a child process under Triton's interpreter (TRITON_INTERPRET must be set
-    before triton is imported) with the `kernel` kernels (ATTENTION, GDN) selected; it must print `marker`."""
+def run_in_interpreter(script: str, kernel: str, marker: str, *args: str) -> None:
+    """Run tests/engine/<script> [args] in a child process under Triton's interpreter (TRITON_INTERPRET must be
+    set before triton is imported) with the `kernel` kernels (ATTENTION, GDN, or "ATTENTION,GDN") selected; it
+    must print `marker`."""
     import os
     import subprocess
     import sys
@@ -30,10 +31,10 @@ def run_in_interpreter(script: str, kernel: str, marker: str) -> None:
 
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", f"DFLASH_CHAT_TRITON_{kernel}": "1", "PYTHONPATH": str(root),
-           "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1",
+           **{f"DFLASH_CHAT_TRITON_{name}": "1" for name in kernel.split(",")}}
     env.pop("DFLASH_CHAT_NO_TRITON", None)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script))], env=env, cwd=root,
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert marker in proc.stdout

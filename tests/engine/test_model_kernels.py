@@ -1,0 +1,15 @@
+"""Whole models on the GPU's fused kernel paths (Triton's interpreter on the CPU): greedy DFlash equals greedy
+AR through the fixed-shape steps, on the trained demo pair and on a routed (MoE) target."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_chat.demo import demo_available
+from tests.engine.helpers import run_in_interpreter
+
+
+def test_greedy_dflash_equals_ar_with_every_kernel(tmp_path):
+    if not demo_available():
+        pytest.skip("this install has no demo pair")
+    run_in_interpreter("_model_check.py", "ATTENTION,GDN", "model kernel checks passed", str(tmp_path))
