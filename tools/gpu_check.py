@@ -127,6 +127,32 @@ def check_matmuls(device: torch.device, n: int, k: int, dtype: torch.dtype) -> l
                 rows.append({"what": "matmul", "format": fmt_name, "dtype": str(dt).split(".")[-1], "M": m,
                              "rel_error": rel, "dequantize_exact": deq_exact,
                              "ok": rel < TOLERANCE[dt] and deq_exact})
+    return rows + check_split_repeats(device, n, k, dtype, repeats=200 if device.type == "cuda" else 2)
+
+
+def check_split_repeats(device: torch.device, n: int, k: int, dtype: torch.dtype, repeats: int = 200) -> list[dict]:
+    """Split-K finished in the kernel by each tile's last program: the same bits every time (no race between
+    the partial sums and the arrival count) and every counter back at zero."""
+    from dflash_chat.engine.kernels import triton_quant
+
+    if not kernels.use_triton(torch.empty(0, device=device)):
+        return []
+    fmt = FORMATS["Q4_K"]
+    packed = packed_weights("Q4_K", n, k, device, seed=fmt.ggml_type)
+    ref_w = reference.dequantize_rows(packed, fmt, torch.float32)
+    rows = []
+    for kernel, m in (("gemv", 1), ("gemm", 16)):
+        split = max(2, min(8, k // configs.UNIT // 2))
+        launch = configs.Launch(kernel, 16, 1 if m == 1 else 16, split, configs.warps_for("Q4_K", kernel))
+        x = torch.randn(m, k, device=device, generator=torch.Generator(device=device).manual_seed(7)).to(dtype)
+        first = triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch)
+        same = all(torch.equal(triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch), first)
+                   for _ in range(repeats))
+        armed = not bool(triton_quant._counters(device).any())
+        rel = _rel(first, x.float() @ ref_w.T)
+        rows.append({"what": "split-K repeat", "format": "Q4_K", "dtype": str(dtype).split(".")[-1], "M": m,
+                     "split": split, "repeats": repeats, "rel_error": rel, "identical": same, "counters_zero": armed,
+                     "ok": same and armed and rel < TOLERANCE[dtype]})
     return rows
 
 
@@ -181,6 +207,17 @@ def check_glue(device: torch.device, dtype: torch.dtype, hidden: int) -> list[di
     cases["gated_rms_norm"] = (kernels.gated_rms_norm(core, z, wn, 1e-6), reference.gated_rms_norm(core, z, wn, 1e-6))
     s1, s2 = state.clone(), state.clone()
     cases["conv_step"] = ((kernels.conv_step(tok, s1, conv_w), s1), (reference.conv_step(tok, s2, conv_w), s2))
+    # a routed layer (256 experts, top-8) on a verify block: router top-k, pair sort, weighted sum + shared expert
+    logits = rand(16, 257)[:, :256]
+    got_i, got_w = kernels.top_k_softmax(logits, 8, dtype)
+    want_i, want_w = reference.top_k_softmax(logits, 8, dtype)
+    cases["router top-k"] = ((got_w, got_i.float()), (want_w, want_i.float()))
+    r = kernels.route(want_i, 256)
+    cases["route"] = (tuple(t.float() for t in (r.order, r.token_of, r.offsets, r.expert_of)),
+                      tuple(t.float() for t in reference.route(want_i, 256)))
+    y, shared = rand(16 * 8, hidden), (rand(16, hidden), rand(16, 1))
+    cases["experts' sum + shared"] = (kernels.moe_combine(y, want_w, shared, dtype),
+                                      reference.moe_combine(y, want_w, shared, dtype))
     rows = []
     for name, (got, want) in cases.items():
         got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))

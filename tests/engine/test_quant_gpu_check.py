@@ -39,8 +39,10 @@ def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
     gpu_check = _load_script()
     c = report["correctness"]
     assert report["triton"] is True and c["all_ok"] and not c["disabled_kernels"]
-    # every format at M = 1, 4, 16, three expert format pairs on one and five tokens, five glue kernels
-    assert c["checked"] == len(gpu_check.QUANT_FORMATS) * 3 + 3 * 2 + 5
+    # every format at M = 1, 4, 16, split-K repeats at M = 1 and 16, three expert format pairs on one and five
+    # tokens, eight glue kernels
+    assert c["checked"] == len(gpu_check.QUANT_FORMATS) * 3 + 2 + 3 * 2 + 8
+    assert all(r["identical"] and r["counters_zero"] for r in c["rows"] if r["what"] == "split-K repeat")
     assert {r["format"] for r in c["rows"] if r["what"] == "matmul"} == set(gpu_check.QUANT_FORMATS)
     assert all(r["dequantize_exact"] for r in c["rows"] if r["what"] == "matmul")
     layers = report["benchmark"]["layers"]
