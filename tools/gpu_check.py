@@ -405,6 +405,8 @@ def _glue_cases(label: str, hidden: int, width: int, conv: int, head_dim: int) -
                                                                            _meta(16, 8, head_dim),
                                                                            _meta(head_dim), 1e-6)),
         (f"{label} conv_step C={conv}", lambda: tg.conv_step(_meta(conv), _meta(3, conv), _meta(conv, 4))),
+        (f"{label} conv_block C={conv}", lambda: tg.conv_block(_meta(16, conv + 64)[:, :conv], _meta(3, conv),
+                                                             _meta(conv, 4), _meta(19, conv), _meta(16, conv))),
     ]
 
 

@@ -157,7 +157,20 @@ def check_glue() -> None:
         wn = (1 + torch.randn(128, generator=g) * 0.1).to(dtype)
         torch.testing.assert_close(kernels.gated_rms_norm(core, z, wn, 1e-6),
                                    reference.gated_rms_norm(core, z, wn, 1e-6), **tol)
+        fused = torch.randn(2, 6 * 128 + 40, generator=g).to(dtype)  # z as a slice of a fused projection's output
+        z = fused[:, 40:].reshape(2, 6, 128)
+        assert not z.is_contiguous()
+        torch.testing.assert_close(kernels.gated_rms_norm(core, z, wn, 1e-6),
+                                   reference.gated_rms_norm(core, z, wn, 1e-6), **tol)
         conv_w = torch.randn(72, 4, generator=g).to(dtype)
+        fused = torch.randn(5, 72 + 8, generator=g).to(dtype)  # a block's conv input: columns of a fused output
+        state = torch.randn(3, 72, generator=g).to(dtype)
+        before = state.clone()
+        got = [torch.zeros(3 + 6, 72, dtype=dtype), torch.zeros(6, 72, dtype=dtype)]
+        want = [torch.zeros(3 + 6, 72, dtype=dtype), torch.zeros(6, 72, dtype=dtype)]
+        out = kernels.conv_block(fused[:, 8:], state, conv_w, *got)
+        torch.testing.assert_close(out, reference.conv_block(fused[:, 8:], state, conv_w, *want), **tol)
+        assert out.data_ptr() == got[1].data_ptr() and torch.equal(got[0], want[0]) and torch.equal(state, before)
         for layout in ("rows", "channels"):  # state [K-1, C] as gdn.py keeps it, or a [C, K-1] buffer transposed
             base = torch.randn(3, 72, generator=g).to(dtype)
             state = base.clone() if layout == "rows" else base.t().contiguous().t()

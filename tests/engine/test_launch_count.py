@@ -27,6 +27,15 @@ def test_a_dense_layer_takes_at_most_12_kernels_at_decode(dense):
     assert attention["triton:partial_kernel"] == attention["triton:merge_kernel"] == 1
 
 
+def test_a_verify_block_takes_at_most_12_kernels_per_layer(dense):
+    """The block's conv and what the commit needs are written by one kernel; no torch op is left in a layer
+    but the copies of the two gate projections the commit re-reads."""
+    assert all(n <= 12 for n in dense.by_kind(dense.verify).values()), dense.by_kind(dense.verify)
+    gdn, attention = dense.verify.layers
+    assert gdn["triton:_conv_block_kernel"] == 1 and gdn["triton:_gated_norm_kernel"] == 1
+    assert {name for name in gdn if not name.startswith("triton:")} == {"copy_"}
+
+
 def test_no_step_reads_a_value_back_and_the_commit_is_three_kernels_per_gdn_layer(dense):
     for tally in (dense.decode, dense.verify, dense.commit, dense.draft):
         assert tally.host_reads == 0 and tally.total > 0

@@ -22,7 +22,7 @@ from dflash_chat.engine.kernels.configs import SMALL_M, kernel_supports
 from dflash_chat.engine.weights.formats import FORMATS, Format
 
 __all__ = ["SMALL_M", "matmul", "dequantize", "moe_matmul", "route", "Routes", "grouped_experts",
-           "add_rms_norm", "rms_norm", "silu_mul", "gated_rms_norm", "conv_step", "use_triton", "top_k_softmax",
+           "add_rms_norm", "rms_norm", "silu_mul", "gated_rms_norm", "conv_step", "conv_block", "use_triton", "top_k_softmax",
            "moe_combine"]
 
 
@@ -269,9 +269,26 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """GDN's output norm: plain RMSNorm of x times weight, times silu(gate), in x's dtype."""
-    if _glue_ok(x) and gate.is_contiguous():
+    if _glue_ok(x) and _rows_apart(gate, x):
         return _triton_glue().gated_rms_norm(x, gate, weight, eps)
     return reference.gated_rms_norm(x, gate, weight, eps)
+
+
+def conv_block(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+    """A speculative block x [T, C] (rows may be strided) through GDN's conv: window[:K-1+T] = [state; x],
+    out[:T] = silu(conv(window)), returned; the conv state is left as it was (the commit takes it from window)."""
+    if use_triton(x) and x.stride(-1) == 1 and window.is_contiguous() and out.is_contiguous():
+        return _triton_glue().conv_block(x, state, weight, window, out)
+    return reference.conv_block(x, state, weight, window, out)
+
+
+def _rows_apart(gate: torch.Tensor, x: torch.Tensor) -> bool:
+    """gate is x-shaped and contiguous, or [T, heads, D] contiguous within each token (z: a slice of the
+    fused projection's output, its token rows strided)."""
+    if gate.shape != x.shape:
+        return False
+    return gate.is_contiguous() or (gate.dim() == 3 and gate.stride(2) == 1 and gate.stride(1) == gate.shape[2])
 
 
 def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -106,3 +106,16 @@ def moe_combine(y: torch.Tensor, top_k_weights: torch.Tensor, shared, dtype: tor
     """The experts' outputs y [T*K, H] (pair order) weighted and summed per token in fp32, then the shared expert."""
     y = y.view(*top_k_weights.shape, y.shape[-1]) * top_k_weights[..., None].to(y.dtype)
     return add_shared(y.sum(dim=1, dtype=torch.float32).to(dtype), shared)
+
+
+def conv_block(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+    """T tokens x [T, C] through GDN's depthwise causal conv with SiLU: window[:K-1+T] = [state; x] (kept for a
+    commit), out[:T] = silu(conv(window)), returned; state [K-1, C] is not changed."""
+    t, k1 = x.shape[0], state.shape[0]
+    window[:k1].copy_(state)
+    window[k1:k1 + t].copy_(x)
+    w = weight.to(window.dtype)
+    y = F.conv1d(window[:k1 + t].t()[None], w[:, None, :], groups=x.shape[1])[0].t()
+    out[:t].copy_(F.silu(y))
+    return out[:t]

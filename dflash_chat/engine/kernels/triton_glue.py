@@ -91,7 +91,10 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _gated_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, rows, D, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, rows, D, heads, stride_gt, eps, ROWS: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Rows r = t * heads + h of x [T, heads, D] (contiguous); the gate may be a view with rows t strided
+    (z, a slice of the fused projection's output): its row r sits at t * stride_gt + h * D."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
     live = (r < rows) & (cols < D)
@@ -101,17 +104,21 @@ def _gated_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, rows, D, eps, ROWS: tl.cons
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / D + eps)
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
     normed = ((xf * inv[:, None]).to(x.dtype).to(tl.float32) * w.to(tl.float32)).to(x.dtype)
-    g = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
+    g_at = (r // heads).to(tl.int64) * stride_gt + (r % heads) * D + cols
+    g = tl.load(g_ptr + g_at, mask=live, other=0.0).to(tl.float32)
     tl.store(out_ptr + at, (normed.to(tl.float32) * _silu(g)).to(x.dtype), mask=live)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x contiguous [..., heads, D]; gate of x's shape, contiguous within each leading row ([T, heads, D])."""
     d = x.shape[-1]
     rows = _rows(x)
+    heads = x.shape[-2] if x.dim() >= 2 else 1
+    stride_gt = gate.stride(0) if gate.dim() == 3 else heads * d  # (any other gate is contiguous)
     out = torch.empty_like(x)
     per = 16
-    _launch(_gated_norm_kernel, (triton.cdiv(rows, per),), x, gate, weight, out, rows, d, eps, ROWS=per,
-                                                  BLOCK=triton.next_power_of_2(d))
+    _launch(_gated_norm_kernel, (triton.cdiv(rows, per),), x, gate, weight, out, rows, d, heads, stride_gt, eps,
+            ROWS=per, BLOCK=triton.next_power_of_2(d))
     return out
 
 
@@ -248,3 +255,36 @@ def moe_combine(y: torch.Tensor, top_k_weights: torch.Tensor, shared, dtype: tor
     _launch(_moe_combine_kernel, (t, triton.cdiv(h, block)), y, top_k_weights, shared_out, gate, out, h,
             gate.stride(0), K=k, SHARED=shared is not None, BLOCK=block)
     return out
+
+
+@triton.jit
+def _conv_block_kernel(x_ptr, state_ptr, w_ptr, window_ptr, out_ptr, T, C, stride_x, stride_st, stride_sc,
+                       stride_wc, stride_wk, KERNEL: tl.constexpr, BLOCK: tl.constexpr):
+    """A block of T tokens through GDN's conv: window = [state; x] is written out (what a commit takes its conv
+    state from), then out[t] = silu(sum_j w[j] * window[t + j]); the state itself is left as it was."""
+    c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = c < C
+    for j in tl.static_range(KERNEL - 1):
+        s = tl.load(state_ptr + j * stride_st + c * stride_sc, mask=live, other=0.0)
+        tl.store(window_ptr + j * C + c, s.to(window_ptr.dtype.element_ty), mask=live)
+    for t in range(0, T):
+        x = tl.load(x_ptr + t * stride_x + c, mask=live, other=0.0)
+        tl.store(window_ptr + (KERNEL - 1 + t) * C + c, x.to(window_ptr.dtype.element_ty), mask=live)
+    tl.debug_barrier()
+    for t in range(0, T):
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for j in tl.static_range(KERNEL):
+            v = tl.load(window_ptr + (t + j) * C + c, mask=live, other=0.0)
+            w = tl.load(w_ptr + c * stride_wc + j * stride_wk, mask=live, other=0.0).to(v.dtype)
+            acc += v.to(tl.float32) * w.to(tl.float32)
+        conv = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + t * C + c, _silu(conv).to(out_ptr.dtype.element_ty), mask=live)
+
+
+def conv_block(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+    t, c = x.shape
+    block = 512
+    _launch(_conv_block_kernel, (triton.cdiv(c, block),), x, state, weight, window, out, t, c, x.stride(0),
+            state.stride(0), state.stride(1), weight.stride(0), weight.stride(1), KERNEL=weight.shape[-1], BLOCK=block)
+    return out[:t]

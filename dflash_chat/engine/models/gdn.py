@@ -78,13 +78,16 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.project(x)
         if T == 1 and not speculative:  # decode: the conv window shifts in place
             qkv = kernels.conv_step(mixed[0], cache.conv, self.conv1d.weight[:, 0, :])[None]
+        elif speculative:  # the conv output and window go straight to what the commit reads
+            _make_room(cache, T)
+            qkv = kernels.conv_block(mixed, cache.conv, self.conv1d.weight[:, 0, :], cache.spec_window, cache.spec_qkv)
+            cache.spec_b[:T].copy_(b)
+            cache.spec_a[:T].copy_(a)
+            cache.pending = T
         else:
             window = torch.cat((cache.conv.to(mixed.dtype), mixed), dim=0)  # [K-1+T, C]
             qkv = self.conv(window)
-            if speculative:
-                _hold(cache, window, qkv, b, a)
-            else:
-                cache.conv.copy_(window[T:])
+            cache.conv.copy_(window[T:])
         core = gdn_kernel.mix(qkv, b, a, self.A_log, self.dt_bias, cache.recurrent, self.heads, update=not speculative,
                               out_dtype=x.dtype)
         if not speculative:
@@ -109,16 +112,12 @@ class GatedDeltaNet(nn.Module):
         cache.pending = 0
 
 
-def _hold(cache: GDNCache, window: torch.Tensor, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> None:
-    """Keep a speculative forward's conv output, gate projections and conv window for its commit."""
-    T = qkv.shape[0]
-    if cache.spec_b.shape[0] < T:  # an eager step longer than the buffers were made for
-        for name in ("spec_qkv", "spec_b", "spec_a"):
-            buf = getattr(cache, name)
-            setattr(cache, name, buf.new_zeros(T, *buf.shape[1:]))
-        cache.spec_window = cache.spec_window.new_zeros(window.shape[0], window.shape[1])
-    cache.spec_qkv[:T].copy_(qkv)
-    cache.spec_b[:T].copy_(b)
-    cache.spec_a[:T].copy_(a)
-    cache.spec_window[: window.shape[0]].copy_(window)
-    cache.pending = T
+def _make_room(cache: GDNCache, T: int) -> None:
+    """Room in the speculative buffers for T tokens (an eager step longer than the block they were made for)."""
+    if cache.spec_b.shape[0] >= T:
+        return
+    for name in ("spec_qkv", "spec_b", "spec_a"):
+        buf = getattr(cache, name)
+        setattr(cache, name, buf.new_zeros(T, *buf.shape[1:]))
+    window = cache.spec_window
+    cache.spec_window = window.new_zeros(cache.conv.shape[0] + T, window.shape[1])
