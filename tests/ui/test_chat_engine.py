@@ -245,10 +245,15 @@ def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
         app = DFlashChatApp(fast_settings(max_new_tokens=24), demo_source())
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the demo pair to load")
-            notice = " ".join(str(n.render()) for n in app.chat.query(Notice))
+
+            def notice():  # posted just after the pair is set: wait for it rather than race it
+                return " ".join(str(n.render()) for n in app.chat.query(Notice))
+
+            await wait_for(pilot, lambda: "tiny built-in demo model" in notice(), 30, "the demo notice")
+            said = notice()
             await send(pilot, "What does the with statement do?")
             await answered(pilot, app, 1)
-            return notice, app.chat.last_end.stats, dict(app.chat.panel.shown)
+            return said, app.chat.last_end.stats, dict(app.chat.panel.shown)
 
     notice, stats, shown = run(main())
     assert "tiny built-in demo model" in notice
