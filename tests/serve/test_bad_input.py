@@ -120,8 +120,10 @@ def test_a_huge_body_is_413_without_being_read(server):
 def test_unknown_paths_and_methods_are_openai_shaped(server):
     _, url = server
     httpx = httpx_module()
-    openai_error(httpx.get(f"{url}/v1/nothing"), 404)
-    openai_error(httpx.get(f"{url}/v1/chat/completions", headers=AUTH), 405)
+    missing = openai_error(httpx.get(f"{url}/v1/nothing"), 404)
+    wrong_method = openai_error(httpx.get(f"{url}/v1/chat/completions", headers=AUTH), 405)
+    assert "/v1/nothing" in missing["message"] or "not found" in missing["message"].lower(), missing
+    assert "GET" in wrong_method["message"] or "method" in wrong_method["message"].lower(), wrong_method
 
 
 def test_after_all_that_the_server_still_answers(server):

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from dflash_chat import paths
 from dflash_chat.chat.conversation import Message
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.engine.events import GenerationStats
@@ -81,3 +82,12 @@ def seed_history(path) -> int:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def write_config(text: str):
+    """The user's config.toml as they wrote it (mode 644, as an editor leaves it)."""
+    config = paths.config_file()
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(text)
+    config.chmod(0o644)
+    return config

@@ -10,6 +10,8 @@ from dflash_chat.chat import model_source
 from dflash_chat.chat.model_source import ModelSource, Pick, resolve
 from dflash_chat.settings import Settings
 
+from .conftest import write_config
+
 
 def test_set_saves_and_exits(home, capsys, tmp_path):
     code = cli.main(["--set", "temperature=0.2", "--set", "thinking=on", "--set", f"model={tmp_path}/m"])
@@ -93,14 +95,6 @@ stop = "ctrl+g"   # like emacs
 [models.mine]          # my own GGUFs
 target = { path = "~/m/t.gguf" }
 """
-
-
-def write_config(text: str):
-    config = paths.config_file()
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(text)
-    config.chmod(0o644)
-    return config
 
 
 def test_set_edits_one_key_in_place_and_keeps_every_other_byte(home, capsys):

@@ -11,7 +11,7 @@ from dflash_chat import settings as settings_module
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.settings_screen import SettingsScreen
 
-from .conftest import run, wait_for
+from .conftest import run, wait_for, write_config
 
 COMMENTED = """\
 # my settings
@@ -21,14 +21,6 @@ temperature = 0.5
 [models.mine]            # my GGUFs
 target = { path = "/m/t.gguf" }
 """
-
-
-def write_config(text: str):
-    config = paths.config_file()
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(text)
-    config.chmod(0o644)
-    return config
 
 
 def notices(app) -> list[tuple[str, float]]:
