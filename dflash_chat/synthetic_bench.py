@@ -26,7 +26,7 @@ from dflash_chat.engine.oracle import OracleDrafter
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.sizes import rate_text, size_text
 
-ACCEPTANCE_LENGTHS = (3, 6)  # tokens per verify step the DFlash runs are forced to
+ACCEPTANCE_LENGTHS = (1, 3, 6)  # tokens per verify step the DFlash runs are forced to
 
 
 @dataclass
@@ -74,16 +74,12 @@ class InjectedDrafter:
     def store_context(self, features, positions) -> None:
         self.real.store_context(features, positions)
 
-    def propose(self, last_token: int, start: int, length: int):
-        self.real.propose(last_token, start, length)
-        return self.oracle.propose(last_token, start, length)
-
     def block_ids(self, device):
         return self.real.block_ids(device)
 
-    def draft_block(self, ids, span):
-        self.real.draft_block(ids, span)
-        return self.oracle.draft_block(ids, span)
+    def draft_logits(self, ids, span):
+        self.real.draft_logits(ids, span)
+        return self.oracle.draft_logits(ids, span)
 
 
 @dataclass
@@ -193,14 +189,15 @@ def run(setup: Setup, log=print) -> dict:
     _sync(device)
     r["decode"], r["ar_setup_s"] = ar.decode, time.perf_counter() - t0
     _generate(ar, prompt, params)  # the first run pays for the first-use work
-    host0 = ar.fixed.host_s if ar.fixed else 0.0
+    host0 = ar.steps.host_s
     ar_run = _generate(ar, prompt, params)
-    if ar.fixed is not None and ar_run.stats.steps:
-        r["ar_host_ms_per_step"] = 1e3 * (ar.fixed.host_s - host0) / ar_run.stats.steps
+    if ar_run.stats.steps:
+        r["ar_host_ms_per_step"] = 1e3 * (ar.steps.host_s - host0) / ar_run.stats.steps
     reference = prompt + ar_run.tokens
     oracle = OracleDrafter(reference, cfg.vocab_size, block_size=drafter.block_size, mode="fixed", accept_prob=2)
     t0 = time.perf_counter()
-    spec = Engine(target, InjectedDrafter(drafter, oracle), max_context=context, decode=setup.decode)
+    spec = Engine(target, InjectedDrafter(drafter, oracle), max_context=context, decode=setup.decode,
+                  draft=drafter.block_size - 1)
     _sync(device)
     r["dflash_setup_s"] = time.perf_counter() - t0
     log(f"decode path: {ar.decode}; engine setup (warm-up and capture) {r['ar_setup_s']:.1f} s AR, "
@@ -232,35 +229,33 @@ def _free(device) -> None:
 def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     """Each entry point timed on its own, from a state after a real prefill."""
     reps = setup.repeats
+    B = spec.block_size
     for engine in (ar, spec):
         engine.reset()
         for _ in engine.generate(prompt, SamplingParams(max_new_tokens=2)):
             pass
-        if engine.fixed is not None:
-            engine.fixed.begin(1, SamplingParams(), None)
-    if ar.fixed is None:  # eager steps: time the target forwards directly
-        _eager_steps(r, ar, spec, reps, device)
-    else:
-        a, s = ar.fixed, spec.fixed
-        a.remaining.fill_(10**6)
-        s.remaining.fill_(10**6)
-        r["ar_step_ms"] = 1e3 * time_call(lambda: a._run("decode"), device, reps)
-        r["verify_ms"] = 1e3 * time_call(lambda: s._run("verify"), device, reps)
-        r["draft_ms"] = 1e3 * time_call(lambda: s._run("draft"), device, reps)
-        start = int(s.start.item())
-        r["accept_commit_ms"] = 1e3 * time_call(lambda: (s._run(s._accept_key()), s._run("commit")), device, reps,
-                                                between=lambda: s.start.fill_(start))
-        s.start.fill_(start)
-        was = a.graphs, s.graphs
-        a.graphs = s.graphs = None  # count the kernels of the uncaptured steps
-        r["kernels_per_step"] = {
-            "decode": kernels_launched(lambda: a._run("decode"), device),
-            "verify": kernels_launched(lambda: s._run("verify"), device),
-            "draft": kernels_launched(lambda: s._run("draft"), device),
-            "accept_commit": kernels_launched(lambda: (s._run(s._accept_key()), s._run("commit")), device),
-        }
-        a.graphs, s.graphs = was
-        s.start.fill_(start)
+        engine.steps.begin(1, len(engine.tokens), SamplingParams(), None)
+    a, s = ar.steps, spec.steps
+    a.remaining.fill_(10**6)
+    s.remaining.fill_(10**6)
+    decode, verify, draft = (lambda: a._run(("verify", 1))), (lambda: s._run(("verify", B))), (lambda: s._run(("draft", ())))
+    r["ar_step_ms"] = 1e3 * time_call(decode, device, reps)
+    r["verify_ms"] = 1e3 * time_call(verify, device, reps)
+    r["draft_ms"] = 1e3 * time_call(draft, device, reps)
+    start = int(s.start.item())
+
+    def accept_commit():
+        s._run(("accept", B, ()))
+        s._run(("commit", B))
+
+    r["accept_commit_ms"] = 1e3 * time_call(accept_commit, device, reps, between=lambda: s.start.fill_(start))
+    s.start.fill_(start)
+    was = a.graphs, s.graphs
+    a.graphs = s.graphs = None  # count the kernels of the uncaptured steps
+    r["kernels_per_step"] = {"decode": kernels_launched(decode, device), "verify": kernels_launched(verify, device),
+                             "draft": kernels_launched(draft, device), "accept_commit": kernels_launched(accept_commit, device)}
+    a.graphs, s.graphs = was
+    s.start.fill_(start)
     floor = r["weight_bytes_per_token"] / r["copy_bytes_per_s"] * 1e3
     r["ar_floor_ms"] = floor
     r["ar_over_floor"] = r["ar_step_ms"] / floor
@@ -268,51 +263,32 @@ def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     r["draft_over_verify"] = r["draft_ms"] / r["verify_ms"]
 
 
-def _eager_steps(r: Report, ar, spec, reps, device) -> None:
-    from dflash_chat.engine.models.span import Span
-
-    target, state = ar.target, ar.state
-    start = state.length
-    ids1 = torch.zeros(1, dtype=torch.long, device=device)
-    idsb = torch.zeros(spec.block_size, dtype=torch.long, device=device)
-
-    def decode():
-        target(ids1, state, logits="all", span=Span.eager(start, 1, device))
-
-    def verify():
-        spec.target(idsb, spec.state, logits="all", taps=spec.taps, speculative=True,
-                    span=Span.eager(spec.state.length, spec.block_size, device))
-
-    def draft():
-        spec.drafter.real.propose(0, spec.drafter.real.ctx_len, spec.block_size - 1)
-
-    r["ar_step_ms"] = 1e3 * time_call(decode, device, reps)
-    r["verify_ms"] = 1e3 * time_call(verify, device, reps)
-    r["draft_ms"] = 1e3 * time_call(draft, device, reps)
-    r["kernels_per_step"] = {"decode": kernels_launched(decode, device), "verify": kernels_launched(verify, device),
-                             "draft": kernels_launched(draft, device)}
-
-
 def _end_to_end(r: Report, ar_run, spec, oracle, reference, prompt, params) -> None:
+    """DFlash at each forced acceptance length, with a whole block verified every step and with `auto`."""
     r["ar_tokens_per_s"] = ar_run.stats.decode_tokens_per_s
     runs = []
-    for length in ACCEPTANCE_LENGTHS:
-        oracle.accept_prob = length - 1  # drafts right before the first wrong one
-        oracle.rebase(reference)
-        _generate(spec, prompt, params)  # warm
-        host0 = spec.fixed.host_s if spec.fixed else 0.0
-        got = _generate(spec, prompt, params)
-        stats = got.stats
-        entry = {
-            "forced_acceptance_length": length,
-            "mean_acceptance_length": stats.mean_acceptance_length,
-            "tokens_per_s": stats.decode_tokens_per_s,
-            "speedup_vs_ar": stats.decode_tokens_per_s / r["ar_tokens_per_s"] if r["ar_tokens_per_s"] else 0.0,
-            "identical_to_ar": got.tokens == ar_run.tokens,
-        }
-        if spec.fixed is not None and stats.steps:
-            entry["host_ms_per_step"] = 1e3 * (spec.fixed.host_s - host0) / stats.steps
-        runs.append(entry)
+    for draft in (spec.block_size - 1, "auto"):
+        spec.set_draft(draft)
+        for length in ACCEPTANCE_LENGTHS:
+            oracle.accept_prob = length - 1  # drafts right before the first wrong one
+            oracle.rebase(reference)
+            if spec.device.type == "cuda":
+                _generate(spec, prompt, params)  # the first run with a new oracle table pays for its copy
+            host0 = spec.steps.host_s
+            got = _generate(spec, prompt, params)
+            stats = got.stats
+            entry = {
+                "draft": str(draft),
+                "forced_acceptance_length": length,
+                "mean_acceptance_length": stats.mean_acceptance_length,
+                "mean_draft_length": stats.mean_draft_length,
+                "tokens_per_s": stats.decode_tokens_per_s,
+                "speedup_vs_ar": stats.decode_tokens_per_s / r["ar_tokens_per_s"] if r["ar_tokens_per_s"] else 0.0,
+                "identical_to_ar": got.tokens == ar_run.tokens,
+            }
+            if stats.steps:
+                entry["host_ms_per_step"] = 1e3 * (spec.steps.host_s - host0) / stats.steps
+            runs.append(entry)
     r["dflash"] = runs
 
 
@@ -401,8 +377,9 @@ def format_report(f: dict) -> str:
     lines.append(f"  AR decode                {f['ar_tokens_per_s']:8.1f} tok/s{host}")
     for d in f["dflash"]:
         host = f", host {d['host_ms_per_step']:.3f} ms/step" if "host_ms_per_step" in d else ""
-        lines.append(f"  DFlash at length {d['forced_acceptance_length']}       {d['tokens_per_s']:8.1f} tok/s   "
-                     f"{d['speedup_vs_ar']:.2f}x AR (measured {d['mean_acceptance_length']:.2f} tokens/step{host}; "
+        lines.append(f"  DFlash draft {d['draft']:>4} at length {d['forced_acceptance_length']} {d['tokens_per_s']:8.1f} tok/s   "
+                     f"{d['speedup_vs_ar']:.2f}x AR (measured {d['mean_acceptance_length']:.2f} tokens/step, "
+                     f"{d['mean_draft_length']:.1f} drafts/step{host}; "
                      f"same tokens as AR: {'yes' if d['identical_to_ar'] else 'no'})")
     if "transformers" in f:
         t = f["transformers"]

@@ -36,7 +36,8 @@ def test_run_json_record_has_the_generation_stats(pair, capsys):
     assert main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "10", "--json", "--device", "cpu"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["new_tokens"] == 10 and record["speculative"] is True
-    assert record["steps"] == sum(record["acceptance_histogram"])
+    assert record["steps"] == sum(record["draft_histogram"]) >= sum(record["acceptance_histogram"])
+    assert record["draft"] == "auto" and record["mean_draft_length"] == record["drafted"] / record["steps"]
     assert 0 <= record["acceptance_rate"] <= 1 and record["mean_acceptance_length"] >= 1
     assert isinstance(record["answer"], str)
 
@@ -155,7 +156,8 @@ def test_run_demo_prints_the_stats_record(capsys):
     assert main(["run", "--demo", "--prompt", "How is `os.path.join` implemented?", "--max-tokens", "24", "--json", "--device", "cpu"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["speculative"] is True and record["new_tokens"] >= 1
-    assert record["steps"] == sum(record["acceptance_histogram"]) and record["answer"]
+    assert record["steps"] == sum(record["draft_histogram"]) >= sum(record["acceptance_histogram"])
+    assert record["draft"] == "auto" and record["mean_draft_length"] == record["drafted"] / record["steps"] and record["answer"]
 
 
 def test_bench_demo_measures_the_trained_pair(capsys):

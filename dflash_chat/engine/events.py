@@ -50,6 +50,11 @@ class AcceptanceFigures:
         return self.decoded_tokens / self.steps if self.steps else 0.0
 
     @property
+    def mean_draft_length(self) -> float:
+        """Drafts verified per step (0 for plain decoding)."""
+        return self.drafted / self.steps if self.steps else 0.0
+
+    @property
     def decode_tokens_per_s(self) -> float:
         """New tokens after the first, over the time spent producing them."""
         produced = self.decoded_tokens
@@ -64,8 +69,11 @@ class GenerationStats(AcceptanceFigures):
     steps: int = 0  # decode steps (verify steps with a drafter); the prefill's first token is not one
     drafted: int = 0
     accepted: int = 0
-    # acceptance_histogram[k] = number of verify steps that accepted exactly k drafted tokens
+    # acceptance_histogram[k] = number of steps with drafts that accepted exactly k drafted tokens
     acceptance_histogram: list[int] = field(default_factory=list)
+    # draft_histogram[k] = number of steps that verified k drafts (0: a plain decode step)
+    draft_histogram: list[int] = field(default_factory=list)
+    draft: str = "off"  # the draft setting: "auto", "off" or a number of drafts per step
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -85,6 +93,9 @@ class GenerationStats(AcceptanceFigures):
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "acceptance_histogram": list(self.acceptance_histogram),
+            "draft": self.draft,
+            "mean_draft_length": self.mean_draft_length,
+            "draft_histogram": list(self.draft_histogram),
             "prefill_s": self.prefill_s,
             "ttft_s": self.ttft_s,
             "decode_s": self.decode_s,

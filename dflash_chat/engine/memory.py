@@ -25,7 +25,12 @@ What the engine holds for a whole conversation (`state_bytes`):
 - drafter KV: per layer K and V of `drafter_cache_rows` positions, [rows, kv_heads, head_dim] in e:
   C + B rows for a full-attention layer; a sliding-window layer only ever reads its last `window`
   context positions plus the block, so it needs min(C + B, window + B);
-- drafter RoPE table: cos and sin, [C + B, head_dim] in e.
+- drafter RoPE table: cos and sin, [C + B, head_dim] in e;
+- the decode steps' outputs, kept per verify size T in use (engine/steps; `auto`'s sizes, the most
+  any draft setting uses): the verify's logits [T, vocab] float32 and, with a drafter, its context
+  features [T, taps * H] in e;
+- sampling buffers (made by the first answer at T > 0, the app's default): exponential noise for the
+  verify [B, vocab] and for the drafts [B-1, vocab], the drafts' q [B-1, vocab], all float32.
 
 What a step or a prefill chunk needs on top, for a moment (`workspace_bytes`): see there.
 Weights are the files' bytes (`weight_bytes`): GGUF tensors stay packed; a BF16 safetensors
@@ -35,6 +40,8 @@ checkpoint is held in the compute dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from dflash_chat.engine.draft_length import verify_sizes
 
 PREFILL_CHUNK = 1024  # tokens per prefill forward (engine/spec.py prefills in chunks of this)
 RECURRENT_COPIES = 2  # live + prefill snapshot
@@ -160,11 +167,13 @@ class StateBytes:
     snapshot_logits: int = 0
     drafter_kv: int = 0
     drafter_rope: int = 0
+    step_outputs: int = 0
+    sampling: int = 0
 
     @property
     def total(self) -> int:
         return (self.target_kv + self.target_rope + self.gdn_recurrent + self.gdn_conv + self.gdn_verify
-                + self.snapshot_logits + self.drafter_kv + self.drafter_rope)
+                + self.snapshot_logits + self.drafter_kv + self.drafter_rope + self.step_outputs + self.sampling)
 
 
 def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> StateBytes:
@@ -179,14 +188,19 @@ def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int,
         gdn_conv=target.linear_layers * CONV_COPIES * conv,
         gdn_verify=target.linear_layers * verify_record_bytes(target, block, e),
         snapshot_logits=target.vocab * LOGIT_BYTES,
+        step_outputs=target.vocab * LOGIT_BYTES,
+        sampling=target.vocab * LOGIT_BYTES,
     )
     if drafter is None:
         return state
     per_row = 2 * drafter.kv_heads * drafter.head_dim * e
+    verified = sum(verify_sizes("auto", block))
     return StateBytes(
         **{**state.__dict__,
            "drafter_kv": sum(drafter_cache_rows(drafter, context)) * per_row,
-           "drafter_rope": 2 * rows * drafter.head_dim * e},
+           "drafter_rope": 2 * rows * drafter.head_dim * e,
+           "step_outputs": verified * (target.vocab * LOGIT_BYTES + drafter.taps * target.hidden * e),
+           "sampling": (3 * block - 2) * target.vocab * LOGIT_BYTES + (block - 1) * LOGIT_BYTES},
     )
 
 

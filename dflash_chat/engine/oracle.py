@@ -4,9 +4,8 @@ Used to prove the loop lossless (every acceptance length and rollback offset occ
 benchmark at a chosen acceptance: `dflash-chat bench` first decodes autoregressively to learn the
 true continuation, then runs DFlash with this drafter.
 
-Its errors are a function of the drafting position (tables drawn once per context), so the eager and
-the fixed-shape steps see the same proposals for the same state, and a fixed-shape draft is a gather
-on the device.
+Its errors are a function of the drafting position (tables drawn once per context), so any draft length
+sees the same proposals for the same state, and a draft is a gather on the device.
 """
 
 from __future__ import annotations
@@ -73,14 +72,15 @@ class OracleDrafter:
     def store_context(self, features, positions) -> None:
         pass
 
-    def propose(self, last_token: int, start: int, length: int) -> torch.Tensor:
-        return torch.cat((torch.tensor([last_token]), self.proposals[start, :length]))
-
     def block_ids(self, device: torch.device) -> torch.Tensor:
         return torch.zeros(self.block_size, dtype=torch.long, device=device)
 
-    def draft_block(self, ids: torch.Tensor, span) -> torch.Tensor:
+    def draft_logits(self, ids: torch.Tensor, span) -> torch.Tensor:
+        """One-hot logits [B-1, V] of the proposals for the block at span.pos[0]: a greedy verify takes their
+        argmax, a sampled one a one-hot q (accept with p(d))."""
         table = self._on.get(ids.device)
         if table is None:
             table = self._on[ids.device] = self.proposals.to(ids.device)
-        return table.index_select(0, span.pos[:1]).reshape(-1)
+        proposal = table.index_select(0, span.pos[:1]).reshape(-1, 1)
+        logits = torch.full((proposal.shape[0], self.vocab_size), float("-inf"), device=ids.device)
+        return logits.scatter_(1, proposal, 0.0)

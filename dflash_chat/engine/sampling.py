@@ -1,9 +1,13 @@
 """Sampling: greedy, temperature, top-k, top-p, and the exact speculative acceptance rule, all on the
 model's device (no distribution is copied to the host).
 
-With a greedy (one-hot) draft token d and the target's processed distribution p, accepting d with
-probability p(d) and otherwise sampling from p with d removed (renormalised) yields exactly p:
-P(out = d) = p(d); P(out = x != d) = (1 - p(d)) * p(x) / (1 - p(d)) = p(x).
+At temperature > 0 the draft logits are processed like the target's (temperature, top-k, top-p) into q,
+each draft token d is drawn from its row of q, and the verify accepts d with probability
+min(1, p(d) / q(d)), p being the target's processed distribution; at the first rejection the token is
+drawn from norm(max(0, p - q)), after a full accept the bonus from p. The output is distributed exactly
+as p: P(out = x) = min(p(x), q(x)) + (1 - sum min(p, q)) * max(0, p(x) - q(x)) / sum max(0, p - q) = p(x),
+and a draft is accepted with probability sum min(p, q) (z-lab's dflash 07ebd93, vLLM, SGLang). A drafter
+that proposes fixed tokens (one-hot q) is the special case: accept with p(d), else sample p without d.
 """
 
 from __future__ import annotations
@@ -65,20 +69,29 @@ def _top_p(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @dataclass
 class Draws:
-    """One step's randomness, drawn on the device: uniforms [D] that accept drafts, exponential noise
-    [D+1, V] that samples a token from each row (the exponential race: argmax p/E is distributed as p)."""
+    """A step's randomness, drawn on the device into buffers made once: uniforms [B-1] that accept drafts,
+    exponential noise [B, V] that samples the verify's own token from each row and [B-1, V] that samples
+    the drafts (the exponential race: argmax p/E is distributed as p)."""
 
     uniform: torch.Tensor
     noise: torch.Tensor
+    draft_noise: torch.Tensor
 
     @classmethod
     def empty(cls, rows: int, vocab: int, device: torch.device) -> Draws:
-        return cls(torch.empty(max(rows - 1, 0), device=device), torch.empty(rows, vocab, device=device))
+        drafts = max(rows - 1, 0)
+        return cls(torch.empty(drafts, device=device), torch.empty(rows, vocab, device=device),
+                   torch.empty(drafts, vocab, device=device))
 
-    def fill(self, generator: torch.Generator) -> Draws:
-        """New randomness in place (fixed-shape steps keep one set of buffers)."""
-        self.uniform.uniform_(generator=generator)
-        self.noise.exponential_(generator=generator)
+    def fill(self, generator: torch.Generator, rows: int | None = None) -> Draws:
+        """New randomness in place for a verify of `rows` tokens (default: all)."""
+        rows = self.noise.shape[0] if rows is None else rows
+        self.uniform[: rows - 1].uniform_(generator=generator)
+        self.noise[:rows].exponential_(generator=generator)
+        return self
+
+    def fill_drafts(self, generator: torch.Generator) -> Draws:
+        self.draft_noise.exponential_(generator=generator)
         return self
 
 
@@ -94,9 +107,21 @@ def first_token(logits: torch.Tensor, params: SamplingParams, draws: Draws | Non
     return sample(probabilities(logits, params), draws.noise[0])
 
 
+def draft_tokens(logits: torch.Tensor, params: SamplingParams, draws: Draws | None,
+                 q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Draft tokens from draft logits [D, V]: the argmax when greedy; otherwise drawn from q, the logits
+    processed like the target's, which is written into `q_out` [D, V] for the verify."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    q = probabilities(logits, params)
+    q_out.copy_(q)
+    return sample(q, draws.draft_noise[: q.shape[0]])
+
+
 def accept(logits: torch.Tensor, drafts: torch.Tensor, params: SamplingParams, draws: Draws | None,
-           remaining: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:
-    """The verify rule, on the device, with no host read: logits [T, V] of [last, d1..d(T-1)], drafts [T-1].
+           remaining: torch.Tensor, stop_ids: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+    """The verify rule, on the device, with no host read: logits [T, V] of [last, d1..d(T-1)], drafts [T-1]
+    and, when sampling, the drafter's processed distributions q [T-1, V] they were drawn from.
 
     Returns [T + 2] int64: tokens [T], whose first n are emitted, then n, then the accepted drafts.
     tokens[:accepted] are the accepted drafts, tokens[accepted] the target's own token (the correction at
@@ -111,10 +136,11 @@ def accept(logits: torch.Tensor, drafts: torch.Tensor, params: SamplingParams, d
         ok = tokens[: T - 1] == drafts
     else:
         probs = probabilities(logits, params)
-        picked = probs[: T - 1].gather(1, drafts[:, None])
-        ok = draws.uniform[: T - 1] < picked[:, 0]
-        residual = probs.clone()
-        residual[: T - 1].scatter_(1, drafts[:, None], 0.0)
+        q = q[: T - 1] if q is not None else probs[:0]  # no q: nothing was drafted (T = 1)
+        p_d = probs[: T - 1].gather(1, drafts[:, None])[:, 0]
+        q_d = q.gather(1, drafts[:, None])[:, 0]
+        ok = draws.uniform[: T - 1] * q_d < p_d  # u < p(d) / q(d)
+        residual = torch.cat(((probs[: T - 1] - q).clamp_(min=0.0), probs[T - 1 :]))
         resampled = sample(residual, draws.noise[:T])
         padded = torch.cat((drafts, drafts.new_zeros(1)))
         accepted = ok.long().cumprod(0).sum()

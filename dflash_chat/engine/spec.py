@@ -1,14 +1,13 @@
-"""The generation loop: prefill -> draft -> verify -> accept -> roll back, as a stream of events.
+"""The generation loop: prefill -> draft -> verify -> accept -> commit, as a stream of events.
 
-With a drafter (DFlash), each step drafts D <= B-1 tokens after the last token, verifies
-[last, d1..dD] in one target forward, keeps the accepted prefix plus the target's own next token, and
-rolls the target state back to the kept length (see state.py for how GDN state is rolled back). With
-no drafter the same loop decodes one token per step: the baseline every speedup is measured against.
-
-Two ways to run the decode steps, with the same results: eager steps (variable shapes, positions as
-host ints: the CPU default) and fixed-shape steps (fixed_steps.py: device-resident positions, always a
-B-token verify, captured as CUDA graphs on a GPU). `decode` chooses: "auto" (graphs on CUDA, eager
-elsewhere), "graphs", "fixed" (fixed shapes without capture) or "eager".
+With a drafter (DFlash), each step verifies [last, d1..dk] in one target forward, keeps the accepted
+prefix plus the target's own next token, and commits the target state to the kept length (see
+state.py). k is the draft setting's: a fixed number, none ("off"), or chosen per step by `auto` (see
+draft_length.py). With no drafter the same loop decodes one token per step: the baseline every
+speedup is measured against. The steps themselves (steps/) have fixed shapes and are captured as CUDA
+graphs on a GPU; `decode` chooses: "auto" (graphs on CUDA), "graphs", or "fixed" (the same steps
+uncaptured; "eager" is an older name for it). This module keeps the loop, prefix reuse, timing and
+the statistics.
 
 The engine remembers which tokens its state holds: a prompt that starts with them (the next chat
 turn) prefills only the new suffix. At the end of each prefill it keeps a snapshot of the state
@@ -21,18 +20,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Hashable, Iterator, Protocol
 
 import torch
 
+from dflash_chat.engine.draft_length import Acceptance, AutoDraft, Costs, parse_draft, verify_sizes
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.memory import PREFILL_CHUNK
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.sampling import Draws, SamplingParams, accept, first_token
+from dflash_chat.engine.sampling import Draws, SamplingParams, first_token
+from dflash_chat.engine.steps import Clock, Steps
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
+CONVERSATIONS = 64  # acceptance estimates kept (least recently used dropped)
+COST_ROUNDS = 2  # timed warm-up steps per verify size (the first is not counted)
 
 
 class Drafter(Protocol):
@@ -44,13 +48,10 @@ class Drafter(Protocol):
     def truncate(self, length: int) -> None: ...
     def append_context(self, features: torch.Tensor, start: int) -> None:
         """Take the target features [n, K*H] of the newly committed positions start-n .. start-1."""
-    def propose(self, last_token: int, start: int, length: int) -> torch.Tensor:
-        """The ids to verify, [last_token, d1..d_length], for positions start .. start+length."""
-    # fixed-shape steps
     def block_ids(self, device: torch.device) -> torch.Tensor:
         """The drafting block's input ids [B]; row 0 receives the last token."""
-    def draft_block(self, ids: torch.Tensor, span) -> torch.Tensor:
-        """B-1 drafts after ids[0] at the device positions `span`, without reading a host value."""
+    def draft_logits(self, ids: torch.Tensor, span) -> torch.Tensor:
+        """Logits [B-1, V] of the drafts after ids[0] at the device positions `span`, reading no host value."""
     def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Context from the target features [n, K*H] at device positions [n]."""
 
@@ -67,55 +68,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class _Clock:
-    """Marks on the device's timeline that cost no host wait: CUDA events, or perf_counter on the CPU.
-
-    A CUDA interval can be read only once the stream has passed its end mark; the engine reads each
-    step's intervals after the verify's copy of the accepted tokens, which is such a point.
-    """
-
-    def __init__(self, device: torch.device):
-        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-
-    def mark(self):
-        if self.stream is None:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(self.stream)
-        return event
-
-    def seconds(self, begin, end) -> float:
-        return begin.elapsed_time(end) / 1000 if self.stream is not None else end - begin
-
-    def wait(self, mark) -> None:
-        if self.stream is not None:
-            mark.synchronize()
-
-
-@dataclass
-class _Tail:
-    """The end of a step that runs after its tokens are known: rollback (verify time), then the
-    drafter's new context (draft time). Read at the next step, or when generation ends."""
-
-    verified: object
-    rolled_back: object
-    appended: object
-
-
 def decode_mode(requested: str, device: torch.device) -> str:
-    """The decode path for a device: "auto" is graphs on CUDA and eager steps elsewhere."""
+    """The decode path for a device: "auto" is graphs on CUDA and uncaptured fixed steps elsewhere."""
     if requested not in DECODE_MODES:
-        raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, not {requested!r}")
+        raise ValueError(f"decode must be one of {', '.join(DECODE_MODES[:3])}, not {requested!r}")
     if requested == "auto":
-        return "graphs" if device.type == "cuda" else "eager"
+        return "graphs" if device.type == "cuda" else "fixed"
     if requested == "graphs" and device.type != "cuda":
         return "fixed"  # CUDA graphs need a CUDA device; the same fixed-shape steps run uncaptured
-    return requested
+    return "fixed" if requested == "eager" else requested
 
 
 class Engine:
     def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, max_context: int = 4096,
-                 decode: str = "auto"):
+                 decode: str = "auto", draft: str | int = "auto"):
         self.target = target
         self.drafter = drafter
         self.max_context = max_context
@@ -128,15 +94,40 @@ class Engine:
             drafter.allocate(max_context + self.block_size)
         self.tokens: list[int] = []  # exactly the tokens the target state (and the drafter's context) holds
         self.snapshot: _Snapshot | None = None
-        self.clock = _Clock(self.device)
-        self.tail: _Tail | None = None
+        self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
-        self.fixed = None
-        if self.decode != "eager":
-            from dflash_chat.engine.fixed_steps import FixedSteps
+        self.acceptance: OrderedDict[Hashable, Acceptance] = OrderedDict()  # per conversation
+        self.overall = Acceptance.prior(max(self.block_size - 1, 0))  # over every answer: a new conversation's start
+        self.set_draft(draft)
 
-            self.fixed = FixedSteps(self, graphs=self.decode == "graphs")
-            self.decode = "graphs" if self.fixed.graphs else "fixed"
+    def set_draft(self, draft: str | int) -> None:
+        """The draft setting: "auto", "off" or a number of drafts per step (capped at the block's B-1).
+        The steps are rebuilt (and captured again on CUDA) for the verify sizes it uses."""
+        self.draft = parse_draft(draft)
+        self.sizes = verify_sizes(self.draft, self.block_size)
+        self.steps = Steps(self.target, self.drafter, self.state, taps=self.taps, sizes=self.sizes,
+                           graphs=self.decode == "graphs")
+        self.decode = "graphs" if self.steps.graphs is not None else "fixed"
+        self.costs: Costs | None = None  # auto's step costs, measured before its first answer
+        self.reset()
+
+    def _measure_costs(self) -> Costs:
+        """Seconds of a step of each verify size (and of a draft), run on an empty state; the state is reset."""
+        steps, clock = self.steps, Clock(self.device)
+        for T in self.sizes:
+            for _ in range(COST_ROUNDS):
+                steps.begin(0, 0, SamplingParams(), None)
+                if T > 1:
+                    clock.timed("draft", 0, steps.draft)
+                clock.timed("verify", T, self._verify, T, self.block_size)
+                steps.read()
+                steps.rewind()
+        seconds: dict[tuple[str, int], list[float]] = {}
+        for interval, sec in clock.ended(wait=True):
+            seconds.setdefault((interval.kind, interval.size), []).append(sec)
+        best = {key: min(values[1:] or values) for key, values in seconds.items()}  # the first warms up
+        self.reset()
+        return Costs({T: best["verify", T] for T in self.sizes}, best.get(("draft", 0), 0.0))
 
     # -- state bookkeeping --------------------------------------------------------
     def reset(self) -> None:
@@ -190,8 +181,11 @@ class Engine:
 
     # -- generation ---------------------------------------------------------------
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None
+        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None, *,
+        conversation: Hashable | None = None,
     ) -> Iterator[Event]:
+        """Answer `prompt_ids`. `conversation` keys the acceptance estimate `auto` keeps (e.g. the chat and
+        its thinking setting); without one, a prompt that reuses nothing of the last starts a new estimate."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -202,13 +196,17 @@ class Engine:
             )
         generator = torch.Generator(self.device)
         generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % (2**63)))
-        stats = GenerationStats(prompt_tokens=len(prompt), speculative=self.drafter is not None)
+        stats = GenerationStats(prompt_tokens=len(prompt), speculative=self.drafter is not None,
+                                draft=str(self.draft) if self.drafter is not None else "off")
         stats.acceptance_histogram = [0] * self.block_size
+        stats.draft_histogram = [0] * self.block_size
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        if self.costs is None and len(self.sizes) > 1:
+            self.costs = self._measure_costs()
         t0 = time.perf_counter()
         try:
-            yield from self._generate(prompt, params, cancel, generator, stats, t0)
+            yield from self._generate(prompt, params, cancel, generator, stats, t0, conversation)
         except torch.OutOfMemoryError:
             self.reset()
             stats.peak_memory_bytes = self._peak_memory()
@@ -221,31 +219,31 @@ class Engine:
             # in chunks: attention masks and context features stay small for long prompts
             for begin in range(reused, len(prompt), PREFILL_CHUNK):
                 chunk = prompt[begin : begin + PREFILL_CHUNK]
-                ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
-                final = begin + PREFILL_CHUNK >= len(prompt)
-                logits, feats = self.target(ids, self.state, logits="last" if final else None, taps=self.taps)
+                logits = self.steps.prefill(chunk, final=begin + PREFILL_CHUNK >= len(prompt))
                 self.tokens.extend(chunk)
-                self._extend_context(feats)
             self._take_snapshot(logits)
         return logits
 
-    def _extend_context(self, feats: torch.Tensor | None) -> None:
-        """Hand the drafter the features of the positions just committed (the last len(feats) tokens)."""
-        if feats is not None:
-            self.drafter.append_context(feats, len(self.tokens))
+    def _acceptance_for(self, conversation: Hashable | None, reused: int) -> Acceptance:
+        """The conversation's acceptance estimate, started from the one over all answers when it is new."""
+        if conversation is None:
+            conversation = ("unnamed",)
+            if not reused:
+                self.acceptance.pop(conversation, None)
+        estimate = self.acceptance.pop(conversation, None) or self.overall.copy()
+        self.acceptance[conversation] = estimate
+        while len(self.acceptance) > CONVERSATIONS:
+            self.acceptance.popitem(last=False)
+        return estimate
 
-    def _draws(self, rows: int, params: SamplingParams, generator) -> Draws | None:
-        if params.greedy:
-            return None
-        return Draws.empty(rows, self.target.cfg.vocab_size, self.device).fill(generator)
-
-    def _generate(self, prompt, params, cancel, generator, stats, t0) -> Iterator[Event]:
+    def _generate(self, prompt, params, cancel, generator, stats, t0, conversation) -> Iterator[Event]:
         logits = self._prefill(prompt, stats)
         _sync(self.device)
         stats.prefill_s = time.perf_counter() - t0
         yield Prefilled(len(prompt), stats.reused_tokens, stats.prefill_s)
 
-        last = int(first_token(logits, params, self._draws(1, params, generator)).item())
+        draws = None if params.greedy else Draws.empty(1, self.target.cfg.vocab_size, self.device).fill(generator)
+        last = int(first_token(logits, params, draws).item())
         stats.ttft_s = time.perf_counter() - t0
         stats.new_tokens = 1
         yield Step([last], 0, 0, 0.0, 0.0)
@@ -253,10 +251,13 @@ class Engine:
             yield self._finish("stop", stats)
             return
         decode_t0 = time.perf_counter()
-        self.tail = None
-        if self.fixed is not None:
-            self.fixed.begin(last, params, generator)
-        stop_ids = torch.tensor([*params.stop_token_ids, -1], dtype=torch.long, device=self.device)
+        acceptance = self._acceptance_for(conversation, stats.reused_tokens)
+        auto = AutoDraft(self.sizes, acceptance, self.costs) if self.costs is not None else None
+        steps, clock = self.steps, self.clock
+        steps.begin(last, len(self.tokens), params, generator)
+        T = auto.choose() if auto else self.sizes[-1]
+        if T > 1:
+            clock.timed("draft", 0, steps.draft)
         while True:
             if cancel is not None and cancel.is_set():
                 yield self._finish_decode("cancelled", stats, decode_t0)
@@ -265,89 +266,48 @@ class Engine:
             if remaining <= 0:
                 yield self._finish_decode("length", stats, decode_t0)
                 return
-            if self.fixed is not None:
-                step = self.fixed.step(remaining)
-            else:
-                step = self._step(last, min(self.block_size - 1, remaining - 1), params, generator, stop_ids, remaining)
-            emitted = step.token_ids
+            clock.timed("verify", T, self._verify, T, remaining)
+            ended = clock.ended()  # before the next draft is queued: it belongs to the next step
+            following = auto.choose() if auto else T
+            if following > 1:
+                clock.timed("draft", 0, steps.draft)  # queued before the read
+            out = steps.read()
+            self.tokens.append(last)
+            self.tokens.extend(out.tokens[:-1])
+            if T > 1:
+                acceptance.observe(T - 1, out.accepted)
+                self.overall.observe(T - 1, out.accepted)
+            draft_s, verify_s = self._count(ended, stats)
+            drafted = min(T - 1, remaining - 1)
+            step = Step(out.tokens, drafted, min(out.accepted, drafted), draft_s, verify_s)
             stats.steps += 1
-            stats.new_tokens += len(emitted)
+            stats.new_tokens += len(step.token_ids)
             stats.drafted += step.drafted
             stats.accepted += step.accepted
-            stats.acceptance_histogram[step.accepted] += 1
-            stats.draft_s += step.draft_s
-            stats.verify_s += step.verify_s
+            stats.draft_histogram[step.drafted] += 1
+            if step.drafted:
+                stats.acceptance_histogram[step.accepted] += 1
             yield step
-            last = emitted[-1]
+            last = out.tokens[-1]
             if last in params.stop_token_ids:
                 yield self._finish_decode("stop", stats, decode_t0)
                 return
+            T = following
 
-    def committed(self, last: int, emitted: list[int]) -> None:
-        """Host bookkeeping after a step kept `last` and all but the newest emitted token."""
-        self.tokens.append(last)
-        self.tokens.extend(emitted[:-1])
-        if self.drafter is not None:
-            self.drafter.ctx_len = len(self.tokens)
+    def _verify(self, T: int, remaining: int) -> None:
+        self.steps.verify(T, remaining)
+        self.steps.commit(T)
 
-    def _read_tail(self) -> tuple[float, float]:
-        """(draft, verify) seconds of the previous step's tail; the stream must have passed it."""
-        tail, self.tail = self.tail, None
-        if tail is None:
-            return 0.0, 0.0
-        return self.clock.seconds(tail.rolled_back, tail.appended), self.clock.seconds(tail.verified, tail.rolled_back)
-
-    def _step(self, last: int, draft_len: int, params, generator, stop_ids, remaining: int) -> Step:
-        """One eager decode step. Its only host wait is reading the verified tokens; its draft_s and verify_s
-        include the previous step's tail (see _Tail), so they add up to the whole decode."""
-        start = self.state.length
-        clock = self.clock
-        left = torch.full((), remaining, dtype=torch.long, device=self.device)
-        t0 = clock.mark()
-        if self.drafter is None or draft_len == 0:
-            ids = torch.full((1,), last, dtype=torch.long, device=self.device)
-            logits, feats = self.target(ids, self.state, logits="all", taps=self.taps)
-            t1 = clock.mark()
-            out = accept(logits, ids[1:], params, self._draws(1, params, generator), left, stop_ids).tolist()
-            tail_draft, tail_verify = self._read_tail()
-            verify_s = clock.seconds(t0, t1) + tail_verify
-            self.tokens.append(last)
-            appended = t1
-            if feats is not None:  # a drafter's engine on its last token
-                self._extend_context(feats)
-                appended = clock.mark()
-            self.tail = _Tail(t1, t1, appended)
-            return Step(out[:1], 0, 0, tail_draft, verify_s)
-
-        # the drafter always drafts a whole block (as it was trained, and as fixed-shape steps do); near the
-        # end of an answer only the first draft_len drafts are verified
-        ids = self._on_device(self.drafter.propose(last, start, self.block_size - 1)[: draft_len + 1])
-        t1 = clock.mark()
-        logits, feats = self.target(ids, self.state, logits="all", taps=self.taps, speculative=True)
-        T = ids.shape[0]
-        out = accept(logits, ids[1:], params, self._draws(T, params, generator), left, stop_ids)
-        t2 = clock.mark()
-        out = out.tolist()
-        keep, accepted = out[T], out[T + 1]
-        emitted = out[:keep]
-        tail_draft, tail_verify = self._read_tail()
-        draft_s = clock.seconds(t0, t1) + tail_draft
-        verify_s = clock.seconds(t1, t2) + tail_verify
-        self.target.rollback(self.state, keep)  # `last` plus every emitted token but the newest
-        self.tokens.append(last)
-        self.tokens.extend(emitted[:-1])
-        t3 = clock.mark()
-        self._extend_context(None if feats is None else feats[:keep])
-        self.tail = _Tail(t2, t3, clock.mark())
-        return Step(emitted, draft_len, accepted, draft_s, verify_s)
-
-    def _on_device(self, ids: torch.Tensor) -> torch.Tensor:
-        """A drafter's block on the target's device; from host memory without a blocking copy."""
-        if ids.device == self.device:
-            return ids
-        if self.device.type == "cuda":
-            return ids.pin_memory().to(self.device, non_blocking=True)
-        return ids.to(self.device)
+    def _count(self, ended, stats: GenerationStats) -> tuple[float, float]:
+        """(draft, verify) seconds of intervals that ended, added to the stats and to auto's costs."""
+        totals = {"draft": 0.0, "verify": 0.0}
+        for interval, seconds in ended:
+            totals[interval.kind] += seconds
+            if self.costs is not None:
+                self.costs.observe(interval.kind, interval.size, seconds)
+        stats.draft_s += totals["draft"]
+        stats.verify_s += totals["verify"]
+        return totals["draft"], totals["verify"]
 
     def _peak_memory(self) -> int:
         if self.device.type == "cuda":
@@ -359,16 +319,9 @@ class Engine:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
     def _finish_decode(self, reason: str, stats: GenerationStats, decode_t0: float) -> Finished:
-        """End after decoding: the last step's tail is waited for, counted, and part of decode_s."""
-        if self.fixed is not None:
-            draft_s, verify_s = self.fixed.finish()
-            stats.draft_s += draft_s
-            stats.verify_s += verify_s
-        elif self.tail is not None:
-            self.clock.wait(self.tail.appended)
-            draft_s, verify_s = self._read_tail()
-            stats.draft_s += draft_s
-            stats.verify_s += verify_s
+        """End after decoding: the queued work is waited for and counted (the last, unused draft is not)."""
+        self.clock.drop_last("draft")
+        self._count(self.clock.ended(wait=True), stats)
         stats.decode_s = time.perf_counter() - decode_t0
         return self._finish(reason, stats)
 

@@ -28,7 +28,7 @@ from tests.engine.helpers import run
 def same_as_ar(target, drafter, prompt, tokens: int) -> list[int]:
     params = SamplingParams(max_new_tokens=tokens)
     expected, _, _ = run(Engine(target, None, max_context=128, decode="fixed"), prompt, params)
-    got, finished, events = run(Engine(target, drafter, max_context=128, decode="fixed"), prompt, params)
+    got, finished, events = run(Engine(target, drafter, max_context=128, decode="fixed", draft=15), prompt, params)
     assert got == expected, f"DFlash {got} != AR {expected}"
     return [e.accepted for e in events[2:-1]]
 

@@ -43,7 +43,7 @@ def demo():
 
 def _trace(demo, drafter) -> list[tuple[tuple[int, ...], int, int]]:
     """Every verify step of greedy answers to the prompts: (tokens committed, drafted, accepted)."""
-    engine = Engine(demo["target"], drafter, max_context=1024)
+    engine = Engine(demo["target"], drafter, max_context=1024, draft=15)  # every step the same size: traces compare
     steps = []
     for prompt in demo["prompts"]:
         for event in engine.generate(prompt, SamplingParams(max_new_tokens=48)):

@@ -15,7 +15,7 @@ from tests.engine.helpers import run
 def test_event_order_and_statistics_add_up(tiny_dirs):
     target_dir, drafter_dir, _ = tiny_dirs["qwen3_5"]
     target = load_target(target_dir, "cpu", torch.float32)
-    engine = Engine(target, load_drafter(drafter_dir, target), max_context=256)
+    engine = Engine(target, load_drafter(drafter_dir, target), max_context=256, draft=15)
     tokens, finished, events = run(engine, [4, 5, 6, 7], SamplingParams(max_new_tokens=50))
     assert isinstance(events[0], Prefilled) and events[0].prompt_tokens == 4
     assert all(isinstance(e, Step) for e in events[1:-1]) and events[-1] is finished
@@ -23,7 +23,11 @@ def test_event_order_and_statistics_add_up(tiny_dirs):
     s = finished.stats
     steps = events[2:-1]
     assert len(tokens) == s.new_tokens == 50
-    assert s.steps == len(steps) == sum(s.acceptance_histogram)
+    assert s.steps == len(steps) == sum(s.draft_histogram)
+    assert sum(s.acceptance_histogram) == s.steps - s.draft_histogram[0]  # steps that verified drafts
+    assert s.draft == "15" and s.draft_histogram[0] == 1  # only the last step, with one token left, drafts nothing
+    assert all(e.drafted == min(15, 50 - sum(len(x.token_ids) for x in events[1:i]) - 1) for i, e in enumerate(steps, 2))
+    assert s.mean_draft_length == s.drafted / s.steps
     assert s.drafted == sum(e.drafted for e in steps) and s.accepted == sum(e.accepted for e in steps)
     assert s.acceptance_rate == s.accepted / s.drafted
     assert s.mean_acceptance_length == (s.new_tokens - 1) / s.steps

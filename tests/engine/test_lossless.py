@@ -32,7 +32,7 @@ def test_error_injecting_drafter_is_lossless_at_every_acceptance_length(arch, ti
         expected, _, _ = run(ar, prompt, params)
         ar.reset()
         oracle = OracleDrafter(prompt + expected, vocab, block_size=BLOCK, mode="uniform", seed=i)
-        spec = Engine(target, oracle, max_context=256)
+        spec = Engine(target, oracle, max_context=256, draft=BLOCK - 1)
         got, finished, events = run(spec, prompt, params)
         assert got == expected, f"prompt {i}: DFlash diverged from autoregressive decoding"
         for e in events[2:-1]:

@@ -1,7 +1,7 @@
 """The memory model (engine/memory.py) against the bytes the engine really holds.
 
 Real tiny pairs of each architecture are loaded by the real loader on the CPU (float32), run through
-a prefill and a few DFlash steps, and every tensor reachable from the Engine that is not a weight
+a prefill and a few DFlash steps (greedy, then sampled), and every tensor reachable from the Engine that is not a weight
 (parameters and registered buffers) is counted once per storage. That sum must match
 memory.state_bytes within 5%: an engine buffer the model leaves out, or a rule that drifts (the
 prefill chunk, the number of recurrent copies, the dtype), fails here.
@@ -54,9 +54,11 @@ def held_bytes(root) -> int:
 
 
 def loaded(target_dir, drafter_dir, context):
+    """An engine after a greedy answer and a sampled one (which makes the sampling buffers)."""
     engine = load_pair(target_dir, drafter_dir, device="cpu", max_context=context).engine
-    for _ in engine.generate(PROMPT, SamplingParams(max_new_tokens=16)):
-        pass
+    for params in (SamplingParams(max_new_tokens=16), SamplingParams(temperature=0.7, max_new_tokens=16, seed=1)):
+        for _ in engine.generate(PROMPT, params):
+            pass
     return engine
 
 
@@ -104,9 +106,9 @@ def test_sliding_window_layers_hold_only_their_window(tiny_dirs):
 
 
 def test_the_counter_sees_a_buffer_the_model_does_not_know(tiny_dirs, full_drafters):
-    """The measurement is not blind: one extra cache-sized tensor on the engine breaks the 5%."""
+    """The measurement is not blind: one extra copy of the target's KV caches on the engine breaks the 5%."""
     engine = loaded(tiny_dirs["qwen3_5"][0], full_drafters["qwen3_5"], CONTEXTS[0])
-    engine.extra = torch.zeros_like(engine.state.layers[1].k)
+    engine.extra = [torch.zeros_like(c.k) for c in engine.state.layers if hasattr(c, "k") for _ in "kv"]
     with pytest.raises(AssertionError):
         assert_close(held_bytes(engine), estimate(engine))
 

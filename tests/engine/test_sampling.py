@@ -1,14 +1,14 @@
-"""At T > 0 speculative decoding samples exactly the target's distribution."""
+"""At T > 0 speculative decoding samples exactly the target's distribution, with drafts drawn from the drafter's q."""
 
+import pytest
 import torch
 
-from dflash_chat.engine.load import load_target
+from dflash_chat.engine.load import load_drafter, load_target
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.oracle import OracleDrafter
-from dflash_chat.engine.sampling import Draws, SamplingParams, accept, probabilities
+from dflash_chat.engine.sampling import Draws, SamplingParams, accept, probabilities, sample
 from dflash_chat.engine.spec import Engine
 from tests.engine.helpers import run
-from tests.engine.tiny import write_target
+from tests.engine.tiny import write_drafter, write_target
 
 P_MIN = 1e-3  # reject the "same distribution" hypothesis only below this p-value
 
@@ -55,14 +55,16 @@ def test_top_k_and_top_p_keep_what_their_definitions_say():
             assert int((probs > 0).sum()) == n
 
 
-def _emitted(logits, draft, params, gen, stop_ids=(-1,), remaining=99) -> list[int]:
+def _emitted(logits, draft, params, gen, stop_ids=(-1,), remaining=99, q=None) -> list[int]:
     draws = Draws.empty(logits.shape[0], logits.shape[1], logits.device).fill(gen)
-    out = accept(logits, draft, params, draws, torch.tensor(remaining), torch.tensor(stop_ids)).tolist()
+    if q is None and not params.greedy:  # a drafter that proposes fixed tokens: one-hot q
+        q = torch.nn.functional.one_hot(draft, logits.shape[1]).float()
+    out = accept(logits, draft, params, draws, torch.tensor(remaining), torch.tensor(stop_ids), q).tolist()
     T = logits.shape[0]
     return out[: out[T]]
 
 
-def test_acceptance_rule_preserves_the_distribution_with_top_k_and_top_p():
+def test_acceptance_rule_preserves_the_distribution_with_fixed_drafts():
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 12, generator=gen) * 2
     draft = torch.tensor([3, 7, 1])  # fixed and often wrong
@@ -73,6 +75,31 @@ def test_acceptance_rule_preserves_the_distribution_with_top_k_and_top_p():
         emitted = _emitted(logits, draft, params, gen)
         counts[emitted[0]] += 1  # the first token out: draft[0] if accepted, else the target's own
     assert chi_square_p(counts, target) > P_MIN
+
+
+def test_acceptance_rule_preserves_the_distribution_with_sampled_drafts():
+    """Drafts drawn from a q unlike p (its own top-k): the first token out follows p, the next one after an
+    accepted draft follows p's next row, and the first draft is accepted with probability sum(min(p, q))."""
+    gen = torch.Generator().manual_seed(3)
+    V = 12
+    logits = torch.randn(3, V, generator=gen) * 2
+    params = SamplingParams(temperature=0.8, top_k=8, top_p=0.9)
+    q = probabilities(logits[:2] + torch.randn(2, V, generator=gen), SamplingParams(temperature=1.5, top_k=6))
+    first, second, accepted = torch.zeros(V), torch.zeros(V), 0
+    n = 4000
+    for _ in range(n):
+        draft = sample(q, torch.empty_like(q).exponential_(generator=gen))
+        emitted = _emitted(logits, draft, params, gen, q=q)
+        first[emitted[0]] += 1
+        if emitted[0] == draft[0]:  # accepted (a rejection never resamples the rejected draft)
+            accepted += 1
+            second[emitted[1]] += 1  # row 1 is p after the accepted draft
+    p = probabilities(logits, params)
+    assert chi_square_p(first, p[0]) > P_MIN
+    assert chi_square_p(second, p[1]) > P_MIN
+    rate = float(torch.minimum(p[0], q[0]).sum())
+    assert 0.1 < rate < 0.9
+    assert abs(accepted / n - rate) < 4 * (rate * (1 - rate) / n) ** 0.5 + 1e-9
 
 
 def test_acceptance_rule_resamples_later_positions_from_the_residual():
@@ -104,26 +131,96 @@ def test_acceptance_rule_cuts_at_a_stop_token_and_at_the_tokens_left():
     assert _emitted(logits, torch.tensor([2, 0, 7, 1]), greedy, None, stop_ids=(7, -1)) == [2, 5]
 
 
-def test_speculative_sampling_matches_the_target_distribution(tmp_path):
-    """Tokens 1-3 of 2000 seeded generations (a wrong-half-the-time drafter) against exact marginals."""
-    V = 12
-    write_target(tmp_path, "qwen3_5", seed=5, vocab_size=V, tokenizer=False)
-    model = load_target(tmp_path, "cpu", torch.float32)
-    prompt = [1, 4, 7]
-    params = SamplingParams(temperature=1.0, max_new_tokens=3)
-    exact = _exact_marginals(model, prompt, params, steps=3)
+V_SMALL = 12
 
-    draws = torch.zeros(3, V)
-    rng = torch.Generator().manual_seed(9)
-    for i in range(2000):
-        reference = prompt + torch.randint(0, V, (3,), generator=rng).tolist()
-        oracle = OracleDrafter(reference, V, accept_prob=0.5, seed=i)
-        engine = Engine(model, oracle, max_context=32)
-        tokens, _, _ = run(engine, prompt, SamplingParams(temperature=1.0, max_new_tokens=3, seed=i))
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    """A 12-token target and a random drafter for it: a drafter deliberately unlike its target."""
+    root = tmp_path_factory.mktemp("small")
+    write_target(root / "target", "qwen3_5", seed=5, vocab_size=V_SMALL, tokenizer=False)
+    model = load_target(root / "target", "cpu", torch.float32)
+    drafters = {}
+    for block in (4, 16):
+        write_drafter(root / f"drafter{block}", root / "target", seed=6, block_size=block)
+        drafters[block] = root / f"drafter{block}"
+    return model, drafters
+
+
+@pytest.mark.parametrize("block,draft", [(16, 15), (4, "auto")])
+def test_speculative_sampling_matches_the_target_distribution(block, draft, small_pair):
+    """Tokens 1-3 of 800 seeded generations with sampled drafts from a mismatched drafter against the exact
+    marginals: whole blocks of 16, and `auto` (plain steps or whole blocks) with a block of 4."""
+    model, drafters = small_pair
+    prompt = [1, 4, 7]
+    params = SamplingParams(temperature=0.9, top_k=10, max_new_tokens=3)
+    exact = _exact_marginals(model, prompt, params, steps=3)
+    engine = Engine(model, load_drafter(drafters[block], model), max_context=32, draft=draft)
+    counts = torch.zeros(3, V_SMALL)
+    accepted, plain_steps, drafted_steps = 0, 0, 0
+    for i in range(800):
+        engine.reset()
+        tokens, finished, _ = run(engine, prompt, SamplingParams(temperature=0.9, top_k=10, max_new_tokens=3, seed=i))
+        accepted += finished.stats.accepted
+        plain_steps += finished.stats.draft_histogram[0]
+        drafted_steps += sum(finished.stats.draft_histogram[1:])
         for pos, t in enumerate(tokens):
-            draws[pos, t] += 1
+            counts[pos, t] += 1
     for pos in range(3):
-        assert chi_square_p(draws[pos], exact[pos]) > P_MIN, f"token {pos + 1} is not distributed as the target's"
+        assert chi_square_p(counts[pos], exact[pos]) > P_MIN, f"token {pos + 1} is not distributed as the target's"
+    assert accepted > 10  # sampled drafts were accepted (and rejected): both branches ran
+    if draft == "auto":
+        assert plain_steps and drafted_steps  # both kinds of step, as auto chose
+
+
+def _draft_once(engine, prompt, last, params, generator):
+    """Prefill `prompt`, draft after `last` and verify the first draft: (q [B-1, V], drafts accepted)."""
+    engine.reset()
+    steps = engine.steps
+    steps.prefill(prompt, final=True)
+    engine.tokens = list(prompt)
+    steps.begin(last, len(prompt), params, generator)
+    steps.draft()
+    q = steps.q.clone()
+    steps.verify(2, 99)
+    steps.commit(2)
+    return q, steps.read().accepted
+
+
+def test_drafts_processed_q_and_acceptance_on_a_fixed_context(small_pair):
+    """q is the draft logits processed by the definitions (temperature, top-k, top-p), and the first draft is
+    accepted at the rate sum(min(p, q)) within sampling error."""
+    model, drafters = small_pair
+    drafter = load_drafter(drafters[16], model)
+    engine = Engine(model, drafter, max_context=32, draft=1)
+    prompt, last = [2, 9, 3, 1], 6
+    params = SamplingParams(temperature=0.7, top_k=8, top_p=0.9)
+    generator = torch.Generator().manual_seed(4)
+    q, _ = _draft_once(engine, prompt, last, params, generator)
+
+    context = Engine(model, drafter, max_context=32, draft="off")  # the drafter's logits by its eager view
+    context.steps.prefill(prompt, final=True)
+    draft_logits = drafter.logits(drafter.draft_hidden(last, len(prompt)))
+    torch.testing.assert_close(q, _definitional(draft_logits, params), rtol=1e-5, atol=1e-6)
+
+    logits, _ = model(torch.tensor(prompt + [last]), model.new_state(16), logits="last")
+    rate = float(torch.minimum(probabilities(logits, params), q[0]).sum())
+    n = 600
+    accepted = sum(_draft_once(engine, prompt, last, params, generator)[1] for _ in range(n))
+    assert 0.05 < rate < 0.95
+    assert abs(accepted / n - rate) < 4 * (rate * (1 - rate) / n) ** 0.5
+
+
+def _definitional(logits, params):
+    """Temperature, top-k, top-p by their definitions over the whole vocabulary, row by row."""
+    out = torch.zeros_like(logits)
+    for i, row in enumerate(logits):
+        order = torch.argsort(row, descending=True)
+        keep = order[: params.top_k] if params.top_k else order
+        p = torch.softmax(row[keep] / params.temperature, dim=-1)
+        n = int((torch.cumsum(p, 0) - p < params.top_p).sum())
+        out[i, keep[:n]] = p[:n] / p[:n].sum()
+    return out
 
 
 def _exact_marginals(model: TargetModel, prompt, params, steps):

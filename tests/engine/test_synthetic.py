@@ -82,8 +82,11 @@ def test_bench_synthetic_runs_on_the_cpu(tmp_path):
     for key in ("ar_step_ms", "ar_floor_ms", "verify_ms", "draft_ms", "copy_bytes_per_s", "ar_tokens_per_s"):
         assert figures[key] > 0, key
     assert all(n > 0 for n in figures["kernels_per_step"].values())
-    runs = {d["forced_acceptance_length"]: d for d in figures["dflash"]}
-    assert set(runs) == {3, 6} and all(d["identical_to_ar"] for d in runs.values())
-    assert runs[6]["mean_acceptance_length"] > runs[3]["mean_acceptance_length"] > 1
+    runs = {(d["draft"], d["forced_acceptance_length"]): d for d in figures["dflash"]}
+    assert set(runs) == {(draft, n) for draft in ("15", "auto") for n in (1, 3, 6)}
+    assert all(d["identical_to_ar"] for d in runs.values())
+    whole = {n: runs["15", n] for n in (1, 3, 6)}
+    assert whole[6]["mean_acceptance_length"] > whole[3]["mean_acceptance_length"] > whole[1]["mean_acceptance_length"]
+    assert all(d["mean_draft_length"] == 15 for d in whole.values())
     saved = list(tmp_path.glob("*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["date"] == figures["date"]

@@ -14,7 +14,7 @@ reads the state once (and writes it once when it updates it). On CUDA one Triton
 value head and a slice of the value dimension: it normalises its q and k, computes its gates and keeps
 the state tile in registers for all the tokens, so a layer's recurrence is one launch. Elsewhere the
 same arithmetic runs as torch ops: token by token for a few tokens, a chunk at a time (a triangular
-solve per chunk) for a verify's outputs and for prefill.
+solve per chunk, the chunk no longer than the tokens need) for a verify, its commit and prefill.
 """
 
 from __future__ import annotations
@@ -63,10 +63,19 @@ def mix(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor
         return _triton(qkv, b, a, A_log, dt_bias, state, heads, update, outputs, keep, out_dtype)
     q, k, v, g, beta = prepare(qkv, b, a, A_log, dt_bias, heads)
     H = g.shape[1]
-    if keep is not None or T < STEPWISE:
+    if T < STEPWISE:
         return reference(q, k, v, g, beta, state, update=update, outputs=outputs, keep=keep)
+    if keep is not None:  # tokens past `keep` change nothing: decay 1, no write
+        g, beta = masked_gates(g, beta, keep)
     q, k = per_value_head(q, H), per_value_head(k, H)
-    return chunked(q, k, v, g, beta, state if update else state.clone())
+    out = chunked(q, k, v, g, beta, state if update else state.clone(), chunk=min(CHUNK, 1 << (T - 1).bit_length()))
+    return out if outputs else None
+
+
+def masked_gates(g: torch.Tensor, beta: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """g and beta [T, H] with the tokens from `keep` on made no-ops (decay 1, beta 0)."""
+    live = torch.arange(g.shape[0], device=g.device)[:, None] < keep
+    return torch.where(live, g.float(), 0.0), torch.where(live, beta.float(), 0.0)
 
 
 def prepare(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
@@ -164,9 +173,8 @@ def reference(q, k, v, g, beta, state, *, update: bool, outputs: bool = True, ke
     T, H = g.shape
     q, k = per_value_head(q, H), per_value_head(k, H)
     g, beta = g.float(), beta.float()
-    if keep is not None:  # tokens past `keep` change nothing: decay 1, no write
-        live = torch.arange(T, device=g.device)[:, None] < keep
-        g, beta = torch.where(live, g, 0.0), torch.where(live, beta, 0.0)
+    if keep is not None:
+        g, beta = masked_gates(g, beta, keep)
     s = state if update else state.clone()
     out = torch.empty(T, H, v.shape[2], dtype=torch.float32, device=v.device) if outputs else None
     decay = g.exp()

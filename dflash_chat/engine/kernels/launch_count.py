@@ -173,7 +173,7 @@ def count_steps(name: str, mix: str = "Q4_K_M", layers: int = 4, block: int = 16
                                                span=Span.fixed(start, offsets, context)), target_layers)
             commit = warm_count(lambda: target.commit(state, keep), [])
             draft_ids = drafter.block_ids(torch.device("cpu"))
-            draft = warm_count(lambda: drafter.draft_block(draft_ids, Span.fixed(start, offsets, context)), [])
+            draft = warm_count(lambda: drafter.draft_logits(draft_ids, Span.fixed(start, offsets, context)), [])
     finally:
         synthetic.TARGETS[name] = saved
     return Steps(decode, verify, commit, draft, list(target.cfg.layer_types), len(drafter.layers))

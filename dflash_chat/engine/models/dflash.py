@@ -10,7 +10,7 @@ says it is causal (z-lab's reference: `is_causal=False`); sliding layers see onl
 reference: in effect a limit on how far back into the context a query sees.
 
 Inference keeps the context K/V of committed positions only (`append_context` adds the newly
-committed rows; `propose` drafts after them); `forward_train` runs many blocks over one sequence at once, for training.
+committed rows; `draft_logits` drafts after them); `forward_train` runs many blocks over one sequence at once, for training.
 """
 
 from __future__ import annotations
@@ -161,20 +161,10 @@ class DFlashDrafter(nn.Module):
 
     # -- inference --------------------------------------------------------------
     @torch.no_grad()
-    def propose(self, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
-        """Draft `length` (default B-1) tokens following `last_token` at position `start`.
-
-        Returns the block to verify, [last_token, greedy drafts x length], on the device.
-        """
-        ids = self._block_ids(last_token, start, length)
-        ids[1:] = self._lm_head(self._draft(ids, Span.eager(start, ids.shape[0], ids.device))).argmax(dim=-1)
-        return ids
-
-    @torch.no_grad()
-    def draft_block(self, ids: torch.Tensor, span: Span) -> torch.Tensor:
-        """Fixed-shape draft: `ids` [B] holds [last token, mask x (B-1)] at device positions `span`; the
-        context is every committed row below span.pos[0]. Returns the B-1 greedy drafts; reads no host value."""
-        return self._lm_head(self._draft(ids, span)).argmax(dim=-1)
+    def draft_logits(self, ids: torch.Tensor, span: Span) -> torch.Tensor:
+        """Draft logits [B-1, V] for the block `ids` [B] = [last token, mask x (B-1)] at device positions
+        `span`; the context is every committed row below span.pos[0]. Reads no host value."""
+        return self._lm_head(self._draft(ids, span))
 
     @torch.no_grad()
     def append_context(self, features: torch.Tensor, start: int) -> None:
@@ -198,7 +188,8 @@ class DFlashDrafter(nn.Module):
 
     @torch.no_grad()
     def draft_hidden(self, last_token: int, start: int, length: int | None = None) -> torch.Tensor:
-        """Final-normed hidden states [length, H] for the drafted positions (see `propose`)."""
+        """Final-normed hidden states [length, H] for the drafted positions after `last_token` at `start`
+        (length defaults to B-1), the context as appended: an eager view of what `draft_logits` computes."""
         ids = self._block_ids(last_token, start, length)
         return self._draft(ids, Span.eager(start, ids.shape[0], ids.device))
 

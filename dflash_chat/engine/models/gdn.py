@@ -95,20 +95,13 @@ class GatedDeltaNet(nn.Module):
         core = self.norm(core.to(x.dtype), z.reshape(T, self.num_v_heads, self.v_dim))  # (a kernel's are x.dtype)
         return self.out_proj(core.reshape(T, self.value_total))
 
-    def commit(self, cache: GDNCache, keep: int | torch.Tensor) -> None:
-        """State after only the first `keep` tokens of the last speculative forward (a host int, or a 0-d
-        device tensor >= 1): the recurrence re-run over the kept tokens' stored inputs, in place."""
-        rows = cache.conv.shape[0]
+    def commit(self, cache: GDNCache, keep: torch.Tensor) -> None:
+        """State after only the first `keep` tokens (a 0-d device tensor) of the last speculative forward: the
+        recurrence re-run over the kept tokens' stored inputs, in place (tokens past `keep` masked to no-ops)."""
         inputs = (cache.spec_qkv, cache.spec_b, cache.spec_a)
-        if isinstance(keep, int):
-            if keep:
-                gdn_kernel.mix(*(x[:keep] for x in inputs), self.A_log, self.dt_bias, cache.recurrent, self.heads,
-                               update=True, outputs=False)
-            cache.conv.copy_(cache.spec_window[keep : keep + rows])
-        else:
-            gdn_kernel.mix(*(x[: cache.pending] for x in inputs), self.A_log, self.dt_bias, cache.recurrent,
-                           self.heads, update=True, outputs=False, keep=keep)
-            torch.index_select(cache.spec_window, 0, keep + cache.window_rows, out=cache.conv)
+        gdn_kernel.mix(*(x[: cache.pending] for x in inputs), self.A_log, self.dt_bias, cache.recurrent,
+                       self.heads, update=True, outputs=False, keep=keep)
+        torch.index_select(cache.spec_window, 0, keep + cache.window_rows, out=cache.conv)
         cache.pending = 0
 
 

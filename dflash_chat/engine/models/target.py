@@ -160,16 +160,16 @@ class TargetModel(nn.Module):
         return out, feats
 
     def rollback(self, state: ModelState, keep: int) -> None:
-        """Keep only the first `keep` tokens of the last (eager) speculative forward."""
+        """Keep only the first `keep` tokens of the last speculative forward that advanced state.length."""
         if not state.pending:
             raise RuntimeError("rollback without a speculative forward")
         state.length = state.length - state.pending + keep
-        self.commit(state, keep)
+        self.commit(state, torch.tensor(keep, device=self.model.norm.weight.device))
         state.pending = 0
 
-    def commit(self, state: ModelState, keep: int | torch.Tensor) -> None:
-        """Bring every GDN layer to the state after the first `keep` tokens of the last speculative forward
-        (attention needs nothing: its rows past the length are ignored). `keep` may be a device tensor."""
+    def commit(self, state: ModelState, keep: torch.Tensor) -> None:
+        """Bring every GDN layer to the state after the first `keep` (a 0-d device tensor) tokens of the last
+        speculative forward (attention needs nothing: its rows past the length are ignored)."""
         for layer, cache in zip(self.model.layers, state.layers):
             if isinstance(cache, GDNCache):
                 layer.linear_attn.commit(cache, keep)

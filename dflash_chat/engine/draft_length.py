@@ -1,0 +1,133 @@
+"""How many drafts each step verifies: a fixed number, none, or `auto`.
+
+`auto` picks, before each step, the verify size T (T - 1 drafts; T = 1 is a plain decode step) with the
+most expected tokens per second, from
+- the acceptance per draft position: the probability that draft j is accepted when drafts 1..j-1 were,
+  counted online with a decay, per conversation (the engine keeps one estimate per conversation key),
+  started from the engine's running estimate over all answers;
+- the seconds of a step of each size on this device and model: measured at warm-up, then refreshed from
+  the step timings (an exponential average).
+Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
+estimate nothing, so while plain steps win, a short draft is tried now and then, less often each time it
+does not pay (the cost stays a few percent of plain decoding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
+PRIOR = 0.8  # per-position acceptance assumed before anything is seen
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind a fresh estimate
+COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
+PROBE_FIRST, PROBE_MAX = 4, 32  # plain steps between tries of a short draft: first, and at most
+
+
+def parse_draft(value) -> str | int:
+    """'auto', 'off', or a number of drafts per step (>= 1); anything else is a ValueError that says so."""
+    if isinstance(value, bool):
+        raise ValueError(f"draft must be auto, off or a number of drafts per step, not {value!r}")
+    if isinstance(value, int):
+        number = value
+    else:
+        text = str(value).strip().lower()
+        if text in ("auto", "off"):
+            return text
+        try:
+            number = int(text)
+        except ValueError:
+            raise ValueError(f"draft must be auto, off or a number of drafts per step, not {value!r}") from None
+    if number < 1:
+        raise ValueError(f"draft must be auto, off or a number of drafts per step (1 or more), not {value!r}")
+    return number
+
+
+def verify_sizes(draft: str | int, block: int) -> list[int]:
+    """The verify sizes a draft setting uses with a drafter of `block` tokens (1: a plain step)."""
+    if draft == "off" or block <= 1:
+        return [1]
+    if draft != "auto":
+        return [min(int(draft), block - 1) + 1]
+    sizes, T = [1], 4
+    while T < block:
+        sizes.append(T)
+        T *= 2
+    return sizes + [block]
+
+
+@dataclass
+class Acceptance:
+    """Per draft position: decayed counts of the tries and the accepts."""
+
+    tries: list[float]
+    hits: list[float]
+
+    @classmethod
+    def prior(cls, positions: int) -> Acceptance:
+        return cls([PRIOR_WEIGHT] * positions, [PRIOR * PRIOR_WEIGHT] * positions)
+
+    def copy(self, weight: float = PRIOR_WEIGHT) -> Acceptance:
+        """The same rates behind at most `weight` observations per position (a start that learns fast)."""
+        scale = [min(1.0, weight / t) if t else 1.0 for t in self.tries]
+        return Acceptance([t * s for t, s in zip(self.tries, scale)], [h * s for h, s in zip(self.hits, scale)])
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A step verified `drafted` drafts and accepted the first `accepted`: positions up to the first
+        rejection were tried."""
+        for j in range(min(accepted + 1, drafted)):
+            self.tries[j] = self.tries[j] * DECAY + 1.0
+            self.hits[j] = self.hits[j] * DECAY + (1.0 if j < accepted else 0.0)
+
+    def rates(self) -> list[float]:
+        return [h / t if t else 0.0 for h, t in zip(self.hits, self.tries)]
+
+    def expected_tokens(self, drafts: int) -> float:
+        total, run = 1.0, 1.0
+        for rate in self.rates()[:drafts]:
+            run *= rate
+            total += run
+        return total
+
+
+@dataclass
+class Costs:
+    """Seconds per step of each verify size (verify, accept and commit) and of a draft."""
+
+    verify: dict[int, float]
+    draft: float
+
+    def step(self, T: int) -> float:
+        return self.verify[T] + (self.draft if T > 1 else 0.0)
+
+    def observe(self, kind: str, T: int, seconds: float) -> None:
+        if kind == "draft":
+            self.draft += COST_ALPHA * (seconds - self.draft)
+        elif T in self.verify:
+            self.verify[T] += COST_ALPHA * (seconds - self.verify[T])
+
+
+@dataclass
+class AutoDraft:
+    """`auto`'s choice for one answer: the conversation's acceptance, the engine's costs."""
+
+    sizes: list[int]
+    acceptance: Acceptance
+    costs: Costs
+    plain_run: int = 0  # plain steps in a row
+    probe_every: int = PROBE_FIRST
+    probing: bool = field(default=False, init=False)
+
+    def choose(self) -> int:
+        """The verify size of the next step."""
+        rate = {T: self.acceptance.expected_tokens(T - 1) / self.costs.step(T) for T in self.sizes}
+        best = max(self.sizes, key=lambda T: rate[T])
+        self.probing = False
+        if best > 1:
+            self.plain_run, self.probe_every = 0, PROBE_FIRST
+            return best
+        self.plain_run += 1
+        if len(self.sizes) > 1 and self.plain_run >= self.probe_every:
+            self.plain_run, self.probe_every = 0, min(PROBE_MAX, 2 * self.probe_every)
+            self.probing = True
+            return self.sizes[1]
+        return 1

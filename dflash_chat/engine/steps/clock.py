@@ -1,0 +1,61 @@
+"""The one clock of the decode loop: marks on the device's timeline that cost no host wait.
+
+On CUDA a mark is an event recorded on the current stream and an interval can be read once the stream
+has passed its end mark (the loop reads each step's intervals after the step's host read, or at the end
+of an answer); on the CPU a mark is perf_counter().
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Interval:
+    kind: str  # "draft" or "verify" (a verify interval includes its accept and commit)
+    size: int  # tokens verified (0 for a draft)
+    begin: object
+    end: object
+
+
+class Clock:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pending: list[Interval] = []
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, begin, end) -> float:
+        return begin.elapsed_time(end) / 1000 if self.cuda else end - begin
+
+    def timed(self, kind: str, size: int, fn, *args) -> None:
+        """Run fn(*args) between two marks; the interval is counted by `ended`."""
+        begin = self.mark()
+        fn(*args)
+        self.pending.append(Interval(kind, size, begin, self.mark()))
+
+    def ended(self, wait: bool = False) -> list[tuple[Interval, float]]:
+        """The intervals the device has finished (all of them, waiting, when `wait`) with their seconds."""
+        done, left = [], []
+        for it in self.pending:
+            if not self.cuda or wait or it.end.query():
+                if self.cuda:
+                    it.end.synchronize()
+                done.append((it, self.seconds(it.begin, it.end)))
+            else:
+                left.append(it)
+        self.pending = left
+        return done
+
+    def drop_last(self, kind: str) -> None:
+        """Forget the newest interval if it is of `kind` (an unused draft at the end of an answer)."""
+        if self.pending and self.pending[-1].kind == kind:
+            self.pending.pop()

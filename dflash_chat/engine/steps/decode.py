@@ -1,0 +1,224 @@
+"""`Steps`: the fixed-shape decode steps (see the package docstring), captured per size on CUDA."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from dflash_chat.engine.models.span import Span
+from dflash_chat.engine.sampling import Draws, SamplingParams, accept, draft_tokens
+
+MAX_STOPS = 16  # stop ids a step checks on the device (the chat templates use 2-3)
+_WARM_REMAINING = 1 << 30  # tokens left while warming up: no step is cut short
+
+
+@dataclass(frozen=True)
+class StepResult:
+    tokens: list[int]  # the n tokens the step emitted
+    accepted: int  # drafts the verify accepted (before the cut at a stop token or the tokens left)
+
+
+class Steps:
+    def __init__(self, target, drafter, state, *, taps: list[int] | None, sizes: list[int], graphs: bool):
+        """`sizes`: the verify sizes T in use (1 is a plain decode step; at most the drafter's block)."""
+        self.target, self.drafter, self.state, self.taps = target, drafter, state, taps
+        self.device = dev = target.model.norm.weight.device
+        self.B = drafter.block_size if drafter else 1
+        self.sizes = sorted(set(sizes))
+        if self.sizes[0] < 1 or self.sizes[-1] > self.B:
+            raise ValueError(f"verify sizes must be within 1..{self.B}, not {self.sizes}")
+        self.rows = state.max_len  # cache rows a captured step's reference path reads
+        long = dict(dtype=torch.long, device=dev)
+        self.start = torch.zeros((), **long)  # committed length
+        self.remaining = torch.zeros((), **long)  # tokens the answer may still emit
+        self.stop_ids = torch.full((MAX_STOPS,), -1, **long)
+        self.offsets = torch.arange(self.B, **long)
+        self.block = drafter.block_ids(dev) if drafter else None  # the drafter's input
+        self.ids = torch.zeros(self.B, **long)  # the verify input: [last, drafts]
+        self.result = torch.zeros(self.B + 2, **long)  # [tokens (first T), ..., n, accepted]
+        self.host = torch.zeros(self.B + 2, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.ready = None  # the event after the result's copy to the host (CUDA)
+        self.outputs: dict[int, tuple] = {}  # T -> (logits, feats) of the last verify of that size
+        self.q: torch.Tensor | None = None  # [B-1, V]: the drafts' processed distributions (sampling)
+        self.draws: Draws | None = None
+        self.params = SamplingParams()
+        self.generator: torch.Generator | None = None
+        self.length = 0  # committed positions, on the host (known after each read)
+        self.host_s = 0.0  # host time in the decode entry points: issuing them and reading results (not the wait)
+        self.graphs: dict | None = None
+        self.static = graphs  # captured steps read every cache row on a reference path (no host length)
+        if graphs:
+            try:
+                self._capture_all()
+            except Exception as exc:  # noqa: BLE001 - any failure means: run the same steps uncaptured
+                warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding without graphs")
+                self.graphs = None
+                self.static = False
+                torch.cuda.synchronize(dev)
+
+    # -- prefill (variable shapes, positions on the host) ------------------------------
+    def prefill(self, ids: list[int], final: bool) -> torch.Tensor | None:
+        """Run prompt tokens at the state's length; the drafter gets their context. Logits of the last when final."""
+        tensor = torch.tensor(ids, dtype=torch.long, device=self.device)
+        logits, feats = self.target(tensor, self.state, logits="last" if final else None, taps=self.taps)
+        if feats is not None:
+            self.drafter.append_context(feats, self.state.length)
+        return logits
+
+    # -- the entry points (fixed shapes, no host reads) ------------------------------
+    def _span(self, T: int) -> Span:
+        bound = self.rows if self.static else min(self.rows, self.length + T)
+        return Span.fixed(self.start, self.offsets[:T], bound)
+
+    def _draft(self) -> None:
+        self.block[:1].copy_(self.ids[:1])
+        logits = self.drafter.draft_logits(self.block, self._span(self.B))
+        self.ids[1:].copy_(draft_tokens(logits, self.params, self.draws, self.q))
+
+    def _verify(self, T: int) -> None:
+        self.outputs[T] = self.target(self.ids[:T], self.state, logits="all", taps=self.taps, speculative=T > 1,
+                                      span=self._span(T))
+
+    def _accept(self, T: int) -> None:
+        logits = self.outputs[T][0]
+        out = accept(logits, self.ids[1:T], self.params, self.draws, self.remaining, self.stop_ids, self.q)
+        self.result[:T].copy_(out[:T])
+        self.result[self.B :].copy_(out[T:])
+
+    def _commit(self, T: int) -> None:
+        n = self.result[self.B]
+        feats = self.outputs[T][1]
+        if T > 1:
+            self.target.commit(self.state, n)
+        if feats is not None:
+            self.drafter.store_context(feats, self._span(T).pos)
+        self.ids[:1].copy_(self.result.index_select(0, n - 1))
+        self.start.add_(n)
+        self.remaining.sub_(n)
+
+    # -- graphs ------------------------------------------------------------------------
+    def _sampling_key(self) -> tuple:
+        p = self.params
+        return () if p.greedy else (p.temperature, p.top_k, p.top_p)
+
+    def _function(self, key: tuple):
+        kind = key[0]
+        if kind == "draft":
+            return self._draft
+        T = key[1]
+        return {"verify": lambda: self._verify(T), "accept": lambda: self._accept(T),
+                "commit": lambda: self._commit(T)}[kind]
+
+    def _step_keys(self, T: int) -> list[tuple]:
+        keys = [("draft", self._sampling_key())] if T > 1 else []
+        return keys + [("verify", T), ("accept", T, self._sampling_key()), ("commit", T)]
+
+    def _capture_all(self) -> None:
+        """Warm every size's entry points up in step order, then capture each. Nothing runs during a capture,
+        so every capture reads buffers that hold real values (accept and commit read verify's outputs)."""
+        self.remaining.fill_(_WARM_REMAINING)
+        keys = list(dict.fromkeys(k for T in self.sizes for k in self._step_keys(T)))
+        self._warm_up(keys)
+        self.graphs = {key: self._capture(self._function(key)) for key in keys}
+        self.rewind()
+
+    def _warm_up(self, keys: list[tuple]) -> None:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # first-use checks, Triton compiles, allocator warm-up
+                for key in keys:
+                    self._function(key)()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def _capture(self, fn) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph
+
+    def _run(self, key: tuple) -> None:
+        graph = self.graphs.get(key) if self.graphs is not None else None
+        if graph is not None:
+            graph.replay()
+            return
+        if self.graphs is not None and key[0] in ("draft", "accept"):  # a sampling setting seen for the first time
+            try:
+                self._warm_up([key])  # draft and accept are pure: warming them up changes nothing
+                self.graphs[key] = self._capture(self._function(key))
+                self.graphs[key].replay()
+                return
+            except Exception as exc:  # noqa: BLE001
+                warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding without graphs")
+                self.graphs = None
+                self.static = False
+        self._function(key)()
+
+    # -- one answer: the seam the loop drives ----------------------------------------------
+    def begin(self, last: int, length: int, params: SamplingParams, generator: torch.Generator) -> None:
+        """Start decoding after a prefill: the state holds `length` tokens, `last` is the newest token."""
+        stops = list(params.stop_token_ids)[:MAX_STOPS]
+        self.stop_ids.fill_(-1)
+        if stops:
+            self.stop_ids[: len(stops)].copy_(torch.tensor(stops, dtype=torch.long), non_blocking=True)
+        self.length = length
+        self.start.fill_(length)
+        self.ids[:1].fill_(last)
+        self.params, self.generator = params, generator
+        if not params.greedy and self.draws is None:
+            self.draws = Draws.empty(self.B, self.target.cfg.vocab_size, self.device)
+            if self.drafter is not None:
+                self.q = torch.zeros(self.B - 1, self.target.cfg.vocab_size, device=self.device)
+
+    def draft(self) -> None:
+        """Queue the drafts after the last token (the drafter always drafts its whole block)."""
+        issued = time.perf_counter()
+        if not self.params.greedy:
+            self.draws.fill_drafts(self.generator)
+        self._run(("draft", self._sampling_key()))
+        self.host_s += time.perf_counter() - issued
+
+    def verify(self, T: int, remaining: int) -> None:
+        """Verify [last, d1..d(T-1)]: the target's forward and the verify rule; `remaining` >= 1 tokens may come."""
+        issued = time.perf_counter()
+        self.remaining.fill_(remaining)
+        if not self.params.greedy:
+            self.draws.fill(self.generator, T)
+        self._run(("verify", T))
+        self._run(("accept", T, self._sampling_key()))
+        self.host_s += time.perf_counter() - issued
+
+    def commit(self, T: int) -> None:
+        """Keep what the verify accepted and queue its result for the host."""
+        issued = time.perf_counter()
+        self._run(("commit", T))
+        self.host.copy_(self.result, non_blocking=True)
+        if self.device.type == "cuda":
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        self.host_s += time.perf_counter() - issued
+
+    def read(self) -> StepResult:
+        """The step's one host read: its tokens (the work queued after the commit goes on meanwhile)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        issued = time.perf_counter()
+        out = self.host.tolist()
+        n, accepted = out[self.B], out[self.B + 1]
+        self.length += n
+        self.state.length = self.length
+        if self.drafter is not None:
+            self.drafter.ctx_len = self.length
+        self.host_s += time.perf_counter() - issued
+        return StepResult(out[:n], accepted)
+
+    def rewind(self) -> None:
+        """Back to an empty state after warm-up runs (the caller resets what the state holds)."""
+        self.length = 0
+        self.start.zero_()
+        self.state.reset()
+        if self.drafter is not None:
+            self.drafter.truncate(0)

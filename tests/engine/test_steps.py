@@ -1,0 +1,230 @@
+"""The decode steps (steps/: device-resident positions, fixed shapes, captured as CUDA graphs on a GPU) give
+plain decoding's tokens at every draft setting, and their entry points read nothing from the device."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from dflash_chat.engine.events import Finished, Step
+from dflash_chat.engine.load import load_drafter, load_pair, load_target
+from dflash_chat.engine.oracle import OracleDrafter
+from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.spec import Engine
+from tests.engine.conftest import ARCHS
+from tests.engine.helpers import prefilled, run
+from tests.engine.sync_free import HostRead, NoHostReads
+
+DRAFTS = ("off", 1, 7, 15, "auto")
+
+
+def _prompts(vocab, n, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(3, 30))] for _ in range(n)]
+
+
+def _pair(tiny_dirs, arch, decode="auto", draft="auto"):
+    target_dir, drafter_dir, _ = tiny_dirs[arch]
+    target = load_target(target_dir, "cpu", torch.float32)
+    return Engine(target, load_drafter(drafter_dir, target), max_context=200, decode=decode, draft=draft)
+
+
+def test_the_modes_resolve_per_device():
+    from dflash_chat.engine.spec import decode_mode
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert decode_mode("auto", cpu) == "fixed" and decode_mode("auto", cuda) == "graphs"
+    assert decode_mode("graphs", cpu) == "fixed"  # graphs need CUDA; the same steps run uncaptured
+    assert decode_mode("eager", cpu) == "fixed"  # the older name of uncaptured steps
+    with pytest.raises(ValueError, match="decode must be one of"):
+        decode_mode("fast", cpu)
+
+
+def test_the_draft_setting_is_checked_and_sized():
+    from dflash_chat.engine.draft_length import parse_draft, verify_sizes
+
+    assert [parse_draft(v) for v in ("auto", "OFF", " 7 ", 3)] == ["auto", "off", 7, 3]
+    for bad in ("0", "-2", "fast", "1.5", True):
+        with pytest.raises(ValueError, match="draft must be auto, off or a number"):
+            parse_draft(bad)
+    assert verify_sizes("auto", 16) == [1, 4, 8, 16] and verify_sizes("auto", 8) == [1, 4, 8]
+    assert verify_sizes(40, 16) == [16] and verify_sizes(3, 16) == [4] and verify_sizes("off", 16) == [1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_drafting_gives_plain_decodings_tokens_at_every_draft_setting(arch, tiny_dirs):
+    target = load_target(tiny_dirs[arch][0], "cpu", torch.float32)
+    plain = Engine(target, None, max_context=200)
+    vocab = target.cfg.vocab_size
+    prompts = list(zip(_prompts(vocab, 3, seed=3), (37, 5, 60)))  # 37 and 5 end inside a block
+    expected = [run(plain, prompt, SamplingParams(max_new_tokens=n))[0] for prompt, n in prompts]
+    for draft in DRAFTS:
+        engine = Engine(target, load_drafter(tiny_dirs[arch][1], target), max_context=200, draft=draft)
+        for (prompt, n), want in zip(prompts, expected):
+            got, finished, _ = run(engine, prompt, SamplingParams(max_new_tokens=n))
+            assert got == want, f"draft {draft}"
+            s = finished.stats
+            assert s.draft == str(draft) and s.new_tokens == n and sum(s.draft_histogram) == s.steps
+            if draft == "off":
+                assert s.drafted == 0 and s.steps == n - 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_acceptance_length_is_lossless(arch, tiny_dirs):
+    target = load_target(tiny_dirs[arch][0], "cpu", torch.float32)
+    vocab = target.cfg.vocab_size
+    plain = Engine(target, None, max_context=160)
+    lengths = set()
+    for i, prompt in enumerate(_prompts(vocab, 8, seed=11)):
+        params = SamplingParams(max_new_tokens=40)
+        expected, _, _ = run(plain, prompt, params)
+        oracle = OracleDrafter(prompt + expected, vocab, mode="uniform", seed=i)
+        got, finished, _ = run(Engine(target, oracle, max_context=160, draft=15), prompt, params)
+        assert got == expected
+        lengths |= {k for k, c in enumerate(finished.stats.acceptance_histogram) if c}
+    assert len(lengths) >= 10, f"acceptance lengths seen: {sorted(lengths)}"
+
+
+def test_the_demo_pair_drafts_losslessly_at_every_draft_setting():
+    pytest.importorskip("tokenizers")
+    from dflash_chat.demo import demo_available, demo_paths
+
+    if not demo_available():
+        pytest.skip("this install has no demo pair")
+    from dflash_chat.chat.prompt import build_prompt
+    from dflash_chat.train.evaluate import demo_heldout_prompts
+
+    target_dir, drafter_dir = demo_paths()
+    plain = load_pair(target_dir, None, device="cpu", max_context=512)
+    for draft in (15, "auto"):
+        spec = load_pair(target_dir, drafter_dir, device="cpu", max_context=512, draft=draft)
+        accepted = steps = 0
+        for messages in demo_heldout_prompts()[:3]:
+            prompt = build_prompt(plain.tokenizer, messages, thinking=False).ids
+            params = SamplingParams(max_new_tokens=45)
+            got, finished, _ = run(spec.engine, prompt, params)
+            assert got == run(plain.engine, prompt, params)[0]
+            accepted, steps = accepted + finished.stats.accepted, steps + finished.stats.steps
+        assert accepted > 2 * steps  # the trained drafter's taps and context work on these steps
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefix_reuse_across_turns(arch, tiny_dirs):
+    engine = _pair(tiny_dirs, arch)
+    params = SamplingParams(max_new_tokens=21)
+    turn1 = [11, 12, 13, 14, 15, 16]
+    answer, _, _ = run(engine, turn1, params)
+    turn2 = turn1 + answer + [21, 22, 23]
+    continued, _, events = run(engine, turn2, params)
+    assert prefilled(events).reused_tokens == len(turn1) + len(answer) - 1
+    engine.reset()
+    assert run(engine, turn2, params)[0] == continued
+
+
+def test_cancel_and_stop(tiny_dirs):
+    engine = _pair(tiny_dirs, "qwen3_5", draft=15)
+    prompt = [1, 2, 3, 4]
+    full, _, _ = run(engine, prompt, SamplingParams(max_new_tokens=40))
+    # a stop token inside a block ends the answer there
+    stop = full[17]
+    got, finished, _ = run(engine, prompt, SamplingParams(max_new_tokens=40, stop_token_ids=(stop,)))
+    assert got == full[: full.index(stop) + 1] and finished.reason == "stop"
+    # cancelling keeps what was produced and leaves a state the next turn reuses
+    engine.reset()
+    cancel, produced = threading.Event(), []
+    for event in engine.generate(prompt, SamplingParams(max_new_tokens=40), cancel):
+        if isinstance(event, Step):
+            produced.extend(event.token_ids)
+            cancel.set()
+        elif isinstance(event, Finished):
+            assert event.reason == "cancelled"
+    assert produced == full[: len(produced)]
+    nxt = prompt + produced + [9]
+    _, _, events = run(engine, nxt, SamplingParams(max_new_tokens=5))
+    assert prefilled(events).reused_tokens == len(prompt) + len(produced) - 1
+
+
+@pytest.mark.parametrize("draft", [15, 3])
+def test_seeded_sampling_is_reproducible(draft, tiny_dirs):
+    """For a fixed draft setting (auto's choices follow the timings, and with them the draws)."""
+    engine = _pair(tiny_dirs, "qwen3_5", draft=draft)
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, max_new_tokens=30, seed=7)
+    first, _, _ = run(engine, [3, 4, 5], params)
+    engine.reset()
+    assert run(engine, [3, 4, 5], params)[0] == first
+
+
+def test_the_host_read_check_can_fail():
+    t = torch.arange(4)
+    for read in (lambda: t.tolist(), lambda: t[1].item(), lambda: int(t[2]), lambda: t.nonzero(),
+                 lambda: t[t > 1], lambda: bool(t.sum() > 0)):
+        with pytest.raises(HostRead), NoHostReads():
+            read()
+    with NoHostReads():
+        torch.where(t > 1, t, 0).cumsum(0).argmax()  # device-side logic is fine
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("sampling", [False, True])
+def test_step_entry_points_read_nothing_from_the_device(arch, sampling, tiny_dirs):
+    params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=1) if sampling else SamplingParams()
+    for drafted in (True, False):
+        engine = _pair(tiny_dirs, arch)
+        if not drafted:
+            engine = Engine(engine.target, None, max_context=200)
+        run(engine, [5, 6, 7, 8], SamplingParams(max_new_tokens=3))  # a prefill and a few steps first
+        steps = engine.steps
+        steps.begin(3, len(engine.tokens), params, torch.Generator().manual_seed(0))
+        for T in engine.sizes:
+            start = steps.start.clone()
+            with NoHostReads():  # raises on any read of a device value
+                if T > 1:
+                    steps.draft()
+                steps.verify(T, 10)
+                steps.commit(T)
+            assert steps.start.item() > start.item()  # the step really ran: at least one token committed
+            steps.read()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_give_the_uncaptured_tokens(arch, dtype, tiny_dirs):
+    """On the GPU: the captured steps and the same steps uncaptured agree at every draft setting (fp32 and bf16:
+    token for token, as both run the same kernels on the same shapes), and fp32 equals plain decoding."""
+    target_dir, drafter_dir, _ = tiny_dirs[arch]
+    target = load_target(target_dir, "cuda", dtype)
+    plain = Engine(target, None, max_context=200, decode="graphs")
+    assert plain.decode == "graphs"
+    for draft in (15, "auto", 3):
+        engines = {mode: Engine(target, load_drafter(drafter_dir, target), max_context=200, decode=mode, draft=draft)
+                   for mode in ("graphs", "fixed")}
+        assert engines["graphs"].decode == "graphs", "capture failed (see the warning)"
+        for prompt, n in zip(_prompts(target.cfg.vocab_size, 3, seed=5), (37, 16, 50)):
+            params = SamplingParams(max_new_tokens=n)
+            captured = run(engines["graphs"], prompt, params)[0]
+            assert captured == run(engines["fixed"], prompt, params)[0]
+            if dtype == torch.float32:
+                assert captured == run(plain, prompt, params)[0]
+
+
+@cuda
+@pytest.mark.gpu
+def test_cuda_graphs_sample_drafts_on_the_device(tiny_dirs):
+    target = load_target(tiny_dirs["qwen3_5"][0], "cuda", torch.bfloat16)
+    engine = Engine(target, load_drafter(tiny_dirs["qwen3_5"][1], target), max_context=200, decode="graphs")
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=40, seed=3)
+    first, finished, _ = run(engine, [3, 4, 5], params)
+    assert finished.reason == "length" and len(first) == 40
+    engine.reset()
+    assert run(engine, [3, 4, 5], params)[0] == first
+    sampling = (0.8, 20, 0.9)
+    assert ("draft", sampling) in engine.steps.graphs  # captured for this setting
+    assert any(key[0] == "accept" and key[2] == sampling for key in engine.steps.graphs)
