@@ -87,6 +87,6 @@ def test_bench_synthetic_runs_on_the_cpu(tmp_path):
     assert all(d["identical_to_ar"] for d in runs.values())
     whole = {n: runs["15", n] for n in (1, 3, 6)}
     assert whole[6]["mean_acceptance_length"] > whole[3]["mean_acceptance_length"] > whole[1]["mean_acceptance_length"]
-    assert all(d["mean_draft_length"] == 15 for d in whole.values())
+    assert runs["auto", 1]["mean_draft_length"] < whole[1]["mean_draft_length"]  # no drafts accepted: auto drafts less
     saved = list(tmp_path.glob("*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["date"] == figures["date"]
