@@ -11,6 +11,7 @@ import torch
 
 from dflash_chat.engine.events import Finished, Step
 from dflash_chat.engine.load import load_drafter, load_pair, load_target
+from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.oracle import OracleDrafter
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
@@ -115,6 +116,30 @@ def test_prefix_reuse_across_turns_on_fixed_steps(arch, tiny_dirs):
     fresh, _, _ = run(eager, turn2, params)
     fixed.reset()
     assert run(fixed, turn2, params)[0] == fresh
+
+
+@pytest.mark.parametrize("causal, layers", [(None, [True, False]), (False, [False, False])])
+@torch.no_grad()
+def test_fixed_shape_drafts_are_the_eager_drafts(tiny_dirs, causal, layers):
+    """The tiny drafter's sliding layer (window 8 < block 16, a ring of 24 cache rows) causal as the checkpoint
+    leaves it, or bidirectional: draft_block (device positions, whole caches read under a length mask) drafts
+    what propose drafts, before the ring wraps (the eager step reads plain rows) and after."""
+    target_dir, drafter_dir, _ = tiny_dirs["qwen3"]
+    target = load_target(target_dir, "cpu", torch.float32)
+    eager, fixed = (load_drafter(drafter_dir, target, causal=causal) for _ in range(2))
+    assert [layer.self_attn.causal for layer in fixed.layers] == layers
+    rows = 64
+    eager.allocate(rows)
+    fixed.allocate(rows)
+    features = torch.randn(50, 2 * target.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    block = fixed.block_ids(torch.device("cpu"))
+    offsets = torch.arange(fixed.block_size)
+    for start, end in ((0, 5), (5, 13), (13, 14), (14, 31), (31, 40)):
+        eager.append_context(features[start:end], end)
+        fixed.store_context(features[start:end], torch.arange(start, end))
+        block[0] = end % 50
+        got = fixed.draft_block(block, Span.fixed(torch.tensor(end), offsets, rows))
+        assert torch.equal(got, eager.propose(end % 50, end)[1:])
 
 
 def test_cancel_and_stop_on_fixed_steps(tiny_dirs):
