@@ -412,7 +412,8 @@ def _glue_cases(label: str, hidden: int, width: int, conv: int, head_dim: int) -
 
 def _attention_cases(label: str, heads: int, kv_heads: int, head_dim: int, context: int = 32768) -> list:
     """The cache attention kernels at a model's shapes: decode (1 row), verify (16 rows, causal) and the
-    drafter's block (16 rows, non-causal, a sliding ring)."""
+    drafter's block (16 rows): a sliding ring causal (the released drafters' default) or bidirectional (a
+    checkpoint or GGUF saying not causal), a full layer bidirectional."""
     from dflash_chat.engine.kernels import attention
 
     def run(T, causal, window, rows):
@@ -434,6 +435,8 @@ def _attention_cases(label: str, heads: int, kv_heads: int, head_dim: int, conte
         (f"{label} attention decode d={head_dim}", lambda: run(1, True, None, context + 16)),
         (f"{label} attention verify d={head_dim}", lambda: run(16, True, None, context + 16)),
         (f"{label} attention draft ring d={head_dim}", lambda: run(16, False, 2048, 2048 + 16)),
+        (f"{label} attention draft causal ring d={head_dim}", lambda: run(16, True, 2048, 2048 + 16)),
+        (f"{label} attention draft full d={head_dim}", lambda: run(16, False, None, context + 16)),
     ]
 
 

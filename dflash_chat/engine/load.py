@@ -219,7 +219,7 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None =
         _check_fits(cfg, fc.shape[-1] if fc is not None else None, target)
     except ModelFormatError as exc:
         raise ModelFormatError(f"{path}: {exc}") from None
-    if causal is not None:  # overrides what the checkpoint says (experiments)
+    if causal is not None:  # every layer causal or not, whatever the checkpoint says (experiments)
         cfg.causal = causal
     if fc is not None:
         tensors = ChainMap({"fc.weight": fc}, tensors)  # read (and quantized) once

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 from dflash_chat.engine.kernels import attention as kernel
@@ -15,7 +18,18 @@ CASES = [  # (rows allocated, used length end, T new rows, heads, kv heads, head
     (1200, 1100, 16, 4, 2, 16, False, 300),  # windowed drafter layer: early chunks skipped
     (1200, 1100, 4, 4, 4, 16, True, 200),  # causal and windowed
     (600, 300, 16, 4, 2, 16, False, 5),  # a window narrower than the block: keys past the query drop out too
+    (600, 300, 16, 4, 2, 16, True, 5),  # the drafter's causal sliding layer, a window narrower than the block
 ]
+
+
+@contextlib.contextmanager
+def torch_path():
+    """attend_cache's torch reference (under the interpreter attend_cache itself would pick the kernel)."""
+    os.environ["DFLASH_CHAT_NO_TRITON_ATTENTION"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["DFLASH_CHAT_NO_TRITON_ATTENTION"]
 
 
 def check_gate(dtype):
@@ -24,7 +38,8 @@ def check_gate(dtype):
     q, k, v = (torch.randn(*s, generator=g).to(dtype) for s in ((3, 4, 32), (700, 2, 32), (700, 2, 32)))
     gate = torch.randn(3, 4 * 32, generator=g).to(dtype)
     span = Span.fixed(torch.tensor(697), torch.arange(3), 700)
-    want = attend_cache(q.float(), k.float(), v.float(), span, 0.2).to(dtype) * torch.sigmoid(gate)
+    with torch_path():
+        want = attend_cache(q.float(), k.float(), v.float(), span, 0.2).to(dtype) * torch.sigmoid(gate)
     got = kernel.attend(q, k, v, span.pos, span.end, 0.2, True, None, gate)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
@@ -39,8 +54,9 @@ def check(alloc, end, T, heads, kv_heads, d, causal, window, dtype=torch.float32
     v[end:] = float("nan")
     span = Span.fixed(torch.tensor(end - T), torch.arange(T), alloc)
     got = kernel.attend(q, k, v, span.pos, span.end, d**-0.5, causal, window)
-    want = attend_cache(q.float(), k[:end].float(), v[:end].float(), Span.eager(end - T, T, q.device), d**-0.5,
-                        causal=causal, window=window)
+    with torch_path():
+        want = attend_cache(q.float(), k[:end].float(), v[:end].float(), Span.eager(end - T, T, q.device), d**-0.5,
+                            causal=causal, window=window)
     assert got.dtype == dtype and not got.isnan().any(), (alloc, end, T)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
@@ -54,10 +70,11 @@ def check_ring(rows, end, T, window, causal):
     ring_k, ring_v = torch.full((rows, 2, 16), float("nan")), torch.full((rows, 2, 16), float("nan"))
     held = torch.arange(end - rows, end)
     ring_k[held % rows], ring_v[held % rows] = full_k[held], full_v[held]
-    span = Span.fixed(torch.tensor(end - T), torch.arange(T), rows)
-    want = attend_cache(q, full_k, full_v, Span.eager(end - T, T, q.device), 0.25, causal=causal, window=window)
-    for got in (kernel.attend(q, ring_k, ring_v, span.pos, span.end, 0.25, causal, window),
-                attend_cache(q, ring_k.nan_to_num(), ring_v.nan_to_num(), span, 0.25, causal=causal, window=window)):
+    span = Span.fixed(torch.tensor(end - T), torch.arange(T), end + 64)  # the allocated context is longer
+    with torch_path():
+        want = attend_cache(q, full_k, full_v, Span.eager(end - T, T, q.device), 0.25, causal=causal, window=window)
+        ring = attend_cache(q, ring_k.nan_to_num(), ring_v.nan_to_num(), span, 0.25, causal=causal, window=window)
+    for got in (kernel.attend(q, ring_k, ring_v, span.pos, span.end, 0.25, causal, window), ring):
         assert not got.isnan().any()
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
@@ -80,11 +97,8 @@ def check_prepare(gated, zero_centred, head_dim, rotary_dim, rows, dtype=torch.f
     caches = [(torch.zeros(rows, 2, head_dim, dtype=dtype), torch.zeros(rows, 2, head_dim, dtype=dtype)) for _ in range(2)]
     with torch.no_grad():
         for queries in (True, False):
-            import os
-
-            os.environ["DFLASH_CHAT_NO_TRITON_ATTENTION"] = "1"  # the torch path
-            want = attn.into_cache(x, cos, sin, pos, *caches[0], queries=queries)
-            del os.environ["DFLASH_CHAT_NO_TRITON_ATTENTION"]
+            with torch_path():
+                want = attn.into_cache(x, cos, sin, pos, *caches[0], queries=queries)
             got = attn.into_cache(x, cos, sin, pos, *caches[1], queries=queries)
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             for a, b in zip(got, want):
@@ -103,6 +117,9 @@ if __name__ == "__main__":
     check(*CASES[1], dtype=torch.float16)
     check_ring(rows=300 + 16, end=1700, T=16, window=300, causal=False)  # the drafter's sliding layers
     check_ring(rows=40 + 16, end=90, T=16, window=40, causal=False)
+    check_ring(rows=300 + 16, end=1700, T=16, window=300, causal=True)  # sliding layers as the drafters declare none
+    check_ring(rows=6 + 16, end=90, T=16, window=6, causal=True)  # a window narrower than the block
+    check_ring(rows=6 + 16, end=90, T=16, window=6, causal=False)
     check_gate(torch.float32)
     check_gate(torch.float16)
     check_prepare(gated=True, zero_centred=True, head_dim=64, rotary_dim=16, rows=100)  # a Qwen3.5/3.6 target layer

@@ -1,8 +1,10 @@
-"""The DFlash drafter: both config schemas, inference vs training forward, multimodal checkpoint names."""
+"""The DFlash drafter: both config schemas, per-layer causality, inference vs training forward, multimodal
+checkpoint names."""
 
 import json
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -17,6 +19,22 @@ def test_both_config_schemas_read_the_same(tiny_dirs):
     old = DrafterConfig.from_dict(drafter_config(target_cfg, schema="old"))
     assert new == old
     assert new.block_size == 16 and new.mask_token_id == 5 and new.layer_types == ["sliding_attention", "full_attention"]
+
+
+@pytest.mark.parametrize("declared, causal, window", [
+    ({}, [True, False], 8),  # undeclared: the sliding layer causal, the full one bidirectional
+    ({"is_causal": True}, [True, True], 8),
+    ({"is_causal": False}, [False, False], 8),
+    ({"dflash_config": {"causal": True}}, [True, True], 8),
+    ({"causal": False}, [False, False], 8),
+    ({"use_sliding_window": False}, [True, False], None),  # a sliding layer without its window stays causal
+])
+def test_layer_causality_as_the_checkpoint_states_it(tiny_dirs, declared, causal, window):
+    cfg = drafter_config(json.loads((tiny_dirs["qwen3_5"][0] / "config.json").read_text()))
+    cfg.update({k: v for k, v in declared.items() if k != "dflash_config"})
+    cfg["dflash_config"].update(declared.get("dflash_config", {}))
+    drafter = DrafterConfig.from_dict(cfg)
+    assert drafter.layer_causal == causal and drafter.sliding_window == window
 
 
 def test_old_schema_drafter_drafts_like_the_new(tiny_dirs, tmp_path):
@@ -38,7 +56,7 @@ def test_training_forward_equals_inference(tiny_dirs):
     """forward_train (many blocks at once) computes exactly what propose computes one block at a time."""
     target_dir, drafter_dir, _ = tiny_dirs["qwen3_5"]
     target = load_target(target_dir, "cpu", torch.float32)
-    for causal in (True, False):
+    for causal in (None, True, False):  # as the checkpoint says (its sliding layer causal), all, none
         drafter = load_drafter(drafter_dir, target, causal=causal)
         gen = torch.Generator().manual_seed(1)
         S = 30  # > sliding window (8): the window matters

@@ -93,7 +93,8 @@ def test_gguf_drafter_drafts_exactly_like_its_safetensors(demo, reference, schem
     path = write_drafter_gguf(tmp_path / f"{schema}.gguf", demo["state"], demo["config"], "BF16", schema=schema,
                               tokenizer=demo["tokenizer"], mrope_target=schema == "dflash")
     drafter = load_drafter(path, demo["target"])
-    assert drafter.target_layer_ids == [1, 3, 5] and drafter.mask_token_id == 3 and not drafter.cfg.causal
+    assert drafter.target_layer_ids == [1, 3, 5] and drafter.mask_token_id == 3
+    assert [layer.self_attn.causal for layer in drafter.layers] == [False]  # one full layer
     got = _trace(demo, drafter)
     assert got == reference
     assert sum(accepted for *_, accepted in got) > len(got)  # a trained drafter: more than one token a step
@@ -119,3 +120,55 @@ def test_a_drafter_through_llama_quantize_drafts_like_the_converter_output(demo,
     quantized = quantize_like_llama(bf16, tmp_path / "q8.gguf", "Q8_0")
     direct = write_drafter_gguf(tmp_path / "direct.gguf", demo["state"], demo["config"], "Q8_0", schema="dflash")
     assert _trace(demo, load_drafter(quantized, demo["target"])) == _trace(demo, load_drafter(direct, demo["target"]))
+
+
+def _drafts(drafter, target) -> torch.Tensor:
+    """Draft hidden states over contexts longer than the sliding window (8), in three steps."""
+    gen = torch.Generator().manual_seed(6)
+    features = torch.randn(40, 2 * target.cfg.hidden_size, generator=gen)
+    drafter.allocate(64)
+    out = []
+    for start, end in ((0, 13), (13, 14), (14, 30)):
+        drafter.append_context(features[start:end], end)
+        out.append(drafter.draft_hidden(7, end))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("schema, is_causal, key, causal", [
+    ("dflash", None, None, [True, False]),  # mainline says nothing: each layer its own default
+    ("dflash", False, False, [False, False]),  # ... but writes a config's is_causal: false
+    ("dflash", True, None, [True, False]),  # ... and never true
+    ("dflash-draft", None, False, [False, False]),  # the fork writes false whatever the config says
+    ("dflash-draft", True, False, [False, False]),
+])
+@torch.no_grad()
+def test_gguf_drafter_causality_is_what_its_converter_writes(tiny_dirs, tmp_path, schema, is_causal, key, causal):
+    """A drafter with a sliding layer (window 8 < block 16) and a full one, through either converter: the
+    file's causal key decides every layer or (absent) leaves each its default, and it drafts as its
+    safetensors source does under that causality."""
+    target_dir, drafter_dir, _ = tiny_dirs["qwen3"]
+    target = load_target(target_dir, "cpu", torch.float32)
+    config = json.loads((drafter_dir / "config.json").read_text())
+    if is_causal is not None:
+        config["is_causal"] = is_causal
+    path = write_drafter_gguf(tmp_path / "d.gguf", load_file(str(drafter_dir / "model.safetensors")), config, "F32",
+                              schema=schema)
+    assert _fields(path).get(f"{schema}.attention.causal") is key
+    from_gguf = load_drafter(path, target)
+    assert [layer.self_attn.causal for layer in from_gguf.layers] == causal
+    source = load_drafter(drafter_dir, target, causal=key)
+    torch.testing.assert_close(_drafts(from_gguf, target), _drafts(source, target), rtol=0, atol=1e-5)
+
+
+def test_a_causal_key_that_says_true_makes_every_layer_causal(tiny_dirs, tmp_path):
+    """No converter writes it, but a file that does means it."""
+    from dflash_chat.engine.models.config import DrafterConfig
+    from dflash_chat.engine.weights import gguf as gguf_weights
+    from dflash_chat.engine.weights.gguf_file import read_header
+
+    _, drafter_dir, _ = tiny_dirs["qwen3"]
+    config = json.loads((drafter_dir / "config.json").read_text())
+    path = write_drafter_gguf(tmp_path / "d.gguf", load_file(str(drafter_dir / "model.safetensors")), config, "F32",
+                              schema="dflash")
+    kv = gguf_weights._fields(read_header(path)) | {"dflash.attention.causal": True}
+    assert DrafterConfig.from_dict(gguf_weights._drafter_config(kv, "dflash", path)).layer_causal == [True, True]

@@ -1,11 +1,12 @@
-"""Our drafter against z-lab's own drafter code (tests/engine/vendor, MIT) on the same weights and features.
+"""Our drafter against z-lab's drafter code (tests/engine/vendor, MIT) on the same weights and features.
 
-z-lab runs its drafter through transformers' attention functions with `is_causal=False` and each layer's
-`sliding_window`; on a GPU that is flash-attention, whose window is symmetric (`window_size=(w-1, w-1)`,
-bottom-right aligned, applied only when there are more keys than the window). transformers' CPU
-functions (sdpa, eager) ignore `sliding_window`, so the reference runs here through `_flash_window`, which
-computes exactly what flash-attention computes, as a plain masked softmax. Everything else (projections,
-norms, RoPE incl. YaRN, the context cache, cropping) is z-lab's code as published.
+The vendored model (z-lab/dflash 44947fb) gives the projections, norms, RoPE incl. YaRN, the context
+cache and cropping as published; it ran every layer with `is_causal=False`. The block attention here is
+z-lab's current rule (07ebd93 `dflash/model.py`), as released drafters were trained: each layer's
+`is_causal` as `Qwen3DFlashAttention.__init__` sets it (what the config states for every layer, else
+`layer_type == "sliding_attention"`), and `_zlab_attention` is `_attention_mask` with a plain masked
+softmax: queries bottom-right aligned to the keys [cache ; context ; block], causal `key <= query`, a
+window `query - key < w` and, when not causal, also `key - query < w`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AttentionInterface, DynamicCache, Qwen3Config
 
@@ -24,26 +24,42 @@ from tests.engine.vendor.zlab_dflash_model import DFlashDraftModel, extract_cont
 
 WINDOW = 6  # smaller than the block: the window's forward half matters too
 BLOCK = 8
+LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
 
 
-def _flash_window(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
-                  is_causal=None, **kwargs):
-    """flash_attn_func(q, k, v, causal, window_size=(w-1, w-1)) as transformers calls it, for [b, h, q, d]."""
-    q_len, k_len = query.shape[2], key.shape[2]
-    causal = module.is_causal if is_causal is None else is_causal
-    q_pos = torch.arange(q_len)[:, None] + (k_len - q_len)  # flash aligns queries to the last keys
-    rel = q_pos - torch.arange(k_len)[None, :]
-    visible = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
-    if sliding_window is not None and k_len > sliding_window:
-        visible &= rel.abs() <= sliding_window - 1
+def _zlab_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+                    **kwargs):
+    """z-lab 07ebd93's masked attention for [b, h, q, d] queries over [b, kv_h, k, d] keys and values."""
+    q_pos = key.shape[2] - query.shape[2] + torch.arange(query.shape[2])[:, None]
+    k_pos = torch.arange(key.shape[2])[None, :]
+    visible = torch.ones(q_pos.shape[0], k_pos.shape[1], dtype=torch.bool)
+    if module.is_causal:
+        visible &= k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= q_pos - k_pos < sliding_window
+        if not module.is_causal:
+            visible &= k_pos - q_pos < sliding_window
     rep = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+    scores = (query @ key.transpose(-1, -2) * scaling).masked_fill(~visible, float("-inf"))
+    return (scores.softmax(dim=-1) @ value).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register("zlab_window_reference", _flash_window)
+AttentionInterface.register("zlab_07ebd93_reference", _zlab_attention)
+
+
+def _declared(cfg: dict) -> bool | None:
+    """Causality the config states for every layer: top-level `is_causal` or `dflash_config.causal`."""
+    for value in (cfg.get("is_causal"), cfg["dflash_config"].get("causal")):
+        if value is not None:
+            return bool(value)
+    return None
+
+
+def _layer_causal(cfg: dict) -> list[bool]:
+    declared = _declared(cfg)
+    return [t == "sliding_attention" if declared is None else declared for t in cfg["layer_types"]]
 
 
 @pytest.fixture(scope="module")
@@ -53,24 +69,27 @@ def target(tmp_path_factory):
     return root, load_target(root / "target", "cpu", torch.float32)
 
 
-def _pair(root, target, name: str, **config_changes):
+def _pair(root, target, name: str, dflash_config: dict | None = None, **config_changes):
     """Our drafter and z-lab's, from one z-lab style folder (config.json + safetensors)."""
     folder = root / name
-    cfg = write_drafter(folder, root / "target", seed=42, layers=3, block_size=BLOCK, sliding_window=WINDOW, schema="old",
-                        layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    cfg = write_drafter(folder, root / "target", seed=42, layers=3, block_size=BLOCK, sliding_window=WINDOW,
+                        schema="old", layer_types=LAYER_TYPES)
     cfg.update(config_changes)
+    cfg["dflash_config"].update(dflash_config or {})
     (folder / "config.json").write_text(json.dumps(cfg))
     ours = load_drafter(folder, target)
     config = Qwen3Config(**cfg)
-    config._attn_implementation = "zlab_window_reference"
+    config._attn_implementation = "zlab_07ebd93_reference"
     ref = DFlashDraftModel(config).eval()
     missing, unexpected = ref.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
     assert not unexpected and all(k.startswith("rotary_emb") for k in missing)
-    return ours, ref
+    for layer, causal in zip(ref.layers, _layer_causal(cfg)):
+        layer.self_attn.is_causal = causal
+    return ours, ref, cfg
 
 
-def _reference_logits(ref, target, features, tokens, steps, causal):
-    """z-lab's draft loop (dflash_generate's drafter half): per step, the block's draft logits [B-1, V]."""
+def _reference_hidden(ref, target, features, tokens, steps):
+    """z-lab's draft loop (dflash_generate's drafter half): per step, the drafted positions' hidden states."""
     cache = DynamicCache()
     out = []
     for start, end in steps:  # context rows start..end-1 become known; the block starts at end
@@ -78,40 +97,67 @@ def _reference_logits(ref, target, features, tokens, steps, causal):
         block[0, 0] = tokens[end]
         positions = torch.arange(cache.get_seq_length(), end + BLOCK)[None]
         hidden = ref(target_hidden=features[None, start:end], noise_embedding=target.model.embed_tokens(block),
-                     position_ids=positions, past_key_values=cache, use_cache=True, is_causal=causal)
-        out.append(target.lm_head(hidden[0, 1 - BLOCK:]))
+                     position_ids=positions, past_key_values=cache, use_cache=True)
+        out.append(hidden[0, 1 - BLOCK:])
         cache.crop(end - cache.get_seq_length())  # z-lab's crop(start); transformers 5 takes it as a negative count
     return out
 
 
-def _our_logits(ours, features, tokens, steps):
+def _our_hidden(ours, features, tokens, steps):
     ours.allocate(64)
     out = []
     for start, end in steps:
         ours.append_context(features[start:end], end)
-        out.append(ours.logits(ours.draft_hidden(int(tokens[end]), end)))
+        out.append(ours.draft_hidden(int(tokens[end]), end))
     return out
 
 
+def _our_logits(ours, features, tokens, steps):
+    return [ours.logits(h) for h in _our_hidden(ours, features, tokens, steps)]
+
+
+def _inputs(model, n: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, 2 * model.cfg.hidden_size, generator=gen),
+            torch.randint(0, model.cfg.vocab_size, (n,), generator=gen))
+
+
+STEPS = [(0, 13), (13, 14), (14, 21)]  # a prompt, one accepted token, several: contexts past the window
+
+
 @pytest.mark.parametrize("case, changes", [
-    ("bidirectional", {}),
-    ("causal-checkpoint", {"is_causal": True}),
+    ("undeclared", {}),  # sliding layers causal, the full layer bidirectional
+    ("is-causal", {"is_causal": True}),
+    ("not-causal", {"is_causal": False}),
+    ("dflash-config-causal", {"dflash_config": {"causal": True}}),
+    ("dflash-config-not-causal", {"dflash_config": {"causal": False}}),
     ("yarn", {"rope_scaling": YARN, "max_position_embeddings": 256}),
 ])
 @torch.no_grad()
-def test_draft_logits_match_zlab_reference(target, case, changes):
+def test_drafts_match_zlab_reference(target, case, changes):
     root, model = target
-    ours, ref = _pair(root, model, case, **changes)
-    gen = torch.Generator().manual_seed(3)
-    features = torch.randn(40, 2 * model.cfg.hidden_size, generator=gen)
-    tokens = torch.randint(0, model.cfg.vocab_size, (40,), generator=gen)
-    steps = [(0, 13), (13, 14), (14, 21)]  # a prompt, one accepted token, several: contexts past the window
-    causal = bool(changes.get("is_causal", False))
-    want = _reference_logits(ref, model, features, tokens, steps, causal=causal)
-    got = _our_logits(ours, features, tokens, steps)
+    ours, ref, cfg = _pair(root, model, case, **changes)
+    assert [layer.self_attn.causal for layer in ours.layers] == _layer_causal(cfg)
+    features, tokens = _inputs(model, 40, seed=3)
+    want = _reference_hidden(ref, model, features, tokens, STEPS)
+    got = _our_hidden(ours, features, tokens, STEPS)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
-    assert ours.cfg.causal == causal
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours.logits(g), model.lm_head(w), rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_each_causality_drafts_differently(target):
+    """The cases above would not tell the settings apart if the window or the causality never mattered."""
+    root, model = target
+    ours, _, _ = _pair(root, model, "settings")
+    assert [layer.self_attn.causal for layer in ours.layers] == [True, False, True]
+    features, tokens = _inputs(model, 40, seed=3)
+    drafts = [torch.cat(_our_hidden(load_drafter(root / "settings", model, causal=causal), features, tokens, STEPS))
+              for causal in (None, True, False)]
+    for i in range(3):
+        for j in range(i):
+            assert (drafts[i] - drafts[j]).abs().max() > 1e-2
 
 
 @torch.no_grad()
@@ -137,10 +183,11 @@ def test_yarn_drafter_gguf_drafts_like_its_folder(target, tmp_path):
     from dflash_chat.engine.weights.gguf_write import write_drafter_gguf
 
     root, model = target
-    ours, _ = _pair(root, model, "yarn-gguf", rope_scaling=YARN, max_position_embeddings=256)
+    ours, _, _ = _pair(root, model, "yarn-gguf", rope_scaling=YARN, max_position_embeddings=256)
     folder = root / "yarn-gguf"
     cfg = json.loads((folder / "config.json").read_text())
-    path = write_drafter_gguf(tmp_path / "yarn.gguf", load_file(str(folder / "model.safetensors")), cfg, "F32")
+    path = write_drafter_gguf(tmp_path / "yarn.gguf", load_file(str(folder / "model.safetensors")), cfg, "F32",
+                              schema="dflash")  # mainline's converter keeps an undeclared causality undeclared
     from_gguf = load_drafter(path, model)
     assert from_gguf.cfg.rope_scaling == ours.cfg.rope_scaling
     gen = torch.Generator().manual_seed(4)

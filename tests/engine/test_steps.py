@@ -11,6 +11,7 @@ import torch
 
 from dflash_chat.engine.events import Finished, Step
 from dflash_chat.engine.load import load_drafter, load_pair, load_target
+from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.oracle import OracleDrafter
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
@@ -122,6 +123,30 @@ def test_prefix_reuse_across_turns(arch, tiny_dirs):
     assert prefilled(events).reused_tokens == len(turn1) + len(answer) - 1
     engine.reset()
     assert run(engine, turn2, params)[0] == continued
+
+
+@pytest.mark.parametrize("causal, layers", [(None, [True, False]), (False, [False, False])])
+@torch.no_grad()
+def test_captured_shape_drafts_are_the_eager_views_drafts(tiny_dirs, causal, layers):
+    """The tiny drafter's sliding layer (window 8 < block 16, a ring of 24 cache rows) causal as the checkpoint
+    leaves it, or bidirectional: draft_logits over every allocated row under a length mask (what a captured step
+    reads) drafts what the eager view drafts, before the ring wraps (plain rows) and after."""
+    target_dir, drafter_dir, _ = tiny_dirs["qwen3"]
+    target = load_target(target_dir, "cpu", torch.float32)
+    eager, fixed = (load_drafter(drafter_dir, target, causal=causal) for _ in range(2))
+    assert [layer.self_attn.causal for layer in fixed.layers] == layers
+    rows = 64
+    eager.allocate(rows)
+    fixed.allocate(rows)
+    features = torch.randn(50, 2 * target.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    block = fixed.block_ids(torch.device("cpu"))
+    offsets = torch.arange(fixed.block_size)
+    for start, end in ((0, 5), (5, 13), (13, 14), (14, 31), (31, 40)):
+        eager.append_context(features[start:end], end)
+        fixed.store_context(features[start:end], torch.arange(start, end))
+        block[0] = end % 50
+        got = fixed.draft_logits(block, Span.fixed(torch.tensor(end), offsets, rows)).argmax(-1)
+        assert torch.equal(got, eager.logits(eager.draft_hidden(end % 50, end)).argmax(-1))
 
 
 def test_cancel_and_stop(tiny_dirs):

@@ -1,10 +1,11 @@
 """Attention of a few query rows over a KV cache whose used length lives on the device.
 
-Decode (1 row), verify (B rows, causal, bottom-right aligned) and the drafter's block (B rows,
-non-causal, optionally windowed) all read the same preallocated caches. The kernel splits the cache
-into fixed chunks (split-KV, "flash decoding"): the grid is sized for the allocated length so a
-CUDA graph can replay it at any length, and a program whose chunk lies past `end` (or outside every
-row's causal / window range) exits before reading anything, so the time follows the used length.
+Decode (1 row), verify (B rows, causal, bottom-right aligned) and the drafter's block (B rows, causal
+or not per layer, optionally windowed: a bidirectional window reaches both ways) all read the same
+preallocated caches. The kernel splits the cache into fixed chunks (split-KV, "flash decoding"): the
+grid is sized for the allocated length so a CUDA graph can replay it at any length, and a program whose
+chunk lies past `end` (or outside every row's causal / window range) exits before reading anything, so
+the time follows the used length.
 Grouped-query heads are folded into the rows (each KV head is read once for its `rep` query heads).
 A second kernel merges the chunks' partial softmaxes. A cache with fewer rows than positions (a
 sliding-window layer's ring) holds position j in row j mod rows; the chunks then cover the positions

@@ -37,6 +37,8 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
     lo = lo_chunk
     if WINDOWED:
         lo = tl.maximum(lo, tl.min(tl.where(live, p, 2**62)) - window + 1)
+        if not CAUSAL:  # a bidirectional window reaches as far past the query as before it
+            hi = tl.minimum(hi, tl.max(tl.where(live, p, 0)) + window)
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, D), tl.float32)
@@ -58,6 +60,8 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
             ok &= j[None, :] <= p[:, None]
         if WINDOWED:
             ok &= p[:, None] - j[None, :] < window
+            if not CAUSAL:
+                ok &= j[None, :] - p[:, None] < window
         scores = tl.where(ok, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)

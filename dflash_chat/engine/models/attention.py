@@ -33,8 +33,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None, causal: bool = True) -> torch.Tensor:
     """Visibility [Q, K]: a query at position p sees keys at positions <= p when causal, and, when windowed,
-    only keys less than `window` positions away on either side (flash-attention's symmetric window, as the
-    drafters were trained with)."""
+    only keys less than `window` positions before it (and, when not causal, after it: the drafters'
+    bidirectional sliding layers, z-lab/dflash 07ebd93 `_attention_mask`)."""
     rel = q_pos[:, None] - k_pos[None, :]
     visible = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
     if window is not None:

@@ -203,14 +203,21 @@ class DrafterConfig:
     target_layer_ids: list[int]
     layer_types: list[str]
     sliding_window: int | None
-    # Attention inside the block. The drafters were trained bidirectional (z-lab's reference runs every
-    # layer with is_causal=False; llama.cpp's fork writes attention.causal = false); a sliding window
-    # only limits how far back into the context a query sees.
-    causal: bool = False
+    # Attention inside the block, for every layer, when the checkpoint states it (is_causal,
+    # dflash_config.causal); None: each layer's own default (`layer_causal`).
+    causal: bool | None = None
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     # A tap of the target's last layer reads what HF's hidden_states[-1] holds: the final-normed state
     # (z-lab's reference). "raw": the layer's own output, what our first demo drafter was trained on.
     last_layer_tap: str = "normed"
+
+    @property
+    def layer_causal(self) -> list[bool]:
+        """Per layer, whether a block query sees only the block positions up to its own. As z-lab trained
+        the released drafters: sliding layers causal and full layers bidirectional unless `causal` says."""
+        if self.causal is not None:
+            return [self.causal] * self.num_layers
+        return [t == "sliding_attention" for t in self.layer_types]
 
     @classmethod
     def from_dict(cls, d: dict) -> "DrafterConfig":
@@ -229,10 +236,10 @@ class DrafterConfig:
         heads = _need(d, "num_attention_heads", what)
         layers = _need(d, "num_hidden_layers", what)
         theta, _, scaling = _rope(d)
-        layer_types = d.get("layer_types") or ["full_attention"] * layers
-        window = d.get("sliding_window")
-        if not d.get("use_sliding_window", "sliding_attention" in layer_types):
-            layer_types = ["full_attention"] * layers
+        layer_types = list((d.get("layer_types") or ["full_attention"] * layers)[:layers])
+        sliding = "sliding_attention" in layer_types
+        # without use_sliding_window a sliding layer keeps its type (its causality) but has no window
+        window = d.get("sliding_window") if d.get("use_sliding_window", sliding) and sliding else None
         last_tap = dflash.get("last_layer_tap", "normed")
         if last_tap not in ("normed", "raw"):
             raise ModelFormatError(f"drafter dflash_config.last_layer_tap is {last_tap!r}: expected 'normed' or 'raw'")
@@ -248,17 +255,18 @@ class DrafterConfig:
             block_size=int(block),
             mask_token_id=int(mask),
             target_layer_ids=[int(i) for i in taps],
-            layer_types=list(layer_types[:layers]),
-            sliding_window=window if "sliding_attention" in layer_types else None,
+            layer_types=layer_types,
+            sliding_window=window,
             causal=_causal(d),
             rope_scaling=scaling,
             last_layer_tap=last_tap,
         )
 
 
-def _causal(d: dict) -> bool:
-    """Block attention causality as the checkpoint states it (dflash_config.causal, is_causal, causal), default not."""
-    for value in ((d.get("dflash_config") or {}).get("causal"), d.get("is_causal"), d.get("causal")):
+def _causal(d: dict) -> bool | None:
+    """Block attention causality as the checkpoint states it for all layers (is_causal, as z-lab reads it, then
+    dflash_config.causal, causal), or None."""
+    for value in (d.get("is_causal"), (d.get("dflash_config") or {}).get("causal"), d.get("causal")):
         if value is not None:
             return bool(value)
-    return False
+    return None

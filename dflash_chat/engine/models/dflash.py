@@ -4,10 +4,11 @@ It has no embedding or LM head of its own: `bind()` borrows the target's. Contex
 target's hidden states after the layers in `target_layer_ids`, concatenated, projected by `fc` and
 normed by `hidden_norm`; every draft layer turns those rows into extra keys/values (its own k_proj,
 v_proj, k_norm, RoPE at the context positions). Queries come only from the block
-[last committed token, mask x (B-1)]. Every layer sees the whole block both ways unless the checkpoint
-says it is causal (z-lab's reference: `is_causal=False`); sliding layers see only keys within
-`sliding_window` positions of the query, both ways, as flash-attention's symmetric window does in the
-reference: in effect a limit on how far back into the context a query sees.
+[last committed token, mask x (B-1)]; keys are [context ; block] at their positions. Causality per layer,
+as z-lab trained the released drafters (z-lab/dflash 07ebd93): unless the checkpoint states one for all
+layers (`DrafterConfig.causal`), a sliding layer is causal (a block query sees the context and the block
+up to its own position, and only keys less than `sliding_window` positions back) and a full layer sees
+the whole block both ways. A bidirectional sliding layer's window reaches `sliding_window` both ways.
 
 Inference keeps the context K/V of committed positions only (`append_context` adds the newly
 committed rows; `draft_logits` drafts after them); `forward_train` runs many blocks over one sequence at once, for training.
@@ -68,18 +69,17 @@ def drafter_rotary(cfg: DrafterConfig) -> Rotary:
 
 
 class DraftAttention(Projections):
-    def __init__(self, cfg: DrafterConfig, layer_type: str):
+    def __init__(self, cfg: DrafterConfig, layer_type: str, causal: bool):
         super().__init__(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
-        self.sliding = layer_type == "sliding_attention"
-        self.window = cfg.sliding_window if self.sliding else None
-        self.causal = cfg.causal
+        self.window = cfg.sliding_window if layer_type == "sliding_attention" else None
+        self.causal = causal
 
     def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, same_block: torch.Tensor | None = None) -> torch.Tensor | None:
         """Visibility [Q, K], or None when every key is visible.
 
         `same_block` [Q, K] is True where key and query belong to the same block (or the key is context
         that precedes the query's block); None: the queries are one block over its own context.
-        Inside that, sliding layers see only the window and, when causal, earlier positions.
+        Inside that, sliding layers see only the window and causal layers only positions up to the query's.
         """
         if not (self.causal or self.window):
             return same_block
@@ -88,10 +88,10 @@ class DraftAttention(Projections):
 
 
 class DraftLayer(PreNormBlock):
-    def __init__(self, cfg: DrafterConfig, layer_type: str):
+    def __init__(self, cfg: DrafterConfig, layer_type: str, causal: bool):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg, layer_type)
+        self.self_attn = DraftAttention(cfg, layer_type, causal)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
@@ -106,7 +106,7 @@ class DFlashDrafter(nn.Module):
         target_hidden = target_hidden_size or cfg.hidden_size
         self.fc = nn.Linear(len(cfg.target_layer_ids) * target_hidden, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DraftLayer(cfg, t) for t in cfg.layer_types)
+        self.layers = nn.ModuleList(DraftLayer(cfg, t, c) for t, c in zip(cfg.layer_types, cfg.layer_causal))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = drafter_rotary(cfg)
         self._embed: nn.Module | None = None

@@ -206,10 +206,12 @@ def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> d
 def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
     """The z-lab config.json a drafter GGUF came from, in either schema (DESIGN.md §5).
 
-    The fork (`dflash-draft`) keeps its DFlash keys under `dflash-draft.dflash.*` with HF's tap ids and
-    states `attention.causal = false`. Mainline (`dflash`) writes `dflash.block_size`, the mask token as
-    `tokenizer.ggml.mask_token_id` and `dflash.target_layers` as HF's ids + 1 (llama.cpp taps the input
-    of the next layer); it writes no causal key (llama.cpp's DFlash graph is not causal).
+    The fork (`dflash-draft`) keeps its DFlash keys under `dflash-draft.dflash.*` with HF's tap ids.
+    Mainline (`dflash`) writes `dflash.block_size`, the mask token as `tokenizer.ggml.mask_token_id` and
+    `dflash.target_layers` as HF's ids + 1 (llama.cpp taps the input of the next layer).
+    `<arch>.attention.causal`, when present, is the checkpoint's `is_causal` (every layer); when absent each
+    layer takes its default (`DrafterConfig.layer_causal`). The fork's converter always writes false, so its
+    files run every layer bidirectional; mainline's writes false only for a config saying `is_causal: false`.
     """
     if arch == "dflash-draft":
         ns = "dflash-draft.dflash"
@@ -241,8 +243,10 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
         "layer_types": types,
         "use_sliding_window": "sliding_attention" in types,
         "sliding_window": int(window) if window else None,
-        "is_causal": bool(_get(kv, arch, "attention.causal", False)),
     }
+    causal = _get(kv, arch, "attention.causal")
+    if causal is not None:
+        cfg["is_causal"] = bool(causal)
     scaling = _rope_scaling(kv, arch)
     if scaling:
         cfg["rope_scaling"] = scaling

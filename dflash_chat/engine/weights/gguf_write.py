@@ -210,7 +210,8 @@ def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], co
 
     `tokenizer`: the vocabulary both converters copy in (the fork from the drafter's folder, mainline from
     the target's). `mrope_target`: mainline gives drafts of M-RoPE targets (Qwen3.5/3.6) degenerate rope
-    sections [head_dim / 2, 0, 0, 0].
+    sections [head_dim / 2, 0, 0, 0]. `attention.causal`: both converters' TextModel writes false for a
+    config with `is_causal: false` (and never true); the fork's DFlashDraftModel writes false always.
     """
     if schema not in names.DRAFTER_ARCHS:
         raise ValueError(f"schema must be one of {names.DRAFTER_ARCHS}")
@@ -221,8 +222,9 @@ def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], co
     writer = gguf.GGUFWriter(str(path), schema)
     writer.add_name("dflash-chat drafter fixture")
     head_dim = _common_keys(writer, config, n_layers)
-    if schema == "dflash-draft":
+    if schema == "dflash-draft" or config.get("is_causal") is False:
         writer.add_causal_attention(False)
+    if schema == "dflash-draft":
         writer.add_rope_dimension_count(head_dim)
         writer.add_uint32("dflash-draft.dflash.block_size", block_size)
         writer.add_uint32("dflash-draft.dflash.mask_token_id", mask)
