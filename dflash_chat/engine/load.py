@@ -314,6 +314,7 @@ def load_pair(
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     engine = Engine(model, drafter_model, max_context=context, decode=decode, draft=draft)
+    engine.warm_up()
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
 
 

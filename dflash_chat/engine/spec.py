@@ -36,7 +36,7 @@ from dflash_chat.engine.steps import Clock, Steps
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
 CONVERSATIONS = 64  # acceptance estimates kept (least recently used dropped)
-COST_ROUNDS = 2  # timed warm-up steps per verify size (the first is not counted)
+COST_ROUNDS = 4  # timed warm-up steps per verify size (the first is not counted; the fastest of the rest is)
 
 
 class Drafter(Protocol):
@@ -102,14 +102,22 @@ class Engine:
 
     def set_draft(self, draft: str | int) -> None:
         """The draft setting: "auto", "off" or a number of drafts per step (capped at the block's B-1).
-        The steps are rebuilt (and captured again on CUDA) for the verify sizes it uses."""
-        self.draft = parse_draft(draft)
+        The steps are rebuilt (and captured again on CUDA) for the verify sizes it uses; the state is reset."""
+        draft = parse_draft(draft)
+        if getattr(self, "draft", None) == draft:
+            return
+        self.draft = draft
         self.sizes = verify_sizes(self.draft, self.block_size)
         self.steps = Steps(self.target, self.drafter, self.state, taps=self.taps, sizes=self.sizes,
                            graphs=self.decode == "graphs")
         self.decode = "graphs" if self.steps.graphs is not None else "fixed"
         self.costs: Costs | None = None  # auto's step costs, measured before its first answer
         self.reset()
+
+    def warm_up(self) -> None:
+        """Measure what `auto` needs (a step of each verify size) now, not before the first answer; resets."""
+        if self.costs is None and len(self.sizes) > 1:
+            self.costs = self._measure_costs()
 
     def _measure_costs(self) -> Costs:
         """Seconds of a step of each verify size (and of a draft), run on an empty state; the state is reset."""
@@ -202,8 +210,7 @@ class Engine:
         stats.draft_histogram = [0] * self.block_size
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        if self.costs is None and len(self.sizes) > 1:
-            self.costs = self._measure_costs()
+        self.warm_up()
         t0 = time.perf_counter()
         try:
             yield from self._generate(prompt, params, cancel, generator, stats, t0, conversation)

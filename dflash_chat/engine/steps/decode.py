@@ -70,7 +70,10 @@ class Steps:
 
     # -- the entry points (fixed shapes, no host reads) ------------------------------
     def _span(self, T: int) -> Span:
-        bound = self.rows if self.static else min(self.rows, self.length + T)
+        """T positions from the device's committed length. Uncaptured steps read only the cache rows that can
+        be in use: the host's length may lag by one step's tokens (<= B), as a draft is queued before the
+        read of the step it follows; rows past the device's length are masked."""
+        bound = self.rows if self.static else min(self.rows, self.length + self.B + T)
         return Span.fixed(self.start, self.offsets[:T], bound)
 
     def _draft(self) -> None:
