@@ -129,6 +129,20 @@ def test_figures_over_several_prompts_leave_out_each_prompts_first_token():
     assert c.verify_ms_per_step == pytest.approx(1000 * 0.6 / 6)
 
 
+def test_the_median_speedup_is_over_prompts_and_the_mean_draft_length_over_steps():
+    from dflash_chat.bench import Comparison, Run
+    from dflash_chat.engine.events import GenerationStats
+
+    ar = [Run([], GenerationStats(new_tokens=11, steps=10, decode_s=1.0)) for _ in range(3)]  # 10 tok/s each
+    spec = [Run([], GenerationStats(new_tokens=11, steps=2, drafted=30, decode_s=0.5)),
+            Run([], GenerationStats(new_tokens=11, steps=3, drafted=15, decode_s=0.25)),
+            Run([], GenerationStats(new_tokens=11, steps=10, drafted=0, decode_s=0.1))]
+    c = Comparison(ar=ar, spec=spec)
+    assert c.speedups == pytest.approx([2.0, 4.0, 10.0]) and c.median_speedup == pytest.approx(4.0)
+    assert c.speedup == pytest.approx((30 / 0.85) / 10)  # over all prompts' tokens and time
+    assert c.mean_draft_length == pytest.approx(45 / 15)
+
+
 def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
     import torch
 
