@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from dflash_chat.engine.events import AcceptanceFigures, Finished, GenerationStats, Step
@@ -90,12 +91,32 @@ class Comparison:
         return self.spec_tokens_per_s / self.ar_tokens_per_s if self.ar_tokens_per_s else 0.0
 
     @property
+    def speedups(self) -> list[float]:
+        """Per prompt: DFlash's decode tok/s over plain decoding's (prompts where either decoded nothing are left out)."""
+        return [s.stats.decode_tokens_per_s / a.stats.decode_tokens_per_s for a, s in zip(self.ar, self.spec)
+                if a.stats.decode_tokens_per_s and s.stats.decode_tokens_per_s]
+
+    @property
+    def median_speedup(self) -> float:
+        return statistics.median(self.speedups) if self.speedups else 0.0
+
+    @property
     def acceptance_rate(self) -> float:
         return Totals.of(self.spec).acceptance_rate
 
     @property
     def mean_acceptance_length(self) -> float:
         return Totals.of(self.spec).mean_acceptance_length
+
+    @property
+    def mean_draft_length(self) -> float:
+        return Totals.of(self.spec).mean_draft_length
+
+    @property
+    def draft_histogram(self) -> list[int]:
+        """Steps by number of drafts verified (0: a plain step), over all prompts."""
+        columns = zip(*(r.stats.draft_histogram for r in self.spec))
+        return [sum(c) for c in columns]
 
     @property
     def draft_ms_per_step(self) -> float:
@@ -123,18 +144,20 @@ class Comparison:
             "ar_tokens_per_s": self.ar_tokens_per_s,
             "dflash_tokens_per_s": self.spec_tokens_per_s,
             "speedup": self.speedup,
+            "median_speedup": self.median_speedup,
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
+            "mean_draft_length": self.mean_draft_length,
             "ar_ms_per_step": self.ar_ms_per_step,
             "draft_ms_per_step": self.draft_ms_per_step,
             "verify_ms_per_step": self.verify_ms_per_step,
         }
 
 
-def generate(engine, prompt, params) -> Run:
+def generate(engine, prompt, params, conversation=None) -> Run:
     tokens: list[int] = []
     stats = None
-    for event in engine.generate(prompt, params):
+    for event in engine.generate(prompt, params, conversation=conversation):
         if isinstance(event, Step):
             tokens.extend(event.token_ids)
         elif isinstance(event, Finished):

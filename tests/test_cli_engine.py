@@ -129,6 +129,20 @@ def test_figures_over_several_prompts_leave_out_each_prompts_first_token():
     assert c.verify_ms_per_step == pytest.approx(1000 * 0.6 / 6)
 
 
+def test_the_median_speedup_is_over_prompts_and_the_mean_draft_length_over_steps():
+    from dflash_chat.bench import Comparison, Run
+    from dflash_chat.engine.events import GenerationStats
+
+    ar = [Run([], GenerationStats(new_tokens=11, steps=10, decode_s=1.0)) for _ in range(3)]  # 10 tok/s each
+    spec = [Run([], GenerationStats(new_tokens=11, steps=2, drafted=30, decode_s=0.5)),
+            Run([], GenerationStats(new_tokens=11, steps=3, drafted=15, decode_s=0.25)),
+            Run([], GenerationStats(new_tokens=11, steps=10, drafted=0, decode_s=0.1))]
+    c = Comparison(ar=ar, spec=spec)
+    assert c.speedups == pytest.approx([2.0, 4.0, 10.0]) and c.median_speedup == pytest.approx(4.0)
+    assert c.speedup == pytest.approx((30 / 0.85) / 10)  # over all prompts' tokens and time
+    assert c.mean_draft_length == pytest.approx(45 / 15)
+
+
 def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
     import torch
 
@@ -160,11 +174,65 @@ def test_run_demo_prints_the_stats_record(capsys):
     assert record["draft"] == "auto" and record["mean_draft_length"] == record["drafted"] / record["steps"] and record["answer"]
 
 
-def test_bench_demo_measures_the_trained_pair(capsys):
-    assert main(["bench", "--demo", "--prompts", "2", "--tokens", "32", "--json", "--device", "cpu"]) == 0
+def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
+    from dflash_chat.demo_bench import CLASSES
+    from dflash_chat.settings import Settings
+
+    assert main(["bench", "--demo", "--prompts", "1", "--tokens", "12", "--top-k", "5", "--json", "--device", "cpu"]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["identical_output"] is True and record["prompts"] == 2
-    assert record["mean_acceptance_length"] > 1.0
+    setup = record["setup"]
+    assert setup["prompts_per_class"] == {name: 1 for name in CLASSES} and setup["max_new_tokens"] == 12
+    app = Settings()
+    assert list(record["temperatures"]) == ["0", format(app.temperature, "g")]
+    greedy, sampled = record["temperatures"].values()
+    assert greedy["temperature"] == 0 and greedy["greedy"] is True
+    # the flag given shapes the sampled leg, the app's defaults the rest
+    assert (sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (app.temperature, app.top_p, 5)
+    assert sampled["app_defaults"] is False
+    for leg in (greedy, sampled):
+        assert list(leg["classes"]) == list(CLASSES)
+        for c in leg["classes"].values():
+            assert c["prompts"] == 1 and c["plain"]["tokens_per_s"] > 0 and 1 <= c["plain"]["new_tokens"] <= 12
+            assert list(c["drafts"]) == ["15", "auto"]
+            for d in c["drafts"].values():
+                assert d["tau"] >= 1.0 and 0.0 <= d["acceptance_rate"] <= 1.0 and d["mean_draft_length"] >= 0.0
+                assert d["speedup"] > 0 and d["median_speedup"] == pytest.approx(d["per_prompt_speedup"][0])
+                # greedy: DFlash's text is plain decoding's, token for token, at both draft settings
+                assert d["identical"] is (True if leg["greedy"] else None)
+            assert sum(c["drafts"]["15"]["draft_histogram"][1:]) >= 1  # fixed drafts (capped only near the end)
+    assert record["identical"] is True
+    code = greedy["classes"]["code"]["drafts"]["15"]
+    assert code["tau"] > 1.0  # the drafter was trained for these
+
+
+def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
+    from dflash_chat.demo_bench import format_report
+
+    leg = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "greedy": True, "app_defaults": False, "classes": {
+        "code": {"title": "held-out code questions (chat template)", "prompts": 2,
+                 "plain": {"tokens_per_s": 50.0},
+                 "drafts": {"15": {"tokens_per_s": 100.0, "speedup": 2.0, "median_speedup": 2.1, "tau": 5.0,
+                                   "acceptance_rate": 0.25, "mean_draft_length": 15.0, "identical": True},
+                            "auto": {"tokens_per_s": 110.0, "speedup": 2.2, "median_speedup": 2.3, "tau": 4.0,
+                                     "acceptance_rate": 0.5, "mean_draft_length": 6.0, "identical": False}}}}}
+    setup = {"prompts_per_class": {"code": 2}, "max_new_tokens": 8, "device": "cpu", "dtype": "float32", "threads": 1}
+    text = format_report({"setup": setup, "temperatures": {"0": leg}, "identical": False})
+    assert "temperature 0 (greedy)" in text and "2 prompts, plain decode 50.0 tok/s" in text
+    assert "fixed 16" in text and "2.00x (median 2.10x)" in text and "τ  5.00" in text and "acceptance  25.0%" in text
+    assert "identical: NO" in text and text.endswith("identical greedy output: NO: DFlash changed the output (a bug)")
+
+
+def test_bench_demo_sampled_leg_comes_from_the_flags_or_the_apps_defaults():
+    from dflash_chat.demo_bench import Sampling, sampling_legs
+    from dflash_chat.errors import UserError
+    from dflash_chat.settings import Settings
+
+    app = Settings()
+    assert sampling_legs(None, None, None) == [Sampling(), Sampling(app.temperature, app.top_p, app.top_k)]
+    assert sampling_legs(1.0, 0.9, None) == [Sampling(), Sampling(1.0, 0.9, app.top_k)]
+    assert sampling_legs(0.0, None, None) == [Sampling()]  # greedy alone
+    with pytest.raises(UserError, match="greedy leg only"):
+        sampling_legs(0.0, 0.9, None)
 
 
 def test_bench_measures_a_users_own_pair(pair, capsys):

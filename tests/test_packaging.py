@@ -49,11 +49,12 @@ def test_the_installed_copy_finds_its_data(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
-        "import json, dflash_chat, dflash_chat.demo as demo\n"
+        "import json, dflash_chat, dflash_chat.demo as demo, dflash_chat.demo_bench as demo_bench\n"
         "from dflash_chat.ui.themes import shipped_themes_dir\n"
         "from dflash_chat.catalog import load_catalog\n"
         "from pathlib import Path\n"
         "print(json.dumps({'package': dflash_chat.__file__, 'demo': demo.demo_available(),\n"
+        "  'bench_prompts': {k: len(v) for k, v in demo_bench.bench_prompts().items()},\n"
         "  'themes': sorted(p.name for p in shipped_themes_dir().glob('*.toml')),\n"
         "  'themes_dir': str(shipped_themes_dir()),\n"
         "  'tcss': (Path(dflash_chat.__file__).parent / 'ui' / 'app.tcss').is_file(),\n"
@@ -66,6 +67,7 @@ def test_the_installed_copy_finds_its_data(wheel, tmp_path):
     found = json.loads(done.stdout)
     assert Path(found["package"]).is_relative_to(site)  # the unpacked wheel, not the checkout
     assert found["demo"] and found["tcss"]
+    assert found["bench_prompts"]["raw_code"] and found["bench_prompts"]["prose"]  # bench --demo's own prompts
     assert Path(found["themes_dir"]).is_relative_to(site)
     assert found["themes"] == sorted(p.name for p in (ROOT / "themes").glob("*.toml"))
     assert "qwen3.6-27b" in found["pairs"]

@@ -16,8 +16,14 @@ SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b")  # engine/synthetic.py hol
 
 
 def register(subparsers) -> None:
+    from dflash_chat.settings import Settings
+
+    app = Settings()
     p = subparsers.add_parser("bench", help="measure DFlash against plain decoding")
-    p.add_argument("--demo", action="store_true", help="the embedded trained demo pair with its real drafter, on held-out prompts")
+    p.add_argument("--demo", action="store_true", help="the embedded trained demo pair with its real drafter: held-out "
+                   "code questions, raw code (no chat template) and prose questions; plain decoding, a fixed 16-token "
+                   "verify and auto, greedy (DFlash's text must equal plain decoding's, else the exit status is 1) "
+                   "and sampled (seed i for a class's i-th prompt)")
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
     p.add_argument("--drafter")
     p.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3_5_moe", "qwen3"], help="tiny random target's architecture")
@@ -26,14 +32,23 @@ def register(subparsers) -> None:
                    "of the --synthetic model (default: all of them)")
     p.add_argument("--acceptance", type=ranged(float, 0.0, 1.0), default=0.8, help="per-token acceptance of the error-injecting drafter")
     p.add_argument("--block", type=ranged(int, 1, 256), default=16, help="block size of the error-injecting drafter")
-    p.add_argument("--prompts", type=ranged(int, 1, 10_000), default=4)
+    p.add_argument("--prompts", type=ranged(int, 1, 10_000), default=4,
+                   help="prompts (with --demo: per class, at most as many as the class has)")
     p.add_argument("--tokens", type=flag("max_new_tokens"), default=128, help="new tokens per prompt")
+    # --demo's sampled leg; None: the app's default (settings.py)
+    p.add_argument("--temperature", type=flag("temperature"),
+                   help=f"--demo: the sampled leg's temperature (default: the app's, {app.temperature}); the greedy leg "
+                   "(temperature 0) runs too, unless this is 0: then it alone runs")
+    p.add_argument("--top-p", type=flag("top_p"), help=f"--demo: the sampled leg's top-p (default: the app's, {app.top_p})")
+    p.add_argument("--top-k", type=flag("top_k"), help=f"--demo: the sampled leg's top-k (default: the app's, {app.top_k})")
     p.add_argument("--device")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="tiny random target's dtype (default: bfloat16 on CUDA, float32 on CPU); float32 keeps greedy runs bit-comparable")
     p.add_argument("--threads", type=ranged(int, 1, 4096), help="torch CPU threads")
     p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny random target")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the figures as one JSON object; with --demo: setup, then "
+                   "temperatures -> classes -> plain and drafts (\"15\", \"auto\") -> tau, acceptance_rate, speedup, "
+                   "median_speedup, mean_draft_length, identical")
     p.add_argument("--synthetic", metavar="MODEL", choices=sorted(SYNTHETIC_MODELS),
                    help=f"a real model's shapes with random packed weights ({', '.join(sorted(SYNTHETIC_MODELS))}): "
                    "step times against the memory-bandwidth floor, kernels per step, tok/s")
@@ -122,19 +137,13 @@ def _real_pair(args, target_dir, drafter_dir):
 
 
 def _demo(args) -> int:
-    """The embedded demo pair on its held-out prompts (never seen in training), the trainer's own measure."""
-    from dflash_chat.demo import demo_paths
-    from dflash_chat.train.evaluate import demo_heldout_prompts, format_report, measure_pair
+    """The embedded demo pair per prompt class, draft setting and temperature (dflash_chat/demo_bench.py)."""
+    from dflash_chat import demo_bench
 
-    target_dir, drafter_dir = demo_paths()
-    report = measure_pair(target_dir, drafter_dir, prompts=demo_heldout_prompts()[: args.prompts],
-                          max_new_tokens=args.tokens, device=args.device or "cpu")
-    if args.json:
-        print(json.dumps({"setup": "embedded demo pair, held-out prompts, greedy, thinking off", **report.as_dict()}))
-    else:
-        print("embedded demo pair (real trained drafter) on held-out prompts; autoregressive and DFlash with the same engine")
-        print(format_report(report))
-    return 0 if report.identical else 1
+    legs = demo_bench.sampling_legs(args.temperature, args.top_p, args.top_k)
+    figures = demo_bench.run(prompts=args.prompts, max_new_tokens=args.tokens, legs=legs, device=args.device or "cpu")
+    print(json.dumps(figures) if args.json else demo_bench.format_report(figures))
+    return 0 if figures["identical"] else 1
 
 
 def _http(args) -> int:
@@ -197,6 +206,14 @@ def _check(args) -> None:
         raise UserError("--http measures a real pair through the API: leave out --synthetic")
     if args.vs_transformers and (args.demo or args.target):
         raise UserError("--vs-transformers times transformers on the tiny random target only: leave out --demo and --target")
+    sampling = [flag for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p),
+                                         ("--top-k", args.top_k)) if value is not None]
+    if sampling and (not args.demo or args.http):
+        raise UserError(f"{', '.join(sampling)} go with --demo (its sampled leg; --http measures greedy answers)")
+    if args.demo:
+        from dflash_chat.demo_bench import sampling_legs
+
+        sampling_legs(args.temperature, args.top_p, args.top_k)  # refuses what does not go together
     if args.target and not args.drafter:
         raise UserError("give --drafter DIR with --target DIR")
     if args.drafter and not args.target:

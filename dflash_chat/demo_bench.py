@@ -1,0 +1,238 @@
+"""`dflash-chat bench --demo`: what a user of the demo pair gets, per kind of prompt, draft setting and temperature.
+
+Three classes of prompts on the embedded demo pair (a tiny target trained on the Python standard
+library, and its DFlash drafter):
+- code: the held-out code questions (chat template; the items they ask about were kept out of training),
+- raw_code: the start of a Python function, sent as is without the chat template (as `run --raw` does),
+- prose: plain English questions (chat template), which the demo was not trained for.
+The last two are data beside the held-out prompts (demo_data/bench_prompts.json).
+
+Three engines over the one loaded target decode every prompt: plain (draft "off": the baseline, the
+same engine code), a fixed 16-token verify (draft 15) and `auto` (the app's default). Each prompt is
+decoded by the three in turn before the next one, so drift on the machine hits them alike, and each
+prompt is its own conversation (its own key for auto's acceptance estimate, as a new chat is); auto's
+engine keeps its running estimate over all answers, as the app's does across chats. The greedy leg
+(temperature 0) checks DFlash's text against plain decoding's, token for token; the sampled leg runs
+at the app's defaults (settings.py) or the given --temperature/--top-p/--top-k, with seed i for the
+i-th prompt of each class (repeatable for a fixed draft setting; auto's choices follow measured step
+times, so its draws may differ between runs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from dflash_chat.bench import Comparison, Run, Totals, _divergence, generate
+
+PROMPTS_FILE = "bench_prompts.json"
+DRAFTS = (15, "auto")  # the DFlash settings measured against plain decoding
+DRAFT_LABELS = {"15": "fixed 16", "auto": "auto"}  # by the setting as the engine writes it (stats.draft)
+CLASSES = {
+    "code": "held-out code questions (chat template)",
+    "raw_code": "raw code, no chat template",
+    "prose": "prose questions (chat template; not what the demo was trained for)",
+}
+DRAFT_NOTES = {
+    "15": "fixed: 15 drafts verified per step (a 16-token verify)",
+    "auto": "chosen per step: 0 (a plain step) or one of a few block sizes, by expected tokens/s",
+}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def key(self) -> str:
+        """The leg's key in the JSON: the temperature as written ("0", "0.7")."""
+        return format(self.temperature, "g")
+
+    @property
+    def title(self) -> str:
+        if self.greedy:
+            return "temperature 0 (greedy)"
+        return f"temperature {self.key}, top-p {self.top_p:g}, top-k {self.top_k}"
+
+
+def sampling_legs(temperature: float | None, top_p: float | None, top_k: int | None) -> list[Sampling]:
+    """Greedy, then the sampled leg: the app's defaults where a flag is not given. `--temperature 0`
+    asks for the greedy leg only (and then --top-p/--top-k have nothing to shape)."""
+    from dflash_chat.errors import UserError
+    from dflash_chat.settings import Settings
+
+    if temperature == 0:
+        if top_p is not None or top_k is not None:
+            raise UserError("--temperature 0 runs the greedy leg only: leave out --top-p and --top-k, "
+                            "or give a temperature above 0 for the sampled leg")
+        return [Sampling()]
+    app = Settings()
+    sampled = Sampling(app.temperature if temperature is None else temperature,
+                       app.top_p if top_p is None else top_p, app.top_k if top_k is None else top_k)
+    return [Sampling(), sampled]
+
+
+def bench_prompts() -> dict[str, list[str]]:
+    """The raw-code and prose prompts shipped beside the demo pair."""
+    from dflash_chat.demo import demo_dir
+
+    data = json.loads((demo_dir() / PROMPTS_FILE).read_text())
+    return {"raw_code": list(data["raw_code"]), "prose": list(data["prose"])}
+
+
+def prompt_classes(tokenizer, per_class: int) -> dict[str, list[list[int]]]:
+    """Token ids of the first `per_class` prompts of each class, as the app (or `run --raw`) encodes them."""
+    from dflash_chat.chat.prompt import build_prompt, encode
+    from dflash_chat.train.evaluate import demo_heldout_prompts
+
+    data = bench_prompts()
+    chats = {"code": demo_heldout_prompts(), "prose": [[{"role": "user", "content": q}] for q in data["prose"]]}
+    out = {name: [build_prompt(tokenizer, chat, thinking=False).ids for chat in chats[name][:per_class]]
+           for name in ("code", "prose")}
+    out["raw_code"] = [encode(tokenizer, text) for text in data["raw_code"][:per_class]]
+    return {name: out[name] for name in CLASSES}
+
+
+def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str = "cpu") -> dict:
+    """Every class, leg and draft setting against plain decoding; the figures as one JSON-ready dict."""
+    import torch
+
+    from dflash_chat.chat.prompt import stop_token_ids
+    from dflash_chat.demo import DEMO_NAME, demo_paths
+    from dflash_chat.engine.load import load_drafter, load_pair
+    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.spec import Engine
+    from dflash_chat.settings import Settings
+
+    target_dir, drafter_dir = demo_paths()
+    plain = load_pair(target_dir, None, device=device, dtype=torch.float32, draft="off")  # float32: greedy bit-comparable
+    target, context = plain.engine.target, plain.engine.max_context
+    engines = {draft: Engine(target, load_drafter(drafter_dir, target), max_context=context, draft=draft)
+               for draft in DRAFTS}
+    tok = plain.tokenizer
+    stops = stop_token_ids(tok, extra=target.cfg.eos_token_id)
+    classes = prompt_classes(tok, prompts)
+
+    def params(leg: Sampling, seed: int | None) -> SamplingParams:
+        return SamplingParams(leg.temperature, leg.top_p, leg.top_k, max_new_tokens, stops,
+                              seed=None if leg.greedy else seed)
+
+    # first calls pay for allocations (and auto for measuring its step costs): one answer per leg, untimed
+    first = classes["code"][0]
+    for leg in legs:
+        for engine in (plain.engine, *engines.values()):
+            _answer(engine, first, params(leg, 0), ("warm-up", leg.key))
+
+    app = Settings()
+    figures = {}
+    identical = True
+    for leg in legs:
+        per_class = {}
+        for name, ids in classes.items():
+            comparisons = {draft: Comparison() for draft in DRAFTS}
+            for i, prompt in enumerate(ids):
+                conversation = ("bench", leg.key, name, i)  # each prompt a new chat
+                ar = _answer(plain.engine, prompt, params(leg, i), conversation)
+                for draft, engine in engines.items():
+                    spec = _answer(engine, prompt, params(leg, i), conversation)
+                    c = comparisons[draft]
+                    c.ar.append(ar)
+                    c.spec.append(spec)
+                    if leg.greedy and spec.tokens != ar.tokens:
+                        c.divergences.append(_divergence(plain.engine, i, prompt, ar.tokens, spec.tokens))
+            if leg.greedy:
+                identical &= all(c.identical for c in comparisons.values())
+            per_class[name] = _class_figures(name, comparisons, leg.greedy)
+        figures[leg.key] = {"temperature": leg.temperature, "top_p": leg.top_p, "top_k": leg.top_k,
+                            "greedy": leg.greedy, "seeds": None if leg.greedy else "prompt index within its class",
+                            "app_defaults": not leg.greedy and leg == Sampling(app.temperature, app.top_p, app.top_k),
+                            "classes": per_class}
+    setup = {
+        "pair": DEMO_NAME,
+        "device": str(plain.device),
+        "dtype": "float32",
+        "threads": torch.get_num_threads() if plain.device.type == "cpu" else None,
+        "prompts_per_class": {name: len(ids) for name, ids in classes.items()},
+        "max_new_tokens": max_new_tokens,
+        "thinking": False,
+        "baseline": "plain decoding: the same engine with draft off, on the same loaded target",
+        "order": "per prompt: plain, then each draft setting, before the next prompt",
+        "conversation": "each prompt its own conversation (auto's acceptance estimate starts from the engine's "
+                        "running one, as a new chat's does)",
+        "drafts": DRAFT_NOTES,
+        "classes": CLASSES,
+    }
+    return {"setup": setup, "temperatures": figures, "identical": identical}
+
+
+def _answer(engine, prompt: list[int], params, conversation) -> Run:
+    engine.reset()  # each prompt from an empty state, as compare() does: no prefix reuse between prompts
+    return generate(engine, prompt, params, conversation=conversation)
+
+
+def _class_figures(name: str, comparisons: dict, greedy: bool) -> dict:
+    any_c = next(iter(comparisons.values()))
+    drafts = {}
+    for draft, c in comparisons.items():
+        drafts[str(draft)] = {
+            "tau": c.mean_acceptance_length,
+            "acceptance_rate": c.acceptance_rate,
+            "tokens_per_s": c.spec_tokens_per_s,
+            "speedup": c.speedup,
+            "median_speedup": c.median_speedup,
+            "per_prompt_speedup": c.speedups,
+            "mean_draft_length": c.mean_draft_length,
+            "identical": c.identical if greedy else None,
+            "divergences": [vars(d) for d in c.divergences],
+            "new_tokens": c.new_tokens,
+            "acceptance_histogram": c.acceptance_histogram,
+            "draft_histogram": c.draft_histogram,
+            "draft_ms_per_step": c.draft_ms_per_step,
+            "verify_ms_per_step": c.verify_ms_per_step,
+        }
+    return {
+        "title": CLASSES[name],
+        "chat_template": name != "raw_code",
+        "prompts": len(any_c.ar),
+        "plain": {"tokens_per_s": any_c.ar_tokens_per_s, "new_tokens": Totals.of(any_c.ar).new_tokens,
+                  "ms_per_step": any_c.ar_ms_per_step},
+        "drafts": drafts,
+    }
+
+
+def format_report(f: dict) -> str:
+    s = f["setup"]
+    counts = ", ".join(f"{n} {name}" for name, n in s["prompts_per_class"].items())
+    threads = f", {_count(s['threads'], 'CPU thread')}" if s["threads"] else ""
+    lines = [
+        "embedded demo pair (real trained drafter); plain decoding and DFlash with the same engine, per prompt in turn",
+        f"prompts: {counts}; {s['max_new_tokens']} new tokens at most, thinking off, {s['device']} {s['dtype']}{threads}",
+        "fixed 16: 15 drafts verified per step; auto: drafts chosen per step (0 = a plain step); "
+        "τ: tokens per step; speed: decode tok/s over plain's (all prompts, and the median per prompt)",
+    ]
+    for leg in f["temperatures"].values():
+        title = Sampling(leg["temperature"], leg["top_p"], leg["top_k"]).title
+        if not leg["greedy"]:
+            title += (" (the app's defaults)" if leg["app_defaults"] else "") + ", seed = the prompt's index in its class"
+        lines += ["", title]
+        for c in leg["classes"].values():
+            lines.append(f"  {c['title']}: {_count(c['prompts'], 'prompt')}, plain decode {c['plain']['tokens_per_s']:.1f} tok/s")
+            for key, d in c["drafts"].items():
+                label = DRAFT_LABELS.get(key, key)
+                row = (f"    {label:<8} {d['tokens_per_s']:7.1f} tok/s  {d['speedup']:5.2f}x (median {d['median_speedup']:.2f}x)"
+                       f"  τ {d['tau']:5.2f}  acceptance {d['acceptance_rate']:6.1%}  mean draft {d['mean_draft_length']:5.2f}")
+                if d["identical"] is not None:
+                    row += f"  identical: {'yes' if d['identical'] else 'NO'}"
+                lines.append(row)
+    lines += ["", f"identical greedy output: {'yes' if f['identical'] else 'NO: DFlash changed the output (a bug)'}"]
+    return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
