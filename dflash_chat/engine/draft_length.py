@@ -14,11 +14,11 @@ does not pay (the cost stays a few percent of plain decoding).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
 PRIOR = 0.8  # per-position acceptance assumed before anything is seen
-PRIOR_WEIGHT = 2.0  # pseudo-observations behind a fresh estimate
+PRIOR_WEIGHT = 4.0  # pseudo-observations behind a fresh estimate
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
 PROBE_FIRST, PROBE_MAX = 4, 32  # plain steps between tries of a short draft: first, and at most
 
@@ -57,10 +57,14 @@ def verify_sizes(draft: str | int, block: int) -> list[int]:
 
 @dataclass
 class Acceptance:
-    """Per draft position: decayed counts of the tries and the accepts."""
+    """Per draft position: decayed counts of the tries and the accepts; and, while plain steps win, how many
+    ran in a row and how many to run before the next try of a short draft (kept across a conversation's
+    answers, so a conversation that drafts badly stops paying for tries)."""
 
     tries: list[float]
     hits: list[float]
+    plain_run: int = 0
+    probe_every: int = PROBE_FIRST
 
     @classmethod
     def prior(cls, positions: int) -> Acceptance:
@@ -113,21 +117,17 @@ class AutoDraft:
     sizes: list[int]
     acceptance: Acceptance
     costs: Costs
-    plain_run: int = 0  # plain steps in a row
-    probe_every: int = PROBE_FIRST
-    probing: bool = field(default=False, init=False)
 
     def choose(self) -> int:
         """The verify size of the next step."""
-        rate = {T: self.acceptance.expected_tokens(T - 1) / self.costs.step(T) for T in self.sizes}
+        a = self.acceptance
+        rate = {T: a.expected_tokens(T - 1) / self.costs.step(T) for T in self.sizes}
         best = max(self.sizes, key=lambda T: rate[T])
-        self.probing = False
         if best > 1:
-            self.plain_run, self.probe_every = 0, PROBE_FIRST
+            a.plain_run, a.probe_every = 0, PROBE_FIRST
             return best
-        self.plain_run += 1
-        if len(self.sizes) > 1 and self.plain_run >= self.probe_every:
-            self.plain_run, self.probe_every = 0, min(PROBE_MAX, 2 * self.probe_every)
-            self.probing = True
+        a.plain_run += 1
+        if len(self.sizes) > 1 and a.plain_run >= a.probe_every:
+            a.plain_run, a.probe_every = 0, min(PROBE_MAX, 2 * a.probe_every)
             return self.sizes[1]
         return 1
