@@ -27,6 +27,7 @@ from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.sizes import rate_text, size_text
 
 ACCEPTANCE_LENGTHS = (1, 3, 6)  # tokens per verify step the DFlash runs are forced to
+AUTO_LENGTHS = (1, 6)  # auto against plain decoding (nothing accepted) and against whole blocks (6 per step)
 
 
 @dataclass
@@ -269,7 +270,7 @@ def _end_to_end(r: Report, ar_run, spec, oracle, reference, prompt, params) -> N
     runs = []
     for draft in (spec.block_size - 1, "auto"):
         spec.set_draft(draft)
-        for length in ACCEPTANCE_LENGTHS:
+        for length in ACCEPTANCE_LENGTHS if draft != "auto" else AUTO_LENGTHS:
             oracle.accept_prob = length - 1  # drafts right before the first wrong one
             oracle.rebase(reference)
             if spec.device.type == "cuda":

@@ -36,7 +36,7 @@ from dflash_chat.engine.steps import Clock, Steps
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
 CONVERSATIONS = 64  # acceptance estimates kept (least recently used dropped)
-COST_ROUNDS = 4  # timed warm-up steps per verify size (the first is not counted; the fastest of the rest is)
+COST_ROUNDS = 3  # timed warm-up steps per verify size (the first is not counted; the fastest of the rest is)
 
 
 class Drafter(Protocol):

@@ -83,7 +83,7 @@ def test_bench_synthetic_runs_on_the_cpu(tmp_path):
         assert figures[key] > 0, key
     assert all(n > 0 for n in figures["kernels_per_step"].values())
     runs = {(d["draft"], d["forced_acceptance_length"]): d for d in figures["dflash"]}
-    assert set(runs) == {(draft, n) for draft in ("15", "auto") for n in (1, 3, 6)}
+    assert set(runs) == {("15", 1), ("15", 3), ("15", 6), ("auto", 1), ("auto", 6)}
     assert all(d["identical_to_ar"] for d in runs.values())
     whole = {n: runs["15", n] for n in (1, 3, 6)}
     assert whole[6]["mean_acceptance_length"] > whole[3]["mean_acceptance_length"] > whole[1]["mean_acceptance_length"]

@@ -167,6 +167,7 @@ class TargetModel(nn.Module):
         self.commit(state, torch.tensor(keep, device=self.model.norm.weight.device))
         state.pending = 0
 
+    @torch.no_grad()
     def commit(self, state: ModelState, keep: torch.Tensor) -> None:
         """Bring every GDN layer to the state after the first `keep` (a 0-d device tensor) tokens of the last
         speculative forward (attention needs nothing: its rows past the length are ignored)."""

@@ -60,6 +60,7 @@ class Steps:
                 torch.cuda.synchronize(dev)
 
     # -- prefill (variable shapes, positions on the host) ------------------------------
+    @torch.no_grad()
     def prefill(self, ids: list[int], final: bool) -> torch.Tensor | None:
         """Run prompt tokens at the state's length; the drafter gets their context. Logits of the last when final."""
         tensor = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -119,6 +120,7 @@ class Steps:
         keys = [("draft", self._sampling_key())] if T > 1 else []
         return keys + [("verify", T), ("accept", T, self._sampling_key()), ("commit", T)]
 
+    @torch.no_grad()
     def _capture_all(self) -> None:
         """Warm every size's entry points up in step order, then capture each. Nothing runs during a capture,
         so every capture reads buffers that hold real values (accept and commit read verify's outputs)."""
@@ -143,6 +145,7 @@ class Steps:
             fn()
         return graph
 
+    @torch.no_grad()  # a commit updates state from parameters: under autograd each would chain onto the last
     def _run(self, key: tuple) -> None:
         graph = self.graphs.get(key) if self.graphs is not None else None
         if graph is not None:
