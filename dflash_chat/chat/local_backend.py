@@ -39,7 +39,7 @@ PROGRESS_EVERY_S = 0.1  # loading progress is posted at most this often
 
 class LocalBackend(Backend):
     def __init__(self, settings: Settings, request: ModelSource | Pick | None = None) -> None:
-        self.settings = settings  # the screen keeps it current (context_length, decode)
+        self.settings = settings  # the screen keeps it current (context_length, decode, draft)
         self.request = request  # what the flags or settings asked for: files, or a Pick to choose
         self.source = request if isinstance(request, ModelSource) else None  # the files being loaded
         self.chosen = None  # the model manager's Chosen, when it chose
@@ -130,8 +130,9 @@ class LocalBackend(Backend):
             note = f"{self.chosen.explanation}\n\n{loading}" if self.chosen else loading
         panel = self.chosen.explanation if self.chosen and not source.demo else "loading…"
         self._status(note, "loading model…", panel)
-        context, decode = source.context or self.settings.context_length, self.settings.decode
-        self.spawn(lambda: self._load(source, context, decode), "model")
+        settings = self.settings
+        context, decode, draft = source.context or settings.context_length, settings.decode, settings.draft
+        self.spawn(lambda: self._load(source, context, decode, draft), "model")
 
     def reload_for_context(self) -> None:
         """The context length changed: a choice may change, loaded files load again (as a new request:
@@ -240,7 +241,7 @@ class LocalBackend(Backend):
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
             post(ModelUnavailable(pick, one_line(exc, "choosing a model")))
 
-    def _load(self, source: ModelSource, context_length: int, decode: str) -> None:
+    def _load(self, source: ModelSource, context_length: int, decode: str, draft: str | int) -> None:
         post = self.post
         started = time.perf_counter()
         last = [0.0]
@@ -255,7 +256,7 @@ class LocalBackend(Backend):
             from dflash_chat.engine.load import load_pair  # first torch import happens here
 
             pair = load_pair(source.target, source.drafter, tokenizer=source.tokenizer, device=load_device(source),
-                             max_context=context_length, decode=decode, progress=progress)
+                             max_context=context_length, decode=decode, draft=draft, progress=progress)
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
             post(ModelFailed(source, one_line(exc, "loading the model")))
             return

@@ -85,10 +85,12 @@ def test_flags_reach_the_app(home, tmp_path):
     from dflash_chat.commands.chat import build_app
 
     args = cli.build_parser().parse_args(
-        ["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--data-dir", str(tmp_path / "data")])
+        ["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--data-dir", str(tmp_path / "data"),
+         "--draft", "5"])
     app = build_app(args, Settings())
     try:
         assert app.chat.backend.request == ModelSource(str(tmp_path / "t"), str(tmp_path / "d"))
+        assert app.chat.backend.settings.draft == 5 and not paths.config_file().exists()  # this session's only
         assert app.store.path == tmp_path / "data" / "history.sqlite3"
         assert app.store.path.exists()
     finally:
