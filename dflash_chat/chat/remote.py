@@ -386,6 +386,7 @@ class Reader:
             new_tokens=self.new_tokens(),
             ttft_s=(self.first - self.started) if self.first is not None else now - self.started,
             decode_s=(self.last - self.first) if self.first is not None else 0.0,
+            draft="",  # not known here; the server may say it with its figures
         )
         return _stats_with(stats, self.acceptance)
 

@@ -32,6 +32,12 @@ class EngineSession:
     def speculative(self) -> bool:
         return self.pair.drafter_name is not None
 
+    @property
+    def draft(self) -> str:
+        """The draft setting answers are written with, as GenerationStats says it ("off" without a drafter)."""
+        engine = self.pair.engine
+        return str(engine.draft) if engine.drafter is not None else "off"
+
     def chat_prompt(self, turns: list[dict[str, str]], thinking: bool, previous: Transcript | None) -> Prompt:
         return next_prompt(self.tokenizer, turns, thinking=thinking, previous=previous)
 
@@ -59,6 +65,7 @@ class EngineSession:
             post,
             stops=StopStrings(stop) if stop else None,
             cancel=cancel,
+            draft=self.draft,
         )
 
     @staticmethod

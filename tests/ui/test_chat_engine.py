@@ -88,7 +88,7 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     hook = Seen(AnswerChunk)
 
     async def main():
-        app = make_app(tiny_pair, max_new_tokens=8)
+        app = make_app(tiny_pair, max_new_tokens=8, draft=4)  # a fixed draft length: the same steps alone
         async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
             await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "hello there")
@@ -113,6 +113,7 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     assert shown["tok/s (last)"] == format_speed(stats.decode_tokens_per_s)
     assert shown["acceptance"] == format_rate(stats.acceptance_rate)
     assert shown["tokens/step"] == f"{stats.mean_acceptance_length:.2f}"
+    assert shown["drafts/step"] == f"4 · {stats.mean_draft_length:.1f}" and stats.draft == "4"
     assert shown["new"] == "8" and shown["prompt"] == f"{len(prompt.ids)} (0 reused)"
     assert shown["drafter"] == "drafter" and shown["target"] == "target"
     assert shown["RAM"].endswith("GB")
@@ -121,11 +122,11 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.sampling import SamplingParams
 
-    pair = load_pair(*tiny_pair, max_context=1024)
+    pair = load_pair(*tiny_pair, max_context=1024, draft=4)
     params = SamplingParams(max_new_tokens=8, stop_token_ids=stop_token_ids(pair.tokenizer))
     alone = list(pair.engine.generate(prompt.ids, params, threading.Event()))[-1].stats
-    assert (alone.new_tokens, alone.steps, alone.drafted, alone.accepted) == (
-        stats.new_tokens, stats.steps, stats.drafted, stats.accepted)
+    assert (alone.new_tokens, alone.steps, alone.drafted, alone.accepted, alone.draft_histogram) == (
+        stats.new_tokens, stats.steps, stats.drafted, stats.accepted, stats.draft_histogram)
     # saved as complete, with its stats
     saved = HistoryStore(paths.history_db()).load(1).messages
     assert [m.role for m in saved] == ["user", "assistant"]
