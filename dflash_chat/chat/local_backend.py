@@ -10,6 +10,7 @@ a `post` of its own (commands/serve.py). torch is imported only inside the worke
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import replace
 
@@ -49,6 +50,8 @@ class LocalBackend(Backend):
         self.subtitle = ""
         self.panel_note = ""
         self._note = ""
+        self._opened = itertools.count(1)
+        self._chat_key = 0  # which opening of a chat the answers belong to (see `answer`)
 
     # what the screen reads
 
@@ -216,6 +219,7 @@ class LocalBackend(Backend):
 
     def open_chat(self, chat) -> None:
         self._open_chat = chat
+        self._chat_key = next(self._opened)
         chat_id = getattr(chat, "id", None)
         self.transcript = self.transcripts.get(chat_id) if chat_id is not None else None
 
@@ -264,16 +268,22 @@ class LocalBackend(Backend):
 
     def answer(self, request: AnswerRequest) -> None:
         session, previous = self.session, self.transcript
-        self.spawn(lambda: self._answer(session, request, previous), "generate")
+        # auto's acceptance estimate: one per opening of a chat (a new chat, or another one opened, starts
+        # afresh from the engine's estimate over all answers) and per thinking setting within it, since
+        # drafters accept far less of thinking text
+        conversation = ("chat", self._chat_key, request.thinking)
+        self.spawn(lambda: self._answer(session, request, previous, conversation), "generate")
 
-    def _answer(self, session, request: AnswerRequest, previous: Transcript | None) -> None:
+    def _answer(self, session, request: AnswerRequest, previous: Transcript | None, conversation) -> None:
         post = self.post
         try:
+            session.use_draft(request.draft)  # here, not on the UI thread: it rebuilds the engine's steps
             prompt = session.chat_prompt(request.turns, request.thinking, previous)
             params = session.params(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
                                     max_new_tokens=request.max_new_tokens)
             post(PromptSent(prompt))
-            end = session.answer(prompt, params, request.cancel, lambda chunk: post(AnswerChunk(chunk)))
+            end = session.answer(prompt, params, request.cancel, lambda chunk: post(AnswerChunk(chunk)),
+                                 conversation=conversation)
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
             post(AnswerEnded(StreamEnd("error", "", "", None, one_line(exc, "generation")), None, session.pair,
                              request.chat))
