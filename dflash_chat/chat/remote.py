@@ -395,6 +395,7 @@ def _stats_with(stats: GenerationStats, acceptance) -> GenerationStats:
     if acceptance is not None:
         stats.steps, stats.drafted, stats.accepted = acceptance.steps, acceptance.drafted, acceptance.accepted
         stats.acceptance_histogram = list(acceptance.histogram)
+        stats.draft = acceptance.draft
         stats.speculative = True
     return stats
 
