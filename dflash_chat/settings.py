@@ -55,7 +55,8 @@ class Settings:
     model: str = ""
     drafter: str = ""
     context_length: int = 8192
-    decode: str = "auto"  # the decode path: auto (CUDA graphs on a GPU), graphs, fixed or eager (engine/spec.py)
+    decode: str = "auto"  # the decode path: auto (CUDA graphs on a GPU), graphs or fixed (engine/spec.py)
+    draft: str | int = "auto"  # drafts each step verifies: "auto", "off" or a number (engine/draft_length.py)
     # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; the ids are in ui/keymap.py
     keymap: dict[str, str] = field(default_factory=dict)
     # name -> URL of an OpenAI-compatible server, for `dflash-chat --endpoint NAME`
@@ -157,7 +158,26 @@ def _one_of(*options: str) -> Callable[[Any], str]:
     return check
 
 
-DECODE_PATHS = ("auto", "graphs", "fixed", "eager")
+DECODE_PATHS = ("auto", "graphs", "fixed")
+OLD_DECODE_NAMES = {"eager": "fixed"}  # the variable-shape eager steps are gone; the fixed ones run uncaptured
+DRAFT_WORDS = ("auto", "off")
+MAX_DRAFT = 64
+
+
+def _decode(value: Any) -> str:
+    text = str(value).strip().lower()
+    return _one_of(*DECODE_PATHS)(OLD_DECODE_NAMES.get(text, text))
+
+
+def _draft(value: Any) -> str | int:
+    """auto, off, or a number of drafts per step (kept as a number, as `draft = 7` reads in the file)."""
+    if isinstance(value, str) and value.strip().lower() in DRAFT_WORDS:
+        return value.strip().lower()
+    try:
+        return _number(int, 1, MAX_DRAFT)(value)
+    except _Invalid:
+        raise _Invalid(f"must be auto, off or a number of drafts per step (1-{MAX_DRAFT}), got {value!r}") from None
+
 
 VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "temperature": _number(float, 0.0, 2.0),
@@ -170,7 +190,8 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "model": _text,
     "drafter": _text,
     "context_length": _number(int, 256, 1_048_576),
-    "decode": _one_of(*DECODE_PATHS),
+    "decode": _decode,
+    "draft": _draft,
     "keymap": _keymap,
     "endpoints": _endpoints,
 }
@@ -186,7 +207,10 @@ DESCRIPTIONS: dict[str, str] = {
     "model": "pair name (dflash-chat models) or model folder/GGUF; empty: pick for this GPU",
     "drafter": "DFlash drafter directory (empty = plain decoding)",
     "context_length": "tokens of context the model keeps",
-    "decode": "decode path: auto (CUDA graphs on a GPU, eager on the CPU), graphs, fixed (same steps, not captured) or eager",
+    "decode": "decode path: auto (CUDA graphs on a GPU, the same steps uncaptured elsewhere), graphs, or fixed "
+              "(uncaptured; eager is an older name for it)",
+    "draft": "drafts each step verifies: auto (picked per step for speed), off (plain decoding), or a number "
+             f"1-{MAX_DRAFT} (at most the drafter's block - 1)",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
     "endpoints": "named OpenAI-compatible servers: name=URL;other=URL (dflash-chat --endpoint NAME)",
 }

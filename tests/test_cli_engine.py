@@ -19,6 +19,22 @@ def test_run_prints_the_answer_and_a_stats_line(pair, capsys):
     assert main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hello", "--max-tokens", "12", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert "tok/s" in out[-1] and "acceptance" in out[-1] and "tokens/step" in out[-1]
+    assert " · draft auto, " in out[-1] and out[-1].endswith("/step")
+
+
+def test_run_draft_sets_how_many_drafts_each_step_verifies(pair, capsys):
+    target, drafter = pair
+    common = ["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "10",
+              "--device", "cpu", "--json", "--draft"]
+    assert main(common + ["3"]) == 0
+    three = json.loads(capsys.readouterr().out)
+    used = [k for k, steps in enumerate(three["draft_histogram"]) if steps]
+    assert three["draft"] == "3" and max(used) == 3  # fewer only where fewer tokens are left to write
+    assert three["draft_histogram"][3] >= three["steps"] - 3 and three["mean_draft_length"] <= 3
+    assert main(common + ["off"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["draft"] == "off" and off["drafted"] == 0 and off["draft_histogram"][0] == off["steps"] == 9
+    assert off["answer"] == three["answer"]  # greedy: the same tokens, however many drafts
 
 
 def test_run_streams_the_same_answer_the_json_record_holds(pair, capsys):

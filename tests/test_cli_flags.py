@@ -69,6 +69,29 @@ def test_every_numeric_flag_is_checked_in_one_line(capsys, argv, fragment):
     assert fragment in one_line_error(capsys)
 
 
+DRAFT_RULE = "must be auto, off or a number of drafts per step (1-64)"
+
+
+@pytest.mark.parametrize(
+    "argv, command, value",
+    [
+        (["--draft", "0"], "dflash-chat", "'0'"),
+        (["run", "--target", MISSING, "--drafter", MISSING, "--prompt", "hi", "--draft", "lots"], "dflash-chat run",
+         "'lots'"),
+        (["serve", "--target", MISSING, "--draft", "65"], "dflash-chat serve", "'65'"),
+    ],
+)
+def test_draft_is_checked_like_the_setting_before_anything_loads(capsys, argv, command, value):
+    assert main(argv) == 2
+    assert one_line_error(capsys) == f"{command}: argument --draft: {DRAFT_RULE}, got {value} (see `{command} --help`)"
+
+
+def test_draft_is_for_a_local_engine_not_an_endpoint(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path))
+    assert main(["--endpoint", "http://127.0.0.1:9/v1", "--draft", "3"]) == 2
+    assert one_line_error(capsys) == "dflash-chat: --endpoint chats with a server's model: leave out --draft"
+
+
 @pytest.mark.parametrize(
     "argv, fragment",
     [

@@ -120,6 +120,7 @@ class AnswerRequest:
     top_k: int
     max_new_tokens: int
     cancel: threading.Event
+    draft: str | int = "auto"  # drafts per step, for a local engine (the draft setting)
 
 
 class Backend:

@@ -57,13 +57,15 @@ def stream_answer(
     clock: Callable[[], float] = time.monotonic,
     stops: StopStrings | None = None,
     cancel: threading.Event | None = None,
+    draft: str = "",
 ) -> StreamEnd:
     """Drain `events`, posting StreamChunks at most every `interval` s (the first token at once);
     returns how the answer ended. With `stops`, text ends before the first stop string and `cancel`
-    (the engine's flag) is set, so the engine ends at its next step; the answer ended by "stop"."""
+    (the engine's flag) is set, so the engine ends at its next step; the answer ended by "stop".
+    `draft`: the engine's draft setting, for the running figures."""
     start = clock()
     last_post = start
-    live = LiveStats()
+    live = LiveStats(draft=draft)
     thinking_parts: list[str] = []
     answer_parts: list[str] = []
     pending_thinking: list[str] = []

@@ -300,15 +300,18 @@ def _stats_from_json(text: str | None) -> GenerationStats | None:
         values = {k: v for k, v in record.items() if k in fields}
         if not all(_fits(fields[k].default, v) for k, v in values.items()):
             return None
+        values.setdefault("draft", "")  # saved before the draft setting existed: not known
         return GenerationStats(**values)
     except (ValueError, TypeError, AttributeError):
         return None
 
 
 def _fits(default: object, value: object) -> bool:
-    """A saved figure has the kind of its field: a number, a flag, or (the histogram) whole numbers."""
+    """A saved figure has the kind of its field: a number, a flag, text, or (a histogram) whole numbers."""
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, str):
+        return isinstance(value, str)
     if isinstance(default, (int, float)):
         return isinstance(value, (int, float))
     return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in value)

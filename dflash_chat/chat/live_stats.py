@@ -24,6 +24,8 @@ class LiveStats(AcceptanceFigures):
     ttft_s: float | None = None
     decode_s: float = 0.0  # since the first new token
     recent_lengths: list[int] = field(default_factory=list)  # tokens committed per decode step
+    draft: str = ""  # the draft setting ("auto", "off", "7"); "" when not known (a server's answer)
+    last_drafted: int = 0  # drafts the latest decode step verified (what `auto` uses now)
 
     def on_prefilled(self, event: Prefilled) -> None:
         self.prompt_tokens = event.prompt_tokens
@@ -37,6 +39,7 @@ class LiveStats(AcceptanceFigures):
             return
         self.steps += 1
         self.drafted += event.drafted
+        self.last_drafted = event.drafted
         self.accepted += event.accepted
         self.decode_s = since_start_s - self.ttft_s
         self.recent_lengths.append(len(event.token_ids))

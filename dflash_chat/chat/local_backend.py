@@ -10,6 +10,7 @@ a `post` of its own (commands/serve.py). torch is imported only inside the worke
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import replace
 
@@ -39,7 +40,7 @@ PROGRESS_EVERY_S = 0.1  # loading progress is posted at most this often
 
 class LocalBackend(Backend):
     def __init__(self, settings: Settings, request: ModelSource | Pick | None = None) -> None:
-        self.settings = settings  # the screen keeps it current (context_length, decode)
+        self.settings = settings  # the screen keeps it current (context_length, decode, draft)
         self.request = request  # what the flags or settings asked for: files, or a Pick to choose
         self.source = request if isinstance(request, ModelSource) else None  # the files being loaded
         self.chosen = None  # the model manager's Chosen, when it chose
@@ -49,6 +50,8 @@ class LocalBackend(Backend):
         self.subtitle = ""
         self.panel_note = ""
         self._note = ""
+        self._opened = itertools.count(1)
+        self._chat_key = 0  # which opening of a chat the answers belong to (see `answer`)
 
     # what the screen reads
 
@@ -130,8 +133,9 @@ class LocalBackend(Backend):
             note = f"{self.chosen.explanation}\n\n{loading}" if self.chosen else loading
         panel = self.chosen.explanation if self.chosen and not source.demo else "loading…"
         self._status(note, "loading model…", panel)
-        context, decode = source.context or self.settings.context_length, self.settings.decode
-        self.spawn(lambda: self._load(source, context, decode), "model")
+        settings = self.settings
+        context, decode, draft = source.context or settings.context_length, settings.decode, settings.draft
+        self.spawn(lambda: self._load(source, context, decode, draft), "model")
 
     def reload_for_context(self) -> None:
         """The context length changed: a choice may change, loaded files load again (as a new request:
@@ -215,6 +219,7 @@ class LocalBackend(Backend):
 
     def open_chat(self, chat) -> None:
         self._open_chat = chat
+        self._chat_key = next(self._opened)
         chat_id = getattr(chat, "id", None)
         self.transcript = self.transcripts.get(chat_id) if chat_id is not None else None
 
@@ -240,7 +245,7 @@ class LocalBackend(Backend):
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
             post(ModelUnavailable(pick, one_line(exc, "choosing a model")))
 
-    def _load(self, source: ModelSource, context_length: int, decode: str) -> None:
+    def _load(self, source: ModelSource, context_length: int, decode: str, draft: str | int) -> None:
         post = self.post
         started = time.perf_counter()
         last = [0.0]
@@ -255,7 +260,7 @@ class LocalBackend(Backend):
             from dflash_chat.engine.load import load_pair  # first torch import happens here
 
             pair = load_pair(source.target, source.drafter, tokenizer=source.tokenizer, device=load_device(source),
-                             max_context=context_length, decode=decode, progress=progress)
+                             max_context=context_length, decode=decode, draft=draft, progress=progress)
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
             post(ModelFailed(source, one_line(exc, "loading the model")))
             return
@@ -263,16 +268,22 @@ class LocalBackend(Backend):
 
     def answer(self, request: AnswerRequest) -> None:
         session, previous = self.session, self.transcript
-        self.spawn(lambda: self._answer(session, request, previous), "generate")
+        # auto's acceptance estimate: one per opening of a chat (a new chat, or another one opened, starts
+        # afresh from the engine's estimate over all answers) and per thinking setting within it, since
+        # drafters accept far less of thinking text
+        conversation = ("chat", self._chat_key, request.thinking)
+        self.spawn(lambda: self._answer(session, request, previous, conversation), "generate")
 
-    def _answer(self, session, request: AnswerRequest, previous: Transcript | None) -> None:
+    def _answer(self, session, request: AnswerRequest, previous: Transcript | None, conversation) -> None:
         post = self.post
         try:
+            session.use_draft(request.draft)  # here, not on the UI thread: it rebuilds the engine's steps
             prompt = session.chat_prompt(request.turns, request.thinking, previous)
             params = session.params(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
                                     max_new_tokens=request.max_new_tokens)
             post(PromptSent(prompt))
-            end = session.answer(prompt, params, request.cancel, lambda chunk: post(AnswerChunk(chunk)))
+            end = session.answer(prompt, params, request.cancel, lambda chunk: post(AnswerChunk(chunk)),
+                                 conversation=conversation)
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
             post(AnswerEnded(StreamEnd("error", "", "", None, one_line(exc, "generation")), None, session.pair,
                              request.chat))

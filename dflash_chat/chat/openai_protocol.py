@@ -44,11 +44,18 @@ class Acceptance:
     accepted: int
     histogram: tuple[int, ...] = ()  # index j: verify steps that accepted exactly j drafts
     source: str = PER_REQUEST
+    draft: str = ""  # the server's draft setting ("auto", "7"), when it says (ours does)
 
 
 def accepted_per_position(histogram: list[int] | tuple[int, ...]) -> list[int]:
     """Steps whose draft position i (0-based) was accepted: every step that accepted more than i drafts."""
     return [sum(histogram[i + 1:]) for i in range(max(len(histogram) - 1, 0))]
+
+
+def drafting_steps(stats: GenerationStats) -> int:
+    """Decode steps that verified drafts (vLLM's "drafts"): `auto` and `off` also take plain steps, which
+    the acceptance histogram leaves out."""
+    return sum(stats.acceptance_histogram) if stats.acceptance_histogram else stats.steps
 
 
 def speculative_decoding(stats: GenerationStats, spec_tokens: int) -> dict:
@@ -63,8 +70,11 @@ def speculative_decoding(stats: GenerationStats, spec_tokens: int) -> dict:
         "acceptance_histogram": histogram,
         "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+        # ours: the draft setting, and the drafts each step verified on average (0 for plain steps)
+        "draft": stats.draft,
+        "mean_draft_length": stats.mean_draft_length,
         # the same request in the names of vLLM's Prometheus counters
-        "num_drafts": steps,
+        "num_drafts": drafting_steps(stats),
         "num_accepted_tokens": accepted,
         "num_accepted_tokens_per_pos": accepted_per_position(histogram),
     }
@@ -122,7 +132,9 @@ def from_metrics(body: Mapping) -> Acceptance | None:
     steps = _count(spec.get("num_spec_steps", spec.get("num_drafts")))
     if drafted is None or accepted is None or steps is None:
         return None
-    return Acceptance(steps, drafted, accepted, _dense(spec.get("acceptance_histogram")), PER_REQUEST)
+    draft = spec.get("draft")
+    return Acceptance(steps, drafted, accepted, _dense(spec.get("acceptance_histogram")), PER_REQUEST,
+                      draft if isinstance(draft, str) else "")
 
 
 def from_timings(body: Mapping) -> Acceptance | None:

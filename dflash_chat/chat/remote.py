@@ -386,6 +386,7 @@ class Reader:
             new_tokens=self.new_tokens(),
             ttft_s=(self.first - self.started) if self.first is not None else now - self.started,
             decode_s=(self.last - self.first) if self.first is not None else 0.0,
+            draft="",  # not known here; the server may say it with its figures
         )
         return _stats_with(stats, self.acceptance)
 
@@ -394,6 +395,7 @@ def _stats_with(stats: GenerationStats, acceptance) -> GenerationStats:
     if acceptance is not None:
         stats.steps, stats.drafted, stats.accepted = acceptance.steps, acceptance.drafted, acceptance.accepted
         stats.acceptance_histogram = list(acceptance.histogram)
+        stats.draft = acceptance.draft
         stats.speculative = True
     return stats
 

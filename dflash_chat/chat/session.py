@@ -10,7 +10,7 @@ no UI here, and torch only through the engine.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from dflash_chat.chat.bridge import StreamChunk, StreamEnd, stream_answer
 from dflash_chat.chat.detokenize import IncrementalDecoder
@@ -32,6 +32,19 @@ class EngineSession:
     def speculative(self) -> bool:
         return self.pair.drafter_name is not None
 
+    @property
+    def draft(self) -> str:
+        """The draft setting answers are written with, as GenerationStats says it ("off" without a drafter)."""
+        engine = self.pair.engine
+        return str(engine.draft) if engine.drafter is not None else "off"
+
+    def use_draft(self, draft: str | int) -> None:
+        """Answers from now on verify `draft` drafts per step. Call it between answers, in the worker of
+        the next one: the engine rebuilds its steps (and no longer holds the last answer's tokens)."""
+        engine = self.pair.engine
+        if engine.drafter is not None and engine.draft != draft:
+            engine.set_draft(draft)
+
     def chat_prompt(self, turns: list[dict[str, str]], thinking: bool, previous: Transcript | None) -> Prompt:
         return next_prompt(self.tokenizer, turns, thinking=thinking, previous=previous)
 
@@ -47,11 +60,12 @@ class EngineSession:
 
     def answer(self, prompt: Prompt, params, cancel: threading.Event, post: Callable[[StreamChunk], None],
                *, stop: tuple[str, ...] = (), thinking_split: bool = True,
-               tap: Callable[[object], None] | None = None) -> StreamEnd:
+               tap: Callable[[object], None] | None = None, conversation: Hashable | None = None) -> StreamEnd:
         """Generate for `prompt`, posting batched chunks; `stop` strings end the text before them.
-        `thinking_split` False: every word is answer text (a raw completion). `tap` sees every engine event."""
+        `thinking_split` False: every word is answer text (a raw completion). `tap` sees every engine event.
+        `conversation` keys the acceptance estimate the `auto` draft length learns from (engine/spec.py)."""
         splitter = ThinkingSplitter(thinking=prompt.opens_thinking) if thinking_split else _NoSplit()
-        events = self.pair.engine.generate(prompt.ids, params, cancel)
+        events = self.pair.engine.generate(prompt.ids, params, cancel, conversation=conversation)
         return stream_answer(
             events if tap is None else _tapped(events, tap),
             IncrementalDecoder(self.tokenizer, params.stop_token_ids),
@@ -59,6 +73,7 @@ class EngineSession:
             post,
             stops=StopStrings(stop) if stop else None,
             cancel=cancel,
+            draft=self.draft,
         )
 
     @staticmethod

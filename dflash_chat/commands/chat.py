@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target", metavar="PATH",
                        help="target model: a folder (config.json, safetensors, tokenizer) or a GGUF file")
     group.add_argument("--drafter", metavar="PATH", help="DFlash drafter folder or GGUF for --target")
+    group.add_argument("--draft", type=settings_module.flag("draft"), metavar="auto|off|N",
+                       help="drafts each decode step verifies, for this session (the draft setting: auto picks per "
+                            "step by speed, off decodes plainly, N drafts N tokens)")
     group.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="assignments",
                        help="save a setting to config.toml and exit (repeatable), e.g. --set temperature=0.2; "
                             f"keys: {', '.join(settings_module.KEYS)}. {MODEL_SETTING_HELP}")
@@ -57,10 +60,14 @@ def main(args: argparse.Namespace) -> int:
 
 
 def build_app(args: argparse.Namespace, current: settings_module.Settings, problems: list[str] = ()):
+    from dataclasses import replace
+
     from dflash_chat.chat.model_source import pick_from_args, resolve
     from dflash_chat.ui.app import DFlashChatApp
 
     history = (args.data_dir / paths.history_db().name) if args.data_dir else None
+    if getattr(args, "draft", None) is not None:
+        current = replace(current, draft=args.draft)  # this session's; config.toml keeps its own
     if getattr(args, "endpoint", None):
         backend = remote_backend(args, current)
         return DFlashChatApp(current, history_path=history, problems=problems, backend=backend)
@@ -78,8 +85,8 @@ def remote_backend(args: argparse.Namespace, current: settings_module.Settings):
     from dflash_chat.chat.remote import Endpoint, HttpBackend, api_key
     from dflash_chat.errors import UserError
 
-    local = [flag for flag, given in (("--demo", args.demo), ("--target", args.target), ("--drafter", args.drafter))
-             if given] + (["--model/--quant/--*-file"] if pick_from_args(args).pins_files else [])
+    local = [flag for flag, given in (("--demo", args.demo), ("--target", args.target), ("--drafter", args.drafter),
+                                      ("--draft", getattr(args, "draft", None) is not None)) if given] + (["--model/--quant/--*-file"] if pick_from_args(args).pins_files else [])
     if local:
         raise UserError(f"--endpoint chats with a server's model: leave out {', '.join(local)}")
     name = args.endpoint if args.endpoint in current.endpoints else ""

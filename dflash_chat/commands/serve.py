@@ -11,7 +11,7 @@ import argparse
 import os
 
 from dflash_chat import hardware
-from dflash_chat.settings import ranged
+from dflash_chat.settings import flag, ranged
 
 API_KEY_ENV = "DFLASH_CHAT_API_KEY"
 DEFAULT_PORT = 8000
@@ -37,8 +37,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-body", type=ranged(int, 1024, 1 << 30), default=4 * 1024 * 1024, metavar="BYTES",
                    help="largest request body taken (default 4 MiB); past it, 413")
     p.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: its own)")
-    p.add_argument("--decode", choices=["auto", "graphs", "fixed", "eager"],
-                   help="decode path (default: the decode setting)")
+    p.add_argument("--decode", type=flag("decode"), metavar="auto|graphs|fixed",
+                   help="decode path (default: the decode setting; eager is an older name for fixed)")
+    p.add_argument("--draft", type=flag("draft"), metavar="auto|off|N",
+                   help="drafts each step verifies: auto, off or a number (default: the draft setting)")
     hardware.add_choice_arguments(p)
     p.set_defaults(handler=main)
 
@@ -58,6 +60,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"note: {problem}")
     if args.decode:
         settings = replace(settings, decode=args.decode)
+    if args.draft is not None:
+        settings = replace(settings, draft=args.draft)
     request = resolve(settings, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args))
     bind(args.host, args.port).close()  # a port in use is said before anything loads
     name = args.served_model_name or (served_name(request) if isinstance(request, ModelSource) else None)

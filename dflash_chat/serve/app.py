@@ -148,7 +148,8 @@ class Served:
                 return
             params = session.params(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                     max_new_tokens=max_new, seed=sampling.seed)
-            end = session.answer(prompt, params, job.cancel, emit, stop=sampling.stop, thinking_split=chat, tap=tap)
+            end = session.answer(prompt, params, job.cancel, emit, stop=sampling.stop, thinking_split=chat, tap=tap,
+                                 conversation=_estimate(request, chat))
         except Exception as exc:  # noqa: BLE001 - one request fails, the server goes on
             session.last = None
             emit(Failed(one_line(exc, "generation")))
@@ -170,6 +171,14 @@ class Served:
         if isinstance(request.prompt, list):
             return Prompt(text="", ids=list(request.prompt), thinking=False)
         return session.text_prompt(request.prompt)
+
+
+def _estimate(request, chat: bool) -> tuple:
+    """Which acceptance estimate the `auto` draft length uses for a request. The API names no conversation
+    (and the engine holds one sequence for every client), while acceptance follows mostly the kind of
+    text, so clients share one estimate per kind: chat with thinking off, chat with thinking on (drafters
+    accept far less of it), raw completions."""
+    return ("serve", "chat", request.thinking) if chat else ("serve", "completion")
 
 
 def build_app(served: Served) -> FastAPI:

@@ -2,8 +2,9 @@
 
 Every metric carries vLLM's labels (model_name, engine="0"). The spec-decode counters count what vLLM
 counts: a verify step is a draft, its drafted and accepted tokens, and per draft position how often it
-was accepted. vLLM has no decode-speed histogram; ours is `dflash:decode_tokens_per_second`. Each server
-has its own registry (tests run several in one process).
+was accepted (a plain step, which `auto` and `off` take, is no draft). vLLM has no decode-speed or
+draft-length histogram; ours are `dflash:decode_tokens_per_second` and `dflash:draft_length_per_step`.
+Each server has its own registry (tests run several in one process).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dflash_chat.chat.openai_protocol import (
     DRAFT_TOKENS,
     DRAFTS,
     accepted_per_position,
+    drafting_steps,
 )
 from dflash_chat.engine.events import GenerationStats
 
@@ -24,6 +26,7 @@ LABELS = ("model_name", "engine")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 TOKEN_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 SPEED_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000)
+DRAFT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 class Metrics:
@@ -64,6 +67,9 @@ class Metrics:
         self.decode_speed = histogram("dflash:decode_tokens_per_second",
                                       "Histogram of each request's decode speed (tokens after the first per second).",
                                       SPEED_BUCKETS)
+        self.draft_length = histogram("dflash:draft_length_per_step",
+                                      "Histogram of the drafts each decode step verified (0: a plain step).",
+                                      DRAFT_BUCKETS)
         self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", LABELS,
                              registry=registry).labels(*self.labels)
         self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", LABELS,
@@ -80,11 +86,14 @@ class Metrics:
         self.cache_hits.inc(stats.reused_tokens)
         self.generation_tokens.inc(stats.new_tokens)
         if stats.speculative:
-            self.drafts.inc(stats.steps)
+            self.drafts.inc(drafting_steps(stats))
             self.draft_tokens.inc(stats.drafted)
             self.accepted_tokens.inc(stats.accepted)
             for counter, count in zip(self.accepted_per_pos, accepted_per_position(stats.acceptance_histogram)):
                 counter.inc(count)
+            for drafts, steps in enumerate(stats.draft_histogram):
+                for _ in range(steps):
+                    self.draft_length.observe(drafts)
         self.success.labels(*self.labels, reason).inc()
         self.ttft.observe(stats.ttft_s)
         self.e2e.observe(total_s)

@@ -269,7 +269,7 @@ class ChatScreen(PlainNotices, Screen):
         self.recorder.add(self.conversation, message)
         widget = await self.chat_view.add_assistant()
         request = AnswerRequest(self.conversation, turns, self.thinking, settings.temperature, settings.top_p,
-                                settings.top_k, settings.max_new_tokens, threading.Event())
+                                settings.top_k, settings.max_new_tokens, threading.Event(), draft=settings.draft)
         self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
         self.backend.answer(request)
 

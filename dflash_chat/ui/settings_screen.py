@@ -17,7 +17,7 @@ from dflash_chat.ui.notices import PlainNotices
 
 TEXT_FIELDS = (
     "temperature", "top_p", "top_k", "max_new_tokens", "system_prompt",
-    "model", "drafter", "context_length", "endpoints",
+    "model", "drafter", "context_length", "draft", "endpoints",
 )
 
 

@@ -33,7 +33,7 @@ def events_for(tokenizer, text, block=4, reason="stop"):
     yield Finished(reason=reason, stats=stats)
 
 
-def run(tokenizer, events, tick=0.005, thinking=False):
+def run(tokenizer, events, tick=0.005, thinking=False, draft=""):
     posted = []
     end = stream_answer(
         events,
@@ -42,6 +42,7 @@ def run(tokenizer, events, tick=0.005, thinking=False):
         posted.append,
         interval=0.04,
         clock=Clock(tick),
+        draft=draft,
     )
     return posted, end
 
@@ -85,13 +86,14 @@ def test_the_first_token_is_posted_the_moment_it_exists(tokenizer):
 
 def test_live_figures_follow_the_steps(tokenizer):
     text = "The quick brown fox jumps. " * 10
-    posted, end = run(tokenizer, events_for(tokenizer, text, block=5))
+    posted, end = run(tokenizer, events_for(tokenizer, text, block=5), draft="auto")
     last = [p for p in posted if isinstance(p, StreamChunk)][-1].live
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert last.prompt_tokens == 11 and last.reused_tokens == 3
     assert last.new_tokens == len(ids)
     assert last.steps == -(-(len(ids) - 1) // 5)
     assert last.drafted == 4 * last.steps
+    assert (last.draft, last.last_drafted, last.mean_draft_length) == ("auto", 4, 4.0)
     assert last.accepted == len(ids) - 1 - last.steps
     assert last.mean_acceptance_length == (len(ids) - 1) / last.steps
     assert last.decode_tokens_per_s > 0 and last.ttft_s is not None

@@ -26,7 +26,7 @@ def test_messages_round_trip_with_stats(tmp_path):
     cid = store.create("first")
     store.add(cid, Message("user", "hello"))
     stats = GenerationStats(prompt_tokens=9, new_tokens=20, steps=6, drafted=75, accepted=14,
-                            acceptance_histogram=[1, 2, 3], speculative=True)
+                            acceptance_histogram=[1, 2, 3], draft_histogram=[1, 0, 5], draft="auto", speculative=True)
     store.add(cid, Message("assistant", "hi", thinking="hm", stats=stats))
     loaded = store.load(cid)
     assert [(m.role, m.content, m.thinking, m.status) for m in loaded.messages] == [
@@ -207,3 +207,20 @@ def test_a_hand_edited_history_reads_back_without_failing(tmp_path):
     assert [m.content for m in messages] == ["\ufffd\ufffdA", "answer", "again"]
     assert [m.stats for m in messages] == [None, None, None]  # figures that cannot be read are dropped, not the text
     assert store.summaries()[0].updated == 0.0 and store.recent_prompts() == ["\ufffd\ufffdA"]
+
+
+def test_figures_saved_before_the_draft_setting_read_back_with_it_unknown(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    cid = store.create("old")
+    store.add(cid, Message("assistant", "answer", stats=GenerationStats(new_tokens=3, steps=2, drafted=30)))
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("""UPDATE messages SET stats = '{"new_tokens": 3, "steps": 2, "drafted": 30, "speculative": true}'""")
+    db.commit()
+    db.close()
+    stats = HistoryStore(path).load(cid).messages[0].stats
+    assert (stats.new_tokens, stats.drafted, stats.speculative) == (3, 30, True)
+    assert stats.draft == ""  # not "off": that answer drafted

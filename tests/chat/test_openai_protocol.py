@@ -13,7 +13,7 @@ from dflash_chat.engine.events import GenerationStats
 RECORDED = (Path(__file__).parents[1] / "serve" / "data" / "vllm_metrics.prom").read_text()
 STATS = GenerationStats(prompt_tokens=30, reused_tokens=10, new_tokens=24, steps=6, drafted=90, accepted=19,
                         acceptance_histogram=[1, 0, 2, 0, 0, 3] + [0] * 10, prefill_s=0.02, decode_s=0.1,
-                        speculative=True)
+                        draft_histogram=[0] * 15 + [6], draft="auto", speculative=True)
 
 
 def test_per_request_metrics_carry_vllms_fields_and_read_back():
@@ -24,8 +24,18 @@ def test_per_request_metrics_carry_vllms_fields_and_read_back():
     # per position: the steps that accepted more than i drafts; they add up to the accepted drafts
     assert spec["num_accepted_tokens_per_pos"][:6] == [5, 5, 3, 3, 3, 0]
     assert sum(spec["num_accepted_tokens_per_pos"]) == 19 and len(spec["num_accepted_tokens_per_pos"]) == 15
+    assert (spec["draft"], spec["mean_draft_length"], spec["num_drafts"]) == ("auto", 15.0, 6)
     back = op.from_metrics({"metrics": {"speculative_decoding": spec}})
-    assert back == op.Acceptance(6, 90, 19, tuple(STATS.acceptance_histogram), op.PER_REQUEST)
+    assert back == op.Acceptance(6, 90, 19, tuple(STATS.acceptance_histogram), op.PER_REQUEST, "auto")
+
+
+def test_steps_that_drafted_nothing_are_no_drafts():
+    """`auto` takes plain steps where drafting does not pay: vLLM's drafts count only the others."""
+    from dataclasses import replace
+
+    stats = replace(STATS, new_tokens=26, steps=8, draft_histogram=[2] + [0] * 14 + [6])
+    spec = op.speculative_decoding(stats, spec_tokens=15)
+    assert (spec["num_spec_steps"], spec["num_drafts"], spec["mean_draft_length"]) == (8, 6, 90 / 8)
 
 
 def test_vllms_sparse_histogram_and_broken_objects():

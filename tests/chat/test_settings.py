@@ -62,6 +62,12 @@ def test_only_changed_values_are_written(home):
         ("temperature", "nan", "between"),
         ("max_new_tokens", True, "must be a number"),
         ("colour", "red", "unknown setting"),
+        ("draft", "0", r"draft must be auto, off or a number of drafts per step \(1-64\), got '0'"),
+        ("draft", 65, "1-64"),
+        ("draft", "some", "auto, off or a number"),
+        ("draft", 2.5, "auto, off or a number"),
+        ("draft", True, "auto, off or a number"),
+        ("decode", "fast", "must be one of auto, graphs, fixed"),
     ],
 )
 def test_invalid_values_are_refused_with_a_message(key, text, fragment):
@@ -72,6 +78,12 @@ def test_invalid_values_are_refused_with_a_message(key, text, fragment):
 def test_typed_values():
     assert settings.parse_value("top_k", "40") == 40 and settings.parse_value("thinking", "false") is False
     assert settings.parse_value("keymap", "toggle-thinking=f5; stop=ctrl+g") == {"toggle-thinking": "f5", "stop": "ctrl+g"}
+
+
+def test_draft_is_a_word_or_a_number_and_eager_is_fixed():
+    assert [settings.parse_value("draft", v) for v in ("AUTO", " off", "7", 7, 64.0)] == ["auto", "off", 7, 7, 64]
+    assert settings.parse_value("decode", "eager") == "fixed"  # its older name
+    assert settings.parse_assignment("draft=3") == ("draft", 3)
 
 
 def test_parse_assignment():

@@ -64,8 +64,8 @@ class Paced:
         self.go = threading.Event()
         real = pair.engine.generate
 
-        def generate(prompt_ids, params, cancel=None):
-            for event in real(prompt_ids, params, cancel):
+        def generate(prompt_ids, params, cancel=None, **keys):
+            for event in real(prompt_ids, params, cancel, **keys):
                 yield event
                 if isinstance(event, Step):
                     self.steps.release()

@@ -138,3 +138,24 @@ def test_a_request_that_waits_in_the_queue_and_leaves_is_never_run(demo_pair, mo
         first.__exit__(None, None, None)
         assert served.scheduler.wait_idle(30)
         assert len(served.recent) == 1  # only the first answer ran
+
+
+def test_clients_share_one_acceptance_estimate_per_kind_of_text(demo_pair, monkeypatch):
+    keys = []
+    real = demo_pair.engine.generate
+
+    def generate(prompt_ids, params, cancel=None, *, conversation=None):
+        keys.append(conversation)
+        return real(prompt_ids, params, cancel, conversation=conversation)
+
+    monkeypatch.setattr(demo_pair.engine, "generate", generate)
+    httpx = httpx_module()
+    with serving(demo_pair) as (_, url), httpx.Client(timeout=60) as client:
+        for question, thinking in ((QUESTIONS[0], False), (QUESTIONS[1], False), (QUESTIONS[0], True)):
+            payload = {**body(question, False, tokens=2), "chat_template_kwargs": {"enable_thinking": thinking}}
+            assert client.post(f"{url}/v1/chat/completions", json=payload).status_code == 200
+        raw = {"model": "dflash-chat-demo", "prompt": "def add(a, b):", "max_tokens": 2, "temperature": 0}
+        assert client.post(f"{url}/v1/completions", json=raw).status_code == 200
+    off, other_client, on, completion = keys
+    assert off == other_client  # two clients, one estimate: no conversation is named in the API
+    assert len({off, on, completion}) == 3 and set(keys) <= set(demo_pair.engine.acceptance)

@@ -23,6 +23,7 @@ openai = pytest.importorskip("openai")
 
 QUESTIONS = ("What does the with statement do?", "Show the function that joins path components in posixpath.")
 TOKENS = 24
+DRAFT = ("--draft", "15")  # a fixed draft length: `auto` chooses by step times, which differ between the processes
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def served_demo(tmp_path_factory):
     """`dflash-chat serve --demo --port 0` in its own process; yields its base URL."""
     home = tmp_path_factory.mktemp("serve-home")
     env = {**os.environ, "DFLASH_CHAT_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "dflash_chat.cli", "serve", "--demo", "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "dflash_chat.cli", "serve", "--demo", "--port", "0", *DRAFT],
                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
@@ -57,7 +58,7 @@ def served_demo(tmp_path_factory):
 def run_demo(question: str, capsys) -> dict:
     """`dflash-chat run --demo --json` for one question: the engine's own answer and figures."""
     capsys.readouterr()
-    assert cli.main(["run", "--demo", "--prompt", question, "--max-tokens", str(TOKENS), "--json"]) == 0
+    assert cli.main(["run", "--demo", "--prompt", question, "--max-tokens", str(TOKENS), "--json", *DRAFT]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -95,7 +96,12 @@ def test_the_openai_client_gets_runs_answers_and_the_engines_figures(served_demo
             expected["steps"], expected["drafted"], expected["accepted"])
         assert spec["acceptance_histogram"] == expected["acceptance_histogram"]
         assert spec["num_accepted_tokens_per_pos"] == accepted_per_position(expected["acceptance_histogram"])
-        assert spec["num_spec_tokens"] == 15 and spec["num_drafts"] == spec["num_spec_steps"]
+        assert spec["num_spec_tokens"] == 15
+        assert spec["draft"] == expected["draft"] == "15"
+        assert spec["mean_draft_length"] == pytest.approx(expected["mean_draft_length"]) and spec["mean_draft_length"] > 1
+        # vLLM's drafts are the steps that drafted (the last one here has no room left to)
+        assert spec["num_drafts"] == sum(expected["acceptance_histogram"]) == (
+            expected["steps"] - expected["draft_histogram"][0])
         assert spec["draft_acceptance_rate"] == pytest.approx(expected["acceptance_rate"])
         assert whole.usage.completion_tokens == expected["new_tokens"] == TOKENS
         assert whole.usage.prompt_tokens == expected["prompt_tokens"]
@@ -138,6 +144,8 @@ def test_the_openai_client_gets_runs_answers_and_the_engines_figures(served_demo
     assert grew("vllm:prefix_cache_hits_total") == sum(u.prompt_tokens_details.cached_tokens for u in usages)
     assert grew("vllm:request_success_total[length]") == len(usages)
     assert grew("dflash:decode_tokens_per_second_count") == len(usages)
+    assert grew("dflash:draft_length_per_step_count") == sum(s["num_spec_steps"] for s in specs)
+    assert grew("dflash:draft_length_per_step_sum") == sum(s["num_draft_tokens"] for s in specs)
     assert "Traceback" not in "".join(lines)
 
 

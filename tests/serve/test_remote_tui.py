@@ -84,6 +84,7 @@ def test_against_serve_the_answer_streams_and_the_panel_shows_the_servers_accept
     assert shown["acceptance"] == format_rate(first.acceptance_rate)
     assert shown["tokens/step"] == f"{first.mean_acceptance_length:.2f}"
     assert shown["from"] == PER_REQUEST
+    assert shown["drafts/step"] == f"auto · {first.mean_draft_length:.1f}"  # the server's setting, as it says
     assert shown["new"] == str(first.new_tokens) == "16"
     assert shown["prompt"] == f"{first.prompt_tokens} ({first.reused_tokens} reused)"
     # speed and first token measured here, on the client
@@ -123,12 +124,14 @@ def test_escape_stops_a_remote_answer_and_the_server_frees_its_engine(home, demo
     assert saved.status == CANCELLED and saved.content == end.answer
 
 
-@pytest.mark.parametrize("mode, source, acceptance, per_step", [
-    ("counters", COUNTERS, sum(stub_vllm.PER_POSITION) / 150, (stub_vllm.COMPLETION_TOKENS - 1) / 10),
-    ("timings", TIMINGS, 60 / 96, (stub_vllm.COMPLETION_TOKENS - 1) / (stub_vllm.COMPLETION_TOKENS - 60 - 1)),
-    ("none", NO_FIGURES, None, None),
+@pytest.mark.parametrize("mode, source, acceptance, per_step, drafts", [
+    ("counters", COUNTERS, sum(stub_vllm.PER_POSITION) / 150, (stub_vllm.COMPLETION_TOKENS - 1) / 10, "15.0"),
+    ("timings", TIMINGS, 60 / 96, (stub_vllm.COMPLETION_TOKENS - 1) / (stub_vllm.COMPLETION_TOKENS - 60 - 1),
+     f"{96 / (stub_vllm.COMPLETION_TOKENS - 60 - 1):.1f}"),
+    ("none", NO_FIGURES, None, None, DASH),
 ])
-def test_against_a_vllm_stand_in_the_panel_shows_what_the_server_reports(home, mode, source, acceptance, per_step):
+def test_against_a_vllm_stand_in_the_panel_shows_what_the_server_reports(home, mode, source, acceptance, per_step,
+                                                                         drafts):
     with StubServer(mode) as stub:
 
         async def main():
@@ -151,6 +154,7 @@ def test_against_a_vllm_stand_in_the_panel_shows_what_the_server_reports(home, m
     else:
         assert shown["acceptance"] == again["acceptance"] == format_rate(acceptance)
         assert shown["tokens/step"] == f"{per_step:.2f}"
+    assert shown["drafts/step"] == drafts  # from its figures; vLLM does not say a draft setting
     if mode == "counters":  # per-position counters give the whole histogram
         assert histogram.startswith("accepted/step ") and len(histogram) == len("accepted/step ") + 16
     assert shown["new"] == str(stub_vllm.COMPLETION_TOKENS) and shown["model"] == stub_vllm.MODEL

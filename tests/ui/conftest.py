@@ -52,6 +52,7 @@ async def send(pilot, text: str) -> None:
 STATS = GenerationStats(
     prompt_tokens=42, reused_tokens=17, new_tokens=61, steps=12, drafted=180, accepted=48,
     acceptance_histogram=[2, 1, 0, 3, 2, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1],
+    draft_histogram=[0] * 15 + [12], draft="auto",  # every step verified 15 drafts
     prefill_s=0.05, ttft_s=0.08, decode_s=0.5, speculative=True,
 )
 

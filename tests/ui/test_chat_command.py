@@ -34,6 +34,18 @@ def test_set_refuses_bad_values_in_one_line_and_keeps_the_file(home, capsys):
     assert "unknown setting 'colour'" in capsys.readouterr().err
 
 
+def test_set_draft_saves_a_word_or_a_number_and_refuses_the_rest_in_one_line(home, capsys):
+    assert cli.main(["--set", "draft=7"]) == 0
+    assert paths.config_file().read_text() == "draft = 7\n" and settings_module.load().draft == 7
+    assert cli.main(["--set", "draft=Off"]) == 0
+    assert paths.config_file().read_text() == 'draft = "off"\n'
+    capsys.readouterr()
+    assert cli.main(["--set", "draft=0"]) == 2
+    assert capsys.readouterr().err == (
+        "dflash-chat: draft must be auto, off or a number of drafts per step (1-64), got '0'\n")
+    assert paths.config_file().read_text() == 'draft = "off"\n'
+
+
 def test_broken_config_is_one_line(home, capsys):
     paths.config_file().parent.mkdir(parents=True)
     paths.config_file().write_text("temperature = [\n")
@@ -73,10 +85,12 @@ def test_flags_reach_the_app(home, tmp_path):
     from dflash_chat.commands.chat import build_app
 
     args = cli.build_parser().parse_args(
-        ["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--data-dir", str(tmp_path / "data")])
+        ["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--data-dir", str(tmp_path / "data"),
+         "--draft", "5"])
     app = build_app(args, Settings())
     try:
         assert app.chat.backend.request == ModelSource(str(tmp_path / "t"), str(tmp_path / "d"))
+        assert app.chat.backend.settings.draft == 5 and not paths.config_file().exists()  # this session's only
         assert app.store.path == tmp_path / "data" / "history.sqlite3"
         assert app.store.path.exists()
     finally:

@@ -49,8 +49,8 @@ class Paced:
         self.go = threading.Event()
         real = pair.engine.generate
 
-        def generate(prompt_ids, params, cancel=None):
-            for event in real(prompt_ids, params, cancel):
+        def generate(prompt_ids, params, cancel=None, **keys):
+            for event in real(prompt_ids, params, cancel, **keys):
                 yield event
                 if isinstance(event, Step):
                     self.waiting.set()
@@ -88,7 +88,7 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     hook = Seen(AnswerChunk)
 
     async def main():
-        app = make_app(tiny_pair, max_new_tokens=8)
+        app = make_app(tiny_pair, max_new_tokens=8, draft=4)  # a fixed draft length: the same steps alone
         async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
             await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             await send(pilot, "hello there")
@@ -113,6 +113,7 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     assert shown["tok/s (last)"] == format_speed(stats.decode_tokens_per_s)
     assert shown["acceptance"] == format_rate(stats.acceptance_rate)
     assert shown["tokens/step"] == f"{stats.mean_acceptance_length:.2f}"
+    assert shown["drafts/step"] == f"4 · {stats.mean_draft_length:.1f}" and stats.draft == "4"
     assert shown["new"] == "8" and shown["prompt"] == f"{len(prompt.ids)} (0 reused)"
     assert shown["drafter"] == "drafter" and shown["target"] == "target"
     assert shown["RAM"].endswith("GB")
@@ -121,16 +122,104 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.sampling import SamplingParams
 
-    pair = load_pair(*tiny_pair, max_context=1024)
+    pair = load_pair(*tiny_pair, max_context=1024, draft=4)
     params = SamplingParams(max_new_tokens=8, stop_token_ids=stop_token_ids(pair.tokenizer))
     alone = list(pair.engine.generate(prompt.ids, params, threading.Event()))[-1].stats
-    assert (alone.new_tokens, alone.steps, alone.drafted, alone.accepted) == (
-        stats.new_tokens, stats.steps, stats.drafted, stats.accepted)
+    assert (alone.new_tokens, alone.steps, alone.drafted, alone.accepted, alone.draft_histogram) == (
+        stats.new_tokens, stats.steps, stats.drafted, stats.accepted, stats.draft_histogram)
     # saved as complete, with its stats
     saved = HistoryStore(paths.history_db()).load(1).messages
     assert [m.role for m in saved] == ["user", "assistant"]
     assert saved[1].status == COMPLETE and saved[1].content == end.answer
     assert saved[1].stats.new_tokens == 8
+
+
+def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_engine_next_answer(home, tiny_pair):
+    from textual.widgets import Input
+
+    from dflash_chat import settings as settings_module
+    from dflash_chat.ui.settings_screen import SettingsScreen
+
+    hook = Seen(AnswerChunk)
+    set_in: list[str] = []
+
+    async def main():
+        app = make_app(tiny_pair, max_new_tokens=8)  # draft auto, the default
+        async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            engine = app.chat.backend.pair.engine
+            real_set = engine.set_draft
+            engine.set_draft = lambda value: (set_in.append(threading.current_thread().name), real_set(value))
+            unpaced = engine.generate
+            paced = Paced(app.chat.backend.pair)
+            await send(pilot, "hello there")
+            await paced.until(pilot, lambda: " · " in app.chat.panel.shown["drafts/step"], "a decode step's figures")
+            during, live = app.chat.panel.shown["drafts/step"], hook.messages[-1].chunk.live
+            await paced.until(pilot, lambda: "tok/s (last)" in app.chat.panel.shown, "the answer's own figures")
+            first, after_first = app.chat.last_end.stats, dict(app.chat.panel.shown)
+            # the settings screen, mid-chat: 2 drafts per step from the next answer on
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
+            app.screen.query_one("#field-draft", Input).value = "2"
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to the chat")
+            between = (engine.draft, list(set_in))
+            engine.generate = unpaced  # the next answer runs freely
+            await send(pilot, "again")
+            await answered(pilot, app, 2)
+            await wait_for(pilot, lambda: "tok/s (last)" in app.chat.panel.shown, 30, "its own figures")
+            return during, live, first, after_first, between, app.chat.last_end.stats, dict(app.chat.panel.shown)
+
+    during, live, first, after_first, between, second, after_second = run(main())
+    # while it streams: the setting and the drafts the latest step verified, one `auto` chose
+    assert live.draft == "auto" and during == f"auto · {live.last_drafted}"
+    assert first.draft_histogram[live.last_drafted] > 0
+    # after it: the engine's own mean
+    assert first.draft == "auto" and after_first["drafts/step"] == f"auto · {first.mean_draft_length:.1f}"
+    # saved, and not applied on the UI thread: the next answer's worker sets it before it starts
+    assert settings_module.load().draft == 2 and between == ("auto", [])
+    assert len(set_in) == 1 and set_in[0] != threading.main_thread().name
+    used = [k for k, steps in enumerate(second.draft_histogram) if steps]
+    assert second.draft == "2" and max(used) == 2 and second.drafted <= 2 * second.steps
+    assert after_second["drafts/step"] == f"2 · {second.mean_draft_length:.1f}"
+
+
+def test_each_chat_and_thinking_setting_keeps_its_own_acceptance_estimate(home, tiny_pair):
+    keys = []
+
+    async def main():
+        app = make_app(tiny_pair, max_new_tokens=2)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            engine = app.chat.backend.pair.engine
+            real = engine.generate
+
+            def generate(prompt_ids, params, cancel=None, *, conversation=None):
+                keys.append(conversation)
+                return real(prompt_ids, params, cancel, conversation=conversation)
+
+            engine.generate = generate
+            await send(pilot, "one")
+            await answered(pilot, app, 1)
+            await send(pilot, "two")
+            await answered(pilot, app, 2)
+            await pilot.press("ctrl+t")  # thinking on
+            await send(pilot, "three")
+            await answered(pilot, app, 3)
+            await pilot.press("ctrl+n")  # a new chat, thinking still on
+            await send(pilot, "four")
+            await answered(pilot, app, 1)
+            await app.chat.open_conversation(1)  # back to the first chat
+            await send(pilot, "five")
+            await answered(pilot, app, 4)
+            return keys, list(engine.acceptance)
+
+    keys, kept = run(main())
+    one, two, three, four, five = keys
+    assert one == two and one[-1] is False  # a chat's turns share one estimate
+    assert three[:-1] == one[:-1] and three[-1] is True  # ... per thinking setting
+    assert four != three and five not in (one, three, four)  # a new chat, or one opened again, starts afresh
+    assert set(keys) <= set(kept)  # what the engine keeps its estimates under
 
 
 def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):

@@ -102,6 +102,8 @@ def test_the_settings_screen_edits_only_what_was_changed(home):
         (b'[keymap]\nstop = "ctrl+t"\n', "ctrl+t is also toggle-thinking's key"),
         (b"temprature = 0.5\n", "unknown setting 'temprature'"),
         (b'theme = "gone"\n', "Theme 'gone' cannot be used"),
+        (b"draft = 0  # none?\n", "draft must be auto, off or a number of drafts per step (1-64), got 0; fix or "
+                                  "remove that line (using 'auto' meanwhile)"),
     ],
 )
 def test_the_app_starts_on_any_config_toml_says_what_it_cannot_use_and_leaves_it_as_it_is(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from textual.app import App
 
 from dflash_chat.chat.conversation import CANCELLED, Message
@@ -48,22 +50,31 @@ def test_panel_shows_live_then_final_figures_and_thinking_effect():
         app = Host()
         async with app.run_test(size=(100, 40)) as pilot:
             panel = app.query_one(StatsPanel)
-            live = LiveStats(prompt_tokens=10, new_tokens=9, steps=2, drafted=30, accepted=6,
-                             ttft_s=0.1, decode_s=0.5, recent_lengths=[3, 5])
+            live = LiveStats(prompt_tokens=10, new_tokens=9, steps=2, drafted=22, accepted=6,
+                             ttft_s=0.1, decode_s=0.5, recent_lengths=[3, 5], draft="auto", last_drafted=7)
             panel.show_live(live, speculative=True)
             await pilot.pause()
             during = dict(panel.shown)
             panel.show_final(STATS, thinking=False)
             await pilot.pause()
             effect = str(panel.query_one("#thinking-effect").render())
-            return during, dict(panel.shown), effect
+            after = dict(panel.shown)
+            plain = replace(STATS, draft="off", new_tokens=13, drafted=0, accepted=0, acceptance_histogram=[0] * 16,
+                            draft_histogram=[12] + [0] * 15)
+            panel.show_final(plain)
+            await pilot.pause()
+            return during, after, effect, dict(panel.shown)
 
-    during, after, effect = run(main())
-    assert during["tok/s (live)"] == "16.0" and during["acceptance"] == "20.0 %"
+    during, after, effect, plain = run(main())
+    assert during["tok/s (live)"] == "16.0" and during["acceptance"] == "27.3 %"
     assert during["tokens/step"] == "4.00"
+    assert during["drafts/step"] == "auto · 7"  # the latest step's, while it streams
     assert after["tok/s (last)"] == "120.0" and "tok/s (live)" not in after
     assert after["acceptance"] == "26.7 %" and after["new"] == "61"
+    assert after["drafts/step"] == "auto · 15.0"  # the answer's mean
     assert "off: 26.7 %" in effect
+    # the drafter loaded, the draft setting off: plain steps, no acceptance to speak of
+    assert (plain["drafts/step"], plain["acceptance"], plain["tokens/step"]) == ("off", "—", "1.00")
 
 
 def test_histogram_bars_scale_to_the_tallest():

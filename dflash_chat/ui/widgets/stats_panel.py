@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Sparkline, Static, Switch
 
 from dflash_chat.chat.live_stats import LiveStats
-from dflash_chat.engine.events import AcceptanceFigures, GenerationStats
+from dflash_chat.engine.events import GenerationStats
 
 BARS = " ▁▂▃▄▅▆▇█"
 DASH = "—"
@@ -23,6 +23,18 @@ def format_rate(value: float) -> str:
 
 def format_speed(value: float) -> str:
     return f"{value:.1f}"
+
+
+def format_draft(f: LiveStats | GenerationStats, live: bool) -> str:
+    """The draft setting and the drafts verified per step: the latest step's while an answer streams
+    ("auto · 7"), the mean over the answer after it ("auto · 6.2"); "off" for plain decoding. A server
+    that does not say its setting gets the figure alone."""
+    if f.draft == "off":
+        return "off"
+    if not f.steps:
+        return f.draft or DASH
+    per = str(f.last_drafted) if live else f"{f.mean_draft_length:.1f}"
+    return f"{f.draft} · {per}" if f.draft else per
 
 
 def histogram_bars(counts: list[int]) -> str:
@@ -100,7 +112,7 @@ class StatsPanel(VerticalScroll):
             self.by_thinking[thinking].append(stats.acceptance_rate)
             self._show_thinking_effect()
 
-    def show_figures(self, f: AcceptanceFigures | None, *, live: bool = False, speculative: bool = False,
+    def show_figures(self, f: LiveStats | GenerationStats | None, *, live: bool = False, speculative: bool = False,
                      source: str | None = None) -> None:
         """Speed, draft and token rows from LiveStats (`live`) or the engine's GenerationStats; None clears them.
         `source`: where a server's draft figures came from (a row of its own)."""
@@ -111,8 +123,9 @@ class StatsPanel(VerticalScroll):
         ), layout=False)
         drafting = f is not None and speculative
         draft = (
-            ("acceptance", format_rate(f.acceptance_rate) if drafting else DASH),
+            ("acceptance", format_rate(f.acceptance_rate) if drafting and f.drafted else DASH),  # of no drafts: none
             ("tokens/step", f"{f.mean_acceptance_length:.2f}" if drafting and f.steps else DASH),
+            ("drafts/step", format_draft(f, live) if f is not None else DASH),
         )
         self._show_rows("draft", draft + ((("from", source),) if source else ()), layout=False)
         self._show_rows("tokens", (
