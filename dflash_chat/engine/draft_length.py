@@ -4,7 +4,9 @@
 most expected tokens per second, from
 - the acceptance per draft position: the probability that draft j is accepted when drafts 1..j-1 were,
   counted online with a decay, per conversation (the engine keeps one estimate per conversation key),
-  started from the engine's running estimate over all answers;
+  with a fixed prior of PRIOR_WEIGHT observations at PRIOR that the decay never wears away: a new
+  conversation starts from the prior, and a position not tried for a while drifts back to it (so a
+  run of short drafts does not hide that longer ones would now pay);
 - the seconds of a step of each size on this device and model: measured at warm-up, then refreshed from
   the step timings (an exponential average).
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
@@ -17,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
-PRIOR = 0.8  # per-position acceptance assumed before anything is seen
-PRIOR_WEIGHT = 4.0  # pseudo-observations behind a fresh estimate
+PRIOR = 0.6  # per-position acceptance assumed before anything is seen
+PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's estimate
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
 PROBE_FIRST, PROBE_MAX = 4, 32  # plain steps between tries of a short draft: first, and at most
 
@@ -67,13 +69,8 @@ class Acceptance:
     probe_every: int = PROBE_FIRST
 
     @classmethod
-    def prior(cls, positions: int) -> Acceptance:
-        return cls([PRIOR_WEIGHT] * positions, [PRIOR * PRIOR_WEIGHT] * positions)
-
-    def copy(self, weight: float = PRIOR_WEIGHT) -> Acceptance:
-        """The same rates behind at most `weight` observations per position (a start that learns fast)."""
-        scale = [min(1.0, weight / t) if t else 1.0 for t in self.tries]
-        return Acceptance([t * s for t, s in zip(self.tries, scale)], [h * s for h, s in zip(self.hits, scale)])
+    def fresh(cls, positions: int) -> Acceptance:
+        return cls([0.0] * positions, [0.0] * positions)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A step verified `drafted` drafts and accepted the first `accepted`: positions up to the first
@@ -83,7 +80,7 @@ class Acceptance:
             self.hits[j] = self.hits[j] * DECAY + (1.0 if j < accepted else 0.0)
 
     def rates(self) -> list[float]:
-        return [h / t if t else 0.0 for h, t in zip(self.hits, self.tries)]
+        return [(h + PRIOR * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT) for h, t in zip(self.hits, self.tries)]
 
     def expected_tokens(self, drafts: int) -> float:
         total, run = 1.0, 1.0

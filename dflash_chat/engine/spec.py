@@ -97,7 +97,6 @@ class Engine:
         self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
         self.acceptance: OrderedDict[Hashable, Acceptance] = OrderedDict()  # per conversation
-        self.overall = Acceptance.prior(max(self.block_size - 1, 0))  # over every answer: a new conversation's start
         self.set_draft(draft)
 
     def set_draft(self, draft: str | int) -> None:
@@ -232,12 +231,12 @@ class Engine:
         return logits
 
     def _acceptance_for(self, conversation: Hashable | None, reused: int) -> Acceptance:
-        """The conversation's acceptance estimate, started from the one over all answers when it is new."""
+        """The conversation's acceptance estimate (a new one, from the prior alone, when the conversation is new)."""
         if conversation is None:
             conversation = ("unnamed",)
             if not reused:
                 self.acceptance.pop(conversation, None)
-        estimate = self.acceptance.pop(conversation, None) or self.overall.copy()
+        estimate = self.acceptance.pop(conversation, None) or Acceptance.fresh(max(self.block_size - 1, 0))
         self.acceptance[conversation] = estimate
         while len(self.acceptance) > CONVERSATIONS:
             self.acceptance.popitem(last=False)
@@ -283,7 +282,6 @@ class Engine:
             self.tokens.extend(out.tokens[:-1])
             if T > 1:
                 acceptance.observe(T - 1, out.accepted)
-                self.overall.observe(T - 1, out.accepted)
             draft_s, verify_s = self._count(ended, stats)
             drafted = min(T - 1, remaining - 1)
             step = Step(out.tokens, drafted, min(out.accepted, drafted), draft_s, verify_s)
@@ -326,7 +324,9 @@ class Engine:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
     def _finish_decode(self, reason: str, stats: GenerationStats, decode_t0: float) -> Finished:
-        """End after decoding: the queued work is waited for and counted (the last, unused draft is not)."""
+        """End after decoding: the queued work is waited for and counted (the last, unused draft is not); the
+        drafter holds the context of every committed token."""
+        self.steps.flush_context()
         self.clock.drop_last("draft")
         self._count(self.clock.ended(wait=True), stats)
         stats.decode_s = time.perf_counter() - decode_t0

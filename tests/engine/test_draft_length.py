@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_chat.engine.draft_length import PROBE_FIRST, PROBE_MAX, Acceptance, AutoDraft, Costs, verify_sizes
+from dflash_chat.engine.draft_length import (
+    PRIOR,
+    PROBE_FIRST,
+    PROBE_MAX,
+    Acceptance,
+    AutoDraft,
+    Costs,
+    verify_sizes,
+)
 
 SIZES = verify_sizes("auto", 16)  # [1, 4, 8, 16]
 GPU_LIKE = Costs({1: 1.0, 4: 1.05, 8: 1.1, 16: 1.3}, draft=0.15)  # a verify of 16 ~1.3x a plain step
 
 
-def _estimate(rates: list[float], weight: float = 1000.0) -> Acceptance:
+def _estimate(rates: list[float], weight: float = 1e6) -> Acceptance:
     return Acceptance([weight] * len(rates), [r * weight for r in rates])
 
 
@@ -22,11 +30,22 @@ def test_expected_tokens_are_one_plus_the_running_products():
 
 
 def test_observe_counts_the_positions_up_to_the_first_rejection():
-    a = Acceptance([0.0] * 15, [0.0] * 15)
+    a = Acceptance.fresh(15)
+    assert a.rates() == [PRIOR] * 15  # nothing seen: the prior
     a.observe(drafted=7, accepted=2)  # drafts 1-2 accepted, 3 rejected, 4-7 never judged
     assert a.tries[:4] == [1.0, 1.0, 1.0, 0.0] and a.hits[:3] == [1.0, 1.0, 0.0]
     a.observe(drafted=3, accepted=3)  # all accepted: no position past the block was tried
-    assert a.tries[3] == 0.0 and a.rates()[:3] == pytest.approx([1.0, 1.0, 0.5], abs=0.02)
+    assert a.tries[3] == 0.0 and a.rates()[3] == PRIOR
+    assert a.rates()[0] > a.rates()[2] > 0  # accepted twice vs once of twice, each with the prior
+
+
+def test_a_fresh_conversation_drafts_and_one_rejection_of_everything_turns_it_plain_on_a_slow_verify():
+    cpu_like = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 2.0}, draft=0.3)  # the demo pair on a CPU
+    a = Acceptance.fresh(15)
+    auto = AutoDraft(SIZES, a, cpu_like)
+    assert auto.choose() > 1
+    a.observe(drafted=15, accepted=0)
+    assert auto.choose() == 1
 
 
 def test_high_acceptance_verifies_whole_blocks_and_none_decodes_plainly():

@@ -154,6 +154,29 @@ def test_captured_shape_drafts_are_the_eager_views_drafts(tiny_dirs, causal, lay
         assert torch.equal(got, eager.logits(eager.draft_hidden(end % 50, end)).argmax(-1))
 
 
+@torch.no_grad()
+def test_plain_steps_store_the_drafters_context_by_the_next_draft(tiny_dirs):
+    """Uncaptured plain steps defer the drafter's context to the next draft (one store for the run): the drafts
+    after a run of plain steps, one longer than the sliding layer's ring, are those of steps that stored each
+    row at once (as captured steps do)."""
+    drafts = []
+    for static in (False, True):
+        engine = _pair(tiny_dirs, "qwen3_5", draft="auto")
+        steps = engine.steps
+        steps.static = static
+        prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+        steps.prefill(prompt, final=True)
+        steps.begin(7, len(prompt), SamplingParams(), None)
+        for _ in range(30):  # a ring of 24 rows: the deferred run wraps it
+            steps.verify(1, 100)
+            steps.commit(1)
+            steps.read()
+        assert bool(steps.deferred) != static
+        steps.draft()
+        drafts.append(steps.ids.clone())
+    assert torch.equal(*drafts)
+
+
 def test_cancel_and_stop(tiny_dirs):
     engine = _pair(tiny_dirs, "qwen3_5", draft=15)
     prompt = [1, 2, 3, 4]

@@ -12,6 +12,7 @@ from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling import Draws, SamplingParams, accept, draft_tokens
 
 MAX_STOPS = 16  # stop ids a step checks on the device (the chat templates use 2-3)
+DEFERRED_ROWS = 64  # plain steps whose drafter context an uncaptured step stores at once
 _WARM_REMAINING = 1 << 30  # tokens left while warming up: no step is cut short
 
 
@@ -48,6 +49,7 @@ class Steps:
         self.generator: torch.Generator | None = None
         self.length = 0  # committed positions, on the host (known after each read)
         self.host_s = 0.0  # host time in the decode entry points: issuing them and reading results (not the wait)
+        self.deferred: list[tuple[torch.Tensor, torch.Tensor]] = []  # plain steps' (features, positions) not yet stored
         self.graphs: dict | None = None
         self.static = graphs  # captured steps read every cache row on a reference path (no host length)
         if graphs:
@@ -78,6 +80,7 @@ class Steps:
         return Span.fixed(self.start, self.offsets[:T], bound)
 
     def _draft(self) -> None:
+        self.flush_context()
         self.block[:1].copy_(self.ids[:1])
         logits = self.drafter.draft_logits(self.block, self._span(self.B))
         self.ids[1:].copy_(draft_tokens(logits, self.params, self.draws, self.q))
@@ -98,10 +101,30 @@ class Steps:
         if T > 1:
             self.target.commit(self.state, n)
         if feats is not None:
-            self.drafter.store_context(feats, self._span(T).pos)
+            self._store_context(feats, self._span(T).pos, defer=T == 1 and not self.static)
         self.ids[:1].copy_(self.result.index_select(0, n - 1))
         self.start.add_(n)
         self.remaining.sub_(n)
+
+    def _store_context(self, feats: torch.Tensor, positions: torch.Tensor, defer: bool) -> None:
+        """The drafter's context for verified rows. A plain step's, uncaptured, waits for the next draft (or the
+        end of the answer) and is stored with the others in one call: a run of plain steps pays for the
+        drafter's context projections once, not per token."""
+        if defer:
+            self.deferred.append((feats, positions))
+            if len(self.deferred) < DEFERRED_ROWS:
+                return
+        self.flush_context()
+        if not defer:
+            self.drafter.store_context(feats, positions)
+
+    @torch.no_grad()
+    def flush_context(self) -> None:
+        """Store the deferred plain steps' drafter context."""
+        if self.deferred:
+            feats, positions = zip(*self.deferred)
+            self.deferred = []
+            self.drafter.store_context(torch.cat(feats), torch.cat(positions))
 
     # -- graphs ------------------------------------------------------------------------
     def _sampling_key(self) -> tuple:
@@ -224,6 +247,7 @@ class Steps:
     def rewind(self) -> None:
         """Back to an empty state after warm-up runs (the caller resets what the state holds)."""
         self.length = 0
+        self.deferred = []
         self.start.zero_()
         self.state.reset()
         if self.drafter is not None:
