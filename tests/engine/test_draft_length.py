@@ -25,8 +25,8 @@ def _estimate(rates: list[float], weight: float = 1e6) -> Acceptance:
 def test_expected_tokens_are_one_plus_the_running_products():
     a = _estimate([0.5, 0.5, 1.0] + [0.0] * 12)
     assert a.expected_tokens(0) == 1.0
-    assert a.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.25)
-    assert a.expected_tokens(15) == pytest.approx(2.0)
+    assert a.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.25, abs=1e-4)
+    assert a.expected_tokens(15) == pytest.approx(2.0, abs=1e-4)
 
 
 def test_observe_counts_the_positions_up_to_the_first_rejection():
@@ -39,13 +39,26 @@ def test_observe_counts_the_positions_up_to_the_first_rejection():
     assert a.rates()[0] > a.rates()[2] > 0  # accepted twice vs once of twice, each with the prior
 
 
-def test_a_fresh_conversation_drafts_and_one_rejection_of_everything_turns_it_plain_on_a_slow_verify():
+def test_a_fresh_conversation_drafts_and_a_few_rejections_turn_it_plain_on_a_slow_verify():
     cpu_like = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 2.0}, draft=0.3)  # the demo pair on a CPU
     a = Acceptance.fresh(15)
     auto = AutoDraft(SIZES, a, cpu_like)
-    assert auto.choose() > 1
-    a.observe(drafted=15, accepted=0)
-    assert auto.choose() == 1
+    drafted = []
+    while (T := auto.choose()) > 1:
+        drafted.append(T)
+        a.observe(drafted=T - 1, accepted=0)
+    assert 1 <= len(drafted) <= 5
+
+
+def test_a_new_conversation_starts_from_the_recent_answers_held_loosely():
+    recent = Acceptance.fresh(15)
+    for _ in range(50):
+        recent.observe(drafted=15, accepted=0)
+    start = recent.start()
+    assert max(start.tries) <= 3.0 and start.rates()[0] < 0.5  # doubtful, from what was seen
+    for _ in range(5):
+        start.observe(drafted=3, accepted=3)
+    assert start.rates()[0] > 0.65  # and its own steps soon outweigh it
 
 
 def test_high_acceptance_verifies_whole_blocks_and_none_decodes_plainly():
