@@ -6,7 +6,9 @@ most expected tokens per second, from
   counted online with a decay, per conversation (the engine keeps one estimate per conversation key),
   with a fixed prior of PRIOR_WEIGHT observations at PRIOR that the decay never wears away (a position
   not tried for a while drifts back to it, so a run of short drafts does not hide that longer ones
-  would now pay); a new conversation starts from what the engine's recent answers saw, held loosely;
+  would now pay); a new conversation starts from the prior (another conversation's acceptance says
+  little about this one's, and a doubtful start costs far more than an optimistic one: a step or two
+  of failed drafts against many plain steps before a try);
 - the seconds of a step of each size on this device and model: measured at warm-up, then refreshed from
   the step timings (an exponential average).
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
@@ -21,7 +23,6 @@ from dataclasses import dataclass
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
 PRIOR = 0.8  # per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many)
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's estimate
-START_WEIGHT = 3.0  # observations a new conversation takes from the engine's recent answers
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
 PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps between tries of a short draft: first, and at most
 
@@ -72,12 +73,6 @@ class Acceptance:
     @classmethod
     def fresh(cls, positions: int) -> Acceptance:
         return cls([0.0] * positions, [0.0] * positions)
-
-    def start(self, weight: float = START_WEIGHT) -> Acceptance:
-        """A new conversation's estimate: these counts, scaled to at most `weight` observations per position
-        (what the last answers saw, held loosely: the conversation's own steps soon outweigh it)."""
-        scale = [min(1.0, weight / t) if t else 1.0 for t in self.tries]
-        return Acceptance([t * s for t, s in zip(self.tries, scale)], [h * s for h, s in zip(self.hits, scale)])
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A step verified `drafted` drafts and accepted the first `accepted`: positions up to the first

@@ -97,7 +97,6 @@ class Engine:
         self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
         self.acceptance: OrderedDict[Hashable, Acceptance] = OrderedDict()  # per conversation
-        self.recent = Acceptance.fresh(max(self.block_size - 1, 0))  # every answer's steps: a new conversation's start
         self.set_draft(draft)
 
     def set_draft(self, draft: str | int) -> None:
@@ -232,12 +231,12 @@ class Engine:
         return logits
 
     def _acceptance_for(self, conversation: Hashable | None, reused: int) -> Acceptance:
-        """The conversation's acceptance estimate (started from the engine's recent answers when it is new)."""
+        """The conversation's acceptance estimate (the prior alone when the conversation is new)."""
         if conversation is None:
             conversation = ("unnamed",)
             if not reused:
                 self.acceptance.pop(conversation, None)
-        estimate = self.acceptance.pop(conversation, None) or self.recent.start()
+        estimate = self.acceptance.pop(conversation, None) or Acceptance.fresh(max(self.block_size - 1, 0))
         self.acceptance[conversation] = estimate
         while len(self.acceptance) > CONVERSATIONS:
             self.acceptance.popitem(last=False)
@@ -283,7 +282,6 @@ class Engine:
             self.tokens.extend(out.tokens[:-1])
             if T > 1:
                 acceptance.observe(T - 1, out.accepted)
-                self.recent.observe(T - 1, out.accepted)
             draft_s, verify_s = self._count(ended, stats)
             drafted = min(T - 1, remaining - 1)
             step = Step(out.tokens, drafted, min(out.accepted, drafted), draft_s, verify_s)

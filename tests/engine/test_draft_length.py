@@ -50,36 +50,6 @@ def test_a_fresh_conversation_drafts_and_a_few_rejections_turn_it_plain_on_a_slo
     assert 1 <= len(drafted) <= 5
 
 
-def test_a_new_conversation_starts_from_the_recent_answers_held_loosely():
-    recent = Acceptance.fresh(15)
-    for _ in range(50):
-        recent.observe(drafted=15, accepted=0)
-    start = recent.start()
-    assert max(start.tries) <= 3.0 and start.rates()[0] < 0.5  # doubtful, from what was seen
-    for _ in range(5):
-        start.observe(drafted=3, accepted=3)
-    assert start.rates()[0] > 0.65  # and its own steps soon outweigh it
-
-
-def test_high_acceptance_verifies_whole_blocks_and_none_decodes_plainly():
-    assert AutoDraft(SIZES, _estimate([0.9] * 15), GPU_LIKE).choose() == 16
-    assert AutoDraft(SIZES, _estimate([0.6] * 15), GPU_LIKE).choose() in (4, 8)
-    assert AutoDraft(SIZES, _estimate([0.0] * 15), GPU_LIKE).choose() == 1
-    # the same acceptance, but verifying costs far more than a plain step (a MoE target): shorter drafts win
-    moe = Costs({1: 1.0, 4: 1.6, 8: 2.4, 16: 4.0}, draft=0.15)
-    assert AutoDraft(SIZES, _estimate([0.7] * 15), moe).choose() == 4
-
-
-def test_plain_runs_try_a_short_draft_less_often_each_time():
-    auto = AutoDraft(SIZES, _estimate([0.0] * 15), GPU_LIKE)
-    choices = [auto.choose() for _ in range(200)]
-    tries = [i for i, T in enumerate(choices) if T > 1]
-    assert all(choices[i] == 4 for i in tries)  # the shortest draft
-    gaps = [b - a for a, b in zip([-1] + tries, tries)]
-    assert gaps[:4] == [PROBE_FIRST, 2 * PROBE_FIRST, 4 * PROBE_FIRST, PROBE_MAX]
-    assert len(tries) <= 200 // PROBE_MAX + 3  # a few percent of the steps
-
-
 def test_costs_follow_the_step_timings():
     costs = Costs({1: 1.0, 16: 1.3}, draft=0.1)
     for _ in range(60):
