@@ -128,7 +128,10 @@ def write_target(directory: Path, arch: str = "qwen3_5", *, seed: int = 0, hidde
 
 
 def drafter_config(target_cfg: dict, *, layers: int = 2, block_size: int = 16, taps: list[int] | None = None,
-                   layer_types: list[str] | None = None, sliding_window: int = 8, schema: str = "new") -> dict:
+                   layer_types: list[str] | None = None, sliding_window: int = 8, schema: str = "new",
+                   dflash2: bool = False) -> dict:
+    """A tiny drafter's config.json; `dflash2`: a DFlash2DraftModel (convolutions and a candidate selector,
+    every layer bidirectional as z-lab's Qwen3.8-27B drafter declares)."""
     n = target_cfg["num_hidden_layers"]
     taps = taps if taps is not None else sorted({1 % n, n - 2 if n > 2 else 0})
     layer_types = layer_types or ["sliding_attention"] * (layers - 1) + ["full_attention"]
@@ -157,6 +160,11 @@ def drafter_config(target_cfg: dict, *, layers: int = 2, block_size: int = 16, t
         cfg["rope_theta"] = 10000.0
         cfg["block_size"] = block_size
         cfg["dflash_config"] = {"mask_token_id": mask_id, "target_layer_ids": taps}
+    if dflash2:
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        cfg["is_causal"] = False
+        cfg["dflash_config"].update({"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8,
+                                     "selector_top_k": 4})
     return cfg
 
 
@@ -165,19 +173,22 @@ def write_drafter(directory: Path, target_dir: Path, *, seed: int = 0, **kwargs)
     from safetensors.torch import save_file
 
     from dflash_chat.engine.models.config import DrafterConfig
-    from dflash_chat.engine.models.dflash import DFlashDrafter
+    from dflash_chat.engine.models.dflash2 import build_drafter
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
     cfg = drafter_config(target_cfg, **kwargs)
     torch.manual_seed(seed)
-    drafter = DFlashDrafter(DrafterConfig.from_dict(cfg), target_cfg["hidden_size"])
+    drafter = build_drafter(DrafterConfig.from_dict(cfg), target_cfg["hidden_size"], target_cfg["vocab_size"])
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
             if p.dim() == 1:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("base_kernel"):  # [2, taps, H]: near the identity (tap 0 ~ 1), like trained ones
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+                p[:, 0] += 1.0
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
     save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(directory / "model.safetensors"))

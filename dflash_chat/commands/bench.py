@@ -12,7 +12,7 @@ from dflash_chat.commands.run import check_device
 from dflash_chat.errors import UserError
 from dflash_chat.settings import flag, ranged
 
-SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b")  # engine/synthetic.py holds their shapes
+SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.8-27b")  # engine/synthetic.py holds their shapes
 
 
 def register(subparsers) -> None:

@@ -20,6 +20,7 @@ from dflash_chat.engine.checkpoint import materialise, normalise_target_names, r
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
+from dflash_chat.engine.models.dflash2 import build_drafter
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.target import TargetModel
@@ -174,7 +175,21 @@ def _drafter_tensors(path: Path, quant: str | None, device: torch.device) -> Laz
     return LazyTensors({name.removeprefix("model."): (lambda name=name: raw[name]) for name in raw})
 
 
-def _check_fits(cfg: DrafterConfig, fc_width: int | None, target: TargetModel) -> None:
+def _drafter_vocab(config: dict, tensors: LazyTensors) -> int | None:
+    """The vocabulary a drafter was made for: its selector's codebook rows (DFlash2), else config.json's."""
+    codebook = "candidate_selector.predecessor_codebook"
+    if codebook in tensors:
+        return int(tensors[codebook].shape[0])
+    vocab = config.get("vocab_size")
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+
+
+def _check_fits(cfg: DrafterConfig, fc_width: int | None, target: TargetModel, vocab: int | None = None) -> None:
+    if vocab is not None and vocab != target.cfg.vocab_size:
+        raise ModelFormatError(
+            f"drafter vocabulary has {vocab} tokens, the target's {target.cfg.vocab_size}: this drafter belongs to "
+            "another model; use the drafter made for this target"
+        )
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.cfg.num_layers]
     if bad:
         raise ModelFormatError(
@@ -216,7 +231,7 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None =
     fc = tensors["fc.weight"] if "fc.weight" in tensors else None
     try:
         cfg = DrafterConfig.from_dict(config)
-        _check_fits(cfg, fc.shape[-1] if fc is not None else None, target)
+        _check_fits(cfg, fc.shape[-1] if fc is not None else None, target, _drafter_vocab(config, tensors))
     except ModelFormatError as exc:
         raise ModelFormatError(f"{path}: {exc}") from None
     if causal is not None:  # every layer causal or not, whatever the checkpoint says (experiments)
@@ -224,7 +239,7 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None =
     if fc is not None:
         tensors = ChainMap({"fc.weight": fc}, tensors)  # read (and quantized) once
     with torch.device("meta"):
-        drafter = DFlashDrafter(cfg, target.cfg.hidden_size)
+        drafter = build_drafter(cfg, target.cfg.hidden_size, target.cfg.vocab_size)
     materialise(drafter, tensors, param.device, param.dtype, "drafter", placement=placement)
     drafter.rotary = drafter_rotary(cfg).to(param.device)
     _check_materialised(drafter, "drafter")

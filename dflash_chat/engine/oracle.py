@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from dflash_chat.engine.sampling import draft_tokens
+
 
 class OracleDrafter:
     def __init__(self, reference: list[int], vocab_size: int, *, block_size: int = 16,
@@ -74,6 +76,9 @@ class OracleDrafter:
 
     def block_ids(self, device: torch.device) -> torch.Tensor:
         return torch.zeros(self.block_size, dtype=torch.long, device=device)
+
+    def propose(self, ids: torch.Tensor, span, params, draws, q_out) -> torch.Tensor:
+        return draft_tokens(self.draft_logits(ids, span), params, draws, q_out)
 
     def draft_logits(self, ids: torch.Tensor, span) -> torch.Tensor:
         """One-hot logits [B-1, V] of the proposals for the block at span.pos[0]: a greedy verify takes their

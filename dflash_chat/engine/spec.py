@@ -50,8 +50,10 @@ class Drafter(Protocol):
         """Take the target features [n, K*H] of the newly committed positions start-n .. start-1."""
     def block_ids(self, device: torch.device) -> torch.Tensor:
         """The drafting block's input ids [B]; row 0 receives the last token."""
-    def draft_logits(self, ids: torch.Tensor, span) -> torch.Tensor:
-        """Logits [B-1, V] of the drafts after ids[0] at the device positions `span`, reading no host value."""
+    def propose(self, ids: torch.Tensor, span, params: SamplingParams, draws: Draws | None,
+                q_out: torch.Tensor | None) -> torch.Tensor:
+        """The drafts [B-1] after ids[0] at the device positions `span`, reading no host value: greedy, or
+        drawn from a proposal distribution that it writes to q_out [B-1, V] for the exact verify."""
     def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Context from the target features [n, K*H] at device positions [n]."""
 

@@ -17,6 +17,8 @@ from torch import nn
 
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter
+from dflash_chat.engine.models.dflash2 import CandidateSelector
+from dflash_chat.engine.models.dflash2 import build_drafter as make_drafter
 from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Experts, Rotary
 from dflash_chat.engine.models.target import TargetModel
@@ -41,6 +43,7 @@ TARGETS = {
         max_position_embeddings=262144, eos_token_id=248046,
     ),
 }
+TARGETS["qwen3.8-27b"] = dict(TARGETS["qwen3.6-27b"])  # a qwen3_5 target with Qwen3.6-27B's shapes
 DRAFTERS = {
     "qwen3.6-27b": dict(
         architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=5120, intermediate_size=17408,
@@ -55,6 +58,14 @@ DRAFTERS = {
         rope_theta=10_000_000, sliding_window=4096, use_sliding_window=True,
         layer_types=["sliding_attention"] * 5 + ["full_attention"],
         dflash_config=dict(block_size=16, mask_token_id=248077, target_layer_ids=[1, 6, 11, 16, 22, 27, 32, 37]),
+    ),
+    "qwen3.8-27b": dict(  # z-lab/Qwen3.8-27B-DFlash2
+        architectures=["DFlash2DraftModel"], model_type="qwen3", hidden_size=5120, intermediate_size=17408,
+        num_hidden_layers=5, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        rope_theta=10_000_000, sliding_window=2048, use_sliding_window=True, is_causal=False,
+        layer_types=["sliding_attention"] * 5,
+        dflash_config=dict(block_size=8, mask_token_id=248070, target_layer_ids=[5, 19, 33, 47, 61],
+                           conv_group_size=16, conv_kernel_size=2, selector_rank=256, selector_top_k=16),
     ),
 }
 MIXES = ("Q4_K_M", "Q8_0", "bf16")
@@ -105,7 +116,8 @@ def _more_bits(layer: int, layers: int) -> bool:
 
 def weight_format(name: str, shape: tuple[int, ...], mix: str, layers: int) -> Format | None:
     """The format a `mix` file stores HF weight `name` in; None: a float tensor (norms, conv, gates, router)."""
-    matrix = len(shape) >= 2 and shape[-2] > 1 and "conv1d" not in name and not name.endswith("mlp.gate.weight")
+    matrix = (len(shape) >= 2 and shape[-2] > 1 and "conv1d" not in name and not name.endswith("mlp.gate.weight")
+              and "codebook" not in name and not name.endswith("base_kernel"))
     if mix == "bf16" or not matrix:
         return None
     if mix == "Q8_0" or shape[-1] % 256:  # K-quant rows hold whole 256-value blocks; others fall back
@@ -177,7 +189,7 @@ def build_drafter(name: str, target: TargetModel, mix: str = "Q8_0") -> DFlashDr
     cfg = drafter_config(name, target.cfg.num_layers, target.cfg.vocab_size)
     p = target.model.norm.weight
     with torch.device("meta"):
-        drafter = DFlashDrafter(cfg, target.cfg.hidden_size)
+        drafter = make_drafter(cfg, target.cfg.hidden_size, target.cfg.vocab_size)
     materialise(drafter, SyntheticWeights(drafter, mix, cfg.num_layers, p.device, seed=1), p.device, p.dtype,
                 "synthetic drafter")
     drafter.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(p.device)
@@ -202,5 +214,7 @@ def bytes_per_token(model: nn.Module) -> int:
             size = size * top_k // module.num_experts
         elif isinstance(module, Experts):
             size = size * top_k // module.gate_up_proj.shape[0]
+        elif isinstance(module, CandidateSelector):  # codebook rows of the K candidates and the predecessor
+            size = size * (module.top_k + 1) // module.predecessor_codebook.shape[0]
         total += size
     return total

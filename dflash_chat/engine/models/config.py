@@ -210,6 +210,8 @@ class DrafterConfig:
     # A tap of the target's last layer reads what HF's hidden_states[-1] holds: the final-normed state
     # (z-lab's reference). "raw": the layer's own output, what our first demo drafter was trained on.
     last_layer_tap: str = "normed"
+    # DFlash2 (architectures DFlash2DraftModel): convolutions and the candidate selector; None for DFlash
+    dflash2: DFlash2Config | None = None
 
     @property
     def layer_causal(self) -> list[bool]:
@@ -224,6 +226,7 @@ class DrafterConfig:
         archs = d.get("architectures") or []
         if archs and not any("DFlash" in a for a in archs):
             raise ModelFormatError(f"not a DFlash drafter: architectures is {archs}")
+        dflash2 = DFlash2Config.from_dict(d) if any("DFlash2" in a for a in archs) else None
         what = "drafter"
         dflash = d.get("dflash_config") or {}
         block = dflash.get("block_size", d.get("block_size"))
@@ -260,7 +263,55 @@ class DrafterConfig:
             causal=_causal(d),
             rope_scaling=scaling,
             last_layer_tap=last_tap,
+            dflash2=dflash2,
         )
+
+
+@dataclass(frozen=True)
+class DFlash2Config:
+    """What DFlash2 adds to a DFlash drafter (z-lab/dflash 07ebd93 `DFlash2DraftModel`), from `dflash_config`
+    (or the top level): a two-sided grouped dynamic convolution of `conv_kernel_size` taps, one kernel per
+    `conv_group_size` channels, around each layer's attention and MLP; a candidate selector over the
+    `selector_top_k` best draft tokens per position with `selector_rank`-wide codebooks; and scales on the
+    block's input embeddings and on the draft logits (then a tanh soft cap), 1 / 1 / none when absent."""
+
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DFlash2Config":
+        dflash = d.get("dflash_config") or {}
+
+        def get(key: str, default=None):
+            value = dflash.get(key, d.get(key))
+            return default if value is None else value
+
+        sizes = {}
+        for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            value = get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelFormatError(f"DFlash2 drafter config.json has no valid dflash_config.{key} (a positive "
+                                       f"integer; got {value!r}): the file is incomplete")
+            sizes[key] = value
+        hidden = d.get("hidden_size")
+        if isinstance(hidden, int) and hidden % sizes["conv_group_size"]:
+            raise ModelFormatError(f"DFlash2 drafter conv_group_size {sizes['conv_group_size']} does not divide "
+                                   f"hidden_size {hidden}")
+        scales = {}
+        for key, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0)):
+            value = get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ModelFormatError(f"DFlash2 drafter {key} is {value!r}: expected a positive number")
+            scales[key] = float(value)
+        cap = get("final_logit_softcapping")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+            raise ModelFormatError(f"DFlash2 drafter final_logit_softcapping is {cap!r}: expected a positive number")
+        return cls(**sizes, **scales, final_logit_softcapping=None if cap is None else float(cap))
 
 
 def _causal(d: dict) -> bool | None:

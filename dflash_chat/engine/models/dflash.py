@@ -25,6 +25,7 @@ from dflash_chat.engine.models.attention import Projections, attend, attend_cach
 from dflash_chat.engine.models.config import DrafterConfig, RopeScaling
 from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary
 from dflash_chat.engine.models.span import Span
+from dflash_chat.engine.sampling import Draws, SamplingParams, draft_tokens
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> tuple[torch.Tensor, float]:
@@ -95,8 +96,19 @@ class DraftLayer(PreNormBlock):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
+    def attention_input(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, object]:
+        """(what attention reads, what `after_attention` needs) for rows x [n, H] laid out in blocks of `block`."""
+        return self.input_layernorm(x), None
+
+    def after_attention(self, x: torch.Tensor, out: torch.Tensor, carried: object, block: int) -> torch.Tensor:
+        """The residual stream after the attention output `out` [n, H] and the MLP."""
+        return self.finish(x, out)
+
 
 class DFlashDrafter(nn.Module):
+    layer_class = DraftLayer
+    embedding_scale = 1.0  # on the block's input embeddings
+
     def __init__(self, cfg: DrafterConfig, target_hidden_size: int | None = None):
         super().__init__()
         self.cfg = cfg
@@ -106,7 +118,7 @@ class DFlashDrafter(nn.Module):
         target_hidden = target_hidden_size or cfg.hidden_size
         self.fc = nn.Linear(len(cfg.target_layer_ids) * target_hidden, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DraftLayer(cfg, t, c) for t, c in zip(cfg.layer_types, cfg.layer_causal))
+        self.layers = nn.ModuleList(self.layer_class(cfg, t, c) for t, c in zip(cfg.layer_types, cfg.layer_causal))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = drafter_rotary(cfg)
         self._embed: nn.Module | None = None
@@ -164,7 +176,13 @@ class DFlashDrafter(nn.Module):
     def draft_logits(self, ids: torch.Tensor, span: Span) -> torch.Tensor:
         """Draft logits [B-1, V] for the block `ids` [B] = [last token, mask x (B-1)] at device positions
         `span`; the context is every committed row below span.pos[0]. Reads no host value."""
-        return self._lm_head(self._draft(ids, span))
+        return self.logits(self._draft(ids, span))
+
+    def propose(self, ids: torch.Tensor, span: Span, params: SamplingParams, draws: Draws | None,
+                q_out: torch.Tensor | None) -> torch.Tensor:
+        """The drafts [B-1] after ids[0] (the step seam's call): the draft logits' argmax when greedy, else drawn
+        from their processed distribution, written to `q_out` for the verify. Reads no host value."""
+        return draft_tokens(self.draft_logits(ids, span), params, draws, q_out)
 
     @torch.no_grad()
     def append_context(self, features: torch.Tensor, start: int) -> None:
@@ -211,16 +229,22 @@ class DFlashDrafter(nn.Module):
         """The final-normed hidden states of the drafted positions (block rows 1..), the block's own K/V
         written to the cache rows past the context (the next block or context rows overwrite them)."""
         dtype = self.norm.weight.dtype
-        x = self._embed(ids).to(dtype)
+        x = self.embed(ids, dtype)
         cos, sin = self.rotary.at(span.pos, dtype)
+        block = x.shape[0]
         for layer, (cache_k, cache_v) in zip(self.layers, self.cache):
             attn = layer.self_attn
-            xn = layer.input_layernorm(x)
+            xn, carried = layer.attention_input(x, block)
             q, _ = attn.into_cache(xn, cos, sin, span.pos, cache_k, cache_v)
             out = attend_cache(q, cache_k, cache_v, span, attn.scale, causal=attn.causal,
                                window=attn.window)
-            x = layer.finish(x, attn.o_proj(out))
+            x = layer.after_attention(x, attn.o_proj(out), carried, block)
         return self.norm(x[1:])
+
+    def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The block's input rows: the target's embeddings of `ids`."""
+        x = self._embed(ids).to(dtype)
+        return x * self.embedding_scale if self.embedding_scale != 1.0 else x
 
     # -- training ---------------------------------------------------------------
     def forward_train(self, features: torch.Tensor, block_embeddings: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -245,16 +269,19 @@ class DFlashDrafter(nn.Module):
         cos_c, sin_c = self.rotary.cos_sin(ctx_pos, dtype)
         cos_b, sin_b = self.rotary.cos_sin(blk_pos, dtype)
         x = block_embeddings.reshape(A * B, H)
+        if self.embedding_scale != 1.0:
+            x = x * self.embedding_scale
         for layer in self.layers:
             attn = layer.self_attn
             k_c, v_c = attn.keys_values(h_ctx, cos_c, sin_c)
-            xn = layer.input_layernorm(x)
+            xn, carried = layer.attention_input(x, B)
             q, _ = attn.queries(xn, cos_b, sin_b)
             k_b, v_b = attn.keys_values(xn, cos_b, sin_b)
             mask = attn.mask(blk_pos, k_pos, base)
             out = attend(q, torch.cat((k_c, k_b)), torch.cat((v_c, v_b)), mask, attn.scale)
-            x = layer.finish(x, attn.o_proj(out))
+            x = layer.after_attention(x, attn.o_proj(out), carried, B)
         return self.norm(x).view(A, B, H)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits of final-normed hidden states, through the target's LM head."""
         return self._lm_head(hidden)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.sampling import Draws, SamplingParams, accept, draft_tokens
+from dflash_chat.engine.sampling import Draws, SamplingParams, accept
 
 MAX_STOPS = 16  # stop ids a step checks on the device (the chat templates use 2-3)
 DEFERRED_ROWS = 64  # plain steps whose drafter context an uncaptured step stores at once
@@ -82,8 +82,7 @@ class Steps:
     def _draft(self) -> None:
         self.flush_context()
         self.block[:1].copy_(self.ids[:1])
-        logits = self.drafter.draft_logits(self.block, self._span(self.B))
-        self.ids[1:].copy_(draft_tokens(logits, self.params, self.draws, self.q))
+        self.ids[1:].copy_(self.drafter.propose(self.block, self._span(self.B), self.params, self.draws, self.q))
 
     def _verify(self, T: int) -> None:
         self.outputs[T] = self.target(self.ids[:T], self.state, logits="all", taps=self.taps, speculative=T > 1,

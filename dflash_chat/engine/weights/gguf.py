@@ -247,6 +247,9 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
     causal = _get(kv, arch, "attention.causal")
     if causal is not None:
         cfg["is_causal"] = bool(causal)
+    if arch == "dflash" and int(kv.get("dflash.selector_top_k") or 0) > 0:  # llama.cpp's test for DFlash2
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        cfg["dflash_config"].update({key: kv.get(f"dflash.{key}") for key in names.DFLASH2_KEYS})
     scaling = _rope_scaling(kv, arch)
     if scaling:
         cfg["rope_scaling"] = scaling
@@ -310,6 +313,11 @@ def _drafter_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str
     for bid in range(cfg["num_hidden_layers"]):
         for hf in schemas[0][1]:
             wanted[f"layers.{bid}.{hf}"] = [f"blk.{bid}.{layer[hf]}" for _, layer in schemas]
+    if "DFlash2DraftModel" in cfg["architectures"]:
+        glob, layer = names.DFLASH2_NAMES
+        wanted.update({hf: [g] for hf, g in glob.items()})
+        wanted.update({f"layers.{bid}.{hf}": [f"blk.{bid}.{g}"] for bid in range(cfg["num_hidden_layers"])
+                       for hf, g in layer.items()})
     for hf, candidates in wanted.items():
         gname = next((g for g in candidates if g in by_name), None)
         if gname is not None:

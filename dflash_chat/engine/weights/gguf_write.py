@@ -35,7 +35,7 @@ def _use_more_bits(i: int, n: int) -> bool:
 def choose_format(gguf_name: str, shape: tuple[int, ...], mix: str, n_layers: int) -> Format:
     """The type llama.cpp's quantize would pick for this tensor in `mix` (a simplified Q4_K_M)."""
     base = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
-    if mix == "F32" or len(shape) == 1 or "norm" in gguf_name or base in _KEEP_F32:
+    if mix == "F32" or len(shape) == 1 or "norm" in gguf_name or base in _KEEP_F32 or not gguf_name.endswith("weight"):
         return FORMATS["F32"]
     if mix in ("F16", "BF16"):
         return FORMATS[mix]
@@ -234,6 +234,9 @@ def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], co
         writer.add_uint32("dflash.block_size", block_size)
         writer.add_array("dflash.target_layers", [i + 1 for i in taps])  # llama.cpp taps the next layer's input
         writer.add_mask_token_id(mask)
+        if any("DFlash2" in a for a in config.get("architectures", [])):
+            for key in names.DFLASH2_KEYS:
+                writer.add_uint32(f"dflash.{key}", int(dflash[key]))
         if mrope_target:
             writer.add_rope_dimension_sections([head_dim // 2, 0, 0, 0])
     types = config.get("layer_types") or ["full_attention"] * n_layers
@@ -244,6 +247,10 @@ def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], co
         _add_tokenizer(writer, tokenizer, None, pre="qwen35")
 
     glob, layer = names.DRAFTER_NAMES[schema]
+    if "candidate_selector.hidden_projection.weight" in state_dict:
+        if schema != "dflash":
+            raise ValueError("only llama.cpp's mainline converter (schema 'dflash') writes DFlash2 drafters")
+        glob, layer = {**glob, **names.DFLASH2_NAMES[0]}, {**layer, **names.DFLASH2_NAMES[1]}
     out = [(gguf_name, state_dict[hf]) for hf, gguf_name in glob.items()]
     for bid in range(n_layers):
         out += [(f"blk.{bid}.{g}", state_dict[f"layers.{bid}.{hf}"]) for hf, g in layer.items()]

@@ -121,6 +121,19 @@ DRAFTER_NAMES = {  # schema -> (global names, per-layer names under blk.N.)
 }
 
 
+# DFlash2's extra tensors, as llama.cpp's converter names them under the mainline `dflash` arch (PR #27342 /
+# #27816; DESIGN.md §5). The conv base kernels keep no `.weight` suffix (so llama-quantize leaves them F32).
+DFLASH2_NAMES = (
+    {"candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+     "candidate_selector.successor_codebook": "selector_successor.weight",
+     "candidate_selector.hidden_projection.weight": "selector_hidden.weight"},
+    {"attention_conv.base_kernel": "attn_conv_base", "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+     "mlp_conv.base_kernel": "ffn_conv_base", "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight"},
+)
+# the DFlash2 sizes in a `dflash` GGUF: `dflash.<key>`, as in dflash_config
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
 def gguf_rank(gguf_name: str) -> int:
     """How many dims a tensor has as the converter writes it (ggml writers drop trailing 1-sized ones).
 
@@ -130,7 +143,7 @@ def gguf_rank(gguf_name: str) -> int:
     base = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
     if base.endswith(".bias") or base == "ssm_a" or "norm" in base:
         return 1
-    return 3 if "_exps." in base else 2
+    return 3 if "_exps." in base or base.endswith("_conv_base") else 2
 
 
 def NORM_LIKE(hf_name: str, arch: str) -> bool:

@@ -73,7 +73,7 @@ def _unreadable(file: Path, exc: Exception) -> ModelFormatError:
 
 def quant_format_for(name: str, shape: tuple[int, ...], want: str) -> str | None:
     """Format a tensor gets when quantizing on load: matrices only, with a Q8_0 fallback for odd rows."""
-    if len(shape) < 2 or "norm" in name:
+    if len(shape) != 2 or "norm" in name or "codebook" in name:  # codebooks are gathered by row
         return None
     while shape[-1] % get_format(want).block_size:
         want = _FALLBACK.get(want)

@@ -1,0 +1,164 @@
+"""The DFlash2 draft model: DFlash's layers with a grouped dynamic convolution around each attention and
+MLP, and a candidate selector that walks a coherent path through each position's best tokens.
+
+As z-lab/dflash 07ebd93 defines them (`GroupedDynamicCausalConv`, `CandidateSelector`, `DFlash2DraftModel`):
+
+- Convolution over the block's rows, per channel c of group g(c): out[i, c] = sum_t (base[t, c] +
+  dyn[i, t, g(c)]) * x[i - t, c], rows before the block's first counting as zero. `kernel_projection`
+  predicts both sides' dynamic parts from the sublayer's (normed) input: side 0 convolves that input,
+  side 1 the sublayer's output.
+- The selector: the draft logits' top-K candidates per position; walking from the anchor (the block's
+  first token), a candidate b after predecessor a scores unary(b) + <A[a] * P h, B[b]>, A and B the
+  predecessor and successor codebooks, P the hidden projection. Greedy takes the best; at temperature
+  T > 0 the step draws from softmax(scores / T), which is the proposal q the exact verify needs (its
+  support is the K candidates).
+- The draft logits are the target head's, times `output_multiplier`, then soft-capped (cap * tanh(x / cap))
+  when the config names a cap; the block's input embeddings are scaled by `input_embedding_scale`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_chat.engine.models.config import DFlash2Config, DrafterConfig
+from dflash_chat.engine.models.dflash import DFlashDrafter, DraftLayer
+from dflash_chat.engine.models.span import Span
+from dflash_chat.engine.sampling import Draws, SamplingParams
+
+
+def shifted(x: torch.Tensor, t: int) -> torch.Tensor:
+    """x [A, B, ...] moved t rows down inside each block, zeros entering at the block's start."""
+    if t == 0:
+        return x
+    return torch.cat((torch.zeros_like(x[:, :t]), x[:, :-t]), dim=1)
+
+
+class GroupedDynamicConv(nn.Module):
+    """The two-sided convolution around one sublayer: `base_kernel` [2, taps, H], `kernel_projection` H ->
+    2 * taps * groups (checkpoint names)."""
+
+    def __init__(self, hidden: int, taps: int, group_size: int):
+        super().__init__()
+        self.taps, self.group_size, self.groups = taps, group_size, hidden // group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, taps, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * self.groups, bias=False)
+
+    def prepare(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x convolved with side 0, the dynamic kernel of side 1 [n, taps, groups]) for rows x [n, H] in
+        blocks of `block` rows."""
+        dynamic = self.kernel_projection(x).view(x.shape[0], 2, self.taps, self.groups)
+        return self._convolve(x, dynamic[:, 0], 0, block), dynamic[:, 1]
+
+    def finish(self, x: torch.Tensor, dynamic: torch.Tensor, block: int) -> torch.Tensor:
+        """The sublayer's output x [n, H] convolved with side 1."""
+        return self._convolve(x, dynamic, 1, block)
+
+    def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, side: int, block: int) -> torch.Tensor:
+        n, H = x.shape
+        grouped = x.view(n // block, block, self.groups, self.group_size)
+        dyn = dynamic.to(x.dtype).view(n // block, block, self.taps, self.groups, 1)
+        base = self.base_kernel[side].to(x.dtype).view(self.taps, self.groups, self.group_size)
+        out = torch.zeros_like(grouped)
+        for t in range(self.taps):
+            out = out + (base[t] + dyn[:, :, t]) * shifted(grouped, t)
+        return out.view(n, H)
+
+
+class DFlash2Layer(DraftLayer):
+    def __init__(self, cfg: DrafterConfig, layer_type: str, causal: bool):
+        super().__init__(cfg, layer_type, causal)
+        d2 = cfg.dflash2
+        self.attention_conv = GroupedDynamicConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
+        self.mlp_conv = GroupedDynamicConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
+
+    def attention_input(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.attention_conv.prepare(self.input_layernorm(x), block)
+
+    def after_attention(self, x: torch.Tensor, out: torch.Tensor, carried: torch.Tensor, block: int) -> torch.Tensor:
+        x = x + self.attention_conv.finish(out, carried, block)
+        h, dynamic = self.mlp_conv.prepare(self.post_attention_layernorm(x), block)
+        return x + self.mlp_conv.finish(self.mlp(h), dynamic, block)
+
+
+class CandidateSelector(nn.Module):
+    """`predecessor_codebook` and `successor_codebook` [V, rank], `hidden_projection` H -> rank."""
+
+    def __init__(self, vocab: int, hidden: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def candidates(self, logits: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(unary [D, K] float32, candidate ids [D, K], their successor codes [D, K, rank], projected hidden
+        [D, rank]) for draft logits [D, V] and hidden states [D, H]."""
+        unary, ids = torch.topk(logits.float(), self.top_k, dim=-1)
+        successors = self.successor_codebook.index_select(0, ids.reshape(-1)).view(*ids.shape, -1).float()
+        return unary, ids, successors, self.hidden_projection(hidden).float()
+
+    def scores(self, unary: torch.Tensor, successors: torch.Tensor, projected: torch.Tensor,
+               predecessor: torch.Tensor) -> torch.Tensor:
+        """Candidate scores [..., K] after the predecessor token ids [...]: unary + <A[a] * P h, B[b]>."""
+        gate = self.predecessor_codebook.index_select(0, predecessor.reshape(-1)).float()
+        gate = gate.view(*predecessor.shape, -1) * projected
+        return unary + (successors @ gate.unsqueeze(-1)).squeeze(-1)
+
+    def walk(self, logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor, params: SamplingParams,
+             draws: Draws | None, q_out: torch.Tensor | None) -> torch.Tensor:
+        """The path [D] from the anchor (a 1-element id tensor), on the device: each step's best candidate when
+        greedy, else one drawn from softmax(scores / T) (exponential race on the step's draft noise), whose
+        distribution over the vocabulary goes to q_out [D, V]."""
+        unary, ids, successors, projected = self.candidates(logits, hidden)
+        predecessor = anchor.reshape(1)
+        path = []
+        if q_out is not None and not params.greedy:
+            q_out.zero_()
+        for t in range(ids.shape[0]):
+            scores = self.scores(unary[t : t + 1], successors[t : t + 1], projected[t : t + 1], predecessor)
+            if params.greedy:
+                choice = scores.argmax(dim=-1)
+            else:
+                q = torch.softmax(scores / params.temperature, dim=-1)
+                choice = (q / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
+                q_out[t].scatter_(0, ids[t], q[0])
+            predecessor = ids[t].index_select(0, choice)
+            path.append(predecessor)
+        return torch.cat(path)
+
+
+class DFlash2Drafter(DFlashDrafter):
+    layer_class = DFlash2Layer
+
+    def __init__(self, cfg: DrafterConfig, target_hidden_size: int | None = None, vocab_size: int | None = None):
+        if cfg.dflash2 is None:
+            raise ValueError("a DFlash2 drafter needs the config's DFlash2 part")
+        super().__init__(cfg, target_hidden_size)
+        d2: DFlash2Config = cfg.dflash2
+        self.embedding_scale = d2.input_embedding_scale
+        self.candidate_selector = CandidateSelector(vocab_size or 0, cfg.hidden_size, d2.selector_rank,
+                                                    d2.selector_top_k)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        d2 = self.cfg.dflash2
+        logits = self._lm_head(hidden)
+        if d2.output_multiplier != 1.0:
+            logits = logits * d2.output_multiplier
+        if d2.final_logit_softcapping is not None:
+            logits = d2.final_logit_softcapping * torch.tanh(logits / d2.final_logit_softcapping)
+        return logits
+
+    @torch.no_grad()
+    def propose(self, ids: torch.Tensor, span: Span, params: SamplingParams, draws: Draws | None,
+                q_out: torch.Tensor | None) -> torch.Tensor:
+        """The selector's path [B-1] from ids[0] (see `CandidateSelector.walk`). Reads no host value."""
+        hidden = self._draft(ids, span)
+        return self.candidate_selector.walk(self.logits(hidden), hidden, ids[:1], params, draws, q_out)
+
+
+def build_drafter(cfg: DrafterConfig, target_hidden_size: int, vocab_size: int) -> DFlashDrafter:
+    """The drafter a config describes: DFlash2 when its architectures say so, else DFlash."""
+    if cfg.dflash2 is not None:
+        return DFlash2Drafter(cfg, target_hidden_size, vocab_size)
+    return DFlashDrafter(cfg, target_hidden_size)
