@@ -195,6 +195,18 @@ def test_the_27b_drafter_slides_on_four_of_five_layers(config):
             '[models.x]\nextends = "qwen3.6-35b-a3b"\n[models.x.drafter.quants]\nQ6_K = { pattern = "*q6_k*", version = "v9" }\n',
             r"`drafter.quants.Q6_K.version` is 'v9'; the drafter's versions are: 2026-04, 2026-06",
         ),
+        (
+            '[models.x]\nextends = "qwen3.5-4b"\ndrafter.shape = { layers = 5, kv_heads = 8, head_dim = 128, hidden = 2560, kind = "eagle" }\n',
+            r"`drafter.shape`: kind is 'eagle'; known kinds: dflash, dflash2",
+        ),
+        (
+            '[models.x]\nextends = "qwen3.5-4b"\ndrafter.shape = { layers = 5, kv_heads = 8, head_dim = 128, hidden = 2560, kind = "dflash2", selector_top_k = 16 }\n',
+            r"`drafter.shape`: a dflash2 drafter needs selector_rank, conv_kernel, conv_group",
+        ),
+        (
+            '[models.x]\nextends = "qwen3.5-4b"\ndrafter.shape = { layers = 5, kv_heads = 8, head_dim = 128, hidden = 2560, kind = 2 }\n',
+            r"`drafter.shape.kind` must be str, got 2",
+        ),
     ],
 )
 def test_config_mistakes_are_one_line_that_names_the_key(config, text, message):

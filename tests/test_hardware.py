@@ -202,6 +202,84 @@ def test_the_27b_comes_at_q3_k_m_where_q4_k_m_does_not_fit(catalog):
     assert choose(machine(24), catalog, context=32768).target.quant == "Q4_K_M"  # never where Q4_K_M fits
 
 
+# Qwen3.8-27B's DFlash2 drafter (z-lab/Qwen3.8-27B-DFlash2 config.json): five sliding layers, block 8.
+DFLASH2 = memory.DrafterShape(kind="dflash2", layers=5, sliding_layers=5, sliding_window=2048, kv_heads=8,
+                              head_dim=128, hidden=5120, block_size=8, taps=5, selector_top_k=16,
+                              selector_rank=256, conv_kernel=2, conv_group=16)
+
+
+def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
+    """Every term of a DFlash2 pair at 32k, from the shapes by hand (bf16, e = 2)."""
+    target = catalog.get("qwen3.6-27b").target_shape  # Qwen3.8-27B has the same shapes
+    state = memory.state_bytes(target, DFLASH2, 32768, 2)
+    rows = 32768 + 8  # the verify writes up to B - 1 = 7 positions past the committed ones
+    assert state.target_kv == 16 * 2 * rows * 4 * 256 * 2
+    assert state.target_rope == 2 * rows * 64 * 2
+    assert state.gdn_recurrent == 48 * 2 * (48 * 128 * 128 * 4)
+    conv_channels = 2 * 16 * 128 + 48 * 128  # q, k, v
+    assert state.gdn_conv == 48 * 2 * 3 * conv_channels * 2
+    # a verify of 8 tokens leaves its conv output, b and a, and the conv window for the commit
+    assert state.gdn_verify == 48 * (8 * (conv_channels + 2 * 48) + (3 + 8) * conv_channels) * 2
+    # five sliding layers hold their 2048-position window and the block: K and V x 8 heads x 128
+    assert state.drafter_kv == 5 * (2048 + 8) * 2 * 8 * 128 * 2
+    assert state.drafter_rope == 2 * rows * 128 * 2
+    # `auto` verifies 1, 4 or 8 tokens: logits in float32 and the 5 taps' features per row
+    assert state.step_outputs == (1 + 4 + 8) * (248320 * 4 + 5 * 5120 * 2)
+    assert state.sampling == (8 + 7 + 7) * 248320 * 4 + 7 * 4
+    # 7 draft positions x 16 candidates: id (int64), score and q (float32), and rank-256 rows for
+    # proj(h) and the 16 successor codebook rows in bf16
+    assert state.selector == 7 * (16 * (8 + 4 + 4) + 17 * 256 * 2) == 62_720
+    # 5 layers x (attention_conv, mlp_conv) x 8 positions x 2 x kernel 2 x 320 groups (5120 / 16) in bf16
+    assert state.draft_conv == 5 * 2 * 8 * 2 * 2 * 320 * 2 == 204_800
+    assert state.snapshot_logits == 248320 * 4
+    parts = (state.target_kv, state.target_rope, state.gdn_recurrent, state.gdn_conv, state.gdn_verify,
+             state.snapshot_logits, state.drafter_kv, state.drafter_rope, state.step_outputs, state.sampling,
+             state.selector, state.draft_conv)
+    assert state.total == sum(parts)
+
+
+def test_a_dflash2_drafters_cache_stops_growing_at_its_window(catalog):
+    target = catalog.get("qwen3.6-27b").target_shape
+    per_position = 2 * 8 * 128 * 2
+    short = memory.state_bytes(target, DFLASH2, 1000, 2).drafter_kv
+    assert short == 5 * (1000 + 8) * per_position  # shorter than the window: every position
+    long, longer = (memory.state_bytes(target, DFLASH2, c, 2).drafter_kv for c in (65536, 262144))
+    assert long == longer == 5 * (2048 + 8) * per_position  # no full-attention layer grows with C
+    on_cpu = memory.state_bytes(target, DFLASH2, 32768, 4)  # float32 on the CPU, the ids stay int64
+    assert on_cpu.selector == 7 * (16 * 16 + 17 * 256 * 4) and on_cpu.draft_conv == 2 * 204_800
+
+
+def test_dflash_drafters_have_no_dflash2_terms(catalog):
+    """The DFlash terms are what they were: a DFlash drafter has no selector and no convolutions."""
+    pair = catalog.get("qwen3.6-27b")
+    shape = pair.drafter("Q8_0").shape
+    assert shape.kind == "dflash" and shape.problem() is None
+    state = memory.state_bytes(pair.target_shape, shape, 32768, 2)
+    assert state.selector == state.draft_conv == 0
+    assert state.sampling == (16 + 15 + 15) * 248320 * 4 + 15 * 4
+    assert state.step_outputs == (1 + 4 + 8 + 16) * (248320 * 4 + 5 * 5120 * 2)
+
+
+def test_the_shape_of_an_engine_config_tells_dflash2_by_its_selector():
+    import types
+
+    cfg = dict(num_layers=5, num_kv_heads=8, head_dim=128, hidden_size=5120, block_size=8,
+               target_layer_ids=[5, 19, 33, 47, 61], layer_types=["sliding_attention"] * 5, sliding_window=2048)
+    plain = memory.DrafterShape.of(types.SimpleNamespace(**cfg))
+    assert (plain.kind, plain.selector_top_k, plain.sliding_layers) == ("dflash", 0, 5)
+    dflash2 = memory.DrafterShape.of(types.SimpleNamespace(**cfg, selector_top_k=16, selector_rank=256,
+                                                           conv_kernel_size=2, conv_group_size=16))
+    assert dflash2 == DFLASH2
+
+
+def test_a_shape_the_memory_model_cannot_size_says_why():
+    assert DFLASH2.problem() is None
+    assert "needs selector_rank" in memory.DrafterShape(5, 8, 128, 5120, kind="dflash2", selector_top_k=16,
+                                                        conv_kernel=2, conv_group=16).problem()
+    assert "known kinds: dflash, dflash2" in memory.DrafterShape(5, 8, 128, 5120, kind="eagle").problem()
+    assert "belong to kind" in memory.DrafterShape(5, 8, 128, 5120, selector_top_k=16).problem()
+
+
 # --- overrides --------------------------------------------------------------------------------------
 
 
