@@ -186,11 +186,13 @@ def test_models_vram_plans_for_another_card_without_probing(home, capsys, monkey
     code, out, err = run(capsys, "models", "--vram", "24", "--context", "32768")
     assert code == 0, err
     assert out.splitlines()[0] == "Planning for a 24 GB GPU (--vram), all of it free"
-    assert "Pick: planned GPU 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0;" in out
-    assert row(out, "qwen3.6-27b", "Q4_K_M")[5:] == ["yes", "-", "<- pick"]
-    assert row(out, "qwen3.6-27b", "Q8_0")[5] == "no"
+    assert ("Pick: planned GPU 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+            "with ~20 % longer acceptance);") in out
+    assert row(out, "qwen3.8-27b", "Q4_K_M")[5:] == ["yes", "-", "<- pick"]
+    assert row(out, "qwen3.8-27b", "Q8_0")[5] == "no"
+    assert row(out, "qwen3.6-27b", "Q4_K_M")[5:] == ["yes", "-"]  # it fits too, ranked below
     _, out, _ = run(capsys, "models", "--vram", "80", "--context", "32768")
-    assert "Pick: planned GPU 80 GB: Qwen3.6-27B Q8_0 + drafter Q8_0;" in out
+    assert "Pick: planned GPU 80 GB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (" in out
     # the 35B-A3B drafter's training shows where the repo holds two
     assert row(out, "qwen3.6-35b-a3b", "Q8_0")[3] == "Q8_0 (2026-04)"
     code, _, err = run(capsys, "models", "--vram", "0")
