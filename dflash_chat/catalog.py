@@ -378,14 +378,21 @@ def _check_pinned(r: _Reader, pair: Pair) -> None:
 
 
 def _shape(r: _Reader, cls, table: Mapping[str, Any], at: str):
-    """A shape dataclass from its table: whole numbers, the dataclass's defaults for keys left out."""
+    """A shape dataclass from its table: whole numbers (a text field, such as a drafter's `kind`, as
+    text), the dataclass's defaults for keys left out; a drafter shape must be one the memory model
+    can size (DrafterShape.problem)."""
     known = fields(cls)
     r.only(table, {f.name for f in known}, at)
     values = {}
     for f in known:
         default = ... if f.default is MISSING else f.default
-        values[f.name] = r.get(table, f.name, int, default, at=at)
-    return cls(**values)
+        kind = str if f.type in (str, "str") else int
+        values[f.name] = r.get(table, f.name, kind, default, at=at)
+    shape = cls(**values)
+    problem = shape.problem() if isinstance(shape, DrafterShape) else None
+    if problem:
+        raise r.fail(f"`{at.rstrip('.')}`: {problem}")
+    return shape
 
 
 def _sources(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dflash_chat.catalog import BITS_PER_WEIGHT, COMMIT, CatalogError, _pair, load_catalog, matches, quant_of, split_group
@@ -15,7 +17,7 @@ def config(tmp_path):
 def test_shipped_pairs_follow_the_design(config):
     catalog = load_catalog(config)
     names = [p.name for p in catalog.ranked()]
-    assert names == ["qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.5-9b", "qwen3.5-4b"]
+    assert names == ["qwen3.8-27b", "qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.5-9b", "qwen3.5-4b"]
     assert [p.name for p in catalog.pairs if p.cpu_default] == ["qwen3.5-4b"]
 
     big = catalog.get("qwen3.6-27b")
@@ -62,6 +64,61 @@ def test_patterns_pick_their_quant_and_nothing_else(config, quant):
     for source in sources:
         hits = [name for name in UPLOADS if matches(name, source.patterns[0])]
         assert hits and all(quant_of(h) == quant for h in hits), (source.patterns, hits)
+
+
+# The files of unsloth/Qwen3.8-27B-GGUF at the pinned commit (fdd03b8b) and of the drafter GGUF repo.
+UPLOADS_38 = [
+    "Qwen3.8-27B-Q8_0.gguf", "Qwen3.8-27B-Q6_K.gguf", "Qwen3.8-27B-Q5_K_M.gguf", "Qwen3.8-27B-Q5_K_S.gguf",
+    "Qwen3.8-27B-Q4_K_M.gguf", "Qwen3.8-27B-Q4_K_S.gguf", "Qwen3.8-27B-Q4_0.gguf", "Qwen3.8-27B-Q4_1.gguf",
+    "Qwen3.8-27B-IQ4_NL.gguf", "Qwen3.8-27B-IQ4_XS.gguf", "Qwen3.8-27B-Q3_K_M.gguf", "Qwen3.8-27B-Q3_K_S.gguf",
+    "Qwen3.8-27B-UD-Q8_K_XL.gguf", "Qwen3.8-27B-UD-Q6_K_XL.gguf", "Qwen3.8-27B-UD-Q5_K_XL.gguf",
+    "Qwen3.8-27B-UD-Q4_K_XL.gguf", "Qwen3.8-27B-UD-Q3_K_XL.gguf", "Qwen3.8-27B-UD-IQ3_XXS.gguf",
+    "Qwen3.8-27B-UD-Q2_K_XL.gguf", "Qwen3.8-27B-UD-IQ2_M.gguf", "Qwen3.8-27B-UD-IQ2_XXS.gguf",
+    "mmproj-BF16.gguf", "mmproj-F16.gguf",
+    "BF16/Qwen3.8-27B-BF16-00001-of-00002.gguf", "BF16/Qwen3.8-27B-BF16-00002-of-00002.gguf",
+]
+DRAFTER_UPLOADS_38 = ["Qwen3.8-27B-DFlash2-Q8_0.gguf", "Qwen3.8-27B-DFlash2-Q4_K_M.gguf", "Qwen3.8-27B-DFlash2-BF16.gguf"]
+
+
+def test_the_qwen38_27b_pair_with_its_dflash2_drafter(config):
+    pair = load_catalog(config).get("Qwen3.8-27B")
+    assert pair.name == "qwen3.8-27b" and pair.rank > load_catalog(config).get("qwen3.6-27b").rank
+    assert pair.target_quants == ("Q8_0", "Q4_K_M", "Q3_K_M", "Q3_K_S")  # a 3-bit one for 16 GB cards
+    assert {(s.repo, s.revision, s.kind) for s in pair.targets} == {
+        ("unsloth/Qwen3.8-27B-GGUF", "fdd03b8bbd279c1694563650e79d85a2373d9934", "gguf")}
+    # the files' bytes at that commit, to 10 MB
+    assert [s.size for s in pair.targets] == [29_050_000_000, 17_110_000_000, 13_820_000_000, 12_570_000_000]
+    assert (pair.tokenizer.repo, pair.tokenizer.revision) == ("Qwen/Qwen3.8-27B", "1d4bf0f2ff6012fd82039f2fa52739d0dd7c60c0")
+    # Qwen3.6-27B's shapes: 64 layers, 16 of them gated attention, 48 Gated DeltaNet
+    shape = pair.target_shape
+    assert shape == load_catalog(config).get("qwen3.6-27b").target_shape
+    assert (shape.layers, shape.attention_layers, shape.linear_layers) == (64, 16, 48)
+    assert (shape.hidden, shape.intermediate, shape.vocab) == (5120, 17408, 248320)
+
+    assert pair.drafter_quants == ("Q8_0", "BF16", "Q4_K_M")
+    q8, bf16, q4 = (pair.drafter(q) for q in pair.drafter_quants)
+    assert {(s.repo, s.revision) for s in (q8, q4)} == {
+        ("incoai/Qwen3.8-27B-DFlash2-GGUF", "51962825493a48b846b40126d35c799ac4093ad0")}
+    assert (bf16.repo, bf16.revision, bf16.kind) == (
+        "z-lab/Qwen3.8-27B-DFlash2", "50307d4c4cde6860d4eee73e2547cd786fe8e8a4", "safetensors")
+    assert (q8.size, bf16.size, q4.size) == (2_056_000_000, 3_850_000_000, 1_143_000_000)
+    # DFlash2DraftModel: five sliding layers (window 2048), block 8, and the selector and convolution sizes
+    d = q8.shape
+    assert q8.shape == bf16.shape == q4.shape and d.kind == "dflash2" and d.problem() is None
+    assert (d.layers, d.sliding_layers, d.sliding_window, d.kv_heads, d.head_dim, d.hidden) == (5, 5, 2048, 8, 128, 5120)
+    assert (d.block_size, d.taps) == (8, 5)
+    assert (d.selector_top_k, d.selector_rank, d.conv_kernel, d.conv_group, d.conv_groups) == (16, 256, 2, 16, 320)
+    assert pair.local_drafter(Path("Qwen3.8-27B-DFlash2-Q6_K.gguf")).shape == d  # one training: its shape
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M", "Q3_K_M", "Q3_K_S"])
+def test_the_qwen38_patterns_pick_their_quant_and_nothing_else(config, quant):
+    pair = load_catalog(config).get("qwen3.8-27b")
+    sources = [pair.target(quant)] + [s for s in pair.drafters if s.quant == quant]
+    for source in sources:
+        listing = DRAFTER_UPLOADS_38 if source.repo == "incoai/Qwen3.8-27B-DFlash2-GGUF" else UPLOADS_38
+        hits = [name for name in listing if matches(name, source.patterns[0])]
+        assert len(hits) == 1 and quant_of(hits[0]) == quant, (source.patterns, hits)
 
 
 def test_quant_and_split_names():
@@ -194,6 +251,18 @@ def test_the_27b_drafter_slides_on_four_of_five_layers(config):
         (
             '[models.x]\nextends = "qwen3.6-35b-a3b"\n[models.x.drafter.quants]\nQ6_K = { pattern = "*q6_k*", version = "v9" }\n',
             r"`drafter.quants.Q6_K.version` is 'v9'; the drafter's versions are: 2026-04, 2026-06",
+        ),
+        (
+            '[models.x]\nextends = "qwen3.5-4b"\ndrafter.shape = { layers = 5, kv_heads = 8, head_dim = 128, hidden = 2560, kind = "eagle" }\n',
+            r"`drafter.shape`: kind is 'eagle'; known kinds: dflash, dflash2",
+        ),
+        (
+            '[models.x]\nextends = "qwen3.5-4b"\ndrafter.shape = { layers = 5, kv_heads = 8, head_dim = 128, hidden = 2560, kind = "dflash2", selector_top_k = 16 }\n',
+            r"`drafter.shape`: a dflash2 drafter needs selector_rank, conv_kernel, conv_group",
+        ),
+        (
+            '[models.x]\nextends = "qwen3.5-4b"\ndrafter.shape = { layers = 5, kv_heads = 8, head_dim = 128, hidden = 2560, kind = 2 }\n',
+            r"`drafter.shape.kind` must be str, got 2",
         ),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,11 +187,13 @@ def test_models_vram_plans_for_another_card_without_probing(home, capsys, monkey
     code, out, err = run(capsys, "models", "--vram", "24", "--context", "32768")
     assert code == 0, err
     assert out.splitlines()[0] == "Planning for a 24 GB GPU (--vram), all of it free"
-    assert "Pick: planned GPU 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0;" in out
-    assert row(out, "qwen3.6-27b", "Q4_K_M")[5:] == ["yes", "-", "<- pick"]
-    assert row(out, "qwen3.6-27b", "Q8_0")[5] == "no"
+    assert ("Pick: planned GPU 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+            "with ~20 % longer acceptance);") in out
+    assert row(out, "qwen3.8-27b", "Q4_K_M")[5:] == ["yes", "-", "<- pick"]
+    assert row(out, "qwen3.8-27b", "Q8_0")[5] == "no"
+    assert row(out, "qwen3.6-27b", "Q4_K_M")[5:] == ["yes", "-"]  # it fits too, ranked below
     _, out, _ = run(capsys, "models", "--vram", "80", "--context", "32768")
-    assert "Pick: planned GPU 80 GB: Qwen3.6-27B Q8_0 + drafter Q8_0;" in out
+    assert "Pick: planned GPU 80 GB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (" in out
     # the 35B-A3B drafter's training shows where the repo holds two
     assert row(out, "qwen3.6-35b-a3b", "Q8_0")[3] == "Q8_0 (2026-04)"
     code, _, err = run(capsys, "models", "--vram", "0")
@@ -277,3 +280,104 @@ def test_pull_of_a_gated_drafter_without_a_token_is_one_line_and_fetches_nothing
     assert err.startswith(f"dflash-chat: tiny/Tiny-DFlash is gated: accept its terms on {server.url}/tiny/Tiny-DFlash")
     assert "`hf auth login` or set HF_TOKEN" in err
     assert not server.gets("/resolve/") and not server.gets("/cdn/")
+
+
+# --- Qwen3.8-27B + DFlash2, the shipped pair, against the test Hub ----------------------------------
+
+# The repos as the catalog pins them: each answers at the catalog's commit, with the real file names
+# (tiny contents) and the files beside them that a pattern must not take.
+QWEN38_REPOS = {
+    "unsloth/Qwen3.8-27B-GGUF": ("fdd03b8bbd279c1694563650e79d85a2373d9934", {
+        "Qwen3.8-27B-Q8_0.gguf": 8_000, "Qwen3.8-27B-Q4_K_M.gguf": 4_000, "Qwen3.8-27B-Q3_K_M.gguf": 3_200,
+        "Qwen3.8-27B-Q3_K_S.gguf": 3_000, "Qwen3.8-27B-UD-Q4_K_XL.gguf": 4_400, "Qwen3.8-27B-UD-Q3_K_XL.gguf": 3_100,
+        "mmproj-F16.gguf": 900, "config.json": 40,
+    }),
+    "incoai/Qwen3.8-27B-DFlash2-GGUF": ("51962825493a48b846b40126d35c799ac4093ad0", {
+        "Qwen3.8-27B-DFlash2-Q8_0.gguf": 2_000, "Qwen3.8-27B-DFlash2-Q4_K_M.gguf": 1_100,
+        "Qwen3.8-27B-DFlash2-BF16.gguf": 3_800,
+    }),
+    "z-lab/Qwen3.8-27B-DFlash2": ("50307d4c4cde6860d4eee73e2547cd786fe8e8a4", {
+        "config.json": 60, "model.safetensors": 3_850, "README.md": 30,
+    }),
+    "Qwen/Qwen3.8-27B": ("1d4bf0f2ff6012fd82039f2fa52739d0dd7c60c0", {
+        "tokenizer_config.json": 20, "tokenizer.json": 50, "chat_template.jinja": 10, "config.json": 30,
+        "model-00001-of-00015.safetensors": 500,
+    }),
+}
+
+
+@pytest.fixture
+def qwen38_home(home, server):
+    """The shipped pairs only (an empty config.toml), the Qwen3.8-27B repos on the test Hub."""
+    from dflash_chat import paths
+
+    paths.config_file().write_text("")
+    rng = np.random.default_rng(38)
+    for repo, (commit, files) in QWEN38_REPOS.items():
+        server.repos[repo] = Repo({name: rng.bytes(size) for name, size in files.items()}, commit=commit)
+    return home
+
+
+def pulled(out: str) -> dict[str, str]:
+    lines = [line for line in out.splitlines() if line.startswith(("target:", "drafter:", "tokenizer:"))]
+    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
+
+
+def test_pull_qwen38_fetches_the_target_quant_and_the_dflash2_drafter_the_picker_chose(qwen38_home, capsys, server):
+    code, out, err = run(capsys, "pull", "qwen3.8-27b")
+    assert code == 0, err
+    lines = out.splitlines()
+    # the picker's line for this machine (the 3090 double, the app's 8k context), then the plan
+    assert lines[0].startswith("RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token "
+                               "blocks with ~20 % longer acceptance);")
+    size = size_text(4_000 + 2_000 + 20 + 50 + 10 + 30)  # target, drafter, the tokenizer repo's files
+    assert lines[1] == f"Qwen3.8-27B: 6 files, {size}, {size} to download -> {qwen38_home}"
+    files = pulled(out)
+    assert files["target"].endswith("Qwen3.8-27B-Q4_K_M.gguf")  # not UD-Q4_K_XL, not the mmproj
+    assert files["drafter"].endswith("Qwen3.8-27B-DFlash2-Q8_0.gguf")
+    assert "models--incoai--Qwen3.8-27B-DFlash2-GGUF" in files["drafter"]
+    assert "models--Qwen--Qwen3.8-27B" in files["tokenizer"]
+    for key in ("target", "drafter"):
+        assert (qwen38_home / files[key]).read_bytes() == server.repos[
+            "unsloth/Qwen3.8-27B-GGUF" if key == "target" else "incoai/Qwen3.8-27B-DFlash2-GGUF"
+        ].files[Path(files[key]).name]
+    # every file came from the pinned commit, none from main
+    resolves = [r.path for r in server.gets("/resolve/")]
+    assert resolves and all("/resolve/main/" not in path for path in resolves)
+    assert any("/resolve/fdd03b8bbd279c1694563650e79d85a2373d9934/" in path for path in resolves)
+    assert not any("safetensors" in path or "mmproj" in path for path in resolves)
+
+    code, out, _ = run(capsys, "models", "--model", "qwen3.8-27b")
+    assert code == 0
+    assert row(out, "qwen3.8-27b", "Q4_K_M")[3:] == ["Q8_0 (DFlash2)", row(out, "qwen3.8-27b", "Q4_K_M")[4],
+                                                      "yes", "yes", "<- pick"]
+    assert row(out, "qwen3.8-27b", "Q3_K_M")[5:] == ["yes", "drafter+tokenizer"]  # Q8_0 drafter cached
+    # Q8_0 fits beside no drafter here: its row shows the smallest, the Q4_K_M GGUF, not downloaded
+    assert row(out, "qwen3.8-27b", "Q8_0")[3] == "Q4_K_M (DFlash2)"
+    assert row(out, "qwen3.8-27b", "Q8_0")[5:] == ["no", "tokenizer"]
+
+
+def test_pull_qwen38_with_the_bf16_drafter_fetches_z_labs_checkpoint(qwen38_home, capsys, server):
+    code, out, err = run(capsys, "pull", "qwen3.8-27b", "--quant", "Q3_K_S", "--drafter-quant", "BF16")
+    assert code == 0, err
+    size = size_text(3_000 + 60 + 3_850 + 20 + 50 + 10 + 30)  # config.json and the weights; no README
+    assert out.splitlines()[0] == f"Qwen3.8-27B: 7 files, {size}, {size} to download -> {qwen38_home}"
+    files = pulled(out)
+    assert files["target"].endswith("Qwen3.8-27B-Q3_K_S.gguf")
+    drafter = qwen38_home / files["drafter"]
+    assert "models--z-lab--Qwen3.8-27B-DFlash2" in str(drafter)
+    assert sorted(p.name for p in drafter.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_doctor_and_models_know_the_qwen38_pair(qwen38_home, capsys):
+    _, models_out, _ = run(capsys, "models")
+    _, doctor_out, _ = run(capsys, "doctor")
+    pick = next(line for line in models_out.splitlines() if line.startswith("Pick: "))
+    expected = app_explanation(RTX_3090)
+    assert pick == f"Pick: {expected}"
+    assert expected.startswith("RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token")
+    assert expected.endswith("left for an 8k context")
+    assert f"OK   model: {expected}" in doctor_out.splitlines()
+    for quant in ("Q8_0", "Q4_K_M", "Q3_K_M", "Q3_K_S"):  # every quant, with its DFlash2 drafter
+        assert row(models_out, "qwen3.8-27b", quant)[3].endswith("(DFlash2)")
+    assert row(models_out, "qwen3.6-27b", "Q4_K_M")[3] == "Q8_0"  # DFlash pairs as they were

@@ -39,9 +39,12 @@ def search_order(catalog, m: Machine):
     return [(p, t, d) for p in pairs for t in p.targets for d in p.drafters]
 
 
-# What fits where: the spec of the picker. Pairs by rank (27B, 35B-A3B, 9B, 4B), target Q8_0
-# before Q4_K_M before Q3_K_M, drafter Q8_0 before BF16 before Q4_K_M; on the CPU (16 GB RAM, the
-# engine computing in float32 there) the cpu_default pair (4B).
+# What fits where: the spec of the picker. Pairs by rank (Qwen3.8-27B, Qwen3.6-27B, 35B-A3B, 9B, 4B),
+# target Q8_0 before Q4_K_M before the 3-bit quants (Q3_K_M, then Qwen3.8's Q3_K_S), drafter Q8_0
+# before BF16 before Q4_K_M; on the CPU (16 GB RAM, the engine computing in float32 there) the
+# cpu_default pair (4B). Qwen3.8-27B + DFlash2 takes every row Qwen3.6-27B + DFlash had (same shapes,
+# files within a few percent, a smaller context cache and block), and 16 GB at 8k with its Q3_K_S;
+# QWEN36 below keeps what the Qwen3.6-27B pair does on its own.
 TABLE = {
     # size  context: (pair, target quant, drafter quant) or None (nothing fits)
     (0, 8192): ("qwen3.5-4b", "Q8_0", "BF16"),
@@ -53,25 +56,51 @@ TABLE = {
     (12, 8192): ("qwen3.5-9b", "Q4_K_M", "BF16"),
     (12, 32768): ("qwen3.5-9b", "Q4_K_M", "BF16"),
     (12, 131072): None,
-    (16, 8192): ("qwen3.5-9b", "Q8_0", "BF16"),
+    (16, 8192): ("qwen3.8-27b", "Q3_K_S", "Q4_K_M"),  # the 27B at 3 bits, beside the 1.1 GB drafter
     (16, 32768): ("qwen3.5-9b", "Q8_0", "BF16"),
     (16, 131072): ("qwen3.5-4b", "Q8_0", "BF16"),
-    (20, 8192): ("qwen3.6-27b", "Q4_K_M", "Q4_K_M"),
-    (20, 32768): ("qwen3.6-27b", "Q3_K_M", "Q8_0"),  # Q4_K_M does not fit beside a 32k context
+    (20, 8192): ("qwen3.8-27b", "Q3_K_M", "Q8_0"),
+    (20, 32768): ("qwen3.8-27b", "Q3_K_M", "Q8_0"),  # Q4_K_M does not fit beside any drafter
     (20, 131072): ("qwen3.5-9b", "Q4_K_M", "BF16"),
-    (24, 8192): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
-    (24, 32768): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
+    (24, 8192): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
+    (24, 32768): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
     (24, 131072): ("qwen3.5-9b", "Q8_0", "BF16"),
-    (32, 8192): ("qwen3.6-27b", "Q8_0", "Q4_K_M"),  # Q8_0 target first, the drafter gives way
-    (32, 32768): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
-    (32, 131072): ("qwen3.6-27b", "Q4_K_M", "Q8_0"),
-    (48, 8192): ("qwen3.6-27b", "Q8_0", "Q8_0"),
-    (48, 32768): ("qwen3.6-27b", "Q8_0", "Q8_0"),
-    (48, 131072): ("qwen3.6-27b", "Q8_0", "Q8_0"),
-    (80, 8192): ("qwen3.6-27b", "Q8_0", "Q8_0"),
-    (80, 32768): ("qwen3.6-27b", "Q8_0", "Q8_0"),
-    (80, 131072): ("qwen3.6-27b", "Q8_0", "Q8_0"),
+    (32, 8192): ("qwen3.8-27b", "Q8_0", "Q4_K_M"),  # Q8_0 target first, the drafter gives way
+    (32, 32768): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
+    (32, 131072): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
+    (48, 8192): ("qwen3.8-27b", "Q8_0", "Q8_0"),
+    (48, 32768): ("qwen3.8-27b", "Q8_0", "Q8_0"),
+    (48, 131072): ("qwen3.8-27b", "Q8_0", "Q8_0"),
+    (80, 8192): ("qwen3.8-27b", "Q8_0", "Q8_0"),
+    (80, 32768): ("qwen3.8-27b", "Q8_0", "Q8_0"),
+    (80, 131072): ("qwen3.8-27b", "Q8_0", "Q8_0"),
 }
+
+# The Qwen3.6-27B pair's own choices (--model qwen3.6-27b): what the picker chose before Qwen3.8 came.
+QWEN36 = {
+    (20, 8192): ("Q4_K_M", "Q4_K_M"),
+    (20, 32768): ("Q3_K_M", "Q8_0"),
+    (24, 8192): ("Q4_K_M", "Q8_0"),
+    (24, 32768): ("Q4_K_M", "Q8_0"),
+    (32, 8192): ("Q8_0", "Q4_K_M"),
+    (32, 32768): ("Q4_K_M", "Q8_0"),
+    (32, 131072): ("Q4_K_M", "Q8_0"),
+    (48, 8192): ("Q8_0", "Q8_0"),
+    (48, 131072): ("Q8_0", "Q8_0"),
+    (80, 131072): ("Q8_0", "Q8_0"),
+}
+
+
+@pytest.mark.parametrize(("size", "context"), sorted(QWEN36))
+def test_the_qwen36_27b_pair_keeps_its_choices(catalog, size, context):
+    m = machine(size)
+    choice = choose(m, catalog, model="qwen3.6-27b", context=context)
+    assert (choice.target.quant, choice.drafter.quant) == QWEN36[size, context] and choice.fits
+    assert "DFlash2" not in choice.explanation and " + drafter " in choice.explanation
+    pair = catalog.get("qwen3.6-27b")
+    order = [(t, d) for t in pair.targets for d in pair.drafters]
+    index = order.index((choice.target, choice.drafter))
+    assert not any(budget(pair, t, d, context, m).fits for t, d in order[:index])
 
 
 @pytest.mark.parametrize(("size", "context"), sorted(TABLE))
@@ -110,15 +139,44 @@ def test_more_memory_never_picks_worse_and_longer_context_never_picks_better(cat
         assert position(size, context) <= position(size, context * 2)
 
 
+def left_for_context(choice) -> int:
+    b = choice.budget
+    return b.available - b.target - b.drafter - b.workspace - b.margin
+
+
 def test_explanation_is_one_line_like_the_issue(catalog):
+    """On 24 GB the pick is Qwen3.8-27B with its DFlash2 drafter, and the line says why."""
     choice = choose(machine(24), catalog, context=32768)
-    left = choice.budget.available - choice.budget.target - choice.budget.drafter
-    left -= choice.budget.workspace + choice.budget.margin
+    left = left_for_context(choice)
     assert choice.explanation == (
-        f"RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; {size_text(left)} left for a 32k context"
+        f"RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks with "
+        f"~20 % longer acceptance); {size_text(left)} left for a 32k context"
     )
-    assert left >= choice.budget.state
+    assert size_text(left) == "3.69 GB" and left >= choice.budget.state
+    dflash = choose(machine(24), catalog, model="qwen3.6-27b", context=32768)
+    assert dflash.explanation == (
+        f"RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; {size_text(left_for_context(dflash))} left for a 32k context"
+    )
     assert choose(machine(8), catalog, context=8192).explanation.endswith("left for an 8k context")
+
+
+@pytest.mark.parametrize(
+    ("size", "context", "expected"),
+    [
+        (16, 8192, "RTX 4080 16 GB: Qwen3.8-27B Q3_K_S + DFlash2 drafter Q4_K_M (DFlash2 drafts 8-token blocks "
+                   "with ~20 % longer acceptance); 1.16 GB left for an 8k context"),
+        (24, 32768, "RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+                    "with ~20 % longer acceptance); 3.69 GB left for a 32k context"),
+        (48, 32768, "RTX A6000 48 GB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+                    "with ~20 % longer acceptance); 16.2 GB left for a 32k context"),
+    ],
+)
+def test_the_qwen38_pair_and_its_reason_on_16_24_and_48_gb(catalog, size, context, expected):
+    choice = choose(machine(size), catalog, context=context)
+    assert choice.explanation == expected
+    assert choice.pair.name == "qwen3.8-27b" and choice.drafter.shape.kind == "dflash2"
+    # the figure is what is left once the weights, workspace and margin are placed; the state fits in it
+    assert size_text(left_for_context(choice)) in expected and left_for_context(choice) >= choice.budget.state
 
 
 def test_cpu_takes_the_cpu_default_pair_when_asked_to_choose(catalog):
@@ -192,14 +250,119 @@ def test_each_35b_drafter_source_is_sized_by_the_training_its_file_holds(catalog
     assert new == 8 * (5 * (4096 + 16) + 131072 + 16) * per_position
 
 
-def test_the_27b_comes_at_q3_k_m_where_q4_k_m_does_not_fit(catalog):
-    pair = catalog.get("qwen3.6-27b")
+@pytest.mark.parametrize(("name", "size"), [("qwen3.8-27b", 13_820_000_000), ("qwen3.6-27b", 13_590_000_000)])
+def test_the_27b_comes_at_q3_k_m_where_q4_k_m_does_not_fit(catalog, name, size):
+    pair = catalog.get(name)
     twenty = machine(20)
     assert not any(budget(pair, pair.target("Q4_K_M"), d, 32768, twenty).fits for d in pair.drafters)
-    choice = choose(twenty, catalog, context=32768)
-    assert (choice.pair.name, choice.target.quant) == ("qwen3.6-27b", "Q3_K_M")
-    assert choice.target.patterns == ("*Q3_K_M*.gguf",) and choice.target.size == 13_590_000_000
-    assert choose(machine(24), catalog, context=32768).target.quant == "Q4_K_M"  # never where Q4_K_M fits
+    choice = choose(twenty, catalog, model=name, context=32768)
+    assert (choice.pair.name, choice.target.quant) == (name, "Q3_K_M")
+    assert choice.target.patterns == ("*Q3_K_M*.gguf",) and choice.target.size == size
+    assert choose(machine(24), catalog, model=name, context=32768).target.quant == "Q4_K_M"  # never where Q4_K_M fits
+    assert choose(twenty, catalog, context=32768).pair.name == "qwen3.8-27b"  # the first pair by rank
+
+
+def test_on_16_gb_the_qwen38_27b_comes_at_three_bits_beside_its_smallest_drafter(catalog):
+    """A 16 GB card holds Qwen3.8-27B at Q3_K_S with the Q4_K_M DFlash2 GGUF at the app's 8k context:
+    nothing bigger of the pair fits, and at 32k the 9B takes over."""
+    pair, sixteen = catalog.get("qwen3.8-27b"), machine(16)
+    fitting = [(t.quant, d.quant) for t in pair.targets for d in pair.drafters
+               if budget(pair, t, d, 8192, sixteen).fits]
+    assert fitting == [("Q3_K_S", "Q4_K_M")]
+    assert not any(budget(pair, t, d, 32768, sixteen).fits for t in pair.targets for d in pair.drafters)
+    assert choose(sixteen, catalog, context=32768).pair.name == "qwen3.5-9b"
+
+
+def test_the_qwen38_budget_counts_its_dflash2_drafter(catalog):
+    """The DFlash2 pair's budget is the memory model's, with the drafter's own shape: its BF16
+    checkpoint takes 3.85 GB in bf16 on the GPU and 7.7 GB in float32 on the CPU."""
+    pair = catalog.get("qwen3.8-27b")
+    target, bf16 = pair.target("Q4_K_M"), pair.drafter("BF16")
+    b = budget(pair, target, bf16, 32768, machine(24))
+    assert b.state == memory.state_bytes(pair.target_shape, DFLASH2, 32768, 2).total
+    assert b.workspace == memory.workspace_bytes(pair.target_shape, DFLASH2, 32768, 2)
+    assert (b.target, b.drafter) == (17_110_000_000, 3_850_000_000)
+    assert budget(pair, target, bf16, 8192, machine(0)).drafter == 7_700_000_000
+    # the BF16 drafter does not fit beside Q4_K_M at 32k on 24 GB; the 2.06 GB Q8_0 GGUF does
+    assert not b.fits and budget(pair, target, pair.drafter("Q8_0"), 32768, machine(24)).fits
+
+
+# Qwen3.8-27B's DFlash2 drafter (z-lab/Qwen3.8-27B-DFlash2 config.json): five sliding layers, block 8.
+DFLASH2 = memory.DrafterShape(kind="dflash2", layers=5, sliding_layers=5, sliding_window=2048, kv_heads=8,
+                              head_dim=128, hidden=5120, block_size=8, taps=5, selector_top_k=16,
+                              selector_rank=256, conv_kernel=2, conv_group=16)
+
+
+def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
+    """Every term of a DFlash2 pair at 32k, from the shapes by hand (bf16, e = 2)."""
+    target = catalog.get("qwen3.6-27b").target_shape  # Qwen3.8-27B has the same shapes
+    state = memory.state_bytes(target, DFLASH2, 32768, 2)
+    rows = 32768 + 8  # the verify writes up to B - 1 = 7 positions past the committed ones
+    assert state.target_kv == 16 * 2 * rows * 4 * 256 * 2
+    assert state.target_rope == 2 * rows * 64 * 2
+    assert state.gdn_recurrent == 48 * 2 * (48 * 128 * 128 * 4)
+    conv_channels = 2 * 16 * 128 + 48 * 128  # q, k, v
+    assert state.gdn_conv == 48 * 2 * 3 * conv_channels * 2
+    # a verify of 8 tokens leaves its conv output, b and a, and the conv window for the commit
+    assert state.gdn_verify == 48 * (8 * (conv_channels + 2 * 48) + (3 + 8) * conv_channels) * 2
+    # five sliding layers hold their 2048-position window and the block: K and V x 8 heads x 128
+    assert state.drafter_kv == 5 * (2048 + 8) * 2 * 8 * 128 * 2
+    assert state.drafter_rope == 2 * rows * 128 * 2
+    # `auto` verifies 1, 4 or 8 tokens: logits in float32 and the 5 taps' features per row
+    assert state.step_outputs == (1 + 4 + 8) * (248320 * 4 + 5 * 5120 * 2)
+    assert state.sampling == (8 + 7 + 7) * 248320 * 4 + 7 * 4
+    # 7 draft positions x 16 candidates: id (int64), score and q (float32), and rank-256 rows for
+    # proj(h) and the 16 successor codebook rows in bf16
+    assert state.selector == 7 * (16 * (8 + 4 + 4) + 17 * 256 * 2) == 62_720
+    # 5 layers x (attention_conv, mlp_conv) x 8 positions x 2 x kernel 2 x 320 groups (5120 / 16) in bf16
+    assert state.draft_conv == 5 * 2 * 8 * 2 * 2 * 320 * 2 == 204_800
+    assert state.snapshot_logits == 248320 * 4
+    parts = (state.target_kv, state.target_rope, state.gdn_recurrent, state.gdn_conv, state.gdn_verify,
+             state.snapshot_logits, state.drafter_kv, state.drafter_rope, state.step_outputs, state.sampling,
+             state.selector, state.draft_conv)
+    assert state.total == sum(parts)
+
+
+def test_a_dflash2_drafters_cache_stops_growing_at_its_window(catalog):
+    target = catalog.get("qwen3.6-27b").target_shape
+    per_position = 2 * 8 * 128 * 2
+    short = memory.state_bytes(target, DFLASH2, 1000, 2).drafter_kv
+    assert short == 5 * (1000 + 8) * per_position  # shorter than the window: every position
+    long, longer = (memory.state_bytes(target, DFLASH2, c, 2).drafter_kv for c in (65536, 262144))
+    assert long == longer == 5 * (2048 + 8) * per_position  # no full-attention layer grows with C
+    on_cpu = memory.state_bytes(target, DFLASH2, 32768, 4)  # float32 on the CPU, the ids stay int64
+    assert on_cpu.selector == 7 * (16 * 16 + 17 * 256 * 4) and on_cpu.draft_conv == 2 * 204_800
+
+
+def test_dflash_drafters_have_no_dflash2_terms(catalog):
+    """The DFlash terms are what they were: a DFlash drafter has no selector and no convolutions."""
+    pair = catalog.get("qwen3.6-27b")
+    shape = pair.drafter("Q8_0").shape
+    assert shape.kind == "dflash" and shape.problem() is None
+    state = memory.state_bytes(pair.target_shape, shape, 32768, 2)
+    assert state.selector == state.draft_conv == 0
+    assert state.sampling == (16 + 15 + 15) * 248320 * 4 + 15 * 4
+    assert state.step_outputs == (1 + 4 + 8 + 16) * (248320 * 4 + 5 * 5120 * 2)
+
+
+def test_the_shape_of_an_engine_config_tells_dflash2_by_its_selector():
+    import types
+
+    cfg = dict(num_layers=5, num_kv_heads=8, head_dim=128, hidden_size=5120, block_size=8,
+               target_layer_ids=[5, 19, 33, 47, 61], layer_types=["sliding_attention"] * 5, sliding_window=2048)
+    plain = memory.DrafterShape.of(types.SimpleNamespace(**cfg))
+    assert (plain.kind, plain.selector_top_k, plain.sliding_layers) == ("dflash", 0, 5)
+    dflash2 = memory.DrafterShape.of(types.SimpleNamespace(**cfg, selector_top_k=16, selector_rank=256,
+                                                           conv_kernel_size=2, conv_group_size=16))
+    assert dflash2 == DFLASH2
+
+
+def test_a_shape_the_memory_model_cannot_size_says_why():
+    assert DFLASH2.problem() is None
+    assert "needs selector_rank" in memory.DrafterShape(5, 8, 128, 5120, kind="dflash2", selector_top_k=16,
+                                                        conv_kernel=2, conv_group=16).problem()
+    assert "known kinds: dflash, dflash2" in memory.DrafterShape(5, 8, 128, 5120, kind="eagle").problem()
+    assert "belong to kind" in memory.DrafterShape(5, 8, 128, 5120, selector_top_k=16).problem()
 
 
 # --- overrides --------------------------------------------------------------------------------------
@@ -209,15 +372,16 @@ def test_model_and_quant_overrides(catalog):
     big = machine(80)
     assert choose(big, catalog, model="qwen3.5-9b").target.quant == "Q8_0"
     pinned = choose(big, catalog, quant="Q4_K_M", drafter_quant="Q4_K_M", context=8192)
-    assert (pinned.pair.name, pinned.target.quant, pinned.drafter.quant) == ("qwen3.6-27b", "Q4_K_M", "Q4_K_M")
+    assert (pinned.pair.name, pinned.target.quant, pinned.drafter.quant) == ("qwen3.8-27b", "Q4_K_M", "Q4_K_M")
+    assert choose(big, catalog, model="qwen3.8-27b", drafter_quant="BF16").drafter.repo == "z-lab/Qwen3.8-27B-DFlash2"
     assert choose(big, catalog, model="Qwen3.6-35B-A3B").pair.name == "qwen3.6-35b-a3b"
 
 
 def test_a_drafter_quant_alone_skips_the_pairs_without_it(catalog):
-    # 27B and 35B-A3B publish a Q8_0 drafter, 9B and 4B only BF16
+    # the 27Bs and 35B-A3B publish a Q8_0 drafter, 9B and 4B only BF16
     choice = choose(machine(24), catalog, drafter_quant="Q8_0", context=8192)
-    assert (choice.pair.name, choice.drafter.quant) == ("qwen3.6-27b", "Q8_0")
-    with pytest.raises(NoFitError, match="Qwen3.6-27B Q3_K_M \\+ drafter Q8_0"):
+    assert (choice.pair.name, choice.drafter.quant) == ("qwen3.8-27b", "Q8_0")
+    with pytest.raises(NoFitError, match="the smallest option, Qwen3.8-27B Q3_K_S \\+ DFlash2 drafter Q8_0 with"):
         choose(machine(16), catalog, drafter_quant="Q8_0", context=8192)
     with pytest.raises(UserError, match="no model has drafter quant Q2_K"):
         choose(machine(80), catalog, drafter_quant="Q2_K")

@@ -158,11 +158,14 @@ def _rows(
 
 
 def _drafter_cell(pair: Pair, drafter: Source | None) -> str:
-    """'Q8_0', or 'Q8_0 (2026-04)' when the drafter exists in several trainings."""
+    """'Q8_0', 'Q8_0 (2026-04)' when the drafter exists in several trainings, 'Q8_0 (DFlash2)' for a
+    DFlash2 drafter."""
     if drafter is None:
         return "-"
     if len(pair.drafter_versions) > 1 and drafter.version:
         return f"{drafter.quant} ({drafter.version})"
+    if hardware.is_dflash2(drafter):
+        return f"{drafter.quant} (DFlash2)"
     return drafter.quant
 
 

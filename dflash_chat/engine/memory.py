@@ -30,7 +30,15 @@ What the engine holds for a whole conversation (`state_bytes`):
   any draft setting uses): the verify's logits [T, vocab] float32 and, with a drafter, its context
   features [T, taps * H] in e;
 - sampling buffers (made by the first answer at T > 0, the app's default): exponential noise for the
-  verify [B, vocab] and for the drafts [B-1, vocab], the drafts' q [B-1, vocab], all float32.
+  verify [B, vocab] and for the drafts [B-1, vocab], the drafts' q [B-1, vocab], all float32;
+- a DFlash2 drafter only (DESIGN.md §3): the candidate selector's buffers for the B-1 draft positions
+  (the top-K candidate ids in int64, their scores and the walk's q over the K candidates in float32,
+  and the selector's rank-wide rows: proj(h) and the K successor codebook rows gathered per position,
+  [B-1, K+1, rank] in e), and the grouped dynamic convolutions' kernels of one draft step (per layer
+  two convolutions, attention_conv and mlp_conv, each [B, 2 * kernel * groups] in e with groups =
+  H / conv_group_size), which a captured draft graph keeps in its pool. Both are small (~0.3 MB for
+  Qwen3.8-27B's drafter); its larger cost is its weights, which come from the file size as for any
+  drafter. Its context cache follows the same sliding-window rule as a DFlash drafter's.
 
 What a step or a prefill chunk needs on top, for a moment (`workspace_bytes`): see there.
 Weights are the files' bytes (`weight_bytes`): GGUF tensors stay packed; a BF16 safetensors
@@ -108,9 +116,14 @@ class TargetShape:
         )
 
 
+DRAFTER_KINDS = ("dflash", "dflash2")  # DFlashDraftModel, DFlash2DraftModel
+DFLASH2_FIELDS = ("selector_top_k", "selector_rank", "conv_kernel", "conv_group")
+
+
 @dataclass(frozen=True)
 class DrafterShape:
-    """What sizes a DFlash drafter's context cache."""
+    """What sizes a drafter's buffers: its context cache and, for a DFlash2 drafter (`kind`
+    "dflash2"), the candidate selector's and the dynamic convolutions' step buffers."""
 
     layers: int
     kv_heads: int
@@ -120,11 +133,48 @@ class DrafterShape:
     taps: int = 5  # target layers whose hidden states it reads
     sliding_layers: int = 0
     sliding_window: int = 0
+    kind: str = "dflash"  # one of DRAFTER_KINDS
+    # DFlash2 only (dflash_config): selector_top_k, selector_rank, conv_kernel_size, conv_group_size
+    selector_top_k: int = 0
+    selector_rank: int = 0
+    conv_kernel: int = 0
+    conv_group: int = 0  # channels per convolution group
+
+    def problem(self) -> str | None:
+        """Why this shape cannot be sized (None when it can): an unknown kind, a DFlash2 shape without
+        its selector and convolution sizes, or a DFlash shape with them."""
+        if self.kind not in DRAFTER_KINDS:
+            return f"kind is {self.kind!r}; known kinds: {', '.join(DRAFTER_KINDS)}"
+        if self.kind == "dflash2":
+            missing = [name for name in DFLASH2_FIELDS if getattr(self, name) <= 0]
+            if missing:
+                return f"a dflash2 drafter needs {', '.join(missing)} (from its dflash_config)"
+            if self.hidden % self.conv_group:
+                return f"hidden {self.hidden} is not a multiple of conv_group {self.conv_group}"
+        elif any(getattr(self, name) for name in DFLASH2_FIELDS):
+            return f"{', '.join(DFLASH2_FIELDS)} belong to kind = \"dflash2\""
+        return None
+
+    @property
+    def conv_groups(self) -> int:
+        """Groups of each grouped dynamic convolution (DFlash2): hidden / channels per group."""
+        return self.hidden // self.conv_group if self.conv_group else 0
 
     @classmethod
     def of(cls, cfg) -> DrafterShape:
-        """The shape of an engine DrafterConfig (engine/models/config.py)."""
+        """The shape of an engine DrafterConfig (engine/models/config.py). A DFlash2 drafter is told by its
+        selector (`selector_top_k` and the other dflash_config sizes, read when the config has them)."""
         sliding = sum(t == "sliding_attention" for t in cfg.layer_types) if cfg.sliding_window else 0
+        top_k = int(getattr(cfg, "selector_top_k", 0) or 0)
+        extra = {}
+        if top_k:
+            extra = dict(
+                kind="dflash2",
+                selector_top_k=top_k,
+                selector_rank=int(getattr(cfg, "selector_rank", 0) or 0),
+                conv_kernel=int(getattr(cfg, "conv_kernel_size", 0) or 0),
+                conv_group=int(getattr(cfg, "conv_group_size", 0) or 0),
+            )
         return cls(
             layers=cfg.num_layers,
             kv_heads=cfg.num_kv_heads,
@@ -134,6 +184,7 @@ class DrafterShape:
             taps=len(cfg.target_layer_ids),
             sliding_layers=sliding,
             sliding_window=cfg.sliding_window or 0,
+            **extra,
         )
 
 
@@ -169,11 +220,14 @@ class StateBytes:
     drafter_rope: int = 0
     step_outputs: int = 0
     sampling: int = 0
+    selector: int = 0  # DFlash2: the candidate selector's buffers
+    draft_conv: int = 0  # DFlash2: the dynamic convolutions' kernels of one draft step
 
     @property
     def total(self) -> int:
         return (self.target_kv + self.target_rope + self.gdn_recurrent + self.gdn_conv + self.gdn_verify
-                + self.snapshot_logits + self.drafter_kv + self.drafter_rope + self.step_outputs + self.sampling)
+                + self.snapshot_logits + self.drafter_kv + self.drafter_rope + self.step_outputs + self.sampling
+                + self.selector + self.draft_conv)
 
 
 def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> StateBytes:
@@ -200,8 +254,32 @@ def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int,
            "drafter_kv": sum(drafter_cache_rows(drafter, context)) * per_row,
            "drafter_rope": 2 * rows * drafter.head_dim * e,
            "step_outputs": verified * (target.vocab * LOGIT_BYTES + drafter.taps * target.hidden * e),
-           "sampling": (3 * block - 2) * target.vocab * LOGIT_BYTES + (block - 1) * LOGIT_BYTES},
+           "sampling": (3 * block - 2) * target.vocab * LOGIT_BYTES + (block - 1) * LOGIT_BYTES,
+           "selector": selector_bytes(drafter, e),
+           "draft_conv": draft_conv_bytes(drafter, e)},
     )
+
+
+CANDIDATE_ID_BYTES = 8  # int64 token ids
+
+
+def selector_bytes(drafter: DrafterShape, e: int) -> int:
+    """A DFlash2 drafter's candidate selector, for the B-1 draft positions: top-K ids (int64), their
+    scores and the walk's q over them (float32), proj(h) and the K gathered successor codebook rows
+    ([K+1, rank] in e). 0 for a DFlash drafter."""
+    if drafter.kind != "dflash2":
+        return 0
+    positions, k = drafter.block_size - 1, drafter.selector_top_k
+    return positions * (k * (CANDIDATE_ID_BYTES + 2 * LOGIT_BYTES) + (k + 1) * drafter.selector_rank * e)
+
+
+def draft_conv_bytes(drafter: DrafterShape, e: int) -> int:
+    """A DFlash2 drafter's dynamic convolution kernels for one draft step: per layer attention_conv and
+    mlp_conv, each [B, 2 * kernel * groups] in e. 0 for a DFlash drafter."""
+    if drafter.kind != "dflash2":
+        return 0
+    per_conv = drafter.block_size * 2 * drafter.conv_kernel * drafter.conv_groups
+    return drafter.layers * 2 * per_conv * e
 
 
 def verify_record_bytes(target: TargetShape, block: int, e: int) -> int:
