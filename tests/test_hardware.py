@@ -345,16 +345,14 @@ def test_dflash_drafters_have_no_dflash2_terms(catalog):
     assert state.step_outputs == (1 + 4 + 8 + 16) * (248320 * 4 + 5 * 5120 * 2)
 
 
-def test_the_shape_of_an_engine_config_tells_dflash2_by_its_selector():
-    import types
+def test_the_shape_of_an_engine_config_tells_dflash2_by_its_architecture():
+    from dflash_chat.engine import synthetic
+    from dflash_chat.engine.models.config import DrafterConfig
 
-    cfg = dict(num_layers=5, num_kv_heads=8, head_dim=128, hidden_size=5120, block_size=8,
-               target_layer_ids=[5, 19, 33, 47, 61], layer_types=["sliding_attention"] * 5, sliding_window=2048)
-    plain = memory.DrafterShape.of(types.SimpleNamespace(**cfg))
+    raw = synthetic.DRAFTERS["qwen3.8-27b"]  # z-lab/Qwen3.8-27B-DFlash2's config
+    assert memory.DrafterShape.of(DrafterConfig.from_dict(raw)) == DFLASH2
+    plain = memory.DrafterShape.of(DrafterConfig.from_dict(dict(raw, architectures=["DFlashDraftModel"])))
     assert (plain.kind, plain.selector_top_k, plain.sliding_layers) == ("dflash", 0, 5)
-    dflash2 = memory.DrafterShape.of(types.SimpleNamespace(**cfg, selector_top_k=16, selector_rank=256,
-                                                           conv_kernel_size=2, conv_group_size=16))
-    assert dflash2 == DFLASH2
 
 
 def test_a_shape_the_memory_model_cannot_size_says_why():

@@ -162,19 +162,13 @@ class DrafterShape:
 
     @classmethod
     def of(cls, cfg) -> DrafterShape:
-        """The shape of an engine DrafterConfig (engine/models/config.py). A DFlash2 drafter is told by its
-        selector (`selector_top_k` and the other dflash_config sizes, read when the config has them)."""
+        """The shape of an engine DrafterConfig (engine/models/config.py); a DFlash2 drafter's by its DFlash2 part."""
         sliding = sum(t == "sliding_attention" for t in cfg.layer_types) if cfg.sliding_window else 0
-        top_k = int(getattr(cfg, "selector_top_k", 0) or 0)
+        d2 = cfg.dflash2
         extra = {}
-        if top_k:
-            extra = dict(
-                kind="dflash2",
-                selector_top_k=top_k,
-                selector_rank=int(getattr(cfg, "selector_rank", 0) or 0),
-                conv_kernel=int(getattr(cfg, "conv_kernel_size", 0) or 0),
-                conv_group=int(getattr(cfg, "conv_group_size", 0) or 0),
-            )
+        if d2 is not None:
+            extra = dict(kind="dflash2", selector_top_k=d2.selector_top_k, selector_rank=d2.selector_rank,
+                         conv_kernel=d2.conv_kernel_size, conv_group=d2.conv_group_size)
         return cls(
             layers=cfg.num_layers,
             kv_heads=cfg.num_kv_heads,

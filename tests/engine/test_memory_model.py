@@ -105,6 +105,14 @@ def test_sliding_window_layers_hold_only_their_window(tiny_dirs):
     assert_close(held_bytes(engine), estimate(engine))
 
 
+def test_the_estimate_for_a_dflash2_drafter(tiny_dirs, tmp_path):
+    target = tiny_dirs["qwen3_5"][0]
+    write_drafter(tmp_path / "d2", target, seed=4, block_size=8, dflash2=True)
+    engine = loaded(target, tmp_path / "d2", CONTEXTS[1])
+    assert DrafterShape.of(engine.drafter.cfg).kind == "dflash2"
+    assert_close(held_bytes(engine), estimate(engine))
+
+
 def test_the_counter_sees_a_buffer_the_model_does_not_know(tiny_dirs, full_drafters):
     """The measurement is not blind: one extra copy of the target's KV caches on the engine breaks the 5%."""
     engine = loaded(tiny_dirs["qwen3_5"][0], full_drafters["qwen3_5"], CONTEXTS[0])
