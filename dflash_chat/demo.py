@@ -1,11 +1,14 @@
-"""Where the embedded demo pair lives: a tiny trained target and its DFlash drafter, shipped as data.
+"""Where the embedded demo pair lives: a tiny trained target and its drafters, shipped as data.
 
 They are built by `python -m dflash_chat.train demo` (see dflash_chat/train/) and need no GPU and no
 download. They are a tiny demo model: fine for trying the app and measuring DFlash, not for real work.
+Two drafters ship beside the target: the DFlash one (drafter/) and a DFlash2 one made from it
+(drafter2/). `demo.json` names the one `--demo` runs, the faster in `bench --demo` (which measures both).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from dflash_chat.errors import UserError
@@ -17,8 +20,19 @@ def demo_dir() -> Path:
     return Path(__file__).resolve().parent / "demo_data"
 
 
-def demo_paths() -> tuple[Path, Path]:
-    """(target_dir, drafter_dir) of the embedded demo pair; UserError when this install lacks it."""
+DRAFTER_DIRS = {"dflash": "drafter", "dflash2": "drafter2"}  # kind -> folder in demo_data
+CHOICE_FILE = "demo.json"
+
+
+def demo_paths(kind: str | None = None) -> tuple[Path, Path]:
+    """(target_dir, drafter_dir) of the embedded demo pair (the drafter of `kind`, default the chosen one);
+    UserError when this install lacks it."""
+    if kind is not None:
+        target, drafter = demo_dir() / "target", demo_dir() / DRAFTER_DIRS[kind]
+        if not (_complete(target) and _complete(drafter)):
+            raise UserError(f"the tiny demo's {kind} drafter is not part of this build ({drafter} is missing or "
+                            "incomplete): reinstall dflash-chat")
+        return target, drafter
     if not demo_available():
         raise UserError(
             f"the tiny demo model is not part of this build ({demo_dir()} is missing or incomplete): "
@@ -29,11 +43,27 @@ def demo_paths() -> tuple[Path, Path]:
 
 def demo_available() -> bool:
     target, drafter = _paths()
-    return all((d / "config.json").is_file() and (d / "model.safetensors").is_file() for d in (target, drafter)) and (
-        (target / "tokenizer.json").is_file()
-    )
+    return _complete(target) and _complete(drafter) and (target / "tokenizer.json").is_file()
+
+
+def demo_drafters() -> dict[str, Path]:
+    """kind -> folder of every complete drafter shipped with the demo target, DFlash first."""
+    return {kind: demo_dir() / name for kind, name in DRAFTER_DIRS.items() if _complete(demo_dir() / name)}
+
+
+def chosen_kind() -> str:
+    """The drafter `--demo` runs: the one demo.json names when it ships, else DFlash."""
+    try:
+        kind = json.loads((demo_dir() / CHOICE_FILE).read_text()).get("drafter")
+    except (OSError, ValueError, AttributeError):
+        return "dflash"
+    return kind if kind in demo_drafters() else "dflash"
+
+
+def _complete(directory: Path) -> bool:
+    return (directory / "config.json").is_file() and (directory / "model.safetensors").is_file()
 
 
 def _paths() -> tuple[Path, Path]:
     root = demo_dir()
-    return root / "target", root / "drafter"
+    return root / "target", root / DRAFTER_DIRS[chosen_kind()]

@@ -7,9 +7,9 @@ library, and its DFlash drafter):
 - prose: plain English questions (chat template), which the demo was not trained for.
 The last two are data beside the held-out prompts (demo_data/bench_prompts.json).
 
-Three engines over the one loaded target decode every prompt: plain (draft "off": the baseline, the
-same engine code), a fixed 16-token verify (draft 15) and `auto` (the app's default). Each prompt is
-decoded by the three in turn before the next one, so drift on the machine hits them alike, and each
+Engines over the one loaded target decode every prompt: plain (draft "off": the baseline, the same
+engine code), and for each shipped drafter (DFlash, and DFlash2 when it ships) a fixed 16-token verify
+(draft 15) and `auto` (the app's default). Each prompt is decoded by all of them in turn before the next, so drift on the machine hits them alike, and each
 prompt is its own conversation (its own key for auto's acceptance estimate, as a new chat is); auto's
 engine keeps its running estimate over all answers, as the app's does across chats. The greedy leg
 (temperature 0) checks DFlash's text against plain decoding's, token for token; the sampled leg runs
@@ -27,7 +27,19 @@ from dflash_chat.bench import Comparison, Run, Totals, _divergence, generate
 
 PROMPTS_FILE = "bench_prompts.json"
 DRAFTS = (15, "auto")  # the DFlash settings measured against plain decoding
+DRAFTER_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2"}
 DRAFT_LABELS = {"15": "fixed 16", "auto": "auto"}  # by the setting as the engine writes it (stats.draft)
+
+
+def draft_key(kind: str, draft) -> str:
+    """A draft setting's key in the JSON: "15" / "auto" for the DFlash drafter, "dflash2/15" for another."""
+    return str(draft) if kind == "dflash" else f"{kind}/{draft}"
+
+
+def draft_label(key: str) -> str:
+    kind, _, draft = key.rpartition("/")
+    label = DRAFT_LABELS.get(draft, draft)
+    return f"{DRAFTER_LABELS.get(kind, kind)} {label}" if kind else label
 CLASSES = {
     "code": "held-out code questions (chat template)",
     "raw_code": "raw code, no chat template",
@@ -104,17 +116,18 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     import torch
 
     from dflash_chat.chat.prompt import stop_token_ids
-    from dflash_chat.demo import DEMO_NAME, demo_paths
+    from dflash_chat.demo import DEMO_NAME, chosen_kind, demo_drafters, demo_paths
     from dflash_chat.engine.load import load_drafter, load_pair
     from dflash_chat.engine.sampling import SamplingParams
     from dflash_chat.engine.spec import Engine
     from dflash_chat.settings import Settings
 
-    target_dir, drafter_dir = demo_paths()
+    target_dir, _ = demo_paths()
     plain = load_pair(target_dir, None, device=device, dtype=torch.float32, draft="off")  # float32: greedy bit-comparable
     target, context = plain.engine.target, plain.engine.max_context
-    engines = {draft: Engine(target, load_drafter(drafter_dir, target), max_context=context, draft=draft)
-               for draft in DRAFTS}
+    drafters = demo_drafters()
+    engines = {draft_key(kind, draft): Engine(target, load_drafter(folder, target), max_context=context, draft=draft)
+               for kind, folder in drafters.items() for draft in DRAFTS}
     tok = plain.tokenizer
     stops = stop_token_ids(tok, extra=target.cfg.eos_token_id)
     classes = prompt_classes(tok, prompts)
@@ -135,7 +148,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     for leg in legs:
         per_class = {}
         for name, ids in classes.items():
-            comparisons = {draft: Comparison() for draft in DRAFTS}
+            comparisons = {key: Comparison() for key in engines}
             for i, prompt in enumerate(ids):
                 conversation = ("bench", leg.key, name, i)  # each prompt a new chat
                 ar = _answer(plain.engine, prompt, params(leg, i), conversation)
@@ -166,9 +179,25 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "conversation": "each prompt its own conversation (auto's acceptance estimate starts from the engine's "
                         "running one, as a new chat's does)",
         "drafts": DRAFT_NOTES,
+        "drafters": {kind: folder.name for kind, folder in drafters.items()},
+        "demo_drafter": chosen_kind(),
         "classes": CLASSES,
     }
-    return {"setup": setup, "temperatures": figures, "identical": identical}
+    return {"setup": setup, "temperatures": figures, "identical": identical, "faster": faster_drafter(figures)}
+
+
+def faster_drafter(figures: dict) -> dict:
+    """Each drafter's mean speedup at `auto` (the app's draft setting) over every class and temperature, and
+    the faster: the one `--demo` should run (demo.json)."""
+    speedups: dict[str, list[float]] = {}
+    for leg in figures.values():
+        for c in leg["classes"].values():
+            for key, d in c["drafts"].items():
+                kind, _, draft = key.rpartition("/")
+                if draft == "auto":
+                    speedups.setdefault(kind or "dflash", []).append(d["speedup"])
+    means = {kind: sum(v) / len(v) for kind, v in speedups.items()}
+    return {"at": "auto", "mean_speedup": means, "drafter": max(means, key=means.get) if means else None}
 
 
 def _answer(engine, prompt: list[int], params, conversation) -> Run:
@@ -224,12 +253,17 @@ def format_report(f: dict) -> str:
         for c in leg["classes"].values():
             lines.append(f"  {c['title']}: {_count(c['prompts'], 'prompt')}, plain decode {c['plain']['tokens_per_s']:.1f} tok/s")
             for key, d in c["drafts"].items():
-                label = DRAFT_LABELS.get(key, key)
-                row = (f"    {label:<8} {d['tokens_per_s']:7.1f} tok/s  {d['speedup']:5.2f}x (median {d['median_speedup']:.2f}x)"
+                label = draft_label(key)
+                row = (f"    {label:<16} {d['tokens_per_s']:7.1f} tok/s  {d['speedup']:5.2f}x (median {d['median_speedup']:.2f}x)"
                        f"  τ {d['tau']:5.2f}  acceptance {d['acceptance_rate']:6.1%}  mean draft {d['mean_draft_length']:5.2f}")
                 if d["identical"] is not None:
                     row += f"  identical: {'yes' if d['identical'] else 'NO'}"
                 lines.append(row)
+    faster = f.get("faster") or {}
+    if len(faster.get("mean_speedup") or {}) > 1:
+        means = ", ".join(f"{DRAFTER_LABELS.get(k, k)} {v:.2f}x" for k, v in faster["mean_speedup"].items())
+        lines += ["", f"faster drafter at auto (mean speedup over every class and temperature): "
+                      f"{DRAFTER_LABELS.get(faster['drafter'], faster['drafter'])} ({means})"]
     lines += ["", f"identical greedy output: {'yes' if f['identical'] else 'NO: DFlash changed the output (a bug)'}"]
     return "\n".join(lines)
 

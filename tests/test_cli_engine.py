@@ -191,7 +191,8 @@ def test_run_demo_prints_the_stats_record(capsys):
 
 
 def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
-    from dflash_chat.demo_bench import CLASSES
+    from dflash_chat.demo import chosen_kind, demo_drafters
+    from dflash_chat.demo_bench import CLASSES, DRAFTS, draft_key
     from dflash_chat.settings import Settings
 
     assert main(["bench", "--demo", "--prompts", "1", "--tokens", "12", "--top-k", "5", "--json", "--device", "cpu"]) == 0
@@ -209,7 +210,7 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
         assert list(leg["classes"]) == list(CLASSES)
         for c in leg["classes"].values():
             assert c["prompts"] == 1 and c["plain"]["tokens_per_s"] > 0 and 1 <= c["plain"]["new_tokens"] <= 12
-            assert list(c["drafts"]) == ["15", "auto"]
+            assert list(c["drafts"]) == [draft_key(kind, d) for kind in demo_drafters() for d in DRAFTS]
             for d in c["drafts"].values():
                 assert d["tau"] >= 1.0 and 0.0 <= d["acceptance_rate"] <= 1.0 and d["mean_draft_length"] >= 0.0
                 assert d["speedup"] > 0 and d["median_speedup"] == pytest.approx(d["per_prompt_speedup"][0])
@@ -217,8 +218,13 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
                 assert d["identical"] is (True if leg["greedy"] else None)
             assert sum(c["drafts"]["15"]["draft_histogram"][1:]) >= 1  # fixed drafts (capped only near the end)
     assert record["identical"] is True
-    code = greedy["classes"]["code"]["drafts"]["15"]
-    assert code["tau"] > 1.0  # the drafter was trained for these
+    assert setup["drafters"] == {kind: folder.name for kind, folder in demo_drafters().items()}
+    assert setup["demo_drafter"] == chosen_kind()
+    assert set(record["faster"]["mean_speedup"]) == set(demo_drafters())
+    assert record["faster"]["drafter"] == max(record["faster"]["mean_speedup"], key=record["faster"]["mean_speedup"].get)
+    for kind in demo_drafters():
+        code = greedy["classes"]["code"]["drafts"][draft_key(kind, 15)]
+        assert code["tau"] > 1.0  # the drafters were trained for these
 
 
 def test_bench_demo_report_keeps_its_plain_text_lines(capsys):

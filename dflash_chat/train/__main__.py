@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import sys
 import time
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
-STAGES = ("prepare", "target", "drafter", "ship")
+STAGES = ("prepare", "target", "drafter", "dflash2", "ship")
+DEFAULT_STAGES = ("prepare", "target", "drafter", "ship")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--work", type=Path, default=None,
                       help="folder for intermediate files (default: the app's cache folder)")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    demo.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    demo.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                      help=f"comma-separated subset of {','.join(STAGES)}; dflash2 adds DFlash2's modules to "
+                           "--from-drafter and trains it against the target beside it (ship then ships drafter2/)")
+    demo.add_argument("--from-drafter", type=Path, default=None,
+                      help="the DFlash drafter the dflash2 stage starts from (default: the drafter in --out); "
+                           "its target is the one in --out")
     demo.add_argument("--target-steps", type=int, default=None)
     demo.add_argument("--drafter-steps", type=int, default=None)
     demo.add_argument("--generated", type=int, default=None,
@@ -95,6 +102,16 @@ def run_demo(args) -> int:
         recipe.train_drafter_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.drafter,
                                    generated=chosen.generated, gen_batch=chosen.gen_batch,
                                    max_new_tokens=chosen.max_new_tokens, log=_log)
+    if "dflash2" in stages:
+        steps = args.drafter_steps or recipe.DFLASH2_STEPS
+        _log(f"dflash2 steps: {steps} (repeat with --drafter-steps {steps})")
+        settings = replace(chosen.drafter, lr=recipe.DFLASH2_LR)
+        if args.max_drafter_minutes:
+            settings.max_seconds = 60 * args.max_drafter_minutes
+        recipe.train_dflash2_stage(args.work, seed=args.seed, steps=steps, device=device,
+                                   source=args.from_drafter or args.out / "drafter", target_dir=args.out / "target",
+                                   generated=args.generated or chosen.generated, settings=settings,
+                                   gen_batch=chosen.gen_batch, max_new_tokens=chosen.max_new_tokens, log=_log)
     if "ship" in stages:
         recipe.ship(args.work, args.out, log=_log)
     return 0

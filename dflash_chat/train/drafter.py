@@ -233,6 +233,10 @@ def _draft_batch(drafter, target, seqs: list[Sequence], taught, settings: "Draft
                                                 drafter.mask_token_id, device)
     embed = target.get_input_embeddings()
     hidden = drafter.forward_train(feats, embed(tokens).detach(), packed)
+    if getattr(drafter.cfg, "dflash2", None) is not None:
+        from dflash_chat.train.dflash2 import dflash2_loss
+
+        return dflash2_loss(drafter, hidden, tokens, labels, settings.decay, block_loss)
     return block_loss(drafter.logits(hidden[:, 1:]), labels, settings.decay)
 
 

@@ -27,6 +27,10 @@ from dflash_chat.train.target import TargetShape, TrainSettings, new_target, sav
 from dflash_chat.train.tokenizer import MASK_TOKEN, save_tokenizer, train_tokenizer
 
 
+DFLASH2_STEPS = 800  # the dflash2 stage's default (it starts from a trained drafter: no calibration run)
+DFLASH2_LR = 7e-4  # gentler than training from scratch: the backbone is trained already
+
+
 @dataclass
 class Preset:
     """Batch sizes and data amounts for one kind of device (step counts come from the budget)."""
@@ -85,23 +89,11 @@ def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, gener
                         log: Log = print) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_chat.train.data import greedy_sequences
-
     tokenizer = AutoTokenizer.from_pretrained(work / "target")
     # The drafter learns the target as shipped (bf16 weights), upcast like the loader does on CPU.
     target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
-    corpus = load_corpus(work / "corpus.json")
-    rng = random.Random(seed)
-    free = round(free_share * generated)
-    prompts = rng.sample(corpus.train, min(generated - free, len(corpus.train)))
-    prompts += free_form_prompts(corpus.train, rng, free)
-    started = time.perf_counter()
-    own = greedy_sequences(target, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=gen_batch,
-                           seed=seed, device=device)
-    held = greedy_sequences(target, tokenizer, corpus.heldout[:32], max_new_tokens=max_new_tokens,
-                            thinking_share=0.0, batch_size=gen_batch, seed=seed, device=device)
-    log(f"drafter data: {len(own)} target answers ({sum(len(q.ids) for q in own)} tokens, "
-        f"{time.perf_counter() - started:.0f}s)")
+    own, held = _target_answers(work, target, tokenizer, seed=seed, device=device, generated=generated,
+                                max_new_tokens=max_new_tokens, gen_batch=gen_batch, free_share=free_share, log=log)
     shape = shape or DrafterShape()
     config = drafter_config_dict(shape, target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
     drafter = new_drafter(config, target, seed)
@@ -116,9 +108,62 @@ def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, gener
     return losses
 
 
+def _target_answers(work: Path, target, tokenizer, *, seed: int, device: str, generated: int, max_new_tokens: int,
+                    gen_batch: int, free_share: float, log: Log):
+    """(the target's greedy answers to `generated` training prompts, to 32 held-out ones): a drafter's data."""
+    from dflash_chat.train.data import greedy_sequences
+
+    corpus = load_corpus(work / "corpus.json")
+    rng = random.Random(seed)
+    free = round(free_share * generated)
+    prompts = rng.sample(corpus.train, min(generated - free, len(corpus.train)))
+    prompts += free_form_prompts(corpus.train, rng, free)
+    started = time.perf_counter()
+    own = greedy_sequences(target, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=gen_batch,
+                           seed=seed, device=device)
+    held = greedy_sequences(target, tokenizer, corpus.heldout[:32], max_new_tokens=max_new_tokens,
+                            thinking_share=0.0, batch_size=gen_batch, seed=seed, device=device)
+    log(f"drafter data: {len(own)} target answers ({sum(len(q.ids) for q in own)} tokens, "
+        f"{time.perf_counter() - started:.0f}s)")
+    return own, held
+
+
+def train_dflash2_stage(work: Path, *, seed: int, steps: int, device: str, source: Path, target_dir: Path,
+                        generated: int, settings: DrafterSettings, max_new_tokens: int = 160, gen_batch: int = 64,
+                        free_share: float = 0.5, log: Log = print) -> list[float]:
+    """The DFlash2 drafter: `source`'s DFlash drafter with DFlash2's modules added (train/dflash2.py),
+    trained against the target in `target_dir` on its fresh greedy answers; written to work/drafter2."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_chat.train.dflash2 import dflash2_config_dict, from_dflash
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device)
+    own, held = _target_answers(work, target, tokenizer, seed=seed, device=device, generated=generated,
+                                max_new_tokens=max_new_tokens, gen_batch=gen_batch, free_share=free_share, log=log)
+    config = json.loads((source / "config.json").read_text())
+    dflash = new_drafter(config, target, seed)
+    dflash.load_state_dict({k: v.float() for k, v in load_file(str(source / "model.safetensors")).items()})
+    config2 = dflash2_config_dict(config)
+    drafter = from_dflash(dflash, config2, target, seed)
+    settings.steps = steps
+    log(f"dflash2: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters from {source}, "
+        f"{steps} steps on {device}")
+    before = teacher_forced_acceptance(dflash.to(device), target, held, seed=seed, device=device)
+    losses = train_drafter(drafter, target, own, settings, seed=seed, device=device, log=log)
+    after = teacher_forced_acceptance(drafter, target, held, seed=seed, device=device)
+    log(f"dflash2: teacher-forced acceptance length on held-out target answers: {after:.2f} "
+        f"(the DFlash drafter it started from: {before:.2f})")
+    save_drafter(drafter, config2, work / "drafter2")
+    return losses
+
+
 def ship(work: Path, out: Path, log: Log = print) -> None:
-    """Copy the trained pair into `out` (target/ with tokenizer files, drafter/)."""
-    for name in ("target", "drafter"):
+    """Copy what the stages made into `out` (target/ with tokenizer files, drafter/, drafter2/)."""
+    for name in ("target", "drafter", "drafter2"):
+        if not (work / name).is_dir():
+            continue
         dest = out / name
         if dest.exists():
             shutil.rmtree(dest)

@@ -34,6 +34,12 @@ def trained(tmp_path_factory):
         settings=DrafterSettings(steps=40, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5), log=logs.append)
     out = tmp_path_factory.mktemp("out")
     recipe.ship(work, out, log=logs.append)
+    dflash2_losses = recipe.train_dflash2_stage(
+        work, seed=0, steps=30, device="cpu", source=out / "drafter", target_dir=out / "target", generated=8,
+        max_new_tokens=24, settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5),
+        log=logs.append)
+    recipe.ship(work, out, log=logs.append)
+    logs.append(dflash2_losses)
     return work, out, target_losses, drafter_losses, logs
 
 
@@ -50,6 +56,26 @@ def test_drafter_loss_goes_down(trained):
     _, _, _, losses, logs = trained
     assert _mean(losses[-8:]) < _mean(losses[:8]) - 0.3
     assert any("teacher-forced acceptance length" in line for line in logs)
+
+
+def test_dflash2_stage_trains_and_ships_a_dflash2_drafter(trained):
+    """The dflash2 stage starts from the shipped drafter, lowers its loss and ships drafter2/, which the
+    engine loads as a DFlash2 drafter and runs losslessly."""
+    from dflash_chat.engine.load import load_drafter, load_target
+    from dflash_chat.engine.models.dflash2 import DFlash2Drafter
+    from dflash_chat.train.evaluate import measure_pair
+
+    _, out, _, _, logs = trained
+    losses = logs[-1]
+    assert _mean(losses[-8:]) < _mean(losses[:8]) - 0.05
+    assert any(isinstance(line, str) and line.startswith("dflash2: teacher-forced acceptance") for line in logs)
+    cfg = json.loads((out / "drafter2" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dflash_config"]["selector_top_k"] == 8
+    assert isinstance(load_drafter(out / "drafter2", load_target(out / "target", "cpu", torch.float32)),
+                      DFlash2Drafter)
+    prompts = json.loads((out / "heldout_prompts.json").read_text())[:2]
+    report = measure_pair(out / "target", out / "drafter2", prompts=prompts, max_new_tokens=24)
+    assert report.identical and report.new_tokens > 2
 
 
 def test_shipped_files_have_the_formats_the_loader_reads(trained):
