@@ -404,3 +404,59 @@ def test_synthetic_dflash2_drafter_reads_only_the_candidates_codebook_rows():
     everything = sum(t.numel() * t.element_size() for t in (*drafter.parameters(), *drafter.buffers()))
     table = sum(c.numel() * c.element_size() for c in codebooks)
     assert synthetic.bytes_per_token(drafter) == everything - table + table * (16 + 1) // 512
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_dflash2_step_entry_points_read_nothing_from_the_device(sampling, dflash2_dirs):
+    """The draft (backbone, top-K, the selector's walk and q) and the verify are device work only: what a
+    CUDA graph can hold."""
+    from tests.engine.sync_free import NoHostReads
+
+    root = dflash2_dirs["qwen3_5"]
+    model = load_target(root / "target", "cpu", torch.float32)
+    engine = Engine(model, load_drafter(root / "drafter", model), max_context=200, draft=BLOCK - 1)
+    run(engine, [5, 6, 7, 8], SamplingParams(max_new_tokens=3))
+    params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=1) if sampling else SamplingParams()
+    steps = engine.steps
+    steps.begin(3, len(engine.tokens), params, torch.Generator().manual_seed(0))
+    with NoHostReads():
+        steps.draft()
+        steps.verify(BLOCK, 9)
+        steps.commit(BLOCK)
+    assert 1 <= steps.read().accepted + 1 <= BLOCK
+
+
+@torch.no_grad()
+def test_a_qwen38_style_gguf_pair_decodes_losslessly(dflash2_dirs, tmp_path):
+    """Qwen3.8-27B as users download it: a qwen35 target GGUF with its MTP block (llama.cpp's converter, then
+    its quantizer) and the DFlash2 drafter GGUF (mainline `dflash`, Q8_0). The F32 target's logits are
+    transformers' on the same weights, and greedy DFlash2 decoding of the quantized pair is plain decoding's."""
+    from transformers import AutoModelForCausalLM
+
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.engine.weights.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
+
+    root = dflash2_dirs["qwen3_5"]
+    hf = AutoModelForCausalLM.from_pretrained(str(root / "target"), dtype=torch.float32).eval()
+    target_cfg = json.loads((root / "target" / "config.json").read_text())
+    f32 = write_target_gguf(tmp_path / "t-f32.gguf", hf.state_dict(), target_cfg, "F32", extra_mtp_layers=1)
+    ids = torch.tensor([3, 9, 27, 81, 5, 17])
+    ours = load_target(f32, "cpu", torch.float32)
+    logits, _ = ours(ids, ours.new_state(32), logits="all")
+    torch.testing.assert_close(logits, hf(ids[None]).logits[0], rtol=0, atol=1e-4)
+
+    target = quantize_like_llama(f32, tmp_path / "t-q8.gguf", "Q8_0")
+    drafter_cfg = json.loads((root / "drafter" / "config.json").read_text())
+    drafter = write_drafter_gguf(tmp_path / "d-f32.gguf", load_file(str(root / "drafter" / "model.safetensors")),
+                                 drafter_cfg, "F32", schema="dflash")
+    drafter = quantize_like_llama(drafter, tmp_path / "d-q8.gguf", "Q8_0")
+    pair = load_pair(target, drafter, tokenizer=root / "target", device="cpu", dtype=torch.float32, draft=BLOCK - 1)
+    assert isinstance(pair.engine.drafter, DFlash2Drafter)
+    plain = Engine(pair.engine.target, None, max_context=256)
+    params = SamplingParams(max_new_tokens=32)
+    for prompt in ([3, 9, 27, 81], [5, 17, 99, 3, 44]):
+        expected, _, _ = run(plain, prompt, params)
+        got, finished, _ = run(pair.engine, prompt, params)
+        assert got == expected and finished.stats.drafted > 0
+        plain.reset()
+        pair.engine.reset()
