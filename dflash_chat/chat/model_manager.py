@@ -76,12 +76,14 @@ def _demo_explanation(machine: Machine) -> str:
 
 
 def label(choice: Choice) -> str:
-    """'Qwen3.6-27B Q4_K_M + drafter Q8_0' (local files by name)."""
+    """'Qwen3.6-27B Q4_K_M + drafter Q8_0', 'Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0' (local files by name)."""
     target = choice.target.path.name if choice.target.path else f"{choice.pair.title} {choice.target.quant}"
     if choice.drafter is None:
         return target
     drafter = choice.drafter.path.name if choice.drafter.path else choice.drafter.quant
-    return f"{target} + drafter {drafter}"
+    shape = choice.drafter.shape
+    kind = "DFlash2 drafter" if shape is not None and getattr(shape, "kind", "dflash") == "dflash2" else "drafter"
+    return f"{target} + {kind} {drafter}"
 
 
 def pull_command(choice: Choice) -> str | None:

@@ -148,6 +148,8 @@ def test_pull_command_and_labels_name_what_was_chosen(home, tmp_path):
     own = choose(RTX_3090, catalog, target_file=gguf, drafter_quant="Q8_0", context=8192)
     assert model_manager.pull_command(own) is None
     assert model_manager.label(own) == "Qwen3.6-27B-Q5_K_M.gguf + drafter Q8_0"
+    newest = choose(RTX_3090, catalog, model="qwen3.8-27b", quant="Q4_K_M", drafter_quant="Q8_0", context=8192)
+    assert model_manager.label(newest) == "Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0"
     assert model_manager.resume_advice(own) == "Start dflash-chat again to resume the download."
 
 
