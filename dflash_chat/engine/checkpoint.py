@@ -42,6 +42,19 @@ def read_config(directory: Path, what: str) -> dict:
         raise ModelFormatError(f"{path} is not valid JSON ({exc}): re-download the model") from exc
 
 
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def check_layers(what: str, layers: int, names) -> None:
+    """The config's layer count against the layers the weights hold (before a module is built from it)."""
+    found = {int(m.group(1)) for name in names if (m := _LAYER.search(name))}
+    if found == set(range(layers)):
+        return
+    held = f"{len(found)} (layers {min(found)}-{max(found)})" if found else "none"
+    raise ModelFormatError(f"{what} config says {layers} layers, its weights hold {held}: the config and weights do "
+                           "not belong together; download the model again")
+
+
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_chat.engine.checkpoint import materialise, normalise_target_names, read_config
+from dflash_chat.engine.checkpoint import check_layers, materialise, normalise_target_names, read_config
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
@@ -144,6 +144,7 @@ def load_target(path: str | Path, device=None, dtype=None, placement: Placement 
         config = read_config(path, "target")
         tensors = normalise_target_names(read_safetensors(path).tensors)
     cfg = TargetConfig.from_dict(config)
+    check_layers("target", cfg.num_layers, tensors)
     tied = "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors
     if tied and not cfg.tie_word_embeddings:
         raise ModelFormatError("target weights have no lm_head.weight and config.json does not tie embeddings")
@@ -231,6 +232,7 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None =
     fc = tensors["fc.weight"] if "fc.weight" in tensors else None
     try:
         cfg = DrafterConfig.from_dict(config)
+        check_layers("drafter", cfg.num_layers, tensors)
         _check_fits(cfg, fc.shape[-1] if fc is not None else None, target, _drafter_vocab(config, tensors))
     except ModelFormatError as exc:
         raise ModelFormatError(f"{path}: {exc}") from None

@@ -193,3 +193,74 @@ def test_inconsistent_tensor_metadata_is_a_one_line_corrupt_file_error(files, tm
     with pytest.raises(ModelFormatError, match=rf"bad\.gguf: corrupt GGUF: tensor blk\.0\.attn_q\.weight {problem}") as exc:
         load_target(path, "cpu")
     _one_line(exc)
+
+
+# --- sizes in the metadata: checked against the weights (and bounded) before anything is built ---------------
+
+def _copy_folder(src, dst, **config_changes):
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(config_changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("layers", [1_000_000, 10**15])
+def test_a_config_claiming_a_million_layers_is_refused_at_once(files, tmp_path, layers):
+    import resource
+    import time
+
+    folder = _copy_folder(files["target"], tmp_path / "huge", num_hidden_layers=layers)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    with pytest.raises(ModelFormatError, match=f"num_hidden_layers = {layers}, expected a whole number") as exc:
+        load_target(folder, "cpu")
+    assert time.perf_counter() - started < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing was built
+    _one_line(exc)
+
+
+def test_a_config_whose_layer_count_the_weights_do_not_hold(files, tmp_path):
+    folder = _copy_folder(files["target"], tmp_path / "more", num_hidden_layers=7)
+    with pytest.raises(ModelFormatError, match=r"target config says 7 layers, its weights hold 4 \(layers 0-3\)") as exc:
+        load_target(folder, "cpu")
+    _one_line(exc)
+    drafter = _copy_folder(files["drafter"], tmp_path / "drafter-more", num_hidden_layers=5)
+    with pytest.raises(ModelFormatError, match="drafter config says 5 layers, its weights hold 2"):
+        load_drafter(drafter, load_target(files["target"], "cpu", torch.float32))
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", "256"), ("num_attention_heads", 0), ("vocab_size", -3),
+                                          ("intermediate_size", 2.5), ("max_position_embeddings", 10**12),
+                                          ("num_key_value_heads", True)])
+def test_a_size_that_is_not_a_sane_whole_number(files, tmp_path, field, value):
+    folder = _copy_folder(files["target"], tmp_path / "bad", **{field: value})
+    with pytest.raises(ModelFormatError, match=f"{field} = {value!r}, expected a whole number") as exc:
+        load_target(folder, "cpu")
+    _one_line(exc)
+
+
+def test_a_gguf_claiming_a_million_blocks_is_refused(files, tmp_path):
+    """The fixture's converter-written file with only its block count changed."""
+    import gguf
+
+    src = gguf.GGUFReader(str(files["target_gguf"]))
+    arch = src.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(tmp_path / "huge.gguf"), arch)
+    for key, field in src.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", f"{arch}.block_count"):
+            continue
+        writer.add_key_value(key, field.contents(), field.types[0],
+                             sub_type=field.types[-1] if len(field.types) > 1 else None)
+    writer.add_block_count(1_000_000)
+    for t in src.tensors:
+        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFormatError, match="block_count is 1000000, expected 1 to 1024") as exc:
+        load_target(tmp_path / "huge.gguf", "cpu")
+    _one_line(exc)

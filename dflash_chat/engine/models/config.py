@@ -75,7 +75,24 @@ def _rope(d: dict, partial_default: float = 1.0) -> tuple[float, float, RopeScal
 def _need(d: dict, key: str, what: str):
     if key not in d:
         raise ModelFormatError(f"{what} config.json has no {key!r}: the file is incomplete or not a supported model")
-    return d[key]
+    return _count(d, key, what)
+
+
+# The largest size each field may state (far above any real model's): a config is checked before anything is
+# built from it, so a damaged or hostile one cannot make the loader build a million layers.
+LIMITS = {"num_hidden_layers": 1024, "vocab_size": 1 << 22, "max_position_embeddings": 1 << 24,
+          "num_experts": 4096, "num_experts_per_tok": 4096, "block_size": 256, "mask_token_id": 1 << 22}
+DEFAULT_LIMIT = 1 << 18  # widths, head counts and dims
+
+
+def _count(d: dict, key: str, what: str, default: int | None = None, minimum: int = 1) -> int:
+    """A size field as a whole number in [minimum, its limit], or a one-line ModelFormatError."""
+    value = d.get(key, default)
+    limit = LIMITS.get(key, DEFAULT_LIMIT)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= limit:
+        raise ModelFormatError(f"{what} config.json has {key} = {value!r}, expected a whole number from {minimum} "
+                               f"to {limit}: the file is damaged or not a supported model")
+    return value
 
 
 @dataclass
@@ -149,7 +166,7 @@ class TargetConfig:
         if arch == "qwen3":
             layer_types = ["full_attention"] * layers
         elif layer_types is None:
-            interval = d.get("full_attention_interval", 4)
+            interval = _count(d, "full_attention_interval", what, 4)
             layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
         if len(layer_types) < layers:
             raise ModelFormatError(f"{what}: layer_types lists {len(layer_types)} layers, expected {layers}")
@@ -161,25 +178,25 @@ class TargetConfig:
             hidden_size=hidden,
             num_layers=layers,
             num_heads=heads,
-            num_kv_heads=d.get("num_key_value_heads", heads),
-            head_dim=d.get("head_dim") or hidden // heads,
-            intermediate_size=d.get("intermediate_size", 0),
+            num_kv_heads=_count(d, "num_key_value_heads", what, heads),
+            head_dim=_count(d, "head_dim", what, hidden // heads) if d.get("head_dim") else hidden // heads,
+            intermediate_size=_count(d, "intermediate_size", what, 0, minimum=0),
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=theta,
             partial_rotary_factor=partial,
             layer_types=list(layer_types[:layers]),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            linear_num_key_heads=d.get("linear_num_key_heads", 0),
-            linear_num_value_heads=d.get("linear_num_value_heads", 0),
-            linear_key_head_dim=d.get("linear_key_head_dim", 0),
-            linear_value_head_dim=d.get("linear_value_head_dim", 0),
-            linear_conv_kernel_dim=d.get("linear_conv_kernel_dim", 4),
-            num_experts=d.get("num_experts", 0),
-            num_experts_per_tok=d.get("num_experts_per_tok", 0),
-            moe_intermediate_size=d.get("moe_intermediate_size", 0),
-            shared_expert_intermediate_size=d.get("shared_expert_intermediate_size", 0),
+            linear_num_key_heads=_count(d, "linear_num_key_heads", what, 0, minimum=0),
+            linear_num_value_heads=_count(d, "linear_num_value_heads", what, 0, minimum=0),
+            linear_key_head_dim=_count(d, "linear_key_head_dim", what, 0, minimum=0),
+            linear_value_head_dim=_count(d, "linear_value_head_dim", what, 0, minimum=0),
+            linear_conv_kernel_dim=_count(d, "linear_conv_kernel_dim", what, 4),
+            num_experts=_count(d, "num_experts", what, 0, minimum=0),
+            num_experts_per_tok=_count(d, "num_experts_per_tok", what, 0, minimum=0),
+            moe_intermediate_size=_count(d, "moe_intermediate_size", what, 0, minimum=0),
+            shared_expert_intermediate_size=_count(d, "shared_expert_intermediate_size", what, 0, minimum=0),
             eos_token_id=eos,
-            max_position_embeddings=d.get("max_position_embeddings", 32768),
+            max_position_embeddings=_count(d, "max_position_embeddings", what, 32768),
         )
         if arch == "qwen3_5_moe" and not (cfg.num_experts and cfg.num_experts_per_tok and cfg.moe_intermediate_size):
             raise ModelFormatError(f"{what}: num_experts, num_experts_per_tok and moe_intermediate_size are required")
@@ -251,12 +268,12 @@ class DrafterConfig:
             intermediate_size=_need(d, "intermediate_size", what),
             num_layers=layers,
             num_heads=heads,
-            num_kv_heads=d.get("num_key_value_heads", heads),
-            head_dim=d.get("head_dim") or hidden // heads,
+            num_kv_heads=_count(d, "num_key_value_heads", what, heads),
+            head_dim=_count(d, "head_dim", what, hidden // heads) if d.get("head_dim") else hidden // heads,
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=theta,
-            block_size=int(block),
-            mask_token_id=int(mask),
+            block_size=_count({"block_size": block}, "block_size", what),
+            mask_token_id=_count({"mask_token_id": mask}, "mask_token_id", what, minimum=0),
             target_layer_ids=[int(i) for i in taps],
             layer_types=layer_types,
             sliding_window=window,

@@ -146,8 +146,18 @@ def _rope_params(kv: dict, arch: str, head_dim: int) -> dict:
     return rope
 
 
+def _bounded_blocks(blocks: int, arch: str) -> int:
+    """A block count a real model can have (checked before anything loops over it or is built from it)."""
+    from dflash_chat.engine.models.config import LIMITS
+
+    if not 1 <= blocks <= LIMITS["num_hidden_layers"]:
+        raise ModelFormatError(f"GGUF {arch}.block_count is {blocks}, expected 1 to {LIMITS['num_hidden_layers']}: "
+                               "the file is damaged or not a supported model")
+    return blocks
+
+
 def _layer_count(kv: dict, arch: str) -> int:
-    blocks = int(_get(kv, arch, "block_count", 0))
+    blocks = _bounded_blocks(int(_get(kv, arch, "block_count", 0)), arch)
     return blocks - int(_get(kv, arch, "nextn_predict_layers", 0) or 0)
 
 
@@ -226,7 +236,7 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
     for key, value in (("target layers", taps), ("mask token id", mask), ("block size", block)):
         if value is None:
             raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({where}); the file is incomplete.")
-    layers = int(_get(kv, arch, "block_count"))
+    layers = _bounded_blocks(int(_get(kv, arch, "block_count")), arch)
     pattern = _get(kv, arch, "attention.sliding_window_pattern")
     window = _get(kv, arch, "attention.sliding_window")
     types = ["sliding_attention" if (pattern is not None and bool(pattern[i]) and window) else "full_attention"
