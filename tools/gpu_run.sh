@@ -2,7 +2,8 @@
 # The one GPU script for a lent CUDA machine: installs the carried wheels (.whl, see README's
 # Development section), then in order of value: the kernel check (it also fills Triton's cache in
 # parallel), the 27B synthetic benchmark (the decode path against the bandwidth floor), the CUDA
-# tests, the 35B-A3B benchmark and the bf16 comparison with transformers. JSON and logs go to $OUT.
+# tests, the 35B-A3B benchmark, Qwen3.8-27B with its DFlash2 drafter and the bf16 comparison with
+# transformers. JSON and logs go to $OUT.
 # Each step has its own time limit (seconds, overridable: GPU_CHECK_S=... etc.).
 # The device image lacks a few of our dependencies: fetch their wheels into .whl/ first (git ignores it)
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -24,4 +25,5 @@ step gpu_check "${GPU_CHECK_S:-120}" python3 tools/gpu_check.py --json "$OUT/gpu
 step bench_27b "${BENCH_S:-120}" bench --synthetic qwen3.6-27b --tokens 64
 step cuda_tests "${CUDA_TESTS_S:-60}" python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/engine
 step bench_35b "${BENCH_MOE_S:-60}" bench --synthetic qwen3.6-35b-a3b --tokens 64
+step bench_38 "${BENCH_38_S:-90}" bench --synthetic qwen3.8-27b --tokens 64
 step bench_bf16 "${BENCH_HF_S:-60}" bench --synthetic qwen3.6-27b --quant bf16 --layers 16 --tokens 32 --vs-transformers
