@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.limits import DEFAULT_LIMIT, LIMITS
 
 TARGET_MODEL_TYPES = {
     "qwen3_5": "qwen3_5",
@@ -76,13 +77,6 @@ def _need(d: dict, key: str, what: str):
     if key not in d:
         raise ModelFormatError(f"{what} config.json has no {key!r}: the file is incomplete or not a supported model")
     return _count(d, key, what)
-
-
-# The largest size each field may state (far above any real model's): a config is checked before anything is
-# built from it, so a damaged or hostile one cannot make the loader build a million layers.
-LIMITS = {"num_hidden_layers": 1024, "vocab_size": 1 << 22, "max_position_embeddings": 1 << 24,
-          "num_experts": 4096, "num_experts_per_tok": 4096, "block_size": 256, "mask_token_id": 1 << 22}
-DEFAULT_LIMIT = 1 << 18  # widths, head counts and dims
 
 
 def _count(d: dict, key: str, what: str, default: int | None = None, minimum: int = 1) -> int:

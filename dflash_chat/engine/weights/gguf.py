@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.limits import LIMITS
 from dflash_chat.engine.quantized import QuantTensor
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.formats import BY_GGML_TYPE, FORMATS
@@ -148,8 +149,6 @@ def _rope_params(kv: dict, arch: str, head_dim: int) -> dict:
 
 def _bounded_blocks(blocks: int, arch: str) -> int:
     """A block count a real model can have (checked before anything loops over it or is built from it)."""
-    from dflash_chat.engine.models.config import LIMITS
-
     if not 1 <= blocks <= LIMITS["num_hidden_layers"]:
         raise ModelFormatError(f"GGUF {arch}.block_count is {blocks}, expected 1 to {LIMITS['num_hidden_layers']}: "
                                "the file is damaged or not a supported model")
