@@ -105,26 +105,37 @@ class CandidateSelector(nn.Module):
         gate = gate.view(*predecessor.shape, -1) * projected
         return unary + (successors @ gate.unsqueeze(-1)).squeeze(-1)
 
+    def edges(self, unary: torch.Tensor, ids: torch.Tensor, successors: torch.Tensor, projected: torch.Tensor,
+              anchor: torch.Tensor) -> torch.Tensor:
+        """Every step's scores at once, [D, K, K]: [t, p, c] is candidate c of position t after predecessor p,
+        the anchor for t = 0 (every row alike) and candidate p of position t - 1 after."""
+        K = ids.shape[1]
+        predecessors = torch.cat((anchor.reshape(1, 1).expand(1, K), ids[:-1]))
+        gates = self.predecessor_codebook.index_select(0, predecessors.reshape(-1)).view(*predecessors.shape, -1)
+        gates = gates.float() * projected[:, None, :]
+        return unary[:, None, :] + gates @ successors.transpose(1, 2)
+
     def walk(self, logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor, params: SamplingParams,
              draws: Draws | None, q_out: torch.Tensor | None) -> torch.Tensor:
         """The path [D] from the anchor (a 1-element id tensor), on the device: each step's best candidate when
         greedy, else one drawn from softmax(scores / T) (exponential race on the step's draft noise), whose
-        distribution over the vocabulary goes to q_out [D, V]."""
+        distribution over the vocabulary goes to q_out [D, V]. The scores are computed for every step and
+        predecessor first; the walk itself only gathers."""
         unary, ids, successors, projected = self.candidates(logits, hidden)
-        predecessor = anchor.reshape(1)
+        scores = self.edges(unary, ids, successors, projected, anchor)
+        at = torch.zeros(1, dtype=torch.long, device=ids.device)  # the predecessor's index (any row for t = 0)
         path = []
-        if q_out is not None and not params.greedy:
+        if not params.greedy:
             q_out.zero_()
         for t in range(ids.shape[0]):
-            scores = self.scores(unary[t : t + 1], successors[t : t + 1], projected[t : t + 1], predecessor)
+            row = scores[t].index_select(0, at)  # [1, K]
             if params.greedy:
-                choice = scores.argmax(dim=-1)
+                at = row.argmax(dim=-1)
             else:
-                q = torch.softmax(scores / params.temperature, dim=-1)
-                choice = (q / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
+                q = torch.softmax(row / params.temperature, dim=-1)
+                at = (q / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
                 q_out[t].scatter_(0, ids[t], q[0])
-            predecessor = ids[t].index_select(0, choice)
-            path.append(predecessor)
+            path.append(ids[t].index_select(0, at))
         return torch.cat(path)
 
 
