@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -162,27 +160,6 @@ class Experts(nn.Module):
 # Without the routed-experts kernel (CPU), up to this many tokens (decode, verify) float experts run pair by
 # pair (no host sync); longer inputs (prefill) loop over the experts that got tokens.
 PAIRWISE_TOKENS = 32
-
-
-@dataclass
-class Routing:
-    """The (token, expert) pairs of a routed layer sorted by expert, on the device (no host sync).
-
-    Pair p = token * top_k + slot. `order[i]` is the pair at sorted position i; the pairs of expert e sit at
-    sorted positions offsets[e] .. offsets[e + 1].
-    """
-
-    order: torch.Tensor
-    token_of: torch.Tensor
-    offsets: torch.Tensor
-
-    @classmethod
-    def sort(cls, top_k_index: torch.Tensor, num_experts: int) -> Routing:
-        flat = top_k_index.reshape(-1)
-        experts, order = torch.sort(flat, stable=True)
-        bounds = torch.arange(num_experts + 1, device=flat.device, dtype=experts.dtype)
-        offsets = torch.searchsorted(experts, bounds).to(torch.int32)
-        return cls(order.to(torch.int32), (order // top_k_index.shape[1]).to(torch.int32), offsets)
 
 
 def routed(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: int):
