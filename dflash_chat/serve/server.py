@@ -212,9 +212,20 @@ def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
 def _log_in_one_line() -> None:
     """The server's own notes (a refused request, a failed answer) as single lines on stderr."""
     logger = logging.getLogger("dflash_chat.serve")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("serve: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
-        logger.propagate = False
+
+
+class _Stderr(logging.StreamHandler):
+    """Whatever sys.stderr is at the time (the tests swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
