@@ -78,6 +78,7 @@ class DFlashChatApp(App):
 
     def on_unmount(self) -> None:
         self.chat.action_stop()  # thread workers cannot be killed: the answer's loop must see the flag
+        self.chat.backend.close()  # a remote backend's workers return now, whatever the network does
         self.store.close()
 
     # keymap and palette
