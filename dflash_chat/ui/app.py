@@ -64,7 +64,7 @@ class DFlashChatApp(App):
         for problem in self.problems:
             self.warn(problem)
         for stem, problem in self.theme_files.broken.items():
-            if stem != self.settings.theme:  # that one is said with the theme below
+            if stem != self.settings.theme or stem in self.available_themes:  # else said with the theme below
                 self.warn(problem)
         self._show_theme(self.settings.theme)
         self.theme_changed_signal.subscribe(self, self._remember_theme)
