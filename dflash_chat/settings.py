@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -63,6 +64,7 @@ class Settings:
     endpoints: dict[str, str] = field(default_factory=dict)
 
 
+MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few lines; past this it is not one
 OTHER_TABLES = ("models",)  # kept in config.toml by the model catalog (catalog.py)
 
 
@@ -282,7 +284,16 @@ def _argparse_type(check: Callable[[Any], Any], name: str) -> Callable[[str], An
 
 def _read_text(path: Path) -> str:
     try:
-        raw = path.read_bytes()
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block or never end
+            raise SettingsError(f"{path} is not a regular file; move it away")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise SettingsError(f"{path} is {info.st_size // 1024} KiB, far too large for a settings file; "
+                                "move it away")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         return ""
     except IsADirectoryError:

@@ -186,5 +186,8 @@ class Backend:
         """Stop writing that answer (Esc): what was written is kept, AnswerEnded follows."""
         request.cancel.set()
 
+    def close(self) -> None:
+        """The app quits: stop posting, and let every worker waiting on this backend return now."""
+
     def open_chat(self, chat: Any) -> None:
         """`chat` (a Conversation) is now the open one: a new chat, or a saved one opened again."""

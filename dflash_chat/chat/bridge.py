@@ -37,7 +37,7 @@ class StreamChunk:
 class StreamEnd:
     """The answer is over; the full texts, and the engine's own stats when it finished."""
 
-    reason: str  # stop | length | cancelled | error
+    reason: str  # stop | length | cancelled | error | cut (a remote answer whose stream broke; text kept)
     thinking: str
     answer: str
     stats: GenerationStats | None

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from dflash_chat.engine.events import GenerationStats
 
 # How an assistant message ended. "partial" is what a crash leaves behind: the
-# answer was being written when the app stopped.
-COMPLETE, PARTIAL, CANCELLED, ERROR = "complete", "partial", "cancelled", "error"
+# answer was being written when the app stopped. "cut": a remote answer that ended
+# without a proper finish (the connection or the stream broke); its text is kept.
+COMPLETE, PARTIAL, CANCELLED, ERROR, CUT = "complete", "partial", "cancelled", "error", "cut"
 
 
 @dataclass

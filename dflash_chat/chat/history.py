@@ -264,6 +264,7 @@ def status_note(status: str) -> str:
     return {
         PARTIAL: "interrupted: the app stopped while this answer was written",
         "cancelled": "stopped",
+        "cut": "cut short",
         "error": "failed",
     }.get(status, status)
 

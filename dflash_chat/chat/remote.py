@@ -27,7 +27,7 @@ from dflash_chat.chat.bridge import POST_INTERVAL_S, StreamChunk, StreamEnd
 from dflash_chat.chat.live_stats import LiveStats
 from dflash_chat.chat.prompt import ThinkingSplitter
 from dflash_chat.engine.events import GenerationStats
-from dflash_chat.errors import UserError, one_line
+from dflash_chat.errors import UserError
 
 API_KEY_ENV = "DFLASH_CHAT_API_KEY"
 
@@ -41,8 +41,11 @@ def key_env(name: str) -> str:
 def api_key(given: str | None, name: str, environ: Mapping[str, str]) -> str | None:
     """--api-key, else the named endpoint's own variable, else DFLASH_CHAT_API_KEY."""
     return given or (environ.get(key_env(name)) if name else None) or environ.get(API_KEY_ENV) or None
-CONNECT_S = 10.0
-READ_S = 600.0  # a long prompt's prefill on a busy server can take minutes
+CONNECT_S = 5.0  # to open the connection
+MODELS_S = 10.0  # for GET /v1/models (and /metrics) to answer
+STALL_S = 120.0  # with no byte at all during an answer (a long prefill on a busy server takes a while)
+MAX_ERROR_BODY = 64 * 1024  # of a refusal's body, read to quote its message
+MAX_WHOLE_BODY = 16 * 1024 * 1024  # of a reply that is one JSON object instead of a stream
 
 
 def httpx_module():
@@ -95,31 +98,61 @@ class ServedModel:
 
 
 class ServerError(Exception):
-    """The server answered with an error: its own message, in one line."""
+    """The server answered with an error, or not as an OpenAI server does: one plain sentence."""
 
 
 def error_text(status: int, body: bytes, endpoint: Endpoint) -> str:
     """What a refused request means, in one line that says what to do."""
-    try:
-        error = json.loads(body).get("error")
-        message = error.get("message") if isinstance(error, dict) else str(error or "")
-    except (ValueError, AttributeError):
-        message = body.decode("utf-8", "replace").strip()[:200]
+    message = _server_message(body)
     if status == 401:
         where = f"{key_env(endpoint.name)} or {API_KEY_ENV}" if endpoint.name else API_KEY_ENV
         return (f"{endpoint.host} refused the API key ({message or 'unauthorised'}): pass --api-key KEY, "
                 f"or set {where}")
-    return f"{endpoint.host} answered HTTP {status}" + (f": {message}" if message else "")
+    return f"HTTP {status} from the server at {endpoint.host}" + (f": {message}" if message else "")
+
+
+def _server_message(body: bytes) -> str:
+    """The message in an OpenAI-shaped error body, else the body's text in one short line ('' for a page)."""
+    try:
+        error = json.loads(body).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError, RecursionError):
+        text = body.decode("utf-8", "replace").strip()
+        message = "" if text[:1] == "<" else text  # an HTML error page says nothing useful in one line
+    return _one_line(message) if isinstance(message, str) else ""
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _tokens(count: int) -> str:
+    return f"{count} token{'s' if count != 1 else ''}"
+
+
+def _read_capped(response, limit: int) -> bytes:
+    parts, size = [], 0
+    for part in response.iter_bytes():
+        parts.append(part)
+        size += len(part)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
 
 
 class HttpBackend(Backend):
     remote = True
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, *, connect_s: float = CONNECT_S, models_s: float = MODELS_S,
+                 stall_s: float = STALL_S) -> None:
         self.request = endpoint
         self.endpoint = endpoint
+        self.connect_s, self.models_s, self.stall_s = connect_s, models_s, stall_s
         self.served: ServedModel | None = None
         self._client = None
+        self._closed = False
+        self._running: set[threading.Event] = set()  # one per network call a worker waits on
         self._live: dict[threading.Event, object] = {}  # each streaming answer's response, by its cancel flag
         self._reports = False  # the server's answers carry their own figures: /metrics is not needed
         self._note = f"Connecting to {endpoint.host}…"
@@ -151,13 +184,43 @@ class HttpBackend(Backend):
     def client(self):
         if self._client is None:
             httpx = httpx_module()
-            self._client = httpx.Client(timeout=httpx.Timeout(READ_S, connect=CONNECT_S), headers=self.endpoint.headers())
+            timeout = httpx.Timeout(self.stall_s, connect=self.connect_s)
+            self._client = httpx.Client(timeout=timeout, headers=self.endpoint.headers())
         return self._client
 
     # lifecycle
 
+    def attach(self, post, spawn) -> None:
+        super().attach(lambda event: None if self._closed else post(event), spawn)
+
     def begin(self, request: Endpoint) -> None:
-        self.spawn(self._connect, "model")
+        self.spawn(lambda: self._detached(self._connect), "model")
+
+    def _detached(self, body) -> None:
+        """Run `body` (network calls) on a daemon thread and wait for it, or for `close`: the worker that
+        waits here is what the app joins when it quits, and quitting must never wait on the network."""
+        if self._closed:
+            return
+        done = threading.Event()
+        self._running.add(done)
+
+        def run() -> None:
+            try:
+                body()
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="dflash-remote", daemon=True).start()
+        done.wait()
+        self._running.discard(done)
+
+    def close(self) -> None:
+        """The app quits: nothing more is posted, every waiting worker returns now, open answers are cut."""
+        self._closed = True
+        for done in list(self._running):
+            done.set()
+        for response in list(self._live.values()):
+            _cut(response)
 
     def handle(self, event: object) -> bool:
         if isinstance(event, ModelLoaded):
@@ -182,37 +245,60 @@ class HttpBackend(Backend):
         self.post(ModelLoaded(self.endpoint, model, time.perf_counter() - started))
 
     def _models(self) -> ServedModel:
-        response = self.client().get(f"{self.endpoint.base}/models")
+        response = self.client().get(f"{self.endpoint.base}/models", timeout=self._short_timeout())
         if response.status_code != 200:
-            raise ServerError(error_text(response.status_code, response.content, self.endpoint))
-        data = response.json().get("data") or []
-        if not data:
+            raise ServerError(error_text(response.status_code, response.content[:MAX_ERROR_BODY], self.endpoint))
+        try:
+            data = response.json().get("data") or []
+            card = data[0] if isinstance(data, list) and data else None
+        except (ValueError, AttributeError, RecursionError):
+            raise ServerError(f"{self.endpoint.host} is not an OpenAI-compatible server (GET /v1/models did not "
+                              "list models): check that the URL is the server's /v1") from None
+        if card is None:
             raise ServerError(f"{self.endpoint.host} serves no model yet (GET /v1/models is empty); is it still loading?")
-        card = data[0]
-        return ServedModel(str(card.get("id")), str(card.get("owned_by") or ""), self._counters() is not None)
+        if not isinstance(card, dict) or not isinstance(card.get("id"), str):
+            raise ServerError(f"{self.endpoint.host} lists models without an id (GET /v1/models): is it an "
+                              "OpenAI-compatible server?")
+        owner = card.get("owned_by")
+        return ServedModel(card["id"], owner if isinstance(owner, str) else "", self._counters() is not None)
+
+    def _short_timeout(self):
+        return httpx_module().Timeout(self.models_s, connect=self.connect_s)
 
     def _counters(self) -> dict[str, float] | None:
         """vLLM's draft counters on the server's /metrics (None: none there, or no /metrics)."""
         try:
-            response = self.client().get(f"{self.endpoint.root}/metrics", timeout=CONNECT_S)
+            response = self.client().get(f"{self.endpoint.root}/metrics", timeout=self._short_timeout())
+            return openai_protocol.read_counters(response.text) if response.status_code == 200 else None
         except Exception:  # noqa: BLE001 - a server without /metrics simply reports no counters
             return None
-        return openai_protocol.read_counters(response.text) if response.status_code == 200 else None
 
-    def _why(self, exc: Exception) -> str:
+    def _why(self, exc: Exception, reader: Reader | None = None) -> str:
+        """Any failure talking to the server, as one plain sentence (never a Python exception's text)."""
         if isinstance(exc, ServerError):
             return str(exc)
-        httpx = httpx_module()
+        httpx, host = httpx_module(), self.endpoint.host
+        after = f" after {_tokens(reader.new_tokens())}" if reader is not None and reader.opened_at else ""
+        if isinstance(exc, httpx.ConnectTimeout):
+            return f"{host} did not accept a connection within {self.connect_s:g} s: is the server up, and is the URL right?"
+        if isinstance(exc, httpx.ConnectError):
+            why = re.sub(r"^\[Errno -?\d+\]\s*", "", str(exc)) or "refused"
+            return f"cannot reach {self.endpoint.base} ({_one_line(why, 80)}): is the server running, and is the URL right?"
+        if isinstance(exc, httpx.TimeoutException):
+            if reader is None:
+                return f"{host} did not answer GET /v1/models within {self.models_s:g} s: is it overloaded or stuck?"
+            return f"{host} sent nothing for {self.stall_s:g} s{after}: the server may be overloaded or stuck"
         if isinstance(exc, httpx.TransportError):
-            return (f"cannot reach {self.endpoint.base} ({type(exc).__name__}: {exc}): is the server running, "
-                    "and is the URL right?")
-        return one_line(exc, f"talking to {self.endpoint.host}")
+            return f"the connection to {host} was lost{after or ' before it answered'}"
+        if isinstance(exc, httpx.InvalidURL):
+            return f"{self.endpoint.base} is not a URL that can be reached: check --endpoint"
+        return f"an unexpected problem talking to {host}{after}; the answer so far is kept"
 
     # answers
 
     def answer(self, request: AnswerRequest) -> None:
         served = self.served
-        self.spawn(lambda: self._answer(served, request), "generate")
+        self.spawn(lambda: self._detached(lambda: self._answer(served, request)), "generate")
 
     def _body(self, served: ServedModel, request: AnswerRequest) -> dict:
         body = {
@@ -234,15 +320,8 @@ class HttpBackend(Backend):
         the server sees the client leave (and stops its engine) without waiting for its next chunk."""
         request.cancel.set()
         response = self._live.get(request.cancel)
-        if response is None:
-            return
-        stream = response.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed
+        if response is not None:
+            _cut(response)
 
     def _answer(self, served: ServedModel, request: AnswerRequest) -> None:
         before = self._counters() if served.counters and not self._reports else None
@@ -250,7 +329,7 @@ class HttpBackend(Backend):
         try:
             end = reader.read(self.client(), self.endpoint, self._body(served, request))
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
-            end = reader.cut_short() if request.cancel.is_set() else StreamEnd("error", "", "", None, self._why(exc))
+            end = reader.cut_short() if request.cancel.is_set() else reader.broken(self._why(exc, reader))
         finally:
             self._live.pop(request.cancel, None)
         self._reports = self._reports or end.acceptance_source is not None
@@ -260,6 +339,17 @@ class HttpBackend(Backend):
             if acceptance is not None:
                 end = _with_acceptance(end, acceptance)
         self.post(AnswerEnded(end, None, served, request.chat))
+
+
+def _cut(response) -> None:
+    """Shut the response's socket: a read blocked on it returns at once."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
 
 
 class Reader:
@@ -281,42 +371,86 @@ class Reader:
         self.usage: dict = {}
         self.acceptance = None
         self.error: str | None = None
+        self.host = ""
+        self.started = time.monotonic()
+        self.opened_at: float | None = None  # when the server accepted the request (a stream began)
 
     def read(self, client, endpoint: Endpoint, body: dict) -> StreamEnd:
-        started = time.monotonic()
-        self.started = started
-        posted = started
-        done = False
+        self.host = endpoint.host
+        self.started = time.monotonic()
         with client.stream("POST", f"{endpoint.base}/chat/completions", json=body) as response:
             self.opened(response)
             if response.status_code != 200:
-                raise ServerError(error_text(response.status_code, response.read(), endpoint))
-            for line in response.iter_lines() if not self.request.cancel.is_set() else ():
-                if self.request.cancel.is_set():
-                    break  # leaving the stream closes it: the server cancels the answer
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    continue
-                first = self.first is None
-                self.take(chunk, time.monotonic())
-                now = time.monotonic()
-                if any(self.pending) and (first and self.first is not None or now - posted >= POST_INTERVAL_S):
-                    self.send()
-                    posted = now
-        cancelled = not done and self.finish is None and self.request.cancel.is_set()
-        return self.end("cancelled" if cancelled else "error" if self.error else
-                        {"length": "length"}.get(self.finish, "stop"))
+                raise ServerError(error_text(response.status_code, _read_capped(response, MAX_ERROR_BODY), endpoint))
+            self.opened_at = time.monotonic()
+            kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind == "application/json":  # a server that ignored "stream": one whole completion
+                return self._whole(_read_capped(response, MAX_WHOLE_BODY))
+            if kind != "text/event-stream":
+                raise ServerError(f"{endpoint.host} did not answer with an OpenAI stream (it sent "
+                                  f"{_one_line(kind, 40) or 'no content type'}): check that the URL is the server's /v1")
+            done = self._stream(response.iter_lines())
+        if self.request.cancel.is_set() and not done and self.finish is None:
+            return self.end("cancelled")
+        if self.error:
+            return self.end("error" if not self.has_text() else "cut")
+        if not done and self.finish is None:
+            self.error = (f"the stream from {endpoint.host} ended without a finish ([DONE] or finish_reason) "
+                          f"after {_tokens(self.new_tokens())}")
+            return self.end("cut" if self.has_text() else "error")
+        return self.end({"length": "length"}.get(self.finish, "stop"))
+
+    def _stream(self, lines) -> bool:
+        """Read SSE lines until [DONE] (True), the end of the stream or Esc (False)."""
+        posted = self.started
+        for line in lines if not self.request.cancel.is_set() else ():
+            if self.request.cancel.is_set():
+                break  # leaving the stream closes it: the server cancels the answer
+            if not line.startswith("data:"):
+                continue  # comments, event names, keep-alives
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return True
+            first = self.first is None
+            self.take(self._chunk(data), time.monotonic())
+            now = time.monotonic()
+            if any(self.pending) and (first and self.first is not None or now - posted >= POST_INTERVAL_S):
+                self.send()
+                posted = now
+        return False
+
+    def _chunk(self, data: str) -> dict:
+        try:
+            chunk = json.loads(data)
+        except (ValueError, RecursionError):
+            chunk = None
+        if not isinstance(chunk, dict):
+            raise ServerError(f"{self.host} sent something that is not an OpenAI stream chunk after "
+                              f"{_tokens(self.new_tokens())}")
+        return chunk
+
+    def _whole(self, raw: bytes) -> StreamEnd:
+        try:
+            body = json.loads(raw)
+            message = body["choices"][0]["message"]
+        except (ValueError, RecursionError, LookupError, TypeError):
+            raise ServerError(f"{self.host} did not answer with an OpenAI completion: check that the URL is the "
+                              "server's /v1") from None
+        chunk = {**body, "choices": [{**body["choices"][0], "delta": message}]}
+        self.take(chunk if isinstance(message, dict) else {}, time.monotonic())
+        return self.end({"length": "length"}.get(self.finish, "stop") if self.finish else "cut")
 
     def cut_short(self) -> StreamEnd:
         """The answer as far as it came, when Esc cut the connection mid-read."""
         return self.end("cancelled")
+
+    def broken(self, why: str) -> StreamEnd:
+        """The answer as far as it came, when the connection or the protocol failed: cut, with why."""
+        self.error = why
+        return self.end("cut" if self.has_text() else "error")
+
+    def has_text(self) -> bool:
+        return bool(self.thinking or self.answer)
 
     def end(self, reason: str) -> StreamEnd:
         self._feed(*self.splitter.flush())
@@ -330,19 +464,27 @@ class Reader:
     def take(self, chunk: dict, now: float) -> None:
         if "error" in chunk and not chunk.get("choices"):
             error = chunk["error"]
-            self.error = (error.get("message") if isinstance(error, dict) else str(error)) or "the server failed"
+            message = error.get("message") if isinstance(error, dict) else error
+            message = _one_line(message) if isinstance(message, str) and message.strip() else "no reason given"
+            self.error = f"the server failed after {_tokens(self.new_tokens())}: {message}"
             return
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = {k: v for k, v in usage.items() if _count(v) is not None or k == "prompt_tokens_details"}
         found = openai_protocol.from_metrics(chunk) or openai_protocol.from_timings(chunk)
         if found is not None:
             self.acceptance = found
-        if "timings" in chunk and isinstance(chunk["timings"], dict):
-            self.usage.setdefault("cached_n", chunk["timings"].get("cache_n"))
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-            content = delta.get("content") or ""
+        timings = chunk.get("timings")
+        if isinstance(timings, dict) and _count(timings.get("cache_n")) is not None:
+            self.usage.setdefault("cached_n", timings["cache_n"])
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
+            content = _text(delta.get("content"))
             if reasoning or content:
                 self.deltas += 1
                 if self.first is None:
@@ -350,7 +492,7 @@ class Reader:
                 self.last = now
                 self._feed(reasoning, "")
                 self._feed(*self.splitter.feed(content))
-            if choice.get("finish_reason"):
+            if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
                 self.finish = choice["finish_reason"]
 
     def _feed(self, thinking: str, answer: str) -> None:
@@ -389,6 +531,14 @@ class Reader:
             draft="",  # not known here; the server may say it with its figures
         )
         return _stats_with(stats, self.acceptance)
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _stats_with(stats: GenerationStats, acceptance) -> GenerationStats:

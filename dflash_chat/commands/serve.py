@@ -32,6 +32,15 @@ def register(subparsers) -> None:
                    "0.0.0.0 for every network, then set an API key)")
     p.add_argument("--port", type=ranged(int, 0, 65535), default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1 (or set {API_KEY_ENV})")
+    p.add_argument("--no-auth", action="store_true",
+                   help="serve a non-loopback --host without an API key (anyone on that network may use it)")
+    p.add_argument("--metrics-auth", action="store_true", help="/metrics needs the API key too (it is open by default)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (like http://localhost:3000) call the API; repeatable. "
+                   "Browser requests from any other origin are refused")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a host name clients reach this server by (beside its addresses, localhost and this "
+                   "machine's name); repeatable. Requests naming another host are refused")
     p.add_argument("--queue", type=ranged(int, 0, 10_000), default=8,
                    help="requests that may wait while one is answered; past it, 429 (default 8)")
     p.add_argument("--max-body", type=ranged(int, 1024, 1 << 30), default=4 * 1024 * 1024, metavar="BYTES",
@@ -55,6 +64,7 @@ def main(args: argparse.Namespace) -> int:
     from dflash_chat.serve.server import bind, serve_forever, served_name, start_loading
 
     check_device_name(os.environ.get(DEVICE_ENV), DEVICE_ENV)
+    api_key = api_key_from(args, os.environ)
     settings, problems = settings_module.read()
     for problem in problems:
         print(f"note: {problem}")
@@ -65,8 +75,40 @@ def main(args: argparse.Namespace) -> int:
     request = resolve(settings, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args))
     bind(args.host, args.port).close()  # a port in use is said before anything loads
     name = args.served_model_name or (served_name(request) if isinstance(request, ModelSource) else None)
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     # name None: the model manager chooses, and the model is named once its files are known
-    served = Served(name, settings, api_key=api_key, max_waiting=args.queue, max_body=args.max_body)
+    served = Served(name, settings, api_key=api_key, max_waiting=args.queue, max_body=args.max_body,
+                    metrics_auth=args.metrics_auth, allow_origins=tuple(args.allow_origin),
+                    allow_hosts=tuple(args.allow_host))
     loader = start_loading(served, request, settings)
     return serve_forever(served, loader, args.host, args.port)
+
+
+def api_key_from(args: argparse.Namespace, environ) -> str | None:
+    """The key to require, or None; a UserError (one line) where serving would fail open: an empty key
+    (what `--api-key "$(openssl rand -hex 16)"` gives without openssl), or a network host with no key."""
+    from dflash_chat.errors import UserError
+
+    if args.api_key is not None:
+        key, where = args.api_key, "--api-key"
+    else:
+        key, where = environ.get(API_KEY_ENV), API_KEY_ENV
+    if key is not None and not key.strip():
+        raise UserError(f"{where} is empty, so the server would run without a key: give a real key "
+                        "(like the output of `openssl rand -hex 16`), or leave it out on 127.0.0.1")
+    if key is None and not is_loopback(args.host) and not args.no_auth:
+        raise UserError(f"--host {args.host} lets other machines in, and no API key is set: pass --api-key KEY "
+                        f"(or set {API_KEY_ENV}), or --no-auth to serve that network without one")
+    if key is None and args.metrics_auth:
+        raise UserError(f"--metrics-auth needs an API key to check: pass --api-key KEY (or set {API_KEY_ENV})")
+    return key.strip() if key is not None else None
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -27,13 +27,16 @@ from dflash_chat.chat.prompt import Prompt, build_prompt, encode
 from dflash_chat.engine.events import GenerationStats, Step
 from dflash_chat.errors import one_line
 from dflash_chat.serve import responses
-from dflash_chat.serve.errors import ApiError, bad_request, error_body
+from dflash_chat.serve.errors import SERVER_FAULT, SHUTTING_DOWN, ApiError, bad_request, error_body, log, log_refusal
+from dflash_chat.serve.guard import Guard, host_names
 from dflash_chat.serve.metrics import CONTENT_TYPE, Metrics
 from dflash_chat.serve.requests import ChatRequest, CompletionRequest, chat_request, completion_request, parse_json
 from dflash_chat.serve.scheduler import Job, QueueFull, Scheduler
 from dflash_chat.settings import Settings
 
 MAX_BODY = 4 * 1024 * 1024  # bytes; a long chat is far smaller
+BODY_TIMEOUT_S = 10.0  # a body must have arrived whole by then (a short one would hold the connection)
+DRAIN = object()  # put in each open answer's queue when the server shuts down
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,21 @@ class Served:
     """What the server serves: the model once it is loaded, its name, the queue, the rules."""
 
     def __init__(self, name: str | None, settings: Settings, *, api_key: str | None = None, max_waiting: int = 8,
-                 max_body: int = MAX_BODY) -> None:
+                 max_body: int = MAX_BODY, body_timeout_s: float = BODY_TIMEOUT_S, metrics_auth: bool = False,
+                 allow_origins: tuple[str, ...] = (), allow_hosts: tuple[str, ...] = ()) -> None:
+        if api_key is not None and not api_key.strip():
+            raise ValueError("an empty API key")  # the command refuses it in words first
         self.name = name  # None until the model manager's choice is loaded
         self.settings = settings  # the sampling defaults
         self.api_key = api_key
         self.max_body = max_body
+        self.body_timeout_s = body_timeout_s
+        self.metrics_auth = metrics_auth
+        self.allow_origins = allow_origins
+        self.allow_hosts = allow_hosts
+        self.vocab: int | None = None  # token ids a raw prompt may hold: below this
+        self._open: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()  # answers being sent
+        self.draining = False
         self.session = None  # chat.session.EngineSession once loaded
         self.load_error: str | None = None
         self.metrics: Metrics | None = None
@@ -78,6 +91,7 @@ class Served:
 
     def ready(self, session) -> None:
         self._checker = copy.deepcopy(session.tokenizer)
+        self.vocab = _vocabulary(session)
         self.metrics = Metrics(self.name, session.spec_tokens)
         self.session = session
 
@@ -86,7 +100,21 @@ class Served:
             self.metrics.queue(running, waiting)
 
     def close(self) -> None:
+        self.drain()
         self.scheduler.close()
+
+    def drain(self) -> int:
+        """Shutting down: every answer still being sent ends now (its stream with an error event and
+        [DONE]); returns how many there were. Safe from any thread."""
+        self.draining = True
+        cut = 0
+        for loop, queue in list(self._open):
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, DRAIN)
+                cut += 1
+            except RuntimeError:  # that loop is closed already
+                pass
+        return cut
 
     # checks on the event loop's side
 
@@ -116,6 +144,16 @@ class Served:
             if isinstance(request, ChatRequest):
                 return len(build_prompt(self._checker, request.turns, thinking=request.thinking).ids)
             return len(encode(self._checker, request.prompt))
+
+    def check_tokens(self, request: ChatRequest | CompletionRequest) -> None:
+        """Token ids the model has no row for would reach the device (on CUDA, an assert that poisons the
+        context for every later request): refused here."""
+        if not isinstance(request, CompletionRequest) or not isinstance(request.prompt, list) or self.vocab is None:
+            return
+        highest = max(request.prompt)
+        if highest >= self.vocab:
+            raise bad_request(f"'prompt' holds the token id {highest}, but this model's vocabulary has {self.vocab} "
+                              f"tokens (ids 0 to {self.vocab - 1}).", "prompt", "invalid_token_id")
 
     def check_context(self, request: ChatRequest | CompletionRequest, prompt_tokens: int) -> None:
         context, asked = self.session.context, request.sampling.max_tokens
@@ -152,17 +190,20 @@ class Served:
                                  conversation=_estimate(request, chat))
         except Exception as exc:  # noqa: BLE001 - one request fails, the server goes on
             session.last = None
-            emit(Failed(one_line(exc, "generation")))
+            log.error("an answer failed: %s", one_line(exc, "generation"))
+            emit(Failed(SERVER_FAULT))
             return
         session.last = session.held(request.turns, prompt, end) if chat else None
         if end.stats is not None:
             record.reason, record.new_tokens, record.steps = end.reason, end.stats.new_tokens, end.stats.steps
             record.stats = end.stats
             if end.reason != "error":
-                self.metrics.answered(end.stats, responses.finish_reason(end), queued_s,
-                                      time.monotonic() - job.queued_at)
+                reason = "abort" if end.reason == "cancelled" else responses.finish_reason(end)
+                self.metrics.answered(end.stats, reason, queued_s, time.monotonic() - job.queued_at)
         self.recent.append(record)
-        emit(Done(end, queued_s) if end.reason != "error" else Failed(end.error or "generation failed"))
+        if end.reason == "error":
+            log.error("an answer failed: %s", end.error or "the engine gave no reason")
+        emit(Done(end, queued_s) if end.reason != "error" else Failed(SERVER_FAULT))
 
     @staticmethod
     def _prompt(session, request) -> Prompt:
@@ -173,6 +214,19 @@ class Served:
         return session.text_prompt(request.prompt)
 
 
+def _vocabulary(session) -> int | None:
+    """Ids both the tokenizer and the target's embedding know."""
+    sizes = []
+    try:
+        sizes.append(len(session.tokenizer))
+    except TypeError:
+        pass
+    size = getattr(getattr(getattr(getattr(session, "pair", None), "engine", None), "target", None), "cfg", None)
+    if isinstance(getattr(size, "vocab_size", None), int):
+        sizes.append(size.vocab_size)
+    return min(sizes) if sizes else None
+
+
 def _estimate(request, chat: bool) -> tuple:
     """Which acceptance estimate the `auto` draft length uses for a request. The API names no conversation
     (and the engine holds one sequence for every client), while acceptance follows mostly the kind of
@@ -181,12 +235,18 @@ def _estimate(request, chat: bool) -> tuple:
     return ("serve", "chat", request.thinking) if chat else ("serve", "completion")
 
 
-def build_app(served: Served) -> FastAPI:
+def build_app(served: Served, host: str = "127.0.0.1"):
+    """The API behind its Guard (Host, Origin, Content-Type); `host`: the address it is bound to."""
+    return Guard(build_routes(served), hosts=host_names(host, served.allow_hosts), origins=served.allow_origins)
+
+
+def build_routes(served: Served) -> FastAPI:
     app = FastAPI(title="dflash-chat", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
+        log_refusal(request.method, request.url.path, exc)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -198,7 +258,8 @@ def build_app(served: Served) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
-        return JSONResponse(error_body(one_line(exc, "the request"), "server_error"), status_code=500)
+        log.error("500 %s %s: %s", request.method, request.url.path, one_line(exc, "the request"))
+        return JSONResponse(error_body(SERVER_FAULT, "server_error"), status_code=500)
 
     @app.get("/health")
     async def health():
@@ -208,7 +269,9 @@ def build_app(served: Served) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics(request: Request):
+        if served.metrics_auth:
+            served.check_auth(request)
         body = served.metrics.text() if served.metrics is not None else b""
         return Response(body, media_type=CONTENT_TYPE)
 
@@ -224,7 +287,8 @@ def build_app(served: Served) -> FastAPI:
 
     async def completion(request: Request, parse, chat: bool):
         served.check_auth(request)
-        parsed = parse(parse_json(await read_body(request, served.max_body)), served.settings)
+        body = await read_body(request, served.max_body, served.body_timeout_s)
+        parsed = parse(parse_json(body), served.settings)
         return await answer(request, served, parsed, responses.Kind.new(chat, served.name))
 
     @app.post("/v1/chat/completions")
@@ -238,8 +302,18 @@ def build_app(served: Served) -> FastAPI:
     return app
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) past `limit` bytes without reading the rest."""
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The body, refused (413) past `limit` bytes without reading the rest, and (408) when it has not
+    all come within `timeout_s` (a body shorter than its Content-Length would wait forever)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive whole within {timeout_s:g} s (is it shorter than "
+                            "its Content-Length?).", code="request_timeout", headers={"Connection": "close"}) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     too_big = ApiError(413, f"The request body is larger than this server takes ({limit} bytes).",
                        code="request_too_large")
     declared = request.headers.get("content-length", "")
@@ -256,6 +330,9 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def answer(request: Request, served: Served, parsed: ChatRequest | CompletionRequest, kind: responses.Kind):
     served.check_model(parsed.model)
+    served.check_tokens(parsed)
+    if served.draining:
+        raise ApiError(503, SHUTTING_DOWN, type="service_unavailable", code="shutting_down")
     prompt_tokens = await anyio.to_thread.run_sync(served.prompt_tokens, parsed)
     served.check_context(parsed, prompt_tokens)
     loop = asyncio.get_running_loop()
@@ -274,6 +351,9 @@ async def answer(request: Request, served: Served, parsed: ChatRequest | Complet
         raise ApiError(429, f"The server is busy: one answer runs and {served.scheduler.max_waiting} wait already. "
                             f"Try again in {full.retry_after} s.", type="rate_limit_error",
                        code="rate_limit_exceeded", headers={"Retry-After": str(full.retry_after)}) from None
+    served._open.add((loop, items))
+    if served.draining:
+        items.put_nowait(DRAIN)
     if parsed.streaming.stream:
         return StreamingResponse(stream(served, parsed, kind, items, job, prompt_tokens),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -286,7 +366,7 @@ async def whole(request: Request, served: Served, kind: responses.Kind, items: a
     async def finished():
         while True:
             item = await items.get()
-            if isinstance(item, (Done, Failed)):
+            if isinstance(item, (Done, Failed)) or item is DRAIN:
                 return item
 
     async def gone():
@@ -298,11 +378,15 @@ async def whole(request: Request, served: Served, kind: responses.Kind, items: a
         done, _ = await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
+        served._open.discard((asyncio.get_running_loop(), items))
     if result not in done:
         job.cancel.set()
         result.cancel()
         return Response(status_code=499)  # nobody reads it
     item = result.result()
+    if item is DRAIN:
+        job.cancel.set()
+        raise ApiError(503, SHUTTING_DOWN, type="service_unavailable", code="shutting_down")
     if isinstance(item, Failed):
         raise ApiError(item.status, item.message, type="server_error" if item.status >= 500 else "invalid_request_error")
     return responses.completion(kind, item.end, served.session.spec_tokens)
@@ -321,7 +405,10 @@ async def stream(served: Served, parsed, kind: responses.Kind, items: asyncio.Qu
                 if item.thinking or item.answer:
                     yield responses.sse(responses.text_chunk(kind, item, continuous))
                 continue
-            if isinstance(item, Failed):
+            if item is DRAIN:
+                job.cancel.set()
+                yield responses.sse(error_body(SHUTTING_DOWN, "service_unavailable", None, "shutting_down"))
+            elif isinstance(item, Failed):
                 yield responses.sse(error_body(item.message, "server_error" if item.status >= 500
                                                else "invalid_request_error"))
             else:
@@ -332,3 +419,4 @@ async def stream(served: Served, parsed, kind: responses.Kind, items: asyncio.Qu
             return
     finally:
         job.cancel.set()  # the client left (or the answer is over: then it changes nothing)
+        served._open.discard((asyncio.get_running_loop(), items))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger("dflash_chat.serve")
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
@@ -24,3 +28,12 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+SERVER_FAULT = "The server failed on this request; its log says why. Try again, or report it."
+SHUTTING_DOWN = "The server is shutting down; this answer was cut short. Try again when it is back."
+
+
+def log_refusal(method: str, path: str, error: ApiError) -> None:
+    """A client's error: one line in the server's log, never a traceback."""
+    log.warning("%s %s %s: %s", error.status, method, path, error.message)

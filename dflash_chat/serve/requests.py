@@ -17,6 +17,9 @@ from dflash_chat.settings import Settings
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 16
+MAX_STOP_CHARS = 1000
+MAX_DEPTH = 64  # OpenAI bodies nest a few levels; tool schemas a few more
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,59 @@ class CompletionRequest:
 
 
 def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object whose every string is valid Unicode and that nests at most MAX_DEPTH
+    levels; anything else is a 400 in words (never the parser's exception)."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"The request body is not valid JSON ({exc}).") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"The request body is not valid JSON: byte {exc.start} is not UTF-8 text.") from None
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"The request body is not valid JSON ({exc.msg} at line {exc.lineno}, "
+                          f"column {exc.colno}).") from None
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError:  # a number too long to read, or NaN / Infinity
+        raise bad_request("The request body is not valid JSON: it holds a number that is not finite or has "
+                          "thousands of digits.") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    _check_tree(body)
     return body
+
+
+def _no_constant(name: str):
+    raise ValueError(name)
+
+
+def _too_deep():
+    return bad_request(f"The request body nests deeper than {MAX_DEPTH} levels; send a flatter body.")
+
+
+def _check_tree(body: dict) -> None:
+    """Depth and text of every value, iteratively (a deep body must not recurse here either)."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise _too_deep()
+            if isinstance(value, dict):
+                for key in value:
+                    _check_text(key)
+                value = value.values()
+            stack.extend((item, depth + 1) for item in value)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(f"The request body holds text that is not valid Unicode (a lone surrogate "
+                          f"\\u{ord(text[exc.start]):04x}); send real characters.") from None
 
 
 def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
@@ -100,8 +149,8 @@ def _turn(message, index: int) -> dict[str, str]:
     if not isinstance(message, Mapping):
         raise bad_request(f"'{where}' must be an object with 'role' and 'content'.", where)
     role = message.get("role")
-    if role not in ROLES:
-        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}; got {_short(role)}.", f"{where}.role")
     return {"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content")}
 
 
@@ -141,7 +190,7 @@ def _sampling(body: Mapping, defaults: Settings, limit, limit_name: str) -> Samp
     if top_p == 0:
         raise bad_request("'top_p' must be greater than 0 and at most 1.", "top_p")
     top_k = body.get("top_k", defaults.top_k)
-    if not _is_int(top_k) or top_k < -1:
+    if not _is_int(top_k) or not -1 <= top_k <= MAX_TOP_K:
         raise bad_request("'top_k' must be a whole number: 0 or -1 for no limit, else how many tokens to keep.",
                           "top_k")
     if limit is not None and (not _is_int(limit) or limit < 1):
@@ -157,8 +206,10 @@ def _stops(stop) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOPS:
-        raise bad_request(f"'stop' must be a string or a list of up to {MAX_STOPS} strings.", "stop")
+    if not isinstance(stop, list) or len(stop) > MAX_STOPS or \
+            not all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in stop):
+        raise bad_request(f"'stop' must be a string or a list of up to {MAX_STOPS} strings of at most "
+                          f"{MAX_STOP_CHARS} characters.", "stop")
     return tuple(s for s in stop if s)
 
 
@@ -167,7 +218,7 @@ def _number(body: Mapping, name: str, default: float, low: float, high: float) -
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise bad_request(f"'{name}' must be a number from {low:g} to {high:g}; got {value!r}.", name)
+        raise bad_request(f"'{name}' must be a number from {low:g} to {high:g}; got {_short(value)}.", name)
     return float(value)
 
 
@@ -177,6 +228,11 @@ def _optional(body: Mapping, name: str, kind: type):
         what = {str: "a string", bool: "true or false", Mapping: "an object"}[kind]
         raise bad_request(f"'{name}' must be {what}.", name)
     return value
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value) if isinstance(value, (str, int, float)) else type(value).__name__
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _is_int(value) -> bool:

@@ -10,6 +10,8 @@ main thread (the command, Ctrl-C stops it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import socket
 import sys
 import threading
@@ -116,12 +118,32 @@ def start_loading(served: Served, request, settings, *, quiet: bool = False) -> 
     return loader
 
 
-def _uvicorn(served: Served, log_level: str):
+def _uvicorn(served: Served, log_level: str, host: str):
     import uvicorn
 
-    config = uvicorn.Config(build_app(served), log_level=log_level, access_log=False, lifespan="off",
+    class Server(uvicorn.Server):
+        """uvicorn's, but a shutdown first ends every open answer (an error event and [DONE] for a stream),
+        so connections close at once instead of after the graceful timeout with a CancelledError; and the
+        signal is not raised again afterwards (Ctrl-C ends in one line, not a KeyboardInterrupt)."""
+
+        cut = 0
+
+        async def shutdown(self, sockets=None) -> None:
+            self.cut = served.drain()
+            await super().shutdown(sockets)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                self.interrupted = bool(self._captured_signals)
+                self._captured_signals.clear()
+
+    config = uvicorn.Config(build_app(served, host), log_level=log_level, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=5)
-    return uvicorn.Server(config)
+    server = Server(config)
+    server.interrupted = False
+    return server
 
 
 class Running:
@@ -131,7 +153,7 @@ class Running:
         self.served = served
         self.sock = bind(host, port)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = _uvicorn(served, "warning")
+        self.server = _uvicorn(served, "warning", host)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
                                        name="dflash-serve", daemon=True)
 
@@ -160,7 +182,8 @@ class Running:
 def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
     """Serve until Ctrl-C (or the model fails to load: then its error, exit status 2)."""
     sock = bind(host, port)
-    server = _uvicorn(served, "warning")
+    server = _uvicorn(served, "warning", host)
+    _log_in_one_line()
 
     def watch() -> None:
         loader.done.wait()
@@ -172,6 +195,7 @@ def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
     print(f"serving {served.name} on http://{shown}:{sock.getsockname()[1]}/v1 "
           f"(OpenAI API; /health, /metrics){' with an API key' if served.api_key else ''}; Ctrl-C stops",
           file=sys.stderr, flush=True)
+    started = time.monotonic()
     try:
         server.run(sockets=[sock])
     finally:
@@ -179,4 +203,29 @@ def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
         sock.close()
     if served.load_error:
         raise UserError(served.load_error)
+    if server.interrupted:
+        cut = f"; {server.cut} answer{'s' if server.cut != 1 else ''} cut short" if server.cut else ""
+        print(f"stopped after {time.monotonic() - started:.0f} s{cut}", file=sys.stderr, flush=True)
     return 0
+
+
+def _log_in_one_line() -> None:
+    """The server's own notes (a refused request, a failed answer) as single lines on stderr."""
+    logger = logging.getLogger("dflash_chat.serve")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("serve: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+class _Stderr(logging.StreamHandler):
+    """Whatever sys.stderr is at the time (the tests swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass

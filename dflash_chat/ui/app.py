@@ -64,7 +64,7 @@ class DFlashChatApp(App):
         for problem in self.problems:
             self.warn(problem)
         for stem, problem in self.theme_files.broken.items():
-            if stem != self.settings.theme:  # that one is said with the theme below
+            if stem != self.settings.theme or stem in self.available_themes:  # else said with the theme below
                 self.warn(problem)
         self._show_theme(self.settings.theme)
         self.theme_changed_signal.subscribe(self, self._remember_theme)
@@ -78,6 +78,7 @@ class DFlashChatApp(App):
 
     def on_unmount(self) -> None:
         self.chat.action_stop()  # thread workers cannot be killed: the answer's loop must see the flag
+        self.chat.backend.close()  # a remote backend's workers return now, whatever the network does
         self.store.close()
 
     # keymap and palette

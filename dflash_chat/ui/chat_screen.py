@@ -38,7 +38,7 @@ from dflash_chat.chat.backend import (
     PromptSent,
 )
 from dflash_chat.chat.bridge import StreamEnd
-from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, PARTIAL, Conversation, Message
+from dflash_chat.chat.conversation import CANCELLED, COMPLETE, CUT, ERROR, PARTIAL, Conversation, Message
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.local_backend import LocalBackend
 from dflash_chat.chat.model_source import ModelSource, Pick, from_settings
@@ -57,7 +57,7 @@ from dflash_chat.ui.widgets.stats_panel import StatsPanel
 SAVE_EVERY_S = 1.0  # how often a streaming answer is written to the history
 NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hidden until asked for
 CODE_BLOCK = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
-END_STATUS = {"stop": COMPLETE, "length": COMPLETE, "cancelled": CANCELLED, "error": ERROR}
+END_STATUS = {"stop": COMPLETE, "length": COMPLETE, "cancelled": CANCELLED, "error": ERROR, "cut": CUT}
 
 
 def last_code_block(text: str) -> str | None:

@@ -138,3 +138,87 @@ def test_while_the_model_loads_requests_are_503():
         assert error["code"] == "model_not_ready" and "loading" in error["message"]
         health = httpx_module().get(f"{url}/health")
         assert health.status_code == 503 and health.json()["status"] == "loading"
+
+
+# shapes no field check foresaw: each a 400 in OpenAI's shape, one log line, never a traceback
+
+@pytest.mark.parametrize("content, param, words", [
+    (b'{"messages": [{"role": ["user"], "content": "hi"}]}', "messages[0].role", "got list"),
+    (b'{"messages": [{"role": {"user": 1}, "content": "hi"}]}', "messages[0].role", "got dict"),
+    (b'{"messages": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", None, "nests deeper than 64 levels"),
+    (b'{"x": ' + b'{"a": ' * 200 + b"1" + b"}" * 200 + b', "messages": []}', None, "nests deeper"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800 lone"}]}', None, "lone surrogate \\ud800"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', None, "not finite"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": ' + b"9" * 5000 + b"}", None, "digits"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "top_k": 1e400}', "top_k", "whole number"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "top_k": 99999999999999999999}', "top_k", "whole number"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": [1]}', "temperature", "got list"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["' + b"s" * 2000 + b'"]}', "stop", "1000"),
+])
+def test_odd_bodies_are_400_with_no_python_text(server, caplog, content, param, words):
+    _, url = server
+    with caplog.at_level("WARNING", logger="dflash_chat.serve"):
+        error = openai_error(post(url, content=content), 400)
+    assert words in error["message"] and error["param"] == param
+    for python in ("Error:", "Traceback", "object has no attribute", "unhashable"):
+        assert python not in error["message"]
+    lines = [r for r in caplog.records if r.name == "dflash_chat.serve"]
+    assert len(lines) == 1 and lines[0].exc_info is None and "400 POST /v1/chat/completions" in lines[0].getMessage()
+
+
+def test_token_ids_past_the_vocabulary_are_refused_before_the_engine(server, demo_pair, monkeypatch):
+    served, url = server
+    ran = []
+    monkeypatch.setattr(demo_pair.engine, "generate", lambda *a, **k: ran.append(a) or iter(()))
+    vocab = served.vocab
+    assert vocab is not None and vocab <= demo_pair.engine.target.cfg.vocab_size
+    for ids in ([1, 2, vocab], [vocab + 10**6], [10**30]):
+        error = openai_error(post(url, {"prompt": ids, "max_tokens": 2}, path="/v1/completions"), 400)
+        assert error["param"] == "prompt" and error["code"] == "invalid_token_id" and str(vocab) in error["message"]
+    assert ran == []
+
+
+def test_a_server_fault_is_500_without_its_text(server, monkeypatch, caplog):
+    served, url = server
+
+    def broken(request):
+        raise KeyError("secret internals")
+
+    monkeypatch.setattr(served, "prompt_tokens", broken)
+    with caplog.at_level("WARNING", logger="dflash_chat.serve"):
+        error = openai_error(post(url, GOOD), 500)
+    assert "secret" not in error["message"] and "KeyError" not in error["message"]
+    assert error["type"] == "server_error" and "log" in error["message"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "dflash_chat.serve"]
+    assert len(logged) == 1 and "KeyError" in logged[0]
+
+
+def test_an_engine_failure_mid_answer_sends_no_exception_text(server, demo_pair, monkeypatch):
+    _, url = server
+
+    def generate(*args, **keys):
+        raise RuntimeError("CUDA error: device-side assert at 0xdeadbeef")
+        yield
+
+    monkeypatch.setattr(demo_pair.engine, "generate", generate)
+    error = openai_error(post(url, GOOD), 500)
+    assert "CUDA" not in error["message"] and "deadbeef" not in error["message"]
+    with httpx_module().stream("POST", f"{url}/v1/chat/completions", json={**GOOD, "stream": True},
+                               headers=AUTH, timeout=30) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data:")]
+    assert events[-1] == "data: [DONE]" and '"error"' in events[-2] and "CUDA" not in events[-2]
+
+
+def test_the_openai_client_reads_each_refusal_as_its_own_error(server):
+    import openai
+
+    served, url = server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=30)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="dflash-chat-demo", prompt=[served.vocab], max_tokens=2)
+    assert refused.value.code == "invalid_token_id"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="dflash-chat-demo", messages=[{"role": ["user"], "content": "hi"}])
+    assert refused.value.param == "messages[0].role"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()

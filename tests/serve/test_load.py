@@ -119,7 +119,7 @@ def send_raw(url: str, payload: dict) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(payload).encode()
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
     return sock
 
