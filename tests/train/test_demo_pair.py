@@ -58,6 +58,22 @@ def test_run_demo_json_prints_the_stats_record(capsys):
                "--max-tokens", "24", "--device", "cpu", "--context", "512", "--json"])
     assert rc == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert record["speculative"] is True and record["drafter"] == "drafter"
+    assert record["speculative"] is True and record["drafter"] == demo_paths()[1].name
     assert 1 <= record["new_tokens"] <= 24
     assert record["steps"] >= 1 and record["mean_acceptance_length"] >= 1.0
+
+
+def test_demo_runs_the_drafter_its_bench_measured_faster():
+    """demo.json names a shipped drafter, and the committed `bench --demo` result it cites found it the faster."""
+    import re
+    from pathlib import Path
+
+    from dflash_chat.demo import CHOICE_FILE, DRAFTER_DIRS, chosen_kind, demo_drafters
+
+    choice = json.loads((demo_dir() / CHOICE_FILE).read_text())
+    assert choice["drafter"] in demo_drafters() and chosen_kind() == choice["drafter"]
+    assert demo_paths()[1].name == DRAFTER_DIRS[choice["drafter"]]
+    cited = re.search(r"bench/results/\S+\.json", choice["why"]).group(0)
+    result = json.loads((Path(__file__).resolve().parents[2] / cited).read_text())["bench"]
+    assert result["faster"]["drafter"] == choice["drafter"] and result["identical"] is True
+    assert set(result["setup"]["drafters"]) == set(demo_drafters())
