@@ -11,8 +11,9 @@ import torch  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     """The `slow` tests first, the longest first (`@pytest.mark.slow(seconds=N)`: about what it takes on one
-    core), the rest in their own order: tests are handed out one at a time to whichever worker is free
-    (tools/test.sh), and a long test started late would keep one worker busy while the other idles."""
+    core), the rest in their own order. tools/test.sh hands whole files to whichever worker is free in this
+    order (a file comes where its first test does), so the files with long tests start first: one started
+    late would keep one worker busy while the other idles."""
 
     def order(item):
         slow = item.get_closest_marker("slow")

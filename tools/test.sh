@@ -5,9 +5,11 @@
 #
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist, default 2: CI's two
 # cores), each with one torch/OpenMP thread so the workers do not fight over the
-# cores. Tests go to whichever worker is free, one at a time, the `slow` ones
-# first (tests/conftest.py orders them), so the long ones never finish last.
-# `bash tools/test.sh -n 0` runs in this process; `-m "not slow"` is the quick loop.
+# cores. Each test file goes whole to whichever worker is free (its module
+# fixtures are built once), the files in collected order, which puts the files
+# with the longest `slow` tests first (tests/conftest.py), so they never finish
+# last. `bash tools/test.sh -n 0` runs in this process; `-m "not slow"` is the
+# quick loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -15,4 +17,4 @@ cd "$(dirname "$0")/.."
 python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
 pip install -q -e ".[test]"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-exec python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist load --maxschedchunk 1 "$@"
+exec python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
