@@ -1,5 +1,25 @@
-import pytest
-import torch
+import os
+
+# One OpenMP/MKL thread here and in every child process a test starts: the suite runs in two worker processes
+# on two cores (tools/test.sh), and tiny models gain nothing from threads. Set before torch is imported.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `slow` tests first, the longest first (`@pytest.mark.slow(seconds=N)`: about what it takes on one
+    core), the rest in their own order. tools/test.sh hands whole files to whichever worker is free in this
+    order (a file comes where its first test does), so the files with long tests start first: one started
+    late would keep one worker busy while the other idles."""
+
+    def order(item):
+        slow = item.get_closest_marker("slow")
+        return (0, -slow.kwargs.get("seconds", 0)) if slow else (1, 0)
+
+    items.sort(key=order)  # stable: ties keep their collected order
 
 
 @pytest.fixture(autouse=True, scope="session")

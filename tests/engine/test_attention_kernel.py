@@ -3,12 +3,15 @@ process since TRITON_INTERPRET must be set before triton is imported), and the r
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dflash_chat.engine.models.attention import attend_cache
 from dflash_chat.engine.models.span import Span
 from tests.engine.helpers import run_in_interpreter
 
+
+@pytest.mark.slow(seconds=14)
 def test_kernel_equals_masked_sdpa_over_the_used_rows():
     assert "attention kernel checks passed" in run_in_interpreter("_attention_check.py", "ATTENTION")
 

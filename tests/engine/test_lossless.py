@@ -20,6 +20,7 @@ def _prompts(vocab, n, seed):
     return [[rng.randrange(vocab) for _ in range(rng.randint(3, 40))] for _ in range(n)]
 
 
+@pytest.mark.slow(seconds=6)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_error_injecting_drafter_is_lossless_at_every_acceptance_length(arch, tiny_dirs):
     target_dir, _, _ = tiny_dirs[arch]

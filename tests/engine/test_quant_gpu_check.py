@@ -27,6 +27,7 @@ def _load_script():
     return gpu_check
 
 
+@pytest.mark.slow(seconds=40)
 def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -55,6 +55,7 @@ def test_the_draft_setting_is_checked_and_sized():
     assert verify_sizes(40, 16) == [16] and verify_sizes(3, 16) == [4] and verify_sizes("off", 16) == [1]
 
 
+@pytest.mark.slow(seconds=6)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_drafting_gives_plain_decodings_tokens_at_every_draft_setting(arch, tiny_dirs):
     target = load_target(tiny_dirs[arch][0], "cpu", torch.float32)
@@ -89,6 +90,7 @@ def test_every_acceptance_length_is_lossless(arch, tiny_dirs):
     assert len(lengths) >= 10, f"acceptance lengths seen: {sorted(lengths)}"
 
 
+@pytest.mark.slow(seconds=9)
 def test_the_demo_pair_drafts_losslessly_at_every_draft_setting():
     pytest.importorskip("tokenizers")
     from dflash_chat.demo import demo_available, demo_paths

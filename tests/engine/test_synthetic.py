@@ -69,6 +69,7 @@ def test_bytes_per_token_counts_the_routed_experts_a_token_picks():
     assert synthetic.bytes_per_token(model) == everything - embed + embed // 512 - expert_bytes + expert_bytes * 2 // 16
 
 
+@pytest.mark.slow(seconds=120)
 def test_bench_synthetic_runs_on_the_cpu(tmp_path):
     """The issue's smoke run: real 27B layer shapes, two layers, every figure printed and saved."""
     proc = subprocess.run(

@@ -95,6 +95,7 @@ def test_overflow_is_429_and_a_client_that_leaves_frees_the_engine_within_one_st
         assert after.status_code == 200 and after.json()["choices"][0]["message"]["content"]
 
 
+@pytest.mark.slow(seconds=25)
 def test_two_hundred_requests_in_a_row_leave_memory_flat(demo_pair):
     httpx = httpx_module()
     with serving(demo_pair) as (served, url), httpx.Client(timeout=60) as client:
