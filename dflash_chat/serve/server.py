@@ -140,10 +140,45 @@ def _uvicorn(served: Served, log_level: str, host: str):
                 self._captured_signals.clear()
 
     config = uvicorn.Config(build_app(served, host), log_level=log_level, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, http=_headers_deadline(served.body_timeout_s))
     server = Server(config)
     server.interrupted = False
     return server
+
+
+def _headers_deadline(seconds: float):
+    """uvicorn's h11 protocol with a deadline for each request's line and headers: a client that starts a
+    request and never finishes its headers (slowloris, one byte now and then) is closed after `seconds`,
+    as a short body is answered 408 (h11 alone waits forever for them)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadersDeadline(H11Protocol):
+        deadline = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # the next request on this connection has as long for its headers
+
+        def connection_lost(self, exc) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+            self.deadline = self.loop.call_later(seconds, self._expired)
+
+        def _expired(self) -> None:
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():  # headers still not whole
+                self.transport.close()
+
+    return HeadersDeadline
 
 
 class Running:
@@ -198,6 +233,8 @@ def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
     started = time.monotonic()
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C before uvicorn's own handlers were in place: the same clean stop
+        server.interrupted = True
     finally:
         served.close()
         sock.close()

@@ -235,3 +235,33 @@ def test_ctrl_c_stops_serve_in_one_line_without_a_traceback():
         process.kill()
     assert process.returncode == 0 and time.monotonic() - started < 5
     assert err.strip().startswith("stopped after") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_headers_that_never_end_are_closed_within_seconds(server, trickle):
+    """A client that starts a request and never finishes its headers (all at once, or a byte at a time,
+    slowloris-style) is disconnected after the same deadline as a short body."""
+    _, url = server
+    host, port = url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        closed = False
+        while time.monotonic() - started < 4:
+            if trickle:
+                try:
+                    sock.sendall(b"X")
+                except OSError:
+                    closed = True
+                    break
+            sock.settimeout(0.2)
+            try:
+                if sock.recv(1024) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+    assert closed and time.monotonic() - started < 3
