@@ -460,3 +460,39 @@ def test_a_qwen38_style_gguf_pair_decodes_losslessly(dflash2_dirs, tmp_path):
         assert got == expected and finished.stats.drafted > 0
         plain.reset()
         pair.engine.reset()
+
+
+def test_our_modules_hold_exactly_the_tensors_of_a_published_dflash2_checkpoint():
+    """z-lab publishes a DFlash2 checkpoint's config and safetensors header as test fixtures (a 6656-wide, 5-layer
+    drafter with output_multiplier and a logit soft cap in dflash_config): our modules, built from that config,
+    hold the header's tensors by name and shape, no more and no fewer."""
+    from dflash_chat.engine.models.config import DrafterConfig
+    from dflash_chat.engine.models.dflash2 import build_drafter
+
+    H, V, I, layers = 6656, 202048, 19968, 5
+    config = {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "is_causal": False,
+              "hidden_size": H, "intermediate_size": I, "num_hidden_layers": layers, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "vocab_size": V,
+              "layer_types": ["sliding_attention"] * layers, "sliding_window": 2048, "use_sliding_window": True,
+              "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+              "dflash_config": {"block_size": 16, "conv_group_size": 16, "conv_kernel_size": 2,
+                                "final_logit_softcapping": 20.0, "mask_token_id": 201818,
+                                "output_multiplier": 0.19611613513818404, "selector_rank": 256, "selector_top_k": 16,
+                                "target_layer_ids": [1, 13, 25, 37, 49]}}
+    header = {"candidate_selector.hidden_projection.weight": [256, H],
+              "candidate_selector.predecessor_codebook": [V, 256], "candidate_selector.successor_codebook": [V, 256],
+              "fc.weight": [H, 5 * H], "hidden_norm.weight": [H], "norm.weight": [H]}
+    per_layer = {"attention_conv.base_kernel": [2, 2, H], "attention_conv.kernel_projection.weight": [1664, H],
+                 "mlp_conv.base_kernel": [2, 2, H], "mlp_conv.kernel_projection.weight": [1664, H],
+                 "input_layernorm.weight": [H], "post_attention_layernorm.weight": [H],
+                 "mlp.down_proj.weight": [H, I], "mlp.gate_proj.weight": [I, H], "mlp.up_proj.weight": [I, H],
+                 "self_attn.k_norm.weight": [128], "self_attn.q_norm.weight": [128],
+                 "self_attn.k_proj.weight": [1024, H], "self_attn.v_proj.weight": [1024, H],
+                 "self_attn.q_proj.weight": [4096, H], "self_attn.o_proj.weight": [H, 4096]}
+    header.update({f"layers.{i}.{name}": shape for i in range(layers) for name, shape in per_layer.items()})
+    cfg = DrafterConfig.from_dict(config)
+    assert cfg.dflash2.output_multiplier == pytest.approx(0.19611613513818404)
+    assert cfg.dflash2.final_logit_softcapping == 20.0 and cfg.layer_causal == [False] * layers
+    with torch.device("meta"):
+        drafter = build_drafter(cfg, H, V)
+    assert {name: list(p.shape) for name, p in drafter.named_parameters()} == header
