@@ -20,6 +20,7 @@ class Message:
     status: str = COMPLETE
     stats: GenerationStats | None = None
     id: int | None = None  # row id in the history store once saved
+    note: str = ""  # why an answer ended early (a cut stream, an error), in words
 
 
 @dataclass

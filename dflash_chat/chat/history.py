@@ -25,7 +25,7 @@ from dflash_chat.chat.conversation import COMPLETE, PARTIAL, Conversation, Messa
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: messages.note (why an answer ended early)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS messages (
     thinking TEXT NOT NULL DEFAULT '',
     status TEXT NOT NULL,
     stats TEXT,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    note TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
@@ -98,7 +99,10 @@ class HistoryStore:
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise HistoryUnavailable(f"{path} was written by a newer dflash-chat; upgrade, or move the file away")
-            if version < SCHEMA_VERSION:  # a new file: the only write an open makes
+            if version == 1:  # a history from before notes: the column added, nothing else touched
+                self.db.executescript("BEGIN; ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT ''; "
+                                      f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+            elif version < SCHEMA_VERSION:  # a new file: the only write an open makes
                 self.db.executescript(SCHEMA)
                 self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except (OSError, sqlite3.OperationalError) as exc:  # read-only, locked, cannot be opened: the file is fine
@@ -187,9 +191,10 @@ class HistoryStore:
                     status=_text(status),
                     stats=_stats_from_json(stats if isinstance(stats, str) else None),
                     id=message_id,
+                    note=_text(note),
                 )
-                for message_id, role, content, thinking, status, stats in self.db.execute(
-                    "SELECT id, role, content, thinking, status, stats FROM messages "
+                for message_id, role, content, thinking, status, stats, note in self.db.execute(
+                    "SELECT id, role, content, thinking, status, stats, note FROM messages "
                     "WHERE conversation_id = ? ORDER BY id",
                     (conversation_id,),
                 )
@@ -202,8 +207,8 @@ class HistoryStore:
         with self._using():
             now = self.clock()
             cursor = self.db.execute(
-                "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created, note) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     message.role,
@@ -212,6 +217,7 @@ class HistoryStore:
                     message.status,
                     _stats_to_json(message.stats),
                     now,
+                    message.note,
                 ),
             )
             self._touch(conversation_id, now)
@@ -222,8 +228,9 @@ class HistoryStore:
         """Rewrite a saved message (an answer as it streams, then as it ended)."""
         with self._using():
             self.db.execute(
-                "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ? WHERE id = ?",
-                (message.content, message.thinking, message.status, _stats_to_json(message.stats), message.id),
+                "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ?, note = ? WHERE id = ?",
+                (message.content, message.thinking, message.status, _stats_to_json(message.stats), message.note,
+                 message.id),
             )
 
     def remove_message(self, message_id: int) -> None:
@@ -255,7 +262,8 @@ def to_markdown(conversation: Conversation) -> str:
             lines += ["<details><summary>Thinking</summary>", "", message.thinking.strip(), "", "</details>", ""]
         lines.append(message.content.rstrip())
         if message.role == "assistant" and message.status != COMPLETE:
-            lines += ["", f"*({status_note(message.status)})*"]
+            why = f": {message.note}" if message.note else ""
+            lines += ["", f"*({status_note(message.status)}{why})*"]
         lines.append("")
     return "\n".join(lines)
 

@@ -294,6 +294,28 @@ def _pair_tokenizer(target: str | Path, tokenizer: str | Path | None):
     return tokenizer_from_gguf(path) if kind == "gguf" else load_tokenizer(path)
 
 
+def _check_drafter_tokenizer(drafter: str | Path, tokenizer, samples: int = 256) -> None:
+    """A drafter GGUF carries the vocabulary it was converted with (llama.cpp copies the target's in): its
+    tokens at ids spread over the vocabulary must be the tokenizer's. Drafter folders carry none."""
+    from dflash_chat.engine.weights.gguf_file import read_header
+
+    kind, path = resolve_model_path(drafter, "drafter")
+    if kind != "gguf":
+        return
+    tokens = read_header(path, decode=("tokenizer.ggml.tokens",)).fields.get("tokenizer.ggml.tokens")
+    if not tokens:
+        return
+    n = min(len(tokens), len(tokenizer))
+    ids = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(samples)}) if n else []
+    ours = tokenizer.convert_ids_to_tokens(ids)
+    wrong = [i for i, t in zip(ids, ours) if t is not None and tokens[i] != t]
+    if wrong or abs(len(tokens) - len(tokenizer)) > 1024:
+        raise ModelFormatError(
+            f"{path}: the drafter's vocabulary is not the target's tokenizer's ({len(tokens)} tokens against "
+            f"{len(tokenizer)}{f'; token {wrong[0]} differs' if wrong else ''}): this drafter belongs to another "
+            "model; use the drafter made for this target")
+
+
 def _check_vocab(tokenizer, model: TargetModel) -> None:
     if len(tokenizer) > model.cfg.vocab_size:
         raise ModelFormatError(
@@ -324,6 +346,8 @@ def load_pair(
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
+    if drafter:
+        _check_drafter_tokenizer(drafter, tok)
     placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0), progress)
     model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)

@@ -298,6 +298,7 @@ class ChatScreen(PlainNotices, Screen):
             return
         turn.message.thinking, turn.message.content = end.thinking, end.answer
         turn.message.status = END_STATUS.get(end.reason, ERROR)
+        turn.message.note = (end.error or "") if turn.message.status != COMPLETE else ""
         turn.message.stats = end.stats
         self.recorder.update(turn.conversation, turn.message)
         if turn.widget.is_attached:

@@ -224,3 +224,44 @@ def test_figures_saved_before_the_draft_setting_read_back_with_it_unknown(tmp_pa
     stats = HistoryStore(path).load(cid).messages[0].stats
     assert (stats.new_tokens, stats.drafted, stats.speculative) == (3, 30, True)
     assert stats.draft == ""  # not "off": that answer drafted
+
+
+def test_why_an_answer_was_cut_is_saved_with_it(tmp_path):
+    from dflash_chat.chat.conversation import CUT
+
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    cid = store.create("remote")
+    reason = "the connection to 127.0.0.1:9 was lost after 12 tokens"
+    message = Message("assistant", "partial text", status=CUT, note=reason)
+    store.add(cid, message)
+    again = store_at(path).load(cid).messages[0]
+    assert (again.content, again.status, again.note) == ("partial text", CUT, reason)
+    assert f"*(cut short: {reason})*" in to_markdown(store.load(cid))
+
+
+def test_a_history_from_before_notes_gains_the_column_and_keeps_every_message(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL,
+                                    updated REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE, role TEXT NOT NULL,
+            content TEXT NOT NULL, thinking TEXT NOT NULL DEFAULT '', status TEXT NOT NULL, stats TEXT,
+            created REAL NOT NULL);
+        INSERT INTO conversations VALUES (1, 'kept', 1.0, 2.0);
+        INSERT INTO messages VALUES (1, 1, 'user', 'hello', '', 'complete', NULL, 1.0);
+        INSERT INTO messages VALUES (2, 1, 'assistant', 'half an ans', '', 'cancelled', NULL, 2.0);
+        PRAGMA user_version = 1;
+    """)
+    db.close()
+    store = store_at(path)
+    loaded = store.load(1)
+    assert [(m.content, m.status, m.note) for m in loaded.messages] == [
+        ("hello", COMPLETE, ""), ("half an ans", CANCELLED, "")]
+    store.add(1, Message("assistant", "x", status=CANCELLED, note="stopped"))
+    assert store_at(path).load(1).messages[-1].note == "stopped"
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2

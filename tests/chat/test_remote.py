@@ -31,7 +31,7 @@ class Run:
         self.threads.append(thread)
         thread.start()
 
-    def wait(self, kind, timeout: float = 5.0):
+    def wait(self, kind, timeout: float = 20.0):  # generous: CI runs two test workers on two cores
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = [e for e in self.events if isinstance(e, kind)]

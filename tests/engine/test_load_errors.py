@@ -264,3 +264,21 @@ def test_a_gguf_claiming_a_million_blocks_is_refused(files, tmp_path):
     with pytest.raises(ModelFormatError, match="block_count is 1000000, expected 1 to 1024") as exc:
         load_target(tmp_path / "huge.gguf", "cpu")
     _one_line(exc)
+
+
+def test_a_gguf_drafter_converted_with_another_models_vocabulary_is_refused(files, tmp_path):
+    """llama.cpp's converter copies the target's vocabulary into the drafter GGUF: one made beside another
+    model's tokenizer is refused before any weights load; the right one loads."""
+    from transformers import AutoTokenizer
+
+    from dflash_chat.demo import demo_dir
+
+    own = AutoTokenizer.from_pretrained(str(files["target"]))
+    other = AutoTokenizer.from_pretrained(str(demo_dir() / "target"))
+    cfg, state = files["drafter_cfg"], files["drafter_state"]
+    right = write_drafter_gguf(tmp_path / "right.gguf", state, cfg, "F32", schema="dflash", tokenizer=own)
+    wrong = write_drafter_gguf(tmp_path / "wrong.gguf", state, cfg, "F32", schema="dflash", tokenizer=other)
+    with pytest.raises(ModelFormatError, match="the drafter's vocabulary is not the target's tokenizer's") as exc:
+        load_pair(files["target"], wrong, device="cpu", dtype=torch.float32, draft="off")
+    _one_line(exc)
+    assert load_pair(files["target"], right, device="cpu", dtype=torch.float32, draft="off").engine.drafter is not None

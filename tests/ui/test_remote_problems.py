@@ -50,6 +50,7 @@ def test_a_dropped_stream_keeps_its_text_on_screen_and_in_the_history_marked_cut
     assert any("lost after 2 tokens" in n for n in notices)
     saved = HistoryStore(paths.history_db()).load(1).messages[-1]
     assert saved.status == CUT and saved.content == "Kept words"
+    assert saved.note.startswith("the connection to 127.0.0.1") and "lost after 2 tokens" in saved.note
 
 
 def test_ctrl_q_while_models_stalls_quits_at_once(home):

@@ -82,7 +82,8 @@ class AssistantMessage(Vertical):
             status.update("")
             status.display = False
             return
-        status.update(f"({status_note(message.status)}{': ' + error if error else ''})")
+        why = error or message.note
+        status.update(f"({status_note(message.status)}{': ' + why if why else ''})")
         status.display = True
 
 
