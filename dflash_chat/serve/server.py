@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -136,7 +137,7 @@ def _uvicorn(served: Served, log_level: str, host: str):
         def capture_signals(self):
             with super().capture_signals():
                 yield
-                self.interrupted = bool(self._captured_signals)
+                self.interrupted = self.interrupted or bool(self._captured_signals)
                 self._captured_signals.clear()
 
     config = uvicorn.Config(build_app(served, host), log_level=log_level, access_log=False, lifespan="off",
@@ -226,6 +227,11 @@ def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
             server.should_exit = True
 
     threading.Thread(target=watch, daemon=True).start()
+
+    def stop_early(signum, frame) -> None:  # Ctrl-C before uvicorn's own handlers are in place
+        server.interrupted = server.should_exit = True
+
+    previous = signal.signal(signal.SIGINT, stop_early)
     shown = "localhost" if host in ("127.0.0.1", "::1") else host
     print(f"serving {served.name} on http://{shown}:{sock.getsockname()[1]}/v1 "
           f"(OpenAI API; /health, /metrics){' with an API key' if served.api_key else ''}; Ctrl-C stops",
@@ -233,9 +239,8 @@ def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
     started = time.monotonic()
     try:
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # Ctrl-C before uvicorn's own handlers were in place: the same clean stop
-        server.interrupted = True
     finally:
+        signal.signal(signal.SIGINT, previous)
         served.close()
         sock.close()
     if served.load_error:

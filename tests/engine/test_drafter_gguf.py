@@ -28,7 +28,7 @@ from dflash_chat.engine.weights.gguf_write import write_drafter_gguf
 
 @pytest.fixture(scope="module")
 def demo():
-    target_dir, drafter_dir = demo_paths()
+    target_dir, drafter_dir = demo_paths("dflash")  # the DFlash drafter: these are the DFlash schemas
     tokenizer = load_tokenizer(target_dir)
     prompts = json.loads((target_dir.parent / "heldout_prompts.json").read_text())[:3]
     return {

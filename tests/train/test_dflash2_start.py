@@ -16,7 +16,7 @@ from dflash_chat.train.drafter import new_drafter
 
 @torch.no_grad()
 def test_a_dflash2_drafter_at_identity_drafts_as_its_dflash_source():
-    target_dir, drafter_dir = demo_paths()
+    target_dir, drafter_dir = demo_paths("dflash")
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     config = json.loads((drafter_dir / "config.json").read_text())
     dflash = new_drafter(config, target, seed=0)
