@@ -93,8 +93,11 @@ class Comparison:
     @property
     def speedups(self) -> list[float]:
         """Per prompt: DFlash's decode tok/s over plain decoding's (prompts where either decoded nothing are left out)."""
-        return [s.stats.decode_tokens_per_s / a.stats.decode_tokens_per_s for a, s in zip(self.ar, self.spec)
-                if a.stats.decode_tokens_per_s and s.stats.decode_tokens_per_s]
+        return [
+            s.stats.decode_tokens_per_s / a.stats.decode_tokens_per_s
+            for a, s in zip(self.ar, self.spec)
+            if a.stats.decode_tokens_per_s and s.stats.decode_tokens_per_s
+        ]
 
     @property
     def median_speedup(self) -> float:
@@ -201,9 +204,11 @@ def report(c: Comparison, title: str) -> str:
         verdict = "yes"
     elif c.lossless:
         gaps = ", ".join(f"{d.logit_gap:.1e}" for d in c.divergences)
-        verdict = (f"no, {len(c.divergences)} prompt(s) parted where the target's top two logits tie to within "
-                   f"{c.divergences[0].dtype} rounding (gap {gaps}): a 16-token verify and a 1-token step round "
-                   "differently; afterwards the drafter's reference no longer matches, so acceptance is understated")
+        verdict = (
+            f"no, {len(c.divergences)} prompt(s) parted where the target's top two logits tie to within "
+            f"{c.divergences[0].dtype} rounding (gap {gaps}): a 16-token verify and a 1-token step round "
+            "differently; afterwards the drafter's reference no longer matches, so acceptance is understated"
+        )
     else:
         verdict = "NO: DFlash changed the output (a bug)"
     lines = [

@@ -63,9 +63,23 @@ SAFETENSORS_EXTRAS = ("model.safetensors.index.json", "generation_config.json")
 
 # Bits per weight of common GGUF quants, to estimate the size of a quant the catalog does not list.
 BITS_PER_WEIGHT = {
-    "F32": 32.0, "BF16": 16.0, "F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.69,
-    "Q5_K_S": 5.54, "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_0": 4.5, "IQ4_XS": 4.25,
-    "IQ4_NL": 4.5, "Q3_K_L": 4.27, "Q3_K_M": 3.91, "Q3_K_S": 3.5, "Q2_K": 3.35,
+    "F32": 32.0,
+    "BF16": 16.0,
+    "F16": 16.0,
+    "Q8_0": 8.5,
+    "Q6_K": 6.56,
+    "Q5_K_M": 5.69,
+    "Q5_K_S": 5.54,
+    "Q5_0": 5.5,
+    "Q4_K_M": 4.89,
+    "Q4_K_S": 4.58,
+    "Q4_0": 4.5,
+    "IQ4_XS": 4.25,
+    "IQ4_NL": 4.5,
+    "Q3_K_L": 4.27,
+    "Q3_K_M": 3.91,
+    "Q3_K_S": 3.5,
+    "Q2_K": 3.35,
 }
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _LONG_CONTEXT = 2**18
@@ -135,8 +149,10 @@ class Pair:
             return found
         listed = ", ".join(self.target_quants)
         if not is_quant_name(quant):
-            raise CatalogError(f"{quant} is not a quant llama.cpp writes (e.g. Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q3_K_S, "
-                               f"IQ4_XS); {self.title} lists {listed}")
+            raise CatalogError(
+                f"{quant} is not a quant llama.cpp writes (e.g. Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q3_K_S, "
+                f"IQ4_XS); {self.title} lists {listed}"
+            )
         if self.target_repo is None:
             raise CatalogError(f"{self.title} has no quant {quant} (it has {listed})")
         return Source(
@@ -217,9 +233,7 @@ def load_catalog(config_path: Path | None = None) -> Catalog:
     ).get("pairs", {})
     config_path = config_path or paths.config_file()
     user = _read_user_models(config_path)
-    tables: dict[str, tuple[dict[str, Any], str]] = {
-        name: (table, "catalog") for name, table in shipped.items()
-    }
+    tables: dict[str, tuple[dict[str, Any], str]] = {name: (table, "catalog") for name, table in shipped.items()}
     for name, table in user.items():
         if not isinstance(table, dict):
             raise CatalogError(f"{config_path}: [models.{name}] must be a table")
@@ -237,9 +251,7 @@ def _find_table(tables, base_name: str, config_path: Path, name: str) -> dict[st
     if base_name in tables:
         return tables[base_name][0]
     known = ", ".join(tables)
-    raise CatalogError(
-        f"{config_path}: [models.{name}] extends unknown model {base_name!r}; known models: {known}"
-    )
+    raise CatalogError(f"{config_path}: [models.{name}] extends unknown model {base_name!r}; known models: {known}")
 
 
 def _read_user_models(config_path: Path) -> dict[str, Any]:
@@ -434,7 +446,7 @@ def _quant_source(
     r: _Reader, quant: str, spec: Any, repo: str | None, revision: str, at: str, versions: tuple = ()
 ) -> Source:
     if not isinstance(spec, dict):
-        raise r.fail(f"`{at.rstrip('.')}` must be a table like {{ pattern = \"*{quant}*.gguf\" }}")
+        raise r.fail(f'`{at.rstrip(".")}` must be a table like {{ pattern = "*{quant}*.gguf" }}')
     r.only(spec, _SOURCE_KEYS | ({"version"} if versions else set()), at)
     version, shape = _version_of(r, spec, versions, at)
     if "path" in spec:
@@ -446,10 +458,19 @@ def _quant_source(
     revision = r.get(spec, "revision", str, revision, at=at)
     fmt = r.get(spec, "format", str, "gguf", at=at)
     if fmt == "safetensors":
-        return Source("safetensors", quant, repo, revision, SAFETENSORS_PATTERNS, SAFETENSORS_EXTRAS, size=size,
-                      shape=shape, version=version)
+        return Source(
+            "safetensors",
+            quant,
+            repo,
+            revision,
+            SAFETENSORS_PATTERNS,
+            SAFETENSORS_EXTRAS,
+            size=size,
+            shape=shape,
+            version=version,
+        )
     if fmt != "gguf":
-        raise r.fail(f"`{at}format` must be \"gguf\" or \"safetensors\", got {fmt!r}")
+        raise r.fail(f'`{at}format` must be "gguf" or "safetensors", got {fmt!r}')
     pattern = r.get(spec, "pattern", str, at=at)
     return Source("gguf", quant, repo, revision, (pattern,), size=size, shape=shape, version=version)
 

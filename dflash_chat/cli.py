@@ -30,12 +30,17 @@ class Commands(argparse._SubParsersAction):
 
     def __call__(self, parser, namespace, values, option_string=None):
         name = values[0]
-        given = [a.option_strings[0] for a in parser._actions
-                 if a.option_strings and a.dest not in ("help", "version")
-                 and getattr(namespace, a.dest, None) != a.default]
+        given = [
+            a.option_strings[0]
+            for a in parser._actions
+            if a.option_strings and a.dest not in ("help", "version") and getattr(namespace, a.dest, None) != a.default
+        ]
         if given:
-            parser.exit(2, f"{parser.prog}: {', '.join(given)} before the command `{name}` would be ignored: "
-                           f"options go after the command they belong to (see `{parser.prog} {name} --help`)\n")
+            parser.exit(
+                2,
+                f"{parser.prog}: {', '.join(given)} before the command `{name}` would be ignored: "
+                f"options go after the command they belong to (see `{parser.prog} {name} --help`)\n",
+            )
         command = self._name_parser_map.get(name)
         if command is not None:
             command.parse_args(values[1:], namespace)  # errors name the command, not the chat

@@ -30,8 +30,10 @@ def demo_paths(kind: str | None = None) -> tuple[Path, Path]:
     if kind is not None:
         target, drafter = demo_dir() / "target", demo_dir() / DRAFTER_DIRS[kind]
         if not (_complete(target) and _complete(drafter)):
-            raise UserError(f"the tiny demo's {kind} drafter is not part of this build ({drafter} is missing or "
-                            "incomplete): reinstall dflash-chat")
+            raise UserError(
+                f"the tiny demo's {kind} drafter is not part of this build ({drafter} is missing or "
+                "incomplete): reinstall dflash-chat"
+            )
         return target, drafter
     if not demo_available():
         raise UserError(

@@ -40,6 +40,8 @@ def draft_label(key: str) -> str:
     kind, _, draft = key.rpartition("/")
     label = DRAFT_LABELS.get(draft, draft)
     return f"{DRAFTER_LABELS.get(kind, kind)} {label}" if kind else label
+
+
 CLASSES = {
     "code": "held-out code questions (chat template)",
     "raw_code": "raw code, no chat template",
@@ -81,12 +83,17 @@ def sampling_legs(temperature: float | None, top_p: float | None, top_k: int | N
 
     if temperature == 0:
         if top_p is not None or top_k is not None:
-            raise UserError("--temperature 0 runs the greedy leg only: leave out --top-p and --top-k, "
-                            "or give a temperature above 0 for the sampled leg")
+            raise UserError(
+                "--temperature 0 runs the greedy leg only: leave out --top-p and --top-k, "
+                "or give a temperature above 0 for the sampled leg"
+            )
         return [Sampling()]
     app = Settings()
-    sampled = Sampling(app.temperature if temperature is None else temperature,
-                       app.top_p if top_p is None else top_p, app.top_k if top_k is None else top_k)
+    sampled = Sampling(
+        app.temperature if temperature is None else temperature,
+        app.top_p if top_p is None else top_p,
+        app.top_k if top_k is None else top_k,
+    )
     return [Sampling(), sampled]
 
 
@@ -105,8 +112,10 @@ def prompt_classes(tokenizer, per_class: int) -> dict[str, list[list[int]]]:
 
     data = bench_prompts()
     chats = {"code": demo_heldout_prompts(), "prose": [[{"role": "user", "content": q}] for q in data["prose"]]}
-    out = {name: [build_prompt(tokenizer, chat, thinking=False).ids for chat in chats[name][:per_class]]
-           for name in ("code", "prose")}
+    out = {
+        name: [build_prompt(tokenizer, chat, thinking=False).ids for chat in chats[name][:per_class]]
+        for name in ("code", "prose")
+    }
     out["raw_code"] = [encode(tokenizer, text) for text in data["raw_code"][:per_class]]
     return {name: out[name] for name in CLASSES}
 
@@ -123,18 +132,24 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     from dflash_chat.settings import Settings
 
     target_dir, _ = demo_paths()
-    plain = load_pair(target_dir, None, device=device, dtype=torch.float32, draft="off")  # float32: greedy bit-comparable
+    plain = load_pair(
+        target_dir, None, device=device, dtype=torch.float32, draft="off"
+    )  # float32: greedy bit-comparable
     target, context = plain.engine.target, plain.engine.max_context
     drafters = demo_drafters()
-    engines = {draft_key(kind, draft): Engine(target, load_drafter(folder, target), max_context=context, draft=draft)
-               for kind, folder in drafters.items() for draft in DRAFTS}
+    engines = {
+        draft_key(kind, draft): Engine(target, load_drafter(folder, target), max_context=context, draft=draft)
+        for kind, folder in drafters.items()
+        for draft in DRAFTS
+    }
     tok = plain.tokenizer
     stops = stop_token_ids(tok, extra=target.cfg.eos_token_id)
     classes = prompt_classes(tok, prompts)
 
     def params(leg: Sampling, seed: int | None) -> SamplingParams:
-        return SamplingParams(leg.temperature, leg.top_p, leg.top_k, max_new_tokens, stops,
-                              seed=None if leg.greedy else seed)
+        return SamplingParams(
+            leg.temperature, leg.top_p, leg.top_k, max_new_tokens, stops, seed=None if leg.greedy else seed
+        )
 
     # first calls pay for allocations (and auto for measuring its step costs): one answer per leg, untimed
     first = classes["code"][0]
@@ -162,10 +177,15 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
             if leg.greedy:
                 identical &= all(c.identical for c in comparisons.values())
             per_class[name] = _class_figures(name, comparisons, leg.greedy)
-        figures[leg.key] = {"temperature": leg.temperature, "top_p": leg.top_p, "top_k": leg.top_k,
-                            "greedy": leg.greedy, "seeds": None if leg.greedy else "prompt index within its class",
-                            "app_defaults": not leg.greedy and leg == Sampling(app.temperature, app.top_p, app.top_k),
-                            "classes": per_class}
+        figures[leg.key] = {
+            "temperature": leg.temperature,
+            "top_p": leg.top_p,
+            "top_k": leg.top_k,
+            "greedy": leg.greedy,
+            "seeds": None if leg.greedy else "prompt index within its class",
+            "app_defaults": not leg.greedy and leg == Sampling(app.temperature, app.top_p, app.top_k),
+            "classes": per_class,
+        }
     setup = {
         "pair": DEMO_NAME,
         "device": str(plain.device),
@@ -177,7 +197,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "baseline": "plain decoding: the same engine with draft off, on the same loaded target",
         "order": "per prompt: plain, then each draft setting, before the next prompt",
         "conversation": "each prompt its own conversation (auto's acceptance estimate starts from the engine's "
-                        "running one, as a new chat's does)",
+        "running one, as a new chat's does)",
         "drafts": DRAFT_NOTES,
         "drafters": {kind: folder.name for kind, folder in drafters.items()},
         "demo_drafter": chosen_kind(),
@@ -229,8 +249,11 @@ def _class_figures(name: str, comparisons: dict, greedy: bool) -> dict:
         "title": CLASSES[name],
         "chat_template": name != "raw_code",
         "prompts": len(any_c.ar),
-        "plain": {"tokens_per_s": any_c.ar_tokens_per_s, "new_tokens": Totals.of(any_c.ar).new_tokens,
-                  "ms_per_step": any_c.ar_ms_per_step},
+        "plain": {
+            "tokens_per_s": any_c.ar_tokens_per_s,
+            "new_tokens": Totals.of(any_c.ar).new_tokens,
+            "ms_per_step": any_c.ar_ms_per_step,
+        },
         "drafts": drafts,
     }
 
@@ -248,22 +271,31 @@ def format_report(f: dict) -> str:
     for leg in f["temperatures"].values():
         title = Sampling(leg["temperature"], leg["top_p"], leg["top_k"]).title
         if not leg["greedy"]:
-            title += (" (the app's defaults)" if leg["app_defaults"] else "") + ", seed = the prompt's index in its class"
+            title += (
+                " (the app's defaults)" if leg["app_defaults"] else ""
+            ) + ", seed = the prompt's index in its class"
         lines += ["", title]
         for c in leg["classes"].values():
-            lines.append(f"  {c['title']}: {_count(c['prompts'], 'prompt')}, plain decode {c['plain']['tokens_per_s']:.1f} tok/s")
+            lines.append(
+                f"  {c['title']}: {_count(c['prompts'], 'prompt')}, plain decode {c['plain']['tokens_per_s']:.1f} tok/s"
+            )
             for key, d in c["drafts"].items():
                 label = draft_label(key)
-                row = (f"    {label:<16} {d['tokens_per_s']:7.1f} tok/s  {d['speedup']:5.2f}x (median {d['median_speedup']:.2f}x)"
-                       f"  τ {d['tau']:5.2f}  acceptance {d['acceptance_rate']:6.1%}  mean draft {d['mean_draft_length']:5.2f}")
+                row = (
+                    f"    {label:<16} {d['tokens_per_s']:7.1f} tok/s  {d['speedup']:5.2f}x (median {d['median_speedup']:.2f}x)"
+                    f"  τ {d['tau']:5.2f}  acceptance {d['acceptance_rate']:6.1%}  mean draft {d['mean_draft_length']:5.2f}"
+                )
                 if d["identical"] is not None:
                     row += f"  identical: {'yes' if d['identical'] else 'NO'}"
                 lines.append(row)
     faster = f.get("faster") or {}
     if len(faster.get("mean_speedup") or {}) > 1:
         means = ", ".join(f"{DRAFTER_LABELS.get(k, k)} {v:.2f}x" for k, v in faster["mean_speedup"].items())
-        lines += ["", f"faster drafter at auto (mean speedup over every class and temperature): "
-                      f"{DRAFTER_LABELS.get(faster['drafter'], faster['drafter'])} ({means})"]
+        lines += [
+            "",
+            f"faster drafter at auto (mean speedup over every class and temperature): "
+            f"{DRAFTER_LABELS.get(faster['drafter'], faster['drafter'])} ({means})",
+        ]
     lines += ["", f"identical greedy output: {'yes' if f['identical'] else 'NO: DFlash changed the output (a bug)'}"]
     return "\n".join(lines)
 

@@ -252,9 +252,7 @@ def choose(
                     return choice
                 tried.append(choice)
     if not tried:
-        raise NoFitError(
-            f"no model supports {_a_ctx(context or 0)} context; try a shorter --context"
-        )
+        raise NoFitError(f"no model supports {_a_ctx(context or 0)} context; try a shorter --context")
     smallest = min(tried, key=lambda c: c.budget.need)
     if pinned or allow_no_fit:
         return smallest
@@ -304,10 +302,7 @@ def _pair_for_file(catalog: Catalog, path: Path) -> Pair:
         if pair.title.lower() in name:
             return pair
     titles = ", ".join(p.title for p in catalog.pairs)
-    raise UserError(
-        f"cannot tell which model {path.name} is (expected one of {titles} in its name); "
-        "add --model NAME"
-    )
+    raise UserError(f"cannot tell which model {path.name} is (expected one of {titles} in its name); add --model NAME")
 
 
 def _context_for(pair: Pair, context: int | None, explicit: bool) -> int | None:
@@ -316,8 +311,7 @@ def _context_for(pair: Pair, context: int | None, explicit: bool) -> int | None:
         return ctx
     if explicit:
         raise UserError(
-            f"{pair.title} supports at most {pair.max_context} tokens of context; "
-            f"--context {ctx} is too long"
+            f"{pair.title} supports at most {pair.max_context} tokens of context; --context {ctx} is too long"
         )
     return None
 
@@ -349,8 +343,9 @@ def _make_choice(machine: Machine, pair: Pair, target: Source, drafter: Source |
     b = budget(pair, target, drafter, ctx, machine)
     parts = _parts_of(pair, target, drafter)
     if b.fits:
-        text = (f"{machine.label}: {parts}{_why(drafter)}; {size_text(b.left_for_context)} left for "
-                f"{_a_ctx(ctx)} context")
+        text = (
+            f"{machine.label}: {parts}{_why(drafter)}; {size_text(b.left_for_context)} left for {_a_ctx(ctx)} context"
+        )
     else:
         text = (
             f"{machine.label}: {parts} with {_a_ctx(ctx)} context needs {size_text(b.need)}, "
@@ -380,8 +375,7 @@ def _why(drafter: Source | None) -> str:
     """Why a DFlash2 pair is the pick: what makes it faster than the DFlash pairs below it."""
     if not is_dflash2(drafter):
         return ""
-    return (f" (DFlash2 drafts {drafter.shape.block_size}-token blocks with {DFLASH2_ACCEPTANCE_GAIN} "
-            "longer acceptance)")
+    return f" (DFlash2 drafts {drafter.shape.block_size}-token blocks with {DFLASH2_ACCEPTANCE_GAIN} longer acceptance)"
 
 
 def context_label(context: int) -> str:
@@ -407,7 +401,11 @@ def add_choice_arguments(parser: argparse.ArgumentParser, *, files: bool = True)
     group.add_argument("--model", help="model pair name from `dflash-chat models`")
     group.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M")
     group.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
-    group.add_argument("--context", type=flag("context_length"), help="context length in tokens, 256-1048576 (default: the context_length setting for the chat, each model's own for models/pull)")
+    group.add_argument(
+        "--context",
+        type=flag("context_length"),
+        help="context length in tokens, 256-1048576 (default: the context_length setting for the chat, each model's own for models/pull)",
+    )
     if files:
         group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
         group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")

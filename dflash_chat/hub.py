@@ -97,12 +97,16 @@ class GatedRepoAccessError(HubError):
 def gated_message(repo: str, page: str, token_present: bool) -> str:
     """One line: what to do to read a gated repo."""
     if not token_present:
-        return (f"{repo} is gated: accept its terms on {page} (logged in to Hugging Face), then give "
-                "dflash-chat a token: run `hf auth login` or set HF_TOKEN (a read token from "
-                "https://huggingface.co/settings/tokens), and start again")
+        return (
+            f"{repo} is gated: accept its terms on {page} (logged in to Hugging Face), then give "
+            "dflash-chat a token: run `hf auth login` or set HF_TOKEN (a read token from "
+            "https://huggingface.co/settings/tokens), and start again"
+        )
     via = "the token in HF_TOKEN" if os.environ.get("HF_TOKEN") else "your Hugging Face token"
-    return (f"{repo} is gated and {via} has no access to it yet: accept its terms on {page} with the "
-            "same account (some repos approve by hand: wait for the e-mail), then start again")
+    return (
+        f"{repo} is gated and {via} has no access to it yet: accept its terms on {page} with the "
+        "same account (some repos approve by hand: wait for the e-mail), then start again"
+    )
 
 
 class DownloadCancelled(HubError):
@@ -306,9 +310,7 @@ class _Listings:
         return _cached_listing(self.cache, repo, revision)
 
     def _remote(self, repo: str, revision: str) -> _Listing:
-        info = HfApi(endpoint=self.endpoint, token=self.token).model_info(
-            repo, revision=revision, files_metadata=True
-        )
+        info = HfApi(endpoint=self.endpoint, token=self.token).model_info(repo, revision=revision, files_metadata=True)
         entries = {}
         for sibling in info.siblings or []:
             sha256 = sibling.lfs.sha256 if sibling.lfs else None
@@ -326,9 +328,7 @@ def _repo_error(exc: HfHubHTTPError, repo: str, revision: str, endpoint: str) ->
         return GatedRepoAccessError(repo, get_token() is not None, endpoint)
     if isinstance(exc, RevisionNotFoundError):
         return HubError(f"{repo} has no revision {revision!r}; fix the revision in the catalog or config")
-    return HubError(
-        f"{repo} was not found on the Hub; check the name, or set HF_TOKEN if it is private"
-    )
+    return HubError(f"{repo} was not found on the Hub; check the name, or set HF_TOKEN if it is private")
 
 
 def _cached_listing(cache: Path, repo: str, revision: str) -> _Listing:
@@ -474,8 +474,9 @@ def check_access(plan: Plan) -> None:
         except GatedRepoError:
             raise GatedRepoAccessError(repo, True, plan.endpoint) from None
         except (HfHubHTTPError, httpx.TransportError) as exc:
-            raise HubError(f"could not check access to {repo} ({type(exc).__name__}); check your connection "
-                           "and try again") from None
+            raise HubError(
+                f"could not check access to {repo} ({type(exc).__name__}); check your connection and try again"
+            ) from None
 
 
 def save_token(token: str) -> None:
@@ -490,8 +491,10 @@ def save_token(token: str) -> None:
         raise HubError(f"{exc}") from None
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "?"
-        raise HubError(f"the Hub did not accept that token (HTTP {status}): copy it again from "
-                       "https://huggingface.co/settings/tokens") from None
+        raise HubError(
+            f"the Hub did not accept that token (HTTP {status}): copy it again from "
+            "https://huggingface.co/settings/tokens"
+        ) from None
     except httpx.TransportError as exc:
         raise HubError(f"cannot reach the Hub to check the token ({type(exc).__name__}); try again") from None
 
@@ -608,8 +611,7 @@ def _stream_into(plan, file, partial: Path, digest: "_Digest", meter: "_Meter", 
     if digest.length > file.size:
         partial.unlink()
         raise HubError(
-            f"{file.filename} from {file.repo} came back larger than the listing says; "
-            "the file was removed: run again"
+            f"{file.filename} from {file.repo} came back larger than the listing says; the file was removed: run again"
         )
 
 

@@ -141,8 +141,9 @@ def _keymap(value: Any) -> dict[str, str]:
 
 def _endpoints(value: Any) -> dict[str, str]:
     value = _typed_table(value, "name=http://host:port/v1;other=http://...")
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k.strip() and isinstance(v, str)
-                                                 for k, v in value.items()):
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and k.strip() and isinstance(v, str) for k, v in value.items()
+    ):
         raise _Invalid('must be a table of name = "URL" (e.g. big-box = "http://10.0.0.5:8000/v1")')
     for name, url in value.items():
         if not url.strip().lower().startswith(("http://", "https://")):
@@ -210,9 +211,9 @@ DESCRIPTIONS: dict[str, str] = {
     "drafter": "DFlash drafter directory (empty = plain decoding)",
     "context_length": "tokens of context the model keeps",
     "decode": "decode path: auto (CUDA graphs on a GPU, the same steps uncaptured elsewhere), graphs, or fixed "
-              "(uncaptured; eager is an older name for it)",
+    "(uncaptured; eager is an older name for it)",
     "draft": "drafts each step verifies: auto (picked per step for speed), off (plain decoding), or a number "
-             f"1-{MAX_DRAFT} (at most the drafter's block - 1)",
+    f"1-{MAX_DRAFT} (at most the drafter's block - 1)",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
     "endpoints": "named OpenAI-compatible servers: name=URL;other=URL (dflash-chat --endpoint NAME)",
 }
@@ -238,8 +239,9 @@ def as_text(key: str, value: Any) -> str:
     return str(value)
 
 
-def parse_assignment(text: str, keymap: Mapping[str, str] | None = None,
-                     endpoints: Mapping[str, str] | None = None) -> tuple[str, Any]:
+def parse_assignment(
+    text: str, keymap: Mapping[str, str] | None = None, endpoints: Mapping[str, str] | None = None
+) -> tuple[str, Any]:
     """'key=value' (as given to --set) -> (key, typed value). 'keymap.ID=KEYS' changes one entry of
     `keymap` (the current one) and returns the whole table; 'keymap.ID=' removes that entry. The same
     for 'endpoints.NAME=URL'."""
@@ -290,8 +292,9 @@ def _read_text(path: Path) -> str:
         if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block or never end
             raise SettingsError(f"{path} is not a regular file; move it away")
         if info.st_size > MAX_CONFIG_BYTES:
-            raise SettingsError(f"{path} is {info.st_size // 1024} KiB, far too large for a settings file; "
-                                "move it away")
+            raise SettingsError(
+                f"{path} is {info.st_size // 1024} KiB, far too large for a settings file; move it away"
+            )
         with open(path, "rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:

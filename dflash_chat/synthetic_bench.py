@@ -146,8 +146,9 @@ def kernels_launched(fn, device: torch.device) -> int:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -177,12 +178,16 @@ def run(setup: Setup, log=print) -> dict:
     r["weight_bytes_per_token"] = synthetic.bytes_per_token(target)
     r["drafter_weight_bytes"] = synthetic.bytes_per_token(drafter)
     r["copy_bytes_per_s"] = copy_bandwidth(device)
-    log(f"{setup.model} {setup.quant}, {cfg.num_layers} layers, vocab {cfg.vocab_size} on {r['gpu'] or device} "
+    log(
+        f"{setup.model} {setup.quant}, {cfg.num_layers} layers, vocab {cfg.vocab_size} on {r['gpu'] or device} "
         f"({r['build_s']:.1f} s to build): {size_text(r['weight_bytes_per_token'])} of weights per token, "
-        f"copy bandwidth {rate_text(r['copy_bytes_per_s'])}")
+        f"copy bandwidth {rate_text(r['copy_bytes_per_s'])}"
+    )
 
     context = setup.prompt_tokens + setup.tokens + 64
-    prompt = torch.randint(0, cfg.vocab_size, (setup.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(
+        0, cfg.vocab_size, (setup.prompt_tokens,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
     params = SamplingParams(max_new_tokens=setup.tokens)
 
     t0 = time.perf_counter()
@@ -197,12 +202,15 @@ def run(setup: Setup, log=print) -> dict:
     reference = prompt + ar_run.tokens
     oracle = OracleDrafter(reference, cfg.vocab_size, block_size=drafter.block_size, mode="fixed", accept_prob=2)
     t0 = time.perf_counter()
-    spec = Engine(target, InjectedDrafter(drafter, oracle), max_context=context, decode=setup.decode,
-                  draft=drafter.block_size - 1)
+    spec = Engine(
+        target, InjectedDrafter(drafter, oracle), max_context=context, decode=setup.decode, draft=drafter.block_size - 1
+    )
     _sync(device)
     r["dflash_setup_s"] = time.perf_counter() - t0
-    log(f"decode path: {ar.decode}; engine setup (warm-up and capture) {r['ar_setup_s']:.1f} s AR, "
-        f"{r['dflash_setup_s']:.1f} s DFlash")
+    log(
+        f"decode path: {ar.decode}; engine setup (warm-up and capture) {r['ar_setup_s']:.1f} s AR, "
+        f"{r['dflash_setup_s']:.1f} s DFlash"
+    )
 
     _steps(r, ar, spec, prompt, setup, device)
     _end_to_end(r, ar_run, spec, oracle, reference, prompt, params)
@@ -239,7 +247,11 @@ def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     a, s = ar.steps, spec.steps
     a.remaining.fill_(10**6)
     s.remaining.fill_(10**6)
-    decode, verify, draft = (lambda: a._run(("verify", 1))), (lambda: s._run(("verify", B))), (lambda: s._run(("draft", ())))
+    decode, verify, draft = (
+        (lambda: a._run(("verify", 1))),
+        (lambda: s._run(("verify", B))),
+        (lambda: s._run(("draft", ()))),
+    )
     r["ar_step_ms"] = 1e3 * time_call(decode, device, reps)
     r["verify_ms"] = 1e3 * time_call(verify, device, reps)
     r["draft_ms"] = 1e3 * time_call(draft, device, reps)
@@ -253,8 +265,12 @@ def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     s.start.fill_(start)
     was = a.graphs, s.graphs
     a.graphs = s.graphs = None  # count the kernels of the uncaptured steps
-    r["kernels_per_step"] = {"decode": kernels_launched(decode, device), "verify": kernels_launched(verify, device),
-                             "draft": kernels_launched(draft, device), "accept_commit": kernels_launched(accept_commit, device)}
+    r["kernels_per_step"] = {
+        "decode": kernels_launched(decode, device),
+        "verify": kernels_launched(verify, device),
+        "draft": kernels_launched(draft, device),
+        "accept_commit": kernels_launched(accept_commit, device),
+    }
     a.graphs, s.graphs = was
     s.start.fill_(start)
     floor = r["weight_bytes_per_token"] / r["copy_bytes_per_s"] * 1e3
@@ -313,8 +329,10 @@ def vs_transformers(setup: Setup, device, prompt, log) -> dict:
     del engine, ours
     _free(device)
 
-    raw = dict(synthetic.TARGETS[setup.model], num_hidden_layers=setup.layers or
-               synthetic.TARGETS[setup.model]["num_hidden_layers"])
+    raw = dict(
+        synthetic.TARGETS[setup.model],
+        num_hidden_layers=setup.layers or synthetic.TARGETS[setup.model]["num_hidden_layers"],
+    )
     model_type = raw.pop("model_type").removesuffix("_text")
     cfg = _hf_config(model_type, raw)
     with torch.device(device):
@@ -378,17 +396,27 @@ def format_report(f: dict) -> str:
     lines.append(f"  AR decode                {f['ar_tokens_per_s']:8.1f} tok/s{host}")
     for d in f["dflash"]:
         host = f", host {d['host_ms_per_step']:.3f} ms/step" if "host_ms_per_step" in d else ""
-        lines.append(f"  DFlash draft {d['draft']:>4} at length {d['forced_acceptance_length']} {d['tokens_per_s']:8.1f} tok/s   "
-                     f"{d['speedup_vs_ar']:.2f}x AR (measured {d['mean_acceptance_length']:.2f} tokens/step, "
-                     f"{d['mean_draft_length']:.1f} drafts/step{host}; "
-                     f"same tokens as AR: {'yes' if d['identical_to_ar'] else 'no'})")
+        lines.append(
+            f"  DFlash draft {d['draft']:>4} at length {d['forced_acceptance_length']} {d['tokens_per_s']:8.1f} tok/s   "
+            f"{d['speedup_vs_ar']:.2f}x AR (measured {d['mean_acceptance_length']:.2f} tokens/step, "
+            f"{d['mean_draft_length']:.1f} drafts/step{host}; "
+            f"same tokens as AR: {'yes' if d['identical_to_ar'] else 'no'})"
+        )
     if "transformers" in f:
         t = f["transformers"]
-        lines.append(f"  bf16: ours {t['ours_bf16_tokens_per_s']:.1f} tok/s; transformers "
-                     + ", ".join(f"{c} {t[f'transformers_{c}_tokens_per_s']:.1f}" for c in ("dynamic", "static")
-                                 if f"transformers_{c}_tokens_per_s" in t)
-                     + (f" -> ours {t['ours_bf16_over_transformers_best']:.2f}x the best"
-                        if t.get("ours_bf16_over_transformers_best") else ""))
+        lines.append(
+            f"  bf16: ours {t['ours_bf16_tokens_per_s']:.1f} tok/s; transformers "
+            + ", ".join(
+                f"{c} {t[f'transformers_{c}_tokens_per_s']:.1f}"
+                for c in ("dynamic", "static")
+                if f"transformers_{c}_tokens_per_s" in t
+            )
+            + (
+                f" -> ours {t['ours_bf16_over_transformers_best']:.2f}x the best"
+                if t.get("ours_bf16_over_transformers_best")
+                else ""
+            )
+        )
     return "\n".join(lines)
 
 

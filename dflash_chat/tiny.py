@@ -79,7 +79,9 @@ def target_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 4)
         layer_types=["linear_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
     )
     if arch == "qwen3_5_moe":
-        common.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+        common.update(
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
+        )
     return common
 
 
@@ -112,8 +114,17 @@ def _randomise(model: torch.nn.Module, generator: torch.Generator, scale: float,
                 p.copy_(torch.randn(p.shape, generator=generator) * (scale / fan_in**0.5))
 
 
-def write_target(directory: Path, arch: str = "qwen3_5", *, seed: int = 0, hidden: int = 64, layers: int = 4,
-                 vocab_size: int | None = None, scale: float = 1.0, tokenizer: bool = True):
+def write_target(
+    directory: Path,
+    arch: str = "qwen3_5",
+    *,
+    seed: int = 0,
+    hidden: int = 64,
+    layers: int = 4,
+    vocab_size: int | None = None,
+    scale: float = 1.0,
+    tokenizer: bool = True,
+):
     """A tiny random target in HF format (+ tokenizer). Returns the transformers model (the oracle)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -127,9 +138,17 @@ def write_target(directory: Path, arch: str = "qwen3_5", *, seed: int = 0, hidde
     return model
 
 
-def drafter_config(target_cfg: dict, *, layers: int = 2, block_size: int = 16, taps: list[int] | None = None,
-                   layer_types: list[str] | None = None, sliding_window: int = 8, schema: str = "new",
-                   dflash2: bool = False) -> dict:
+def drafter_config(
+    target_cfg: dict,
+    *,
+    layers: int = 2,
+    block_size: int = 16,
+    taps: list[int] | None = None,
+    layer_types: list[str] | None = None,
+    sliding_window: int = 8,
+    schema: str = "new",
+    dflash2: bool = False,
+) -> dict:
     """A tiny drafter's config.json; `dflash2`: a DFlash2DraftModel (convolutions and a candidate selector,
     every layer bidirectional as z-lab's Qwen3.8-27B drafter declares)."""
     n = target_cfg["num_hidden_layers"]
@@ -163,8 +182,9 @@ def drafter_config(target_cfg: dict, *, layers: int = 2, block_size: int = 16, t
     if dflash2:
         cfg["architectures"] = ["DFlash2DraftModel"]
         cfg["is_causal"] = False
-        cfg["dflash_config"].update({"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8,
-                                     "selector_top_k": 4})
+        cfg["dflash_config"].update(
+            {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4}
+        )
     return cfg
 
 

@@ -197,12 +197,16 @@ class _Handler(BaseHTTPRequestHandler):
         if token in repo.granted:
             return True
         if token is None:
-            message = (f"Access to model {repo_id} is restricted. You must have access to it and be "
-                       "authenticated to access it. Please log in.")
+            message = (
+                f"Access to model {repo_id} is restricted. You must have access to it and be "
+                "authenticated to access it. Please log in."
+            )
             self._error(401, "GatedRepo", message)
         else:
-            message = (f"Access to model {repo_id} is restricted and you are not in the authorized list. "
-                       f"Visit https://huggingface.co/{repo_id} to ask for access.")
+            message = (
+                f"Access to model {repo_id} is restricted and you are not in the authorized list. "
+                f"Visit https://huggingface.co/{repo_id} to ask for access."
+            )
             self._error(403, "GatedRepo", message)
         return False
 
@@ -214,7 +218,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        self._send_json({"type": "user", "name": name, "auth": {"accessToken": {"displayName": f"{name}-read", "role": "read"}}})
+        self._send_json(
+            {"type": "user", "name": name, "auth": {"accessToken": {"displayName": f"{name}-read", "role": "read"}}}
+        )
 
     def _send_json(self, data) -> None:
         payload = json.dumps(data).encode()
@@ -229,13 +235,15 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo(repo_id, rev)
         if repo is None:
             return
-        self._send_json({
-            "id": repo_id,
-            "sha": repo.commit,
-            "private": False,
-            "gated": repo.gated,
-            "siblings": [repo.sibling(name) for name in sorted(repo.files)],
-        })
+        self._send_json(
+            {
+                "id": repo_id,
+                "sha": repo.commit,
+                "private": False,
+                "gated": repo.gated,
+                "siblings": [repo.sibling(name) for name in sorted(repo.files)],
+            }
+        )
 
     def _resolve(self, repo_id: str, rev: str, name: str, body: bool) -> None:
         repo = self._repo(repo_id, rev)

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from dflash_chat.catalog import BITS_PER_WEIGHT, COMMIT, CatalogError, _pair, load_catalog, matches, quant_of, split_group
+from dflash_chat.catalog import (
+    BITS_PER_WEIGHT,
+    COMMIT,
+    CatalogError,
+    _pair,
+    load_catalog,
+    matches,
+    quant_of,
+    split_group,
+)
 
 
 @pytest.fixture
@@ -68,16 +77,37 @@ def test_patterns_pick_their_quant_and_nothing_else(config, quant):
 
 # The files of unsloth/Qwen3.8-27B-GGUF at the pinned commit (fdd03b8b) and of the drafter GGUF repo.
 UPLOADS_38 = [
-    "Qwen3.8-27B-Q8_0.gguf", "Qwen3.8-27B-Q6_K.gguf", "Qwen3.8-27B-Q5_K_M.gguf", "Qwen3.8-27B-Q5_K_S.gguf",
-    "Qwen3.8-27B-Q4_K_M.gguf", "Qwen3.8-27B-Q4_K_S.gguf", "Qwen3.8-27B-Q4_0.gguf", "Qwen3.8-27B-Q4_1.gguf",
-    "Qwen3.8-27B-IQ4_NL.gguf", "Qwen3.8-27B-IQ4_XS.gguf", "Qwen3.8-27B-Q3_K_M.gguf", "Qwen3.8-27B-Q3_K_S.gguf",
-    "Qwen3.8-27B-UD-Q8_K_XL.gguf", "Qwen3.8-27B-UD-Q6_K_XL.gguf", "Qwen3.8-27B-UD-Q5_K_XL.gguf",
-    "Qwen3.8-27B-UD-Q4_K_XL.gguf", "Qwen3.8-27B-UD-Q3_K_XL.gguf", "Qwen3.8-27B-UD-IQ3_XXS.gguf",
-    "Qwen3.8-27B-UD-Q2_K_XL.gguf", "Qwen3.8-27B-UD-IQ2_M.gguf", "Qwen3.8-27B-UD-IQ2_XXS.gguf",
-    "mmproj-BF16.gguf", "mmproj-F16.gguf",
-    "BF16/Qwen3.8-27B-BF16-00001-of-00002.gguf", "BF16/Qwen3.8-27B-BF16-00002-of-00002.gguf",
+    "Qwen3.8-27B-Q8_0.gguf",
+    "Qwen3.8-27B-Q6_K.gguf",
+    "Qwen3.8-27B-Q5_K_M.gguf",
+    "Qwen3.8-27B-Q5_K_S.gguf",
+    "Qwen3.8-27B-Q4_K_M.gguf",
+    "Qwen3.8-27B-Q4_K_S.gguf",
+    "Qwen3.8-27B-Q4_0.gguf",
+    "Qwen3.8-27B-Q4_1.gguf",
+    "Qwen3.8-27B-IQ4_NL.gguf",
+    "Qwen3.8-27B-IQ4_XS.gguf",
+    "Qwen3.8-27B-Q3_K_M.gguf",
+    "Qwen3.8-27B-Q3_K_S.gguf",
+    "Qwen3.8-27B-UD-Q8_K_XL.gguf",
+    "Qwen3.8-27B-UD-Q6_K_XL.gguf",
+    "Qwen3.8-27B-UD-Q5_K_XL.gguf",
+    "Qwen3.8-27B-UD-Q4_K_XL.gguf",
+    "Qwen3.8-27B-UD-Q3_K_XL.gguf",
+    "Qwen3.8-27B-UD-IQ3_XXS.gguf",
+    "Qwen3.8-27B-UD-Q2_K_XL.gguf",
+    "Qwen3.8-27B-UD-IQ2_M.gguf",
+    "Qwen3.8-27B-UD-IQ2_XXS.gguf",
+    "mmproj-BF16.gguf",
+    "mmproj-F16.gguf",
+    "BF16/Qwen3.8-27B-BF16-00001-of-00002.gguf",
+    "BF16/Qwen3.8-27B-BF16-00002-of-00002.gguf",
 ]
-DRAFTER_UPLOADS_38 = ["Qwen3.8-27B-DFlash2-Q8_0.gguf", "Qwen3.8-27B-DFlash2-Q4_K_M.gguf", "Qwen3.8-27B-DFlash2-BF16.gguf"]
+DRAFTER_UPLOADS_38 = [
+    "Qwen3.8-27B-DFlash2-Q8_0.gguf",
+    "Qwen3.8-27B-DFlash2-Q4_K_M.gguf",
+    "Qwen3.8-27B-DFlash2-BF16.gguf",
+]
 
 
 def test_the_qwen38_27b_pair_with_its_dflash2_drafter(config):
@@ -85,10 +115,14 @@ def test_the_qwen38_27b_pair_with_its_dflash2_drafter(config):
     assert pair.name == "qwen3.8-27b" and pair.rank > load_catalog(config).get("qwen3.6-27b").rank
     assert pair.target_quants == ("Q8_0", "Q4_K_M", "Q3_K_M", "Q3_K_S")  # a 3-bit one for 16 GB cards
     assert {(s.repo, s.revision, s.kind) for s in pair.targets} == {
-        ("unsloth/Qwen3.8-27B-GGUF", "fdd03b8bbd279c1694563650e79d85a2373d9934", "gguf")}
+        ("unsloth/Qwen3.8-27B-GGUF", "fdd03b8bbd279c1694563650e79d85a2373d9934", "gguf")
+    }
     # the files' bytes at that commit, to 10 MB
     assert [s.size for s in pair.targets] == [29_050_000_000, 17_110_000_000, 13_820_000_000, 12_570_000_000]
-    assert (pair.tokenizer.repo, pair.tokenizer.revision) == ("Qwen/Qwen3.8-27B", "1d4bf0f2ff6012fd82039f2fa52739d0dd7c60c0")
+    assert (pair.tokenizer.repo, pair.tokenizer.revision) == (
+        "Qwen/Qwen3.8-27B",
+        "1d4bf0f2ff6012fd82039f2fa52739d0dd7c60c0",
+    )
     # Qwen3.6-27B's shapes: 64 layers, 16 of them gated attention, 48 Gated DeltaNet
     shape = pair.target_shape
     assert shape == load_catalog(config).get("qwen3.6-27b").target_shape
@@ -98,14 +132,25 @@ def test_the_qwen38_27b_pair_with_its_dflash2_drafter(config):
     assert pair.drafter_quants == ("Q8_0", "BF16", "Q4_K_M")
     q8, bf16, q4 = (pair.drafter(q) for q in pair.drafter_quants)
     assert {(s.repo, s.revision) for s in (q8, q4)} == {
-        ("incoai/Qwen3.8-27B-DFlash2-GGUF", "51962825493a48b846b40126d35c799ac4093ad0")}
+        ("incoai/Qwen3.8-27B-DFlash2-GGUF", "51962825493a48b846b40126d35c799ac4093ad0")
+    }
     assert (bf16.repo, bf16.revision, bf16.kind) == (
-        "z-lab/Qwen3.8-27B-DFlash2", "50307d4c4cde6860d4eee73e2547cd786fe8e8a4", "safetensors")
+        "z-lab/Qwen3.8-27B-DFlash2",
+        "50307d4c4cde6860d4eee73e2547cd786fe8e8a4",
+        "safetensors",
+    )
     assert (q8.size, bf16.size, q4.size) == (2_056_000_000, 3_850_000_000, 1_143_000_000)
     # DFlash2DraftModel: five sliding layers (window 2048), block 8, and the selector and convolution sizes
     d = q8.shape
     assert q8.shape == bf16.shape == q4.shape and d.kind == "dflash2" and d.problem() is None
-    assert (d.layers, d.sliding_layers, d.sliding_window, d.kv_heads, d.head_dim, d.hidden) == (5, 5, 2048, 8, 128, 5120)
+    assert (d.layers, d.sliding_layers, d.sliding_window, d.kv_heads, d.head_dim, d.hidden) == (
+        5,
+        5,
+        2048,
+        8,
+        128,
+        5120,
+    )
     assert (d.block_size, d.taps) == (8, 5)
     assert (d.selector_top_k, d.selector_rank, d.conv_kernel, d.conv_group, d.conv_groups) == (16, 256, 2, 16, 320)
     assert pair.local_drafter(Path("Qwen3.8-27B-DFlash2-Q6_K.gguf")).shape == d  # one training: its shape
@@ -200,9 +245,22 @@ def test_every_shipped_source_is_pinned_to_a_commit(config):
 def test_an_unpinned_shipped_source_is_refused():
     table = {
         "tokenizer": "Qwen/Q",
-        "target": {"repo": "a/b", "revision": "main", "quants": {"Q8_0": {"pattern": "*Q8_0*"}},
-                   "shape": {"layers": 1, "attention_layers": 1, "heads": 1, "kv_heads": 1, "head_dim": 8,
-                             "rotary_dim": 8, "hidden": 8, "intermediate": 8, "vocab": 8}},
+        "target": {
+            "repo": "a/b",
+            "revision": "main",
+            "quants": {"Q8_0": {"pattern": "*Q8_0*"}},
+            "shape": {
+                "layers": 1,
+                "attention_layers": 1,
+                "heads": 1,
+                "kv_heads": 1,
+                "head_dim": 8,
+                "rotary_dim": 8,
+                "hidden": 8,
+                "intermediate": 8,
+                "vocab": 8,
+            },
+        },
     }
     with pytest.raises(CatalogError, match="a/b must be pinned to a 40-hex commit, not 'main'"):
         _pair("x", table, "catalog")
@@ -215,7 +273,11 @@ def test_the_35b_drafter_sources_say_which_training_their_file_holds(config):
     versions = dict(pair.drafter_versions)
     assert set(versions) == {"2026-04", "2026-06"}
     assert versions["2026-04"].layers == 8 and versions["2026-04"].sliding_layers == 0
-    assert (versions["2026-06"].layers, versions["2026-06"].sliding_layers, versions["2026-06"].sliding_window) == (6, 5, 4096)
+    assert (versions["2026-06"].layers, versions["2026-06"].sliding_layers, versions["2026-06"].sliding_window) == (
+        6,
+        5,
+        4096,
+    )
     assert versions["2026-06"].taps == 8 and versions["2026-04"].taps == 5
     for quant in ("Q8_0", "Q4_K_M"):
         source = pair.drafter(quant)

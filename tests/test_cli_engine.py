@@ -16,7 +16,24 @@ def pair(tmp_path_factory):
 
 def test_run_prints_the_answer_and_a_stats_line(pair, capsys):
     target, drafter = pair
-    assert main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hello", "--max-tokens", "12", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                str(target),
+                "--drafter",
+                str(drafter),
+                "--prompt",
+                "hello",
+                "--max-tokens",
+                "12",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert "tok/s" in out[-1] and "acceptance" in out[-1] and "tokens/step" in out[-1]
     assert " · draft auto, " in out[-1] and out[-1].endswith("/step")
@@ -24,8 +41,21 @@ def test_run_prints_the_answer_and_a_stats_line(pair, capsys):
 
 def test_run_draft_sets_how_many_drafts_each_step_verifies(pair, capsys):
     target, drafter = pair
-    common = ["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "10",
-              "--device", "cpu", "--json", "--draft"]
+    common = [
+        "run",
+        "--target",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "10",
+        "--device",
+        "cpu",
+        "--json",
+        "--draft",
+    ]
     assert main(common + ["3"]) == 0
     three = json.loads(capsys.readouterr().out)
     used = [k for k, steps in enumerate(three["draft_histogram"]) if steps]
@@ -39,8 +69,19 @@ def test_run_draft_sets_how_many_drafts_each_step_verifies(pair, capsys):
 
 def test_run_streams_the_same_answer_the_json_record_holds(pair, capsys):
     target, drafter = pair
-    common = ["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hello", "--max-tokens", "12",
-              "--device", "cpu"]
+    common = [
+        "run",
+        "--target",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "12",
+        "--device",
+        "cpu",
+    ]
     assert main(common) == 0
     streamed = capsys.readouterr().out.rsplit("\n", 2)[0]  # all but the stats line
     assert main(common + ["--json"]) == 0
@@ -49,7 +90,25 @@ def test_run_streams_the_same_answer_the_json_record_holds(pair, capsys):
 
 def test_run_json_record_has_the_generation_stats(pair, capsys):
     target, drafter = pair
-    assert main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "10", "--json", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                str(target),
+                "--drafter",
+                str(drafter),
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "10",
+                "--json",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     record = json.loads(capsys.readouterr().out)
     assert record["new_tokens"] == 10 and record["speculative"] is True
     assert record["steps"] == sum(record["draft_histogram"]) >= sum(record["acceptance_histogram"])
@@ -60,16 +119,64 @@ def test_run_json_record_has_the_generation_stats(pair, capsys):
 
 def test_run_without_drafter_is_plain_decoding(pair, capsys):
     target, _ = pair
-    assert main(["run", "--target", str(target), "--no-drafter", "--prompt", "hi", "--max-tokens", "5", "--json", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                str(target),
+                "--no-drafter",
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "5",
+                "--json",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     record = json.loads(capsys.readouterr().out)
     assert record["speculative"] is False and record["drafted"] == 0 and record["mean_acceptance_length"] == 1.0
 
 
 def test_run_raw_skips_the_chat_template(pair, capsys):
     target, drafter = pair
-    main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "def", "--raw", "--max-tokens", "3", "--json", "--device", "cpu"])
+    main(
+        [
+            "run",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--prompt",
+            "def",
+            "--raw",
+            "--max-tokens",
+            "3",
+            "--json",
+            "--device",
+            "cpu",
+        ]
+    )
     raw = json.loads(capsys.readouterr().out)["prompt_tokens"]
-    main(["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "def", "--max-tokens", "3", "--json", "--device", "cpu"])
+    main(
+        [
+            "run",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--prompt",
+            "def",
+            "--max-tokens",
+            "3",
+            "--json",
+            "--device",
+            "cpu",
+        ]
+    )
     templated = json.loads(capsys.readouterr().out)["prompt_tokens"]
     assert raw < templated
 
@@ -99,8 +206,19 @@ def test_run_out_of_memory_is_one_line(pair, tmp_path):
     import sys
 
     target, drafter = pair
-    argv = ["run", "--target", str(target), "--drafter", str(drafter), "--prompt", "x", "--context", "1048576",
-            "--device", "cpu"]
+    argv = [
+        "run",
+        "--target",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--prompt",
+        "x",
+        "--context",
+        "1048576",
+        "--device",
+        "cpu",
+    ]
     done = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY_RUN, *argv], capture_output=True, text=True, timeout=300)
     err = done.stderr.strip()
     assert done.returncode == 2 and err.count("\n") == 0, err
@@ -108,7 +226,24 @@ def test_run_out_of_memory_is_one_line(pair, tmp_path):
 
 
 def test_bench_compares_dflash_with_autoregressive(capsys):
-    code = main(["bench", "--hidden", "64", "--layers", "4", "--prompts", "2", "--tokens", "40", "--acceptance", "0.9", "--json", "--device", "cpu"])
+    code = main(
+        [
+            "bench",
+            "--hidden",
+            "64",
+            "--layers",
+            "4",
+            "--prompts",
+            "2",
+            "--tokens",
+            "40",
+            "--acceptance",
+            "0.9",
+            "--json",
+            "--device",
+            "cpu",
+        ]
+    )
     record = json.loads(capsys.readouterr().out)
     assert code == 0 and record["identical_output"] is True
     assert record["mean_acceptance_length"] > 2
@@ -117,10 +252,28 @@ def test_bench_compares_dflash_with_autoregressive(capsys):
 
 
 def test_bench_against_transformers_generates_the_same_tokens(capsys):
-    main(["bench", "--hidden", "64", "--layers", "4", "--prompts", "1", "--tokens", "24", "--vs-transformers", "--json", "--device", "cpu"])
+    main(
+        [
+            "bench",
+            "--hidden",
+            "64",
+            "--layers",
+            "4",
+            "--prompts",
+            "1",
+            "--tokens",
+            "24",
+            "--vs-transformers",
+            "--json",
+            "--device",
+            "cpu",
+        ]
+    )
     record = json.loads(capsys.readouterr().out)
     assert record["transformers_identical"] is True
-    assert record["ar_vs_transformers"] == pytest.approx(record["ar_tokens_per_s"] / record["transformers_tokens_per_s"])
+    assert record["ar_vs_transformers"] == pytest.approx(
+        record["ar_tokens_per_s"] / record["transformers_tokens_per_s"]
+    )
 
 
 @pytest.mark.parametrize("mode", [["--demo"], ["--target", "no-such-target", "--drafter", "no-such-drafter"]])
@@ -135,8 +288,10 @@ def test_figures_over_several_prompts_leave_out_each_prompts_first_token():
     from dflash_chat.bench import Comparison, Run
     from dflash_chat.engine.events import GenerationStats
 
-    runs = [Run([], GenerationStats(new_tokens=9, steps=2, drafted=30, accepted=6, decode_s=0.5, verify_s=0.2)),
-            Run([], GenerationStats(new_tokens=5, steps=4, drafted=60, accepted=0, decode_s=1.5, verify_s=0.4))]
+    runs = [
+        Run([], GenerationStats(new_tokens=9, steps=2, drafted=30, accepted=6, decode_s=0.5, verify_s=0.2)),
+        Run([], GenerationStats(new_tokens=5, steps=4, drafted=60, accepted=0, decode_s=1.5, verify_s=0.4)),
+    ]
     c = Comparison(ar=runs, spec=runs)
     # 8 + 4 tokens came from 6 verify steps in 2 s; each prompt's first token came from its prefill
     assert c.mean_acceptance_length == pytest.approx(12 / 6)
@@ -150,9 +305,11 @@ def test_the_median_speedup_is_over_prompts_and_the_mean_draft_length_over_steps
     from dflash_chat.engine.events import GenerationStats
 
     ar = [Run([], GenerationStats(new_tokens=11, steps=10, decode_s=1.0)) for _ in range(3)]  # 10 tok/s each
-    spec = [Run([], GenerationStats(new_tokens=11, steps=2, drafted=30, decode_s=0.5)),
-            Run([], GenerationStats(new_tokens=11, steps=3, drafted=15, decode_s=0.25)),
-            Run([], GenerationStats(new_tokens=11, steps=10, drafted=0, decode_s=0.1))]
+    spec = [
+        Run([], GenerationStats(new_tokens=11, steps=2, drafted=30, decode_s=0.5)),
+        Run([], GenerationStats(new_tokens=11, steps=3, drafted=15, decode_s=0.25)),
+        Run([], GenerationStats(new_tokens=11, steps=10, drafted=0, decode_s=0.1)),
+    ]
     c = Comparison(ar=ar, spec=spec)
     assert c.speedups == pytest.approx([2.0, 4.0, 10.0]) and c.median_speedup == pytest.approx(4.0)
     assert c.speedup == pytest.approx((30 / 0.85) / 10)  # over all prompts' tokens and time
@@ -183,11 +340,30 @@ def test_run_demo_prints_the_stats_record(capsys):
     from dflash_chat.demo import demo_available
 
     assert demo_available(), "the demo pair ships with the package"
-    assert main(["run", "--demo", "--prompt", "How is `os.path.join` implemented?", "--max-tokens", "24", "--json", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--demo",
+                "--prompt",
+                "How is `os.path.join` implemented?",
+                "--max-tokens",
+                "24",
+                "--json",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     record = json.loads(capsys.readouterr().out)
     assert record["speculative"] is True and record["new_tokens"] >= 1
     assert record["steps"] == sum(record["draft_histogram"]) >= sum(record["acceptance_histogram"])
-    assert record["draft"] == "auto" and record["mean_draft_length"] == record["drafted"] / record["steps"] and record["answer"]
+    assert (
+        record["draft"] == "auto"
+        and record["mean_draft_length"] == record["drafted"] / record["steps"]
+        and record["answer"]
+    )
 
 
 def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
@@ -195,7 +371,9 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
     from dflash_chat.demo_bench import CLASSES, DRAFTS, draft_key
     from dflash_chat.settings import Settings
 
-    assert main(["bench", "--demo", "--prompts", "1", "--tokens", "12", "--top-k", "5", "--json", "--device", "cpu"]) == 0
+    assert (
+        main(["bench", "--demo", "--prompts", "1", "--tokens", "12", "--top-k", "5", "--json", "--device", "cpu"]) == 0
+    )
     record = json.loads(capsys.readouterr().out)
     setup = record["setup"]
     assert setup["prompts_per_class"] == {name: 1 for name in CLASSES} and setup["max_new_tokens"] == 12
@@ -221,7 +399,9 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
     assert setup["drafters"] == {kind: folder.name for kind, folder in demo_drafters().items()}
     assert setup["demo_drafter"] == chosen_kind()
     assert set(record["faster"]["mean_speedup"]) == set(demo_drafters())
-    assert record["faster"]["drafter"] == max(record["faster"]["mean_speedup"], key=record["faster"]["mean_speedup"].get)
+    assert record["faster"]["drafter"] == max(
+        record["faster"]["mean_speedup"], key=record["faster"]["mean_speedup"].get
+    )
     for kind in demo_drafters():
         code = greedy["classes"]["code"]["drafts"][draft_key(kind, 15)]
         assert code["tau"] > 1.0  # the drafters were trained for these
@@ -230,13 +410,40 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
 def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
     from dflash_chat.demo_bench import format_report
 
-    leg = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "greedy": True, "app_defaults": False, "classes": {
-        "code": {"title": "held-out code questions (chat template)", "prompts": 2,
-                 "plain": {"tokens_per_s": 50.0},
-                 "drafts": {"15": {"tokens_per_s": 100.0, "speedup": 2.0, "median_speedup": 2.1, "tau": 5.0,
-                                   "acceptance_rate": 0.25, "mean_draft_length": 15.0, "identical": True},
-                            "auto": {"tokens_per_s": 110.0, "speedup": 2.2, "median_speedup": 2.3, "tau": 4.0,
-                                     "acceptance_rate": 0.5, "mean_draft_length": 6.0, "identical": False}}}}}
+    leg = {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "greedy": True,
+        "app_defaults": False,
+        "classes": {
+            "code": {
+                "title": "held-out code questions (chat template)",
+                "prompts": 2,
+                "plain": {"tokens_per_s": 50.0},
+                "drafts": {
+                    "15": {
+                        "tokens_per_s": 100.0,
+                        "speedup": 2.0,
+                        "median_speedup": 2.1,
+                        "tau": 5.0,
+                        "acceptance_rate": 0.25,
+                        "mean_draft_length": 15.0,
+                        "identical": True,
+                    },
+                    "auto": {
+                        "tokens_per_s": 110.0,
+                        "speedup": 2.2,
+                        "median_speedup": 2.3,
+                        "tau": 4.0,
+                        "acceptance_rate": 0.5,
+                        "mean_draft_length": 6.0,
+                        "identical": False,
+                    },
+                },
+            }
+        },
+    }
     setup = {"prompts_per_class": {"code": 2}, "max_new_tokens": 8, "device": "cpu", "dtype": "float32", "threads": 1}
     text = format_report({"setup": setup, "temperatures": {"0": leg}, "identical": False})
     assert "temperature 0 (greedy)" in text and "2 prompts, plain decode 50.0 tok/s" in text
@@ -259,7 +466,25 @@ def test_bench_demo_sampled_leg_comes_from_the_flags_or_the_apps_defaults():
 
 def test_bench_measures_a_users_own_pair(pair, capsys):
     target, drafter = pair
-    assert main(["bench", "--target", str(target), "--drafter", str(drafter), "--prompts", "2", "--tokens", "16", "--json", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--target",
+                str(target),
+                "--drafter",
+                str(drafter),
+                "--prompts",
+                "2",
+                "--tokens",
+                "16",
+                "--json",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     record = json.loads(capsys.readouterr().out)
     assert record["prompts"] == 2 and record["identical_output"] is True
     assert record["new_tokens"] <= 2 * 16

@@ -76,8 +76,11 @@ DRAFT_RULE = "must be auto, off or a number of drafts per step (1-64)"
     "argv, command, value",
     [
         (["--draft", "0"], "dflash-chat", "'0'"),
-        (["run", "--target", MISSING, "--drafter", MISSING, "--prompt", "hi", "--draft", "lots"], "dflash-chat run",
-         "'lots'"),
+        (
+            ["run", "--target", MISSING, "--drafter", MISSING, "--prompt", "hi", "--draft", "lots"],
+            "dflash-chat run",
+            "'lots'",
+        ),
         (["serve", "--target", MISSING, "--draft", "65"], "dflash-chat serve", "'65'"),
     ],
 )
@@ -165,14 +168,20 @@ def test_dflash_chat_home_holds_the_apps_files_and_models_stay_in_the_hf_cache(m
     cache = capsys.readouterr().out.splitlines()[-1]
     assert cache.startswith(f"Cache: {constants.HF_HUB_CACHE} ") and str(home) not in cache
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    files = readme[readme.index("## Files"):readme.index("## How it works")]
-    assert "`DFLASH_CHAT_HOME=DIR` keeps dflash-chat's own files" in files and "Models stay in the Hugging Face" in files
+    files = readme[readme.index("## Files") : readme.index("## How it works")]
+    assert (
+        "`DFLASH_CHAT_HOME=DIR` keeps dflash-chat's own files" in files and "Models stay in the Hugging Face" in files
+    )
 
 
 @pytest.mark.parametrize(
     "argv, env, fragment",
     [
-        (["run", "--demo", "--prompt", "hi", "--device", "tpu"], None, "--device 'tpu' is not a device: use cpu, cuda or cuda:N"),
+        (
+            ["run", "--demo", "--prompt", "hi", "--device", "tpu"],
+            None,
+            "--device 'tpu' is not a device: use cpu, cuda or cuda:N",
+        ),
         (["bench", "--device", "gpu0"], None, "--device 'gpu0' is not a device"),
         (["--demo"], "tpu", "DFLASH_CHAT_DEVICE 'tpu' is not a device"),
     ],

@@ -170,8 +170,10 @@ def test_pull_without_a_model_on_a_cpu_only_machine_fetches_nothing(home, capsys
     monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
     code, out, err = run(capsys, "pull")
     assert code == 0, err
-    assert out.splitlines() == [app_explanation(CPU_ONLY),
-                                "Nothing to download. To fetch a real model anyway: dflash-chat pull qwen3.5-4b"]
+    assert out.splitlines() == [
+        app_explanation(CPU_ONLY),
+        "Nothing to download. To fetch a real model anyway: dflash-chat pull qwen3.5-4b",
+    ]
     assert not server.requests
 
 
@@ -187,8 +189,10 @@ def test_models_vram_plans_for_another_card_without_probing(home, capsys, monkey
     code, out, err = run(capsys, "models", "--vram", "24", "--context", "32768")
     assert code == 0, err
     assert out.splitlines()[0] == "Planning for a 24 GB GPU (--vram), all of it free"
-    assert ("Pick: planned GPU 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
-            "with ~20 % longer acceptance);") in out
+    assert (
+        "Pick: planned GPU 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+        "with ~20 % longer acceptance);"
+    ) in out
     assert row(out, "qwen3.8-27b", "Q4_K_M")[5:] == ["yes", "-", "<- pick"]
     assert row(out, "qwen3.8-27b", "Q8_0")[5] == "no"
     assert row(out, "qwen3.6-27b", "Q4_K_M")[5:] == ["yes", "-"]  # it fits too, ranked below
@@ -243,8 +247,10 @@ def test_doctor_says_when_the_hub_cannot_be_reached(home, monkeypatch):
     closed.close()  # nothing listens there: refused at once
     check = doctor.hub_reachable(f"http://127.0.0.1:{port}")
     assert not check.ok
-    assert check.line() == (f"FIX  Hub: cannot reach http://127.0.0.1:{port} (ConnectError) -> check the connection "
-                            "or the proxy (HTTPS_PROXY); HF_HUB_OFFLINE=1 runs downloaded models only")
+    assert check.line() == (
+        f"FIX  Hub: cannot reach http://127.0.0.1:{port} (ConnectError) -> check the connection "
+        "or the proxy (HTTPS_PROXY); HF_HUB_OFFLINE=1 runs downloaded models only"
+    )
 
     silent = socket.socket()  # accepts connections, never answers: the short timeout decides
     silent.bind(("127.0.0.1", 0))
@@ -287,22 +293,45 @@ def test_pull_of_a_gated_drafter_without_a_token_is_one_line_and_fetches_nothing
 # The repos as the catalog pins them: each answers at the catalog's commit, with the real file names
 # (tiny contents) and the files beside them that a pattern must not take.
 QWEN38_REPOS = {
-    "unsloth/Qwen3.8-27B-GGUF": ("fdd03b8bbd279c1694563650e79d85a2373d9934", {
-        "Qwen3.8-27B-Q8_0.gguf": 8_000, "Qwen3.8-27B-Q4_K_M.gguf": 4_000, "Qwen3.8-27B-Q3_K_M.gguf": 3_200,
-        "Qwen3.8-27B-Q3_K_S.gguf": 3_000, "Qwen3.8-27B-UD-Q4_K_XL.gguf": 4_400, "Qwen3.8-27B-UD-Q3_K_XL.gguf": 3_100,
-        "mmproj-F16.gguf": 900, "config.json": 40,
-    }),
-    "incoai/Qwen3.8-27B-DFlash2-GGUF": ("51962825493a48b846b40126d35c799ac4093ad0", {
-        "Qwen3.8-27B-DFlash2-Q8_0.gguf": 2_000, "Qwen3.8-27B-DFlash2-Q4_K_M.gguf": 1_100,
-        "Qwen3.8-27B-DFlash2-BF16.gguf": 3_800,
-    }),
-    "z-lab/Qwen3.8-27B-DFlash2": ("50307d4c4cde6860d4eee73e2547cd786fe8e8a4", {
-        "config.json": 60, "model.safetensors": 3_850, "README.md": 30,
-    }),
-    "Qwen/Qwen3.8-27B": ("1d4bf0f2ff6012fd82039f2fa52739d0dd7c60c0", {
-        "tokenizer_config.json": 20, "tokenizer.json": 50, "chat_template.jinja": 10, "config.json": 30,
-        "model-00001-of-00015.safetensors": 500,
-    }),
+    "unsloth/Qwen3.8-27B-GGUF": (
+        "fdd03b8bbd279c1694563650e79d85a2373d9934",
+        {
+            "Qwen3.8-27B-Q8_0.gguf": 8_000,
+            "Qwen3.8-27B-Q4_K_M.gguf": 4_000,
+            "Qwen3.8-27B-Q3_K_M.gguf": 3_200,
+            "Qwen3.8-27B-Q3_K_S.gguf": 3_000,
+            "Qwen3.8-27B-UD-Q4_K_XL.gguf": 4_400,
+            "Qwen3.8-27B-UD-Q3_K_XL.gguf": 3_100,
+            "mmproj-F16.gguf": 900,
+            "config.json": 40,
+        },
+    ),
+    "incoai/Qwen3.8-27B-DFlash2-GGUF": (
+        "51962825493a48b846b40126d35c799ac4093ad0",
+        {
+            "Qwen3.8-27B-DFlash2-Q8_0.gguf": 2_000,
+            "Qwen3.8-27B-DFlash2-Q4_K_M.gguf": 1_100,
+            "Qwen3.8-27B-DFlash2-BF16.gguf": 3_800,
+        },
+    ),
+    "z-lab/Qwen3.8-27B-DFlash2": (
+        "50307d4c4cde6860d4eee73e2547cd786fe8e8a4",
+        {
+            "config.json": 60,
+            "model.safetensors": 3_850,
+            "README.md": 30,
+        },
+    ),
+    "Qwen/Qwen3.8-27B": (
+        "1d4bf0f2ff6012fd82039f2fa52739d0dd7c60c0",
+        {
+            "tokenizer_config.json": 20,
+            "tokenizer.json": 50,
+            "chat_template.jinja": 10,
+            "config.json": 30,
+            "model-00001-of-00015.safetensors": 500,
+        },
+    ),
 }
 
 
@@ -328,8 +357,10 @@ def test_pull_qwen38_fetches_the_target_quant_and_the_dflash2_drafter_the_picker
     assert code == 0, err
     lines = out.splitlines()
     # the picker's line for this machine (the 3090 double, the app's 8k context), then the plan
-    assert lines[0].startswith("RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token "
-                               "blocks with ~20 % longer acceptance);")
+    assert lines[0].startswith(
+        "RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token "
+        "blocks with ~20 % longer acceptance);"
+    )
     size = size_text(4_000 + 2_000 + 20 + 50 + 10 + 30)  # target, drafter, the tokenizer repo's files
     assert lines[1] == f"Qwen3.8-27B: 6 files, {size}, {size} to download -> {qwen38_home}"
     files = pulled(out)
@@ -349,8 +380,13 @@ def test_pull_qwen38_fetches_the_target_quant_and_the_dflash2_drafter_the_picker
 
     code, out, _ = run(capsys, "models", "--model", "qwen3.8-27b")
     assert code == 0
-    assert row(out, "qwen3.8-27b", "Q4_K_M")[3:] == ["Q8_0 (DFlash2)", row(out, "qwen3.8-27b", "Q4_K_M")[4],
-                                                      "yes", "yes", "<- pick"]
+    assert row(out, "qwen3.8-27b", "Q4_K_M")[3:] == [
+        "Q8_0 (DFlash2)",
+        row(out, "qwen3.8-27b", "Q4_K_M")[4],
+        "yes",
+        "yes",
+        "<- pick",
+    ]
     assert row(out, "qwen3.8-27b", "Q3_K_M")[5:] == ["yes", "drafter+tokenizer"]  # Q8_0 drafter cached
     # Q8_0 fits beside no drafter here: its row shows the smallest, the Q4_K_M GGUF, not downloaded
     assert row(out, "qwen3.8-27b", "Q8_0")[3] == "Q4_K_M (DFlash2)"

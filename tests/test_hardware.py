@@ -15,8 +15,16 @@ from dflash_chat.engine import memory
 from dflash_chat.hardware import GIB, Gpu, Machine, NoFitError, budget, choose
 from dflash_chat.sizes import size_text
 
-GPUS = {8: "RTX 4060", 12: "RTX 3060", 16: "RTX 4080", 20: "RTX 4000 Ada", 24: "RTX 3090", 32: "RTX 5090",
-        48: "RTX A6000", 80: "H100"}
+GPUS = {
+    8: "RTX 4060",
+    12: "RTX 3060",
+    16: "RTX 4080",
+    20: "RTX 4000 Ada",
+    24: "RTX 3090",
+    32: "RTX 5090",
+    48: "RTX A6000",
+    80: "H100",
+}
 
 
 def machine(size_gb: int, used_gb: float = 0.4) -> Machine:
@@ -163,12 +171,24 @@ def test_explanation_is_one_line_like_the_issue(catalog):
 @pytest.mark.parametrize(
     ("size", "context", "expected"),
     [
-        (16, 8192, "RTX 4080 16 GB: Qwen3.8-27B Q3_K_S + DFlash2 drafter Q4_K_M (DFlash2 drafts 8-token blocks "
-                   "with ~20 % longer acceptance); 1.16 GB left for an 8k context"),
-        (24, 32768, "RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
-                    "with ~20 % longer acceptance); 3.69 GB left for a 32k context"),
-        (48, 32768, "RTX A6000 48 GB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
-                    "with ~20 % longer acceptance); 16.2 GB left for a 32k context"),
+        (
+            16,
+            8192,
+            "RTX 4080 16 GB: Qwen3.8-27B Q3_K_S + DFlash2 drafter Q4_K_M (DFlash2 drafts 8-token blocks "
+            "with ~20 % longer acceptance); 1.16 GB left for an 8k context",
+        ),
+        (
+            24,
+            32768,
+            "RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+            "with ~20 % longer acceptance); 3.69 GB left for a 32k context",
+        ),
+        (
+            48,
+            32768,
+            "RTX A6000 48 GB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+            "with ~20 % longer acceptance); 16.2 GB left for a 32k context",
+        ),
     ],
 )
 def test_the_qwen38_pair_and_its_reason_on_16_24_and_48_gb(catalog, size, context, expected):
@@ -189,10 +209,17 @@ def test_nothing_fits_says_what_the_smallest_needs(catalog):
     tiny = Machine((Gpu(0, "NVIDIA GeForce GTX 1650", 4 * GIB, int(3.6 * GIB)),), 16 * GIB, 8 * GIB)
     with pytest.raises(NoFitError) as err:
         choose(tiny, catalog, context=32768)
-    smallest = budget(catalog.get("qwen3.5-4b"), catalog.get("qwen3.5-4b").target("Q4_K_M"),
-                      catalog.get("qwen3.5-4b").drafter("BF16"), 32768, tiny)
+    smallest = budget(
+        catalog.get("qwen3.5-4b"),
+        catalog.get("qwen3.5-4b").target("Q4_K_M"),
+        catalog.get("qwen3.5-4b").drafter("BF16"),
+        32768,
+        tiny,
+    )
     message = str(err.value)
-    assert message.startswith(f"GTX 1650 4 GB: nothing fits in the {size_text(tiny.available)} free; the smallest option, ")
+    assert message.startswith(
+        f"GTX 1650 4 GB: nothing fits in the {size_text(tiny.available)} free; the smallest option, "
+    )
     assert f"Qwen3.5-4B Q4_K_M + drafter BF16 with a 32k context, needs {size_text(smallest.need)}" in message
     assert "--context" in message and "\n" not in message
 
@@ -266,8 +293,9 @@ def test_on_16_gb_the_qwen38_27b_comes_at_three_bits_beside_its_smallest_drafter
     """A 16 GB card holds Qwen3.8-27B at Q3_K_S with the Q4_K_M DFlash2 GGUF at the app's 8k context:
     nothing bigger of the pair fits, and at 32k the 9B takes over."""
     pair, sixteen = catalog.get("qwen3.8-27b"), machine(16)
-    fitting = [(t.quant, d.quant) for t in pair.targets for d in pair.drafters
-               if budget(pair, t, d, 8192, sixteen).fits]
+    fitting = [
+        (t.quant, d.quant) for t in pair.targets for d in pair.drafters if budget(pair, t, d, 8192, sixteen).fits
+    ]
     assert fitting == [("Q3_K_S", "Q4_K_M")]
     assert not any(budget(pair, t, d, 32768, sixteen).fits for t in pair.targets for d in pair.drafters)
     assert choose(sixteen, catalog, context=32768).pair.name == "qwen3.5-9b"
@@ -288,9 +316,21 @@ def test_the_qwen38_budget_counts_its_dflash2_drafter(catalog):
 
 
 # Qwen3.8-27B's DFlash2 drafter (z-lab/Qwen3.8-27B-DFlash2 config.json): five sliding layers, block 8.
-DFLASH2 = memory.DrafterShape(kind="dflash2", layers=5, sliding_layers=5, sliding_window=2048, kv_heads=8,
-                              head_dim=128, hidden=5120, block_size=8, taps=5, selector_top_k=16,
-                              selector_rank=256, conv_kernel=2, conv_group=16)
+DFLASH2 = memory.DrafterShape(
+    kind="dflash2",
+    layers=5,
+    sliding_layers=5,
+    sliding_window=2048,
+    kv_heads=8,
+    head_dim=128,
+    hidden=5120,
+    block_size=8,
+    taps=5,
+    selector_top_k=16,
+    selector_rank=256,
+    conv_kernel=2,
+    conv_group=16,
+)
 
 
 def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
@@ -317,9 +357,20 @@ def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
     # 5 layers x (attention_conv, mlp_conv) x 8 positions x 2 x kernel 2 x 320 groups (5120 / 16) in bf16
     assert state.draft_conv == 5 * 2 * 8 * 2 * 2 * 320 * 2 == 204_800
     assert state.snapshot_logits == 248320 * 4
-    parts = (state.target_kv, state.target_rope, state.gdn_recurrent, state.gdn_conv, state.gdn_verify,
-             state.snapshot_logits, state.drafter_kv, state.drafter_rope, state.step_outputs, state.sampling,
-             state.selector, state.draft_conv)
+    parts = (
+        state.target_kv,
+        state.target_rope,
+        state.gdn_recurrent,
+        state.gdn_conv,
+        state.gdn_verify,
+        state.snapshot_logits,
+        state.drafter_kv,
+        state.drafter_rope,
+        state.step_outputs,
+        state.sampling,
+        state.selector,
+        state.draft_conv,
+    )
     assert state.total == sum(parts)
 
 
@@ -357,8 +408,12 @@ def test_the_shape_of_an_engine_config_tells_dflash2_by_its_architecture():
 
 def test_a_shape_the_memory_model_cannot_size_says_why():
     assert DFLASH2.problem() is None
-    assert "needs selector_rank" in memory.DrafterShape(5, 8, 128, 5120, kind="dflash2", selector_top_k=16,
-                                                        conv_kernel=2, conv_group=16).problem()
+    assert (
+        "needs selector_rank"
+        in memory.DrafterShape(
+            5, 8, 128, 5120, kind="dflash2", selector_top_k=16, conv_kernel=2, conv_group=16
+        ).problem()
+    )
     assert "known kinds: dflash, dflash2" in memory.DrafterShape(5, 8, 128, 5120, kind="eagle").problem()
     assert "belong to kind" in memory.DrafterShape(5, 8, 128, 5120, selector_top_k=16).problem()
 
@@ -399,8 +454,9 @@ def test_allow_no_fit_returns_the_smallest_option(catalog):
     choice = choose(machine(8), catalog, model="qwen3.6-27b", allow_no_fit=True)
     assert (choice.target.quant, choice.drafter.quant) == ("Q3_K_M", "Q4_K_M") and not choice.fits
     pair = catalog.get("qwen3.6-27b")
-    assert choice.budget.need == min(budget(pair, t, d, choice.context, machine(8)).need
-                                     for t in pair.targets for d in pair.drafters)
+    assert choice.budget.need == min(
+        budget(pair, t, d, choice.context, machine(8)).need for t in pair.targets for d in pair.drafters
+    )
     assert choose(machine(80), catalog, model="qwen3.6-27b", allow_no_fit=True).fits  # the best when one fits
 
 

@@ -95,7 +95,10 @@ def test_complete_download_lands_in_the_standard_cache(server, repos, cache):
     assert files.target.read_bytes() == repos[TARGET_REPO].files["Tiny-Q4_K_M.gguf"]
     assert sorted(p.name for p in files.drafter.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in files.tokenizer.iterdir()) == [
-        "chat_template.jinja", "config.json", "tokenizer.json", "tokenizer_config.json",
+        "chat_template.jinja",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     assert files.target.is_relative_to(cache / "models--tiny--Tiny-GGUF" / "snapshots")
     import gguf
@@ -104,8 +107,14 @@ def test_complete_download_lands_in_the_standard_cache(server, repos, cache):
 
     # every file finished with a "done" report whose byte counts add up
     done = {e.file.filename: e for e in events if e.status == "done"}
-    assert set(done) == {"Tiny-Q4_K_M.gguf", "config.json", "model.safetensors", "tokenizer_config.json",
-                         "tokenizer.json", "chat_template.jinja"}
+    assert set(done) == {
+        "Tiny-Q4_K_M.gguf",
+        "config.json",
+        "model.safetensors",
+        "tokenizer_config.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+    }
     assert all(e.done == e.total == e.file.size for e in done.values())
 
     # other Hugging Face tools find the files offline, by name, in the same cache
@@ -362,8 +371,10 @@ def test_a_token_without_access_is_told_to_accept_the_terms(gated, monkeypatch):
     with pytest.raises(hub.GatedRepoAccessError) as err:
         hub.download(hub.plan(*sources(), endpoint=gated.url))
     assert err.value.token_present
-    assert str(err.value).startswith(f"{DRAFTER_REPO} is gated and the token in HF_TOKEN has no access to it yet: "
-                                     f"accept its terms on {gated.url}/{DRAFTER_REPO} with the same account")
+    assert str(err.value).startswith(
+        f"{DRAFTER_REPO} is gated and the token in HF_TOKEN has no access to it yet: "
+        f"accept its terms on {gated.url}/{DRAFTER_REPO} with the same account"
+    )
     checks = gated.gets("/auth-check")
     assert checks and checks[-1].headers["authorization"] == "Bearer refused"  # asked the Hub, as 403 answers
 

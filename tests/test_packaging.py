@@ -25,16 +25,18 @@ pytest.importorskip("hatchling", reason="hatchling builds the wheel (pip install
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     build = "import sys; from hatchling.build import build_wheel; print(build_wheel(sys.argv[1]))"
-    done = subprocess.run([sys.executable, "-c", build, str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", build, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return out / done.stdout.strip().splitlines()[-1]
 
 
 def test_the_wheel_holds_the_demo_pair_themes_stylesheet_and_catalog(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    tracked = subprocess.run(["git", "ls-files", "dflash_chat/demo_data", "themes"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "dflash_chat/demo_data", "themes"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert tracked, "git lists the demo pair and the themes"
     for path in tracked:
         inside = path if path.startswith("dflash_chat/") else f"dflash_chat/{path}"
@@ -61,8 +63,9 @@ def test_the_installed_copy_finds_its_data(wheel, tmp_path):
         "  'pairs': [p.name for p in load_catalog(Path('absent.toml')).pairs]}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site), "DFLASH_CHAT_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert Path(found["package"]).is_relative_to(site)  # the unpacked wheel, not the checkout

@@ -61,12 +61,24 @@ GATE_UP_DOWN = [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("BF16", "BF16")]
 
 # --- weights -------------------------------------------------------------------------------------------------
 
-_FP16_FIELDS = {"Q4_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
-                "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+_FP16_FIELDS = {
+    "Q4_0": (0,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
 
 
-def packed_weights(fmt_name: str, n: int, k: int, device: torch.device, seed: int = 0,
-                   lead: tuple = ()) -> torch.Tensor:
+def packed_weights(
+    fmt_name: str, n: int, k: int, device: torch.device, seed: int = 0, lead: tuple = ()
+) -> torch.Tensor:
     """Random blocks of `fmt` [*lead, n, row_bytes], made on the device: random bytes, small finite fp16 scales
     (the kernels' speed does not depend on the values; correctness compares against the same blocks)."""
     fmt = FORMATS[fmt_name]
@@ -79,11 +91,12 @@ def packed_weights(fmt_name: str, n: int, k: int, device: torch.device, seed: in
     blocks = torch.randint(0, 256, (nb, fmt.type_size), generator=g, device=device, dtype=torch.uint8)
     for at in _FP16_FIELDS[fmt_name]:
         scale = (torch.randn(nb, generator=g, device=device) * 2e-4).to(torch.float16)
-        blocks[:, at:at + 2] = scale.view(torch.uint8).reshape(nb, 2)
+        blocks[:, at : at + 2] = scale.view(torch.uint8).reshape(nb, 2)
     return blocks.reshape(*lead, n, -1)
 
 
 # --- timing ----------------------------------------------------------------------------------------------------
+
 
 def time_fn(fn, device: torch.device, reps: int = 1) -> float:
     """Median seconds of fn() (on CPU one timed run: the dry run only exercises the code)."""
@@ -113,6 +126,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 # --- 1. correctness -------------------------------------------------------------------------------------------
 
+
 def check_matmuls(device: torch.device, n: int, k: int, dtype: torch.dtype) -> list[dict]:
     rows = []
     for fmt_name in QUANT_FORMATS:
@@ -124,9 +138,17 @@ def check_matmuls(device: torch.device, n: int, k: int, dtype: torch.dtype) -> l
             for m in M_VALUES:
                 x = torch.randn(m, k, device=device, generator=torch.Generator(device=device).manual_seed(m)).to(dt)
                 rel = _rel(kernels.matmul(x, packed, fmt, n), x.float() @ ref_w.T)
-                rows.append({"what": "matmul", "format": fmt_name, "dtype": str(dt).split(".")[-1], "M": m,
-                             "rel_error": rel, "dequantize_exact": deq_exact,
-                             "ok": rel < TOLERANCE[dt] and deq_exact})
+                rows.append(
+                    {
+                        "what": "matmul",
+                        "format": fmt_name,
+                        "dtype": str(dt).split(".")[-1],
+                        "M": m,
+                        "rel_error": rel,
+                        "dequantize_exact": deq_exact,
+                        "ok": rel < TOLERANCE[dt] and deq_exact,
+                    }
+                )
     return rows + check_split_repeats(device, n, k, dtype, repeats=200 if device.type == "cuda" else 2)
 
 
@@ -146,13 +168,25 @@ def check_split_repeats(device: torch.device, n: int, k: int, dtype: torch.dtype
         launch = configs.Launch(kernel, 16, 1 if m == 1 else 16, split, configs.warps_for("Q4_K", kernel))
         x = torch.randn(m, k, device=device, generator=torch.Generator(device=device).manual_seed(7)).to(dtype)
         first = triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch)
-        same = all(torch.equal(triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch), first)
-                   for _ in range(repeats))
+        same = all(
+            torch.equal(triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch), first) for _ in range(repeats)
+        )
         armed = not bool(triton_quant._counters(device).any())
         rel = _rel(first, x.float() @ ref_w.T)
-        rows.append({"what": "split-K repeat", "format": "Q4_K", "dtype": str(dtype).split(".")[-1], "M": m,
-                     "split": split, "repeats": repeats, "rel_error": rel, "identical": same, "counters_zero": armed,
-                     "ok": same and armed and rel < TOLERANCE[dtype]})
+        rows.append(
+            {
+                "what": "split-K repeat",
+                "format": "Q4_K",
+                "dtype": str(dtype).split(".")[-1],
+                "M": m,
+                "split": split,
+                "repeats": repeats,
+                "rel_error": rel,
+                "identical": same,
+                "counters_zero": armed,
+                "ok": same and armed and rel < TOLERANCE[dtype],
+            }
+        )
     return rows
 
 
@@ -169,8 +203,9 @@ def _experts_reference(x, idx, w, gate_up, down, gu_fmt, d_fmt) -> torch.Tensor:
     return out
 
 
-def check_experts(device: torch.device, dtype: torch.dtype, experts: int, hidden: int, width: int,
-                  top_k: int) -> list[dict]:
+def check_experts(
+    device: torch.device, dtype: torch.dtype, experts: int, hidden: int, width: int, top_k: int
+) -> list[dict]:
     rows = []
     for gu_name, d_name in GATE_UP_DOWN:
         gu_fmt, d_fmt = FORMATS[gu_name], FORMATS[d_name]
@@ -183,8 +218,16 @@ def check_experts(device: torch.device, dtype: torch.dtype, experts: int, hidden
             x = torch.randn(tokens, hidden, generator=g).to(device=device, dtype=dtype)
             got = kernels.grouped_experts(x, idx, w, [(gate_up, gu_fmt)], (down, d_fmt))
             rel = _rel(got, _experts_reference(x, idx, w, gate_up, down, gu_fmt, d_fmt))
-            rows.append({"what": "experts", "format": f"{gu_name}+{d_name}", "dtype": str(dtype).split(".")[-1],
-                         "M": tokens, "rel_error": rel, "ok": rel < 2 * TOLERANCE[dtype]})
+            rows.append(
+                {
+                    "what": "experts",
+                    "format": f"{gu_name}+{d_name}",
+                    "dtype": str(dtype).split(".")[-1],
+                    "M": tokens,
+                    "rel_error": rel,
+                    "ok": rel < 2 * TOLERANCE[dtype],
+                }
+            )
     return rows
 
 
@@ -200,8 +243,10 @@ def check_glue(device: torch.device, dtype: torch.dtype, hidden: int) -> list[di
     tok = rand(256)
     cases = {}
     for zc in (True, False):
-        cases[f"add_rms_norm zero_centred={zc}"] = (kernels.add_rms_norm(x, res, w, 1e-6, zc),
-                                                    reference.add_rms_norm(x, res, w, 1e-6, zc))
+        cases[f"add_rms_norm zero_centred={zc}"] = (
+            kernels.add_rms_norm(x, res, w, 1e-6, zc),
+            reference.add_rms_norm(x, res, w, 1e-6, zc),
+        )
     gate, up = both[:, :384], both[:, 384:]
     cases["silu_mul"] = (kernels.silu_mul(gate, up), reference.silu_mul(gate, up))
     cases["gated_rms_norm"] = (kernels.gated_rms_norm(core, z, wn, 1e-6), reference.gated_rms_norm(core, z, wn, 1e-6))
@@ -213,21 +258,34 @@ def check_glue(device: torch.device, dtype: torch.dtype, hidden: int) -> list[di
     want_i, want_w = reference.top_k_softmax(logits, 8, dtype)
     cases["router top-k"] = ((got_w, got_i.float()), (want_w, want_i.float()))
     r = kernels.route(want_i, 256)
-    cases["route"] = (tuple(t.float() for t in (r.order, r.token_of, r.offsets, r.expert_of)),
-                      tuple(t.float() for t in reference.route(want_i, 256)))
+    cases["route"] = (
+        tuple(t.float() for t in (r.order, r.token_of, r.offsets, r.expert_of)),
+        tuple(t.float() for t in reference.route(want_i, 256)),
+    )
     y, shared = rand(16 * 8, hidden), (rand(16, hidden), rand(16, 1))
-    cases["experts' sum + shared"] = (kernels.moe_combine(y, want_w, shared, dtype),
-                                      reference.moe_combine(y, want_w, shared, dtype))
+    cases["experts' sum + shared"] = (
+        kernels.moe_combine(y, want_w, shared, dtype),
+        reference.moe_combine(y, want_w, shared, dtype),
+    )
     rows = []
     for name, (got, want) in cases.items():
         got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
         rel = max(_rel(a, b) for a, b in zip(got, want))
-        rows.append({"what": "glue", "format": name, "dtype": str(dtype).split(".")[-1], "M": 0, "rel_error": rel,
-                     "ok": rel < TOLERANCE[dtype]})
+        rows.append(
+            {
+                "what": "glue",
+                "format": name,
+                "dtype": str(dtype).split(".")[-1],
+                "M": 0,
+                "rel_error": rel,
+                "ok": rel < TOLERANCE[dtype],
+            }
+        )
     return rows
 
 
 # --- 2. bandwidth -------------------------------------------------------------------------------------------
+
 
 def benchmark(device: torch.device, shapes: list, dtype: torch.dtype, sweep: bool) -> dict:
     copy_bw = copy_bandwidth(device, 1 << 30 if device.type == "cuda" else 1 << 22)
@@ -240,9 +298,16 @@ def benchmark(device: torch.device, shapes: list, dtype: torch.dtype, sweep: boo
         x16 = torch.randn(16, k, device=device, dtype=dtype)
         t1 = time_fn(lambda: kernels.matmul(x1, packed, fmt, n), device)
         t16 = time_fn(lambda: kernels.matmul(x16, packed, fmt, n), device)
-        row = {"name": name, "format": fmt_name, "weight_MB": nbytes / 1e6, "t_M1_us": t1 * 1e6,
-               "t_M16_us": t16 * 1e6, "GBps_M1": nbytes / t1 / 1e9, "frac_of_copy_M1": nbytes / t1 / copy_bw,
-               "M16_over_M1": t16 / t1}
+        row = {
+            "name": name,
+            "format": fmt_name,
+            "weight_MB": nbytes / 1e6,
+            "t_M1_us": t1 * 1e6,
+            "t_M16_us": t16 * 1e6,
+            "GBps_M1": nbytes / t1 / 1e9,
+            "frac_of_copy_M1": nbytes / t1 / copy_bw,
+            "M16_over_M1": t16 / t1,
+        }
         if device.type == "cuda":
             from dflash_chat.engine.kernels import triton_quant as tq
 
@@ -278,8 +343,10 @@ def sweep_launches(device, packed, fmt, n, k, x1, x16, nbytes, copy_bw) -> list[
 
 # --- 3. routed experts ----------------------------------------------------------------------------------------
 
-def benchmark_experts(device: torch.device, dtype: torch.dtype, experts: int, hidden: int, width: int,
-                      top_k: int) -> dict:
+
+def benchmark_experts(
+    device: torch.device, dtype: torch.dtype, experts: int, hidden: int, width: int, top_k: int
+) -> dict:
     """One MoE layer's routed experts: one launch per projection vs one torch matmul per active expert.
     GB/s counts the bytes of the experts a step really reads (the distinct experts its tokens picked)."""
     out = {"experts": experts, "top_k": top_k, "hidden": hidden, "width": width, "rows": []}
@@ -305,14 +372,22 @@ def benchmark_experts(device: torch.device, dtype: torch.dtype, experts: int, hi
                 return y
 
             t_loop = time_fn(per_expert, device)
-            out["rows"].append({"formats": f"{gu_name}+{d_name}", "M": m, "active_experts": active,
-                                "t_grouped_us": t_grouped * 1e6, "t_per_expert_us": t_loop * 1e6,
-                                "grouped_speedup": t_loop / t_grouped,
-                                "GBps_grouped": active * per_expert_bytes / t_grouped / 1e9})
+            out["rows"].append(
+                {
+                    "formats": f"{gu_name}+{d_name}",
+                    "M": m,
+                    "active_experts": active,
+                    "t_grouped_us": t_grouped * 1e6,
+                    "t_per_expert_us": t_loop * 1e6,
+                    "grouped_speedup": t_loop / t_grouped,
+                    "GBps_grouped": active * per_expert_bytes / t_grouped / 1e9,
+                }
+            )
     return out
 
 
 # --- 4. resident bytes ------------------------------------------------------------------------------------------
+
 
 def resident_bytes(device: torch.device, shapes: list, n_layers: int) -> dict:
     """Write n_layers x shapes (Q4_K_M-mix) plus F32 norms to a GGUF, load as QuantLinear, compare bytes."""
@@ -327,8 +402,12 @@ def resident_bytes(device: torch.device, shapes: list, n_layers: int) -> dict:
         for layer in range(n_layers):
             for i, (_, n, k, fmt_name) in enumerate(shapes):
                 packed = packed_weights(fmt_name, n, k, torch.device("cpu"), seed=layer * 10 + i).numpy()
-                writer.add_tensor(f"blk.{layer}.w{i}.weight", packed, raw_shape=packed.shape,
-                                  raw_dtype=gguf.GGMLQuantizationType(FORMATS[fmt_name].ggml_type))
+                writer.add_tensor(
+                    f"blk.{layer}.w{i}.weight",
+                    packed,
+                    raw_shape=packed.shape,
+                    raw_dtype=gguf.GGMLQuantizationType(FORMATS[fmt_name].ggml_type),
+                )
             writer.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -347,14 +426,20 @@ def resident_bytes(device: torch.device, shapes: list, n_layers: int) -> dict:
             torch.cuda.synchronize()
             resident = torch.cuda.memory_allocated(device) - before
         else:
-            resident = sum(m.packed.numel() if isinstance(m, QuantLinear) else m.numel() * m.element_size()
-                           for m in modules)
+            resident = sum(
+                m.packed.numel() if isinstance(m, QuantLinear) else m.numel() * m.element_size() for m in modules
+            )
         del modules, reader
-    return {"layers": n_layers, "file_bytes": file_size, "resident_bytes": resident,
-            "resident_over_file": resident / file_size}
+    return {
+        "layers": n_layers,
+        "file_bytes": file_size,
+        "resident_bytes": resident,
+        "resident_over_file": resident / file_size,
+    }
 
 
 # --- compiling without a GPU, and compiling ahead on one ----------------------------------------------------------
+
 
 def _meta(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype, device="meta")
@@ -367,6 +452,7 @@ def _matmul_case(label: str, fmt_name: str, n: int, k: int, m: int, dtype=torch.
 
     def run():
         tq.matmul_small_m(_meta(m, k, dtype=dtype), _meta(n, fmt.row_bytes(k), dtype=torch.uint8), fmt, n)
+
     return (f"{label} {fmt_name} M={m}", run)
 
 
@@ -377,11 +463,25 @@ def _experts_case(label: str, fmt_name: str, experts: int, n: int, k: int, token
 
     def run():
         pairs = tokens * top_k
-        packed = _meta(experts, n, fmt.row_bytes(k) if fmt.quantized else k,
-                       dtype=torch.uint8 if fmt.quantized else fmt.float_dtype)
+        packed = _meta(
+            experts,
+            n,
+            fmt.row_bytes(k) if fmt.quantized else k,
+            dtype=torch.uint8 if fmt.quantized else fmt.float_dtype,
+        )
         ints = [_meta(pairs, dtype=torch.int32) for _ in range(3)]
-        tq.moe_matmul(_meta(tokens, k), packed, fmt, n, ints[0], ints[1], _meta(experts + 1, dtype=torch.int32),
-                      ints[2], tokens=tokens)
+        tq.moe_matmul(
+            _meta(tokens, k),
+            packed,
+            fmt,
+            n,
+            ints[0],
+            ints[1],
+            _meta(experts + 1, dtype=torch.int32),
+            ints[2],
+            tokens=tokens,
+        )
+
     return (f"{label} {fmt_name} tokens={tokens}", run)
 
 
@@ -389,24 +489,35 @@ def _dequant_case(fmt_name: str, n: int, k: int):
     from dflash_chat.engine.kernels import triton_quant as tq
 
     fmt = FORMATS[fmt_name]
-    return (f"dequantize {fmt_name} {n}x{k}", lambda: tq.dequantize(_meta(n, fmt.row_bytes(k), dtype=torch.uint8),
-                                                                      fmt, k, torch.bfloat16))
+    return (
+        f"dequantize {fmt_name} {n}x{k}",
+        lambda: tq.dequantize(_meta(n, fmt.row_bytes(k), dtype=torch.uint8), fmt, k, torch.bfloat16),
+    )
 
 
 def _glue_cases(label: str, hidden: int, width: int, conv: int, head_dim: int) -> list:
     from dflash_chat.engine.kernels import triton_glue as tg
 
     return [
-        (f"{label} add_rms_norm h={hidden}", lambda: (tg.add_rms_norm(_meta(16, hidden), _meta(16, hidden),
-                                                                      _meta(hidden), 1e-6, True),
-                                                      tg.rms_norm(_meta(16, hidden), _meta(hidden), 1e-6, False))),
+        (
+            f"{label} add_rms_norm h={hidden}",
+            lambda: (
+                tg.add_rms_norm(_meta(16, hidden), _meta(16, hidden), _meta(hidden), 1e-6, True),
+                tg.rms_norm(_meta(16, hidden), _meta(hidden), 1e-6, False),
+            ),
+        ),
         (f"{label} silu_mul {width}", lambda: tg.silu_mul(_meta(16, width), _meta(16, width))),
-        (f"{label} gated_rms_norm d={head_dim}", lambda: tg.gated_rms_norm(_meta(16, 8, head_dim),
-                                                                           _meta(16, 8, head_dim),
-                                                                           _meta(head_dim), 1e-6)),
+        (
+            f"{label} gated_rms_norm d={head_dim}",
+            lambda: tg.gated_rms_norm(_meta(16, 8, head_dim), _meta(16, 8, head_dim), _meta(head_dim), 1e-6),
+        ),
         (f"{label} conv_step C={conv}", lambda: tg.conv_step(_meta(conv), _meta(3, conv), _meta(conv, 4))),
-        (f"{label} conv_block C={conv}", lambda: tg.conv_block(_meta(16, conv + 64)[:, :conv], _meta(3, conv),
-                                                             _meta(conv, 4), _meta(19, conv), _meta(16, conv))),
+        (
+            f"{label} conv_block C={conv}",
+            lambda: tg.conv_block(
+                _meta(16, conv + 64)[:, :conv], _meta(3, conv), _meta(conv, 4), _meta(19, conv), _meta(16, conv)
+            ),
+        ),
     ]
 
 
@@ -419,19 +530,43 @@ def _attention_cases(label: str, heads: int, kv_heads: int, head_dim: int, conte
     def run(T, causal, window, rows):
         pos = _meta(T, dtype=torch.int64)
         cache = _meta(rows, kv_heads, head_dim)
-        attention.attend(_meta(T, heads, head_dim), cache, cache, pos, _meta(1, dtype=torch.int64),
-                         head_dim**-0.5, causal, window, _meta(T, heads * head_dim) if causal else None)
+        attention.attend(
+            _meta(T, heads, head_dim),
+            cache,
+            cache,
+            pos,
+            _meta(1, dtype=torch.int64),
+            head_dim**-0.5,
+            causal,
+            window,
+            _meta(T, heads * head_dim) if causal else None,
+        )
 
     def prepare(T, gated, rotary_dim, rows):
         cache = _meta(rows, kv_heads, head_dim)
         kv = _meta(T, kv_heads * head_dim)
-        attention.prepare(_meta(T, heads * head_dim * (2 if gated else 1)), kv, kv, _meta(head_dim), _meta(head_dim),
-                          1e-6, gated, _meta(T, rotary_dim), _meta(T, rotary_dim), _meta(T, dtype=torch.int64),
-                          cache, cache, heads, gated)
+        attention.prepare(
+            _meta(T, heads * head_dim * (2 if gated else 1)),
+            kv,
+            kv,
+            _meta(head_dim),
+            _meta(head_dim),
+            1e-6,
+            gated,
+            _meta(T, rotary_dim),
+            _meta(T, rotary_dim),
+            _meta(T, dtype=torch.int64),
+            cache,
+            cache,
+            heads,
+            gated,
+        )
 
     return [
-        (f"{label} attention prepare d={head_dim}", lambda: prepare(16, head_dim == 256, head_dim // 4
-                                                                    if head_dim == 256 else head_dim, context + 16)),
+        (
+            f"{label} attention prepare d={head_dim}",
+            lambda: prepare(16, head_dim == 256, head_dim // 4 if head_dim == 256 else head_dim, context + 16),
+        ),
         (f"{label} attention decode d={head_dim}", lambda: run(1, True, None, context + 16)),
         (f"{label} attention verify d={head_dim}", lambda: run(16, True, None, context + 16)),
         (f"{label} attention draft ring d={head_dim}", lambda: run(16, False, 2048, 2048 + 16)),
@@ -449,15 +584,26 @@ def _gdn_cases(label: str, key_heads: int, value_heads: int, key_dim: int, value
     def run(T, update, outputs, keep):
         f32 = torch.float32
         width = 2 * key_heads * key_dim + value_heads * value_dim
-        gdn._triton(_meta(T, width), _meta(T, value_heads), _meta(T, value_heads), _meta(value_heads, dtype=f32),
-                    _meta(value_heads, dtype=f32), _meta(value_heads, key_dim, value_dim, dtype=f32), heads, update,
-                    outputs, _meta((), dtype=torch.int64) if keep else None)
+        gdn._triton(
+            _meta(T, width),
+            _meta(T, value_heads),
+            _meta(T, value_heads),
+            _meta(value_heads, dtype=f32),
+            _meta(value_heads, dtype=f32),
+            _meta(value_heads, key_dim, value_dim, dtype=f32),
+            heads,
+            update,
+            outputs,
+            _meta((), dtype=torch.int64) if keep else None,
+        )
 
     def scan():
         n, c, f32 = 16, gdn.CHUNK, torch.float32
         shaped = [_meta(value_heads, n, c, d, dtype=f32) for d in (key_dim, key_dim, key_dim, value_dim, c)]
-        gdn._triton_scan(gdn.Chunks(*shaped, _meta(value_heads, n, dtype=f32), n * c),
-                         _meta(value_heads, key_dim, value_dim, dtype=f32))
+        gdn._triton_scan(
+            gdn.Chunks(*shaped, _meta(value_heads, n, dtype=f32), n * c),
+            _meta(value_heads, key_dim, value_dim, dtype=f32),
+        )
 
     return [
         (f"{label} gdn prefill scan", scan),
@@ -474,13 +620,20 @@ def _moe_glue_cases(label: str, experts: int, top_k: int, hidden: int) -> list:
     for tokens in (1, 16):  # decode and verify
         pairs = tokens * top_k
         cases += [
-            (f"{label} router top-k of {experts} T={tokens}",
-             lambda t=tokens: tg.top_k_softmax(_meta(t, experts + 1)[:, :experts], top_k, torch.bfloat16)),
+            (
+                f"{label} router top-k of {experts} T={tokens}",
+                lambda t=tokens: tg.top_k_softmax(_meta(t, experts + 1)[:, :experts], top_k, torch.bfloat16),
+            ),
             (f"{label} route {pairs} pairs", lambda t=tokens: tg.route(_meta(t, top_k, dtype=torch.int64), experts)),
-            (f"{label} experts' sum + shared T={tokens}",
-             lambda t=tokens, p=pairs: tg.moe_combine(_meta(p, hidden), _meta(t, top_k),
-                                                      (_meta(t, hidden), _meta(t, experts + 1)[:, experts:]),
-                                                      torch.bfloat16)),
+            (
+                f"{label} experts' sum + shared T={tokens}",
+                lambda t=tokens, p=pairs: tg.moe_combine(
+                    _meta(p, hidden),
+                    _meta(t, top_k),
+                    (_meta(t, hidden), _meta(t, experts + 1)[:, experts:]),
+                    torch.bfloat16,
+                ),
+            ),
         ]
     return cases
 
@@ -499,9 +652,16 @@ def catalog_cases() -> list:
         qkv = 2 * s.linear_key_heads * s.linear_key_dim + value
         moe = "a3b" in pair.name
         width = MOE_35B["width"] if moe else s.intermediate
-        shapes = [("qkv", qkv, s.hidden), ("z", value, s.hidden), ("a/b", s.linear_value_heads, s.hidden),
-                  ("out", s.hidden, value), ("k/v", s.kv_heads * s.head_dim, s.hidden),
-                  ("gate/up", width, s.hidden), ("down", s.hidden, width), ("lm_head", s.vocab, s.hidden)]
+        shapes = [
+            ("qkv", qkv, s.hidden),
+            ("z", value, s.hidden),
+            ("a/b", s.linear_value_heads, s.hidden),
+            ("out", s.hidden, value),
+            ("k/v", s.kv_heads * s.head_dim, s.hidden),
+            ("gate/up", width, s.hidden),
+            ("down", s.hidden, width),
+            ("lm_head", s.vocab, s.hidden),
+        ]
         for part, n, k in shapes:
             bumped = part in ("down", "lm_head", "k/v")  # Q4_K_M: Q6_K for output, ffn_down and attn_v (some layers)
             for fmt_name in ("Q4_K", "Q6_K", "Q8_0") if bumped else ("Q4_K", "Q8_0"):
@@ -509,8 +669,14 @@ def catalog_cases() -> list:
                     cases.append(_matmul_case(f"{pair.name} {part} {n}x{k}", fmt_name, n, k, m))
         if moe:
             e, top_k, h, w = MOE_35B["experts"], MOE_35B["top_k"], MOE_35B["hidden"], MOE_35B["width"]
-            for fmt_name, n, k in (("Q4_K", 2 * w, h), ("Q6_K", h, w), ("Q8_0", 2 * w, h), ("Q8_0", h, w),
-                                   ("BF16", 2 * w, h), ("BF16", h, w)):
+            for fmt_name, n, k in (
+                ("Q4_K", 2 * w, h),
+                ("Q6_K", h, w),
+                ("Q8_0", 2 * w, h),
+                ("Q8_0", h, w),
+                ("BF16", 2 * w, h),
+                ("BF16", h, w),
+            ):
                 for tokens in (1, 16):
                     cases.append(_experts_case(f"{pair.name} experts {n}x{k}", fmt_name, e, n, k, tokens, top_k))
             cases += _moe_glue_cases(pair.name, e, top_k, h)
@@ -532,20 +698,33 @@ def compile_only(arches: list[str], quick: bool) -> int:
 
     cases = catalog_cases()
     if quick:  # the 27B's ffn_gate/up in its two files, both kernels, the 35B's experts and one glue kernel
-        cases = [c for c in cases if c[0].startswith("qwen3.6-27b gate/up") or "experts 1024x2048 Q4_K" in c[0]
-                 or c[0] == "qwen3.6-27b add_rms_norm h=5120" or c[0] == "qwen3.6-27b attention verify d=256"
-                 or c[0] == "qwen3.6-27b attention prepare d=256" or c[0] == "qwen3.6-27b gdn prefill scan"
-                 or c[0] == "qwen3.6-27b gdn commit"]
+        cases = [
+            c
+            for c in cases
+            if c[0].startswith("qwen3.6-27b gate/up")
+            or "experts 1024x2048 Q4_K" in c[0]
+            or c[0] == "qwen3.6-27b add_rms_norm h=5120"
+            or c[0] == "qwen3.6-27b attention verify d=256"
+            or c[0] == "qwen3.6-27b attention prepare d=256"
+            or c[0] == "qwen3.6-27b gdn prefill scan"
+            or c[0] == "qwen3.6-27b gdn commit"
+        ]
     start = time.perf_counter()
-    print(f"{'arch':<6} {'kernel':<22} {'first case needing it':<44} registers, spilled bytes, global loads "
-          "(count by width), main loop", flush=True)
-    reports = compile_check.compile_all(cases, arches, on_report=lambda r: print(compile_check.format_report(r),
-                                                                                   flush=True))
+    print(
+        f"{'arch':<6} {'kernel':<22} {'first case needing it':<44} registers, spilled bytes, global loads "
+        "(count by width), main loop",
+        flush=True,
+    )
+    reports = compile_check.compile_all(
+        cases, arches, on_report=lambda r: print(compile_check.format_report(r), flush=True)
+    )
     weight_kernels = ("_gemv_kernel", "_gemm_kernel", "_experts_gemv_kernel", "_experts_gemm_kernel", "_dequant_kernel")
     spilled = [r for r in reports if r.spill_bytes]
     narrow = [r for r in reports if r.kernel in weight_kernels and r.narrow_loads()]
-    print(f"{len(reports)} kernel builds in {time.perf_counter() - start:.0f} s: {len(spilled)} spill, "
-          f"{len(narrow)} quantized kernels with loads narrower than 32 bits")
+    print(
+        f"{len(reports)} kernel builds in {time.perf_counter() - start:.0f} s: {len(spilled)} spill, "
+        f"{len(narrow)} quantized kernels with loads narrower than 32 bits"
+    )
     return 1 if spilled or narrow else 0
 
 
@@ -608,12 +787,17 @@ def _check_cases(n: int, k: int, dtype: torch.dtype) -> list:
 
 # --- main -------------------------------------------------------------------------------------------------------
 
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes (Triton's interpreter when it is on)")
     ap.add_argument("--compile-only", action="store_true", help="compile for the GPU families, no GPU needed")
-    ap.add_argument("--arch", action="append", choices=["sm_86", "sm_89", "sm_90"],
-                    help="with --compile-only: the families to build for (default: all three)")
+    ap.add_argument(
+        "--arch",
+        action="append",
+        choices=["sm_86", "sm_89", "sm_90"],
+        help="with --compile-only: the families to build for (default: all three)",
+    )
     ap.add_argument("--quick", action="store_true", help="with --compile-only: a few configurations only")
     ap.add_argument("--sweep", action="store_true", help="also time a few launch configurations per shape")
     ap.add_argument("--no-sweep", action="store_true", help="no sweep (the default; kept for tools/gpu_run.sh)")
@@ -634,8 +818,11 @@ def main(argv: list[str] | None = None) -> int:
         device, dtype = torch.device("cuda"), torch.bfloat16
         shapes, n, k, n_layers, moe = SHAPES_27B, 256, 2048, 2, MOE_35B
     start = time.perf_counter()
-    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "triton": kernels.use_triton(torch.empty(0, device=device)), "dry_run": args.dry_run}
+    report = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "triton": kernels.use_triton(torch.empty(0, device=device)),
+        "dry_run": args.dry_run,
+    }
     if device.type == "cuda" and report["triton"]:
         try:  # uses Triton internals (the JIT's specialisation): a Triton that differs only costs time
             report["precompile_s"] = precompile(device, n, k, dtype)
@@ -649,9 +836,14 @@ def main(argv: list[str] | None = None) -> int:
     # a kernel that failed its first-use check was replaced by the torch path: the comparison above would then
     # have checked the torch path against itself, so any disabled kernel is a failure here
     disabled = [" ".join(str(part) for part in key) for key, ok in kernels._checked.items() if not ok]
-    report["correctness"] = {"all_ok": all(r["ok"] for r in rows) and not disabled, "disabled_kernels": disabled,
-                             "worst": max(rows, key=lambda r: r["rel_error"] / TOLERANCE[getattr(torch, r["dtype"])]),
-                             "failures": [r for r in rows if not r["ok"]], "checked": len(rows), "rows": rows}
+    report["correctness"] = {
+        "all_ok": all(r["ok"] for r in rows) and not disabled,
+        "disabled_kernels": disabled,
+        "worst": max(rows, key=lambda r: r["rel_error"] / TOLERANCE[getattr(torch, r["dtype"])]),
+        "failures": [r for r in rows if not r["ok"]],
+        "checked": len(rows),
+        "rows": rows,
+    }
     print(f"correctness ({time.perf_counter() - start:.0f} s): all ok {report['correctness']['all_ok']}", flush=True)
     report["benchmark"] = benchmark(device, shapes, dtype, args.sweep and device.type == "cuda")
     print(f"benchmark ({time.perf_counter() - start:.0f} s)", flush=True)
@@ -676,30 +868,40 @@ def print_report(report: dict) -> None:
     c, b, r = report["correctness"], report["benchmark"], report["resident"]
     print(f"device: {report['device']}  triton: {report['triton']}  dry-run: {report['dry_run']}")
     w = c["worst"]
-    print(f"correctness: {c['checked']} cases, all ok: {c['all_ok']}; worst (relative to its tolerance) "
-          f"{w['what']} {w['format']} {w['dtype']} M={w['M']}: {w['rel_error']:.2e}")
+    print(
+        f"correctness: {c['checked']} cases, all ok: {c['all_ok']}; worst (relative to its tolerance) "
+        f"{w['what']} {w['format']} {w['dtype']} M={w['M']}: {w['rel_error']:.2e}"
+    )
     for name in c["disabled_kernels"]:
         print(f"  DISABLED (fell back to torch): {name}")
     for f in c["failures"][:20]:
         print(f"  FAIL {f}")
     print(f"copy bandwidth: {b['copy_GBps']:.1f} GB/s")
     for row in b["layers"]:
-        print(f"  {row['name']:<28} {row['format']:<5} {row['weight_MB']:8.1f} MB  M=1 {row['t_M1_us']:8.1f} us "
-              f"{row['GBps_M1']:7.1f} GB/s ({row['frac_of_copy_M1']:.0%} of copy)  M=16/M=1 {row['M16_over_M1']:.2f}x"
-              + (f"  [{row['launch_M1']}]" if "launch_M1" in row else ""))
+        print(
+            f"  {row['name']:<28} {row['format']:<5} {row['weight_MB']:8.1f} MB  M=1 {row['t_M1_us']:8.1f} us "
+            f"{row['GBps_M1']:7.1f} GB/s ({row['frac_of_copy_M1']:.0%} of copy)  M=16/M=1 {row['M16_over_M1']:.2f}x"
+            + (f"  [{row['launch_M1']}]" if "launch_M1" in row else "")
+        )
         for s in row.get("sweep", []):
             timing = f"{s['us']:.1f} us ({s['frac_of_copy']:.0%})" if "us" in s else s["error"]
             print(f"      {s['launch']}: {timing}")
-    print(f"overall: M=1 at {b['frac_of_copy_M1_overall']:.0%} of copy bandwidth (goal >= 70%), "
-          f"M=16 takes {b['M16_over_M1_overall']:.2f}x M=1 (goal <= 1.3x)")
+    print(
+        f"overall: M=1 at {b['frac_of_copy_M1_overall']:.0%} of copy bandwidth (goal >= 70%), "
+        f"M=16 takes {b['M16_over_M1_overall']:.2f}x M=1 (goal <= 1.3x)"
+    )
     ex = report["experts"]
     print(f"routed experts ({ex['experts']} x {ex['width']}, top-{ex['top_k']}, hidden {ex['hidden']}):")
     for row in ex["rows"]:
-        print(f"  {row['formats']:<10} M={row['M']:<3} {row['active_experts']:3d} experts  one launch "
-              f"{row['t_grouped_us']:8.1f} us ({row['GBps_grouped']:.0f} GB/s)  per expert "
-              f"{row['t_per_expert_us']:8.1f} us  -> {row['grouped_speedup']:.1f}x")
-    print(f"resident: {r['resident_bytes'] / 1e6:.1f} MB for a {r['file_bytes'] / 1e6:.1f} MB file "
-          f"({r['resident_over_file']:.3f}x, goal within 5%)")
+        print(
+            f"  {row['formats']:<10} M={row['M']:<3} {row['active_experts']:3d} experts  one launch "
+            f"{row['t_grouped_us']:8.1f} us ({row['GBps_grouped']:.0f} GB/s)  per expert "
+            f"{row['t_per_expert_us']:8.1f} us  -> {row['grouped_speedup']:.1f}x"
+        )
+    print(
+        f"resident: {r['resident_bytes'] / 1e6:.1f} MB for a {r['file_bytes'] / 1e6:.1f} MB file "
+        f"({r['resident_over_file']:.3f}x, goal within 5%)"
+    )
     print(f"goals: {report['goals']}  ({report['seconds']:.0f} s)")
 
 

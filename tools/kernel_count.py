@@ -45,7 +45,9 @@ def main(argv=None) -> int:
             if kind not in shown:
                 shown.add(kind)
                 print(f"  decode, one {kind} layer: " + ", ".join(f"{k} x{n}" for k, n in sorted(layer.items())))
-        print("  decode, outside the layers: " + ", ".join(f"{k} x{n}" for k, n in sorted(steps.decode.outside.items())))
+        print(
+            "  decode, outside the layers: " + ", ".join(f"{k} x{n}" for k, n in sorted(steps.decode.outside.items()))
+        )
     return 0
 
 

@@ -16,5 +16,7 @@ cd "$(dirname "$0")/.."
 . .venv/bin/activate
 python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
 pip install -q -e ".[test]"
+ruff check dflash_chat tests tools
+ruff format --check dflash_chat tests tools
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 exec python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -27,6 +27,7 @@ Spawn = Callable[[Callable[[], None], str], None]  # (worker body, group: "model
 
 # events a backend posts (from worker threads)
 
+
 @dataclass(frozen=True)
 class ModelChosen:
     """The model manager's choice (chat.model_manager.Chosen), before any file is fetched."""

@@ -122,5 +122,6 @@ def stream_answer(
     matched = stops is not None and stops.matched
     if matched and reason in ("cancelled", "length", "stop"):
         reason = "stop"
-    return StreamEnd(reason, "".join(thinking_parts), "".join(answer_parts), stats, error, tuple(written),
-                     stopped_by_text=matched)
+    return StreamEnd(
+        reason, "".join(thinking_parts), "".join(answer_parts), stats, error, tuple(written), stopped_by_text=matched
+    )

@@ -63,14 +63,20 @@ def explain(exc: BaseException, path: Path) -> str:
     """Why the history at `path` cannot be used, in words, with what to do about it."""
     text = str(exc).lower()
     if "locked" in text or "busy" in text:
-        return (f"another program holds the history file {path} (another dflash-chat, or a database tool): "
-                "close it, or keep the history elsewhere with --data-dir DIR")
+        return (
+            f"another program holds the history file {path} (another dflash-chat, or a database tool): "
+            "close it, or keep the history elsewhere with --data-dir DIR"
+        )
     if "readonly" in text or "read-only" in text or isinstance(exc, PermissionError):
-        return (f"the history file {path} or its folder is read-only: make them writable, "
-                "or keep the history elsewhere with --data-dir DIR")
+        return (
+            f"the history file {path} or its folder is read-only: make them writable, "
+            "or keep the history elsewhere with --data-dir DIR"
+        )
     if "unable to open" in text or isinstance(exc, (NotADirectoryError, FileExistsError, IsADirectoryError)):
-        return (f"the history file {path} cannot be opened or created (is {path.parent} a writable folder?): "
-                "fix that, or keep the history elsewhere with --data-dir DIR")
+        return (
+            f"the history file {path} cannot be opened or created (is {path.parent} a writable folder?): "
+            "fix that, or keep the history elsewhere with --data-dir DIR"
+        )
     if "full" in text or "disk i/o" in text or isinstance(exc, OSError) and exc.errno == 28:
         return f"the disk holding the history file {path} is full or failing: free some space"
     return f"the history file {path} cannot be used ({exc})"
@@ -100,8 +106,10 @@ class HistoryStore:
             if version > SCHEMA_VERSION:
                 raise HistoryUnavailable(f"{path} was written by a newer dflash-chat; upgrade, or move the file away")
             if version == 1:  # a history from before notes: the column added, nothing else touched
-                self.db.executescript("BEGIN; ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT ''; "
-                                      f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+                self.db.executescript(
+                    "BEGIN; ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT ''; "
+                    f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                )
             elif version < SCHEMA_VERSION:  # a new file: the only write an open makes
                 self.db.executescript(SCHEMA)
                 self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -126,7 +134,9 @@ class HistoryStore:
                 return cls(path, **kwargs), f"{exc}. It was moved to {aside} and a new history was started."
             except (OSError, HistoryUnavailable) as failed:
                 reason = explain(failed, path) if isinstance(failed, OSError) else str(failed)
-                return cls(path, in_memory=True, **kwargs), f"{exc}, and it could not be moved aside: {reason}. " + _MEMORY_NOTE
+                return cls(
+                    path, in_memory=True, **kwargs
+                ), f"{exc}, and it could not be moved aside: {reason}. " + _MEMORY_NOTE
         except HistoryUnavailable as exc:
             return cls(path, in_memory=True, **kwargs), f"Chat history is off: {exc}. " + _MEMORY_NOTE
 
@@ -173,14 +183,14 @@ class HistoryStore:
                 "LEFT JOIN messages m ON m.conversation_id = c.id "
                 "GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
             ).fetchall()
-            return [ConversationSummary(cid, _text(title), _time(created), _time(updated), count)
-                    for cid, title, created, updated, count in rows]
+            return [
+                ConversationSummary(cid, _text(title), _time(created), _time(updated), count)
+                for cid, title, created, updated, count in rows
+            ]
 
     def load(self, conversation_id: int) -> Conversation:
         with self._using():
-            row = self.db.execute(
-                "SELECT title FROM conversations WHERE id = ?", (conversation_id,)
-            ).fetchone()
+            row = self.db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
             if row is None:
                 raise UserError(f"conversation {conversation_id} is not in the history")
             messages = [
@@ -229,8 +239,14 @@ class HistoryStore:
         with self._using():
             self.db.execute(
                 "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ?, note = ? WHERE id = ?",
-                (message.content, message.thinking, message.status, _stats_to_json(message.stats), message.note,
-                 message.id),
+                (
+                    message.content,
+                    message.thinking,
+                    message.status,
+                    _stats_to_json(message.stats),
+                    message.note,
+                    message.id,
+                ),
             )
 
     def remove_message(self, message_id: int) -> None:

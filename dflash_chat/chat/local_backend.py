@@ -155,8 +155,11 @@ class LocalBackend(Backend):
             self.start_loading(source_for(choice, files))
             return None
         advice = resume_advice(choice)  # the screen itself said why it stopped
-        self._status(f"{label(choice)} is not downloaded yet. {advice} History and settings work meanwhile.",
-                     "no model", "not downloaded")
+        self._status(
+            f"{label(choice)} is not downloaded yet. {advice} History and settings work meanwhile.",
+            "no model",
+            "not downloaded",
+        )
         return advice
 
     def _forget_model(self) -> None:
@@ -183,12 +186,14 @@ class LocalBackend(Backend):
 
         if isinstance(event, ModelChosen):
             self.chosen = event.chosen
-            self._status(f"{self.chosen.explanation}\n\nChecking the model files…", self.subtitle,
-                         self.chosen.explanation)
+            self._status(
+                f"{self.chosen.explanation}\n\nChecking the model files…", self.subtitle, self.chosen.explanation
+            )
         elif isinstance(event, DownloadNeeded):
             what, size = label(event.choice), size_text(event.plan.missing_bytes())
-            self._status(f"{self.chosen.explanation}\n\nDownloading {what} ({size})…", "downloading the model…",
-                         self.panel_note)
+            self._status(
+                f"{self.chosen.explanation}\n\nDownloading {what} ({size})…", "downloading the model…", self.panel_note
+            )
         elif isinstance(event, ModelReady):
             self.start_loading(event.source)
         else:
@@ -259,8 +264,16 @@ class LocalBackend(Backend):
         try:
             from dflash_chat.engine.load import load_pair  # first torch import happens here
 
-            pair = load_pair(source.target, source.drafter, tokenizer=source.tokenizer, device=load_device(source),
-                             max_context=context_length, decode=decode, draft=draft, progress=progress)
+            pair = load_pair(
+                source.target,
+                source.drafter,
+                tokenizer=source.tokenizer,
+                device=load_device(source),
+                max_context=context_length,
+                decode=decode,
+                draft=draft,
+                progress=progress,
+            )
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app carries on
             post(ModelFailed(source, one_line(exc, "loading the model")))
             return
@@ -279,13 +292,21 @@ class LocalBackend(Backend):
         try:
             session.use_draft(request.draft)  # here, not on the UI thread: it rebuilds the engine's steps
             prompt = session.chat_prompt(request.turns, request.thinking, previous)
-            params = session.params(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-                                    max_new_tokens=request.max_new_tokens)
+            params = session.params(
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k,
+                max_new_tokens=request.max_new_tokens,
+            )
             post(PromptSent(prompt))
-            end = session.answer(prompt, params, request.cancel, lambda chunk: post(AnswerChunk(chunk)),
-                                 conversation=conversation)
+            end = session.answer(
+                prompt, params, request.cancel, lambda chunk: post(AnswerChunk(chunk)), conversation=conversation
+            )
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
-            post(AnswerEnded(StreamEnd("error", "", "", None, one_line(exc, "generation")), None, session.pair,
-                             request.chat))
+            post(
+                AnswerEnded(
+                    StreamEnd("error", "", "", None, one_line(exc, "generation")), None, session.pair, request.chat
+                )
+            )
             return
         post(AnswerEnded(end, session.held(request.turns, prompt, end), session.pair, request.chat))

@@ -37,4 +37,3 @@ def _process_ram() -> MemoryUse | None:
     except (OSError, ValueError, AttributeError):
         return None
     return MemoryUse("RAM", resident, total)
-

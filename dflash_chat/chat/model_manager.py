@@ -71,8 +71,10 @@ def _demo(machine: Machine, pick: Pick) -> ModelSource:
 
 
 def _demo_explanation(machine: Machine) -> str:
-    return (f"{_no_gpu(machine)}, so the tiny built-in demo model; "
-            "`dflash-chat --model NAME` runs a real one on the CPU (slow)")
+    return (
+        f"{_no_gpu(machine)}, so the tiny built-in demo model; "
+        "`dflash-chat --model NAME` runs a real one on the CPU (slow)"
+    )
 
 
 def label(choice: Choice) -> str:

@@ -129,8 +129,14 @@ def from_settings(settings: Settings, context: int | None = None) -> ModelSource
     return Pick(model=catalog_name(settings.model), context=context)
 
 
-def resolve(settings: Settings, *, target: str | None = None, drafter: str | None = None,
-            demo: bool = False, pick: Pick | None = None) -> ModelSource | Pick:
+def resolve(
+    settings: Settings,
+    *,
+    target: str | None = None,
+    drafter: str | None = None,
+    demo: bool = False,
+    pick: Pick | None = None,
+) -> ModelSource | Pick:
     pick = pick or Pick()
     if demo:
         if pick.pins_files:

@@ -49,7 +49,7 @@ class Acceptance:
 
 def accepted_per_position(histogram: list[int] | tuple[int, ...]) -> list[int]:
     """Steps whose draft position i (0-based) was accepted: every step that accepted more than i drafts."""
-    return [sum(histogram[i + 1:]) for i in range(max(len(histogram) - 1, 0))]
+    return [sum(histogram[i + 1 :]) for i in range(max(len(histogram) - 1, 0))]
 
 
 def drafting_steps(stats: GenerationStats) -> int:
@@ -133,8 +133,14 @@ def from_metrics(body: Mapping) -> Acceptance | None:
     if drafted is None or accepted is None or steps is None:
         return None
     draft = spec.get("draft")
-    return Acceptance(steps, drafted, accepted, _dense(spec.get("acceptance_histogram")), PER_REQUEST,
-                      draft if isinstance(draft, str) else "")
+    return Acceptance(
+        steps,
+        drafted,
+        accepted,
+        _dense(spec.get("acceptance_histogram")),
+        PER_REQUEST,
+        draft if isinstance(draft, str) else "",
+    )
 
 
 def from_timings(body: Mapping) -> Acceptance | None:
@@ -178,7 +184,7 @@ def from_counters(before: Mapping[str, float], after: Mapping[str, float]) -> Ac
     steps, drafted, accepted = grew(DRAFTS), grew(DRAFT_TOKENS), grew(ACCEPTED_TOKENS)
     if steps <= 0 or drafted < 0 or accepted < 0:
         return None
-    positions = sorted(int(k[len(ACCEPTED_PER_POS) + 1:-1]) for k in after if k.startswith(ACCEPTED_PER_POS + "["))
+    positions = sorted(int(k[len(ACCEPTED_PER_POS) + 1 : -1]) for k in after if k.startswith(ACCEPTED_PER_POS + "["))
     at_least = [grew(f"{ACCEPTED_PER_POS}[{p}]") for p in positions]  # steps that accepted more than p drafts
     histogram: tuple[int, ...] = ()
     if at_least:

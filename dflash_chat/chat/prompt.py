@@ -42,9 +42,7 @@ def render_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool) -> 
             "the model's tokenizer has no chat template; use a target directory whose "
             "tokenizer_config.json (or chat_template.jinja) has one"
         )
-    return tokenizer.apply_chat_template(
-        turns, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
-    )
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -93,7 +91,7 @@ class ThinkingSplitter:
             at = text.find(tag)
             if at >= 0:
                 self._emit(text[:at], thinking, answer)
-                text = text[at + len(tag):]
+                text = text[at + len(tag) :]
                 if self.in_thinking:
                     self.in_thinking = False
                     self._strip_answer_start = True
@@ -104,7 +102,7 @@ class ThinkingSplitter:
                 continue
             keep = _partial_tag_suffix(text, tag)
             self._emit(text[: len(text) - keep], thinking, answer)
-            self._held = text[len(text) - keep:]
+            self._held = text[len(text) - keep :]
             break
         return "".join(thinking), "".join(answer)
 
@@ -153,8 +151,9 @@ class Transcript:
         return self.prompt.ids + self.answer_ids
 
 
-def next_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool,
-                previous: Transcript | None = None) -> Prompt:
+def next_prompt(
+    tokenizer, turns: list[dict[str, str]], *, thinking: bool, previous: Transcript | None = None
+) -> Prompt:
     """The prompt for the next answer, built so the engine can reuse its state.
 
     The engine keeps every token it has seen and prefills only what follows
@@ -193,10 +192,13 @@ def _continue(tokenizer, turns, text: str, thinking: bool, previous: Transcript)
     if not text.startswith(head + opening):
         return None
     end = text.find(closing_tag, len(head) + len(opening))
-    if end < 0 or not text[len(head) + len(opening):end].endswith(previous.answer):
+    if end < 0 or not text[len(head) + len(opening) : end].endswith(previous.answer):
         return None
-    rest = text[end + len(closing_tag):]
+    rest = text[end + len(closing_tag) :]
     held = previous.ids
     closing = "\n" if held and held[-1] == im_end else closing_tag
-    return Prompt(text=previous.prompt.text + previous.answer + closing + rest,
-                  ids=held + encode(tokenizer, closing + rest), thinking=thinking)
+    return Prompt(
+        text=previous.prompt.text + previous.answer + closing + rest,
+        ids=held + encode(tokenizer, closing + rest),
+        thinking=thinking,
+    )

@@ -41,6 +41,8 @@ def key_env(name: str) -> str:
 def api_key(given: str | None, name: str, environ: Mapping[str, str]) -> str | None:
     """--api-key, else the named endpoint's own variable, else DFLASH_CHAT_API_KEY."""
     return given or (environ.get(key_env(name)) if name else None) or environ.get(API_KEY_ENV) or None
+
+
 CONNECT_S = 5.0  # to open the connection
 MODELS_S = 10.0  # for GET /v1/models (and /metrics) to answer
 STALL_S = 120.0  # with no byte at all during an answer (a long prefill on a busy server takes a while)
@@ -69,8 +71,10 @@ class Endpoint:
         url = url.strip()
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise UserError(f"--endpoint {url!r} is not an http(s) URL: give one like http://127.0.0.1:8000/v1, "
-                            "or the name of an endpoint in the settings (dflash-chat models lists them)")
+            raise UserError(
+                f"--endpoint {url!r} is not an http(s) URL: give one like http://127.0.0.1:8000/v1, "
+                "or the name of an endpoint in the settings (dflash-chat models lists them)"
+            )
         base = url.rstrip("/")
         if not base.endswith("/v1"):
             base += "/v1"
@@ -106,8 +110,7 @@ def error_text(status: int, body: bytes, endpoint: Endpoint) -> str:
     message = _server_message(body)
     if status == 401:
         where = f"{key_env(endpoint.name)} or {API_KEY_ENV}" if endpoint.name else API_KEY_ENV
-        return (f"{endpoint.host} refused the API key ({message or 'unauthorised'}): pass --api-key KEY, "
-                f"or set {where}")
+        return f"{endpoint.host} refused the API key ({message or 'unauthorised'}): pass --api-key KEY, or set {where}"
     return f"HTTP {status} from the server at {endpoint.host}" + (f": {message}" if message else "")
 
 
@@ -144,8 +147,9 @@ def _read_capped(response, limit: int) -> bytes:
 class HttpBackend(Backend):
     remote = True
 
-    def __init__(self, endpoint: Endpoint, *, connect_s: float = CONNECT_S, models_s: float = MODELS_S,
-                 stall_s: float = STALL_S) -> None:
+    def __init__(
+        self, endpoint: Endpoint, *, connect_s: float = CONNECT_S, models_s: float = MODELS_S, stall_s: float = STALL_S
+    ) -> None:
         self.request = endpoint
         self.endpoint = endpoint
         self.connect_s, self.models_s, self.stall_s = connect_s, models_s, stall_s
@@ -252,13 +256,18 @@ class HttpBackend(Backend):
             data = response.json().get("data") or []
             card = data[0] if isinstance(data, list) and data else None
         except (ValueError, AttributeError, RecursionError):
-            raise ServerError(f"{self.endpoint.host} is not an OpenAI-compatible server (GET /v1/models did not "
-                              "list models): check that the URL is the server's /v1") from None
+            raise ServerError(
+                f"{self.endpoint.host} is not an OpenAI-compatible server (GET /v1/models did not "
+                "list models): check that the URL is the server's /v1"
+            ) from None
         if card is None:
-            raise ServerError(f"{self.endpoint.host} serves no model yet (GET /v1/models is empty); is it still loading?")
+            raise ServerError(
+                f"{self.endpoint.host} serves no model yet (GET /v1/models is empty); is it still loading?"
+            )
         if not isinstance(card, dict) or not isinstance(card.get("id"), str):
-            raise ServerError(f"{self.endpoint.host} lists models without an id (GET /v1/models): is it an "
-                              "OpenAI-compatible server?")
+            raise ServerError(
+                f"{self.endpoint.host} lists models without an id (GET /v1/models): is it an OpenAI-compatible server?"
+            )
         owner = card.get("owned_by")
         return ServedModel(card["id"], owner if isinstance(owner, str) else "", self._counters() is not None)
 
@@ -387,16 +396,20 @@ class Reader:
             if kind == "application/json":  # a server that ignored "stream": one whole completion
                 return self._whole(_read_capped(response, MAX_WHOLE_BODY))
             if kind != "text/event-stream":
-                raise ServerError(f"{endpoint.host} did not answer with an OpenAI stream (it sent "
-                                  f"{_one_line(kind, 40) or 'no content type'}): check that the URL is the server's /v1")
+                raise ServerError(
+                    f"{endpoint.host} did not answer with an OpenAI stream (it sent "
+                    f"{_one_line(kind, 40) or 'no content type'}): check that the URL is the server's /v1"
+                )
             done = self._stream(response.iter_lines())
         if self.request.cancel.is_set() and not done and self.finish is None:
             return self.end("cancelled")
         if self.error:
             return self.end("error" if not self.has_text() else "cut")
         if not done and self.finish is None:
-            self.error = (f"the stream from {endpoint.host} ended without a finish ([DONE] or finish_reason) "
-                          f"after {_tokens(self.new_tokens())}")
+            self.error = (
+                f"the stream from {endpoint.host} ended without a finish ([DONE] or finish_reason) "
+                f"after {_tokens(self.new_tokens())}"
+            )
             return self.end("cut" if self.has_text() else "error")
         return self.end({"length": "length"}.get(self.finish, "stop"))
 
@@ -425,8 +438,9 @@ class Reader:
         except (ValueError, RecursionError):
             chunk = None
         if not isinstance(chunk, dict):
-            raise ServerError(f"{self.host} sent something that is not an OpenAI stream chunk after "
-                              f"{_tokens(self.new_tokens())}")
+            raise ServerError(
+                f"{self.host} sent something that is not an OpenAI stream chunk after {_tokens(self.new_tokens())}"
+            )
         return chunk
 
     def _whole(self, raw: bytes) -> StreamEnd:
@@ -434,8 +448,9 @@ class Reader:
             body = json.loads(raw)
             message = body["choices"][0]["message"]
         except (ValueError, RecursionError, LookupError, TypeError):
-            raise ServerError(f"{self.host} did not answer with an OpenAI completion: check that the URL is the "
-                              "server's /v1") from None
+            raise ServerError(
+                f"{self.host} did not answer with an OpenAI completion: check that the URL is the server's /v1"
+            ) from None
         chunk = {**body, "choices": [{**body["choices"][0], "delta": message}]}
         self.take(chunk if isinstance(message, dict) else {}, time.monotonic())
         return self.end({"length": "length"}.get(self.finish, "stop") if self.finish else "cut")
@@ -458,8 +473,9 @@ class Reader:
             self.send()
         stats = self.stats(time.monotonic())
         source = self.acceptance.source if self.acceptance is not None else None
-        return StreamEnd(reason, "".join(self.thinking), "".join(self.answer), stats, self.error,
-                         acceptance_source=source)
+        return StreamEnd(
+            reason, "".join(self.thinking), "".join(self.answer), stats, self.error, acceptance_source=source
+        )
 
     def take(self, chunk: dict, now: float) -> None:
         if "error" in chunk and not chunk.get("choices"):

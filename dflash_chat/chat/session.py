@@ -55,12 +55,27 @@ class EngineSession:
     def params(self, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int, seed: int | None = None):
         from dflash_chat.engine.sampling import SamplingParams
 
-        return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                              stop_token_ids=self.stops, seed=seed)
+        return SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=self.stops,
+            seed=seed,
+        )
 
-    def answer(self, prompt: Prompt, params, cancel: threading.Event, post: Callable[[StreamChunk], None],
-               *, stop: tuple[str, ...] = (), thinking_split: bool = True,
-               tap: Callable[[object], None] | None = None, conversation: Hashable | None = None) -> StreamEnd:
+    def answer(
+        self,
+        prompt: Prompt,
+        params,
+        cancel: threading.Event,
+        post: Callable[[StreamChunk], None],
+        *,
+        stop: tuple[str, ...] = (),
+        thinking_split: bool = True,
+        tap: Callable[[object], None] | None = None,
+        conversation: Hashable | None = None,
+    ) -> StreamEnd:
         """Generate for `prompt`, posting batched chunks; `stop` strings end the text before them.
         `thinking_split` False: every word is answer text (a raw completion). `tap` sees every engine event.
         `conversation` keys the acceptance estimate the `auto` draft length learns from (engine/spec.py)."""

@@ -23,7 +23,7 @@ class StopStrings:
             self.matched, self._held = True, ""
             return text[:cut]
         keep = max((_partial_suffix(text, s) for s in self.stops), default=0)
-        self._held = text[len(text) - keep:] if keep else ""
+        self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]
 
     def flush(self) -> str:

@@ -20,48 +20,109 @@ def register(subparsers) -> None:
 
     app = Settings()
     p = subparsers.add_parser("bench", help="measure DFlash against plain decoding")
-    p.add_argument("--demo", action="store_true", help="the embedded trained demo pair with its real drafter: held-out "
-                   "code questions, raw code (no chat template) and prose questions; plain decoding, a fixed 16-token "
-                   "verify and auto, greedy (DFlash's text must equal plain decoding's, else the exit status is 1) "
-                   "and sampled (seed i for a class's i-th prompt)")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="the embedded trained demo pair with its real drafter: held-out "
+        "code questions, raw code (no chat template) and prose questions; plain decoding, a fixed 16-token "
+        "verify and auto, greedy (DFlash's text must equal plain decoding's, else the exit status is 1) "
+        "and sampled (seed i for a class's i-th prompt)",
+    )
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
     p.add_argument("--drafter")
-    p.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3_5_moe", "qwen3"], help="tiny random target's architecture")
+    p.add_argument(
+        "--arch",
+        default="qwen3_5",
+        choices=["qwen3_5", "qwen3_5_moe", "qwen3"],
+        help="tiny random target's architecture",
+    )
     p.add_argument("--hidden", type=ranged(int, 8, 16384), default=256, help="tiny random target's hidden size")
-    p.add_argument("--layers", type=ranged(int, 1, 512), help="layer count of the tiny random target (default 8) or "
-                   "of the --synthetic model (default: all of them)")
-    p.add_argument("--acceptance", type=ranged(float, 0.0, 1.0), default=0.8, help="per-token acceptance of the error-injecting drafter")
+    p.add_argument(
+        "--layers",
+        type=ranged(int, 1, 512),
+        help="layer count of the tiny random target (default 8) or of the --synthetic model (default: all of them)",
+    )
+    p.add_argument(
+        "--acceptance",
+        type=ranged(float, 0.0, 1.0),
+        default=0.8,
+        help="per-token acceptance of the error-injecting drafter",
+    )
     p.add_argument("--block", type=ranged(int, 1, 256), default=16, help="block size of the error-injecting drafter")
-    p.add_argument("--prompts", type=ranged(int, 1, 10_000), default=4,
-                   help="prompts (with --demo: per class, at most as many as the class has)")
+    p.add_argument(
+        "--prompts",
+        type=ranged(int, 1, 10_000),
+        default=4,
+        help="prompts (with --demo: per class, at most as many as the class has)",
+    )
     p.add_argument("--tokens", type=flag("max_new_tokens"), default=128, help="new tokens per prompt")
     # --demo's sampled leg; None: the app's default (settings.py)
-    p.add_argument("--temperature", type=flag("temperature"),
-                   help=f"--demo: the sampled leg's temperature (default: the app's, {app.temperature}); the greedy leg "
-                   "(temperature 0) runs too, unless this is 0: then it alone runs")
-    p.add_argument("--top-p", type=flag("top_p"), help=f"--demo: the sampled leg's top-p (default: the app's, {app.top_p})")
-    p.add_argument("--top-k", type=flag("top_k"), help=f"--demo: the sampled leg's top-k (default: the app's, {app.top_k})")
+    p.add_argument(
+        "--temperature",
+        type=flag("temperature"),
+        help=f"--demo: the sampled leg's temperature (default: the app's, {app.temperature}); the greedy leg "
+        "(temperature 0) runs too, unless this is 0: then it alone runs",
+    )
+    p.add_argument(
+        "--top-p", type=flag("top_p"), help=f"--demo: the sampled leg's top-p (default: the app's, {app.top_p})"
+    )
+    p.add_argument(
+        "--top-k", type=flag("top_k"), help=f"--demo: the sampled leg's top-k (default: the app's, {app.top_k})"
+    )
     p.add_argument("--device")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="tiny random target's dtype (default: bfloat16 on CUDA, float32 on CPU); float32 keeps greedy runs bit-comparable")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="tiny random target's dtype (default: bfloat16 on CUDA, float32 on CPU); float32 keeps greedy runs bit-comparable",
+    )
     p.add_argument("--threads", type=ranged(int, 1, 4096), help="torch CPU threads")
-    p.add_argument("--vs-transformers", action="store_true", help="also time transformers' own generate() on the same tiny random target")
-    p.add_argument("--json", action="store_true", help="the figures as one JSON object; with --demo: setup, then "
-                   "temperatures -> classes -> plain and drafts (\"15\", \"auto\") -> tau, acceptance_rate, speedup, "
-                   "median_speedup, mean_draft_length, identical")
-    p.add_argument("--synthetic", metavar="MODEL", choices=sorted(SYNTHETIC_MODELS),
-                   help=f"a real model's shapes with random packed weights ({', '.join(sorted(SYNTHETIC_MODELS))}): "
-                   "step times against the memory-bandwidth floor, kernels per step, tok/s")
-    p.add_argument("--quant", choices=["Q4_K_M", "Q8_0", "bf16"],
-                   help="--synthetic weights: a llama.cpp quant mix or bf16 (default Q4_K_M; bf16 on the CPU)")
-    p.add_argument("--vocab", type=ranged(int, 16, 1 << 20), help="--synthetic: cut the vocabulary (default: the model's; 4096 on the CPU, "
-                   "where the real one would take minutes per token)")
-    p.add_argument("--decode", choices=["auto", "graphs", "fixed", "eager"], default="auto",
-                   help="--synthetic: the decode path (default: CUDA graphs on a GPU, eager steps on the CPU)")
-    p.add_argument("--http", action="store_true", help="with --demo (or --target/--drafter): requests/s and tok/s "
-                   "through `serve`'s streaming HTTP API against in-process, on one loaded pair (the HTTP overhead)")
-    p.add_argument("--save", metavar="DIR", help="--synthetic: also write the figures as JSON into DIR "
-                   "(the project keeps GPU runs under bench/results/)")
+    p.add_argument(
+        "--vs-transformers",
+        action="store_true",
+        help="also time transformers' own generate() on the same tiny random target",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="the figures as one JSON object; with --demo: setup, then "
+        'temperatures -> classes -> plain and drafts ("15", "auto") -> tau, acceptance_rate, speedup, '
+        "median_speedup, mean_draft_length, identical",
+    )
+    p.add_argument(
+        "--synthetic",
+        metavar="MODEL",
+        choices=sorted(SYNTHETIC_MODELS),
+        help=f"a real model's shapes with random packed weights ({', '.join(sorted(SYNTHETIC_MODELS))}): "
+        "step times against the memory-bandwidth floor, kernels per step, tok/s",
+    )
+    p.add_argument(
+        "--quant",
+        choices=["Q4_K_M", "Q8_0", "bf16"],
+        help="--synthetic weights: a llama.cpp quant mix or bf16 (default Q4_K_M; bf16 on the CPU)",
+    )
+    p.add_argument(
+        "--vocab",
+        type=ranged(int, 16, 1 << 20),
+        help="--synthetic: cut the vocabulary (default: the model's; 4096 on the CPU, "
+        "where the real one would take minutes per token)",
+    )
+    p.add_argument(
+        "--decode",
+        choices=["auto", "graphs", "fixed", "eager"],
+        default="auto",
+        help="--synthetic: the decode path (default: CUDA graphs on a GPU, eager steps on the CPU)",
+    )
+    p.add_argument(
+        "--http",
+        action="store_true",
+        help="with --demo (or --target/--drafter): requests/s and tok/s "
+        "through `serve`'s streaming HTTP API against in-process, on one loaded pair (the HTTP overhead)",
+    )
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="--synthetic: also write the figures as JSON into DIR (the project keeps GPU runs under bench/results/)",
+    )
     p.set_defaults(handler=main)
 
 
@@ -84,8 +145,13 @@ def _random_pair(args, tmp: Path):
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(32)] for _ in range(args.prompts)]
 
     def spec_for(prompt, ar_tokens):
-        oracle = OracleDrafter(prompt + ar_tokens, target.cfg.vocab_size, block_size=args.block,
-                               accept_prob=args.acceptance, seed=len(ar_tokens))
+        oracle = OracleDrafter(
+            prompt + ar_tokens,
+            target.cfg.vocab_size,
+            block_size=args.block,
+            accept_prob=args.acceptance,
+            seed=len(ar_tokens),
+        )
         return Engine(target, oracle, max_context=context)
 
     title = (
@@ -123,11 +189,18 @@ def _real_pair(args, target_dir, drafter_dir):
     pair = load_pair(target_dir, None, device=args.device, max_context=4096)
     seconds = time.perf_counter() - t0
     size = model_bytes(target_dir)
-    args.load_figures = {"load_bytes": size, "load_s": seconds, "load_bytes_per_s": size / seconds,
-                         "disk_read_bytes_per_s": disk_rate, "disk_cache_dropped": dropped}
+    args.load_figures = {
+        "load_bytes": size,
+        "load_s": seconds,
+        "load_bytes_per_s": size / seconds,
+        "disk_read_bytes_per_s": disk_rate,
+        "disk_cache_dropped": dropped,
+    }
     if not args.json:
-        print(f"loaded the target ({size_text(size)}) in {seconds:.1f} s: {rate_text(size / seconds)}; the disk reads "
-              f"it at {rate_text(disk_rate)}" + ("" if dropped else " (page cache not dropped: may be memory's)"))
+        print(
+            f"loaded the target ({size_text(size)}) in {seconds:.1f} s: {rate_text(size / seconds)}; the disk reads "
+            f"it at {rate_text(disk_rate)}" + ("" if dropped else " (page cache not dropped: may be memory's)")
+        )
     drafter = load_drafter(drafter_dir, pair.engine.target)
     spec = Engine(pair.engine.target, drafter, max_context=4096)
     questions = REAL_QUESTIONS[: args.prompts]
@@ -164,8 +237,10 @@ def _http(args) -> int:
         title = f"{args.target} + {args.drafter}"
     pair = load_pair(target, drafter, device=args.device, max_context=4096)
     figures = bench.run(pair, chats, args.tokens)
-    title = (f"{title}: {len(chats)} chats, greedy, {args.tokens} new tokens at most, one at a time; "
-             "in-process (the app's engine session) vs streamed through serve's HTTP API on loopback")
+    title = (
+        f"{title}: {len(chats)} chats, greedy, {args.tokens} new tokens at most, one at a time; "
+        "in-process (the app's engine session) vs streamed through serve's HTTP API on loopback"
+    )
     print(json.dumps({"setup": title, **figures}) if args.json else bench.report(figures, title))
     return 0 if figures["same_text"] else 1
 
@@ -179,9 +254,16 @@ def _synthetic(args) -> int:
     device = torch.device(args.device) if args.device else default_device()
     on_cpu = device.type == "cpu"
     setup = synthetic_bench.Setup(
-        model=args.synthetic, quant=args.quant or ("bf16" if on_cpu else "Q4_K_M"), layers=args.layers,
-        vocab=args.vocab or (4096 if on_cpu else None), device=str(device), decode=args.decode, tokens=args.tokens,
-        prompt_tokens=32 if on_cpu else 256, repeats=3 if on_cpu else 20, vs_transformers=args.vs_transformers,
+        model=args.synthetic,
+        quant=args.quant or ("bf16" if on_cpu else "Q4_K_M"),
+        layers=args.layers,
+        vocab=args.vocab or (4096 if on_cpu else None),
+        device=str(device),
+        decode=args.decode,
+        tokens=args.tokens,
+        prompt_tokens=32 if on_cpu else 256,
+        repeats=3 if on_cpu else 20,
+        vs_transformers=args.vs_transformers,
     )
     log = (lambda *_: None) if args.json else print
     figures = synthetic_bench.run(setup, log=log)
@@ -194,8 +276,9 @@ def _synthetic(args) -> int:
 
 def _check(args) -> None:
     """Flags that do not go together, refused before anything loads."""
-    synthetic_only = [flag for flag, value in (("--quant", args.quant), ("--vocab", args.vocab),
-                                               ("--save", args.save)) if value]
+    synthetic_only = [
+        flag for flag, value in (("--quant", args.quant), ("--vocab", args.vocab), ("--save", args.save)) if value
+    ]
     if synthetic_only and not args.synthetic:
         raise UserError(f"{', '.join(synthetic_only)} go with --synthetic MODEL")
     if args.synthetic and (args.demo or args.target):
@@ -205,9 +288,14 @@ def _check(args) -> None:
     if args.http and args.synthetic:
         raise UserError("--http measures a real pair through the API: leave out --synthetic")
     if args.vs_transformers and (args.demo or args.target):
-        raise UserError("--vs-transformers times transformers on the tiny random target only: leave out --demo and --target")
-    sampling = [flag for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p),
-                                         ("--top-k", args.top_k)) if value is not None]
+        raise UserError(
+            "--vs-transformers times transformers on the tiny random target only: leave out --demo and --target"
+        )
+    sampling = [
+        flag
+        for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p), ("--top-k", args.top_k))
+        if value is not None
+    ]
     if sampling and (not args.demo or args.http):
         raise UserError(f"{', '.join(sampling)} go with --demo (its sampled leg; --http measures greedy answers)")
     if args.demo:
@@ -288,7 +376,7 @@ def _time_transformers(args, prompts, result) -> dict:
         del one
         seconds += max((t2 - t1) - (t1 - t0), 1e-9)
         tokens += n - 1
-        identical &= out[0, len(prompt):].tolist() == ours.tokens
+        identical &= out[0, len(prompt) :].tolist() == ours.tokens
     rate = tokens / seconds
     return {
         "transformers_tokens_per_s": rate,

@@ -28,22 +28,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "what is missing (the tiny demo model without a GPU). DFLASH_CHAT_DEVICE=cpu loads on the CPU.",
     )
     group.add_argument("--demo", action="store_true", help="chat with the tiny built-in demo model pair")
-    group.add_argument("--target", metavar="PATH",
-                       help="target model: a folder (config.json, safetensors, tokenizer) or a GGUF file")
+    group.add_argument(
+        "--target", metavar="PATH", help="target model: a folder (config.json, safetensors, tokenizer) or a GGUF file"
+    )
     group.add_argument("--drafter", metavar="PATH", help="DFlash drafter folder or GGUF for --target")
-    group.add_argument("--draft", type=settings_module.flag("draft"), metavar="auto|off|N",
-                       help="drafts each decode step verifies, for this session (the draft setting: auto picks per "
-                            "step by speed, off decodes plainly, N drafts N tokens)")
-    group.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="assignments",
-                       help="save a setting to config.toml and exit (repeatable), e.g. --set temperature=0.2; "
-                            f"keys: {', '.join(settings_module.KEYS)}. {MODEL_SETTING_HELP}")
-    group.add_argument("--data-dir", metavar="DIR", type=Path,
-                       help="keep the chat history in DIR instead of the default data folder")
-    group.add_argument("--endpoint", metavar="URL|NAME",
-                       help="chat with an OpenAI-compatible server instead of a local model (dflash-chat serve, "
-                            "vLLM, SGLang, llama.cpp's server): its URL, e.g. http://127.0.0.1:8000/v1, or the "
-                            "name of one in the endpoints setting")
-    group.add_argument("--api-key", help="API key for --endpoint (or set DFLASH_CHAT_API_KEY; a named endpoint NAME also reads DFLASH_CHAT_API_KEY_NAME)")
+    group.add_argument(
+        "--draft",
+        type=settings_module.flag("draft"),
+        metavar="auto|off|N",
+        help="drafts each decode step verifies, for this session (the draft setting: auto picks per "
+        "step by speed, off decodes plainly, N drafts N tokens)",
+    )
+    group.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="assignments",
+        help="save a setting to config.toml and exit (repeatable), e.g. --set temperature=0.2; "
+        f"keys: {', '.join(settings_module.KEYS)}. {MODEL_SETTING_HELP}",
+    )
+    group.add_argument(
+        "--data-dir", metavar="DIR", type=Path, help="keep the chat history in DIR instead of the default data folder"
+    )
+    group.add_argument(
+        "--endpoint",
+        metavar="URL|NAME",
+        help="chat with an OpenAI-compatible server instead of a local model (dflash-chat serve, "
+        "vLLM, SGLang, llama.cpp's server): its URL, e.g. http://127.0.0.1:8000/v1, or the "
+        "name of one in the endpoints setting",
+    )
+    group.add_argument(
+        "--api-key",
+        help="API key for --endpoint (or set DFLASH_CHAT_API_KEY; a named endpoint NAME also reads DFLASH_CHAT_API_KEY_NAME)",
+    )
     hardware.add_choice_arguments(parser)
 
 
@@ -85,8 +103,16 @@ def remote_backend(args: argparse.Namespace, current: settings_module.Settings):
     from dflash_chat.chat.remote import Endpoint, HttpBackend, api_key
     from dflash_chat.errors import UserError
 
-    local = [flag for flag, given in (("--demo", args.demo), ("--target", args.target), ("--drafter", args.drafter),
-                                      ("--draft", getattr(args, "draft", None) is not None)) if given] + (["--model/--quant/--*-file"] if pick_from_args(args).pins_files else [])
+    local = [
+        flag
+        for flag, given in (
+            ("--demo", args.demo),
+            ("--target", args.target),
+            ("--drafter", args.drafter),
+            ("--draft", getattr(args, "draft", None) is not None),
+        )
+        if given
+    ] + (["--model/--quant/--*-file"] if pick_from_args(args).pins_files else [])
     if local:
         raise UserError(f"--endpoint chats with a server's model: leave out {', '.join(local)}")
     name = args.endpoint if args.endpoint in current.endpoints else ""
@@ -101,8 +127,9 @@ def save_assignments(assignments: list[str]) -> int:
     current, _ = settings_module.read()
     changes: dict = {}
     for text in assignments:
-        key, value = settings_module.parse_assignment(text, keymap=changes.get("keymap", current.keymap),
-                                                      endpoints=changes.get("endpoints", current.endpoints))
+        key, value = settings_module.parse_assignment(
+            text, keymap=changes.get("keymap", current.keymap), endpoints=changes.get("endpoints", current.endpoints)
+        )
         if key == "model":
             value = model_value(value)
         elif key == "drafter":

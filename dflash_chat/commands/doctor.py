@@ -83,8 +83,9 @@ def install_command(args: str) -> str:
 
 def torch_checks(torch) -> list[Check]:
     if torch is None:
-        fix = (f"install it: {install_command(f'torch {CUDA_TORCH}')} "
-               f"(CPU only: {install_command(f'torch {CPU_TORCH}')})")
+        fix = (
+            f"install it: {install_command(f'torch {CUDA_TORCH}')} (CPU only: {install_command(f'torch {CPU_TORCH}')})"
+        )
         return [Check(False, "torch is not installed", fix)]
     checks = [Check(True, f"torch {torch.__version__}")]
     if torch.version.cuda is None:
@@ -109,7 +110,9 @@ def kernel_check(torch) -> Check:
         import triton
     except ImportError:
         if torch.cuda.is_available():
-            return Check(False, "kernels: Triton is not importable", f"{install_command('triton')} (fused CUDA kernels)")
+            return Check(
+                False, "kernels: Triton is not importable", f"{install_command('triton')} (fused CUDA kernels)"
+            )
         return Check(True, "kernels: torch reference paths (no CUDA; Triton not installed)")
     if torch.cuda.is_available():
         return Check(True, f"kernels: Triton {triton.__version__} with CUDA (fused kernels)")
@@ -147,7 +150,11 @@ def hub_checks() -> list[Check]:
     free = shutil.disk_usage(where).free
     if free < MIN_FREE_DISK:
         checks.append(
-            Check(False, f"HF cache {cache}: {size_text(free)} free disk", "free space or set HF_HUB_CACHE to a bigger disk")
+            Check(
+                False,
+                f"HF cache {cache}: {size_text(free)} free disk",
+                "free space or set HF_HUB_CACHE to a bigger disk",
+            )
         )
     else:
         checks.append(Check(True, f"HF cache {cache} ({size_text(free)} free disk)"))
@@ -168,8 +175,11 @@ def hub_reachable(endpoint: str, timeout: float | None = None) -> Check:
     try:
         response = get_session().head(endpoint, timeout=timeout or HUB_TIMEOUT, follow_redirects=True)
     except Exception as exc:  # noqa: BLE001 - any transport failure means the same thing here
-        return Check(False, f"Hub: cannot reach {endpoint} ({type(exc).__name__})",
-                     "check the connection or the proxy (HTTPS_PROXY); HF_HUB_OFFLINE=1 runs downloaded models only")
+        return Check(
+            False,
+            f"Hub: cannot reach {endpoint} ({type(exc).__name__})",
+            "check the connection or the proxy (HTTPS_PROXY); HF_HUB_OFFLINE=1 runs downloaded models only",
+        )
     if response.status_code >= 500:
         return Check(False, f"Hub: {endpoint} answered HTTP {response.status_code}", "it may be down: try again later")
     return Check(True, f"Hub: {endpoint} reachable ({time.monotonic() - start:.2f} s)")

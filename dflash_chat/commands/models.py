@@ -21,8 +21,12 @@ def register(subparsers) -> None:
         "already downloaded. The pick is what the chat app runs.",
     )
     hardware.add_choice_arguments(parser, files=False)  # --model, --quant, --drafter-quant: rows for those only
-    parser.add_argument("--vram", type=float, metavar="GB",
-                        help="plan for a GPU of this size (as sold, e.g. 24) instead of this machine")
+    parser.add_argument(
+        "--vram",
+        type=float,
+        metavar="GB",
+        help="plan for a GPU of this size (as sold, e.g. 24) instead of this machine",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -67,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
     pairs = _pairs(catalog, args)
     try:
         if args.model or args.quant or args.drafter_quant:
-            pick = hardware.choose(machine, catalog, model=args.model, quant=args.quant,
-                                   drafter_quant=args.drafter_quant, context=context)
+            pick = hardware.choose(
+                machine, catalog, model=args.model, quant=args.quant, drafter_quant=args.drafter_quant, context=context
+            )
             explanation = pick.explanation
         else:
             explanation, pick = app_choice(machine, catalog, context)
@@ -95,15 +100,19 @@ def print_endpoints() -> None:
 
     endpoints = settings_module.read()[0].endpoints
     if not endpoints:
-        print("Endpoints: none saved (dflash-chat --set endpoints.NAME=URL names an OpenAI-compatible server; "
-              "dflash-chat --endpoint NAME chats with it)")
+        print(
+            "Endpoints: none saved (dflash-chat --set endpoints.NAME=URL names an OpenAI-compatible server; "
+            "dflash-chat --endpoint NAME chats with it)"
+        )
         return
     print("Endpoints (dflash-chat --endpoint NAME):")
     width = max(len(name) for name in endpoints)
     url_width = max(len(url) for url in endpoints.values())
     for name, url in sorted(endpoints.items()):
         key = key_env(name)
-        print(f"  {name.ljust(width)}  {url.ljust(url_width)}  key: {key} {'(set)' if os.environ.get(key) else '(not set)'}")
+        print(
+            f"  {name.ljust(width)}  {url.ljust(url_width)}  key: {key} {'(set)' if os.environ.get(key) else '(not set)'}"
+        )
 
 
 def _pairs(catalog: Catalog, args: argparse.Namespace) -> list[Pair]:
@@ -138,8 +147,15 @@ def _rows(
     rows = []
     for target in [pair.target(args.quant)] if args.quant else pair.targets:
         # the preferred drafter that fits beside this target, else the smallest option
-        best = hardware.choose(machine, catalog, model=pair.name, quant=target.quant, drafter_quant=args.drafter_quant,
-                               context=ctx, allow_no_fit=True)
+        best = hardware.choose(
+            machine,
+            catalog,
+            model=pair.name,
+            quant=target.quant,
+            drafter_quant=args.drafter_quant,
+            context=ctx,
+            allow_no_fit=True,
+        )
         drafter, need = best.drafter, best.budget
         picked = pick is not None and (pick.pair, pick.target, pick.drafter) == (pair, target, drafter)
         rows.append(

@@ -24,7 +24,9 @@ def register(subparsers) -> None:
     parser.add_argument("model", nargs="?", help="model pair name from `dflash-chat models`")
     parser.add_argument("--quant", help="target quant, e.g. Q8_0 or Q4_K_M (default: the best that fits)")
     parser.add_argument("--drafter-quant", help="drafter quant, e.g. Q8_0, Q4_K_M or BF16")
-    parser.add_argument("--context", type=flag("context_length"), help="context length the choice is sized for (256-1048576)")
+    parser.add_argument(
+        "--context", type=flag("context_length"), help="context length the choice is sized for (256-1048576)"
+    )
     parser.set_defaults(handler=run)
 
 

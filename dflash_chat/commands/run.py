@@ -27,17 +27,32 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=flag("top_k"), default=0, help="keep the k likeliest tokens (0 = off)")
     p.add_argument("--seed", type=ranged(int, 0, 2**63 - 1), help="sampling seed (whole number)")
     # --context and --draft take no default here: the chat's own (None) is in the namespace first, and argparse keeps it
-    p.add_argument("--context", type=flag("context_length"), help=f"context length to allocate (256-1048576, default {CONTEXT})")
-    p.add_argument("--think", action="store_true", help="let the model think first (off by default: drafters are trained without thinking)")
+    p.add_argument(
+        "--context", type=flag("context_length"), help=f"context length to allocate (256-1048576, default {CONTEXT})"
+    )
+    p.add_argument(
+        "--think",
+        action="store_true",
+        help="let the model think first (off by default: drafters are trained without thinking)",
+    )
     p.add_argument("--no-drafter", action="store_true", help="plain autoregressive decoding (the baseline)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    p.add_argument("--decode", type=flag("decode"), default="auto", metavar="auto|graphs|fixed",
-                   help="decode path: CUDA graphs on a GPU, the same steps uncaptured elsewhere (auto, the default); "
-                        "fixed never captures (eager is an older name for it)")
-    p.add_argument("--draft", type=flag("draft"), metavar="auto|off|N",
-                   help="drafts each step verifies: auto picks per step by speed (default), off decodes plainly "
-                        "with the drafter loaded, N drafts N tokens (at most the drafter's block - 1)")
+    p.add_argument(
+        "--decode",
+        type=flag("decode"),
+        default="auto",
+        metavar="auto|graphs|fixed",
+        help="decode path: CUDA graphs on a GPU, the same steps uncaptured elsewhere (auto, the default); "
+        "fixed never captures (eager is an older name for it)",
+    )
+    p.add_argument(
+        "--draft",
+        type=flag("draft"),
+        metavar="auto|off|N",
+        help="drafts each step verifies: auto picks per step by speed (default), off decodes plainly "
+        "with the drafter loaded, N drafts N tokens (at most the drafter's block - 1)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON record with the answer and the statistics")
     p.set_defaults(handler=main)
 
@@ -61,7 +76,9 @@ def check_device(device: str | None) -> None:
     where = torch.device(device.strip())
     if where.type == "cuda":
         if not torch.cuda.is_available():
-            raise UserError(f"--device {device}: this machine has no usable CUDA GPU (see `dflash-chat doctor`); use --device cpu")
+            raise UserError(
+                f"--device {device}: this machine has no usable CUDA GPU (see `dflash-chat doctor`); use --device cpu"
+            )
         count = torch.cuda.device_count()
         if where.index is not None and where.index >= count:
             raise UserError(f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
@@ -94,8 +111,10 @@ def prompt_ids(tokenizer, text: str, *, system: str | None, think: bool, raw: bo
 def stats_line(stats) -> str:
     line = f"{stats.decode_tokens_per_s:.1f} tok/s · {stats.new_tokens} tokens · TTFT {stats.ttft_s * 1000:.0f} ms"
     if stats.speculative:
-        line += (f" · acceptance {stats.acceptance_rate:.0%} · {stats.mean_acceptance_length:.2f} tokens/step"
-                 f" · draft {stats.draft}, {stats.mean_draft_length:.1f}/step")
+        line += (
+            f" · acceptance {stats.acceptance_rate:.0%} · {stats.mean_acceptance_length:.2f} tokens/step"
+            f" · draft {stats.draft}, {stats.mean_draft_length:.1f}/step"
+        )
     return line
 
 
@@ -112,14 +131,25 @@ def main(args: argparse.Namespace) -> int:
     from dflash_chat.engine.load import display_name, model_bytes
 
     progress = LoadProgress(display_name(target))
-    pair = load_pair(target, drafter, device=args.device, max_context=args.context or CONTEXT, decode=args.decode,
-                     draft="auto" if args.draft is None else args.draft, progress=progress)
+    pair = load_pair(
+        target,
+        drafter,
+        device=args.device,
+        max_context=args.context or CONTEXT,
+        decode=args.decode,
+        draft="auto" if args.draft is None else args.draft,
+        progress=progress,
+    )
     progress.close(model_bytes(target) + (model_bytes(drafter) if drafter else 0))
     tok = pair.tokenizer
     prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
     params = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_tokens,
-        stop_token_ids=stop_token_ids(tok, extra=pair.engine.target.cfg.eos_token_id), seed=args.seed,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_tokens,
+        stop_token_ids=stop_token_ids(tok, extra=pair.engine.target.cfg.eos_token_id),
+        seed=args.seed,
     )
     decoder = IncrementalDecoder(tok, params.stop_token_ids)
     tokens: list[int] = []
@@ -134,8 +164,13 @@ def main(args: argparse.Namespace) -> int:
             finished = event
     if args.json:
         answer = tok.decode([t for t in tokens if t not in params.stop_token_ids])
-        record = {"answer": answer, "finish_reason": finished.reason, "target": pair.target_name,
-                  "drafter": pair.drafter_name, **finished.stats.as_dict()}
+        record = {
+            "answer": answer,
+            "finish_reason": finished.reason,
+            "target": pair.target_name,
+            "drafter": pair.drafter_name,
+            **finished.stats.as_dict(),
+        }
         print(json.dumps(record))
     else:
         sys.stdout.write(decoder.flush() + "\n")

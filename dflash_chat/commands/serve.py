@@ -19,7 +19,8 @@ DEFAULT_PORT = 8000
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        "serve",
+        help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions and "
         "/v1/completions (streaming or not), GET /v1/models, /health and /metrics (Prometheus, vLLM's "
         "metric names). One answer runs at a time; the rest wait in a queue. Binds 127.0.0.1 unless "
@@ -28,28 +29,62 @@ def register(subparsers) -> None:
     p.add_argument("--demo", action="store_true", help="serve the tiny built-in demo model pair")
     p.add_argument("--target", metavar="PATH", help="target model: a folder or a GGUF file")
     p.add_argument("--drafter", metavar="PATH", help="DFlash drafter folder or GGUF for --target")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; "
-                   "0.0.0.0 for every network, then set an API key)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; "
+        "0.0.0.0 for every network, then set an API key)",
+    )
     p.add_argument("--port", type=ranged(int, 0, 65535), default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1 (or set {API_KEY_ENV})")
-    p.add_argument("--no-auth", action="store_true",
-                   help="serve a non-loopback --host without an API key (anyone on that network may use it)")
+    p.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve a non-loopback --host without an API key (anyone on that network may use it)",
+    )
     p.add_argument("--metrics-auth", action="store_true", help="/metrics needs the API key too (it is open by default)")
-    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                   help="let web pages from ORIGIN (like http://localhost:3000) call the API; repeatable. "
-                   "Browser requests from any other origin are refused")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="a host name clients reach this server by (beside its addresses, localhost and this "
-                   "machine's name); repeatable. Requests naming another host are refused")
-    p.add_argument("--queue", type=ranged(int, 0, 10_000), default=8,
-                   help="requests that may wait while one is answered; past it, 429 (default 8)")
-    p.add_argument("--max-body", type=ranged(int, 1024, 1 << 30), default=4 * 1024 * 1024, metavar="BYTES",
-                   help="largest request body taken (default 4 MiB); past it, 413")
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from ORIGIN (like http://localhost:3000) call the API; repeatable. "
+        "Browser requests from any other origin are refused",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients reach this server by (beside its addresses, localhost and this "
+        "machine's name); repeatable. Requests naming another host are refused",
+    )
+    p.add_argument(
+        "--queue",
+        type=ranged(int, 0, 10_000),
+        default=8,
+        help="requests that may wait while one is answered; past it, 429 (default 8)",
+    )
+    p.add_argument(
+        "--max-body",
+        type=ranged(int, 1024, 1 << 30),
+        default=4 * 1024 * 1024,
+        metavar="BYTES",
+        help="largest request body taken (default 4 MiB); past it, 413",
+    )
     p.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: its own)")
-    p.add_argument("--decode", type=flag("decode"), metavar="auto|graphs|fixed",
-                   help="decode path (default: the decode setting; eager is an older name for fixed)")
-    p.add_argument("--draft", type=flag("draft"), metavar="auto|off|N",
-                   help="drafts each step verifies: auto, off or a number (default: the draft setting)")
+    p.add_argument(
+        "--decode",
+        type=flag("decode"),
+        metavar="auto|graphs|fixed",
+        help="decode path (default: the decode setting; eager is an older name for fixed)",
+    )
+    p.add_argument(
+        "--draft",
+        type=flag("draft"),
+        metavar="auto|off|N",
+        help="drafts each step verifies: auto, off or a number (default: the draft setting)",
+    )
     hardware.add_choice_arguments(p)
     p.set_defaults(handler=main)
 
@@ -76,9 +111,16 @@ def main(args: argparse.Namespace) -> int:
     bind(args.host, args.port).close()  # a port in use is said before anything loads
     name = args.served_model_name or (served_name(request) if isinstance(request, ModelSource) else None)
     # name None: the model manager chooses, and the model is named once its files are known
-    served = Served(name, settings, api_key=api_key, max_waiting=args.queue, max_body=args.max_body,
-                    metrics_auth=args.metrics_auth, allow_origins=tuple(args.allow_origin),
-                    allow_hosts=tuple(args.allow_host))
+    served = Served(
+        name,
+        settings,
+        api_key=api_key,
+        max_waiting=args.queue,
+        max_body=args.max_body,
+        metrics_auth=args.metrics_auth,
+        allow_origins=tuple(args.allow_origin),
+        allow_hosts=tuple(args.allow_host),
+    )
     loader = start_loading(served, request, settings)
     return serve_forever(served, loader, args.host, args.port)
 
@@ -93,11 +135,15 @@ def api_key_from(args: argparse.Namespace, environ) -> str | None:
     else:
         key, where = environ.get(API_KEY_ENV), API_KEY_ENV
     if key is not None and not key.strip():
-        raise UserError(f"{where} is empty, so the server would run without a key: give a real key "
-                        "(like the output of `openssl rand -hex 16`), or leave it out on 127.0.0.1")
+        raise UserError(
+            f"{where} is empty, so the server would run without a key: give a real key "
+            "(like the output of `openssl rand -hex 16`), or leave it out on 127.0.0.1"
+        )
     if key is None and not is_loopback(args.host) and not args.no_auth:
-        raise UserError(f"--host {args.host} lets other machines in, and no API key is set: pass --api-key KEY "
-                        f"(or set {API_KEY_ENV}), or --no-auth to serve that network without one")
+        raise UserError(
+            f"--host {args.host} lets other machines in, and no API key is set: pass --api-key KEY "
+            f"(or set {API_KEY_ENV}), or --no-auth to serve that network without one"
+        )
     if key is None and args.metrics_auth:
         raise UserError(f"--metrics-auth needs an API key to check: pass --api-key KEY (or set {API_KEY_ENV})")
     return key.strip() if key is not None else None

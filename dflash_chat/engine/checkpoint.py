@@ -51,8 +51,10 @@ def check_layers(what: str, layers: int, names) -> None:
     if found == set(range(layers)):
         return
     held = f"{len(found)} (layers {min(found)}-{max(found)})" if found else "none"
-    raise ModelFormatError(f"{what} config says {layers} layers, its weights hold {held}: the config and weights do "
-                           "not belong together; download the model again")
+    raise ModelFormatError(
+        f"{what} config says {layers} layers, its weights hold {held}: the config and weights do "
+        "not belong together; download the model again"
+    )
 
 
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -77,12 +79,14 @@ def normalise_target_names(tensors: Mapping[str, torch.Tensor]) -> LazyTensors:
         n = len(parts.get("gate_proj", {}))
 
         def gate_up(parts=parts, n=n):
-            return torch.stack([torch.cat((tensors[parts["gate_proj"][e]], tensors[parts["up_proj"][e]]))
-                                for e in range(n)])
+            return torch.stack(
+                [torch.cat((tensors[parts["gate_proj"][e]], tensors[parts["up_proj"][e]])) for e in range(n)]
+            )
 
         loaders[f"{prefix}.gate_up_proj"] = gate_up
         loaders[f"{prefix}.down_proj"] = lambda parts=parts, n=n: torch.stack(
-            [tensors[parts["down_proj"][e]] for e in range(n)])
+            [tensors[parts["down_proj"][e]] for e in range(n)]
+        )
     return LazyTensors(loaders)
 
 
@@ -149,8 +153,15 @@ def _fill(param: nn.Parameter, t: Weight, placement: Placement, dtype) -> nn.Par
     return nn.Parameter(out)
 
 
-def materialise(model: nn.Module, tensors: Mapping[str, Weight], device, dtype, what: str,
-                skip: tuple[str, ...] = (), placement: Placement | None = None) -> None:
+def materialise(
+    model: nn.Module,
+    tensors: Mapping[str, Weight],
+    device,
+    dtype,
+    what: str,
+    skip: tuple[str, ...] = (),
+    placement: Placement | None = None,
+) -> None:
     """Load `tensors` into a meta-device `model`, one module at a time; names in `skip` stay on meta.
 
     `placement` moves the tensors to the device and counts their bytes (a progress display's); by

@@ -115,10 +115,12 @@ def _read_gguf(path: Path, what: str) -> GGUFModel:
     model = read_gguf(path)
     if what == "target" and model.arch in names.DRAFTER_ARCHS:
         raise ModelFormatError(
-            f"{path} is a DFlash drafter GGUF ({model.arch}), not a target model: pass it as the drafter")
+            f"{path} is a DFlash drafter GGUF ({model.arch}), not a target model: pass it as the drafter"
+        )
     if what == "drafter" and model.arch in names.TARGET_ARCHS:
         raise ModelFormatError(
-            f"{path} is a {model.arch} target model GGUF, not a DFlash drafter: pass it as the target")
+            f"{path} is a {model.arch} target model GGUF, not a DFlash drafter: pass it as the target"
+        )
     return model
 
 
@@ -126,10 +128,12 @@ def _check_materialised(module: torch.nn.Module, what: str) -> None:
     left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
     if left:
         raise ModelFormatError(
-            f"{what} weights are missing {', '.join(left[:3])}: the files do not match the model's config")
+            f"{what} weights are missing {', '.join(left[:3])}: the files do not match the model's config"
+        )
 
 
 # --- target ------------------------------------------------------------------------------------
+
 
 def load_target(path: str | Path, device=None, dtype=None, placement: Placement | None = None) -> TargetModel:
     """A target model from a Hugging Face folder or a GGUF file (quantized tensors stay packed).
@@ -150,8 +154,7 @@ def load_target(path: str | Path, device=None, dtype=None, placement: Placement 
         raise ModelFormatError("target weights have no lm_head.weight and config.json does not tie embeddings")
     with torch.device("meta"):
         model = TargetModel(cfg)
-    materialise(model, tensors, device, dtype, "target", skip=("lm_head.weight",) if tied else (),
-                placement=placement)
+    materialise(model, tensors, device, dtype, "target", skip=("lm_head.weight",) if tied else (), placement=placement)
     if tied:
         _tie_lm_head(model)
     model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta).to(device)
@@ -169,6 +172,7 @@ def _tie_lm_head(model: TargetModel) -> None:
 
 
 # --- drafter -----------------------------------------------------------------------------------
+
 
 def _drafter_tensors(path: Path, quant: str | None, device: torch.device) -> LazyTensors:
     """z-lab safetensors (names with or without `model.`), quantized on `device` as read when `quant` is set."""
@@ -213,9 +217,14 @@ def _check_fits(cfg: DrafterConfig, fc_width: int | None, target: TargetModel, v
         )
 
 
-def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None = None,
-                 placement: Placement | None = None,
-                 quant: str | None = None) -> DFlashDrafter:
+def load_drafter(
+    path: str | Path,
+    target: TargetModel,
+    *,
+    causal: bool | None = None,
+    placement: Placement | None = None,
+    quant: str | None = None,
+) -> DFlashDrafter:
     """A DFlash drafter bound to `target`'s embeddings and LM head.
 
     `path`: a z-lab folder or a DFlash GGUF (`dflash-draft` or `dflash` schema). `quant` ("Q8_0",
@@ -252,6 +261,7 @@ def load_drafter(path: str | Path, target: TargetModel, *, causal: bool | None =
 
 # --- tokenizer and pair ------------------------------------------------------------------------
 
+
 def load_tokenizer(directory: str | Path):
     from transformers import AutoTokenizer
 
@@ -260,19 +270,28 @@ def load_tokenizer(directory: str | Path):
         raise ModelFormatError(f"tokenizer folder {directory} does not exist: check the path")
     if not any((directory / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise ModelFormatError(
-            f"folder {directory} has no tokenizer files (tokenizer.json): copy them from the model's official repo")
+            f"folder {directory} has no tokenizer files (tokenizer.json): copy them from the model's official repo"
+        )
     try:
         return AutoTokenizer.from_pretrained(str(directory))
-    except Exception as exc:  # transformers' own errors are tracebacks about its internals
+    except Exception as exc:  # noqa: BLE001 - transformers' own errors are tracebacks about its internals
         for name in _TOKENIZER_JSON:
             _check_json(directory / name)
-        raise ModelFormatError(f"cannot load the tokenizer in {directory} ({type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else ''}): copy the files from the model's "
-                               "official repo again") from None
+        raise ModelFormatError(
+            f"cannot load the tokenizer in {directory} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}): copy the files from the model's "
+            "official repo again"
+        ) from None
 
 
-_TOKENIZER_JSON = ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
-                   "generation_config.json", "vocab.json")
+_TOKENIZER_JSON = (
+    "config.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "vocab.json",
+)
 
 
 def _check_json(path: Path) -> None:
@@ -313,7 +332,8 @@ def _check_drafter_tokenizer(drafter: str | Path, tokenizer, samples: int = 256)
         raise ModelFormatError(
             f"{path}: the drafter's vocabulary is not the target's tokenizer's ({len(tokens)} tokens against "
             f"{len(tokenizer)}{f'; token {wrong[0]} differs' if wrong else ''}): this drafter belongs to another "
-            "model; use the drafter made for this target")
+            "model; use the drafter made for this target"
+        )
 
 
 def _check_vocab(tokenizer, model: TargetModel) -> None:
@@ -351,7 +371,9 @@ def load_pair(
     placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0), progress)
     model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)
-    drafter_model = load_drafter(drafter, model, causal=causal, quant=drafter_quant, placement=placement) if drafter else None
+    drafter_model = (
+        load_drafter(drafter, model, causal=causal, quant=drafter_quant, placement=placement) if drafter else None
+    )
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     engine = Engine(model, drafter_model, max_context=context, decode=decode, draft=draft)

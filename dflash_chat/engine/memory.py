@@ -152,7 +152,7 @@ class DrafterShape:
             if self.hidden % self.conv_group:
                 return f"hidden {self.hidden} is not a multiple of conv_group {self.conv_group}"
         elif any(getattr(self, name) for name in DFLASH2_FIELDS):
-            return f"{', '.join(DFLASH2_FIELDS)} belong to kind = \"dflash2\""
+            return f'{", ".join(DFLASH2_FIELDS)} belong to kind = "dflash2"'
         return None
 
     @property
@@ -167,8 +167,13 @@ class DrafterShape:
         d2 = cfg.dflash2
         extra = {}
         if d2 is not None:
-            extra = dict(kind="dflash2", selector_top_k=d2.selector_top_k, selector_rank=d2.selector_rank,
-                         conv_kernel=d2.conv_kernel_size, conv_group=d2.conv_group_size)
+            extra = dict(
+                kind="dflash2",
+                selector_top_k=d2.selector_top_k,
+                selector_rank=d2.selector_rank,
+                conv_kernel=d2.conv_kernel_size,
+                conv_group=d2.conv_group_size,
+            )
         return cls(
             layers=cfg.num_layers,
             kv_heads=cfg.num_kv_heads,
@@ -219,9 +224,20 @@ class StateBytes:
 
     @property
     def total(self) -> int:
-        return (self.target_kv + self.target_rope + self.gdn_recurrent + self.gdn_conv + self.gdn_verify
-                + self.snapshot_logits + self.drafter_kv + self.drafter_rope + self.step_outputs + self.sampling
-                + self.selector + self.draft_conv)
+        return (
+            self.target_kv
+            + self.target_rope
+            + self.gdn_recurrent
+            + self.gdn_conv
+            + self.gdn_verify
+            + self.snapshot_logits
+            + self.drafter_kv
+            + self.drafter_rope
+            + self.step_outputs
+            + self.sampling
+            + self.selector
+            + self.draft_conv
+        )
 
 
 def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> StateBytes:
@@ -244,13 +260,15 @@ def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int,
     per_row = 2 * drafter.kv_heads * drafter.head_dim * e
     verified = sum(verify_sizes("auto", block))
     return StateBytes(
-        **{**state.__dict__,
-           "drafter_kv": sum(drafter_cache_rows(drafter, context)) * per_row,
-           "drafter_rope": 2 * rows * drafter.head_dim * e,
-           "step_outputs": verified * (target.vocab * LOGIT_BYTES + drafter.taps * target.hidden * e),
-           "sampling": (3 * block - 2) * target.vocab * LOGIT_BYTES + (block - 1) * LOGIT_BYTES,
-           "selector": selector_bytes(drafter, e),
-           "draft_conv": draft_conv_bytes(drafter, e)},
+        **{
+            **state.__dict__,
+            "drafter_kv": sum(drafter_cache_rows(drafter, context)) * per_row,
+            "drafter_rope": 2 * rows * drafter.head_dim * e,
+            "step_outputs": verified * (target.vocab * LOGIT_BYTES + drafter.taps * target.hidden * e),
+            "sampling": (3 * block - 2) * target.vocab * LOGIT_BYTES + (block - 1) * LOGIT_BYTES,
+            "selector": selector_bytes(drafter, e),
+            "draft_conv": draft_conv_bytes(drafter, e),
+        },
     )
 
 

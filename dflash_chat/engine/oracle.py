@@ -16,8 +16,16 @@ from dflash_chat.engine.sampling import draft_tokens
 
 
 class OracleDrafter:
-    def __init__(self, reference: list[int], vocab_size: int, *, block_size: int = 16,
-                 accept_prob: float = 0.8, mode: str = "geometric", seed: int = 0):
+    def __init__(
+        self,
+        reference: list[int],
+        vocab_size: int,
+        *,
+        block_size: int = 16,
+        accept_prob: float = 0.8,
+        mode: str = "geometric",
+        seed: int = 0,
+    ):
         """mode "geometric": each drafted token is right with probability accept_prob;
         mode "uniform": the first wrong position is uniform over 0..D (D = all right);
         mode "fixed": the first `round(accept_prob)` drafts are right and the next one wrong (a forced

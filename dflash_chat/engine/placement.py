@@ -42,8 +42,9 @@ class Placement:
     def _staged(self, t: torch.Tensor) -> torch.Tensor:
         if self._staging is None:
             self._stream = torch.cuda.Stream(self.device)
-            self._staging = [(torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True),
-                              torch.cuda.Event()) for _ in range(2)]
+            self._staging = [
+                (torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True), torch.cuda.Event()) for _ in range(2)
+            ]
         out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
         src = t.contiguous().reshape(-1).view(torch.uint8)
         dst = out.reshape(-1).view(torch.uint8)

@@ -84,8 +84,9 @@ class QuantTensor:
             dim += len(self.shape)
         if dim >= len(self.shape) - 1:
             raise ValueError("permute_rows moves whole rows; it cannot reorder values inside a row")
-        return QuantTensor(self.data.index_select(dim, perm.to(self.data.device)), self.fmt, self.shape,
-                           self.input_index)
+        return QuantTensor(
+            self.data.index_select(dim, perm.to(self.data.device)), self.fmt, self.shape, self.input_index
+        )
 
 
 def as_quant(w: torch.Tensor | QuantTensor) -> QuantTensor:
@@ -157,8 +158,9 @@ class QuantExperts(nn.Module):
     a file stores the two in different formats; down: [E, H, I].
     """
 
-    def __init__(self, gate_up: QuantTensor | tuple[QuantTensor, QuantTensor] | torch.Tensor,
-                 down: QuantTensor | torch.Tensor):
+    def __init__(
+        self, gate_up: QuantTensor | tuple[QuantTensor, QuantTensor] | torch.Tensor, down: QuantTensor | torch.Tensor
+    ):
         super().__init__()
         fused = None
         if isinstance(gate_up, tuple):
@@ -183,14 +185,24 @@ class QuantExperts(nn.Module):
             self.register_buffer("up", up.data.contiguous())
         self.register_buffer("down", down.data.contiguous())
 
-    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         if kernels.use_triton(self.down):
             return self.forward_grouped(x, top_k_index, top_k_weights, shared)
         return reference.add_shared(self.forward_per_expert(x, top_k_index, top_k_weights), shared)
 
-    def forward_grouped(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                        shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward_grouped(
+        self,
+        x: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Every expert in one kernel call per projection, no host sync (decode, verify and prefill alike)."""
         if self.fused:
             gate_up = [(self.gate_up, self.gate_fmt)]
@@ -201,11 +213,15 @@ class QuantExperts(nn.Module):
     def _gate_up(self, x: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fused:
             both = kernels.matmul(x, self.gate_up[e], self.gate_fmt, 2 * self.intermediate)
-            return both[:, :self.intermediate], both[:, self.intermediate:]
-        return (kernels.matmul(x, self.gate[e], self.gate_fmt, self.intermediate),
-                kernels.matmul(x, self.up[e], self.up_fmt, self.intermediate))
+            return both[:, : self.intermediate], both[:, self.intermediate :]
+        return (
+            kernels.matmul(x, self.gate[e], self.gate_fmt, self.intermediate),
+            kernels.matmul(x, self.up[e], self.up_fmt, self.intermediate),
+        )
 
-    def forward_per_expert(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward_per_expert(
+        self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         """The torch path (no Triton): one dequantize + matmul per expert that received tokens (reads the
         routing back to the host)."""
         out = torch.zeros_like(x)

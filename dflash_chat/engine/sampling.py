@@ -80,8 +80,11 @@ class Draws:
     @classmethod
     def empty(cls, rows: int, vocab: int, device: torch.device) -> Draws:
         drafts = max(rows - 1, 0)
-        return cls(torch.empty(drafts, device=device), torch.empty(rows, vocab, device=device),
-                   torch.empty(drafts, vocab, device=device))
+        return cls(
+            torch.empty(drafts, device=device),
+            torch.empty(rows, vocab, device=device),
+            torch.empty(drafts, vocab, device=device),
+        )
 
     def fill(self, generator: torch.Generator, rows: int | None = None) -> Draws:
         """New randomness in place for a verify of `rows` tokens (default: all)."""
@@ -107,8 +110,9 @@ def first_token(logits: torch.Tensor, params: SamplingParams, draws: Draws | Non
     return sample(probabilities(logits, params), draws.noise[0])
 
 
-def draft_tokens(logits: torch.Tensor, params: SamplingParams, draws: Draws | None,
-                 q_out: torch.Tensor | None = None) -> torch.Tensor:
+def draft_tokens(
+    logits: torch.Tensor, params: SamplingParams, draws: Draws | None, q_out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Draft tokens from draft logits [D, V]: the argmax when greedy; otherwise drawn from q, the logits
     processed like the target's, which is written into `q_out` [D, V] for the verify."""
     if params.greedy:
@@ -118,8 +122,15 @@ def draft_tokens(logits: torch.Tensor, params: SamplingParams, draws: Draws | No
     return sample(q, draws.draft_noise[: q.shape[0]])
 
 
-def accept(logits: torch.Tensor, drafts: torch.Tensor, params: SamplingParams, draws: Draws | None,
-           remaining: torch.Tensor, stop_ids: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+def accept(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    params: SamplingParams,
+    draws: Draws | None,
+    remaining: torch.Tensor,
+    stop_ids: torch.Tensor,
+    q: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The verify rule, on the device, with no host read: logits [T, V] of [last, d1..d(T-1)], drafts [T-1]
     and, when sampling, the drafter's processed distributions q [T-1, V] they were drawn from.
 

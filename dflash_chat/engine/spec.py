@@ -48,12 +48,16 @@ class Drafter(Protocol):
     def truncate(self, length: int) -> None: ...
     def append_context(self, features: torch.Tensor, start: int) -> None:
         """Take the target features [n, K*H] of the newly committed positions start-n .. start-1."""
+
     def block_ids(self, device: torch.device) -> torch.Tensor:
         """The drafting block's input ids [B]; row 0 receives the last token."""
-    def propose(self, ids: torch.Tensor, span, params: SamplingParams, draws: Draws | None,
-                q_out: torch.Tensor | None) -> torch.Tensor:
+
+    def propose(
+        self, ids: torch.Tensor, span, params: SamplingParams, draws: Draws | None, q_out: torch.Tensor | None
+    ) -> torch.Tensor:
         """The drafts [B-1] after ids[0] at the device positions `span`, reading no host value: greedy, or
         drawn from a proposal distribution that it writes to q_out [B-1, V] for the exact verify."""
+
     def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Context from the target features [n, K*H] at device positions [n]."""
 
@@ -82,8 +86,15 @@ def decode_mode(requested: str, device: torch.device) -> str:
 
 
 class Engine:
-    def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, max_context: int = 4096,
-                 decode: str = "auto", draft: str | int = "auto"):
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: Drafter | None = None,
+        *,
+        max_context: int = 4096,
+        decode: str = "auto",
+        draft: str | int = "auto",
+    ):
         self.target = target
         self.drafter = drafter
         self.max_context = max_context
@@ -109,8 +120,9 @@ class Engine:
             return
         self.draft = draft
         self.sizes = verify_sizes(self.draft, self.block_size)
-        self.steps = Steps(self.target, self.drafter, self.state, taps=self.taps, sizes=self.sizes,
-                           graphs=self.decode == "graphs")
+        self.steps = Steps(
+            self.target, self.drafter, self.state, taps=self.taps, sizes=self.sizes, graphs=self.decode == "graphs"
+        )
         self.decode = "graphs" if self.steps.graphs is not None else "fixed"
         self.costs: Costs | None = None  # auto's step costs, measured before its first answer
         self.reset()
@@ -190,7 +202,11 @@ class Engine:
 
     # -- generation ---------------------------------------------------------------
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None, *,
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        cancel: threading.Event | None = None,
+        *,
         conversation: Hashable | None = None,
     ) -> Iterator[Event]:
         """Answer `prompt_ids`. `conversation` keys the acceptance estimate `auto` keeps (e.g. the chat and
@@ -205,8 +221,11 @@ class Engine:
             )
         generator = torch.Generator(self.device)
         generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % (2**63)))
-        stats = GenerationStats(prompt_tokens=len(prompt), speculative=self.drafter is not None,
-                                draft=str(self.draft) if self.drafter is not None else "off")
+        stats = GenerationStats(
+            prompt_tokens=len(prompt),
+            speculative=self.drafter is not None,
+            draft=str(self.draft) if self.drafter is not None else "off",
+        )
         stats.acceptance_histogram = [0] * self.block_size
         stats.draft_histogram = [0] * self.block_size
         if self.device.type == "cuda":
@@ -218,7 +237,9 @@ class Engine:
         except torch.OutOfMemoryError:
             self.reset()
             stats.peak_memory_bytes = self._peak_memory()
-            yield Finished("error", stats, "out of GPU memory: use a shorter context, a smaller quant or a smaller model")
+            yield Finished(
+                "error", stats, "out of GPU memory: use a shorter context, a smaller quant or a smaller model"
+            )
 
     def _prefill(self, prompt: list[int], stats: GenerationStats) -> torch.Tensor:
         reused, logits = self._reuse(prompt)

@@ -28,44 +28,110 @@ from dflash_chat.engine.weights.formats import FORMATS, Format
 # The published configs (text part) of the targets and their DFlash drafters.
 TARGETS = {
     "qwen3.6-27b": dict(
-        model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, num_hidden_layers=64,
-        num_attention_heads=24, num_key_value_heads=4, head_dim=256, intermediate_size=17408,
-        rms_norm_eps=1e-6, rope_theta=10_000_000, partial_rotary_factor=0.25, full_attention_interval=4,
-        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
-        linear_conv_kernel_dim=4, max_position_embeddings=262144, eos_token_id=248046,
+        model_type="qwen3_5_text",
+        vocab_size=248320,
+        hidden_size=5120,
+        num_hidden_layers=64,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        head_dim=256,
+        intermediate_size=17408,
+        rms_norm_eps=1e-6,
+        rope_theta=10_000_000,
+        partial_rotary_factor=0.25,
+        full_attention_interval=4,
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=262144,
+        eos_token_id=248046,
     ),
     "qwen3.6-35b-a3b": dict(
-        model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
-        num_attention_heads=16, num_key_value_heads=2, head_dim=256, rms_norm_eps=1e-6, rope_theta=10_000_000,
-        partial_rotary_factor=0.25, full_attention_interval=4, linear_num_key_heads=16, linear_num_value_heads=32,
-        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256,
-        num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
-        max_position_embeddings=262144, eos_token_id=248046,
+        model_type="qwen3_5_moe_text",
+        vocab_size=248320,
+        hidden_size=2048,
+        num_hidden_layers=40,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10_000_000,
+        partial_rotary_factor=0.25,
+        full_attention_interval=4,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        max_position_embeddings=262144,
+        eos_token_id=248046,
     ),
 }
 TARGETS["qwen3.8-27b"] = dict(TARGETS["qwen3.6-27b"])  # a qwen3_5 target with Qwen3.6-27B's shapes
 DRAFTERS = {
     "qwen3.6-27b": dict(
-        architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=5120, intermediate_size=17408,
-        num_hidden_layers=5, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-        rope_theta=10_000_000, block_size=16, sliding_window=2048, use_sliding_window=True,
+        architectures=["DFlashDraftModel"],
+        model_type="qwen3",
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=5,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=10_000_000,
+        block_size=16,
+        sliding_window=2048,
+        use_sliding_window=True,
         layer_types=["sliding_attention"] * 4 + ["full_attention"],
         dflash_config=dict(mask_token_id=248070, target_layer_ids=[1, 16, 31, 46, 61]),
     ),
     "qwen3.6-35b-a3b": dict(
-        architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=2048, intermediate_size=6144,
-        num_hidden_layers=6, num_attention_heads=32, num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-6,
-        rope_theta=10_000_000, sliding_window=4096, use_sliding_window=True,
+        architectures=["DFlashDraftModel"],
+        model_type="qwen3",
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=6,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=10_000_000,
+        sliding_window=4096,
+        use_sliding_window=True,
         layer_types=["sliding_attention"] * 5 + ["full_attention"],
         dflash_config=dict(block_size=16, mask_token_id=248077, target_layer_ids=[1, 6, 11, 16, 22, 27, 32, 37]),
     ),
     "qwen3.8-27b": dict(  # z-lab/Qwen3.8-27B-DFlash2
-        architectures=["DFlash2DraftModel"], model_type="qwen3", hidden_size=5120, intermediate_size=17408,
-        num_hidden_layers=5, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-        rope_theta=10_000_000, sliding_window=2048, use_sliding_window=True, is_causal=False,
+        architectures=["DFlash2DraftModel"],
+        model_type="qwen3",
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=5,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=10_000_000,
+        sliding_window=2048,
+        use_sliding_window=True,
+        is_causal=False,
         layer_types=["sliding_attention"] * 5,
-        dflash_config=dict(block_size=8, mask_token_id=248070, target_layer_ids=[5, 19, 33, 47, 61],
-                           conv_group_size=16, conv_kernel_size=2, selector_rank=256, selector_top_k=16),
+        dflash_config=dict(
+            block_size=8,
+            mask_token_id=248070,
+            target_layer_ids=[5, 19, 33, 47, 61],
+            conv_group_size=16,
+            conv_kernel_size=2,
+            selector_rank=256,
+            selector_top_k=16,
+        ),
     ),
 }
 MIXES = ("Q4_K_M", "Q8_0", "bf16")
@@ -81,8 +147,12 @@ def target_config(name: str, layers: int | None = None) -> TargetConfig:
     if layers:
         interval = raw.get("full_attention_interval", 4)
         raw["num_hidden_layers"] = layers
-        raw["layer_types"] = ["full_attention" if (i + 1) % interval == 0 or (layers < interval and i == layers - 1)
-                              else "linear_attention" for i in range(layers)]
+        raw["layer_types"] = [
+            "full_attention"
+            if (i + 1) % interval == 0 or (layers < interval and i == layers - 1)
+            else "linear_attention"
+            for i in range(layers)
+        ]
     return TargetConfig.from_dict(raw)
 
 
@@ -116,8 +186,14 @@ def _more_bits(layer: int, layers: int) -> bool:
 
 def weight_format(name: str, shape: tuple[int, ...], mix: str, layers: int) -> Format | None:
     """The format a `mix` file stores HF weight `name` in; None: a float tensor (norms, conv, gates, router)."""
-    matrix = (len(shape) >= 2 and shape[-2] > 1 and "conv1d" not in name and not name.endswith("mlp.gate.weight")
-              and "codebook" not in name and not name.endswith("base_kernel"))
+    matrix = (
+        len(shape) >= 2
+        and shape[-2] > 1
+        and "conv1d" not in name
+        and not name.endswith("mlp.gate.weight")
+        and "codebook" not in name
+        and not name.endswith("base_kernel")
+    )
     if mix == "bf16" or not matrix:
         return None
     if mix == "Q8_0" or shape[-1] % 256:  # K-quant rows hold whole 256-value blocks; others fall back
@@ -168,8 +244,9 @@ class SyntheticWeights(Mapping):
         return len(self.shapes)
 
 
-def build_target(name: str, mix: str = "Q4_K_M", layers: int | None = None, device="cpu",
-                 dtype=torch.float32) -> TargetModel:
+def build_target(
+    name: str, mix: str = "Q4_K_M", layers: int | None = None, device="cpu", dtype=torch.float32
+) -> TargetModel:
     from dflash_chat.engine.checkpoint import materialise
 
     if mix not in MIXES:
@@ -190,8 +267,13 @@ def build_drafter(name: str, target: TargetModel, mix: str = "Q8_0") -> DFlashDr
     p = target.model.norm.weight
     with torch.device("meta"):
         drafter = make_drafter(cfg, target.cfg.hidden_size, target.cfg.vocab_size)
-    materialise(drafter, SyntheticWeights(drafter, mix, cfg.num_layers, p.device, seed=1), p.device, p.dtype,
-                "synthetic drafter")
+    materialise(
+        drafter,
+        SyntheticWeights(drafter, mix, cfg.num_layers, p.device, seed=1),
+        p.device,
+        p.dtype,
+        "synthetic drafter",
+    )
     drafter.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(p.device)
     drafter.bind(target.model.embed_tokens, target.lm_head)
     fuse_projections(drafter)
@@ -206,8 +288,9 @@ def bytes_per_token(model: nn.Module) -> int:
     top_k = getattr(getattr(model, "cfg", None), "num_experts_per_tok", 0) or 1
     total = 0
     for module in model.modules():
-        size = sum(t.numel() * t.element_size() for t in (*module.parameters(recurse=False),
-                                                         *module.buffers(recurse=False)))
+        size = sum(
+            t.numel() * t.element_size() for t in (*module.parameters(recurse=False), *module.buffers(recurse=False))
+        )
         if isinstance(module, (nn.Embedding, QuantEmbedding)):
             size //= module.num_embeddings
         elif isinstance(module, QuantExperts):

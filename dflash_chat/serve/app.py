@@ -65,9 +65,19 @@ class Record:
 class Served:
     """What the server serves: the model once it is loaded, its name, the queue, the rules."""
 
-    def __init__(self, name: str | None, settings: Settings, *, api_key: str | None = None, max_waiting: int = 8,
-                 max_body: int = MAX_BODY, body_timeout_s: float = BODY_TIMEOUT_S, metrics_auth: bool = False,
-                 allow_origins: tuple[str, ...] = (), allow_hosts: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str | None,
+        settings: Settings,
+        *,
+        api_key: str | None = None,
+        max_waiting: int = 8,
+        max_body: int = MAX_BODY,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        metrics_auth: bool = False,
+        allow_origins: tuple[str, ...] = (),
+        allow_hosts: tuple[str, ...] = (),
+    ) -> None:
         if api_key is not None and not api_key.strip():
             raise ValueError("an empty API key")  # the command refuses it in words first
         self.name = name  # None until the model manager's choice is loaded
@@ -124,17 +134,27 @@ class Served:
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            raise ApiError(401, "Missing or wrong API key: send the header 'Authorization: Bearer KEY'.",
-                           code="invalid_api_key")
+            raise ApiError(
+                401, "Missing or wrong API key: send the header 'Authorization: Bearer KEY'.", code="invalid_api_key"
+            )
 
     def check_model(self, model: str | None) -> None:
         if self.session is None:
             why = f"The model failed to load: {self.load_error}" if self.load_error else "The model is still loading"
-            raise ApiError(503, f"{why}; try again in a moment (GET /health says when it is ready).",
-                           type="service_unavailable", code="model_not_ready", headers={"Retry-After": "5"})
+            raise ApiError(
+                503,
+                f"{why}; try again in a moment (GET /health says when it is ready).",
+                type="service_unavailable",
+                code="model_not_ready",
+                headers={"Retry-After": "5"},
+            )
         if model is not None and model != self.name:
-            raise ApiError(404, f"The model '{model}' does not exist here; this server serves '{self.name}' "
-                                "(GET /v1/models).", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model '{model}' does not exist here; this server serves '{self.name}' (GET /v1/models).",
+                param="model",
+                code="model_not_found",
+            )
 
     def prompt_tokens(self, request: ChatRequest | CompletionRequest) -> int:
         """How many tokens the prompt takes, rendered afresh (the engine may reuse some of them)."""
@@ -152,17 +172,27 @@ class Served:
             return
         highest = max(request.prompt)
         if highest >= self.vocab:
-            raise bad_request(f"'prompt' holds the token id {highest}, but this model's vocabulary has {self.vocab} "
-                              f"tokens (ids 0 to {self.vocab - 1}).", "prompt", "invalid_token_id")
+            raise bad_request(
+                f"'prompt' holds the token id {highest}, but this model's vocabulary has {self.vocab} "
+                f"tokens (ids 0 to {self.vocab - 1}).",
+                "prompt",
+                "invalid_token_id",
+            )
 
     def check_context(self, request: ChatRequest | CompletionRequest, prompt_tokens: int) -> None:
         context, asked = self.session.context, request.sampling.max_tokens
         if prompt_tokens + (asked or 1) > context:
-            wanted = f"{prompt_tokens + asked} tokens ({prompt_tokens} in the prompt, {asked} to write)" if asked \
+            wanted = (
+                f"{prompt_tokens + asked} tokens ({prompt_tokens} in the prompt, {asked} to write)"
+                if asked
                 else f"{prompt_tokens} tokens in the prompt, and no room is left to write"
-            raise bad_request(f"This model's maximum context length is {context} tokens; this request needs {wanted}. "
-                              "Shorten the prompt or lower max_tokens.", "messages" if isinstance(request, ChatRequest)
-                              else "prompt", "context_length_exceeded")
+            )
+            raise bad_request(
+                f"This model's maximum context length is {context} tokens; this request needs {wanted}. "
+                "Shorten the prompt or lower max_tokens.",
+                "messages" if isinstance(request, ChatRequest) else "prompt",
+                "context_length_exceeded",
+            )
 
     # the engine thread's side
 
@@ -181,13 +211,31 @@ class Served:
             sampling = request.sampling
             max_new = sampling.max_tokens or session.context - len(prompt.ids)
             if len(prompt.ids) + max_new > session.context:  # the held tokens may count a few more
-                emit(Failed(f"This model's maximum context length is {session.context} tokens; the prompt takes "
-                            f"{len(prompt.ids)} and {max_new} were asked for. Lower max_tokens.", 400))
+                emit(
+                    Failed(
+                        f"This model's maximum context length is {session.context} tokens; the prompt takes "
+                        f"{len(prompt.ids)} and {max_new} were asked for. Lower max_tokens.",
+                        400,
+                    )
+                )
                 return
-            params = session.params(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                    max_new_tokens=max_new, seed=sampling.seed)
-            end = session.answer(prompt, params, job.cancel, emit, stop=sampling.stop, thinking_split=chat, tap=tap,
-                                 conversation=_estimate(request, chat))
+            params = session.params(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_new_tokens=max_new,
+                seed=sampling.seed,
+            )
+            end = session.answer(
+                prompt,
+                params,
+                job.cancel,
+                emit,
+                stop=sampling.stop,
+                thinking_split=chat,
+                tap=tap,
+                conversation=_estimate(request, chat),
+            )
         except Exception as exc:  # noqa: BLE001 - one request fails, the server goes on
             session.last = None
             log.error("an answer failed: %s", one_line(exc, "generation"))
@@ -252,8 +300,10 @@ def build_routes(served: Served) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-        message = {404: f"There is no {request.url.path} here: the API is under /v1 (see /v1/models).",
-                   405: f"{request.method} is not allowed on {request.url.path}."}.get(exc.status_code, str(exc.detail))
+        message = {
+            404: f"There is no {request.url.path} here: the API is under /v1 (see /v1/models).",
+            405: f"{request.method} is not allowed on {request.url.path}.",
+        }.get(exc.status_code, str(exc.detail))
         return JSONResponse(error_body(message, kind), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
@@ -309,13 +359,18 @@ async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOU
         async with asyncio.timeout(timeout_s):
             return await _read_body(request, limit)
     except TimeoutError:
-        raise ApiError(408, f"The request body did not arrive whole within {timeout_s:g} s (is it shorter than "
-                            "its Content-Length?).", code="request_timeout", headers={"Connection": "close"}) from None
+        raise ApiError(
+            408,
+            f"The request body did not arrive whole within {timeout_s:g} s (is it shorter than its Content-Length?).",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    too_big = ApiError(413, f"The request body is larger than this server takes ({limit} bytes).",
-                       code="request_too_large")
+    too_big = ApiError(
+        413, f"The request body is larger than this server takes ({limit} bytes).", code="request_too_large"
+    )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_big
@@ -348,15 +403,23 @@ async def answer(request: Request, served: Served, parsed: ChatRequest | Complet
     try:
         served.scheduler.submit(job)
     except QueueFull as full:
-        raise ApiError(429, f"The server is busy: one answer runs and {served.scheduler.max_waiting} wait already. "
-                            f"Try again in {full.retry_after} s.", type="rate_limit_error",
-                       code="rate_limit_exceeded", headers={"Retry-After": str(full.retry_after)}) from None
+        raise ApiError(
+            429,
+            f"The server is busy: one answer runs and {served.scheduler.max_waiting} wait already. "
+            f"Try again in {full.retry_after} s.",
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(full.retry_after)},
+        ) from None
     served._open.add((loop, items))
     if served.draining:
         items.put_nowait(DRAIN)
     if parsed.streaming.stream:
-        return StreamingResponse(stream(served, parsed, kind, items, job, prompt_tokens),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            stream(served, parsed, kind, items, job, prompt_tokens),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
     return await whole(request, served, kind, items, job)
 
 
@@ -388,7 +451,9 @@ async def whole(request: Request, served: Served, kind: responses.Kind, items: a
         job.cancel.set()
         raise ApiError(503, SHUTTING_DOWN, type="service_unavailable", code="shutting_down")
     if isinstance(item, Failed):
-        raise ApiError(item.status, item.message, type="server_error" if item.status >= 500 else "invalid_request_error")
+        raise ApiError(
+            item.status, item.message, type="server_error" if item.status >= 500 else "invalid_request_error"
+        )
     return responses.completion(kind, item.end, served.session.spec_tokens)
 
 
@@ -409,11 +474,13 @@ async def stream(served: Served, parsed, kind: responses.Kind, items: asyncio.Qu
                 job.cancel.set()
                 yield responses.sse(error_body(SHUTTING_DOWN, "service_unavailable", None, "shutting_down"))
             elif isinstance(item, Failed):
-                yield responses.sse(error_body(item.message, "server_error" if item.status >= 500
-                                               else "invalid_request_error"))
+                yield responses.sse(
+                    error_body(item.message, "server_error" if item.status >= 500 else "invalid_request_error")
+                )
             else:
-                for body in responses.last_chunks(kind, item.end, served.session.spec_tokens,
-                                                  parsed.streaming.include_usage):
+                for body in responses.last_chunks(
+                    kind, item.end, served.session.spec_tokens, parsed.streaming.include_usage
+                ):
                     yield responses.sse(body)
             yield responses.sse("[DONE]")
             return

@@ -46,9 +46,16 @@ def _in_process(session, chats: list[list[dict]], tokens: int) -> Series:
 def _over_http(client, url: str, model: str, chats: list[list[dict]], tokens: int) -> Series:
     texts, total, started = [], 0, time.perf_counter()
     for chat in chats:
-        body = {"model": model, "messages": chat, "max_tokens": tokens,
-                "temperature": 0.0, "top_p": 1.0, "top_k": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "messages": chat,
+            "max_tokens": tokens,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         text = []
         with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             response.raise_for_status()
@@ -85,10 +92,18 @@ def run(pair, chats: list[list[dict]], tokens: int) -> dict:
     return {
         "requests": local.requests,
         "max_tokens": tokens,
-        "in_process": {"requests_per_s": local.requests_per_s, "tokens_per_s": local.tokens_per_s,
-                       "tokens": local.tokens, "seconds": local.seconds},
-        "http": {"requests_per_s": remote.requests_per_s, "tokens_per_s": remote.tokens_per_s,
-                 "tokens": remote.tokens, "seconds": remote.seconds},
+        "in_process": {
+            "requests_per_s": local.requests_per_s,
+            "tokens_per_s": local.tokens_per_s,
+            "tokens": local.tokens,
+            "seconds": local.seconds,
+        },
+        "http": {
+            "requests_per_s": remote.requests_per_s,
+            "tokens_per_s": remote.tokens_per_s,
+            "tokens": remote.tokens,
+            "seconds": remote.seconds,
+        },
         "http_vs_in_process": remote.tokens_per_s / local.tokens_per_s if local.tokens_per_s else 0.0,
         "overhead_ms_per_token": ms_per_token,
         "same_text": local.texts == remote.texts,
@@ -97,12 +112,14 @@ def run(pair, chats: list[list[dict]], tokens: int) -> dict:
 
 def report(figures: dict, title: str) -> str:
     local, remote = figures["in_process"], figures["http"]
-    return "\n".join([
-        title,
-        f"  in-process  {local['requests_per_s']:7.2f} req/s  {local['tokens_per_s']:8.1f} tok/s  "
-        f"({local['tokens']} tokens in {local['seconds']:.2f} s)",
-        f"  HTTP (SSE)  {remote['requests_per_s']:7.2f} req/s  {remote['tokens_per_s']:8.1f} tok/s  "
-        f"({remote['tokens']} tokens in {remote['seconds']:.2f} s)",
-        f"  HTTP / in-process: {figures['http_vs_in_process']:.3f}x tok/s; overhead "
-        f"{figures['overhead_ms_per_token']:.2f} ms per token; same text: {'yes' if figures['same_text'] else 'NO'}",
-    ])
+    return "\n".join(
+        [
+            title,
+            f"  in-process  {local['requests_per_s']:7.2f} req/s  {local['tokens_per_s']:8.1f} tok/s  "
+            f"({local['tokens']} tokens in {local['seconds']:.2f} s)",
+            f"  HTTP (SSE)  {remote['requests_per_s']:7.2f} req/s  {remote['tokens_per_s']:8.1f} tok/s  "
+            f"({remote['tokens']} tokens in {remote['seconds']:.2f} s)",
+            f"  HTTP / in-process: {figures['http_vs_in_process']:.3f}x tok/s; overhead "
+            f"{figures['overhead_ms_per_token']:.2f} ms per token; same text: {'yes' if figures['same_text'] else 'NO'}",
+        ]
+    )

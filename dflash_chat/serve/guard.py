@@ -44,7 +44,7 @@ def _host_of(header: str) -> str:
     """The name in a Host header, without its port ('[::1]:8000' -> '::1')."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
+        return header[1 : header.find("]")] if "]" in header else header
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
@@ -92,17 +92,28 @@ class Guard:
     def _refusal(self, headers: dict[str, str], method: str, path: str) -> tuple[int, str, str] | None:
         host = headers.get("host", "")
         if not self.host_ok(host):
-            return (421, f"This server does not answer for the host {host[:80]!r}: reach it by its address "
-                         "(or pass --allow-host NAME to serve).", "invalid_host")
+            return (
+                421,
+                f"This server does not answer for the host {host[:80]!r}: reach it by its address "
+                "(or pass --allow-host NAME to serve).",
+                "invalid_host",
+            )
         origin = headers.get("origin")
         if origin is not None and origin.rstrip("/").lower() not in self.origins:
-            return (403, f"Requests from the web origin {origin[:80]!r} are refused: start serve with "
-                         "--allow-origin ORIGIN to let a page use it.", "origin_not_allowed")
+            return (
+                403,
+                f"Requests from the web origin {origin[:80]!r} are refused: start serve with "
+                "--allow-origin ORIGIN to let a page use it.",
+                "origin_not_allowed",
+            )
         if method == "POST" and path.startswith("/v1/"):
             kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if kind != "application/json":
-                return (415, f"The body must be JSON, sent with 'Content-Type: application/json' "
-                             f"(got {kind[:60] or 'none'!r}).", "unsupported_media_type")
+                return (
+                    415,
+                    f"The body must be JSON, sent with 'Content-Type: application/json' (got {kind[:60] or 'none'!r}).",
+                    "unsupported_media_type",
+                )
         return None
 
 
@@ -111,9 +122,13 @@ def _cors(origin: str) -> list[tuple[bytes, bytes]]:
 
 
 async def _send_preflight(send, origin: str) -> None:
-    headers = [*_cors(origin), (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-               (b"access-control-allow-headers", ALLOWED_HEADERS.encode()), (b"access-control-max-age", b"600"),
-               (b"content-length", b"0")]
+    headers = [
+        *_cors(origin),
+        (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+        (b"access-control-allow-headers", ALLOWED_HEADERS.encode()),
+        (b"access-control-max-age", b"600"),
+        (b"content-length", b"0"),
+    ]
     await send({"type": "http.response.start", "status": 204, "headers": headers})
     await send({"type": "http.response.body", "body": b""})
 
@@ -121,7 +136,15 @@ async def _send_preflight(send, origin: str) -> None:
 async def _send_error(send, status: int, message: str, code: str) -> None:
     kind = "invalid_request_error" if status != 403 else "permission_error"
     body = json.dumps(error_body(message, kind, None, code)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

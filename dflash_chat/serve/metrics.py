@@ -48,32 +48,47 @@ class Metrics:
         self.accepted_per_pos = [per_pos.labels(*self.labels, str(p)) for p in range(spec_tokens)]
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(*self.labels)
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.").labels(
-            *self.labels)
-        self.cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.").labels(
-            *self.labels)
+            *self.labels
+        )
+        self.cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        ).labels(*self.labels)
         self.cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.").labels(
-            *self.labels)
-        self.success = counter("vllm:request_success", "Count of successfully processed requests.",
-                               ("finished_reason",))
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              LATENCY_BUCKETS)
-        self.tpot = histogram("vllm:time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds (mean over each request).",
-                              TOKEN_TIME_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             LATENCY_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS)
-        self.decode_speed = histogram("dflash:decode_tokens_per_second",
-                                      "Histogram of each request's decode speed (tokens after the first per second).",
-                                      SPEED_BUCKETS)
-        self.draft_length = histogram("dflash:draft_length_per_step",
-                                      "Histogram of the drafts each decode step verified (0: a plain step).",
-                                      DRAFT_BUCKETS)
-        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", LABELS,
-                             registry=registry).labels(*self.labels)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", LABELS,
-                             registry=registry).labels(*self.labels)
+            *self.labels
+        )
+        self.success = counter(
+            "vllm:request_success", "Count of successfully processed requests.", ("finished_reason",)
+        )
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", LATENCY_BUCKETS
+        )
+        self.tpot = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds (mean over each request).",
+            TOKEN_TIME_BUCKETS,
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS
+        )
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS
+        )
+        self.decode_speed = histogram(
+            "dflash:decode_tokens_per_second",
+            "Histogram of each request's decode speed (tokens after the first per second).",
+            SPEED_BUCKETS,
+        )
+        self.draft_length = histogram(
+            "dflash:draft_length_per_step",
+            "Histogram of the drafts each decode step verified (0: a plain step).",
+            DRAFT_BUCKETS,
+        )
+        self.running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", LABELS, registry=registry
+        ).labels(*self.labels)
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", LABELS, registry=registry
+        ).labels(*self.labels)
 
     def queue(self, running: int, waiting: int) -> None:
         self.running.set(running)

@@ -66,13 +66,15 @@ def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON ({exc.msg} at line {exc.lineno}, "
-                          f"column {exc.colno}).") from None
+        raise bad_request(
+            f"The request body is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."
+        ) from None
     except RecursionError:
         raise _too_deep() from None
     except ValueError:  # a number too long to read, or NaN / Infinity
-        raise bad_request("The request body is not valid JSON: it holds a number that is not finite or has "
-                          "thousands of digits.") from None
+        raise bad_request(
+            "The request body is not valid JSON: it holds a number that is not finite or has thousands of digits."
+        ) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     _check_tree(body)
@@ -108,8 +110,10 @@ def _check_text(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise bad_request(f"The request body holds text that is not valid Unicode (a lone surrogate "
-                          f"\\u{ord(text[exc.start]):04x}); send real characters.") from None
+        raise bad_request(
+            f"The request body holds text that is not valid Unicode (a lone surrogate "
+            f"\\u{ord(text[exc.start]):04x}); send real characters."
+        ) from None
 
 
 def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
@@ -120,8 +124,9 @@ def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
     kwargs = _optional(body, "chat_template_kwargs", Mapping) or {}
     thinking = kwargs.get("enable_thinking", defaults.thinking)
     if not isinstance(thinking, bool):
-        raise bad_request("'chat_template_kwargs.enable_thinking' must be true or false.",
-                          "chat_template_kwargs.enable_thinking")
+        raise bad_request(
+            "'chat_template_kwargs.enable_thinking' must be true or false.", "chat_template_kwargs.enable_thinking"
+        )
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     return ChatRequest(_model(body), turns, thinking, _sampling(body, defaults, limit, name), _streaming(body))
@@ -134,8 +139,9 @@ def completion_request(body: Mapping, defaults: Settings) -> CompletionRequest:
     if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
         prompt = [int(t) for t in prompt]
     elif not isinstance(prompt, str) or not prompt:
-        raise bad_request("'prompt' must be a non-empty string (or one list of token ids); batches are not supported.",
-                          "prompt")
+        raise bad_request(
+            "'prompt' must be a non-empty string (or one list of token ids); batches are not supported.", "prompt"
+        )
     limit = body.get("max_tokens", 16)  # OpenAI's default for completions
     return CompletionRequest(_model(body), prompt, _sampling(body, defaults, limit, "max_tokens"), _streaming(body))
 
@@ -164,7 +170,7 @@ def _content(content, where: str) -> str:
         texts = []
         for part in content:
             if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"'{where}' may only hold text parts ({{\"type\": \"text\", \"text\": ...}}).", where)
+                raise bad_request(f'\'{where}\' may only hold text parts ({{"type": "text", "text": ...}}).', where)
             texts.append(part["text"])
         return "".join(texts)
     raise bad_request(f"'{where}' must be a string or a list of text parts.", where)
@@ -191,8 +197,9 @@ def _sampling(body: Mapping, defaults: Settings, limit, limit_name: str) -> Samp
         raise bad_request("'top_p' must be greater than 0 and at most 1.", "top_p")
     top_k = body.get("top_k", defaults.top_k)
     if not _is_int(top_k) or not -1 <= top_k <= MAX_TOP_K:
-        raise bad_request("'top_k' must be a whole number: 0 or -1 for no limit, else how many tokens to keep.",
-                          "top_k")
+        raise bad_request(
+            "'top_k' must be a whole number: 0 or -1 for no limit, else how many tokens to keep.", "top_k"
+        )
     if limit is not None and (not _is_int(limit) or limit < 1):
         raise bad_request(f"'{limit_name}' must be a whole number of at least 1.", limit_name)
     seed = body.get("seed")
@@ -206,10 +213,15 @@ def _stops(stop) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or len(stop) > MAX_STOPS or \
-            not all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in stop):
-        raise bad_request(f"'stop' must be a string or a list of up to {MAX_STOPS} strings of at most "
-                          f"{MAX_STOP_CHARS} characters.", "stop")
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOPS
+        or not all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in stop)
+    ):
+        raise bad_request(
+            f"'stop' must be a string or a list of up to {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters.",
+            "stop",
+        )
     return tuple(s for s in stop if s)
 
 

@@ -18,7 +18,14 @@ import sys
 import threading
 import time
 
-from dflash_chat.chat.backend import DownloadNeeded, LoadProgress, ModelChosen, ModelFailed, ModelLoaded, ModelUnavailable
+from dflash_chat.chat.backend import (
+    DownloadNeeded,
+    LoadProgress,
+    ModelChosen,
+    ModelFailed,
+    ModelLoaded,
+    ModelUnavailable,
+)
 from dflash_chat.chat.local_backend import LocalBackend
 from dflash_chat.errors import UserError, one_line
 from dflash_chat.serve.app import Served, build_app
@@ -140,8 +147,14 @@ def _uvicorn(served: Served, log_level: str, host: str):
                 self.interrupted = self.interrupted or bool(self._captured_signals)
                 self._captured_signals.clear()
 
-    config = uvicorn.Config(build_app(served, host), log_level=log_level, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5, http=_headers_deadline(served.body_timeout_s))
+    config = uvicorn.Config(
+        build_app(served, host),
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        http=_headers_deadline(served.body_timeout_s),
+    )
     server = Server(config)
     server.interrupted = False
     return server
@@ -190,8 +203,9 @@ class Running:
         self.sock = bind(host, port)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
         self.server = _uvicorn(served, "warning", host)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
-                                       name="dflash-serve", daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), name="dflash-serve", daemon=True
+        )
 
     def start(self, timeout: float = 30.0) -> Running:
         self.thread.start()
@@ -233,9 +247,12 @@ def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
 
     previous = signal.signal(signal.SIGINT, stop_early)
     shown = "localhost" if host in ("127.0.0.1", "::1") else host
-    print(f"serving {served.name} on http://{shown}:{sock.getsockname()[1]}/v1 "
-          f"(OpenAI API; /health, /metrics){' with an API key' if served.api_key else ''}; Ctrl-C stops",
-          file=sys.stderr, flush=True)
+    print(
+        f"serving {served.name} on http://{shown}:{sock.getsockname()[1]}/v1 "
+        f"(OpenAI API; /health, /metrics){' with an API key' if served.api_key else ''}; Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
     started = time.monotonic()
     try:
         server.run(sockets=[sock])

@@ -18,27 +18,48 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train the demo target and its DFlash drafter, then ship them")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--minutes", type=float, default=40.0,
-                      help="time budget when step counts are not given: 55%% for the target, 35%% for the drafter "
-                           "stage (a fifth of that generates its data), the rest for preparing and shipping")
+    demo.add_argument(
+        "--minutes",
+        type=float,
+        default=40.0,
+        help="time budget when step counts are not given: 55%% for the target, 35%% for the drafter "
+        "stage (a fifth of that generates its data), the rest for preparing and shipping",
+    )
     demo.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the pair is shipped")
-    demo.add_argument("--work", type=Path, default=None,
-                      help="folder for intermediate files (default: the app's cache folder)")
+    demo.add_argument(
+        "--work", type=Path, default=None, help="folder for intermediate files (default: the app's cache folder)"
+    )
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    demo.add_argument("--stages", default=",".join(DEFAULT_STAGES),
-                      help=f"comma-separated subset of {','.join(STAGES)}; dflash2 adds DFlash2's modules to "
-                           "--from-drafter and trains it against the target beside it (ship then ships drafter2/)")
-    demo.add_argument("--from-drafter", type=Path, default=None,
-                      help="the DFlash drafter the dflash2 stage starts from (default: the drafter in --out); "
-                           "its target is the one in --out")
+    demo.add_argument(
+        "--stages",
+        default=",".join(DEFAULT_STAGES),
+        help=f"comma-separated subset of {','.join(STAGES)}; dflash2 adds DFlash2's modules to "
+        "--from-drafter and trains it against the target beside it (ship then ships drafter2/)",
+    )
+    demo.add_argument(
+        "--from-drafter",
+        type=Path,
+        default=None,
+        help="the DFlash drafter the dflash2 stage starts from (default: the drafter in --out); "
+        "its target is the one in --out",
+    )
     demo.add_argument("--target-steps", type=int, default=None)
     demo.add_argument("--drafter-steps", type=int, default=None)
-    demo.add_argument("--generated", type=int, default=None,
-                      help="how many training prompts the target answers for the drafter (default: per device)")
-    demo.add_argument("--max-target-minutes", type=float, default=None,
-                      help="stop target training early past this many minutes (a shared machine's safety cap)")
-    demo.add_argument("--max-drafter-minutes", type=float, default=None,
-                      help="stop drafter training early past this many minutes")
+    demo.add_argument(
+        "--generated",
+        type=int,
+        default=None,
+        help="how many training prompts the target answers for the drafter (default: per device)",
+    )
+    demo.add_argument(
+        "--max-target-minutes",
+        type=float,
+        default=None,
+        help="stop target training early past this many minutes (a shared machine's safety cap)",
+    )
+    demo.add_argument(
+        "--max-drafter-minutes", type=float, default=None, help="stop drafter training early past this many minutes"
+    )
     demo.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ev = sub.add_parser("eval", help="acceptance and DFlash-vs-AR speed of a pair on held-out prompts")
     ev.add_argument("--target", type=Path, default=DEFAULT_OUT / "target")
@@ -57,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "eval":
         from dflash_chat.train.evaluate import format_report, measure_pair
 
-        print(format_report(measure_pair(args.target, args.drafter, prompts=args.prompts,
-                                         max_new_tokens=args.max_new_tokens)))
+        print(
+            format_report(
+                measure_pair(args.target, args.drafter, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
+            )
+        )
         return 0
     return run_demo(args)
 
@@ -86,32 +110,52 @@ def run_demo(args) -> int:
         chosen.generated = args.generated
     _log(f"device {device}, seed {args.seed}, work folder {args.work}")
     if "target" in stages:
-        steps = args.target_steps or recipe.calibrate_target_steps(args.work, 0.55 * budget, device, args.seed,
-                                                                   chosen.target)
+        steps = args.target_steps or recipe.calibrate_target_steps(
+            args.work, 0.55 * budget, device, args.seed, chosen.target
+        )
         _log(f"target steps: {steps} (repeat with --target-steps {steps})")
         if args.max_target_minutes:
             chosen.target.max_seconds = 60 * args.max_target_minutes
-        recipe.train_target_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.target,
-                                  log=_log)
+        recipe.train_target_stage(
+            args.work, seed=args.seed, steps=steps, device=device, settings=chosen.target, log=_log
+        )
     if "drafter" in stages:
-        steps = args.drafter_steps or recipe.calibrate_drafter_steps(args.work, 0.35 * budget, device, args.seed,
-                                                                     chosen.drafter)
+        steps = args.drafter_steps or recipe.calibrate_drafter_steps(
+            args.work, 0.35 * budget, device, args.seed, chosen.drafter
+        )
         _log(f"drafter steps: {steps} (repeat with --drafter-steps {steps})")
         if args.max_drafter_minutes:
             chosen.drafter.max_seconds = 60 * args.max_drafter_minutes
-        recipe.train_drafter_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.drafter,
-                                   generated=chosen.generated, gen_batch=chosen.gen_batch,
-                                   max_new_tokens=chosen.max_new_tokens, log=_log)
+        recipe.train_drafter_stage(
+            args.work,
+            seed=args.seed,
+            steps=steps,
+            device=device,
+            settings=chosen.drafter,
+            generated=chosen.generated,
+            gen_batch=chosen.gen_batch,
+            max_new_tokens=chosen.max_new_tokens,
+            log=_log,
+        )
     if "dflash2" in stages:
         steps = args.drafter_steps or recipe.DFLASH2_STEPS
         _log(f"dflash2 steps: {steps} (repeat with --drafter-steps {steps})")
         settings = replace(chosen.drafter, lr=recipe.DFLASH2_LR)
         if args.max_drafter_minutes:
             settings.max_seconds = 60 * args.max_drafter_minutes
-        recipe.train_dflash2_stage(args.work, seed=args.seed, steps=steps, device=device,
-                                   source=args.from_drafter or args.out / "drafter", target_dir=args.out / "target",
-                                   generated=args.generated or chosen.generated, settings=settings,
-                                   gen_batch=chosen.gen_batch, max_new_tokens=chosen.max_new_tokens, log=_log)
+        recipe.train_dflash2_stage(
+            args.work,
+            seed=args.seed,
+            steps=steps,
+            device=device,
+            source=args.from_drafter or args.out / "drafter",
+            target_dir=args.out / "target",
+            generated=args.generated or chosen.generated,
+            settings=settings,
+            gen_batch=chosen.gen_batch,
+            max_new_tokens=chosen.max_new_tokens,
+            log=_log,
+        )
     if "ship" in stages:
         recipe.ship(args.work, args.out, log=_log)
     return 0

@@ -44,8 +44,9 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int, min_ratio: float)
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def run_steps(name: str, params: Iterable[torch.nn.Parameter], schedule: Schedule, step_fn: StepFn,
-              log: Log) -> list[float]:
+def run_steps(
+    name: str, params: Iterable[torch.nn.Parameter], schedule: Schedule, step_fn: StepFn, log: Log
+) -> list[float]:
     """Train `params` for `schedule.steps` steps of `step_fn`; returns the loss of each step taken.
 
     Losses stay on the device and reach the host only at log steps (and once at the end), so a GPU
@@ -73,8 +74,10 @@ def run_steps(name: str, params: Iterable[torch.nn.Parameter], schedule: Schedul
         elapsed = time.perf_counter() - started
         if (step + 1) % schedule.log_every == 0 or step + 1 == schedule.steps:
             shown = "".join(f" {key} {_recent_mean(values, schedule.log_every):.2f}" for key, values in extras.items())
-            log(f"{name} step {step + 1}/{schedule.steps} loss {_recent_mean(losses, schedule.log_every):.3f}"
-                f"{shown} ({elapsed:.0f}s)")
+            log(
+                f"{name} step {step + 1}/{schedule.steps} loss {_recent_mean(losses, schedule.log_every):.3f}"
+                f"{shown} ({elapsed:.0f}s)"
+            )
         if schedule.max_seconds is not None and elapsed > schedule.max_seconds and step + 1 < schedule.steps:
             log(f"{name}: stopped by the {schedule.max_seconds:.0f}s cap after {step + 1} of {schedule.steps} steps")
             break

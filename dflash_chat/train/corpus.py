@@ -94,7 +94,9 @@ def topic_items() -> list[_Item]:
     return [_Item("pydoc", name, "topic", _trim_topic(text)) for name, text in sorted(topics.items())]
 
 
-def build_corpus(seed: int = 0, heldout: int = 64, max_files: int | None = None, thinking_share: float = 0.25) -> Corpus:
+def build_corpus(
+    seed: int = 0, heldout: int = 64, max_files: int | None = None, thinking_share: float = 0.25
+) -> Corpus:
     """Chat turns from the stdlib and pydoc topics; `heldout` conversations about unseen items are kept apart."""
     rng = random.Random(seed)
     items = stdlib_items(max_files=max_files) + topic_items()
@@ -211,8 +213,13 @@ def free_form_prompts(conversations: list[Conversation], rng: random.Random, cou
     for _ in range(count if templates else 0):
         template = rng.choice(templates)
         module, name = rng.choice(subjects) if subjects else ("", "")
-        question = template.format(summary=rng.choice(summaries) if summaries else "", module=module,
-                                   name=name.split(".")[-1], topic=rng.choice(topics) if topics else "")
-        out.append(Conversation([{"role": "user", "content": question}, {"role": "assistant", "content": ""}],
-                                None, {"free"}))
+        question = template.format(
+            summary=rng.choice(summaries) if summaries else "",
+            module=module,
+            name=name.split(".")[-1],
+            topic=rng.choice(topics) if topics else "",
+        )
+        out.append(
+            Conversation([{"role": "user", "content": question}, {"role": "assistant", "content": ""}], None, {"free"})
+        )
     return out

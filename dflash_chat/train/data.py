@@ -37,9 +37,17 @@ def corpus_sequences(tokenizer, conversations: list[Conversation], max_len: int 
 
 
 @torch.no_grad()
-def greedy_sequences(target, tokenizer, conversations: list[Conversation], *, max_new_tokens: int = 192,
-                     thinking_share: float = 0.2, batch_size: int = 64, seed: int = 0,
-                     device: str = "cpu") -> list[Sequence]:
+def greedy_sequences(
+    target,
+    tokenizer,
+    conversations: list[Conversation],
+    *,
+    max_new_tokens: int = 192,
+    thinking_share: float = 0.2,
+    batch_size: int = 64,
+    seed: int = 0,
+    device: str = "cpu",
+) -> list[Sequence]:
     """The target's own greedy answers to the conversations' prompts (batched, left-padded)."""
     rng = random.Random(seed)
     prompts = [prompt_ids(tokenizer, c, rng.random() < thinking_share) for c in conversations]
@@ -54,10 +62,16 @@ def greedy_sequences(target, tokenizer, conversations: list[Conversation], *, ma
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for row, p in enumerate(chunk):
-            ids[row, width - len(p):] = torch.tensor(p)
-            attn[row, width - len(p):] = 1
-        gen = target.generate(input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=False,
-                              max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad)
+            ids[row, width - len(p) :] = torch.tensor(p)
+            attn[row, width - len(p) :] = 1
+        gen = target.generate(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop,
+            pad_token_id=pad,
+        )
         for row, p in enumerate(chunk):
             new = gen[row, width:].tolist()
             ends = [i for i, t in enumerate(new) if t in stop]

@@ -43,8 +43,7 @@ def from_dflash(dflash, config2: dict, target, seed: int):
     from dflash_chat.engine.models.dflash2 import DFlash2Drafter
 
     with seeded(seed):
-        drafter = DFlash2Drafter(DrafterConfig.from_dict(config2), target.config.hidden_size,
-                                 target.config.vocab_size)
+        drafter = DFlash2Drafter(DrafterConfig.from_dict(config2), target.config.hidden_size, target.config.vocab_size)
     missing, unexpected = drafter.load_state_dict(dflash.state_dict(), strict=False)
     new = ("attention_conv.", "mlp_conv.", "candidate_selector.")
     if unexpected or any(not any(part in name for part in new) for name in missing):
@@ -63,8 +62,14 @@ def from_dflash(dflash, config2: dict, target, seed: int):
     return drafter
 
 
-def selector_loss(drafter, hidden: torch.Tensor, logits: torch.Tensor, anchors: torch.Tensor, labels: torch.Tensor,
-                  weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def selector_loss(
+    drafter,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    anchors: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the selector's weighted cross-entropy, the teacher-forced acceptance length of each block).
 
     hidden [A, D, H] and logits [A, D, V] of the drafted positions, anchors [A] the blocks' first tokens,
@@ -77,15 +82,16 @@ def selector_loss(drafter, hidden: torch.Tensor, logits: torch.Tensor, anchors: 
     is_label = ids == labels.reshape(-1, 1)
     covered = is_label.any(dim=-1) & (labels.reshape(-1) != -100)
     ce = F.cross_entropy(scores, is_label.float().argmax(dim=-1), reduction="none")
-    w = (weights[None, :].expand(A, D).reshape(-1) * covered.float())
+    w = weights[None, :].expand(A, D).reshape(-1) * covered.float()
     loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
     chosen = ids.gather(1, scores.argmax(dim=-1, keepdim=True)).view(A, D)
     accept = 1 + (chosen == labels).long().cumprod(dim=1).sum(dim=1)
     return loss, accept.float()
 
 
-def dflash2_loss(drafter, hidden: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor, decay: float,
-                 block_loss) -> tuple[torch.Tensor, torch.Tensor]:
+def dflash2_loss(
+    drafter, hidden: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor, decay: float, block_loss
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The DFlash loss on the draft logits plus the selector's (`block_loss` is the DFlash drafter's)."""
     drafted = hidden[:, 1:]
     logits = drafter.logits(drafted)

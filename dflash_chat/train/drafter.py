@@ -66,8 +66,11 @@ def drafter_config_dict(shape: DrafterShape, target_config, mask_token_id: int) 
         "model_type": "qwen3",
         "block_size": shape.block_size,
         # the teacher taps each layer's own output, the last one too (see `teacher`)
-        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids),
-                          "last_layer_tap": "raw"},
+        "dflash_config": {
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": list(shape.target_layer_ids),
+            "last_layer_tap": "raw",
+        },
         "num_target_layers": target_config.num_hidden_layers,
         "hidden_size": target_config.hidden_size,
         "intermediate_size": shape.intermediate_size,
@@ -172,8 +175,14 @@ def sample_anchors(seq: Sequence, count: int, rng: random.Random) -> list[int]:
     return sorted(rng.sample(span, min(count, len(span))))
 
 
-def pack_blocks(seqs: list[Sequence], taught: list[tuple[torch.Tensor, torch.Tensor]], anchors: list[list[int]],
-                block: int, mask_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_blocks(
+    seqs: list[Sequence],
+    taught: list[tuple[torch.Tensor, torch.Tensor]],
+    anchors: list[list[int]],
+    block: int,
+    mask_id: int,
+    device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Several sequences packed into one context stream for `forward_train`.
 
     Returns (features [sum S, K*H], block tokens [A, B], anchors in the packed stream [A], labels [A, B-1]).
@@ -194,7 +203,9 @@ def pack_blocks(seqs: list[Sequence], taught: list[tuple[torch.Tensor, torch.Ten
     return torch.cat(feats), torch.cat(tokens), torch.cat(packed), torch.cat(labels)
 
 
-def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def teach_all(
+    target, sequences: list[Sequence], layer_ids, device, batch: int = 16
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Teacher outputs for every sequence, computed once (the target is frozen), in length-sorted batches."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].ids))
     out: list = [None] * len(sequences)
@@ -211,8 +222,9 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float) -> tupl
     """Position-weighted cross-entropy, and the teacher-forced acceptance length of each block."""
     B1 = labels.shape[1]
     weights = torch.exp(-torch.arange(B1, device=labels.device, dtype=torch.float32) / decay)
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                         ignore_index=-100, reduction="none").view_as(labels.float())
+    ce = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+    ).view_as(labels.float())
     valid = (labels != -100).float()
     w = weights[None, :] * valid
     loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
@@ -221,16 +233,18 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float) -> tupl
     return loss, accept.float()
 
 
-def _draft_batch(drafter, target, seqs: list[Sequence], taught, settings: "DrafterSettings", rng: random.Random,
-                 device):
+def _draft_batch(
+    drafter, target, seqs: list[Sequence], taught, settings: "DrafterSettings", rng: random.Random, device
+):
     """(loss, acceptance lengths) of one packed batch, or None when no sequence has room for a block."""
     chosen = [(s, t, sample_anchors(s, settings.anchors_per_seq, rng)) for s, t in zip(seqs, taught)]
     chosen = [c for c in chosen if c[2]]
     if not chosen:
         return None
     seqs, taught, anchors = zip(*chosen)
-    feats, tokens, packed, labels = pack_blocks(list(seqs), list(taught), list(anchors), drafter.block_size,
-                                                drafter.mask_token_id, device)
+    feats, tokens, packed, labels = pack_blocks(
+        list(seqs), list(taught), list(anchors), drafter.block_size, drafter.mask_token_id, device
+    )
     embed = target.get_input_embeddings()
     hidden = drafter.forward_train(feats, embed(tokens).detach(), packed)
     if getattr(drafter.cfg, "dflash2", None) is not None:
@@ -240,8 +254,17 @@ def _draft_batch(drafter, target, seqs: list[Sequence], taught, settings: "Draft
     return block_loss(drafter.logits(hidden[:, 1:]), labels, settings.decay)
 
 
-def train_drafter(drafter, target, sequences: list[Sequence], settings: DrafterSettings, *, seed: int,
-                  device: str = "cpu", log: Log = print, taught: list | None = None) -> list[float]:
+def train_drafter(
+    drafter,
+    target,
+    sequences: list[Sequence],
+    settings: DrafterSettings,
+    *,
+    seed: int,
+    device: str = "cpu",
+    log: Log = print,
+    taught: list | None = None,
+) -> list[float]:
     """Train `drafter` against the frozen `target`; `taught` is teach_all's output when already computed."""
     target.to(device).eval().requires_grad_(False)
     drafter.to(device).train()
@@ -254,8 +277,9 @@ def train_drafter(drafter, target, sequences: list[Sequence], settings: DrafterS
     def step(_: int):
         picked = rng.sample(range(len(sequences)), min(settings.seqs_per_step, len(sequences)))
         with autocast_for(device):
-            result = _draft_batch(drafter, target, [sequences[i] for i in picked], [taught[i] for i in picked],
-                                  settings, rng, device)
+            result = _draft_batch(
+                drafter, target, [sequences[i] for i in picked], [taught[i] for i in picked], settings, rng, device
+            )
         if result is None:
             return None
         loss, accept = result
@@ -267,8 +291,16 @@ def train_drafter(drafter, target, sequences: list[Sequence], settings: DrafterS
 
 
 @torch.no_grad()
-def teacher_forced_acceptance(drafter, target, sequences: list[Sequence], *, anchors_per_seq: int = 32,
-                              seed: int = 0, device: str = "cpu", batch: int = 8) -> float:
+def teacher_forced_acceptance(
+    drafter,
+    target,
+    sequences: list[Sequence],
+    *,
+    anchors_per_seq: int = 32,
+    seed: int = 0,
+    device: str = "cpu",
+    batch: int = 8,
+) -> float:
     """Mean teacher-forced acceptance length over sequences (a quick held-out check)."""
     rng = random.Random(seed)
     settings = DrafterSettings(steps=0, anchors_per_seq=anchors_per_seq)
@@ -276,8 +308,9 @@ def teacher_forced_acceptance(drafter, target, sequences: list[Sequence], *, anc
     total = []
     for i in range(0, len(sequences), batch):
         with autocast_for(device):
-            result = _draft_batch(drafter, target, sequences[i : i + batch], taught[i : i + batch], settings, rng,
-                                  device)
+            result = _draft_batch(
+                drafter, target, sequences[i : i + batch], taught[i : i + batch], settings, rng, device
+            )
         if result is not None:
             total.append(result[1])
     return torch.cat(total).mean().item() if total else math.nan

@@ -22,8 +22,15 @@ def demo_heldout_prompts() -> list[list[dict]]:
     return json.loads((demo_dir() / HELDOUT_FILE).read_text())
 
 
-def measure_pair(target_dir: str | Path, drafter_dir: str | Path, *, prompts: int | list[list[dict]] = 16,
-                 max_new_tokens: int = 128, enable_thinking: bool = False, device: str = "cpu") -> Comparison:
+def measure_pair(
+    target_dir: str | Path,
+    drafter_dir: str | Path,
+    *,
+    prompts: int | list[list[dict]] = 16,
+    max_new_tokens: int = 128,
+    enable_thinking: bool = False,
+    device: str = "cpu",
+) -> Comparison:
     """DFlash vs autoregressive on held-out prompts (greedy), each prompt decoded by both, interleaved."""
     import torch
 
@@ -42,11 +49,13 @@ def measure_pair(target_dir: str | Path, drafter_dir: str | Path, *, prompts: in
 
 def format_report(report: Comparison) -> str:
     d = report.as_dict()
-    return "\n".join([
-        f"held-out prompts: {d['prompts']} (greedy, thinking off), {d['new_tokens']} new tokens",
-        f"mean acceptance length: {d['mean_acceptance_length']:.2f} tokens per verify step",
-        f"acceptance histogram (accepted drafts per step): {d['acceptance_histogram']}",
-        f"autoregressive decode: {d['ar_tokens_per_s']:.1f} tok/s",
-        f"DFlash decode:         {d['dflash_tokens_per_s']:.1f} tok/s  ({d['speedup']:.2f}x)",
-        f"identical greedy output: {'yes' if d['identical_output'] else 'NO'}",
-    ])
+    return "\n".join(
+        [
+            f"held-out prompts: {d['prompts']} (greedy, thinking off), {d['new_tokens']} new tokens",
+            f"mean acceptance length: {d['mean_acceptance_length']:.2f} tokens per verify step",
+            f"acceptance histogram (accepted drafts per step): {d['acceptance_histogram']}",
+            f"autoregressive decode: {d['ar_tokens_per_s']:.1f} tok/s",
+            f"DFlash decode:         {d['dflash_tokens_per_s']:.1f} tok/s  ({d['speedup']:.2f}x)",
+            f"identical greedy output: {'yes' if d['identical_output'] else 'NO'}",
+        ]
+    )

@@ -19,8 +19,14 @@ from dflash_chat.sizes import size_text
 from dflash_chat.train.common import Log
 from dflash_chat.train.corpus import Conversation, Corpus, build_corpus, free_form_prompts
 from dflash_chat.train.drafter import (
-    DrafterSettings, DrafterShape, drafter_config_dict, new_drafter, save_drafter, teach_all,
-    teacher_forced_acceptance, train_drafter,
+    DrafterSettings,
+    DrafterShape,
+    drafter_config_dict,
+    new_drafter,
+    save_drafter,
+    teach_all,
+    teacher_forced_acceptance,
+    train_drafter,
 )
 from dflash_chat.train.evaluate import HELDOUT_FILE
 from dflash_chat.train.target import TargetShape, TrainSettings, new_target, save_target, train_target
@@ -44,13 +50,20 @@ class Preset:
 
 def preset(device: str) -> Preset:
     if str(device).startswith("cuda"):
-        return Preset(TrainSettings(steps=0, batch_size=32, seq_len=512, lr=2e-3, warmup=100, log_every=100),
-                      DrafterSettings(steps=0, seqs_per_step=16, anchors_per_seq=32, lr=1e-3, warmup=50,
-                                      log_every=100),
-                      generated=3072, gen_batch=512, max_new_tokens=256)
-    return Preset(TrainSettings(steps=0, batch_size=8, seq_len=256, lr=2e-3, warmup=30, log_every=20),
-                  DrafterSettings(steps=0, seqs_per_step=4, anchors_per_seq=32, lr=1.5e-3, warmup=20, log_every=20),
-                  generated=1024, gen_batch=64, max_new_tokens=160)
+        return Preset(
+            TrainSettings(steps=0, batch_size=32, seq_len=512, lr=2e-3, warmup=100, log_every=100),
+            DrafterSettings(steps=0, seqs_per_step=16, anchors_per_seq=32, lr=1e-3, warmup=50, log_every=100),
+            generated=3072,
+            gen_batch=512,
+            max_new_tokens=256,
+        )
+    return Preset(
+        TrainSettings(steps=0, batch_size=8, seq_len=256, lr=2e-3, warmup=30, log_every=20),
+        DrafterSettings(steps=0, seqs_per_step=4, anchors_per_seq=32, lr=1.5e-3, warmup=20, log_every=20),
+        generated=1024,
+        gen_batch=64,
+        max_new_tokens=160,
+    )
 
 
 def prepare(work: Path, *, seed: int, vocab_size: int = 6144, max_files: int | None = None, log: Log = print) -> None:
@@ -60,12 +73,22 @@ def prepare(work: Path, *, seed: int, vocab_size: int = 6144, max_files: int | N
     texts = [m["content"] for c in corpus.train for m in c.messages]
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
     save_tokenizer(tokenizer, work / "tokenizer")
-    log(f"prepared {len(corpus.train)} training chats, {len(corpus.heldout)} held out, "
-        f"vocab {len(tokenizer)} ({time.perf_counter() - started:.0f}s)")
+    log(
+        f"prepared {len(corpus.train)} training chats, {len(corpus.heldout)} held out, "
+        f"vocab {len(tokenizer)} ({time.perf_counter() - started:.0f}s)"
+    )
 
 
-def train_target_stage(work: Path, *, seed: int, steps: int, device: str, shape: TargetShape | None = None,
-                       settings: TrainSettings | None = None, log: Log = print) -> list[float]:
+def train_target_stage(
+    work: Path,
+    *,
+    seed: int,
+    steps: int,
+    device: str,
+    shape: TargetShape | None = None,
+    settings: TrainSettings | None = None,
+    log: Log = print,
+) -> list[float]:
     from transformers import AutoTokenizer
 
     from dflash_chat.train.data import packed_tokens
@@ -76,31 +99,55 @@ def train_target_stage(work: Path, *, seed: int, steps: int, device: str, shape:
     model = new_target(shape or TargetShape(), tokenizer, seed)
     settings = settings or TrainSettings(steps=steps)
     settings.steps = steps
-    log(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(tokens)} training tokens, "
-        f"{steps} steps of {settings.batch_size}x{settings.seq_len} on {device}")
+    log(
+        f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(tokens)} training tokens, "
+        f"{steps} steps of {settings.batch_size}x{settings.seq_len} on {device}"
+    )
     losses = train_target(model, tokens, settings, seed=seed, device=device, log=log)
     save_target(model, tokenizer, work / "target")
     return losses
 
 
-def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, generated: int = 2000,
-                        shape: DrafterShape | None = None, settings: DrafterSettings | None = None,
-                        max_new_tokens: int = 192, gen_batch: int = 64, free_share: float = 0.5,
-                        log: Log = print) -> list[float]:
+def train_drafter_stage(
+    work: Path,
+    *,
+    seed: int,
+    steps: int,
+    device: str,
+    generated: int = 2000,
+    shape: DrafterShape | None = None,
+    settings: DrafterSettings | None = None,
+    max_new_tokens: int = 192,
+    gen_batch: int = 64,
+    free_share: float = 0.5,
+    log: Log = print,
+) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(work / "target")
     # The drafter learns the target as shipped (bf16 weights), upcast like the loader does on CPU.
     target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
-    own, held = _target_answers(work, target, tokenizer, seed=seed, device=device, generated=generated,
-                                max_new_tokens=max_new_tokens, gen_batch=gen_batch, free_share=free_share, log=log)
+    own, held = _target_answers(
+        work,
+        target,
+        tokenizer,
+        seed=seed,
+        device=device,
+        generated=generated,
+        max_new_tokens=max_new_tokens,
+        gen_batch=gen_batch,
+        free_share=free_share,
+        log=log,
+    )
     shape = shape or DrafterShape()
     config = drafter_config_dict(shape, target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
     drafter = new_drafter(config, target, seed)
     settings = settings or DrafterSettings(steps=steps)
     settings.steps = steps
-    log(f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, block {shape.block_size}, "
-        f"taps {list(shape.target_layer_ids)}, {steps} steps on {device}")
+    log(
+        f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, block {shape.block_size}, "
+        f"taps {list(shape.target_layer_ids)}, {steps} steps on {device}"
+    )
     losses = train_drafter(drafter, target, own, settings, seed=seed, device=device, log=log)
     acc = teacher_forced_acceptance(drafter, target, held, seed=seed, device=device)
     log(f"drafter: teacher-forced acceptance length on held-out target answers: {acc:.2f}")
@@ -108,8 +155,19 @@ def train_drafter_stage(work: Path, *, seed: int, steps: int, device: str, gener
     return losses
 
 
-def _target_answers(work: Path, target, tokenizer, *, seed: int, device: str, generated: int, max_new_tokens: int,
-                    gen_batch: int, free_share: float, log: Log):
+def _target_answers(
+    work: Path,
+    target,
+    tokenizer,
+    *,
+    seed: int,
+    device: str,
+    generated: int,
+    max_new_tokens: int,
+    gen_batch: int,
+    free_share: float,
+    log: Log,
+):
     """(the target's greedy answers to `generated` training prompts, to 32 held-out ones): a drafter's data."""
     from dflash_chat.train.data import greedy_sequences
 
@@ -119,18 +177,41 @@ def _target_answers(work: Path, target, tokenizer, *, seed: int, device: str, ge
     prompts = rng.sample(corpus.train, min(generated - free, len(corpus.train)))
     prompts += free_form_prompts(corpus.train, rng, free)
     started = time.perf_counter()
-    own = greedy_sequences(target, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=gen_batch,
-                           seed=seed, device=device)
-    held = greedy_sequences(target, tokenizer, corpus.heldout[:32], max_new_tokens=max_new_tokens,
-                            thinking_share=0.0, batch_size=gen_batch, seed=seed, device=device)
-    log(f"drafter data: {len(own)} target answers ({sum(len(q.ids) for q in own)} tokens, "
-        f"{time.perf_counter() - started:.0f}s)")
+    own = greedy_sequences(
+        target, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=gen_batch, seed=seed, device=device
+    )
+    held = greedy_sequences(
+        target,
+        tokenizer,
+        corpus.heldout[:32],
+        max_new_tokens=max_new_tokens,
+        thinking_share=0.0,
+        batch_size=gen_batch,
+        seed=seed,
+        device=device,
+    )
+    log(
+        f"drafter data: {len(own)} target answers ({sum(len(q.ids) for q in own)} tokens, "
+        f"{time.perf_counter() - started:.0f}s)"
+    )
     return own, held
 
 
-def train_dflash2_stage(work: Path, *, seed: int, steps: int, device: str, source: Path, target_dir: Path,
-                        generated: int, settings: DrafterSettings, max_new_tokens: int = 160, gen_batch: int = 64,
-                        free_share: float = 0.5, log: Log = print) -> list[float]:
+def train_dflash2_stage(
+    work: Path,
+    *,
+    seed: int,
+    steps: int,
+    device: str,
+    source: Path,
+    target_dir: Path,
+    generated: int,
+    settings: DrafterSettings,
+    max_new_tokens: int = 160,
+    gen_batch: int = 64,
+    free_share: float = 0.5,
+    log: Log = print,
+) -> list[float]:
     """The DFlash2 drafter: `source`'s DFlash drafter with DFlash2's modules added (train/dflash2.py),
     trained against the target in `target_dir` on its fresh greedy answers; written to work/drafter2."""
     from safetensors.torch import load_file
@@ -140,21 +221,35 @@ def train_dflash2_stage(work: Path, *, seed: int, steps: int, device: str, sourc
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device)
-    own, held = _target_answers(work, target, tokenizer, seed=seed, device=device, generated=generated,
-                                max_new_tokens=max_new_tokens, gen_batch=gen_batch, free_share=free_share, log=log)
+    own, held = _target_answers(
+        work,
+        target,
+        tokenizer,
+        seed=seed,
+        device=device,
+        generated=generated,
+        max_new_tokens=max_new_tokens,
+        gen_batch=gen_batch,
+        free_share=free_share,
+        log=log,
+    )
     config = json.loads((source / "config.json").read_text())
     dflash = new_drafter(config, target, seed)
     dflash.load_state_dict({k: v.float() for k, v in load_file(str(source / "model.safetensors")).items()})
     config2 = dflash2_config_dict(config)
     drafter = from_dflash(dflash, config2, target, seed)
     settings.steps = steps
-    log(f"dflash2: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters from {source}, "
-        f"{steps} steps on {device}")
+    log(
+        f"dflash2: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters from {source}, "
+        f"{steps} steps on {device}"
+    )
     before = teacher_forced_acceptance(dflash.to(device), target, held, seed=seed, device=device)
     losses = train_drafter(drafter, target, own, settings, seed=seed, device=device, log=log)
     after = teacher_forced_acceptance(drafter, target, held, seed=seed, device=device)
-    log(f"dflash2: teacher-forced acceptance length on held-out target answers: {after:.2f} "
-        f"(the DFlash drafter it started from: {before:.2f})")
+    log(
+        f"dflash2: teacher-forced acceptance length on held-out target answers: {after:.2f} "
+        f"(the DFlash drafter it started from: {before:.2f})"
+    )
     save_drafter(drafter, config2, work / "drafter2")
     return losses
 
@@ -176,9 +271,19 @@ def ship(work: Path, out: Path, log: Log = print) -> None:
 
 def save_corpus(corpus: Corpus, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {split: [{"messages": c.messages, "reasoning": c.reasoning, "tags": sorted(c.tags),
-                     "subject": c.subject, "summary": c.summary} for c in convs]
-            for split, convs in (("train", corpus.train), ("heldout", corpus.heldout))}
+    data = {
+        split: [
+            {
+                "messages": c.messages,
+                "reasoning": c.reasoning,
+                "tags": sorted(c.tags),
+                "subject": c.subject,
+                "summary": c.summary,
+            }
+            for c in convs
+        ]
+        for split, convs in (("train", corpus.train), ("heldout", corpus.heldout))
+    }
     path.write_text(json.dumps(data))
 
 
@@ -186,30 +291,45 @@ def load_corpus(path: Path) -> Corpus:
     data = json.loads(path.read_text())
 
     def convs(rows):
-        return [Conversation(r["messages"], r["reasoning"], set(r["tags"]),
-                             tuple(r["subject"]) if r.get("subject") else None, r.get("summary")) for r in rows]
+        return [
+            Conversation(
+                r["messages"],
+                r["reasoning"],
+                set(r["tags"]),
+                tuple(r["subject"]) if r.get("subject") else None,
+                r.get("summary"),
+            )
+            for r in rows
+        ]
 
     return Corpus(train=convs(data["train"]), heldout=convs(data["heldout"]))
 
 
-
-
-def calibrate_target_steps(work: Path, seconds: float, device: str, seed: int,
-                           settings: TrainSettings | None = None) -> int:
+def calibrate_target_steps(
+    work: Path, seconds: float, device: str, seed: int, settings: TrainSettings | None = None
+) -> int:
     """How many target steps fit in `seconds`, timed on a throwaway model (the real run is then seeded)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
     tokens = torch.randint(0, len(tokenizer), (1 << 16,))
     quiet = replace(settings or TrainSettings(steps=0), log_every=10**9, max_seconds=None)
-    per_step = _time_steps(lambda n: train_target(
-        new_target(TargetShape(), tokenizer, seed), tokens, replace(quiet, steps=n),
-        seed=seed, device=device, log=lambda _: None))
+    per_step = _time_steps(
+        lambda n: train_target(
+            new_target(TargetShape(), tokenizer, seed),
+            tokens,
+            replace(quiet, steps=n),
+            seed=seed,
+            device=device,
+            log=lambda _: None,
+        )
+    )
     return max(10, int(seconds / per_step))
 
 
-def calibrate_drafter_steps(work: Path, seconds: float, device: str, seed: int,
-                            settings: DrafterSettings | None = None) -> int:
+def calibrate_drafter_steps(
+    work: Path, seconds: float, device: str, seed: int, settings: DrafterSettings | None = None
+) -> int:
     """Drafter steps that fit in `seconds` after the target's answers are generated (about a fifth)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -222,9 +342,18 @@ def calibrate_drafter_steps(work: Path, seconds: float, device: str, seed: int,
     config = drafter_config_dict(shape, target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
     taught = teach_all(target, sequences, shape.target_layer_ids, device)  # once: the timed runs share it
     quiet = replace(settings or DrafterSettings(steps=0), log_every=10**9, max_seconds=None)
-    per_step = _time_steps(lambda n: train_drafter(
-        new_drafter(config, target, seed), target, sequences, replace(quiet, steps=n),
-        seed=seed, device=device, log=lambda _: None, taught=taught))
+    per_step = _time_steps(
+        lambda n: train_drafter(
+            new_drafter(config, target, seed),
+            target,
+            sequences,
+            replace(quiet, steps=n),
+            seed=seed,
+            device=device,
+            log=lambda _: None,
+            taught=taught,
+        )
+    )
     return max(10, int(0.8 * seconds / per_step))
 
 

@@ -16,8 +16,12 @@ class TargetShape:
     hidden_size: int = 256
     intermediate_size: int = 768
     layer_types: tuple[str, ...] = (
-        "linear_attention", "linear_attention", "linear_attention",
-        "full_attention", "linear_attention", "full_attention",
+        "linear_attention",
+        "linear_attention",
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+        "full_attention",
     )
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
@@ -70,8 +74,9 @@ class TrainSettings(Schedule):
     seq_len: int = 256
 
 
-def train_target(model, tokens: torch.Tensor, settings: TrainSettings, *, seed: int, device: str = "cpu",
-                 log: Log = print) -> list[float]:
+def train_target(
+    model, tokens: torch.Tensor, settings: TrainSettings, *, seed: int, device: str = "cpu", log: Log = print
+) -> list[float]:
     """Next-token training on random windows of the packed token stream; returns the loss per step."""
     model.to(device).train()
     gen = torch.Generator().manual_seed(seed)

@@ -78,7 +78,9 @@ def save_tokenizer(tokenizer, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def render(tokenizer, messages: list[dict], *, add_generation_prompt: bool = False, enable_thinking: bool = True) -> str:
+def render(
+    tokenizer, messages: list[dict], *, add_generation_prompt: bool = False, enable_thinking: bool = True
+) -> str:
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking
     )

@@ -33,9 +33,17 @@ class DFlashChatApp(App):
     CSS_PATH = "app.tcss"
     BINDINGS = [Binding(keymap.QUIT.keys, keymap.QUIT.action, keymap.QUIT.title, id=keymap.QUIT.id, priority=True)]
 
-    def __init__(self, settings: Settings, source: ModelSource | Pick | None = None, *,
-                 history_path: Path | None = None, export_dir: Path | None = None,
-                 user_themes: Path | None = None, problems: Sequence[str] = (), backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        source: ModelSource | Pick | None = None,
+        *,
+        history_path: Path | None = None,
+        export_dir: Path | None = None,
+        user_themes: Path | None = None,
+        problems: Sequence[str] = (),
+        backend: Backend | None = None,
+    ) -> None:
         """`problems`: what could not be used from config.toml (settings.read), shown until dismissed.
         `backend`: what answers (chat/backend.py); by default the engine in this process, loading `source`."""
         super().__init__()
@@ -100,8 +108,11 @@ class DFlashChatApp(App):
         if screen is not self.chat:
             return
         for command in keymap.COMMANDS:
-            yield SystemCommand(command.title, f"{command.help} ({self.key_for(command.id)})",
-                                lambda action=command.action: self.chat.run_action(action))
+            yield SystemCommand(
+                command.title,
+                f"{command.help} ({self.key_for(command.id)})",
+                lambda action=command.action: self.chat.run_action(action),
+            )
 
     # themes
 
@@ -114,9 +125,14 @@ class DFlashChatApp(App):
         if self.theme != fallback:
             self._fallback_theme = fallback
             self.theme = fallback
-        why = self.theme_files.broken.get(name) or f"there is no theme of that name (theme files go in {paths.user_themes_dir()})."
-        self.warn(f"Theme {name!r} cannot be used: {why} Showing {fallback} meanwhile; config.toml still says "
-                  f"theme = {name!r} (pick another with Ctrl+P > Theme, or fix the file).")
+        why = (
+            self.theme_files.broken.get(name)
+            or f"there is no theme of that name (theme files go in {paths.user_themes_dir()})."
+        )
+        self.warn(
+            f"Theme {name!r} cannot be used: {why} Showing {fallback} meanwhile; config.toml still says "
+            f"theme = {name!r} (pick another with Ctrl+P > Theme, or fix the file)."
+        )
 
     def _remember_theme(self, theme: Theme) -> None:
         """A theme the user picked (the palette's theme picker) is saved; the fallback shown at start is not."""

@@ -83,14 +83,18 @@ class Turn:
 
 class ChatScreen(PlainNotices, Screen):
     # priority: a command's key (default or remapped) works wherever the focus is, the message box included
-    BINDINGS = [
-        Binding(c.keys, c.action, c.title, id=c.id, show=c.footer, priority=True) for c in COMMANDS
-    ]
+    BINDINGS = [Binding(c.keys, c.action, c.title, id=c.id, show=c.footer, priority=True) for c in COMMANDS]
 
     thinking = reactive(False)
 
-    def __init__(self, settings: Settings, store: HistoryStore, source: ModelSource | Pick | None,
-                 prompts: list[str] | None = None, backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: HistoryStore,
+        source: ModelSource | Pick | None,
+        prompts: list[str] | None = None,
+        backend: Backend | None = None,
+    ) -> None:
         super().__init__()
         self.settings = settings
         self.store = store
@@ -125,8 +129,9 @@ class ChatScreen(PlainNotices, Screen):
             with Vertical(id="chat-column"):
                 yield ChatView(id="chat")
                 yield LoadBar(id="load-bar")
-                yield PromptInput(self._prompts, id="prompt",
-                                  placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: new line)")
+                yield PromptInput(
+                    self._prompts, id="prompt", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: new line)"
+                )
             yield StatsPanel(id="panel")
         yield Footer()
 
@@ -203,8 +208,10 @@ class ChatScreen(PlainNotices, Screen):
 
         self.show_status()
         await self.show_notice()
-        self.app.push_screen(DownloadScreen(event.plan, title=f"Downloading {label(event.choice)}"),
-                             callback=partial(self.downloaded, event.request, event.choice))
+        self.app.push_screen(
+            DownloadScreen(event.plan, title=f"Downloading {label(event.choice)}"),
+            callback=partial(self.downloaded, event.request, event.choice),
+        )
 
     async def downloaded(self, request: Pick, choice, files) -> None:
         advice = self.backend.downloaded(request, choice, files)
@@ -268,8 +275,17 @@ class ChatScreen(PlainNotices, Screen):
         self.conversation.messages.append(message)
         self.recorder.add(self.conversation, message)
         widget = await self.chat_view.add_assistant()
-        request = AnswerRequest(self.conversation, turns, self.thinking, settings.temperature, settings.top_p,
-                                settings.top_k, settings.max_new_tokens, threading.Event(), draft=settings.draft)
+        request = AnswerRequest(
+            self.conversation,
+            turns,
+            self.thinking,
+            settings.temperature,
+            settings.top_p,
+            settings.top_k,
+            settings.max_new_tokens,
+            threading.Event(),
+            draft=settings.draft,
+        )
         self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
         self.backend.answer(request)
 
@@ -304,8 +320,9 @@ class ChatScreen(PlainNotices, Screen):
         if turn.widget.is_attached:
             await turn.widget.finish(turn.message, end.error)
         if end.stats is not None:
-            self.panel.show_final(end.stats, thinking=turn.thinking, remote=self.backend.remote,
-                                  source=end.acceptance_source)
+            self.panel.show_final(
+                end.stats, thinking=turn.thinking, remote=self.backend.remote, source=end.acceptance_source
+            )
         if end.error:
             self.notify(end.error, severity="error", timeout=15)
 

@@ -92,8 +92,11 @@ class DownloadScreen(PlainNotices, ModalScreen["hub.ModelFiles | None"]):
             yield VerticalScroll(id="download-files")
             with Vertical(id="download-gated"):
                 yield Label("", id="download-gated-text")
-                yield Input(placeholder="hf_…  (a read token from huggingface.co/settings/tokens; Enter saves it)",
-                            password=True, id="download-token")
+                yield Input(
+                    placeholder="hf_…  (a read token from huggingface.co/settings/tokens; Enter saves it)",
+                    password=True,
+                    id="download-token",
+                )
             yield Label("Esc cancels; the files fetched so far are kept and resume next time", id="download-hint")
 
     def on_mount(self) -> None:
@@ -173,7 +176,8 @@ class DownloadScreen(PlainNotices, ModalScreen["hub.ModelFiles | None"]):
     def on_download_screen_token_saved(self, message: TokenSaved) -> None:
         self.query_one("#download-gated").remove_class("shown")
         self.query_one("#download-hint", Label).update(
-            "Token saved (as `hf auth login` does). Esc cancels; the files fetched so far are kept")
+            "Token saved (as `hf auth login` does). Esc cancels; the files fetched so far are kept"
+        )
         self.fetch()
 
     def on_download_screen_finished(self, message: Finished) -> None:

@@ -140,4 +140,3 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
             self.notify(f"could not write {path}: {why}. Pick another path.", severity="error", timeout=20)
             return
         self.notify(f"exported to {path}")
-

@@ -26,7 +26,9 @@ class Command:
 
 # the chat screen's commands; the palette and the footer read this
 COMMANDS = (
-    Command("toggle-thinking", "ctrl+t", "toggle_thinking", "Toggle thinking", "Thinking on/off for the next answer", True),
+    Command(
+        "toggle-thinking", "ctrl+t", "toggle_thinking", "Toggle thinking", "Thinking on/off for the next answer", True
+    ),
     Command("stop", "escape", "stop", "Stop generation", "Stop the answer being written (it is kept)", True),
     Command("new-chat", "ctrl+n", "new_chat", "New chat", "Start a new conversation", True),
     Command("history", "ctrl+o", "history", "History", "Open, rename, delete or export saved chats", True),
@@ -35,7 +37,14 @@ COMMANDS = (
     Command("copy-code", "ctrl+b", "copy_code", "Copy last code block", "Copy the last code block of the last answer"),
     Command("focus-switch", "ctrl+f", "focus_switch", "Switch focus", "Move between the message box and the chat"),
     Command("toggle-panel", "f2", "toggle_panel", "Toggle side panel", "Show or hide the stats panel"),
-    Command("settings", "ctrl+s", "settings", "Settings", "Edit sampling, system prompt, theme, model, decode path and endpoints", True),
+    Command(
+        "settings",
+        "ctrl+s",
+        "settings",
+        "Settings",
+        "Edit sampling, system prompt, theme, model, decode path and endpoints",
+        True,
+    ),
 )
 QUIT = Command("quit", "ctrl+q", "quit", "Quit", "Quit the app")
 ALL = (*COMMANDS, QUIT)
@@ -57,8 +66,22 @@ RESERVED = {
 }
 MODIFIERS = ("alt", "ctrl", "hyper", "meta", "shift", "super")
 NAMED_KEYS = {
-    "escape", "enter", "tab", "space", "backspace", "delete", "insert", "home", "end",
-    "pageup", "pagedown", "up", "down", "left", "right", *(f"f{n}" for n in range(1, 25)),
+    "escape",
+    "enter",
+    "tab",
+    "space",
+    "backspace",
+    "delete",
+    "insert",
+    "home",
+    "end",
+    "pageup",
+    "pagedown",
+    "up",
+    "down",
+    "left",
+    "right",
+    *(f"f{n}" for n in range(1, 25)),
 }
 
 
@@ -126,7 +149,7 @@ def check_entry(binding_id: str, keys: str) -> str:
     if binding_id not in IDS:
         raise BadKey(f"unknown binding id {binding_id!r} (known: {', '.join(IDS)})")
     if not isinstance(keys, str) or not split_keys(keys):
-        raise BadKey(f"{binding_id} needs keys, e.g. {binding_id} = \"{_default(binding_id)}\"")
+        raise BadKey(f'{binding_id} needs keys, e.g. {binding_id} = "{_default(binding_id)}"')
     canon = []
     for key in split_keys(keys):
         c = canonical(key)
@@ -154,7 +177,7 @@ def resolve(overrides: Mapping[str, str]) -> Resolved:
         others = [b for b in holders if b != loser]
         del result.keymap[loser]
         result.problems.append(
-            f"keymap: {loser} = \"{overrides[loser]}\" was not applied: {key} is also "
+            f'keymap: {loser} = "{overrides[loser]}" was not applied: {key} is also '
             f"{' and '.join(others)}'s key; {loser} keeps {_default(loser)}"
         )
     return result

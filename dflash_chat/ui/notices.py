@@ -13,6 +13,13 @@ from textual.notifications import SeverityLevel
 class PlainNotices:
     """Mixin for a Screen: `notify` without markup."""
 
-    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
-               timeout: float | None = None, markup: bool = False) -> None:
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)

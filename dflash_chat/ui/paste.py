@@ -23,7 +23,9 @@ _ESCAPE_SEQUENCE = re.compile(
 )
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline, DEL and C1 included
 DRIVERS = (
-    "textual.drivers.linux_driver", "textual.drivers.linux_inline_driver", "textual.drivers.web_driver",
+    "textual.drivers.linux_driver",
+    "textual.drivers.linux_inline_driver",
+    "textual.drivers.web_driver",
     "textual.drivers.win32",
 )
 
@@ -57,14 +59,14 @@ class PasteParser(XTermParser):
                 if end < 0:
                     break  # the rest of the paste is still to come
                 passed.append(clean(self._pasted[:end]) + END)
-                data = self._pasted[end + len(END):]
+                data = self._pasted[end + len(END) :]
                 self._pasting, self._pasted = False, ""
                 continue
             window = self._tail + data
             start = window.find(START)
             if start < 0:
                 passed.append(data)
-                self._tail = window[-(len(START) - 1):]
+                self._tail = window[-(len(START) - 1) :]
                 break
             cut = start + len(START) - len(self._tail)
             passed.append(data[:cut])

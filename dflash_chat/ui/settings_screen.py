@@ -16,8 +16,16 @@ from dflash_chat.settings import DECODE_PATHS, DESCRIPTIONS, Settings, SettingsE
 from dflash_chat.ui.notices import PlainNotices
 
 TEXT_FIELDS = (
-    "temperature", "top_p", "top_k", "max_new_tokens", "system_prompt",
-    "model", "drafter", "context_length", "draft", "endpoints",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "system_prompt",
+    "model",
+    "drafter",
+    "context_length",
+    "draft",
+    "endpoints",
 )
 
 
@@ -40,19 +48,32 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
             for key in TEXT_FIELDS:
                 with Horizontal(classes="field"):
                     yield Label(key, classes="field-name")
-                    yield Input(settings_module.as_text(key, getattr(self.current, key)), id=f"field-{key}",
-                                placeholder=DESCRIPTIONS[key], tooltip=DESCRIPTIONS[key])
+                    yield Input(
+                        settings_module.as_text(key, getattr(self.current, key)),
+                        id=f"field-{key}",
+                        placeholder=DESCRIPTIONS[key],
+                        tooltip=DESCRIPTIONS[key],
+                    )
             with Horizontal(classes="field"):
                 yield Label("thinking", classes="field-name")
                 yield Switch(self.current.thinking, id="field-thinking")
             with Horizontal(classes="field"):
                 yield Label("theme", classes="field-name")
-                yield Select([(name, name) for name in self.theme_names], value=self.current.theme,
-                             allow_blank=False, id="field-theme")
+                yield Select(
+                    [(name, name) for name in self.theme_names],
+                    value=self.current.theme,
+                    allow_blank=False,
+                    id="field-theme",
+                )
             with Horizontal(classes="field"):
                 yield Label("decode", classes="field-name")
-                yield Select([(name, name) for name in DECODE_PATHS], value=self.current.decode,
-                             allow_blank=False, id="field-decode", tooltip=DESCRIPTIONS["decode"])
+                yield Select(
+                    [(name, name) for name in DECODE_PATHS],
+                    value=self.current.decode,
+                    allow_blank=False,
+                    id="field-decode",
+                    tooltip=DESCRIPTIONS["decode"],
+                )
             yield Static("", id="settings-errors", markup=False)  # quotes what was typed
             with Horizontal(id="settings-buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="save")

@@ -25,8 +25,17 @@ else:  # pragma: no cover
 
 DEFAULT_THEME = "dflash-dark"
 COLOR_FIELDS = (
-    "primary", "secondary", "warning", "error", "success", "accent",
-    "foreground", "background", "surface", "panel", "boost",
+    "primary",
+    "secondary",
+    "warning",
+    "error",
+    "success",
+    "accent",
+    "foreground",
+    "background",
+    "surface",
+    "panel",
+    "boost",
 )
 KNOWN_FIELDS = {f.name for f in fields(Theme)}
 MAX_THEME_BYTES = 256 * 1024  # a theme is a few hundred bytes; past this it is not one
@@ -143,8 +152,9 @@ def discover_themes(user_dir: Path | None = None) -> ThemeSet:
         try:
             found_paths = sorted(directory.glob("*.toml")) if directory.is_dir() else []
         except OSError as exc:
-            found.problems.append(f"the themes folder {directory} cannot be read ({exc.strerror or exc}); "
-                                  "its themes are not offered.")
+            found.problems.append(
+                f"the themes folder {directory} cannot be read ({exc.strerror or exc}); its themes are not offered."
+            )
             continue
         for path in found_paths:
             try:

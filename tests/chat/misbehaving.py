@@ -17,8 +17,11 @@ def sse(*bodies) -> bytes:
 
 
 def delta(text: str, finish: str | None = None) -> dict:
-    return {"id": "c", "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
+    }
 
 
 def head(status: int = 200, kind: str = "text/event-stream", length: int | None = None) -> bytes:

@@ -76,8 +76,14 @@ def test_the_first_token_is_posted_the_moment_it_exists(tokenizer):
         yield Finished(reason="stop", stats=GenerationStats(new_tokens=len(ids), steps=len(ids) - 1))
 
     posted = []
-    end = stream_answer(events(), IncrementalDecoder(tokenizer), ThinkingSplitter(thinking=False),
-                        posted.append, interval=0.04, clock=lambda: now[0])
+    end = stream_answer(
+        events(),
+        IncrementalDecoder(tokenizer),
+        ThinkingSplitter(thinking=False),
+        posted.append,
+        interval=0.04,
+        clock=lambda: now[0],
+    )
     assert posted[0].answer == tokenizer.decode(ids[:1]) and posted[0].live.new_tokens == 1
     assert posted[0].live.ttft_s == 0.2
     assert all(chunk.answer for chunk in posted)  # no empty batch for the prefill

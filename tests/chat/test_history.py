@@ -25,8 +25,17 @@ def test_messages_round_trip_with_stats(tmp_path):
     store = store_at(tmp_path / "h.sqlite3")
     cid = store.create("first")
     store.add(cid, Message("user", "hello"))
-    stats = GenerationStats(prompt_tokens=9, new_tokens=20, steps=6, drafted=75, accepted=14,
-                            acceptance_histogram=[1, 2, 3], draft_histogram=[1, 0, 5], draft="auto", speculative=True)
+    stats = GenerationStats(
+        prompt_tokens=9,
+        new_tokens=20,
+        steps=6,
+        drafted=75,
+        accepted=14,
+        acceptance_histogram=[1, 2, 3],
+        draft_histogram=[1, 0, 5],
+        draft="auto",
+        speculative=True,
+    )
     store.add(cid, Message("assistant", "hi", thinking="hm", stats=stats))
     loaded = store.load(cid)
     assert [(m.role, m.content, m.thinking, m.status) for m in loaded.messages] == [
@@ -261,7 +270,9 @@ def test_a_history_from_before_notes_gains_the_column_and_keeps_every_message(tm
     store = store_at(path)
     loaded = store.load(1)
     assert [(m.content, m.status, m.note) for m in loaded.messages] == [
-        ("hello", COMPLETE, ""), ("half an ans", CANCELLED, "")]
+        ("hello", COMPLETE, ""),
+        ("half an ans", CANCELLED, ""),
+    ]
     store.add(1, Message("assistant", "x", status=CANCELLED, note="stopped"))
     assert store_at(path).load(1).messages[-1].note == "stopped"
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2

@@ -14,4 +14,3 @@ def test_cpu_reports_this_process_ram():
 def test_gpu_without_torch_loaded_reports_nothing(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert memory_use("cuda:0") is None
-

@@ -79,13 +79,16 @@ def test_choice_flags_pin_the_pick_and_refine_a_named_setting(home, tmp_path):
     assert source_of("--target", "/t", "--context", "2048") == ModelSource("/t", None, context=2048)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "nope"], "unknown model 'nope'; known models: "),
-    (["--target", "/t", "--quant", "Q8_0"], "--target/--drafter load those files as they are"),
-    (["--demo", "--model", "qwen3.5-4b"], "--demo runs the built-in demo pair"),
-    (["--target-file", "/no/such.gguf"], "--target-file /no/such.gguf: no such file or folder"),
-    (["--drafter", "/d"], "--drafter needs --target too"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "nope"], "unknown model 'nope'; known models: "),
+        (["--target", "/t", "--quant", "Q8_0"], "--target/--drafter load those files as they are"),
+        (["--demo", "--model", "qwen3.5-4b"], "--demo runs the built-in demo pair"),
+        (["--target-file", "/no/such.gguf"], "--target-file /no/such.gguf: no such file or folder"),
+        (["--drafter", "/d"], "--drafter needs --target too"),
+    ],
+)
 def test_conflicting_or_unknown_choices_are_one_line_errors(home, capsys, argv, message):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -117,8 +120,9 @@ def test_on_a_gpu_the_choice_is_the_pickers_for_the_settings_context(home):
     assert chosen.demo is None
     assert chosen.choice == choose(RTX_3090, catalog, context=8192)
     assert chosen.explanation == chosen.choice.explanation
-    pinned = model_manager.choose(Pick(model="qwen3.5-9b", quant="Q4_K_M", context=4096), 8192,
-                                  machine=RTX_3090, catalog=catalog)
+    pinned = model_manager.choose(
+        Pick(model="qwen3.5-9b", quant="Q4_K_M", context=4096), 8192, machine=RTX_3090, catalog=catalog
+    )
     picked = pinned.choice
     assert (picked.pair.name, picked.target.quant, picked.context) == ("qwen3.5-9b", "Q4_K_M", 4096)
 
@@ -163,11 +167,31 @@ def tiny_hub(home, monkeypatch, tmp_path):
 
     isolate_hub(monkeypatch, tmp_path)
     pair = {
-        "title": "Tiny", "rank": 100, "default_context": 1024, "max_context": 4096, "tokenizer": "tiny/Tiny",
-        "target": {"repo": "tiny/Tiny-GGUF", "quants": {"Q8_0": {"pattern": "*Q8_0*.gguf"}},
-                   "shape": dict(layers=4, attention_layers=2, heads=4, kv_heads=2, head_dim=16, rotary_dim=4, linear_key_heads=2,
-                                 linear_value_heads=4, linear_key_dim=16, linear_value_dim=16, conv_kernel=4,
-                                 hidden=64, intermediate=128, vocab=384)},
+        "title": "Tiny",
+        "rank": 100,
+        "default_context": 1024,
+        "max_context": 4096,
+        "tokenizer": "tiny/Tiny",
+        "target": {
+            "repo": "tiny/Tiny-GGUF",
+            "quants": {"Q8_0": {"pattern": "*Q8_0*.gguf"}},
+            "shape": dict(
+                layers=4,
+                attention_layers=2,
+                heads=4,
+                kv_heads=2,
+                head_dim=16,
+                rotary_dim=4,
+                linear_key_heads=2,
+                linear_value_heads=4,
+                linear_key_dim=16,
+                linear_value_dim=16,
+                conv_kernel=4,
+                hidden=64,
+                intermediate=128,
+                vocab=384,
+            ),
+        },
         "drafter": {"quants": {"BF16": {"repo": "tiny/Tiny-DFlash", "format": "safetensors"}}},
     }
     paths.config_file().parent.mkdir(parents=True)
@@ -186,11 +210,20 @@ def test_plan_then_source_for_the_downloaded_files(tiny_hub):
     choice = model_manager.choose(Pick(), 1024, machine=RTX_3090).choice
     plan = model_manager.plan_files(choice)
     assert [f.filename for f in plan.to_fetch] == [
-        "Tiny-Q8_0.gguf", "config.json", "model.safetensors", "tokenizer_config.json", "tokenizer.json"]
+        "Tiny-Q8_0.gguf",
+        "config.json",
+        "model.safetensors",
+        "tokenizer_config.json",
+        "tokenizer.json",
+    ]
     source = model_manager.source_for(choice, hub.download(plan))
     assert source.target.endswith("/Tiny-Q8_0.gguf") and source.drafter.endswith(f"/snapshots/{plan.files[1].commit}")
     assert (source.title, source.target_quant, source.drafter_quant, source.quant_label) == (
-        "Tiny", "Q8_0", "BF16", "Q8_0 · drafter BF16")
+        "Tiny",
+        "Q8_0",
+        "BF16",
+        "Q8_0 · drafter BF16",
+    )
     assert (source.device, source.context) == ("cuda:0", 1024)
     assert model_manager.plan_files(choice).to_fetch == ()  # the next start fetches nothing
 
@@ -201,7 +234,8 @@ def test_a_quant_the_repo_lacks_says_which_it_has(tiny_hub):
         model_manager.plan_files(choice)
     assert str(err.value) == (
         "Tiny Q6_K + drafter BF16: tiny/Tiny-GGUF has no Q6_K GGUF (no file matches '*Q6_K*.gguf'); "
-        "it has: Q4_K_M, Q8_0. Pick one of those with --quant/--drafter-quant")
+        "it has: Q4_K_M, Q8_0. Pick one of those with --quant/--drafter-quant"
+    )
 
 
 def test_offline_names_the_missing_files_and_the_pull_command(tiny_hub, monkeypatch):

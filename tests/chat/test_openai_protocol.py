@@ -11,9 +11,20 @@ from dflash_chat.chat.stops import StopStrings
 from dflash_chat.engine.events import GenerationStats
 
 RECORDED = (Path(__file__).parents[1] / "serve" / "data" / "vllm_metrics.prom").read_text()
-STATS = GenerationStats(prompt_tokens=30, reused_tokens=10, new_tokens=24, steps=6, drafted=90, accepted=19,
-                        acceptance_histogram=[1, 0, 2, 0, 0, 3] + [0] * 10, prefill_s=0.02, decode_s=0.1,
-                        draft_histogram=[0] * 15 + [6], draft="auto", speculative=True)
+STATS = GenerationStats(
+    prompt_tokens=30,
+    reused_tokens=10,
+    new_tokens=24,
+    steps=6,
+    drafted=90,
+    accepted=19,
+    acceptance_histogram=[1, 0, 2, 0, 0, 3] + [0] * 10,
+    prefill_s=0.02,
+    decode_s=0.1,
+    draft_histogram=[0] * 15 + [6],
+    draft="auto",
+    speculative=True,
+)
 
 
 def test_per_request_metrics_carry_vllms_fields_and_read_back():
@@ -39,8 +50,12 @@ def test_steps_that_drafted_nothing_are_no_drafts():
 
 
 def test_vllms_sparse_histogram_and_broken_objects():
-    sparse = {"num_spec_steps": 43, "num_draft_tokens": 129, "num_accepted_draft_tokens": 10,
-              "acceptance_histogram": {"0": 39, "1": 1, "3": 3}}
+    sparse = {
+        "num_spec_steps": 43,
+        "num_draft_tokens": 129,
+        "num_accepted_draft_tokens": 10,
+        "acceptance_histogram": {"0": 39, "1": 1, "3": 3},
+    }
     assert op.from_metrics({"metrics": {"speculative_decoding": sparse}}).histogram == (39, 1, 0, 3)
     assert op.from_metrics({"metrics": {"speculative_decoding": {"num_draft_tokens": "many"}}}) is None
     assert op.from_metrics({"metrics": None}) is None and op.from_metrics({}) is None
@@ -72,13 +87,16 @@ def test_vllm_counters_from_a_recorded_metrics_text_and_their_growth():
     assert op.read_counters("<html>not prometheus</html>") is None
 
 
-@pytest.mark.parametrize("pieces, stops, text, matched", [
-    (["Hello wor", "ld. Bye"], ["world"], "Hello ", True),
-    (["ab", "c", "d"], ["cd"], "ab", True),
-    (["abc"], ["x"], "abc", False),
-    (["a<", "|end"], ["<|end|>"], "a<|end", False),  # a start that never completed is given back
-    (["one two"], ["two", "one"], "", True),  # the first stop string in the text wins
-])
+@pytest.mark.parametrize(
+    "pieces, stops, text, matched",
+    [
+        (["Hello wor", "ld. Bye"], ["world"], "Hello ", True),
+        (["ab", "c", "d"], ["cd"], "ab", True),
+        (["abc"], ["x"], "abc", False),
+        (["a<", "|end"], ["<|end|>"], "a<|end", False),  # a start that never completed is given back
+        (["one two"], ["two", "one"], "", True),  # the first stop string in the text wins
+    ],
+)
 def test_stop_strings_cut_before_the_first_one_and_hold_back_partial_ones(pieces, stops, text, matched):
     stop = StopStrings(stops)
     out = "".join(stop.feed(p) for p in pieces) + stop.flush()

@@ -37,7 +37,7 @@ def test_thinking_flag_changes_the_prompt_tokens(tokenizer):
     close_id = tokenizer.convert_tokens_to_ids("</think>")
     assert on.ids != off.ids
     assert on.ids == off.ids[: len(on.ids)]  # same conversation, different generation prompt
-    assert close_id in off.ids[len(on.ids):] and close_id not in on.ids
+    assert close_id in off.ids[len(on.ids) :] and close_id not in on.ids
     assert on.opens_thinking and not off.opens_thinking
     assert tokenizer.decode(off.ids) == off.text
 
@@ -139,15 +139,17 @@ def test_next_turn_starts_with_what_the_engine_holds(tokenizer):
     from dflash_chat.chat.prompt import next_prompt
 
     previous = answered_transcript(tokenizer, "Hi! How can I help?")
-    turns = previous.turns + [{"role": "assistant", "content": previous.answer},
-                              {"role": "user", "content": "tell me more"}]
+    turns = previous.turns + [
+        {"role": "assistant", "content": previous.answer},
+        {"role": "user", "content": "tell me more"},
+    ]
     prompt = next_prompt(tokenizer, turns, thinking=False, previous=previous)
     assert prompt.ids[: len(previous.ids)] == previous.ids
-    tail = tokenizer.decode(prompt.ids[len(previous.ids):])
+    tail = tokenizer.decode(prompt.ids[len(previous.ids) :])
     assert tail == "\n<|im_start|>user\ntell me more<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     # an answer cut short (no stop token) gets its end-of-turn added
     cut = answered_transcript(tokenizer, "Hi! How can I help?", stop=False)
-    tail = tokenizer.decode(next_prompt(tokenizer, turns, thinking=False, previous=cut).ids[len(cut.ids):])
+    tail = tokenizer.decode(next_prompt(tokenizer, turns, thinking=False, previous=cut).ids[len(cut.ids) :])
     assert tail.startswith("<|im_end|>\n<|im_start|>user\ntell me more")
 
 
@@ -158,10 +160,14 @@ def test_regenerate_sends_the_same_prompt_and_other_changes_rerender(tokenizer):
     assert next_prompt(tokenizer, previous.turns, thinking=False, previous=previous) is previous.prompt
     toggled = next_prompt(tokenizer, previous.turns, thinking=True, previous=previous)
     assert toggled.ids == build_prompt(tokenizer, previous.turns, thinking=True).ids
-    edited = [{"role": "system", "content": "new system"}] + previous.turns + [
-        {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "more"}]
+    edited = (
+        [{"role": "system", "content": "new system"}]
+        + previous.turns
+        + [{"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "more"}]
+    )
     assert next_prompt(tokenizer, edited, thinking=False, previous=previous).ids == (
-        build_prompt(tokenizer, edited, thinking=False).ids)
+        build_prompt(tokenizer, edited, thinking=False).ids
+    )
 
 
 def test_answers_that_thought_are_rerendered(tokenizer):
@@ -170,7 +176,8 @@ def test_answers_that_thought_are_rerendered(tokenizer):
     previous = answered_transcript(tokenizer, "Hi!", thinking_text="greet")
     turns = previous.turns + [{"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "more"}]
     assert next_prompt(tokenizer, turns, thinking=False, previous=previous).ids == (
-        build_prompt(tokenizer, turns, thinking=False).ids)
+        build_prompt(tokenizer, turns, thinking=False).ids
+    )
 
 
 def test_incremental_decoder_matches_a_full_decode_on_byte_soup(tokenizer):

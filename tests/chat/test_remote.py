@@ -67,14 +67,22 @@ def answered(*parts) -> Misbehaving:
 HELLO = sse(delta("Hello"), delta(" there"))
 
 
-@pytest.mark.parametrize("parts, words", [
-    ((chunked_head(), chunk(HELLO)), "connection to 127.0.0.1"),  # dropped mid-stream
-    ((chunked_head(), chunk(HELLO + b"data: [1, 2]\n\n"), chunk(sse(delta("!"))), LAST_CHUNK),
-     "not an OpenAI stream chunk after 2 tokens"),  # valid JSON, wrong shape
-    ((chunked_head(), chunk(HELLO + b"data: {not json\n\n"), LAST_CHUNK), "not an OpenAI stream chunk"),
-    ((head(), HELLO), "ended without a finish"),  # closed cleanly, but no [DONE] or finish_reason
-    ((head(), HELLO + sse({"error": {"message": "engine\nfell over"}})), "the server failed after 2 tokens: engine fell over"),
-])
+@pytest.mark.parametrize(
+    "parts, words",
+    [
+        ((chunked_head(), chunk(HELLO)), "connection to 127.0.0.1"),  # dropped mid-stream
+        (
+            (chunked_head(), chunk(HELLO + b"data: [1, 2]\n\n"), chunk(sse(delta("!"))), LAST_CHUNK),
+            "not an OpenAI stream chunk after 2 tokens",
+        ),  # valid JSON, wrong shape
+        ((chunked_head(), chunk(HELLO + b"data: {not json\n\n"), LAST_CHUNK), "not an OpenAI stream chunk"),
+        ((head(), HELLO), "ended without a finish"),  # closed cleanly, but no [DONE] or finish_reason
+        (
+            (head(), HELLO + sse({"error": {"message": "engine\nfell over"}})),
+            "the server failed after 2 tokens: engine fell over",
+        ),
+    ],
+)
 def test_text_that_arrived_is_kept_and_the_answer_is_cut_with_why(parts, words):
     with answered(*parts) as server:
         run = Run(server.url)
@@ -96,12 +104,21 @@ def test_a_proper_finish_is_complete_with_or_without_done():
         assert end.reason == "stop" and end.answer == "Hello there" and end.error is None
 
 
-@pytest.mark.parametrize("parts, words", [
-    ((whole(200, "text/html", b"<html><body>Welcome to nginx</body></html>"),), "did not answer with an OpenAI stream (it sent text/html)"),
-    ((whole(500, "application/json", b'{"error": {"message": "CUDA out of memory"}}'),), "HTTP 500 from the server at 127.0.0.1"),
-    ((whole(502, "text/html", b"<html>Bad gateway</html>"),), "HTTP 502 from the server"),
-    ((whole(200, "application/json", b"[1, 2]"),), "did not answer with an OpenAI completion"),
-])
+@pytest.mark.parametrize(
+    "parts, words",
+    [
+        (
+            (whole(200, "text/html", b"<html><body>Welcome to nginx</body></html>"),),
+            "did not answer with an OpenAI stream (it sent text/html)",
+        ),
+        (
+            (whole(500, "application/json", b'{"error": {"message": "CUDA out of memory"}}'),),
+            "HTTP 500 from the server at 127.0.0.1",
+        ),
+        ((whole(502, "text/html", b"<html>Bad gateway</html>"),), "HTTP 502 from the server"),
+        ((whole(200, "application/json", b"[1, 2]"),), "did not answer with an OpenAI completion"),
+    ],
+)
 def test_a_reply_that_is_no_stream_is_one_plain_sentence(parts, words):
     with answered(*parts) as server:
         run = Run(server.url)
@@ -133,13 +150,16 @@ def test_a_stall_mid_answer_is_reported_in_bounded_time():
     plain(end.error)
 
 
-@pytest.mark.parametrize("reply, words", [
-    (Reply(None), "did not answer GET /v1/models within 0.5 s"),
-    (Reply(whole(200, "text/html", b"<!doctype html><p>router login</p>")), "is not an OpenAI-compatible server"),
-    (Reply(whole(200, "application/json", b'{"data": [["x"]]}')), "lists models without an id"),
-    (Reply(whole(200, "application/json", b'{"data": []}')), "serves no model yet"),
-    (Reply(whole(503, "text/html", b"<html>busy</html>")), "HTTP 503 from the server at"),
-])
+@pytest.mark.parametrize(
+    "reply, words",
+    [
+        (Reply(None), "did not answer GET /v1/models within 0.5 s"),
+        (Reply(whole(200, "text/html", b"<!doctype html><p>router login</p>")), "is not an OpenAI-compatible server"),
+        (Reply(whole(200, "application/json", b'{"data": [["x"]]}')), "lists models without an id"),
+        (Reply(whole(200, "application/json", b'{"data": []}')), "serves no model yet"),
+        (Reply(whole(503, "text/html", b"<html>busy</html>")), "HTTP 503 from the server at"),
+    ],
+)
 def test_a_server_that_is_not_right_is_said_plainly_at_connect(reply, words):
     with Misbehaving() as server:
         server.replies["/v1/models"] = reply
@@ -155,7 +175,9 @@ def test_a_server_that_is_not_there_is_said_plainly():
         url = server.url
     run = Run(url)
     event = run.connect()
-    assert isinstance(event, ModelUnavailable) and "cannot reach" in event.error and "is the server running" in event.error
+    assert (
+        isinstance(event, ModelUnavailable) and "cannot reach" in event.error and "is the server running" in event.error
+    )
     plain(event.error)
 
 

@@ -29,8 +29,11 @@ def test_round_trip_keeps_other_tables(home):
     path = paths.config_file()
     path.parent.mkdir(parents=True)
     path.write_text('[models.mine]\ntarget = "/m/t.gguf"\n\n[[extra]]\nx = 1\n')
-    saved = replace(settings.load(), temperature=settings.parse_value("temperature", "0.25"),
-                    thinking=settings.parse_value("thinking", "on"))
+    saved = replace(
+        settings.load(),
+        temperature=settings.parse_value("temperature", "0.25"),
+        thinking=settings.parse_value("thinking", "on"),
+    )
     settings.update(settings.changes(Settings(), saved))
     document = tomllib.loads(path.read_text())
     assert document["models"] == {"mine": {"target": "/m/t.gguf"}}
@@ -77,7 +80,10 @@ def test_invalid_values_are_refused_with_a_message(key, text, fragment):
 
 def test_typed_values():
     assert settings.parse_value("top_k", "40") == 40 and settings.parse_value("thinking", "false") is False
-    assert settings.parse_value("keymap", "toggle-thinking=f5; stop=ctrl+g") == {"toggle-thinking": "f5", "stop": "ctrl+g"}
+    assert settings.parse_value("keymap", "toggle-thinking=f5; stop=ctrl+g") == {
+        "toggle-thinking": "f5",
+        "stop": "ctrl+g",
+    }
 
 
 def test_draft_is_a_word_or_a_number_and_eager_is_fixed():
@@ -159,10 +165,16 @@ def test_update_adds_new_keys_with_the_other_top_level_keys(home):
     path = write_config(USER_FILE)
     settings.update({"top_k": 5, "keymap": {"stop": "ctrl+g", "new-chat": "f5"}})
     text = path.read_text()
-    assert text == USER_FILE.replace("system_prompt = 'Be brief.'\n", "system_prompt = 'Be brief.'\ntop_k = 5\n").replace(
-        'stop = "ctrl+g"   # like emacs\n', 'stop = "ctrl+g"   # like emacs\nnew-chat = "f5"\n')
-    assert settings.load() == Settings(temperature=0.5, theme="dflash-light", system_prompt="Be brief.", top_k=5,
-                                       keymap={"stop": "ctrl+g", "new-chat": "f5"})
+    assert text == USER_FILE.replace(
+        "system_prompt = 'Be brief.'\n", "system_prompt = 'Be brief.'\ntop_k = 5\n"
+    ).replace('stop = "ctrl+g"   # like emacs\n', 'stop = "ctrl+g"   # like emacs\nnew-chat = "f5"\n')
+    assert settings.load() == Settings(
+        temperature=0.5,
+        theme="dflash-light",
+        system_prompt="Be brief.",
+        top_k=5,
+        keymap={"stop": "ctrl+g", "new-chat": "f5"},
+    )
 
 
 def test_a_symlinked_config_stays_a_symlink(home, tmp_path):
@@ -210,7 +222,9 @@ def test_read_reports_what_it_cannot_use_and_never_raises(home):
 
 def test_keymap_entries_from_the_command_line():
     assert settings.parse_assignment("keymap.stop=ctrl+g", {"new-chat": "f5"}) == (
-        "keymap", {"new-chat": "f5", "stop": "ctrl+g"})
+        "keymap",
+        {"new-chat": "f5", "stop": "ctrl+g"},
+    )
     assert settings.parse_assignment("keymap.new-chat=", {"new-chat": "f5"}) == ("keymap", {})
 
 

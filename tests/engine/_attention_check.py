@@ -55,8 +55,15 @@ def check(alloc, end, T, heads, kv_heads, d, causal, window, dtype=torch.float32
     span = Span.fixed(torch.tensor(end - T), torch.arange(T), alloc)
     got = kernel.attend(q, k, v, span.pos, span.end, d**-0.5, causal, window)
     with torch_path():
-        want = attend_cache(q.float(), k[:end].float(), v[:end].float(), Span.eager(end - T, T, q.device), d**-0.5,
-                            causal=causal, window=window)
+        want = attend_cache(
+            q.float(),
+            k[:end].float(),
+            v[:end].float(),
+            Span.eager(end - T, T, q.device),
+            d**-0.5,
+            causal=causal,
+            window=window,
+        )
     assert got.dtype == dtype and not got.isnan().any(), (alloc, end, T)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
@@ -94,7 +101,9 @@ def check_prepare(gated, zero_centred, head_dim, rotary_dim, rows, dtype=torch.f
     x = torch.randn(5, 32).to(dtype)
     pos = torch.tensor([60, 61, 62, 63, 64])
     cos, sin = rotary.at(pos, dtype)
-    caches = [(torch.zeros(rows, 2, head_dim, dtype=dtype), torch.zeros(rows, 2, head_dim, dtype=dtype)) for _ in range(2)]
+    caches = [
+        (torch.zeros(rows, 2, head_dim, dtype=dtype), torch.zeros(rows, 2, head_dim, dtype=dtype)) for _ in range(2)
+    ]
     with torch.no_grad():
         for queries in (True, False):
             with torch_path():

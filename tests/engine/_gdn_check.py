@@ -14,7 +14,10 @@ def inputs(T, heads=HEADS, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     width = 2 * heads.key_total + heads.value_heads * heads.value_dim
     qkv = torch.randn(T, width, generator=g).to(dtype)
-    b, a = torch.randn(T, heads.value_heads, generator=g).to(dtype), torch.randn(T, heads.value_heads, generator=g).to(dtype)
+    b, a = (
+        torch.randn(T, heads.value_heads, generator=g).to(dtype),
+        torch.randn(T, heads.value_heads, generator=g).to(dtype),
+    )
     a_log, dt_bias = torch.rand(heads.value_heads, generator=g) - 0.5, torch.rand(heads.value_heads, generator=g)
     state = torch.randn(heads.value_heads, heads.key_dim, heads.value_dim, generator=g)
     return (qkv, b, a, a_log, dt_bias), state
@@ -68,6 +71,8 @@ if __name__ == "__main__":
     # b and a as columns of one fused projection (strided, not copied)
     (qkv, b, a, a_log, dt), state = inputs(3, seed=4)
     ba = torch.cat((b, a), dim=1)
-    close(gdn.mix(qkv, ba[:, :4], ba[:, 4:], a_log, dt, state.clone(), HEADS, update=True),
-          expected((qkv, b, a, a_log, dt), state.clone()))
+    close(
+        gdn.mix(qkv, ba[:, :4], ba[:, 4:], a_log, dt, state.clone(), HEADS, update=True),
+        expected((qkv, b, a, a_log, dt), state.clone()),
+    )
     print("gdn kernel checks passed")

@@ -1,6 +1,6 @@
 """Run under TRITON_INTERPRET=1 by test_quant_kernels.py: Triton kernels vs the torch reference path.
 
-    python tests/engine/_kernel_check.py matmul|experts|glue [FORMAT ...]
+python tests/engine/_kernel_check.py matmul|experts|glue [FORMAT ...]
 """
 
 from __future__ import annotations
@@ -44,9 +44,12 @@ def check_matmul(name: str) -> None:
 
     gemv, gemm = configs.Launch("gemv", 16, 1, 1, 4), configs.Launch("gemm", 16, 16, 1, 4)
     cases = [  # M, dtype, launch: FMA and tensor-core kernels, with and without split-K, every activation dtype
-        (1, torch.float32, gemv), (1, torch.float16, gemv), (1, torch.bfloat16, gemv),
+        (1, torch.float32, gemv),
+        (1, torch.float16, gemv),
+        (1, torch.bfloat16, gemv),
         (1, torch.float32, configs.Launch("gemv", 32, 1, 2, 4)),
-        (4, torch.float32, gemm), (4, torch.float16, gemm),  # (the interpreter's tl.dot mishandles bf16)
+        (4, torch.float32, gemm),
+        (4, torch.float16, gemm),  # (the interpreter's tl.dot mishandles bf16)
         (16, torch.float16, configs.Launch("gemm", 32, 16, 2, 4)),
         (17, torch.float32, configs.Launch("gemm", 16, 32, 1, 4)),
     ]
@@ -56,7 +59,9 @@ def check_matmul(name: str) -> None:
         assert y.dtype == dtype
         _check(f"{name} M={m} {dtype} {launch}", y, x.float() @ ref.T, TOL[dtype])
         if launch.split > 1:  # the last split of each tile summed, in split order, and re-armed its counter
-            assert torch.equal(triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch), y), f"{name}: not repeatable"
+            assert torch.equal(triton_quant.matmul_small_m(x, packed, fmt, n, launch=launch), y), (
+                f"{name}: not repeatable"
+            )
             assert not triton_quant._counters(x.device).any(), f"{name}: a split-K counter was left set"
 
     # the dispatcher: first-use check, then its own launch choice; large M goes through dequantize + matmul
@@ -99,8 +104,9 @@ def check_experts_module() -> None:
     e, h, i, top_k = 16, 256, 512, 4  # I = 512 as in the real model: Q6_K rows of two blocks are whole words
     g = torch.Generator().manual_seed(2)
     q4k, q6k = formats.FORMATS["Q4_K"], formats.FORMATS["Q6_K"]
-    gate_up = QuantTensor(torch.from_numpy(random_rows(q4k, e * 2 * i, h, seed=4)).reshape(e, 2 * i, -1), q4k,
-                          (e, 2 * i, h))
+    gate_up = QuantTensor(
+        torch.from_numpy(random_rows(q4k, e * 2 * i, h, seed=4)).reshape(e, 2 * i, -1), q4k, (e, 2 * i, h)
+    )
     down = QuantTensor(torch.from_numpy(random_rows(q6k, e * h, i, seed=6)).reshape(e, h, -1), q6k, (e, h, i))
     layer = QuantExperts(gate_up, down)
     float_experts = Experts(e, h, i)
@@ -116,20 +122,23 @@ def check_experts_module() -> None:
                 want = float_experts(x, idx, w)
             _check("QuantExperts", layer(x, idx, w), want, 1e-5)
             # the float experts through the same one-launch kernels (how models/ can call them)
-            got = kernels.grouped_experts(x, idx, w, [(float_experts.gate_up_proj.data, None)],
-                                          (float_experts.down_proj.data, None))
+            got = kernels.grouped_experts(
+                x, idx, w, [(float_experts.gate_up_proj.data, None)], (float_experts.down_proj.data, None)
+            )
             _check("float experts, one launch", got, want, 1e-5)
         # gate and up stored in different formats (files may mix them): two launches for the pair
         q8 = formats.FORMATS["Q8_0"]
         up = torch.from_numpy(random_rows(q8, e * i, h, seed=8)).reshape(e, i, -1)
         mixed = QuantExperts((gate_up[:, :i], QuantTensor(up, q8, (e, i, h))), down)
         assert not mixed.fused
-        float_experts.gate_up_proj.data = torch.cat([float_experts.gate_up_proj.data[:, :i],
-                                                     formats.dequantize(up, q8)], dim=1)
+        float_experts.gate_up_proj.data = torch.cat(
+            [float_experts.gate_up_proj.data[:, :i], formats.dequantize(up, q8)], dim=1
+        )
         with torch.no_grad():
             _check("QuantExperts, gate and up apart", mixed(x, idx, w), float_experts(x, idx, w), 1e-5)
-    assert all(kernels._checked[("experts", f, torch.device("cpu"), torch.float32)]
-               for f in ("Q4_K", "Q6_K", "F32", "Q8_0"))
+    assert all(
+        kernels._checked[("experts", f, torch.device("cpu"), torch.float32)] for f in ("Q4_K", "Q6_K", "F32", "Q8_0")
+    )
 
 
 def check_glue() -> None:
@@ -137,8 +146,11 @@ def check_glue() -> None:
     # the interpreter casts fp32 -> bf16 by truncation (the GPU rounds to nearest even): rounding is checked
     # exactly in fp16, and bf16 to a unit in the last place
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        tol = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=1e-3, atol=1e-3),
-               torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}[dtype]
+        tol = {
+            torch.float32: dict(rtol=1e-5, atol=1e-5),
+            torch.float16: dict(rtol=1e-3, atol=1e-3),
+            torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
+        }[dtype]
         x = torch.randn(3, 320, generator=g).to(dtype)  # hidden not a power of two
         res = torch.randn(3, 320, generator=g).to(dtype)
         w = (torch.randn(320, generator=g) * 0.1).to(dtype)
@@ -147,21 +159,25 @@ def check_glue() -> None:
             r_ref, n_ref = reference.add_rms_norm(x, res, w, 1e-6, zero_centred)
             torch.testing.assert_close(r, r_ref, rtol=0 if dtype != torch.bfloat16 else 1e-2, atol=0)
             torch.testing.assert_close(normed, n_ref, **tol)
-            torch.testing.assert_close(kernels.rms_norm(x, w, 1e-6, zero_centred),
-                                       reference.rms_norm(x, w, 1e-6, zero_centred), **tol)
+            torch.testing.assert_close(
+                kernels.rms_norm(x, w, 1e-6, zero_centred), reference.rms_norm(x, w, 1e-6, zero_centred), **tol
+            )
         both = torch.randn(5, 2 * 96, generator=g).to(dtype)  # a fused gate_up output: two strided halves
-        torch.testing.assert_close(kernels.silu_mul(both[:, :96], both[:, 96:]),
-                                   reference.silu_mul(both[:, :96], both[:, 96:]), **tol)
+        torch.testing.assert_close(
+            kernels.silu_mul(both[:, :96], both[:, 96:]), reference.silu_mul(both[:, :96], both[:, 96:]), **tol
+        )
         core = torch.randn(2, 6, 128, generator=g).to(dtype)  # [tokens, heads, head_dim]
         z = torch.randn(2, 6, 128, generator=g).to(dtype)
         wn = (1 + torch.randn(128, generator=g) * 0.1).to(dtype)
-        torch.testing.assert_close(kernels.gated_rms_norm(core, z, wn, 1e-6),
-                                   reference.gated_rms_norm(core, z, wn, 1e-6), **tol)
+        torch.testing.assert_close(
+            kernels.gated_rms_norm(core, z, wn, 1e-6), reference.gated_rms_norm(core, z, wn, 1e-6), **tol
+        )
         fused = torch.randn(2, 6 * 128 + 40, generator=g).to(dtype)  # z as a slice of a fused projection's output
         z = fused[:, 40:].reshape(2, 6, 128)
         assert not z.is_contiguous()
-        torch.testing.assert_close(kernels.gated_rms_norm(core, z, wn, 1e-6),
-                                   reference.gated_rms_norm(core, z, wn, 1e-6), **tol)
+        torch.testing.assert_close(
+            kernels.gated_rms_norm(core, z, wn, 1e-6), reference.gated_rms_norm(core, z, wn, 1e-6), **tol
+        )
         conv_w = torch.randn(72, 4, generator=g).to(dtype)
         fused = torch.randn(5, 72 + 8, generator=g).to(dtype)  # a block's conv input: columns of a fused output
         state = torch.randn(3, 72, generator=g).to(dtype)

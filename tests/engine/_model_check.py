@@ -45,7 +45,9 @@ def main(root: Path) -> None:
     moe_dir, _ = tiny.write_pair(root / "moe", "qwen3_5_moe", layers=2)
     target = load_target(moe_dir, "cpu", torch.float32)
     prompt = [5, 9, 13, 2, 7]
-    expected, _, _ = run(Engine(target, None, max_context=128, decode="fixed"), prompt, SamplingParams(max_new_tokens=12))
+    expected, _, _ = run(
+        Engine(target, None, max_context=128, decode="fixed"), prompt, SamplingParams(max_new_tokens=12)
+    )
     oracle = OracleDrafter(prompt + expected, target.cfg.vocab_size, block_size=16, mode="uniform", seed=3)
     assert same_as_ar(target, oracle, prompt, 12)
     print("model kernel checks passed")

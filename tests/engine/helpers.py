@@ -31,10 +31,21 @@ def run_in_interpreter(script: str, kernel: str, *args: str) -> str:
 
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1",
-           **{f"DFLASH_CHAT_TRITON_{name}": "1" for name in kernel.split(",")}}
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": str(root),
+        "OMP_NUM_THREADS": "1",
+        **{f"DFLASH_CHAT_TRITON_{name}": "1" for name in kernel.split(",")},
+    }
     env.pop("DFLASH_CHAT_NO_TRITON", None)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name(script)), *args],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout

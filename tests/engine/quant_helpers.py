@@ -7,8 +7,19 @@ import numpy as np
 from dflash_chat.engine.weights.formats import Format
 
 # byte offsets of the fp16 fields (d, dmin, m) in each block layout
-FP16_FIELDS = {"Q4_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2),
-               "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+FP16_FIELDS = {
+    "Q4_0": (0,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
 
 
 def random_rows(fmt: Format, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -23,9 +34,8 @@ def random_rows(fmt: Format, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     blocks = rng.integers(0, 256, size=(nb, fmt.type_size), dtype=np.uint8)
     for at in FP16_FIELDS[fmt.name]:
         scale = (rng.standard_normal(nb) * 0.01).astype(np.float16)
-        blocks[:, at:at + 2] = scale.view(np.uint8).reshape(nb, 2)
+        blocks[:, at : at + 2] = scale.view(np.uint8).reshape(nb, 2)
     return blocks.reshape(rows, -1)
-
 
 
 def one_thread():

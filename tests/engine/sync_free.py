@@ -9,8 +9,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # ops whose result (or its shape) depends on tensor values: on CUDA each one waits for the device
 _DATA_DEPENDENT = {
-    "aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_static", "aten::masked_select",
-    "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::bincount",
+    "aten::_local_scalar_dense",
+    "aten::nonzero",
+    "aten::nonzero_static",
+    "aten::masked_select",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+    "aten::bincount",
 }
 
 

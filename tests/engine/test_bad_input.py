@@ -96,7 +96,9 @@ def test_not_a_drafter(tiny_dirs):
 
 def test_prompt_longer_than_the_context(tiny_dirs):
     engine = Engine(load_target(tiny_dirs["qwen3_5"][0], "cpu"), None, max_context=32)
-    with pytest.raises(ContextLengthError, match=r"prompt \(30 tokens\) \+ max new tokens \(8\) exceed the 32-token context"):
+    with pytest.raises(
+        ContextLengthError, match=r"prompt \(30 tokens\) \+ max new tokens \(8\) exceed the 32-token context"
+    ):
         list(engine.generate(list(range(30)), SamplingParams(max_new_tokens=8)))
     with pytest.raises(ValueError, match="empty"):
         list(engine.generate([], SamplingParams()))

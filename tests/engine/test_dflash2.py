@@ -36,6 +36,7 @@ STEPS = [(0, 13), (13, 14), (14, 21)]  # a prompt, one accepted token, several: 
 
 # -- the reference ------------------------------------------------------------------------------------
 
+
 def _rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
@@ -45,7 +46,10 @@ def _rope(x, positions, theta):
     d = x.shape[-1]
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     angles = positions.double()[:, None] * inv[None, :]
-    cos, sin = torch.cat((angles, angles), -1).cos().float()[:, None], torch.cat((angles, angles), -1).sin().float()[:, None]
+    cos, sin = (
+        torch.cat((angles, angles), -1).cos().float()[:, None],
+        torch.cat((angles, angles), -1).sin().float()[:, None],
+    )
     half = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
     return x * cos + half * sin
 
@@ -94,7 +98,11 @@ def reference_block(sd, cfg, embed, lm_head, features, anchor, start):
         h = _rms(x, w["input_layernorm.weight"], eps)
         dyn = (h @ w["attention_conv.kernel_projection.weight"].T).view(BLOCK, 2, taps, -1)
         hc = _conv(h, dyn[:, 0], w["attention_conv.base_kernel"][0], gs)
-        q = _rope(_rms((hc @ w["self_attn.q_proj.weight"].T).view(BLOCK, nh, hd), w["self_attn.q_norm.weight"], eps), pos_b, theta)
+        q = _rope(
+            _rms((hc @ w["self_attn.q_proj.weight"].T).view(BLOCK, nh, hd), w["self_attn.q_norm.weight"], eps),
+            pos_b,
+            theta,
+        )
 
         def kv(rows, positions):
             k = _rms((rows @ w["self_attn.k_proj.weight"].T).view(-1, nkv, hd), w["self_attn.k_norm.weight"], eps)
@@ -102,14 +110,18 @@ def reference_block(sd, cfg, embed, lm_head, features, anchor, start):
 
         (kc, vc), (kb, vb) = kv(ctx, pos_c), kv(hc, pos_b)
         K, V = torch.cat((kc, kb)).repeat_interleave(nh // nkv, 1), torch.cat((vc, vb)).repeat_interleave(nh // nkv, 1)
-        scores = torch.einsum("qhd,khd->hqk", q, K) * hd ** -0.5
+        scores = torch.einsum("qhd,khd->hqk", q, K) * hd**-0.5
         scores = scores.masked_fill(~_visible(pos_b, torch.cat((pos_c, pos_b)), causal, window), float("-inf"))
-        att = torch.einsum("hqk,khd->qhd", scores.softmax(-1), V).reshape(BLOCK, nh * hd) @ w["self_attn.o_proj.weight"].T
+        att = (
+            torch.einsum("hqk,khd->qhd", scores.softmax(-1), V).reshape(BLOCK, nh * hd) @ w["self_attn.o_proj.weight"].T
+        )
         x = x + _conv(att, dyn[:, 1], w["attention_conv.base_kernel"][1], gs)
         h = _rms(x, w["post_attention_layernorm.weight"], eps)
         dyn = (h @ w["mlp_conv.kernel_projection.weight"].T).view(BLOCK, 2, taps, -1)
         hc = _conv(h, dyn[:, 0], w["mlp_conv.base_kernel"][0], gs)
-        m = (torch.nn.functional.silu(hc @ w["mlp.gate_proj.weight"].T) * (hc @ w["mlp.up_proj.weight"].T)) @ w["mlp.down_proj.weight"].T
+        m = (torch.nn.functional.silu(hc @ w["mlp.gate_proj.weight"].T) * (hc @ w["mlp.up_proj.weight"].T)) @ w[
+            "mlp.down_proj.weight"
+        ].T
         x = x + _conv(m, dyn[:, 1], w["mlp_conv.base_kernel"][1], gs)
     hidden = _rms(x, sd["norm.weight"], eps)[1:]
     logits = hidden @ lm_head.T * d2.get("output_multiplier", 1.0)
@@ -120,7 +132,9 @@ def reference_block(sd, cfg, embed, lm_head, features, anchor, start):
 def reference_scores(sd, cfg, hidden, logits, predecessor, t):
     """(candidate ids [K], scores [K]) of draft position t after the token `predecessor`."""
     unary, ids = torch.topk(logits[t], cfg["dflash_config"]["selector_top_k"])
-    gate = sd["candidate_selector.predecessor_codebook"][predecessor] * (hidden[t] @ sd["candidate_selector.hidden_projection.weight"].T)
+    gate = sd["candidate_selector.predecessor_codebook"][predecessor] * (
+        hidden[t] @ sd["candidate_selector.hidden_projection.weight"].T
+    )
     return ids, unary + sd["candidate_selector.successor_codebook"][ids] @ gate
 
 
@@ -135,6 +149,7 @@ def reference_greedy_path(sd, cfg, hidden, logits, anchor):
 
 # -- fixtures -------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     root = tmp_path_factory.mktemp("dflash2")
@@ -144,8 +159,16 @@ def target(tmp_path_factory):
 
 def _drafter(root, model, name, **config_changes):
     folder = root / name
-    cfg = write_drafter(folder, root / "target", seed=52, layers=3, block_size=BLOCK, sliding_window=WINDOW,
-                        layer_types=LAYER_TYPES, dflash2=True)
+    cfg = write_drafter(
+        folder,
+        root / "target",
+        seed=52,
+        layers=3,
+        block_size=BLOCK,
+        sliding_window=WINDOW,
+        layer_types=LAYER_TYPES,
+        dflash2=True,
+    )
     for key, value in config_changes.items():
         if value is None:
             cfg.pop(key, None)
@@ -159,8 +182,10 @@ def _drafter(root, model, name, **config_changes):
 
 def _inputs(model, drafter, n, seed):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, drafter.fc.in_features, generator=gen),
-            torch.randint(0, model.cfg.vocab_size, (n,), generator=gen))
+    return (
+        torch.randn(n, drafter.fc.in_features, generator=gen),
+        torch.randint(0, model.cfg.vocab_size, (n,), generator=gen),
+    )
 
 
 def _propose(drafter, anchor, start, params, draws, q):
@@ -171,11 +196,15 @@ def _propose(drafter, anchor, start, params, draws, q):
 
 # -- the forward pass and the selector against the reference ---------------------------------------------
 
-@pytest.mark.parametrize("case, changes", [
-    ("not-causal", {}),  # as z-lab's Qwen3.8-27B drafter declares (is_causal false)
-    ("undeclared", {"is_causal": None}),  # sliding layers causal, the full layer bidirectional
-    ("scaled", {"input_embedding_scale": 1.7, "output_multiplier": 0.6, "final_logit_softcapping": 3.0}),
-])
+
+@pytest.mark.parametrize(
+    "case, changes",
+    [
+        ("not-causal", {}),  # as z-lab's Qwen3.8-27B drafter declares (is_causal false)
+        ("undeclared", {"is_causal": None}),  # sliding layers causal, the full layer bidirectional
+        ("scaled", {"input_embedding_scale": 1.7, "output_multiplier": 0.6, "final_logit_softcapping": 3.0}),
+    ],
+)
 @torch.no_grad()
 def test_dflash2_drafts_match_the_reference(target, case, changes):
     root, model = target
@@ -242,8 +271,10 @@ def test_the_convolutions_and_the_selector_change_the_drafts(target):
     (folder / "config.json").write_text(json.dumps(dflash_cfg))
     from safetensors.torch import save_file
 
-    save_file({k: v for k, v in sd.items() if "_conv." not in k and "candidate_selector" not in k},
-              str(folder / "model.safetensors"))
+    save_file(
+        {k: v for k, v in sd.items() if "_conv." not in k and "candidate_selector" not in k},
+        str(folder / "model.safetensors"),
+    )
     as_dflash = load_drafter(folder, model)
     dflash_hidden = draft(as_dflash)[0]
     torch.testing.assert_close(plain_hidden, dflash_hidden, rtol=0, atol=1e-5)
@@ -252,6 +283,7 @@ def test_the_convolutions_and_the_selector_change_the_drafts(target):
 
 
 # -- lossless in the engine -------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def dflash2_dirs(tmp_path_factory):
@@ -309,6 +341,7 @@ def test_sampled_dflash2_output_has_the_target_distribution(tmp_path_factory):
 
 # -- GGUF, as llama.cpp's converter (mainline `dflash` arch) and quantizer write DFlash2 drafters -------------
 
+
 @torch.no_grad()
 def test_dflash2_gguf_loads_and_drafts_like_its_folder(target, tmp_path):
     import gguf
@@ -321,8 +354,9 @@ def test_dflash2_gguf_loads_and_drafts_like_its_folder(target, tmp_path):
     reader = gguf.GGUFReader(str(path))
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert fields["general.architecture"] == "dflash"
-    assert [fields[f"dflash.{k}"] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")] \
-        == [2, 8, 8, 4]
+    assert [
+        fields[f"dflash.{k}"] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    ] == [2, 8, 8, 4]
     assert fields["dflash.attention.causal"] is False and fields["dflash.block_size"] == BLOCK
     shapes = {t.name: [int(d) for d in t.shape] for t in reader.tensors}  # ggml order (ne0 first)
     H, V = cfg["hidden_size"], model.cfg.vocab_size
@@ -370,13 +404,18 @@ def test_a_drafter_for_another_target_is_refused(target, tmp_path):
 
 # -- the synthetic Qwen3.8-27B pair (bench --synthetic qwen3.8-27b) -------------------------------------------
 
+
 def test_synthetic_qwen38_drafter_has_the_published_dflash2_shapes():
     from dflash_chat.engine import synthetic
 
     cfg = synthetic.drafter_config("qwen3.8-27b", 64)
     assert cfg.dflash2 is not None and cfg.block_size == 8 and cfg.num_layers == 5
-    assert (cfg.dflash2.conv_kernel_size, cfg.dflash2.conv_group_size, cfg.dflash2.selector_rank,
-            cfg.dflash2.selector_top_k) == (2, 16, 256, 16)
+    assert (
+        cfg.dflash2.conv_kernel_size,
+        cfg.dflash2.conv_group_size,
+        cfg.dflash2.selector_rank,
+        cfg.dflash2.selector_top_k,
+    ) == (2, 16, 256, 16)
     assert cfg.target_layer_ids == [5, 19, 33, 47, 61] and cfg.layer_causal == [False] * 5
     assert synthetic.target_config("qwen3.8-27b").num_layers == 64
 
@@ -386,11 +425,24 @@ def test_synthetic_dflash2_drafter_reads_only_the_candidates_codebook_rows():
     and its predecessor), not whole [V, rank] tables; every other drafter weight once."""
     from dflash_chat.engine import synthetic
 
-    synthetic.TARGETS["tiny-38"] = dict(synthetic.TARGETS["qwen3.8-27b"], vocab_size=512, hidden_size=256,
-                                        num_attention_heads=2, num_key_value_heads=1, head_dim=128,
-                                        linear_num_key_heads=2, linear_num_value_heads=2)
-    synthetic.DRAFTERS["tiny-38"] = dict(synthetic.DRAFTERS["qwen3.8-27b"], hidden_size=256, intermediate_size=512,
-                                         num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    synthetic.TARGETS["tiny-38"] = dict(
+        synthetic.TARGETS["qwen3.8-27b"],
+        vocab_size=512,
+        hidden_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=128,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+    )
+    synthetic.DRAFTERS["tiny-38"] = dict(
+        synthetic.DRAFTERS["qwen3.8-27b"],
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
     try:
         target = synthetic.build_target("tiny-38", "Q8_0", layers=2)
         drafter = synthetic.build_drafter("tiny-38", target)
@@ -399,8 +451,9 @@ def test_synthetic_dflash2_drafter_reads_only_the_candidates_codebook_rows():
     assert isinstance(drafter, DFlash2Drafter)
     selector = drafter.candidate_selector
     codebooks = [selector.predecessor_codebook, selector.successor_codebook]
-    assert all(not isinstance(c, type(None)) and c.dtype == torch.float32 and tuple(c.shape) == (512, 256)
-               for c in codebooks)
+    assert all(
+        not isinstance(c, type(None)) and c.dtype == torch.float32 and tuple(c.shape) == (512, 256) for c in codebooks
+    )
     everything = sum(t.numel() * t.element_size() for t in (*drafter.parameters(), *drafter.buffers()))
     table = sum(c.numel() * c.element_size() for c in codebooks)
     assert synthetic.bytes_per_token(drafter) == everything - table + table * (16 + 1) // 512
@@ -447,8 +500,13 @@ def test_a_qwen38_style_gguf_pair_decodes_losslessly(dflash2_dirs, tmp_path):
 
     target = quantize_like_llama(f32, tmp_path / "t-q8.gguf", "Q8_0")
     drafter_cfg = json.loads((root / "drafter" / "config.json").read_text())
-    drafter = write_drafter_gguf(tmp_path / "d-f32.gguf", load_file(str(root / "drafter" / "model.safetensors")),
-                                 drafter_cfg, "F32", schema="dflash")
+    drafter = write_drafter_gguf(
+        tmp_path / "d-f32.gguf",
+        load_file(str(root / "drafter" / "model.safetensors")),
+        drafter_cfg,
+        "F32",
+        schema="dflash",
+    )
     drafter = quantize_like_llama(drafter, tmp_path / "d-q8.gguf", "Q8_0")
     pair = load_pair(target, drafter, tokenizer=root / "target", device="cpu", dtype=torch.float32, draft=BLOCK - 1)
     assert isinstance(pair.engine.drafter, DFlash2Drafter)
@@ -470,25 +528,59 @@ def test_our_modules_hold_exactly_the_tensors_of_a_published_dflash2_checkpoint(
     from dflash_chat.engine.models.dflash2 import build_drafter
 
     H, V, I, layers = 6656, 202048, 19968, 5
-    config = {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "is_causal": False,
-              "hidden_size": H, "intermediate_size": I, "num_hidden_layers": layers, "num_attention_heads": 32,
-              "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "vocab_size": V,
-              "layer_types": ["sliding_attention"] * layers, "sliding_window": 2048, "use_sliding_window": True,
-              "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
-              "dflash_config": {"block_size": 16, "conv_group_size": 16, "conv_kernel_size": 2,
-                                "final_logit_softcapping": 20.0, "mask_token_id": 201818,
-                                "output_multiplier": 0.19611613513818404, "selector_rank": 256, "selector_top_k": 16,
-                                "target_layer_ids": [1, 13, 25, 37, 49]}}
-    header = {"candidate_selector.hidden_projection.weight": [256, H],
-              "candidate_selector.predecessor_codebook": [V, 256], "candidate_selector.successor_codebook": [V, 256],
-              "fc.weight": [H, 5 * H], "hidden_norm.weight": [H], "norm.weight": [H]}
-    per_layer = {"attention_conv.base_kernel": [2, 2, H], "attention_conv.kernel_projection.weight": [1664, H],
-                 "mlp_conv.base_kernel": [2, 2, H], "mlp_conv.kernel_projection.weight": [1664, H],
-                 "input_layernorm.weight": [H], "post_attention_layernorm.weight": [H],
-                 "mlp.down_proj.weight": [H, I], "mlp.gate_proj.weight": [I, H], "mlp.up_proj.weight": [I, H],
-                 "self_attn.k_norm.weight": [128], "self_attn.q_norm.weight": [128],
-                 "self_attn.k_proj.weight": [1024, H], "self_attn.v_proj.weight": [1024, H],
-                 "self_attn.q_proj.weight": [4096, H], "self_attn.o_proj.weight": [H, 4096]}
+    config = {
+        "architectures": ["DFlash2DraftModel"],
+        "model_type": "qwen3",
+        "is_causal": False,
+        "hidden_size": H,
+        "intermediate_size": I,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": V,
+        "layer_types": ["sliding_attention"] * layers,
+        "sliding_window": 2048,
+        "use_sliding_window": True,
+        "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+        "dflash_config": {
+            "block_size": 16,
+            "conv_group_size": 16,
+            "conv_kernel_size": 2,
+            "final_logit_softcapping": 20.0,
+            "mask_token_id": 201818,
+            "output_multiplier": 0.19611613513818404,
+            "selector_rank": 256,
+            "selector_top_k": 16,
+            "target_layer_ids": [1, 13, 25, 37, 49],
+        },
+    }
+    header = {
+        "candidate_selector.hidden_projection.weight": [256, H],
+        "candidate_selector.predecessor_codebook": [V, 256],
+        "candidate_selector.successor_codebook": [V, 256],
+        "fc.weight": [H, 5 * H],
+        "hidden_norm.weight": [H],
+        "norm.weight": [H],
+    }
+    per_layer = {
+        "attention_conv.base_kernel": [2, 2, H],
+        "attention_conv.kernel_projection.weight": [1664, H],
+        "mlp_conv.base_kernel": [2, 2, H],
+        "mlp_conv.kernel_projection.weight": [1664, H],
+        "input_layernorm.weight": [H],
+        "post_attention_layernorm.weight": [H],
+        "mlp.down_proj.weight": [H, I],
+        "mlp.gate_proj.weight": [I, H],
+        "mlp.up_proj.weight": [I, H],
+        "self_attn.k_norm.weight": [128],
+        "self_attn.q_norm.weight": [128],
+        "self_attn.k_proj.weight": [1024, H],
+        "self_attn.v_proj.weight": [1024, H],
+        "self_attn.q_proj.weight": [4096, H],
+        "self_attn.o_proj.weight": [H, 4096],
+    }
     header.update({f"layers.{i}.{name}": shape for i in range(layers) for name, shape in per_layer.items()})
     cfg = DrafterConfig.from_dict(config)
     assert cfg.dflash2.output_multiplier == pytest.approx(0.19611613513818404)

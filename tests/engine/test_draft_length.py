@@ -6,8 +6,6 @@ import pytest
 
 from dflash_chat.engine.draft_length import (
     PRIOR,
-    PROBE_FIRST,
-    PROBE_MAX,
     Acceptance,
     AutoDraft,
     Costs,

@@ -18,17 +18,22 @@ def test_both_config_schemas_read_the_same(tiny_dirs):
     new = DrafterConfig.from_dict(drafter_config(target_cfg, schema="new"))
     old = DrafterConfig.from_dict(drafter_config(target_cfg, schema="old"))
     assert new == old
-    assert new.block_size == 16 and new.mask_token_id == 5 and new.layer_types == ["sliding_attention", "full_attention"]
+    assert (
+        new.block_size == 16 and new.mask_token_id == 5 and new.layer_types == ["sliding_attention", "full_attention"]
+    )
 
 
-@pytest.mark.parametrize("declared, causal, window", [
-    ({}, [True, False], 8),  # undeclared: the sliding layer causal, the full one bidirectional
-    ({"is_causal": True}, [True, True], 8),
-    ({"is_causal": False}, [False, False], 8),
-    ({"dflash_config": {"causal": True}}, [True, True], 8),
-    ({"causal": False}, [False, False], 8),
-    ({"use_sliding_window": False}, [True, False], None),  # a sliding layer without its window stays causal
-])
+@pytest.mark.parametrize(
+    "declared, causal, window",
+    [
+        ({}, [True, False], 8),  # undeclared: the sliding layer causal, the full one bidirectional
+        ({"is_causal": True}, [True, True], 8),
+        ({"is_causal": False}, [False, False], 8),
+        ({"dflash_config": {"causal": True}}, [True, True], 8),
+        ({"causal": False}, [False, False], 8),
+        ({"use_sliding_window": False}, [True, False], None),  # a sliding layer without its window stays causal
+    ],
+)
 def test_layer_causality_as_the_checkpoint_states_it(tiny_dirs, declared, causal, window):
     cfg = drafter_config(json.loads((tiny_dirs["qwen3_5"][0] / "config.json").read_text()))
     cfg.update({k: v for k, v in declared.items() if k != "dflash_config"})
@@ -82,13 +87,23 @@ def test_multimodal_checkpoint_names_load(tiny_dirs, tmp_path):
     dst = tmp_path / "mm"
     shutil.copytree(src, dst)
     tensors = load_file(str(dst / "model.safetensors"))
-    renamed = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in tensors.items()}
+    renamed = {
+        ("model.language_model." + k[len("model.") :] if k.startswith("model.") else k): v for k, v in tensors.items()
+    }
     renamed["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 4)
     renamed["mtp.fc.weight"] = torch.zeros(4, 4)
     save_file(renamed, str(dst / "model.safetensors"))
     cfg = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                                                  "text_config": cfg, "vision_config": {}}))
+    (dst / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5",
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "text_config": cfg,
+                "vision_config": {},
+            }
+        )
+    )
     ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
     a = load_target(src, "cpu", torch.float32)
     b = load_target(dst, "cpu", torch.float32)

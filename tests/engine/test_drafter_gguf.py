@@ -56,7 +56,8 @@ def _trace(demo, drafter) -> list[tuple[tuple[int, ...], int, int]]:
 def _fields(path) -> dict:
     reader = gguf.GGUFReader(path)
     return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.t")} | {
-        "tensors": {t.name for t in reader.tensors}}
+        "tensors": {t.name for t in reader.tensors}
+    }
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +66,37 @@ def reference(demo):
 
 
 def test_the_fork_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp_path):
-    path = write_drafter_gguf(tmp_path / "fork.gguf", demo["state"], demo["config"], "BF16",
-                              schema="dflash-draft", tokenizer=demo["tokenizer"])
+    path = write_drafter_gguf(
+        tmp_path / "fork.gguf",
+        demo["state"],
+        demo["config"],
+        "BF16",
+        schema="dflash-draft",
+        tokenizer=demo["tokenizer"],
+    )
     kv = _fields(path)
     assert kv["general.architecture"] == "dflash-draft"
     assert kv["dflash-draft.dflash.target_layer_ids"] == [1, 3, 5]  # HF's ids as they are
     assert kv["dflash-draft.dflash.mask_token_id"] == 3 and kv["dflash-draft.attention.causal"] is False
-    assert {"dflash_fc.weight", "dflash_hidden_norm.weight", "output_norm.weight",
-            "blk.0.post_attention_norm.weight"} <= kv["tensors"]
+    assert {
+        "dflash_fc.weight",
+        "dflash_hidden_norm.weight",
+        "output_norm.weight",
+        "blk.0.post_attention_norm.weight",
+    } <= kv["tensors"]
     assert not {"token_embd.weight", "output.weight"} & kv["tensors"]
 
 
 def test_the_mainline_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp_path):
-    path = write_drafter_gguf(tmp_path / "mainline.gguf", demo["state"], demo["config"], "BF16",
-                              schema="dflash", tokenizer=demo["tokenizer"], mrope_target=True)
+    path = write_drafter_gguf(
+        tmp_path / "mainline.gguf",
+        demo["state"],
+        demo["config"],
+        "BF16",
+        schema="dflash",
+        tokenizer=demo["tokenizer"],
+        mrope_target=True,
+    )
     kv = _fields(path)
     assert kv["general.architecture"] == "dflash"
     assert kv["dflash.target_layers"] == [2, 4, 6]  # HF's [1, 3, 5] plus one
@@ -90,8 +108,15 @@ def test_the_mainline_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp
 
 @pytest.mark.parametrize("schema", ["dflash-draft", "dflash"])
 def test_gguf_drafter_drafts_exactly_like_its_safetensors(demo, reference, schema, tmp_path):
-    path = write_drafter_gguf(tmp_path / f"{schema}.gguf", demo["state"], demo["config"], "BF16", schema=schema,
-                              tokenizer=demo["tokenizer"], mrope_target=schema == "dflash")
+    path = write_drafter_gguf(
+        tmp_path / f"{schema}.gguf",
+        demo["state"],
+        demo["config"],
+        "BF16",
+        schema=schema,
+        tokenizer=demo["tokenizer"],
+        mrope_target=schema == "dflash",
+    )
     drafter = load_drafter(path, demo["target"])
     assert drafter.target_layer_ids == [1, 3, 5] and drafter.mask_token_id == 3
     assert [layer.self_attn.causal for layer in drafter.layers] == [False]  # one full layer
@@ -115,8 +140,9 @@ def test_a_wrong_tap_shows_in_acceptance(demo, reference, tmp_path):
 def test_a_drafter_through_llama_quantize_drafts_like_the_converter_output(demo, tmp_path):
     from dflash_chat.engine.weights.gguf_write import quantize_like_llama
 
-    bf16 = write_drafter_gguf(tmp_path / "bf16.gguf", demo["state"], demo["config"], "BF16", schema="dflash",
-                              tokenizer=demo["tokenizer"])
+    bf16 = write_drafter_gguf(
+        tmp_path / "bf16.gguf", demo["state"], demo["config"], "BF16", schema="dflash", tokenizer=demo["tokenizer"]
+    )
     quantized = quantize_like_llama(bf16, tmp_path / "q8.gguf", "Q8_0")
     direct = write_drafter_gguf(tmp_path / "direct.gguf", demo["state"], demo["config"], "Q8_0", schema="dflash")
     assert _trace(demo, load_drafter(quantized, demo["target"])) == _trace(demo, load_drafter(direct, demo["target"]))
@@ -134,13 +160,16 @@ def _drafts(drafter, target) -> torch.Tensor:
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("schema, is_causal, key, causal", [
-    ("dflash", None, None, [True, False]),  # mainline says nothing: each layer its own default
-    ("dflash", False, False, [False, False]),  # ... but writes a config's is_causal: false
-    ("dflash", True, None, [True, False]),  # ... and never true
-    ("dflash-draft", None, False, [False, False]),  # the fork writes false whatever the config says
-    ("dflash-draft", True, False, [False, False]),
-])
+@pytest.mark.parametrize(
+    "schema, is_causal, key, causal",
+    [
+        ("dflash", None, None, [True, False]),  # mainline says nothing: each layer its own default
+        ("dflash", False, False, [False, False]),  # ... but writes a config's is_causal: false
+        ("dflash", True, None, [True, False]),  # ... and never true
+        ("dflash-draft", None, False, [False, False]),  # the fork writes false whatever the config says
+        ("dflash-draft", True, False, [False, False]),
+    ],
+)
 @torch.no_grad()
 def test_gguf_drafter_causality_is_what_its_converter_writes(tiny_dirs, tmp_path, schema, is_causal, key, causal):
     """A drafter with a sliding layer (window 8 < block 16) and a full one, through either converter: the
@@ -151,8 +180,9 @@ def test_gguf_drafter_causality_is_what_its_converter_writes(tiny_dirs, tmp_path
     config = json.loads((drafter_dir / "config.json").read_text())
     if is_causal is not None:
         config["is_causal"] = is_causal
-    path = write_drafter_gguf(tmp_path / "d.gguf", load_file(str(drafter_dir / "model.safetensors")), config, "F32",
-                              schema=schema)
+    path = write_drafter_gguf(
+        tmp_path / "d.gguf", load_file(str(drafter_dir / "model.safetensors")), config, "F32", schema=schema
+    )
     assert _fields(path).get(f"{schema}.attention.causal") is key
     from_gguf = load_drafter(path, target)
     assert [layer.self_attn.causal for layer in from_gguf.layers] == causal
@@ -168,7 +198,8 @@ def test_a_causal_key_that_says_true_makes_every_layer_causal(tiny_dirs, tmp_pat
 
     _, drafter_dir, _ = tiny_dirs["qwen3"]
     config = json.loads((drafter_dir / "config.json").read_text())
-    path = write_drafter_gguf(tmp_path / "d.gguf", load_file(str(drafter_dir / "model.safetensors")), config, "F32",
-                              schema="dflash")
+    path = write_drafter_gguf(
+        tmp_path / "d.gguf", load_file(str(drafter_dir / "model.safetensors")), config, "F32", schema="dflash"
+    )
     kv = gguf_weights._fields(read_header(path)) | {"dflash.attention.causal": True}
     assert DrafterConfig.from_dict(gguf_weights._drafter_config(kv, "dflash", path)).layer_causal == [True, True]

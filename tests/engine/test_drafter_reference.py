@@ -28,8 +28,9 @@ LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
 
 
-def _zlab_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
-                    **kwargs):
+def _zlab_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, **kwargs
+):
     """z-lab 07ebd93's masked attention for [b, h, q, d] queries over [b, kv_h, k, d] keys and values."""
     q_pos = key.shape[2] - query.shape[2] + torch.arange(query.shape[2])[:, None]
     k_pos = torch.arange(key.shape[2])[None, :]
@@ -72,8 +73,16 @@ def target(tmp_path_factory):
 def _pair(root, target, name: str, dflash_config: dict | None = None, **config_changes):
     """Our drafter and z-lab's, from one z-lab style folder (config.json + safetensors)."""
     folder = root / name
-    cfg = write_drafter(folder, root / "target", seed=42, layers=3, block_size=BLOCK, sliding_window=WINDOW,
-                        schema="old", layer_types=LAYER_TYPES)
+    cfg = write_drafter(
+        folder,
+        root / "target",
+        seed=42,
+        layers=3,
+        block_size=BLOCK,
+        sliding_window=WINDOW,
+        schema="old",
+        layer_types=LAYER_TYPES,
+    )
     cfg.update(config_changes)
     cfg["dflash_config"].update(dflash_config or {})
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -96,9 +105,14 @@ def _reference_hidden(ref, target, features, tokens, steps):
         block = torch.full((1, BLOCK), ref.mask_token_id)
         block[0, 0] = tokens[end]
         positions = torch.arange(cache.get_seq_length(), end + BLOCK)[None]
-        hidden = ref(target_hidden=features[None, start:end], noise_embedding=target.model.embed_tokens(block),
-                     position_ids=positions, past_key_values=cache, use_cache=True)
-        out.append(hidden[0, 1 - BLOCK:])
+        hidden = ref(
+            target_hidden=features[None, start:end],
+            noise_embedding=target.model.embed_tokens(block),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        out.append(hidden[0, 1 - BLOCK :])
         cache.crop(end - cache.get_seq_length())  # z-lab's crop(start); transformers 5 takes it as a negative count
     return out
 
@@ -118,21 +132,26 @@ def _our_logits(ours, features, tokens, steps):
 
 def _inputs(model, n: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, 2 * model.cfg.hidden_size, generator=gen),
-            torch.randint(0, model.cfg.vocab_size, (n,), generator=gen))
+    return (
+        torch.randn(n, 2 * model.cfg.hidden_size, generator=gen),
+        torch.randint(0, model.cfg.vocab_size, (n,), generator=gen),
+    )
 
 
 STEPS = [(0, 13), (13, 14), (14, 21)]  # a prompt, one accepted token, several: contexts past the window
 
 
-@pytest.mark.parametrize("case, changes", [
-    ("undeclared", {}),  # sliding layers causal, the full layer bidirectional
-    ("is-causal", {"is_causal": True}),
-    ("not-causal", {"is_causal": False}),
-    ("dflash-config-causal", {"dflash_config": {"causal": True}}),
-    ("dflash-config-not-causal", {"dflash_config": {"causal": False}}),
-    ("yarn", {"rope_scaling": YARN, "max_position_embeddings": 256}),
-])
+@pytest.mark.parametrize(
+    "case, changes",
+    [
+        ("undeclared", {}),  # sliding layers causal, the full layer bidirectional
+        ("is-causal", {"is_causal": True}),
+        ("not-causal", {"is_causal": False}),
+        ("dflash-config-causal", {"dflash_config": {"causal": True}}),
+        ("dflash-config-not-causal", {"dflash_config": {"causal": False}}),
+        ("yarn", {"rope_scaling": YARN, "max_position_embeddings": 256}),
+    ],
+)
 @torch.no_grad()
 def test_drafts_match_zlab_reference(target, case, changes):
     root, model = target
@@ -153,8 +172,10 @@ def test_each_causality_drafts_differently(target):
     ours, _, _ = _pair(root, model, "settings")
     assert [layer.self_attn.causal for layer in ours.layers] == [True, False, True]
     features, tokens = _inputs(model, 40, seed=3)
-    drafts = [torch.cat(_our_hidden(load_drafter(root / "settings", model, causal=causal), features, tokens, STEPS))
-              for causal in (None, True, False)]
+    drafts = [
+        torch.cat(_our_hidden(load_drafter(root / "settings", model, causal=causal), features, tokens, STEPS))
+        for causal in (None, True, False)
+    ]
     for i in range(3):
         for j in range(i):
             assert (drafts[i] - drafts[j]).abs().max() > 1e-2
@@ -186,8 +207,9 @@ def test_yarn_drafter_gguf_drafts_like_its_folder(target, tmp_path):
     ours, _, _ = _pair(root, model, "yarn-gguf", rope_scaling=YARN, max_position_embeddings=256)
     folder = root / "yarn-gguf"
     cfg = json.loads((folder / "config.json").read_text())
-    path = write_drafter_gguf(tmp_path / "yarn.gguf", load_file(str(folder / "model.safetensors")), cfg, "F32",
-                              schema="dflash")  # mainline's converter keeps an undeclared causality undeclared
+    path = write_drafter_gguf(
+        tmp_path / "yarn.gguf", load_file(str(folder / "model.safetensors")), cfg, "F32", schema="dflash"
+    )  # mainline's converter keeps an undeclared causality undeclared
     from_gguf = load_drafter(path, model)
     assert from_gguf.cfg.rope_scaling == ours.cfg.rope_scaling
     gen = torch.Generator().manual_seed(4)

@@ -26,7 +26,9 @@ def test_event_order_and_statistics_add_up(tiny_dirs):
     assert s.steps == len(steps) == sum(s.draft_histogram)
     assert sum(s.acceptance_histogram) == s.steps - s.draft_histogram[0]  # steps that verified drafts
     assert s.draft == "15" and s.draft_histogram[0] == 1  # only the last step, with one token left, drafts nothing
-    assert all(e.drafted == min(15, 50 - sum(len(x.token_ids) for x in events[1:i]) - 1) for i, e in enumerate(steps, 2))
+    assert all(
+        e.drafted == min(15, 50 - sum(len(x.token_ids) for x in events[1:i]) - 1) for i, e in enumerate(steps, 2)
+    )
     assert s.mean_draft_length == s.drafted / s.steps
     assert s.drafted == sum(e.drafted for e in steps) and s.accepted == sum(e.accepted for e in steps)
     assert s.acceptance_rate == s.accepted / s.drafted
@@ -66,7 +68,9 @@ def test_speculative_steps_never_exceed_max_new_tokens(tiny_dirs):
     ar = Engine(target, None, max_context=256)
     reference, _, _ = run(ar, [8, 9], SamplingParams(max_new_tokens=40))
     for limit in (1, 2, 7, 16, 17, 33):
-        spec = Engine(target, OracleDrafter([8, 9] + reference, target.cfg.vocab_size, accept_prob=1.0), max_context=256)
+        spec = Engine(
+            target, OracleDrafter([8, 9] + reference, target.cfg.vocab_size, accept_prob=1.0), max_context=256
+        )
         got, finished, _ = run(spec, [8, 9], SamplingParams(max_new_tokens=limit))
         assert got == reference[:limit] and finished.reason == "length"
 

@@ -15,7 +15,12 @@ def _quant(n, k, fmt, seed):
 
 
 def test_one_matmul_per_format_and_the_parts_become_views():
-    parts = [_quant(64, 256, "Q4_K", 0), _quant(32, 256, "Q4_K", 1), _quant(48, 256, "Q6_K", 2), _quant(16, 256, "Q4_K", 3)]
+    parts = [
+        _quant(64, 256, "Q4_K", 0),
+        _quant(32, 256, "Q4_K", 1),
+        _quant(48, 256, "Q6_K", 2),
+        _quant(16, 256, "Q4_K", 3),
+    ]
     x = torch.randn(3, 256)
     want = [p(x) for p in parts]
     before = sum(p.packed.untyped_storage().nbytes() for p in parts)

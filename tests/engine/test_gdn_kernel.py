@@ -11,6 +11,7 @@ from dflash_chat.engine.kernels import gdn
 from tests.engine._gdn_check import HEADS, close, expected, inputs
 from tests.engine.helpers import run_in_interpreter
 
+
 @pytest.mark.slow(seconds=10)
 def test_kernel_equals_the_reference_in_the_interpreter():
     assert "gdn kernel checks passed" in run_in_interpreter("_gdn_check.py", "GDN")

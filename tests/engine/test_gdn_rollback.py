@@ -12,6 +12,7 @@ from dflash_chat.engine.models.gdn import GatedDeltaNet
 def recurrence(q, k, v, g, beta, state):
     return reference(q, k, v, g, beta, state, update=True)
 
+
 H, K, V = 3, 8, 6
 
 

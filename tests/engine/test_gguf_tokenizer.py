@@ -33,8 +33,14 @@ def padded(tmp_path_factory):
     assert write_tokenizer(root) == 384
     official = load_tokenizer(root)
     model = Qwen3ForCausalLM(Qwen3Config(**target_config("qwen3", PADDED))).eval()
-    path = write_target_gguf(root / "padded.gguf", model.state_dict(), model.config.to_dict(), "F32",
-                             tokenizer=official, chat_template=CHAT_TEMPLATE)
+    path = write_target_gguf(
+        root / "padded.gguf",
+        model.state_dict(),
+        model.config.to_dict(),
+        "F32",
+        tokenizer=official,
+        chat_template=CHAT_TEMPLATE,
+    )
     return path, official
 
 
@@ -67,8 +73,11 @@ def test_a_stream_with_padding_tokens_shows_only_the_text(padded):
 
 def test_the_gguf_tokenizer_needs_no_transformers_internals(padded, monkeypatch):
     """transformers 5.17 has no integrations.gguf.gguf_tokenizer_mapping: the import fails there."""
-    for name in ("transformers.integrations.gguf.gguf_tokenizer_mapping", "transformers.integrations.gguf",
-                 "transformers.integrations.ggml"):
+    for name in (
+        "transformers.integrations.gguf.gguf_tokenizer_mapping",
+        "transformers.integrations.gguf",
+        "transformers.integrations.ggml",
+    ):
         monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
     path, official = padded
     pair = load_pair(path, None, device="cpu", dtype=torch.float32)
@@ -89,7 +98,10 @@ def test_a_tokenizer_the_builder_does_not_know_is_one_line(padded, tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelFormatError, match=r"spm\.gguf: cannot build a tokenizer from the GGUF metadata "
-                                               r"\(tokenizer model 'llama': only byte-level BPE") as exc:
+    with pytest.raises(
+        ModelFormatError,
+        match=r"spm\.gguf: cannot build a tokenizer from the GGUF metadata "
+        r"\(tokenizer model 'llama': only byte-level BPE",
+    ) as exc:
         tokenizer_from_gguf(tmp_path / "spm.gguf")
     assert "\n" not in str(exc.value)

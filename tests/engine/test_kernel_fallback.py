@@ -59,8 +59,12 @@ def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
     r = kernels.Routes(*reference.route(torch.tensor([[1, 0], [0, 1], [1, 0]]), 2))
     with pytest.warns(UserWarning, match="Triton experts Q8_0 kernel disabled"):
         y = kernels.moe_matmul(x, experts, fmt, 64, r.token_of, r.order, r.offsets)
-    want = torch.stack([x[t] @ reference.dequantize_rows(experts[e], fmt, torch.float32).T
-                        for t, e in [(0, 1), (0, 0), (1, 0), (1, 1), (2, 1), (2, 0)]])
+    want = torch.stack(
+        [
+            x[t] @ reference.dequantize_rows(experts[e], fmt, torch.float32).T
+            for t, e in [(0, 1), (0, 0), (1, 0), (1, 1), (2, 1), (2, 0)]
+        ]
+    )
     torch.testing.assert_close(y, want)
 
 

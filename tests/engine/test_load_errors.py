@@ -45,11 +45,14 @@ def _one_line(exc_info) -> str:
     return text
 
 
-@pytest.mark.parametrize("name, data, hint", [
-    ("pytorch_model.bin", b"PK\x03\x04" + bytes(64), "PyTorch .bin checkpoints are not supported"),
-    ("model.safetensors", b"\x10" + bytes(64), "pass the folder that holds it"),
-    ("notes.txt", b"hello", "pass a llama.cpp .gguf file or a Hugging Face model folder"),
-])
+@pytest.mark.parametrize(
+    "name, data, hint",
+    [
+        ("pytorch_model.bin", b"PK\x03\x04" + bytes(64), "PyTorch .bin checkpoints are not supported"),
+        ("model.safetensors", b"\x10" + bytes(64), "pass the folder that holds it"),
+        ("notes.txt", b"hello", "pass a llama.cpp .gguf file or a Hugging Face model folder"),
+    ],
+)
 def test_a_file_that_is_neither_gguf_nor_a_folder(tmp_path, target, name, data, hint):
     path = tmp_path / name
     path.write_bytes(data)
@@ -68,7 +71,9 @@ def test_missing_paths(tmp_path, target):
 
 
 def test_drafter_gguf_passed_as_the_target(files):
-    with pytest.raises(ModelFormatError, match=r"drafter\.gguf is a DFlash drafter GGUF \(dflash-draft\), not a target"):
+    with pytest.raises(
+        ModelFormatError, match=r"drafter\.gguf is a DFlash drafter GGUF \(dflash-draft\), not a target"
+    ):
         load_target(files["drafter_gguf"], "cpu")
 
 
@@ -80,7 +85,9 @@ def test_target_gguf_passed_as_the_drafter(files, target):
 def test_gguf_drafter_tapping_layers_the_target_lacks(files, target, tmp_path):
     cfg = dict(files["drafter_cfg"], dflash_config={"block_size": 16, "mask_token_id": 5, "target_layer_ids": [1, 9]})
     path = write_drafter_gguf(tmp_path / "other.gguf", files["drafter_state"], cfg, "Q8_0", schema="dflash")
-    with pytest.raises(ModelFormatError, match=rf"{path}: drafter taps target layers \[9\], but the target has 4 layers") as exc:
+    with pytest.raises(
+        ModelFormatError, match=rf"{path}: drafter taps target layers \[9\], but the target has 4 layers"
+    ) as exc:
         load_drafter(path, target)
     _one_line(exc)
 
@@ -90,10 +97,13 @@ def test_gguf_drafter_for_a_wider_target(files, target, tmp_path):
     wide = write_target(tmp_path / "wide", "qwen3", seed=5, hidden=128)
     write_drafter(tmp_path / "wide-drafter", tmp_path / "wide", seed=6)
     cfg = json.loads((tmp_path / "wide-drafter" / "config.json").read_text())
-    path = write_drafter_gguf(tmp_path / "wide.gguf", load_file(str(tmp_path / "wide-drafter" / "model.safetensors")),
-                              cfg, "Q8_0")
+    path = write_drafter_gguf(
+        tmp_path / "wide.gguf", load_file(str(tmp_path / "wide-drafter" / "model.safetensors")), cfg, "Q8_0"
+    )
     assert wide.config.hidden_size == 128
-    with pytest.raises(ModelFormatError, match=rf"{path}: drafter expects 128-wide target features, the target's hidden size is 64"):
+    with pytest.raises(
+        ModelFormatError, match=rf"{path}: drafter expects 128-wide target features, the target's hidden size is 64"
+    ):
         load_drafter(path, target)
 
 
@@ -107,7 +117,9 @@ def test_gguf_drafter_whose_sliding_pattern_is_shorter_than_its_layers(files, ta
 
 
 def test_drafter_with_a_mask_token_outside_the_vocabulary(files, target, tmp_path):
-    cfg = dict(files["drafter_cfg"], dflash_config={"block_size": 16, "mask_token_id": 248070, "target_layer_ids": [1, 2]})
+    cfg = dict(
+        files["drafter_cfg"], dflash_config={"block_size": 16, "mask_token_id": 248070, "target_layer_ids": [1, 2]}
+    )
     path = write_drafter_gguf(tmp_path / "mask.gguf", files["drafter_state"], cfg, "F32")
     with pytest.raises(ModelFormatError, match=r"mask token id 248070 is outside the target's 384-token vocabulary"):
         load_drafter(path, target)
@@ -121,7 +133,9 @@ def test_folder_drafter_with_unknown_quantization(files, target):
 def test_folder_holding_several_ggufs(files, tmp_path):
     for name in ("a-Q4_K_M.gguf", "a-Q8_0.gguf"):
         (tmp_path / name).write_bytes(files["target_gguf"].read_bytes())
-    with pytest.raises(ModelFormatError, match=r"holds several GGUF files \(a-Q4_K_M.gguf, a-Q8_0.gguf\): pass the one to load"):
+    with pytest.raises(
+        ModelFormatError, match=r"holds several GGUF files \(a-Q4_K_M.gguf, a-Q8_0.gguf\): pass the one to load"
+    ):
         load_target(tmp_path, "cpu")
 
 
@@ -151,12 +165,13 @@ def test_gguf_without_tokenizer_metadata_and_no_tokenizer_folder(files, tmp_path
         load_pair(path, None, device="cpu")
 
 
-
 def test_split_gguf_given_by_a_later_part_or_missing_one(files, tmp_path):
     hf = files["hf"]
     first = write_target_gguf(tmp_path / "m.gguf", hf.state_dict(), hf.config.to_dict(), "F32", split_max_tensors=20)
     second = first.with_name("m-00002-of-00003.gguf")
-    first_part = r"m-00002-of-00003\.gguf is part of a 3-part split GGUF: pass its first part \(m-00001-of-00003\.gguf\)"
+    first_part = (
+        r"m-00002-of-00003\.gguf is part of a 3-part split GGUF: pass its first part \(m-00001-of-00003\.gguf\)"
+    )
     with pytest.raises(ModelFormatError, match=first_part):
         load_target(second, "cpu")
     first.with_name("m-00003-of-00003.gguf").unlink()
@@ -173,29 +188,35 @@ def _patch_tensor_record(src, dst, name: str, *, dims=None, offset=None):
     at = t.field.offset + 8 + len(name.encode()) + 4  # past the name and the dim count
     data = bytearray(src.read_bytes())
     if dims is not None:
-        data[at:at + 8 * len(dims)] = np.array(dims, dtype=np.uint64).tobytes()
+        data[at : at + 8 * len(dims)] = np.array(dims, dtype=np.uint64).tobytes()
     if offset is not None:
         at += 8 * len(t.shape) + 4  # past the dims and the type
-        data[at:at + 8] = np.array([offset], dtype=np.uint64).tobytes()
+        data[at : at + 8] = np.array([offset], dtype=np.uint64).tobytes()
     dst.write_bytes(bytes(data))
     return dst
 
 
-@pytest.mark.parametrize("change, problem", [
-    ({"dims": [64, 0]}, r"has a zero dimension \(ne \[64, 0\]\)"),
-    ({"dims": [2**64 - 64, 64]}, r"has a negative dimension \(ne \[-64, 64\]\)"),
-    ({"dims": [48, 64]}, r"has rows of 48 values, not whole Q8_0 blocks of 32"),
-    ({"dims": [64, 2**40]}, r"ends past the end of the file"),
-    ({"offset": 10**9}, r"ends past the end of the file"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"dims": [64, 0]}, r"has a zero dimension \(ne \[64, 0\]\)"),
+        ({"dims": [2**64 - 64, 64]}, r"has a negative dimension \(ne \[-64, 64\]\)"),
+        ({"dims": [48, 64]}, r"has rows of 48 values, not whole Q8_0 blocks of 32"),
+        ({"dims": [64, 2**40]}, r"ends past the end of the file"),
+        ({"offset": 10**9}, r"ends past the end of the file"),
+    ],
+)
 def test_inconsistent_tensor_metadata_is_a_one_line_corrupt_file_error(files, tmp_path, change, problem):
     path = _patch_tensor_record(files["target_gguf"], tmp_path / "bad.gguf", "blk.0.attn_q.weight", **change)
-    with pytest.raises(ModelFormatError, match=rf"bad\.gguf: corrupt GGUF: tensor blk\.0\.attn_q\.weight {problem}") as exc:
+    with pytest.raises(
+        ModelFormatError, match=rf"bad\.gguf: corrupt GGUF: tensor blk\.0\.attn_q\.weight {problem}"
+    ) as exc:
         load_target(path, "cpu")
     _one_line(exc)
 
 
 # --- sizes in the metadata: checked against the weights (and bounded) before anything is built ---------------
+
 
 def _copy_folder(src, dst, **config_changes):
     import shutil
@@ -224,7 +245,9 @@ def test_a_config_claiming_a_million_layers_is_refused_at_once(files, tmp_path, 
 
 def test_a_config_whose_layer_count_the_weights_do_not_hold(files, tmp_path):
     folder = _copy_folder(files["target"], tmp_path / "more", num_hidden_layers=7)
-    with pytest.raises(ModelFormatError, match=r"target config says 7 layers, its weights hold 4 \(layers 0-3\)") as exc:
+    with pytest.raises(
+        ModelFormatError, match=r"target config says 7 layers, its weights hold 4 \(layers 0-3\)"
+    ) as exc:
         load_target(folder, "cpu")
     _one_line(exc)
     drafter = _copy_folder(files["drafter"], tmp_path / "drafter-more", num_hidden_layers=5)
@@ -232,9 +255,17 @@ def test_a_config_whose_layer_count_the_weights_do_not_hold(files, tmp_path):
         load_drafter(drafter, load_target(files["target"], "cpu", torch.float32))
 
 
-@pytest.mark.parametrize("field, value", [("hidden_size", "256"), ("num_attention_heads", 0), ("vocab_size", -3),
-                                          ("intermediate_size", 2.5), ("max_position_embeddings", 10**12),
-                                          ("num_key_value_heads", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("hidden_size", "256"),
+        ("num_attention_heads", 0),
+        ("vocab_size", -3),
+        ("intermediate_size", 2.5),
+        ("max_position_embeddings", 10**12),
+        ("num_key_value_heads", True),
+    ],
+)
 def test_a_size_that_is_not_a_sane_whole_number(files, tmp_path, field, value):
     folder = _copy_folder(files["target"], tmp_path / "bad", **{field: value})
     with pytest.raises(ModelFormatError, match=f"{field} = {value!r}, expected a whole number") as exc:
@@ -252,8 +283,9 @@ def test_a_gguf_claiming_a_million_blocks_is_refused(files, tmp_path):
     for key, field in src.fields.items():
         if key.startswith("GGUF.") or key in ("general.architecture", f"{arch}.block_count"):
             continue
-        writer.add_key_value(key, field.contents(), field.types[0],
-                             sub_type=field.types[-1] if len(field.types) > 1 else None)
+        writer.add_key_value(
+            key, field.contents(), field.types[0], sub_type=field.types[-1] if len(field.types) > 1 else None
+        )
     writer.add_block_count(1_000_000)
     for t in src.tensors:
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)

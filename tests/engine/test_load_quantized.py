@@ -45,9 +45,14 @@ class Tiny:
     def target_gguf(self, mix: str):
         if mix not in self._files:
             tok = load_tokenizer(self.target_dir)
-            self._files[mix] = write_target_gguf(self.root / f"target-{mix}.gguf", self.hf.state_dict(),
-                                                 self.hf.config.to_dict(), mix, tokenizer=tok,
-                                                 chat_template=CHAT_TEMPLATE)
+            self._files[mix] = write_target_gguf(
+                self.root / f"target-{mix}.gguf",
+                self.hf.state_dict(),
+                self.hf.config.to_dict(),
+                mix,
+                tokenizer=tok,
+                chat_template=CHAT_TEMPLATE,
+            )
         return self._files[mix]
 
     def drafter_gguf(self, mix: str, schema: str):
@@ -56,8 +61,9 @@ class Tiny:
             from safetensors.torch import load_file
 
             state = load_file(str(self.drafter_dir / "model.safetensors"))
-            self._files[key] = write_drafter_gguf(self.root / f"drafter-{mix}-{schema}.gguf", state,
-                                                  self.drafter_cfg, mix, schema=schema)
+            self._files[key] = write_drafter_gguf(
+                self.root / f"drafter-{mix}-{schema}.gguf", state, self.drafter_cfg, mix, schema=schema
+            )
         return self._files[key]
 
 
@@ -156,8 +162,11 @@ def test_q4_k_m_gguf_target_stays_packed_and_computes_the_decoded_model(tiny, ar
     model = load_target(path, "cpu", torch.float32)
     stored = read_gguf(path)
     # never expanded: every matrix the file stores packed is a Quant* module holding the packed bytes
-    packed = {k: v for k, v in stored.tensors.items()
-              if isinstance(v, QuantTensor) or (isinstance(v, tuple) and any(isinstance(p, QuantTensor) for p in v))}
+    packed = {
+        k: v
+        for k, v in stored.tensors.items()
+        if isinstance(v, QuantTensor) or (isinstance(v, tuple) and any(isinstance(p, QuantTensor) for p in v))
+    }
     assert isinstance(model.model.embed_tokens, QuantEmbedding) and isinstance(model.lm_head, QuantLinear)
     for name, module in model.named_modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -181,8 +190,10 @@ def test_q4_k_m_gguf_target_stays_packed_and_computes_the_decoded_model(tiny, ar
     # ~140% of its RMS, 20x more, and fails this by far.
     with torch.no_grad():
         want = t.hf(IDS[None]).logits[0]
-        fmts = {k: {p.fmt for p in (v if isinstance(v, tuple) else (v,)) if isinstance(p, QuantTensor)}
-                for k, v in packed.items()}
+        fmts = {
+            k: {p.fmt for p in (v if isinstance(v, tuple) else (v,)) if isinstance(p, QuantTensor)}
+            for k, v in packed.items()
+        }
         baseline = _noise_baseline(t, fmts)
     assert _rel(got, want) <= 2 * baseline, (_rel(got, want), baseline)
 
@@ -211,9 +222,12 @@ def _prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
 # Each architecture meets a GGUF drafter (both schemas, both quant mixes between them) and a BF16
 # safetensors drafter quantized as it loads.
 LOSSLESS = [
-    ("qwen3_5", "gguf", "Q4_K_M", "dflash-draft"), ("qwen3_5", "safetensors", "Q4_K", None),
-    ("qwen3_5_moe", "gguf", "Q8_0", "dflash"), ("qwen3_5_moe", "safetensors", "Q8_0", None),
-    ("qwen3", "gguf", "Q4_K_M", "dflash"), ("qwen3", "safetensors", "Q4_K", None),
+    ("qwen3_5", "gguf", "Q4_K_M", "dflash-draft"),
+    ("qwen3_5", "safetensors", "Q4_K", None),
+    ("qwen3_5_moe", "gguf", "Q8_0", "dflash"),
+    ("qwen3_5_moe", "safetensors", "Q8_0", None),
+    ("qwen3", "gguf", "Q4_K_M", "dflash"),
+    ("qwen3", "safetensors", "Q4_K", None),
 ]
 
 
@@ -269,14 +283,20 @@ def test_quantized_drafter_matches_its_decoded_float_twin(tiny):
     draft = packed.logits(packed.draft_hidden(11, 6)).argmax(-1)
     assert torch.equal(draft, twin.logits(twin.draft_hidden(11, 6)).argmax(-1))
     h = torch.randn(4, 256, generator=torch.Generator().manual_seed(4))
-    torch.testing.assert_close(packed.project_context(torch.cat([h, h], -1)), twin.project_context(torch.cat([h, h], -1)),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        packed.project_context(torch.cat([h, h], -1)), twin.project_context(torch.cat([h, h], -1)), rtol=0, atol=1e-5
+    )
 
 
 def test_bfloat16_quantized_pair_runs_in_the_model_dtype(tiny):
     t = tiny("qwen3_5")
-    pair = load_pair(t.target_gguf("Q4_K_M"), t.drafter_gguf("Q4_K_M", "dflash-draft"), device="cpu",
-                     dtype=torch.bfloat16, max_context=128)
+    pair = load_pair(
+        t.target_gguf("Q4_K_M"),
+        t.drafter_gguf("Q4_K_M", "dflash-draft"),
+        device="cpu",
+        dtype=torch.bfloat16,
+        max_context=128,
+    )
     target = pair.engine.target
     assert pair.dtype == torch.bfloat16
     assert target.model.embed_tokens(torch.tensor([3, 4])).dtype == torch.bfloat16
@@ -299,8 +319,9 @@ def test_gguf_target_without_tokenizer_folder_uses_the_gguf_metadata(tiny):
         assert pair.tokenizer.encode(text) == official.encode(text)
     code = "def main():\n    print('hello world')\n"
     assert pair.tokenizer.decode(pair.tokenizer.encode(code)) == code
-    assert "<think>\n\n</think>" in pair.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                                       add_generation_prompt=True, enable_thinking=False)
+    assert "<think>\n\n</think>" in pair.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
     assert pair.tokenizer.eos_token_id == official.eos_token_id
     assert pair.target_name == "target-Q4_K_M" and pair.drafter_name is None
 
@@ -322,14 +343,19 @@ def test_a_folder_holding_one_gguf_loads_that_file(tiny, tmp_path):
     folder = tmp_path / "download"
     folder.mkdir()
     (folder / "model.gguf").write_bytes(t.target_gguf("F32").read_bytes())
-    torch.testing.assert_close(_logits(load_target(folder, "cpu", torch.float32)),
-                               _logits(load_target(t.target_gguf("F32"), "cpu", torch.float32)), rtol=0, atol=0)
+    torch.testing.assert_close(
+        _logits(load_target(folder, "cpu", torch.float32)),
+        _logits(load_target(t.target_gguf("F32"), "cpu", torch.float32)),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_split_gguf_loads_from_its_first_part_or_its_folder(tiny, tmp_path):
     t = tiny("qwen3_5")
-    first = write_target_gguf(tmp_path / "model.gguf", t.hf.state_dict(), t.hf.config.to_dict(), "Q4_K_M",
-                              split_max_tensors=20)
+    first = write_target_gguf(
+        tmp_path / "model.gguf", t.hf.state_dict(), t.hf.config.to_dict(), "Q4_K_M", split_max_tensors=20
+    )
     assert first.name == "model-00001-of-00003.gguf"
     whole = load_target(t.target_gguf("Q4_K_M"), "cpu", torch.float32)
     want = _logits(whole)
@@ -346,8 +372,10 @@ def test_display_names():
 
     cache = Path("/hub/models--z-lab--Qwen3.6-27B-DFlash/snapshots/0123abcd")
     assert display_name(cache) == "z-lab/Qwen3.6-27B-DFlash"
-    assert display_name(Path("/hub/models--u--Q-GGUF/snapshots/89ef/Q8_0/Qwen3.6-27B-Q8_0-00001-of-00002.gguf")) \
+    assert (
+        display_name(Path("/hub/models--u--Q-GGUF/snapshots/89ef/Q8_0/Qwen3.6-27B-Q8_0-00001-of-00002.gguf"))
         == "Qwen3.6-27B-Q8_0"
+    )
     assert display_name("/models/my-drafter") == "my-drafter"
 
 
@@ -382,7 +410,13 @@ def test_loading_reports_progress_up_to_the_files_bytes(tiny):
     t = tiny("qwen3_5")
     target_path, drafter_path = t.target_gguf("Q4_K_M"), t.drafter_gguf("Q8_0", "dflash-draft")
     calls = []
-    load_pair(target_path, drafter_path, device="cpu", max_context=64, progress=lambda done, total: calls.append((done, total)))
+    load_pair(
+        target_path,
+        drafter_path,
+        device="cpu",
+        max_context=64,
+        progress=lambda done, total: calls.append((done, total)),
+    )
     total = model_bytes(target_path) + model_bytes(drafter_path)
     assert len(calls) > 10 and calls[-1] == (total, total)
     assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:])) and all(c[1] == total for c in calls)

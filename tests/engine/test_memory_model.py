@@ -48,7 +48,9 @@ def held_bytes(root) -> int:
             stack.extend(obj.values())
         elif isinstance(obj, (list, tuple, set, frozenset)):
             stack.extend(obj)
-        elif not isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)) and hasattr(obj, "__dict__"):
+        elif not isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)) and hasattr(
+            obj, "__dict__"
+        ):
             stack.extend(vars(obj).values())
     return sum(storages.values())
 

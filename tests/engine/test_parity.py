@@ -61,4 +61,6 @@ def test_precomputed_rotary_tables_equal_the_formula():
         want = rotary.cos_sin(positions, torch.bfloat16)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     # in another dtype it computes them
-    assert torch.equal(rotary.at(torch.arange(9, 20), torch.float32)[1], rotary.cos_sin(torch.arange(9, 20), torch.float32)[1])
+    assert torch.equal(
+        rotary.at(torch.arange(9, 20), torch.float32)[1], rotary.cos_sin(torch.arange(9, 20), torch.float32)[1]
+    )

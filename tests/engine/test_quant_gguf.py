@@ -15,10 +15,23 @@ from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
 from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
 from tests.engine.quant_helpers import one_thread
 
-LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=64,
-              linear_conv_kernel_dim=4)
-COMMON = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-              vocab_size=300, max_position_embeddings=512, rms_norm_eps=1e-6)
+LINEAR = dict(
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+)
+COMMON = dict(
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    vocab_size=300,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+)
 _single_thread = pytest.fixture(autouse=True)(one_thread)
 
 
@@ -37,8 +50,14 @@ def _qwen35(moe=False):
         from transformers import Qwen3_5MoeForCausalLM
         from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 
-        cfg = Qwen3_5MoeTextConfig(**COMMON, **LINEAR, num_experts=4, num_experts_per_tok=2,
-                                   moe_intermediate_size=256, shared_expert_intermediate_size=256)
+        cfg = Qwen3_5MoeTextConfig(
+            **COMMON,
+            **LINEAR,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=256,
+            shared_expert_intermediate_size=256,
+        )
         return _randomize(Qwen3_5MoeForCausalLM(cfg).eval())
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
@@ -82,8 +101,17 @@ def test_f32_round_trip_tensors_config_and_logits(tmp_path, arch):
         else:
             assert torch.equal(got, want), name
     cfg = m.hf_config
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                "vocab_size", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps"):
+    for key in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "rms_norm_eps",
+    ):
         assert cfg[key] == getattr(model.config, key), key
     if arch != "qwen3":
         for key in ("layer_types", *LINEAR):
@@ -116,8 +144,13 @@ def test_q4_k_m_mix_round_trip(tmp_path, arch):
             err = (got.dequantize() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()
             assert err < {"Q4_K": 0.12, "Q6_K": 0.03, "Q5_0": 0.06, "Q8_0": 0.01}[got.fmt.name], (name, err)
         else:
-            assert got.dtype == torch.float32 and want.ndim == 1 or "conv1d" in name or "mlp.gate." in name \
-                or "shared_expert_gate" in name, name
+            assert (
+                got.dtype == torch.float32
+                and want.ndim == 1
+                or "conv1d" in name
+                or "mlp.gate." in name
+                or "shared_expert_gate" in name
+            ), name
     assert {"Q4_K", "Q6_K"} <= fmts
 
 
@@ -162,8 +195,9 @@ def test_split_expert_formats_stay_a_pair(tmp_path):
     m = read_gguf(_write(tmp_path, model, "Q8_0"))
     gate_up = m.tensors["model.layers.0.mlp.experts.gate_up_proj"]
     assert isinstance(gate_up, QuantTensor) and gate_up.shape == (4, 512, 256)
-    torch.testing.assert_close(gate_up.dequantize(), model.state_dict()["model.layers.0.mlp.experts.gate_up_proj"],
-                               rtol=0, atol=0.01)
+    torch.testing.assert_close(
+        gate_up.dequantize(), model.state_dict()["model.layers.0.mlp.experts.gate_up_proj"], rtol=0, atol=0.01
+    )
 
 
 def test_extra_mtp_layers_are_ignored(tmp_path):
@@ -176,23 +210,46 @@ def test_extra_mtp_layers_are_ignored(tmp_path):
 
 def _drafter_state(hidden=256, layers=2, taps=(1, 3), inter=512, heads=2, kv=1, hd=64):
     g = torch.Generator().manual_seed(1)
-    sd = {"fc.weight": torch.randn(hidden, hidden * len(taps), generator=g),
-          "hidden_norm.weight": torch.randn(hidden, generator=g), "norm.weight": torch.randn(hidden, generator=g)}
-    shapes = {"input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,),
-              "self_attn.q_proj.weight": (heads * hd, hidden), "self_attn.k_proj.weight": (kv * hd, hidden),
-              "self_attn.v_proj.weight": (kv * hd, hidden), "self_attn.o_proj.weight": (hidden, heads * hd),
-              "self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,),
-              "mlp.gate_proj.weight": (inter, hidden), "mlp.up_proj.weight": (inter, hidden),
-              "mlp.down_proj.weight": (hidden, inter)}
+    sd = {
+        "fc.weight": torch.randn(hidden, hidden * len(taps), generator=g),
+        "hidden_norm.weight": torch.randn(hidden, generator=g),
+        "norm.weight": torch.randn(hidden, generator=g),
+    }
+    shapes = {
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (heads * hd, hidden),
+        "self_attn.k_proj.weight": (kv * hd, hidden),
+        "self_attn.v_proj.weight": (kv * hd, hidden),
+        "self_attn.o_proj.weight": (hidden, heads * hd),
+        "self_attn.q_norm.weight": (hd,),
+        "self_attn.k_norm.weight": (hd,),
+        "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter),
+    }
     for i in range(layers):
         for k, s in shapes.items():
             sd[f"layers.{i}.{k}"] = torch.randn(s, generator=g)
-    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
-           "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
-           "num_key_value_heads": kv, "head_dim": hd, "rms_norm_eps": 1e-6, "rope_theta": 1e7,
-           "max_position_embeddings": 4096, "block_size": 16, "num_target_layers": 4,
-           "dflash_config": {"mask_token_id": 299, "target_layer_ids": list(taps)},
-           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 2048, "use_sliding_window": True}
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1e7,
+        "max_position_embeddings": 4096,
+        "block_size": 16,
+        "num_target_layers": 4,
+        "dflash_config": {"mask_token_id": 299, "target_layer_ids": list(taps)},
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 2048,
+        "use_sliding_window": True,
+    }
     return sd, cfg
 
 
@@ -209,8 +266,17 @@ def test_drafter_round_trip(tmp_path, schema, mix):
         else:
             assert got.fmt.name == "Q8_0"
             torch.testing.assert_close(got.dequantize(), want, rtol=0, atol=float(want.abs().max()) / 127)
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "head_dim", "block_size", "layer_types", "sliding_window"):
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "block_size",
+        "layer_types",
+        "sliding_window",
+    ):
         assert m.hf_config[key] == cfg[key], key
     # llama.cpp hands a last-layer tap over un-normed; the fork's converter writes every drafter non-causal,
     # mainline's says nothing for a config that says nothing
@@ -229,12 +295,18 @@ def _tiny_tokenizer():
     from tokenizers import Regex
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog 12345"] * 20, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
@@ -257,6 +329,7 @@ def test_tokenizer_and_chat_template_from_gguf(tmp_path):
 
 
 # --- bad input -----------------------------------------------------------------------------
+
 
 def test_wrong_magic(tmp_path):
     p = tmp_path / "x.gguf"

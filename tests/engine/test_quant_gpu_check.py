@@ -33,8 +33,14 @@ def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("DFLASH_CHAT_NO_TRITON", None)
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--json", str(out)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--json", str(out)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     gpu_check = _load_script()
@@ -50,8 +56,12 @@ def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
     assert [row["name"] for row in layers] == [s[0] for s in gpu_check.SHAPES_27B]
     assert all(row["GBps_M1"] > 0 and row["M16_over_M1"] > 0 for row in layers)
     experts = report["experts"]["rows"]
-    assert [(row["formats"], row["M"]) for row in experts] == [("Q4_K+Q6_K", 1), ("Q4_K+Q6_K", 16),
-                                                               ("Q8_0+Q8_0", 1), ("Q8_0+Q8_0", 16)]
+    assert [(row["formats"], row["M"]) for row in experts] == [
+        ("Q4_K+Q6_K", 1),
+        ("Q4_K+Q6_K", 16),
+        ("Q8_0+Q8_0", 1),
+        ("Q8_0+Q8_0", 16),
+    ]
     assert experts[0]["active_experts"] == report["experts"]["top_k"]
     # the loaded modules hold the file's tensor bytes: within 5% of the file (header and padding aside)
     assert abs(report["resident"]["resident_over_file"] - 1) < 0.05
@@ -82,8 +92,11 @@ def test_compile_only_builds_without_a_gpu_with_no_spills_and_wide_loads():
     from dflash_chat.engine.kernels import compile_check
 
     gpu_check = _load_script()
-    cases = [c for c in gpu_check.catalog_cases() if c[0].startswith("qwen3.6-27b gate/up")
-             or c[0] == "qwen3.6-35b-a3b experts 1024x2048 Q4_K tokens=1"]
+    cases = [
+        c
+        for c in gpu_check.catalog_cases()
+        if c[0].startswith("qwen3.6-27b gate/up") or c[0] == "qwen3.6-35b-a3b experts 1024x2048 Q4_K tokens=1"
+    ]
     assert len(cases) == 5  # Q4_K and Q8_0 at M = 1 and 16, and the experts' FMA kernel
     reports = compile_check.compile_all(cases, ["sm_90"]) + compile_check.compile_all(cases[:1], ["sm_86"])
     assert {r.kernel for r in reports} == {"_gemv_kernel", "_gemm_kernel", "_experts_gemv_kernel"}
@@ -102,7 +115,9 @@ def test_the_routed_layers_glue_compiles_without_spills():
     pytest.importorskip("triton")
     from dflash_chat.engine.kernels import compile_check
 
-    cases = [c for c in _load_script().catalog_cases() if "router" in c[0] or " route " in c[0] or "sum + shared" in c[0]]
+    cases = [
+        c for c in _load_script().catalog_cases() if "router" in c[0] or " route " in c[0] or "sum + shared" in c[0]
+    ]
     reports = compile_check.compile_all(cases, ["sm_90"])
     assert {r.kernel for r in reports} == {"_top_k_softmax_kernel", "_route_kernel", "_moe_combine_kernel"}
     assert all(r.spill_bytes == 0 for r in reports), [compile_check.format_report(r) for r in reports]

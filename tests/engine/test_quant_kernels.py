@@ -18,12 +18,24 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("group", [pytest.param("matmul", marks=pytest.mark.slow(seconds=55)),
-                                   pytest.param("experts", marks=pytest.mark.slow(seconds=50)), "glue"])
+@pytest.mark.parametrize(
+    "group",
+    [
+        pytest.param("matmul", marks=pytest.mark.slow(seconds=55)),
+        pytest.param("experts", marks=pytest.mark.slow(seconds=50)),
+        "glue",
+    ],
+)
 def test_triton_kernels_match_torch_path_in_interpreter(group):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("DFLASH_CHAT_NO_TRITON", None)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_kernel_check.py")), group],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("_kernel_check.py")), group],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all kernel checks passed" in proc.stdout

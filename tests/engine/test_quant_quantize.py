@@ -44,7 +44,7 @@ def test_k_quant_round_trip(name, rel_rmse):
     np.testing.assert_array_equal(ours, _gguf_deq(packed, fmt))  # our layout is gguf's layout
     assert np.all(ours[2, :256] == 0)
     for row, orig in zip(ours, x.numpy()):
-        err = np.sqrt(np.mean((row - orig) ** 2)) / np.sqrt(np.mean(orig ** 2))
+        err = np.sqrt(np.mean((row - orig) ** 2)) / np.sqrt(np.mean(orig**2))
         assert err < rel_rmse, (name, err)
 
 
@@ -61,6 +61,7 @@ def test_q4_k_error_is_bounded_by_half_a_step_per_group():
     inside = (x >= low) & (x <= low + 15 * step)
     assert inside.float().mean() > 0.95
     assert torch.all((y - x).abs()[inside] <= step[inside] / 2 + 1e-5)
+
 
 def test_q6_k_error_is_bounded_by_half_a_step():
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(4))
@@ -97,7 +98,7 @@ def test_other_formats_round_trip(name):
     x = _data(4, 64)
     y = formats.dequantize(quantize(x, name), name)
     tol = {"Q4_0": 0.2, "Q5_0": 0.1, "Q5_1": 0.1, "F16": 1e-3, "BF16": 1e-2}[name]
-    assert torch.sqrt(((y - x) ** 2).mean()) / torch.sqrt((x ** 2).mean()) < tol
+    assert torch.sqrt(((y - x) ** 2).mean()) / torch.sqrt((x**2).mean()) < tol
 
 
 def test_unsupported_quantizer():

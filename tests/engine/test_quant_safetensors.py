@@ -18,9 +18,11 @@ _single_thread = pytest.fixture(autouse=True)(one_thread)
 
 def _state():
     g = torch.Generator().manual_seed(0)
-    return {"fc.weight": torch.randn(256, 512, generator=g).to(torch.bfloat16),
-            "layers.0.mlp.down_proj.weight": torch.randn(256, 96, generator=g).to(torch.bfloat16),
-            "norm.weight": torch.randn(256, generator=g).to(torch.bfloat16)}
+    return {
+        "fc.weight": torch.randn(256, 512, generator=g).to(torch.bfloat16),
+        "layers.0.mlp.down_proj.weight": torch.randn(256, 96, generator=g).to(torch.bfloat16),
+        "norm.weight": torch.randn(256, generator=g).to(torch.bfloat16),
+    }
 
 
 def test_single_file_reads_every_tensor_exactly(tmp_path):
@@ -38,8 +40,10 @@ def test_sharded_with_index(tmp_path):
     names = sorted(sd)
     save_file({names[0]: sd[names[0]]}, tmp_path / "model-00001-of-00002.safetensors")
     save_file({n: sd[n] for n in names[1:]}, tmp_path / "model-00002-of-00002.safetensors")
-    weight_map = {names[0]: "model-00001-of-00002.safetensors",
-                  **{n: "model-00002-of-00002.safetensors" for n in names[1:]}}
+    weight_map = {
+        names[0]: "model-00001-of-00002.safetensors",
+        **{n: "model-00002-of-00002.safetensors" for n in names[1:]},
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     m = read_safetensors(tmp_path)
     assert len(m.files) == 2

@@ -41,8 +41,12 @@ def test_top_k_and_top_p_keep_what_their_definitions_say():
     """Against the definitions spelled out over the whole vocabulary: keep the k best, then the smallest
     prefix reaching top_p, softmax at the temperature, renormalise."""
     logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2)) * 3
-    for params in (SamplingParams(temperature=0.7, top_k=20, top_p=0.8), SamplingParams(temperature=1.3, top_k=5),
-                   SamplingParams(temperature=0.5, top_p=0.6), SamplingParams(temperature=1.0)):
+    for params in (
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
+        SamplingParams(temperature=1.3, top_k=5),
+        SamplingParams(temperature=0.5, top_p=0.6),
+        SamplingParams(temperature=1.0),
+    ):
         got = probabilities(logits, params)
         for row, probs in zip(logits, got):
             order = torch.argsort(row, descending=True)
@@ -150,8 +154,9 @@ def small_pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_pair_marginals(small_pair):
     """The exact marginals of tokens 1-3 after [1, 4, 7] at T = 0.9, top-k 10 (both tests below ask for them)."""
-    return _exact_marginals(small_pair[0], [1, 4, 7], SamplingParams(temperature=0.9, top_k=10, max_new_tokens=3),
-                            steps=3)
+    return _exact_marginals(
+        small_pair[0], [1, 4, 7], SamplingParams(temperature=0.9, top_k=10, max_new_tokens=3), steps=3
+    )
 
 
 @pytest.mark.slow(seconds=20)

@@ -214,8 +214,14 @@ def test_seeded_sampling_is_reproducible(draft, tiny_dirs):
 
 def test_the_host_read_check_can_fail():
     t = torch.arange(4)
-    for read in (lambda: t.tolist(), lambda: t[1].item(), lambda: int(t[2]), lambda: t.nonzero(),
-                 lambda: t[t > 1], lambda: bool(t.sum() > 0)):
+    for read in (
+        lambda: t.tolist(),
+        lambda: t[1].item(),
+        lambda: int(t[2]),
+        lambda: t.nonzero(),
+        lambda: t[t > 1],
+        lambda: bool(t.sum() > 0),
+    ):
         with pytest.raises(HostRead), NoHostReads():
             read()
     with NoHostReads():
@@ -259,8 +265,10 @@ def test_cuda_graphs_give_the_uncaptured_tokens(arch, dtype, tiny_dirs):
     plain = Engine(target, None, max_context=200, decode="graphs")
     assert plain.decode == "graphs"
     for draft in (15, "auto", 3):
-        engines = {mode: Engine(target, load_drafter(drafter_dir, target), max_context=200, decode=mode, draft=draft)
-                   for mode in ("graphs", "fixed")}
+        engines = {
+            mode: Engine(target, load_drafter(drafter_dir, target), max_context=200, decode=mode, draft=draft)
+            for mode in ("graphs", "fixed")
+        }
         assert engines["graphs"].decode == "graphs", "capture failed (see the warning)"
         for prompt, n in zip(_prompts(target.cfg.vocab_size, 3, seed=5), (37, 16, 50)):
             params = SamplingParams(max_new_tokens=n)

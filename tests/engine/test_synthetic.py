@@ -25,9 +25,12 @@ def test_the_q4_k_m_mix_is_llama_cpps():
     assert fmt("model.layers.10.mlp.gate_proj.weight", (17408, 5120)) is FORMATS["Q4_K"]
     # rows that are not whole 256-value blocks fall back; norms, conv, router and 1-row gates stay float
     assert fmt("model.layers.0.x.weight", (64, 2080)) is FORMATS["Q8_0"]
-    for name, shape in [("model.norm.weight", (5120,)), ("model.layers.0.linear_attn.conv1d.weight", (10240, 1, 4)),
-                        ("model.layers.0.mlp.gate.weight", (256, 2048)),
-                        ("model.layers.0.mlp.shared_expert_gate.weight", (1, 2048))]:
+    for name, shape in [
+        ("model.norm.weight", (5120,)),
+        ("model.layers.0.linear_attn.conv1d.weight", (10240, 1, 4)),
+        ("model.layers.0.mlp.gate.weight", (256, 2048)),
+        ("model.layers.0.mlp.shared_expert_gate.weight", (1, 2048)),
+    ]:
         assert fmt(name, shape) is None
     assert fmt("lm_head.weight", (248320, 5120), "Q8_0") is FORMATS["Q8_0"]
     assert fmt("lm_head.weight", (248320, 5120), "bf16") is None
@@ -53,11 +56,20 @@ def test_cut_models_keep_both_layer_kinds_and_valid_taps():
 
 
 def test_bytes_per_token_counts_the_routed_experts_a_token_picks():
-    synthetic.TARGETS["tiny-moe"] = dict(synthetic.TARGETS["qwen3.6-35b-a3b"], vocab_size=512, hidden_size=256,
-                                         num_experts=16, num_experts_per_tok=2, moe_intermediate_size=256,
-                                         shared_expert_intermediate_size=256, num_attention_heads=2,
-                                         num_key_value_heads=1, head_dim=128, linear_num_key_heads=2,
-                                         linear_num_value_heads=2)
+    synthetic.TARGETS["tiny-moe"] = dict(
+        synthetic.TARGETS["qwen3.6-35b-a3b"],
+        vocab_size=512,
+        hidden_size=256,
+        num_experts=16,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=128,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+    )
     try:
         model = synthetic.build_target("tiny-moe", "Q8_0", layers=2)
     finally:
@@ -73,9 +85,27 @@ def test_bytes_per_token_counts_the_routed_experts_a_token_picks():
 def test_bench_synthetic_runs_on_the_cpu(tmp_path):
     """The issue's smoke run: real 27B layer shapes, two layers, every figure printed and saved."""
     proc = subprocess.run(
-        [sys.executable, "-m", "dflash_chat.cli", "bench", "--synthetic", "qwen3.6-27b", "--layers", "2",
-         "--tokens", "6", "--threads", "1", "--json", "--save", str(tmp_path)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "dflash_chat.cli",
+            "bench",
+            "--synthetic",
+            "qwen3.6-27b",
+            "--layers",
+            "2",
+            "--tokens",
+            "6",
+            "--threads",
+            "1",
+            "--json",
+            "--save",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     assert figures["model"] == "qwen3.6-27b" and figures["layers"] == 2 and figures["device"] == "cpu"

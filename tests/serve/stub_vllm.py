@@ -23,11 +23,21 @@ COMPLETION_TOKENS = 73
 PROMPT_TOKENS = 19
 # what one answer adds to vLLM's counters: 10 verify steps, 150 drafted, 62 accepted
 PER_POSITION = [9, 8, 8, 7, 6, 6, 5, 4, 3, 2, 2, 1, 1, 0, 0]
-GROWTH = {"vllm:spec_decode_num_drafts_total": 10, "vllm:spec_decode_num_draft_tokens_total": 150,
-          "vllm:spec_decode_num_accepted_tokens_total": sum(PER_POSITION)}
-TIMINGS = {"prompt_n": PROMPT_TOKENS, "prompt_ms": 12.5, "predicted_n": COMPLETION_TOKENS, "predicted_ms": 400.0,
-           "predicted_per_second": 180.0, "draft_n": 96, "draft_n_accepted": 60}
-SAMPLE = re.compile(r'^(vllm:spec_decode_num_\w+_total)\{([^}]*)\} (\S+)$', re.MULTILINE)
+GROWTH = {
+    "vllm:spec_decode_num_drafts_total": 10,
+    "vllm:spec_decode_num_draft_tokens_total": 150,
+    "vllm:spec_decode_num_accepted_tokens_total": sum(PER_POSITION),
+}
+TIMINGS = {
+    "prompt_n": PROMPT_TOKENS,
+    "prompt_ms": 12.5,
+    "predicted_n": COMPLETION_TOKENS,
+    "predicted_ms": 400.0,
+    "predicted_per_second": 180.0,
+    "draft_n": 96,
+    "draft_n_accepted": 60,
+}
+SAMPLE = re.compile(r"^(vllm:spec_decode_num_\w+_total)\{([^}]*)\} (\S+)$", re.MULTILINE)
 
 
 class StubServer:
@@ -43,8 +53,13 @@ class StubServer:
 
             def do_GET(self) -> None:
                 if self.path == "/v1/models":
-                    self.reply(200, {"object": "list", "data": [
-                        {"id": MODEL, "object": "model", "owned_by": "vllm", "max_model_len": 32768}]})
+                    self.reply(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": MODEL, "object": "model", "owned_by": "vllm", "max_model_len": 32768}],
+                        },
+                    )
                 elif self.path == "/metrics" and stub.mode == "counters":
                     self.reply(200, stub.metrics(), "text/plain; version=0.0.4")
                 else:
@@ -98,14 +113,25 @@ class StubServer:
                 yield delta(reasoning_content=piece)
         for piece in ANSWER:
             yield delta(content=piece)
-        last = {**head, "choices": [{"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "stop",
-                                     "stop_reason": None}]}
+        last = {
+            **head,
+            "choices": [
+                {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "stop", "stop_reason": None}
+            ],
+        }
         if self.mode == "timings":
             last["timings"] = TIMINGS
         yield last
         if (body.get("stream_options") or {}).get("include_usage"):
-            yield {**head, "choices": [], "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
-                                                  "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS}}
+            yield {
+                **head,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": PROMPT_TOKENS,
+                    "completion_tokens": COMPLETION_TOKENS,
+                    "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+                },
+            }
 
     def __enter__(self) -> StubServer:
         self.thread.start()

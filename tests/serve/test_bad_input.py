@@ -22,8 +22,9 @@ def server(demo_pair):
 def post(url: str, payload=None, *, content: bytes | None = None, headers=AUTH, path="/v1/chat/completions"):
     httpx = httpx_module()
     if content is not None:
-        return httpx.post(url + path, content=content, headers={**headers, "Content-Type": "application/json"},
-                          timeout=60)
+        return httpx.post(
+            url + path, content=content, headers={**headers, "Content-Type": "application/json"}, timeout=60
+        )
     return httpx.post(url + path, json=payload, headers=headers, timeout=60)
 
 
@@ -37,37 +38,43 @@ def openai_error(response, status: int) -> dict:
     return error
 
 
-@pytest.mark.parametrize("content, words", [
-    (b'{"model": "dflash-chat-demo", "messages": [', "not valid JSON"),
-    (b"[1, 2, 3]", "must be a JSON object"),
-    (b"\xff\xfe not text", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b'{"model": "dflash-chat-demo", "messages": [', "not valid JSON"),
+        (b"[1, 2, 3]", "must be a JSON object"),
+        (b"\xff\xfe not text", "not valid JSON"),
+    ],
+)
 def test_malformed_json_is_400(server, content, words):
     _, url = server
     error = openai_error(post(url, content=content), 400)
     assert words in error["message"] and error["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("change, param", [
-    ({"messages": "hi"}, "messages"),
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
-    ({"temperature": "hot"}, "temperature"),
-    ({"temperature": 5}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_k": 1.5}, "top_k"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_completion_tokens": "many"}, "max_completion_tokens"),
-    ({"stream": "yes"}, "stream"),
-    ({"stop": [1, 2]}, "stop"),
-    ({"seed": -1}, "seed"),
-    ({"n": 2}, "n"),
-    ({"model": 7}, "model"),
-    ({"chat_template_kwargs": {"enable_thinking": "sure"}}, "chat_template_kwargs.enable_thinking"),
-    ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
-])
+@pytest.mark.parametrize(
+    "change, param",
+    [
+        ({"messages": "hi"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": 5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": 1.5}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": "many"}, "max_completion_tokens"),
+        ({"stream": "yes"}, "stream"),
+        ({"stop": [1, 2]}, "stop"),
+        ({"seed": -1}, "seed"),
+        ({"n": 2}, "n"),
+        ({"model": 7}, "model"),
+        ({"chat_template_kwargs": {"enable_thinking": "sure"}}, "chat_template_kwargs.enable_thinking"),
+        ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ],
+)
 def test_wrong_types_and_ranges_are_400_naming_the_field(server, change, param):
     _, url = server
     error = openai_error(post(url, {**GOOD, **change}), 400)
@@ -112,8 +119,12 @@ def test_a_huge_body_is_413_without_being_read(server):
     error = openai_error(post(url, huge), 413)
     assert error["code"] == "request_too_large"
     # sent in chunks, with no Content-Length to refuse it by: cut off as it passes the limit
-    chunked = httpx_module().post(f"{url}/v1/chat/completions", content=(b"x" * 8192 for _ in range(100)),
-                                  headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
+    chunked = httpx_module().post(
+        f"{url}/v1/chat/completions",
+        content=(b"x" * 8192 for _ in range(100)),
+        headers={**AUTH, "Content-Type": "application/json"},
+        timeout=60,
+    )
     assert openai_error(chunked, 413)["code"] == "request_too_large"
 
 
@@ -142,19 +153,23 @@ def test_while_the_model_loads_requests_are_503():
 
 # shapes no field check foresaw: each a 400 in OpenAI's shape, one log line, never a traceback
 
-@pytest.mark.parametrize("content, param, words", [
-    (b'{"messages": [{"role": ["user"], "content": "hi"}]}', "messages[0].role", "got list"),
-    (b'{"messages": [{"role": {"user": 1}, "content": "hi"}]}', "messages[0].role", "got dict"),
-    (b'{"messages": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", None, "nests deeper than 64 levels"),
-    (b'{"x": ' + b'{"a": ' * 200 + b"1" + b"}" * 200 + b', "messages": []}', None, "nests deeper"),
-    (b'{"messages": [{"role": "user", "content": "\\ud800 lone"}]}', None, "lone surrogate \\ud800"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', None, "not finite"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": ' + b"9" * 5000 + b"}", None, "digits"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "top_k": 1e400}', "top_k", "whole number"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "top_k": 99999999999999999999}', "top_k", "whole number"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": [1]}', "temperature", "got list"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["' + b"s" * 2000 + b'"]}', "stop", "1000"),
-])
+
+@pytest.mark.parametrize(
+    "content, param, words",
+    [
+        (b'{"messages": [{"role": ["user"], "content": "hi"}]}', "messages[0].role", "got list"),
+        (b'{"messages": [{"role": {"user": 1}, "content": "hi"}]}', "messages[0].role", "got dict"),
+        (b'{"messages": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", None, "nests deeper than 64 levels"),
+        (b'{"x": ' + b'{"a": ' * 200 + b"1" + b"}" * 200 + b', "messages": []}', None, "nests deeper"),
+        (b'{"messages": [{"role": "user", "content": "\\ud800 lone"}]}', None, "lone surrogate \\ud800"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', None, "not finite"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "seed": ' + b"9" * 5000 + b"}", None, "digits"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "top_k": 1e400}', "top_k", "whole number"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "top_k": 99999999999999999999}', "top_k", "whole number"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": [1]}', "temperature", "got list"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["' + b"s" * 2000 + b'"]}', "stop", "1000"),
+    ],
+)
 def test_odd_bodies_are_400_with_no_python_text(server, caplog, content, param, words):
     _, url = server
     with caplog.at_level("WARNING", logger="dflash_chat.serve"):
@@ -203,8 +218,9 @@ def test_an_engine_failure_mid_answer_sends_no_exception_text(server, demo_pair,
     monkeypatch.setattr(demo_pair.engine, "generate", generate)
     error = openai_error(post(url, GOOD), 500)
     assert "CUDA" not in error["message"] and "deadbeef" not in error["message"]
-    with httpx_module().stream("POST", f"{url}/v1/chat/completions", json={**GOOD, "stream": True},
-                               headers=AUTH, timeout=30) as response:
+    with httpx_module().stream(
+        "POST", f"{url}/v1/chat/completions", json={**GOOD, "stream": True}, headers=AUTH, timeout=30
+    ) as response:
         events = [line for line in response.iter_lines() if line.startswith("data:")]
     assert events[-1] == "data: [DONE]" and '"error"' in events[-2] and "CUDA" not in events[-2]
 

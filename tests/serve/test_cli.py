@@ -24,7 +24,12 @@ def home(tmp_path, monkeypatch):
 
 
 def test_named_endpoints_are_saved_listed_and_used(home, capsys):
-    assert cli.main(["--set", "endpoints.big-box=http://10.0.0.5:8000/v1", "--set", "endpoints.laptop=http://127.0.0.1:8000"]) == 0
+    assert (
+        cli.main(
+            ["--set", "endpoints.big-box=http://10.0.0.5:8000/v1", "--set", "endpoints.laptop=http://127.0.0.1:8000"]
+        )
+        == 0
+    )
     saved = tomlkit.parse(paths.config_file().read_text())
     assert dict(saved["endpoints"]) == {"big-box": "http://10.0.0.5:8000/v1", "laptop": "http://127.0.0.1:8000"}
     assert cli.main(["--set", "endpoints.laptop="]) == 0  # an empty value removes one
@@ -49,7 +54,9 @@ def test_named_endpoints_are_saved_listed_and_used(home, capsys):
 
 
 def test_each_named_endpoint_reads_its_own_key_variable(home, monkeypatch, capsys):
-    assert cli.main(["--set", "endpoints.big-box=http://10.0.0.5:8000/v1", "--set", "endpoints.lab=http://lab:8000"]) == 0
+    assert (
+        cli.main(["--set", "endpoints.big-box=http://10.0.0.5:8000/v1", "--set", "endpoints.lab=http://lab:8000"]) == 0
+    )
     monkeypatch.setenv("DFLASH_CHAT_API_KEY_BIG_BOX", "big-key")
     monkeypatch.setenv("DFLASH_CHAT_API_KEY", "general-key")
     current = settings_module.load()
@@ -78,13 +85,16 @@ def test_models_says_how_to_name_an_endpoint_when_none_is(home, capsys):
     assert "Endpoints: none saved (dflash-chat --set endpoints.NAME=URL" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--endpoint", "ftp://box"], "is not an http(s) URL"),
-    (["--endpoint", "nowhere"], "is not an http(s) URL"),
-    (["--endpoint", "http://box:8000", "--demo"], "leave out --demo"),
-    (["--endpoint", "http://box:8000", "--model", "qwen3.6-27b"], "leave out --model"),
-    (["--api-key", "k"], "--api-key goes with --endpoint"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--endpoint", "ftp://box"], "is not an http(s) URL"),
+        (["--endpoint", "nowhere"], "is not an http(s) URL"),
+        (["--endpoint", "http://box:8000", "--demo"], "leave out --demo"),
+        (["--endpoint", "http://box:8000", "--model", "qwen3.6-27b"], "leave out --model"),
+        (["--api-key", "k"], "--api-key goes with --endpoint"),
+    ],
+)
 def test_endpoint_flags_that_do_not_go_together_are_one_line(home, argv, words):
     with pytest.raises(UserError, match=words.replace("(", r"\(").replace(")", r"\)")):
         build_app(cli.build_parser().parse_args(argv), Settings())

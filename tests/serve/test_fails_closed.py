@@ -52,11 +52,19 @@ def _whole(reply: bytes) -> bool:
     return False
 
 
-def request(path: str = "/v1/chat/completions", *, host: str = "127.0.0.1", kind: str = "application/json",
-            body: bytes = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}',
-            length: int | None = None, extra: str = "") -> bytes:
-    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {kind}\r\n"
-            f"Content-Length: {len(body) if length is None else length}\r\n{extra}\r\n")
+def request(
+    path: str = "/v1/chat/completions",
+    *,
+    host: str = "127.0.0.1",
+    kind: str = "application/json",
+    body: bytes = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}',
+    length: int | None = None,
+    extra: str = "",
+) -> bytes:
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {kind}\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\n{extra}\r\n"
+    )
     return head.encode() + body
 
 
@@ -99,9 +107,14 @@ def test_a_cross_origin_page_is_refused_and_an_allowed_one_gets_cors(server):
     refused = httpx.post(f"{url}/v1/chat/completions", json=GOOD, headers={"Origin": "https://evil.example"})
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "origin_not_allowed"
     assert httpx.get(f"{url}/v1/models", headers={"Origin": "null"}).status_code == 403
-    preflight = httpx.options(f"{url}/v1/chat/completions", headers={
-        "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "content-type, authorization"})
+    preflight = httpx.options(
+        f"{url}/v1/chat/completions",
+        headers={
+            "Origin": "http://localhost:3000",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, authorization",
+        },
+    )
     assert preflight.status_code == 204
     assert preflight.headers["access-control-allow-origin"] == "http://localhost:3000"
     assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
@@ -151,8 +164,9 @@ def test_stopping_ends_open_streams_with_an_error_and_done_at_once(demo_pair, mo
     running = Running(served).start()
     lines: list[str] = []
     with httpx.Client(timeout=30) as client:
-        with client.stream("POST", f"{running.url}/v1/chat/completions",
-                           json={**GOOD, "max_tokens": 300, "stream": True}) as response:
+        with client.stream(
+            "POST", f"{running.url}/v1/chat/completions", json={**GOOD, "max_tokens": 300, "stream": True}
+        ) as response:
             lines_iter = response.iter_lines()
             lines.append(next(lines_iter))  # the role chunk
             paced.wait_step()
@@ -173,14 +187,17 @@ def cli_args(*argv: str):
     return cli.build_parser().parse_args(["serve", *argv])
 
 
-@pytest.mark.parametrize("argv, env, words", [
-    (["--api-key", ""], {}, "--api-key is empty"),
-    (["--api-key", "  "], {}, "--api-key is empty"),
-    ([], {"DFLASH_CHAT_API_KEY": ""}, "DFLASH_CHAT_API_KEY is empty"),
-    (["--host", "0.0.0.0"], {}, "--no-auth"),
-    (["--host", "192.168.1.5"], {}, "pass --api-key KEY"),
-    (["--metrics-auth"], {}, "--metrics-auth needs an API key"),
-])
+@pytest.mark.parametrize(
+    "argv, env, words",
+    [
+        (["--api-key", ""], {}, "--api-key is empty"),
+        (["--api-key", "  "], {}, "--api-key is empty"),
+        ([], {"DFLASH_CHAT_API_KEY": ""}, "DFLASH_CHAT_API_KEY is empty"),
+        (["--host", "0.0.0.0"], {}, "--no-auth"),
+        (["--host", "192.168.1.5"], {}, "pass --api-key KEY"),
+        (["--metrics-auth"], {}, "--metrics-auth needs an API key"),
+    ],
+)
 def test_serving_that_would_fail_open_is_refused_in_one_line(argv, env, words):
     from dflash_chat.errors import UserError
 
@@ -189,14 +206,17 @@ def test_serving_that_would_fail_open_is_refused_in_one_line(argv, env, words):
     assert words in str(refused.value) and "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize("argv, env, key", [
-    ([], {}, None),
-    (["--host", "::1"], {}, None),
-    (["--host", "localhost"], {}, None),
-    (["--host", "0.0.0.0", "--no-auth"], {}, None),
-    (["--host", "0.0.0.0"], {"DFLASH_CHAT_API_KEY": "k1"}, "k1"),
-    (["--api-key", "k2", "--metrics-auth"], {}, "k2"),
-])
+@pytest.mark.parametrize(
+    "argv, env, key",
+    [
+        ([], {}, None),
+        (["--host", "::1"], {}, None),
+        (["--host", "localhost"], {}, None),
+        (["--host", "0.0.0.0", "--no-auth"], {}, None),
+        (["--host", "0.0.0.0"], {"DFLASH_CHAT_API_KEY": "k1"}, "k1"),
+        (["--api-key", "k2", "--metrics-auth"], {}, "k2"),
+    ],
+)
 def test_serving_with_a_key_or_on_loopback_or_with_no_auth_goes_on(argv, env, key):
     assert api_key_from(cli_args(*argv), env) == key
 

@@ -28,8 +28,13 @@ TOKENS = 8
 
 
 def body(question: str, stream: bool, tokens: int = TOKENS) -> dict:
-    return {"model": "dflash-chat-demo", "messages": [{"role": "user", "content": question}],
-            "max_tokens": tokens, "temperature": 0, "stream": stream}
+    return {
+        "model": "dflash-chat-demo",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
 
 
 def streamed_text(client, url: str, question: str) -> str:
@@ -46,8 +51,10 @@ def streamed_text(client, url: str, question: str) -> str:
 def test_eight_concurrent_streams_each_get_their_solo_answer(demo_pair):
     httpx = httpx_module()
     with serving(demo_pair, max_waiting=8) as (served, url), httpx.Client(timeout=120) as client:
-        solo = [client.post(f"{url}/v1/chat/completions", json=body(q, False)).json()["choices"][0]["message"]["content"]
-                for q in QUESTIONS]
+        solo = [
+            client.post(f"{url}/v1/chat/completions", json=body(q, False)).json()["choices"][0]["message"]["content"]
+            for q in QUESTIONS
+        ]
         results: dict[int, str] = {}
         errors: list[BaseException] = []
         start = threading.Barrier(len(QUESTIONS))
@@ -120,8 +127,10 @@ def send_raw(url: str, payload: dict) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(payload).encode()
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
     return sock
 
 

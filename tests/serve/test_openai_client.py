@@ -31,14 +31,20 @@ def served_demo(tmp_path_factory):
     """`dflash-chat serve --demo --port 0` in its own process; yields its base URL."""
     home = tmp_path_factory.mktemp("serve-home")
     env = {**os.environ, "DFLASH_CHAT_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "dflash_chat.cli", "serve", "--demo", "--port", "0", *DRAFT],
-                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dflash_chat.cli", "serve", "--demo", "--port", "0", *DRAFT],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
     reader.start()
     try:
-        wait_until(lambda: any("serving" in line for line in lines) or process.poll() is not None, 120,
-                   "the server to listen")
+        wait_until(
+            lambda: any("serving" in line for line in lines) or process.poll() is not None, 120, "the server to listen"
+        )
         said = "".join(lines)
         found = re.search(r"http://localhost:(\d+)/v1", said)
         assert found, said
@@ -71,8 +77,9 @@ def counters(url: str) -> dict[str, float]:
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            key = sample.name + "".join(f"[{sample.labels[k]}]" for k in ("position", "finished_reason")
-                                        if k in sample.labels)
+            key = sample.name + "".join(
+                f"[{sample.labels[k]}]" for k in ("position", "finished_reason") if k in sample.labels
+            )
             found[key] = found.get(key, 0.0) + sample.value
     return found
 
@@ -86,22 +93,31 @@ def test_the_openai_client_gets_runs_answers_and_the_engines_figures(served_demo
     for question in QUESTIONS:
         expected = run_demo(question, capsys)
         messages = [{"role": "user", "content": question}]
-        whole = client.chat.completions.create(model="dflash-chat-demo", messages=messages, max_tokens=TOKENS,
-                                               temperature=0)
+        whole = client.chat.completions.create(
+            model="dflash-chat-demo", messages=messages, max_tokens=TOKENS, temperature=0
+        )
         assert whole.choices[0].message.content == expected["answer"]
         assert whole.choices[0].finish_reason == expected["finish_reason"] == "length"
         spec = whole.model_extra["metrics"]["speculative_decoding"]
         # the engine's own figures, as `run` reports them for the same messages
         assert (spec["num_spec_steps"], spec["num_draft_tokens"], spec["num_accepted_draft_tokens"]) == (
-            expected["steps"], expected["drafted"], expected["accepted"])
+            expected["steps"],
+            expected["drafted"],
+            expected["accepted"],
+        )
         assert spec["acceptance_histogram"] == expected["acceptance_histogram"]
         assert spec["num_accepted_tokens_per_pos"] == accepted_per_position(expected["acceptance_histogram"])
         assert spec["num_spec_tokens"] == 15
         assert spec["draft"] == expected["draft"] == "15"
-        assert spec["mean_draft_length"] == pytest.approx(expected["mean_draft_length"]) and spec["mean_draft_length"] > 1
+        assert (
+            spec["mean_draft_length"] == pytest.approx(expected["mean_draft_length"]) and spec["mean_draft_length"] > 1
+        )
         # vLLM's drafts are the steps that drafted (the last one here has no room left to)
-        assert spec["num_drafts"] == sum(expected["acceptance_histogram"]) == (
-            expected["steps"] - expected["draft_histogram"][0])
+        assert (
+            spec["num_drafts"]
+            == sum(expected["acceptance_histogram"])
+            == (expected["steps"] - expected["draft_histogram"][0])
+        )
         assert spec["draft_acceptance_rate"] == pytest.approx(expected["acceptance_rate"])
         assert whole.usage.completion_tokens == expected["new_tokens"] == TOKENS
         assert whole.usage.prompt_tokens == expected["prompt_tokens"]
@@ -110,8 +126,14 @@ def test_the_openai_client_gets_runs_answers_and_the_engines_figures(served_demo
         usages.append(whole.usage)
         specs.append(spec)
 
-        stream = client.chat.completions.create(model="dflash-chat-demo", messages=messages, max_tokens=TOKENS,
-                                                temperature=0, stream=True, stream_options={"include_usage": True})
+        stream = client.chat.completions.create(
+            model="dflash-chat-demo",
+            messages=messages,
+            max_tokens=TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         text, finish, last = [], None, None
         for chunk in stream:
             if chunk.choices:
@@ -138,7 +160,8 @@ def test_the_openai_client_gets_runs_answers_and_the_engines_figures(served_demo
     assert grew("vllm:spec_decode_num_accepted_tokens_total") == sum(s["num_accepted_tokens"] for s in specs)
     for position in range(15):
         assert grew(f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{position}]") == sum(
-            s["num_accepted_tokens_per_pos"][position] for s in specs)
+            s["num_accepted_tokens_per_pos"][position] for s in specs
+        )
     assert grew("vllm:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
     assert grew("vllm:generation_tokens_total") == sum(u.completion_tokens for u in usages)
     assert grew("vllm:prefix_cache_hits_total") == sum(u.prompt_tokens_details.cached_tokens for u in usages)
@@ -152,18 +175,27 @@ def test_the_openai_client_gets_runs_answers_and_the_engines_figures(served_demo
 def test_completions_thinking_and_prefix_reuse_across_a_conversation(served_demo):
     url, _ = served_demo
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    whole = client.completions.create(model="dflash-chat-demo", prompt="def join(a, *p):", max_tokens=12,
-                                      temperature=0)
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="dflash-chat-demo", prompt="def join(a, *p):", max_tokens=12, temperature=0, stream=True) if c.choices)
+    whole = client.completions.create(model="dflash-chat-demo", prompt="def join(a, *p):", max_tokens=12, temperature=0)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="dflash-chat-demo", prompt="def join(a, *p):", max_tokens=12, temperature=0, stream=True
+        )
+        if c.choices
+    )
     assert whole.choices[0].text and streamed == whole.choices[0].text
     assert whole.usage.completion_tokens == 12
 
     # thinking on: the template opens a think block, and what the model writes there is reasoning_content
     messages = [{"role": "user", "content": "What is a generator expression?"}]
     off = client.chat.completions.create(model="dflash-chat-demo", messages=messages, max_tokens=8, temperature=0)
-    on = client.chat.completions.create(model="dflash-chat-demo", messages=messages, max_tokens=8, temperature=0,
-                                        extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    on = client.chat.completions.create(
+        model="dflash-chat-demo",
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+    )
     assert on.choices[0].message.model_extra["reasoning_content"]
     assert off.choices[0].message.model_extra["reasoning_content"] is None and off.choices[0].message.content
     assert on.usage.prompt_tokens != off.usage.prompt_tokens
@@ -182,15 +214,20 @@ def test_stop_strings_end_the_answer_before_them(served_demo):
     url, _ = served_demo
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "What does the with statement do?"}]
-    full = client.chat.completions.create(model="dflash-chat-demo", messages=messages, max_tokens=TOKENS,
-                                          temperature=0).choices[0].message.content
+    full = (
+        client.chat.completions.create(model="dflash-chat-demo", messages=messages, max_tokens=TOKENS, temperature=0)
+        .choices[0]
+        .message.content
+    )
     word = full.split()[2]  # a word in the middle of the answer
-    cut = client.chat.completions.create(model="dflash-chat-demo", messages=messages, max_tokens=TOKENS,
-                                         temperature=0, stop=[word])
+    cut = client.chat.completions.create(
+        model="dflash-chat-demo", messages=messages, max_tokens=TOKENS, temperature=0, stop=[word]
+    )
     assert cut.choices[0].message.content == full[: full.index(word)]
     assert cut.choices[0].finish_reason == "stop"
-    streamed = client.chat.completions.create(model="dflash-chat-demo", messages=messages, max_tokens=TOKENS,
-                                              temperature=0, stop=word, stream=True)
+    streamed = client.chat.completions.create(
+        model="dflash-chat-demo", messages=messages, max_tokens=TOKENS, temperature=0, stop=word, stream=True
+    )
     chunks = list(streamed)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full[: full.index(word)]
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]

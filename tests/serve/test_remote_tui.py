@@ -109,8 +109,12 @@ def test_escape_stops_a_remote_answer_and_the_server_frees_its_engine(home, demo
                 await wait_for(pilot, lambda: app.chat.backend.model is not None, 30, "the connection")
                 await pilot.press(*"tell me a long story")
                 await pilot.press("enter")
-                await wait_for(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content, 60,
-                               "the first streamed text")
+                await wait_for(
+                    pilot,
+                    lambda: app.chat.turn is not None and app.chat.turn.message.content,
+                    60,
+                    "the first streamed text",
+                )
                 await pilot.press("escape")  # the engine is held mid-answer: only the cut connection can end it
                 await wait_for(pilot, lambda: app.chat.turn is None, 30, "the answer to stop")
                 return app.chat.last_end
@@ -124,14 +128,23 @@ def test_escape_stops_a_remote_answer_and_the_server_frees_its_engine(home, demo
     assert saved.status == CANCELLED and saved.content == end.answer
 
 
-@pytest.mark.parametrize("mode, source, acceptance, per_step, drafts", [
-    ("counters", COUNTERS, sum(stub_vllm.PER_POSITION) / 150, (stub_vllm.COMPLETION_TOKENS - 1) / 10, "15.0"),
-    ("timings", TIMINGS, 60 / 96, (stub_vllm.COMPLETION_TOKENS - 1) / (stub_vllm.COMPLETION_TOKENS - 60 - 1),
-     f"{96 / (stub_vllm.COMPLETION_TOKENS - 60 - 1):.1f}"),
-    ("none", NO_FIGURES, None, None, DASH),
-])
-def test_against_a_vllm_stand_in_the_panel_shows_what_the_server_reports(home, mode, source, acceptance, per_step,
-                                                                         drafts):
+@pytest.mark.parametrize(
+    "mode, source, acceptance, per_step, drafts",
+    [
+        ("counters", COUNTERS, sum(stub_vllm.PER_POSITION) / 150, (stub_vllm.COMPLETION_TOKENS - 1) / 10, "15.0"),
+        (
+            "timings",
+            TIMINGS,
+            60 / 96,
+            (stub_vllm.COMPLETION_TOKENS - 1) / (stub_vllm.COMPLETION_TOKENS - 60 - 1),
+            f"{96 / (stub_vllm.COMPLETION_TOKENS - 60 - 1):.1f}",
+        ),
+        ("none", NO_FIGURES, None, None, DASH),
+    ],
+)
+def test_against_a_vllm_stand_in_the_panel_shows_what_the_server_reports(
+    home, mode, source, acceptance, per_step, drafts
+):
     with StubServer(mode) as stub:
 
         async def main():
@@ -209,7 +222,12 @@ print("torch" in sys.modules, repr(answer))
 
 def test_the_app_on_an_endpoint_never_imports_torch(home, tmp_path):
     with StubServer("counters") as stub:
-        result = subprocess.run([sys.executable, "-c", NO_TORCH, stub.url], capture_output=True, text=True,
-                                timeout=120, env={**os.environ, "DFLASH_CHAT_HOME": str(tmp_path)})
+        result = subprocess.run(
+            [sys.executable, "-c", NO_TORCH, stub.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "DFLASH_CHAT_HOME": str(tmp_path)},
+        )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split(" ", 1) == ["False", repr("".join(stub_vllm.ANSWER)) + "\n"]

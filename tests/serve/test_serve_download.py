@@ -24,8 +24,11 @@ def test_serve_with_nothing_named_downloads_the_choice_loads_it_and_answers(firs
     assert {"Tiny-Q8_0.gguf", "Tiny-DFlash-q8_0.gguf"} <= fetched
     assert "Tiny-Q8_0.gguf" in capfd.readouterr().out  # pull's progress bars, one per file
     with Running(served) as running:
-        reply = httpx_module().post(f"{running.url}/v1/chat/completions", timeout=60, json={
-            "model": "Tiny-Q8_0", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        reply = httpx_module().post(
+            f"{running.url}/v1/chat/completions",
+            timeout=60,
+            json={"model": "Tiny-Q8_0", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
     assert reply.json()["metrics"]["speculative_decoding"]["num_spec_tokens"] == 15
 

@@ -37,8 +37,9 @@ def test_the_demo_pair_loads_through_the_normal_loader():
     assert pair.engine.drafter is not None and pair.engine.block_size == 16
     cfg = json.loads((drafter / "config.json").read_text())
     assert cfg["dflash_config"]["mask_token_id"] == pair.tokenizer.convert_tokens_to_ids("<|mask|>")
-    prompt = pair.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                                tokenize=False, enable_thinking=False)
+    prompt = pair.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
@@ -54,8 +55,21 @@ def test_the_drafter_is_really_trained(report):
 def test_run_demo_json_prints_the_stats_record(capsys):
     from dflash_chat.cli import main
 
-    rc = main(["run", "--demo", "--prompt", "Show the function `dedent` from module `textwrap`.",
-               "--max-tokens", "24", "--device", "cpu", "--context", "512", "--json"])
+    rc = main(
+        [
+            "run",
+            "--demo",
+            "--prompt",
+            "Show the function `dedent` from module `textwrap`.",
+            "--max-tokens",
+            "24",
+            "--device",
+            "cpu",
+            "--context",
+            "512",
+            "--json",
+        ]
+    )
     assert rc == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["speculative"] is True and record["drafter"] == demo_paths()[1].name

@@ -12,12 +12,20 @@ from dflash_chat.train.drafter import DrafterSettings, DrafterShape
 from dflash_chat.train.target import TargetShape, TrainSettings
 
 TINY_TARGET = TargetShape(
-    hidden_size=64, intermediate_size=128, layer_types=("linear_attention", "full_attention"),
-    num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-    linear_num_key_heads=1, linear_num_value_heads=2, linear_head_dim=32, max_position_embeddings=1024,
+    hidden_size=64,
+    intermediate_size=128,
+    layer_types=("linear_attention", "full_attention"),
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    linear_num_key_heads=1,
+    linear_num_value_heads=2,
+    linear_head_dim=32,
+    max_position_embeddings=1024,
 )
-TINY_DRAFTER = DrafterShape(num_layers=1, intermediate_size=128, num_heads=2, num_kv_heads=1, head_dim=32,
-                            target_layer_ids=(0, 1), block_size=8)
+TINY_DRAFTER = DrafterShape(
+    num_layers=1, intermediate_size=128, num_heads=2, num_kv_heads=1, head_dim=32, target_layer_ids=(0, 1), block_size=8
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +35,39 @@ def trained(tmp_path_factory):
     logs: list[str] = []
     recipe.prepare(work, seed=0, vocab_size=400, max_files=12, log=logs.append)
     target_losses = recipe.train_target_stage(
-        work, seed=0, steps=40, device="cpu", shape=TINY_TARGET,
-        settings=TrainSettings(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup=5), log=logs.append)
+        work,
+        seed=0,
+        steps=40,
+        device="cpu",
+        shape=TINY_TARGET,
+        settings=TrainSettings(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup=5),
+        log=logs.append,
+    )
     drafter_losses = recipe.train_drafter_stage(
-        work, seed=0, steps=40, device="cpu", generated=8, max_new_tokens=24, shape=TINY_DRAFTER,
-        settings=DrafterSettings(steps=40, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5), log=logs.append)
+        work,
+        seed=0,
+        steps=40,
+        device="cpu",
+        generated=8,
+        max_new_tokens=24,
+        shape=TINY_DRAFTER,
+        settings=DrafterSettings(steps=40, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5),
+        log=logs.append,
+    )
     out = tmp_path_factory.mktemp("out")
     recipe.ship(work, out, log=logs.append)
     dflash2_losses = recipe.train_dflash2_stage(
-        work, seed=0, steps=30, device="cpu", source=out / "drafter", target_dir=out / "target", generated=8,
-        max_new_tokens=24, settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5),
-        log=logs.append)
+        work,
+        seed=0,
+        steps=30,
+        device="cpu",
+        source=out / "drafter",
+        target_dir=out / "target",
+        generated=8,
+        max_new_tokens=24,
+        settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5),
+        log=logs.append,
+    )
     recipe.ship(work, out, log=logs.append)
     logs.append(dflash2_losses)
     return work, out, target_losses, drafter_losses, logs
@@ -71,8 +101,7 @@ def test_dflash2_stage_trains_and_ships_a_dflash2_drafter(trained):
     assert any(isinstance(line, str) and line.startswith("dflash2: teacher-forced acceptance") for line in logs)
     cfg = json.loads((out / "drafter2" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dflash_config"]["selector_top_k"] == 8
-    assert isinstance(load_drafter(out / "drafter2", load_target(out / "target", "cpu", torch.float32)),
-                      DFlash2Drafter)
+    assert isinstance(load_drafter(out / "drafter2", load_target(out / "target", "cpu", torch.float32)), DFlash2Drafter)
     prompts = json.loads((out / "heldout_prompts.json").read_text())[:2]
     report = measure_pair(out / "target", out / "drafter2", prompts=prompts, max_new_tokens=24)
     assert report.identical and report.new_tokens > 2

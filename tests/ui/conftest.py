@@ -50,10 +50,19 @@ async def send(pilot, text: str) -> None:
 
 
 STATS = GenerationStats(
-    prompt_tokens=42, reused_tokens=17, new_tokens=61, steps=12, drafted=180, accepted=48,
+    prompt_tokens=42,
+    reused_tokens=17,
+    new_tokens=61,
+    steps=12,
+    drafted=180,
+    accepted=48,
     acceptance_histogram=[2, 1, 0, 3, 2, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1],
-    draft_histogram=[0] * 15 + [12], draft="auto",  # every step verified 15 drafts
-    prefill_s=0.05, ttft_s=0.08, decode_s=0.5, speculative=True,
+    draft_histogram=[0] * 15 + [12],
+    draft="auto",  # every step verified 15 drafts
+    prefill_s=0.05,
+    ttft_s=0.08,
+    decode_s=0.5,
+    speculative=True,
 )
 
 ANSWER = """The `with` statement runs a block inside a *context manager*:
@@ -75,8 +84,7 @@ def seed_history(path) -> int:
     store.add(older, Message("assistant", "Use `sorted(d.items(), key=lambda kv: kv[1])`."))
     cid = store.create("What does with do?")
     store.add(cid, Message("user", "What does the `with` statement do in Python?"))
-    store.add(cid, Message("assistant", ANSWER, thinking="Explain context managers; show a file example.",
-                           stats=STATS))
+    store.add(cid, Message("assistant", ANSWER, thinking="Explain context managers; show a file example.", stats=STATS))
     store.close()
     return cid
 

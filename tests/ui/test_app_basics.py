@@ -130,7 +130,7 @@ def test_history_open_rename_delete_export(home, tmp_path):
     exported, users, answers, conversation, shown = run(main())
     assert exported == str(export_dir / "context-managers.md")
     text = (export_dir / "context-managers.md").read_text()
-    assert text.startswith("# Context managers") and "with open(\"notes.txt\")" in text
+    assert text.startswith("# Context managers") and 'with open("notes.txt")' in text
     assert users == ["What does the `with` statement do in Python?"] and answers == 1
     assert conversation.id == cid and conversation.title == "Context managers"
     assert shown["acceptance"] == "26.7 %" and shown["tokens/step"] == "5.00"  # from the saved stats
@@ -182,7 +182,11 @@ def test_settings_screen_refuses_bad_values_and_saves_good_ones(home):
     assert chat_settings.temperature == 0.3 and chat_settings.system_prompt == "Be brief."
     saved = settings_module.load()
     assert (saved.temperature, saved.system_prompt, saved.thinking, saved.theme) == (
-        0.3, "Be brief.", True, "dflash-light")
+        0.3,
+        "Be brief.",
+        True,
+        "dflash-light",
+    )
 
 
 def test_settings_screen_edits_named_endpoints_and_the_decode_path(home):
@@ -209,8 +213,11 @@ def test_settings_screen_edits_named_endpoints_and_the_decode_path(home):
     assert shown == "lab=http://lab:8000/v1"
     assert any("big-box must be an http:// or https:// URL" in m for m in refused)
     saved = settings_module.load()
-    assert saved.endpoints == chat_settings.endpoints == {"lab": "http://lab:8000/v1",
-                                                          "big-box": "http://10.0.0.5:8000/v1"}
+    assert (
+        saved.endpoints
+        == chat_settings.endpoints
+        == {"lab": "http://lab:8000/v1", "big-box": "http://10.0.0.5:8000/v1"}
+    )
     assert saved.decode == chat_settings.decode == "fixed"
     assert "[endpoints]" in paths.config_file().read_text()  # a TOML table, as a user would write it
 

@@ -42,7 +42,8 @@ def test_set_draft_saves_a_word_or_a_number_and_refuses_the_rest_in_one_line(hom
     capsys.readouterr()
     assert cli.main(["--set", "draft=0"]) == 2
     assert capsys.readouterr().err == (
-        "dflash-chat: draft must be auto, off or a number of drafts per step (1-64), got '0'\n")
+        "dflash-chat: draft must be auto, off or a number of drafts per step (1-64), got '0'\n"
+    )
     assert paths.config_file().read_text() == 'draft = "off"\n'
 
 
@@ -85,8 +86,17 @@ def test_flags_reach_the_app(home, tmp_path):
     from dflash_chat.commands.chat import build_app
 
     args = cli.build_parser().parse_args(
-        ["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--data-dir", str(tmp_path / "data"),
-         "--draft", "5"])
+        [
+            "--target",
+            str(tmp_path / "t"),
+            "--drafter",
+            str(tmp_path / "d"),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--draft",
+            "5",
+        ]
+    )
     app = build_app(args, Settings())
     try:
         assert app.chat.backend.request == ModelSource(str(tmp_path / "t"), str(tmp_path / "d"))
@@ -118,7 +128,8 @@ def test_set_edits_one_key_in_place_and_keeps_every_other_byte(home, capsys):
     assert config.stat().st_mode & 0o777 == 0o644
     assert cli.main(["--set", "keymap.new-chat=f5"]) == 0
     assert config.read_text() == USER_FILE.replace("temperature   = 0.5 ", "temperature   = 0.2 ").replace(
-        'stop = "ctrl+g"   # like emacs\n', 'stop = "ctrl+g"   # like emacs\nnew-chat = "f5"\n')
+        'stop = "ctrl+g"   # like emacs\n', 'stop = "ctrl+g"   # like emacs\nnew-chat = "f5"\n'
+    )
 
 
 @pytest.mark.parametrize(

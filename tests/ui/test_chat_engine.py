@@ -79,9 +79,16 @@ def make_app(tiny_pair, **settings):
 
 async def answered(pilot, app, count: int) -> None:
     await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-    await wait_for(pilot, lambda: app.chat.turn is None and sum(
-        1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial") >= count,
-        120, f"answer {count}")
+    await wait_for(
+        pilot,
+        lambda: (
+            app.chat.turn is None
+            and sum(1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial")
+            >= count
+        ),
+        120,
+        f"answer {count}",
+    )
 
 
 def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pair):
@@ -95,8 +102,13 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
             await answered(pilot, app, 1)
             await pilot.pause()
             widget = app.chat.query(AssistantMessage).last()
-            return (app.chat.last_end, app.chat.last_prompt, dict(app.chat.panel.shown),
-                    len(app.chat.query(UserMessage)), widget.answer.source)
+            return (
+                app.chat.last_end,
+                app.chat.last_prompt,
+                dict(app.chat.panel.shown),
+                len(app.chat.query(UserMessage)),
+                widget.answer.source,
+            )
 
     end, prompt, shown, users, rendered = run(main())
     stats = end.stats
@@ -126,7 +138,12 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     params = SamplingParams(max_new_tokens=8, stop_token_ids=stop_token_ids(pair.tokenizer))
     alone = list(pair.engine.generate(prompt.ids, params, threading.Event()))[-1].stats
     assert (alone.new_tokens, alone.steps, alone.drafted, alone.accepted, alone.draft_histogram) == (
-        stats.new_tokens, stats.steps, stats.drafted, stats.accepted, stats.draft_histogram)
+        stats.new_tokens,
+        stats.steps,
+        stats.drafted,
+        stats.accepted,
+        stats.draft_histogram,
+    )
     # saved as complete, with its stats
     saved = HistoryStore(paths.history_db()).load(1).messages
     assert [m.role for m in saved] == ["user", "assistant"]
@@ -243,7 +260,7 @@ def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):
     assert (off.thinking, on.thinking) == (False, True)
     assert off.ids != on.ids and on.ids == off.ids[: len(on.ids)]
     close = tokenizer.convert_tokens_to_ids("</think>")
-    assert close in off.ids[len(on.ids):] and close not in on.ids
+    assert close in off.ids[len(on.ids) :] and close not in on.ids
     assert on.opens_thinking and not off.opens_thinking
 
 
@@ -256,8 +273,9 @@ def test_escape_stops_mid_answer_and_keeps_the_partial_answer(home, tiny_pair, m
             await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
             paced = Paced(app.chat.backend.pair)
             await send(pilot, "tell me a long story")
-            await paced.until(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content,
-                              "the first streamed text")
+            await paced.until(
+                pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content, "the first streamed text"
+            )
             # while it streams, the answer so far is already on disk, marked partial (what a crash keeps)
             during = HistoryStore(paths.history_db()).load(1).messages[-1]
             await pilot.press("escape")
@@ -317,8 +335,11 @@ def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
             await pilot.press("enter")
             await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation.id, 30, "chat")
             await pilot.pause()
-            return ([w.text for w in app.chat.query(UserMessage)],
-                    [m.content for m in app.chat.conversation.messages], app.chat.conversation.title)
+            return (
+                [w.text for w in app.chat.query(UserMessage)],
+                [m.content for m in app.chat.conversation.messages],
+                app.chat.conversation.title,
+            )
 
     answer = run(first_run())
     users, contents, title = run(second_run())
@@ -410,8 +431,9 @@ def test_switching_the_model_mid_answer_stops_the_answer_and_loads_the_new_model
             first_pair = app.chat.backend.pair
             paced = Paced(first_pair)
             await send(pilot, "tell me a long story")
-            await paced.until(pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content,
-                              "the first streamed text")
+            await paced.until(
+                pilot, lambda: app.chat.turn is not None and app.chat.turn.message.content, "the first streamed text"
+            )
             # the same target without its drafter: a different model, loaded while the answer streams
             app.chat.apply_settings(replace(app.chat.settings, model=str(target), drafter="", max_new_tokens=3))
             await wait_for(pilot, lambda: app.chat.turn is None, 60, "the answer to stop")

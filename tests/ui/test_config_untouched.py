@@ -102,12 +102,16 @@ def test_the_settings_screen_edits_only_what_was_changed(home):
         (b'[keymap]\nstop = "ctrl+t"\n', "ctrl+t is also toggle-thinking's key"),
         (b"temprature = 0.5\n", "unknown setting 'temprature'"),
         (b'theme = "gone"\n', "Theme 'gone' cannot be used"),
-        (b"draft = 0  # none?\n", "draft must be auto, off or a number of drafts per step (1-64), got 0; fix or "
-                                  "remove that line (using 'auto' meanwhile)"),
+        (
+            b"draft = 0  # none?\n",
+            "draft must be auto, off or a number of drafts per step (1-64), got 0; fix or "
+            "remove that line (using 'auto' meanwhile)",
+        ),
     ],
 )
 def test_the_app_starts_on_any_config_toml_says_what_it_cannot_use_and_leaves_it_as_it_is(
-        home, monkeypatch, content, said):
+    home, monkeypatch, content, said
+):
     """Through the command's own path (flags, settings.read, build_app), as `dflash-chat --target PATH` runs it."""
     from dflash_chat import cli
     from dflash_chat.commands.chat import build_app

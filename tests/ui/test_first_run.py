@@ -42,10 +42,22 @@ TINY_PAIR = {
     "tokenizer": TOKENIZER_REPO,
     "target": {
         "repo": TARGET_REPO,
-        "shape": {"layers": 4, "attention_layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "rotary_dim": 4,
-                  "linear_key_heads": 2,
-                  "linear_value_heads": 4, "linear_key_dim": 16, "linear_value_dim": 16, "conv_kernel": 4,
-                  "hidden": 64, "intermediate": 128, "vocab": 384},
+        "shape": {
+            "layers": 4,
+            "attention_layers": 2,
+            "heads": 4,
+            "kv_heads": 2,
+            "head_dim": 16,
+            "rotary_dim": 4,
+            "linear_key_heads": 2,
+            "linear_value_heads": 4,
+            "linear_key_dim": 16,
+            "linear_value_dim": 16,
+            "conv_kernel": 4,
+            "hidden": 64,
+            "intermediate": 128,
+            "vocab": 384,
+        },
         "quants": {"Q8_0": {"pattern": "*Q8_0*.gguf", "size_gb": 0.0003}},
     },
     "drafter": {
@@ -70,8 +82,10 @@ def repo_files(tmp_path_factory) -> dict[str, dict[str, bytes]]:
     target = write_target_gguf(root / "Tiny-Q8_0.gguf", hf.state_dict(), hf.config.to_dict(), "Q8_0")
     drafter_state = load_file(str(root / "drafter" / "model.safetensors"))
     drafter = write_drafter_gguf(root / "Tiny-DFlash-q8_0.gguf", drafter_state, drafter_cfg, "Q8_0")
-    tokenizer = {n: (root / "target" / n).read_bytes()
-                 for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")}
+    tokenizer = {
+        n: (root / "target" / n).read_bytes()
+        for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+    }
     return {
         TARGET_REPO: {"Tiny-Q8_0.gguf": target.read_bytes(), "README.md": b"# Tiny\n"},
         DRAFTER_REPO: {"Tiny-DFlash-q8_0.gguf": drafter.read_bytes()},
@@ -175,7 +189,12 @@ def test_first_run_explains_downloads_loads_and_answers(first_run, server):
     # the download screen fetched every file of the plan into the standard cache
     [needed] = hook.of(DownloadNeeded)
     assert {f.filename for f in needed.plan.files} == {
-        "Tiny-Q8_0.gguf", "Tiny-DFlash-q8_0.gguf", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+        "Tiny-Q8_0.gguf",
+        "Tiny-DFlash-q8_0.gguf",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    }
     done = {m.progress.file.filename for m in hook.of(DownloadScreen.FileProgressed) if m.progress.status == "done"}
     assert done == {f.filename for f in needed.plan.files}
     assert [m.files is not None for m in hook.of(DownloadScreen.Finished)] == [True]
@@ -268,8 +287,9 @@ def test_escape_on_the_download_screen_keeps_the_app_usable_and_the_next_start_r
             await first_bytes(pilot, app)
             server.release_when(app.screen.cancel)
             await pilot.press("escape")
-            await wait_for(pilot, lambda: app.screen is app.chat and "not downloaded" in app.chat.notice(),
-                           30, "the cancel")
+            await wait_for(
+                pilot, lambda: app.screen is app.chat and "not downloaded" in app.chat.notice(), 30, "the cancel"
+            )
             usable = await history_still_opens(pilot, app)
             return app.chat.notice(), notes(app), usable, app.chat.backend.pair
 
@@ -458,8 +478,12 @@ def test_the_model_managers_own_steps_import_no_torch(home, tmp_path):
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", NO_TORCH_CHECK], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "DFLASH_CHAT_HOME": str(home), "HF_HOME": str(tmp_path / "hf"),
-                                 "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DFLASH_CHAT_HOME": str(home), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True"]  # no torch, and it got as far as planning

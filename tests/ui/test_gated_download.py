@@ -27,8 +27,9 @@ def hf_home(monkeypatch, tmp_path):
 def gated_server():
     repos = {
         "tiny/Tiny-GGUF": Repo({"Tiny-Q4_K_M.gguf": TARGET}),
-        "tiny/Tiny-DFlash": Repo({"config.json": b"{}", "model.safetensors": b"w" * 5000},
-                                 gated="manual", granted={"hf_granted"}),
+        "tiny/Tiny-DFlash": Repo(
+            {"config.json": b"{}", "model.safetensors": b"w" * 5000}, gated="manual", granted={"hf_granted"}
+        ),
         "tiny/Tiny": Repo({"tokenizer_config.json": b"{}"}),
     }
     with HubServer(repos, tokens={"hf_granted": "ada", "hf_refused": "bob"}) as running:

@@ -22,9 +22,16 @@ def make_app(tiny_pair, **kwargs):
 
 async def answered(pilot, app, count: int) -> None:
     await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-    await wait_for(pilot, lambda: app.chat.turn is None and sum(
-        1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial") >= count,
-        120, f"answer {count}")
+    await wait_for(
+        pilot,
+        lambda: (
+            app.chat.turn is None
+            and sum(1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial")
+            >= count
+        ),
+        120,
+        f"answer {count}",
+    )
 
 
 def history_notices(app) -> list[str]:

@@ -10,7 +10,11 @@ from dflash_chat.ui import keymap
 @pytest.mark.parametrize(
     "overrides, applied, fragment",
     [
-        ({"toggle-thinking": "ctrl+n", "new-chat": "ctrl+t"}, {"toggle-thinking": "ctrl+n", "new-chat": "ctrl+t"}, None),
+        (
+            {"toggle-thinking": "ctrl+n", "new-chat": "ctrl+t"},
+            {"toggle-thinking": "ctrl+n", "new-chat": "ctrl+t"},
+            None,
+        ),
         ({"stop": "Ctrl+G"}, {"stop": "ctrl+g"}, None),
         ({"stop": "shift+ctrl+g"}, {"stop": "ctrl+shift+g"}, None),
         ({"stop": "f5,ctrl+g"}, {"stop": "f5,ctrl+g"}, None),

@@ -71,9 +71,12 @@ def test_the_parser_gives_a_paste_whole_however_the_reads_split_it(size):
     parser = PasteParser()
     tokens = []
     for i in range(0, len(data), size):
-        tokens += parser.feed(data[i:i + size])
+        tokens += parser.feed(data[i : i + size])
     assert [(type(t).__name__, getattr(t, "key", None) or t.text) for t in tokens] == [
-        ("Key", "a"), ("Paste", clean(PASTED)), ("Key", "b")]
+        ("Key", "a"),
+        ("Paste", clean(PASTED)),
+        ("Key", "b"),
+    ]
 
 
 def test_the_escape_key_still_arrives_on_its_own():

@@ -92,9 +92,12 @@ def test_unusual_files_in_the_themes_folder_are_skipped_without_a_hang(home, tmp
 def test_a_config_that_is_a_fifo_a_folder_or_huge_is_named_and_defaults_are_used(home):
     config = paths.config_file()
     config.parent.mkdir(parents=True, exist_ok=True)
-    for make, words in ((lambda: os.mkfifo(config), "not a regular file"), (lambda: config.mkdir(), "is a folder"),
-                        (lambda: config.write_bytes(b"#" * (2 << 20)), "far too large"),
-                        (lambda: config.write_bytes(b"theme = '\xff'\n"), "not UTF-8")):
+    for make, words in (
+        (lambda: os.mkfifo(config), "not a regular file"),
+        (lambda: config.mkdir(), "is a folder"),
+        (lambda: config.write_bytes(b"#" * (2 << 20)), "far too large"),
+        (lambda: config.write_bytes(b"theme = '\xff'\n"), "not UTF-8"),
+    ):
         make()
         started = time.monotonic()
         settings, problems = settings_module.read()

@@ -32,12 +32,17 @@ def test_thinking_streams_open_then_collapses_when_the_answer_starts():
             await widget.append(" about it.", "The answer is **42**.")
             await pilot.pause()
             collapsed_after = widget.thinking_box.collapsed
-            message = Message("assistant", "The answer is **42**.", thinking="Let me think about it.",
-                              status=CANCELLED)
+            message = Message("assistant", "The answer is **42**.", thinking="Let me think about it.", status=CANCELLED)
             await widget.finish(message)
             await pilot.pause()
-            return (hidden_at_start, open_while_thinking, collapsed_after, widget.answer.source,
-                    widget.query_one(".thinking-text").source, str(widget.query_one(".status").render()))
+            return (
+                hidden_at_start,
+                open_while_thinking,
+                collapsed_after,
+                widget.answer.source,
+                widget.query_one(".thinking-text").source,
+                str(widget.query_one(".status").render()),
+            )
 
     hidden, open_, collapsed, answer, thinking, status = run(main())
     assert hidden and open_ and collapsed
@@ -50,8 +55,18 @@ def test_panel_shows_live_then_final_figures_and_thinking_effect():
         app = Host()
         async with app.run_test(size=(100, 40)) as pilot:
             panel = app.query_one(StatsPanel)
-            live = LiveStats(prompt_tokens=10, new_tokens=9, steps=2, drafted=22, accepted=6,
-                             ttft_s=0.1, decode_s=0.5, recent_lengths=[3, 5], draft="auto", last_drafted=7)
+            live = LiveStats(
+                prompt_tokens=10,
+                new_tokens=9,
+                steps=2,
+                drafted=22,
+                accepted=6,
+                ttft_s=0.1,
+                decode_s=0.5,
+                recent_lengths=[3, 5],
+                draft="auto",
+                last_drafted=7,
+            )
             panel.show_live(live, speculative=True)
             await pilot.pause()
             during = dict(panel.shown)
@@ -59,8 +74,15 @@ def test_panel_shows_live_then_final_figures_and_thinking_effect():
             await pilot.pause()
             effect = str(panel.query_one("#thinking-effect").render())
             after = dict(panel.shown)
-            plain = replace(STATS, draft="off", new_tokens=13, drafted=0, accepted=0, acceptance_histogram=[0] * 16,
-                            draft_histogram=[12] + [0] * 15)
+            plain = replace(
+                STATS,
+                draft="off",
+                new_tokens=13,
+                drafted=0,
+                accepted=0,
+                acceptance_histogram=[0] * 16,
+                draft_histogram=[12] + [0] * 15,
+            )
             panel.show_final(plain)
             await pilot.pause()
             return during, after, effect, dict(panel.shown)

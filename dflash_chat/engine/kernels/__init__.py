@@ -21,9 +21,24 @@ from dflash_chat.engine.kernels import reference
 from dflash_chat.engine.kernels.configs import SMALL_M, kernel_supports
 from dflash_chat.engine.weights.formats import FORMATS, Format
 
-__all__ = ["SMALL_M", "matmul", "dequantize", "moe_matmul", "route", "Routes", "grouped_experts",
-           "add_rms_norm", "rms_norm", "silu_mul", "gated_rms_norm", "conv_step", "conv_block", "use_triton", "top_k_softmax",
-           "moe_combine"]
+__all__ = [
+    "SMALL_M",
+    "matmul",
+    "dequantize",
+    "moe_matmul",
+    "route",
+    "Routes",
+    "grouped_experts",
+    "add_rms_norm",
+    "rms_norm",
+    "silu_mul",
+    "gated_rms_norm",
+    "conv_step",
+    "conv_block",
+    "use_triton",
+    "top_k_softmax",
+    "moe_combine",
+]
 
 
 @functools.cache
@@ -32,7 +47,7 @@ def triton_available() -> bool:
         return False
     try:
         import triton  # noqa: F401
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to import triton means: the torch path
         return False
     return True
 
@@ -83,8 +98,9 @@ def _agrees(kind: str, probe, packed: torch.Tensor, fmt: Format, dtype: torch.dt
         except Exception as exc:  # noqa: BLE001 - any failure means: use the torch path
             ok, reason = False, f"{type(exc).__name__}: {exc}"
         if not ok:
-            warnings.warn(f"Triton {kind} {fmt.name} kernel disabled on {packed.device} ({reason}); "
-                          "using the slower torch path")
+            warnings.warn(
+                f"Triton {kind} {fmt.name} kernel disabled on {packed.device} ({reason}); using the slower torch path"
+            )
         _checked[key] = ok
     return ok
 
@@ -110,8 +126,9 @@ def _probe_matmul(packed: torch.Tensor, fmt: Format, dtype: torch.dtype) -> bool
 def _probe_dequantize(packed: torch.Tensor, fmt: Format, dtype: torch.dtype) -> bool:
     rows = packed.reshape(-1, packed.shape[-1])[:64].contiguous()
     k = rows.shape[-1] // fmt.type_size * fmt.block_size
-    return torch.equal(_triton_quant().dequantize(rows, fmt, k, torch.float32),
-                       reference.dequantize_rows(rows, fmt, torch.float32))
+    return torch.equal(
+        _triton_quant().dequantize(rows, fmt, k, torch.float32), reference.dequantize_rows(rows, fmt, torch.float32)
+    )
 
 
 def _probe_experts(packed: torch.Tensor, fmt: Format, dtype: torch.dtype) -> bool:
@@ -151,6 +168,7 @@ def dequantize(packed: torch.Tensor, fmt: Format, dtype: torch.dtype) -> torch.T
 
 
 # --- routed experts -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class Routes:
@@ -197,8 +215,17 @@ def _experts_kernel_ok(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.d
     return fits and _agrees("experts", _probe_experts, packed, fmt, dtype)
 
 
-def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
-               offsets: torch.Tensor, expert_of: torch.Tensor | None = None, tokens: int | None = None) -> torch.Tensor:
+def moe_matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    fmt: Format,
+    n: int,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    offsets: torch.Tensor,
+    expert_of: torch.Tensor | None = None,
+    tokens: int | None = None,
+) -> torch.Tensor:
     """Routed experts in one call: y [P, n], y[dst[i]] = x[src[i]] @ W[e].T for the sorted positions i of
     expert e (offsets[e] <= i < offsets[e + 1]); packed [E, N, row_bytes] (or float [E, N, K]); P = len(src),
     dst a permutation. `expert_of` (Routes.expert_of) saves the kernel path a searchsorted; `tokens` (the layer's,
@@ -212,9 +239,14 @@ def _float_format(t: torch.Tensor) -> Format:
     return FORMATS[{torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}[t.dtype]]
 
 
-def grouped_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                    gate_up: list[tuple[torch.Tensor, Format | None]], down: tuple[torch.Tensor, Format | None],
-                    shared=None) -> torch.Tensor:
+def grouped_experts(
+    x: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up: list[tuple[torch.Tensor, Format | None]],
+    down: tuple[torch.Tensor, Format | None],
+    shared=None,
+) -> torch.Tensor:
     """Routed experts, every expert in one launch per projection, no host sync (any number of tokens).
 
     gate_up: [(fused [E, 2I, ...], fmt)] (gate rows then up rows) or [(gate, fmt), (up, fmt)]; down: ([E, H, ...],
@@ -242,12 +274,14 @@ def grouped_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: t
 
 # --- fused glue (see triton_glue.py; the torch reference path beside each) -----------------------------------
 
+
 def _glue_ok(x: torch.Tensor) -> bool:
     return use_triton(x) and x.is_contiguous()
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, norm(r)) with r = residual + x rounded to x's dtype, as PreNormBlock then RMSNorm compute them."""
     if _glue_ok(x) and residual.is_contiguous():
         return _triton_glue().add_rms_norm(x, residual, weight, eps, zero_centred)
@@ -274,8 +308,9 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return reference.gated_rms_norm(x, gate, weight, eps)
 
 
-def conv_block(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor,
-               out: torch.Tensor) -> torch.Tensor:
+def conv_block(
+    x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
     """A speculative block x [T, C] (rows may be strided) through GDN's conv: window[:K-1+T] = [state; x],
     out[:T] = silu(conv(window)), returned; the conv state is left as it was (the commit takes it from window)."""
     if use_triton(x) and x.stride(-1) == 1 and window.is_contiguous() and out.is_contiguous():

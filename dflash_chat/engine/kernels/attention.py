@@ -38,9 +38,17 @@ def _kernels():
     return triton_attention
 
 
-def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-           end: torch.Tensor | int, scale: float, causal: bool, window: int | None,
-           gate: torch.Tensor | None = None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    end: torch.Tensor | int,
+    scale: float,
+    causal: bool,
+    window: int | None,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q [T, heads, d]; caches [rows, kv_heads, d] (position j in row j mod rows); pos [T]; end: positions
     written so far (device 0-d tensor or int); gate [T, heads * d]: the output times sigmoid(gate).
 
@@ -61,20 +69,74 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: t
     out = torch.empty(T, heads, d, device=q.device, dtype=q.dtype)
     kernels = _kernels()
     grid = (kv_heads, -(-R // block_r), splits)
-    kernels._launch(kernels.partial_kernel, grid, q, k_cache, v_cache, pos, end, acc, ml, T, rep, R, scale,
-                    window or 0, rows_alloc,
-                  q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-                  D=d, BLOCK_R=block_r, BLOCK_N=BLOCK_N, SPLIT=SPLIT, CAUSAL=causal, WINDOWED=window is not None,
-                  IEEE=q.dtype == torch.float32,
-                  num_warps=4 if block_r <= 16 else 8)
-    kernels._launch(kernels.merge_kernel, (kv_heads, R), acc, ml, end, out, gate if gate is not None else out, rep, R,
-                    kv_heads, rows_alloc, out.stride(0), out.stride(1), D=d, SPLIT=SPLIT, GATED=gate is not None)
+    kernels._launch(
+        kernels.partial_kernel,
+        grid,
+        q,
+        k_cache,
+        v_cache,
+        pos,
+        end,
+        acc,
+        ml,
+        T,
+        rep,
+        R,
+        scale,
+        window or 0,
+        rows_alloc,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        D=d,
+        BLOCK_R=block_r,
+        BLOCK_N=BLOCK_N,
+        SPLIT=SPLIT,
+        CAUSAL=causal,
+        WINDOWED=window is not None,
+        IEEE=q.dtype == torch.float32,
+        num_warps=4 if block_r <= 16 else 8,
+    )
+    kernels._launch(
+        kernels.merge_kernel,
+        (kv_heads, R),
+        acc,
+        ml,
+        end,
+        out,
+        gate if gate is not None else out,
+        rep,
+        R,
+        kv_heads,
+        rows_alloc,
+        out.stride(0),
+        out.stride(1),
+        D=d,
+        SPLIT=SPLIT,
+        GATED=gate is not None,
+    )
     return out.reshape(T, heads * d)
 
 
-def prepare(q_raw: torch.Tensor | None, k_raw: torch.Tensor, v_raw: torch.Tensor, q_weight: torch.Tensor | None,
-            k_weight: torch.Tensor, eps: float, zero_centred: bool, cos: torch.Tensor, sin: torch.Tensor,
-            pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, gated: bool):
+def prepare(
+    q_raw: torch.Tensor | None,
+    k_raw: torch.Tensor,
+    v_raw: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor,
+    eps: float,
+    zero_centred: bool,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    heads: int,
+    gated: bool,
+):
     """One launch for what follows the q/k/v projections: q and k RMS-normed and rotated (RoPE on the first
     cos.shape[-1] channels), the output gate split off q (when `gated`), k and v written to the caches' rows
     pos mod rows. q_raw [T, heads * d (* 2 gated)] or None (context rows: keys and values only); k_raw, v_raw
@@ -87,11 +149,33 @@ def prepare(q_raw: torch.Tensor | None, k_raw: torch.Tensor, v_raw: torch.Tensor
     kernels = _kernels()
     dummy = k_raw
     kernels._launch(
-        kernels.prepare_kernel, (T, (heads if has_q else 0) + kv_heads),
-        q_raw if has_q else dummy, k_raw, v_raw, q_weight if has_q else k_weight, k_weight, cos, sin, pos,
-        q if has_q else dummy, gate if gate is not None else dummy, k_cache, v_cache,
-        heads if has_q else 0, q_raw.stride(0) if has_q else 0, k_raw.stride(0), v_raw.stride(0), cos.stride(0),
-        rows, k_cache.stride(0), k_cache.stride(1), eps,
-        D=d, RD=cos.shape[-1], GATED=gated, ZERO_CENTRED=zero_centred, HAS_Q=has_q,
+        kernels.prepare_kernel,
+        (T, (heads if has_q else 0) + kv_heads),
+        q_raw if has_q else dummy,
+        k_raw,
+        v_raw,
+        q_weight if has_q else k_weight,
+        k_weight,
+        cos,
+        sin,
+        pos,
+        q if has_q else dummy,
+        gate if gate is not None else dummy,
+        k_cache,
+        v_cache,
+        heads if has_q else 0,
+        q_raw.stride(0) if has_q else 0,
+        k_raw.stride(0),
+        v_raw.stride(0),
+        cos.stride(0),
+        rows,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        eps,
+        D=d,
+        RD=cos.shape[-1],
+        GATED=gated,
+        ZERO_CENTRED=zero_centred,
+        HAS_Q=has_q,
     )
     return q, gate

@@ -71,16 +71,28 @@ def capture(family):
             values = kwargs["BN"] * 256 // (32 * kwargs["num_warps"])
         launches.append(Captured(kernel, args, kwargs, values))
 
-    saved = (triton_quant._launch, triton_glue._launch, triton_attention._launch, triton_gdn._launch,
-             triton_quant._family, triton_quant._sms)
+    saved = (
+        triton_quant._launch,
+        triton_glue._launch,
+        triton_attention._launch,
+        triton_gdn._launch,
+        triton_quant._family,
+        triton_quant._sms,
+    )
     triton_quant._launch = triton_glue._launch = triton_attention._launch = triton_gdn._launch = record
     triton_quant._family = lambda device: family
     triton_quant._sms = lambda device: family.sms
     try:
         yield launches
     finally:
-        (triton_quant._launch, triton_glue._launch, triton_attention._launch, triton_gdn._launch,
-         triton_quant._family, triton_quant._sms) = saved
+        (
+            triton_quant._launch,
+            triton_glue._launch,
+            triton_attention._launch,
+            triton_gdn._launch,
+            triton_quant._family,
+            triton_quant._sms,
+        ) = saved
 
 
 _OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
@@ -117,6 +129,7 @@ def _specialise(c: Captured):
 
 def _key(c: Captured, arch: str, cc: int | None = None) -> tuple:
     signature, constexprs, attrs, options = _specialise(c)
+
     def items(d):
         return tuple(sorted((k, repr(v)) for k, v in d.items()))
 
@@ -153,7 +166,7 @@ def _main_loop(sass: str) -> list[str]:
         if target < addrs[i]:
             start = addrs.index(target) if target in addrs else 0
             if i + 1 - start > len(best):
-                best = lines[start:i + 1]
+                best = lines[start : i + 1]
     return best
 
 
@@ -183,19 +196,44 @@ def compile_one(c: Captured, arch: str, case: str, cc: int | None = None) -> Rep
         with open(cubin, "wb") as f:
             f.write(compiled.asm["cubin"])
         fmad = [] if options["enable_fp_fusion"] else ["--fmad=false"]
-        log = subprocess.run([_tool("ptxas", cc), "-lineinfo", "-v", "--regAllocOptLevel=2", *fmad,
-                              f"--gpu-name={sm_arch_from_capability(cc)}", ptx, "-o", os.path.join(tmp, "k.o")],
-                             capture_output=True, text=True, check=True).stderr
-        sass = subprocess.run([_tool("cuobjdump", cc), "-sass", cubin], capture_output=True, text=True,
-                              check=True).stdout
+        log = subprocess.run(
+            [
+                _tool("ptxas", cc),
+                "-lineinfo",
+                "-v",
+                "--regAllocOptLevel=2",
+                *fmad,
+                f"--gpu-name={sm_arch_from_capability(cc)}",
+                ptx,
+                "-o",
+                os.path.join(tmp, "k.o"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+        sass = subprocess.run(
+            [_tool("cuobjdump", cc), "-sass", cubin], capture_output=True, text=True, check=True
+        ).stdout
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     stack = int(re.search(r"(\d+) bytes stack frame", log).group(1))
     loads = Counter(_load_width(m.group(1)) for m in _LDG.finditer(sass))
     loop = _main_loop(sass)
     shared = sum(1 for line in loop if re.search(r"\b(LDS|STS|LDSM|STSM|BAR)\b", line))
-    return Report(c.kernel.__name__, case, arch, regs, spills, stack, dict(sorted(loads.items())), len(loop), shared,
-                  c.values_per_thread, time.perf_counter() - start)
+    return Report(
+        c.kernel.__name__,
+        case,
+        arch,
+        regs,
+        spills,
+        stack,
+        dict(sorted(loads.items())),
+        len(loop),
+        shared,
+        c.values_per_thread,
+        time.perf_counter() - start,
+    )
 
 
 def compile_all(cases, arches=tuple(ARCHES), on_report=None) -> list[Report]:
@@ -226,5 +264,7 @@ def format_report(r: Report) -> str:
     loop = f"{r.loop_instructions} instr" + (f" ({per_value:.2f}/value)" if per_value else "")
     if r.loop_shared:
         loop += f", {r.loop_shared} smem"
-    return (f"{r.arch:<6} {r.kernel:<22} {r.case:<44} regs {r.regs:>3}  spill {r.spill_bytes:>4} B  "
-            f"loads {loads:<28} loop {loop}")
+    return (
+        f"{r.arch:<6} {r.kernel:<22} {r.case:<44} regs {r.regs:>3}  spill {r.spill_bytes:>4} B  "
+        f"loads {loads:<28} loop {loop}"
+    )

@@ -51,9 +51,20 @@ class Heads:
         return self.key_heads * self.key_dim
 
 
-def mix(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-        state: torch.Tensor, heads: Heads, *, update: bool, outputs: bool = True,
-        keep: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+def mix(
+    qkv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    heads: Heads,
+    *,
+    update: bool,
+    outputs: bool = True,
+    keep: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor | None:
     """The recurrence over T tokens from the conv output qkv [T, 2*key_total + value_heads*value_dim] and
     the raw b, a projections [T, value_heads]; state [H, K, V] float32. `update`: write the state after the
     tokens (after the first `keep`, a 0-d device tensor >= 1, when given). Returns the outputs [T, H, V]
@@ -78,8 +89,9 @@ def masked_gates(g: torch.Tensor, beta: torch.Tensor, keep: torch.Tensor) -> tup
     return torch.where(live, g.float(), 0.0), torch.where(live, beta.float(), 0.0)
 
 
-def prepare(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-            heads: Heads):
+def prepare(
+    qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, heads: Heads
+):
     """(q, k [T, key_heads, K] float32, normalised; v [T, value_heads, V]; g, beta [T, value_heads] float32)."""
     T = qkv.shape[0]
     q, k, v = torch.split(qkv, [heads.key_total, heads.key_total, heads.value_heads * heads.value_dim], dim=-1)
@@ -125,8 +137,9 @@ class Chunks:
         """q, k [T, H, K] (per value head); v [T, H, V]; g, beta [T, H]."""
         T, H = g.shape
         pad = -T % chunk
-        q, k, v, g, beta = (torch.nn.functional.pad(x.float(), (0, 0) * (x.dim() - 2) + (0, 0, 0, pad))
-                            for x in (q, k, v, g, beta))
+        q, k, v, g, beta = (
+            torch.nn.functional.pad(x.float(), (0, 0) * (x.dim() - 2) + (0, 0, 0, pad)) for x in (q, k, v, g, beta)
+        )
         n = (T + pad) // chunk
 
         def split(x):  # [T', H, *] -> [H, N, C, *]
@@ -137,16 +150,30 @@ class Chunks:
         lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
         diff = G[..., :, None] - G[..., None, :]
         decay_ij = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
-        a = (beta[..., None] * k) @ k.transpose(-1, -2) * decay_ij * (~torch.eye(chunk, dtype=torch.bool,
-                                                                                 device=q.device))
+        a = (
+            (beta[..., None] * k)
+            @ k.transpose(-1, -2)
+            * decay_ij
+            * (~torch.eye(chunk, dtype=torch.bool, device=q.device))
+        )
         eye = torch.eye(chunk, device=q.device).expand_as(a)
-        solve = torch.linalg.solve_triangular(eye + a, torch.cat((beta[..., None] * v,
-                                                                 (beta * G.exp())[..., None] * k), dim=-1),
-                                              upper=False, unitriangular=True)
+        solve = torch.linalg.solve_triangular(
+            eye + a,
+            torch.cat((beta[..., None] * v, (beta * G.exp())[..., None] * k), dim=-1),
+            upper=False,
+            unitriangular=True,
+        )
         u, w = solve.split([v.shape[-1], k.shape[-1]], dim=-1)
         last = G[..., -1:]
-        return cls(q * G.exp()[..., None], k * (last - G).exp()[..., None], w.contiguous(), u.contiguous(),
-                   (q @ k.transpose(-1, -2)) * decay_ij, last[..., 0].exp(), T)
+        return cls(
+            q * G.exp()[..., None],
+            k * (last - G).exp()[..., None],
+            w.contiguous(),
+            u.contiguous(),
+            (q @ k.transpose(-1, -2)) * decay_ij,
+            last[..., 0].exp(),
+            T,
+        )
 
     def scan(self, state: torch.Tensor) -> torch.Tensor:
         """Outputs [T, H, V] (float32), taking `state` [H, K, V] through every chunk in place."""
@@ -202,8 +229,19 @@ def _triton_scan(chunks: Chunks, state: torch.Tensor) -> torch.Tensor:
     vb = min(V_BLOCK, V)
     kernels = _kernel()
     parts = (chunks.q, chunks.k, chunks.w, chunks.u, chunks.attn, chunks.decay)
-    kernels._launch(kernels.scan_kernel, (H, V // vb), *(x.contiguous() for x in parts), state, out, N,
-                    C=C, K=K, V=V, VB=vb, num_warps=4)
+    kernels._launch(
+        kernels.scan_kernel,
+        (H, V // vb),
+        *(x.contiguous() for x in parts),
+        state,
+        out,
+        N,
+        C=C,
+        K=K,
+        V=V,
+        VB=vb,
+        num_warps=4,
+    )
     return out
 
 
@@ -217,8 +255,26 @@ def _triton(qkv, b, a, A_log, dt_bias, state, heads: Heads, update, outputs, kee
     vb = min(V_BLOCK, V)
     kernels = _kernel()
     kernels._launch(
-        kernels.recurrent_kernel, (H, V // vb), qkv, b, a, A_log, dt_bias, state, out,
-        keep if keep is not None else state, T, H // heads.key_heads, qkv.stride(0), heads.key_total, b.stride(0),
-        K=K, V=V, VB=vb, UPDATE=update, OUTPUTS=outputs, MASKED=keep is not None,
+        kernels.recurrent_kernel,
+        (H, V // vb),
+        qkv,
+        b,
+        a,
+        A_log,
+        dt_bias,
+        state,
+        out,
+        keep if keep is not None else state,
+        T,
+        H // heads.key_heads,
+        qkv.stride(0),
+        heads.key_total,
+        b.stride(0),
+        K=K,
+        V=V,
+        VB=vb,
+        UPDATE=update,
+        OUTPUTS=outputs,
+        MASKED=keep is not None,
     )
     return out if outputs else None

@@ -23,8 +23,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 FREE = {  # operators that launch no kernel (allocations, metadata, aliases)
-    aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.new_empty.default,
-    aten.new_empty_strided.default, aten._unsafe_view.default, aten.lift_fresh.default,
+    aten.empty.memory_format,
+    aten.empty_like.default,
+    aten.empty_strided.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+    aten._unsafe_view.default,
+    aten.lift_fresh.default,
 }
 WANTED = ("TRITON_INTERPRET", "DFLASH_CHAT_TRITON_ATTENTION", "DFLASH_CHAT_TRITON_GDN")
 
@@ -145,8 +150,9 @@ class Steps:
         return kinds
 
 
-def count_steps(name: str, mix: str = "Q4_K_M", layers: int = 4, block: int = 16, vocab: int = 4096,
-                context: int = 256) -> Steps:
+def count_steps(
+    name: str, mix: str = "Q4_K_M", layers: int = 4, block: int = 16, vocab: int = 4096, context: int = 256
+) -> Steps:
     """Build `name` (a synthetic model: real shapes, `layers` layers, a small vocabulary) in bf16 on the CPU
     and count what each fixed-shape step launches with the GPU's kernel choices."""
     from dflash_chat.engine import synthetic
@@ -167,10 +173,16 @@ def count_steps(name: str, mix: str = "Q4_K_M", layers: int = 4, block: int = 16
             taps = list(drafter.target_layer_ids)
             target_layers = list(target.model.layers)
             keep = torch.tensor(block // 2)
-            decode = warm_count(lambda: target(ids[:1], state, logits="all",
-                                               span=Span.fixed(start, offsets[:1], context)), target_layers)
-            verify = warm_count(lambda: target(ids, state, logits="all", taps=taps, speculative=True,
-                                               span=Span.fixed(start, offsets, context)), target_layers)
+            decode = warm_count(
+                lambda: target(ids[:1], state, logits="all", span=Span.fixed(start, offsets[:1], context)),
+                target_layers,
+            )
+            verify = warm_count(
+                lambda: target(
+                    ids, state, logits="all", taps=taps, speculative=True, span=Span.fixed(start, offsets, context)
+                ),
+                target_layers,
+            )
             commit = warm_count(lambda: target.commit(state, keep), [])
             draft_ids = drafter.block_ids(torch.device("cpu"))
             draft = warm_count(lambda: drafter.draft_logits(draft_ids, Span.fixed(start, offsets, context)), [])

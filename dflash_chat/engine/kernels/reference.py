@@ -26,13 +26,20 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, out_features: int
         return x @ dequantize_rows(packed, fmt, x.dtype).T
     out = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
     for start in range(0, out_features, rows_per_tile):
-        w = dequantize_rows(packed[start:start + rows_per_tile], fmt, x.dtype)
-        out[:, start:start + w.shape[0]] = x @ w.T
+        w = dequantize_rows(packed[start : start + rows_per_tile], fmt, x.dtype)
+        out[:, start : start + w.shape[0]] = x @ w.T
     return out
 
 
-def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
-               offsets: torch.Tensor) -> torch.Tensor:
+def moe_matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    fmt: Format,
+    n: int,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    offsets: torch.Tensor,
+) -> torch.Tensor:
     """y [P, n] with y[dst[i]] = x[src[i]] @ W[e].T for offsets[e] <= i < offsets[e + 1]; packed [E, N, row_bytes].
 
     P = len(src) and dst is a permutation of 0..P-1, so every row of y is written once.
@@ -49,6 +56,7 @@ def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: 
 
 # --- fused glue: the torch path, rounding where the model code rounds (engine/models/layers.py, gdn.py) ----
 
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
     """RMSNorm over the last dim: x * (1 + w) in float32 (zero-centred, Qwen3.5/3.6), else w * norm(x) in x's dtype."""
     if zero_centred:
@@ -56,8 +64,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bo
     return weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).type_as(x)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     r = residual + x
     return r, rms_norm(r, weight, eps, zero_centred)
 
@@ -108,14 +117,15 @@ def moe_combine(y: torch.Tensor, top_k_weights: torch.Tensor, shared, dtype: tor
     return add_shared(y.sum(dim=1, dtype=torch.float32).to(dtype), shared)
 
 
-def conv_block(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor,
-               out: torch.Tensor) -> torch.Tensor:
+def conv_block(
+    x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
     """T tokens x [T, C] through GDN's depthwise causal conv with SiLU: window[:K-1+T] = [state; x] (kept for a
     commit), out[:T] = silu(conv(window)), returned; state [K-1, C] is not changed."""
     t, k1 = x.shape[0], state.shape[0]
     window[:k1].copy_(state)
-    window[k1:k1 + t].copy_(x)
+    window[k1 : k1 + t].copy_(x)
     w = weight.to(window.dtype)
-    y = F.conv1d(window[:k1 + t].t()[None], w[:, None, :], groups=x.shape[1])[0].t()
+    y = F.conv1d(window[: k1 + t].t()[None], w[:, None, :], groups=x.shape[1])[0].t()
     out[:t].copy_(F.silu(y))
     return out[:t]

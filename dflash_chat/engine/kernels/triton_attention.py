@@ -10,10 +10,34 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
 
 
 @triton.jit
-def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, rep, R, scale, window, cache_rows,
-                   stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
-                   D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                   CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr):
+def partial_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    end_ptr,
+    acc_ptr,
+    ml_ptr,
+    T,
+    rep,
+    R,
+    scale,
+    window,
+    cache_rows,
+    stride_qt,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     g = tl.program_id(0)  # KV head
     rb = tl.program_id(1)  # block of query rows
     s = tl.program_id(2)  # cache chunk
@@ -29,8 +53,7 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
     head = g * rep + rows % rep
     p = tl.load(pos_ptr + t, mask=live, other=0)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=live[:, None],
-                other=0.0)
+    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=live[:, None], other=0.0)
     hi = tl.minimum(end, lo_chunk + SPLIT)
     if CAUSAL:
         hi = tl.minimum(hi, tl.max(tl.where(live, p, 0)) + 1)
@@ -47,10 +70,8 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
         j = j0 + tl.arange(0, BLOCK_N)
         inside = j < hi
         row = (j % cache_rows).to(tl.int64)  # position j lives in row j mod rows
-        k = tl.load(k_ptr + row[:, None] * stride_kn + g * stride_kh + d[None, :], mask=inside[:, None],
-                    other=0.0)
-        v = tl.load(v_ptr + row[:, None] * stride_vn + g * stride_vh + d[None, :], mask=inside[:, None],
-                    other=0.0)
+        k = tl.load(k_ptr + row[:, None] * stride_kn + g * stride_kh + d[None, :], mask=inside[:, None], other=0.0)
+        v = tl.load(v_ptr + row[:, None] * stride_vn + g * stride_vh + d[None, :], mask=inside[:, None], other=0.0)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
@@ -78,9 +99,24 @@ def partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, end_ptr, acc_ptr, ml_ptr, T, re
     tl.store(ml_ptr + 2 * base, m, mask=live)
     tl.store(ml_ptr + 2 * base + 1, l, mask=live)
 
+
 @triton.jit
-def merge_kernel(acc_ptr, ml_ptr, end_ptr, out_ptr, gate_ptr, rep, R, KVH, cache_rows, stride_ot, stride_oh,
-                 D: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+def merge_kernel(
+    acc_ptr,
+    ml_ptr,
+    end_ptr,
+    out_ptr,
+    gate_ptr,
+    rep,
+    R,
+    KVH,
+    cache_rows,
+    stride_ot,
+    stride_oh,
+    D: tl.constexpr,
+    SPLIT: tl.constexpr,
+    GATED: tl.constexpr,
+):
     g = tl.program_id(0)
     row = tl.program_id(1)
     end = tl.load(end_ptr)
@@ -102,9 +138,8 @@ def merge_kernel(acc_ptr, ml_ptr, end_ptr, out_ptr, gate_ptr, rep, R, KVH, cache
     head = g * rep + row % rep
     if GATED:  # the output gate, rounded where the torch path rounds: o * sigmoid(gate)
         gate = tl.load(gate_ptr + t * stride_ot + head * stride_oh + d).to(tl.float32)
-        out = (out.to(tl.float32) * tl.sigmoid(gate).to(out_ptr.dtype.element_ty).to(tl.float32))
+        out = out.to(tl.float32) * tl.sigmoid(gate).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + t * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
-
 
 
 @triton.jit
@@ -128,10 +163,34 @@ def _norm_rope(base, w_ptr, c, sn, d, partner, eps, D: tl.constexpr, RD: tl.cons
 
 
 @triton.jit
-def prepare_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, gate_ptr, kc_ptr, vc_ptr,
-                   heads, stride_qt, stride_kt, stride_vt, stride_ct, cache_rows, stride_cr, stride_ch, eps,
-                   D: tl.constexpr, RD: tl.constexpr, GATED: tl.constexpr, ZERO_CENTRED: tl.constexpr,
-                   HAS_Q: tl.constexpr):
+def prepare_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    qo_ptr,
+    gate_ptr,
+    kc_ptr,
+    vc_ptr,
+    heads,
+    stride_qt,
+    stride_kt,
+    stride_vt,
+    stride_ct,
+    cache_rows,
+    stride_cr,
+    stride_ch,
+    eps,
+    D: tl.constexpr,
+    RD: tl.constexpr,
+    GATED: tl.constexpr,
+    ZERO_CENTRED: tl.constexpr,
+    HAS_Q: tl.constexpr,
+):
     """Program (t, j): query head j (normed, rotated, its output gate split off), or, for j >= heads, KV
     head j - heads: key normed and rotated, key and value written to the caches' row pos[t] mod rows."""
     t = tl.program_id(0)

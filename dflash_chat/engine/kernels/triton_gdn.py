@@ -10,10 +10,27 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
 
 
 @triton.jit
-def recurrent_kernel(qkv_ptr, b_ptr, a_ptr, alog_ptr, dt_ptr, state_ptr, out_ptr, keep_ptr, T, rep,
-                     stride_t, key_total, stride_g,
-                     K: tl.constexpr, V: tl.constexpr, VB: tl.constexpr,
-                     UPDATE: tl.constexpr, OUTPUTS: tl.constexpr, MASKED: tl.constexpr):
+def recurrent_kernel(
+    qkv_ptr,
+    b_ptr,
+    a_ptr,
+    alog_ptr,
+    dt_ptr,
+    state_ptr,
+    out_ptr,
+    keep_ptr,
+    T,
+    rep,
+    stride_t,
+    key_total,
+    stride_g,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    VB: tl.constexpr,
+    UPDATE: tl.constexpr,
+    OUTPUTS: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     h = tl.program_id(0)  # value head
     H = tl.num_programs(0)
     cols = tl.program_id(1) * VB + tl.arange(0, VB)
@@ -51,8 +68,21 @@ def recurrent_kernel(qkv_ptr, b_ptr, a_ptr, alog_ptr, dt_ptr, state_ptr, out_ptr
 
 
 @triton.jit
-def scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, attn_ptr, decay_ptr, state_ptr, out_ptr, N,
-                C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, VB: tl.constexpr):
+def scan_kernel(
+    q_ptr,
+    k_ptr,
+    w_ptr,
+    u_ptr,
+    attn_ptr,
+    decay_ptr,
+    state_ptr,
+    out_ptr,
+    N,
+    C: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    VB: tl.constexpr,
+):
     """Program (h, value block): the state tile carried through every chunk in registers (see gdn.Chunks).
 
     The products run on tensor cores in TF32 (10-bit mantissas, fp32 sums): with IEEE fp32 or 3xTF32 the

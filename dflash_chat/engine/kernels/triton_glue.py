@@ -29,8 +29,18 @@ def _silu(x):
 
 
 @triton.jit
-def _norm_kernel(x_ptr, res_ptr, w_ptr, r_out_ptr, out_ptr, H, eps, HAS_RES: tl.constexpr,
-                 ZERO_CENTRED: tl.constexpr, BLOCK: tl.constexpr):
+def _norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    r_out_ptr,
+    out_ptr,
+    H,
+    eps,
+    HAS_RES: tl.constexpr,
+    ZERO_CENTRED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """One row per program: [r = res + x (stored)], out = RMSNorm(r)."""
     row = tl.program_id(0).to(tl.int64) * H
     cols = tl.arange(0, BLOCK)
@@ -53,20 +63,47 @@ def _rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1]
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     h = x.shape[-1]
     r, out = torch.empty_like(x), torch.empty_like(x)
-    _launch(_norm_kernel, (_rows(x),), x, residual, weight, r, out, h, eps, HAS_RES=True, ZERO_CENTRED=zero_centred,
-                              BLOCK=triton.next_power_of_2(h), num_warps=4)
+    _launch(
+        _norm_kernel,
+        (_rows(x),),
+        x,
+        residual,
+        weight,
+        r,
+        out,
+        h,
+        eps,
+        HAS_RES=True,
+        ZERO_CENTRED=zero_centred,
+        BLOCK=triton.next_power_of_2(h),
+        num_warps=4,
+    )
     return r, out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
     h = x.shape[-1]
     out = torch.empty_like(x)
-    _launch(_norm_kernel, (_rows(x),), x, x, weight, x, out, h, eps, HAS_RES=False, ZERO_CENTRED=zero_centred,
-                              BLOCK=triton.next_power_of_2(h), num_warps=4)
+    _launch(
+        _norm_kernel,
+        (_rows(x),),
+        x,
+        x,
+        weight,
+        x,
+        out,
+        h,
+        eps,
+        HAS_RES=False,
+        ZERO_CENTRED=zero_centred,
+        BLOCK=triton.next_power_of_2(h),
+        num_warps=4,
+    )
     return out
 
 
@@ -91,8 +128,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _gated_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, rows, D, heads, stride_gt, eps, ROWS: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _gated_norm_kernel(
+    x_ptr, g_ptr, w_ptr, out_ptr, rows, D, heads, stride_gt, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr
+):
     """Rows r = t * heads + h of x [T, heads, D] (contiguous); the gate may be a view with rows t strided
     (z, a slice of the fused projection's output): its row r sits at t * stride_gt + h * D."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
@@ -117,14 +155,38 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     stride_gt = gate.stride(0) if gate.dim() == 3 else heads * d  # (any other gate is contiguous)
     out = torch.empty_like(x)
     per = 16
-    _launch(_gated_norm_kernel, (triton.cdiv(rows, per),), x, gate, weight, out, rows, d, heads, stride_gt, eps,
-            ROWS=per, BLOCK=triton.next_power_of_2(d))
+    _launch(
+        _gated_norm_kernel,
+        (triton.cdiv(rows, per),),
+        x,
+        gate,
+        weight,
+        out,
+        rows,
+        d,
+        heads,
+        stride_gt,
+        eps,
+        ROWS=per,
+        BLOCK=triton.next_power_of_2(d),
+    )
     return out
 
 
 @triton.jit
-def _conv_step_kernel(x_ptr, state_ptr, w_ptr, out_ptr, C, stride_st, stride_sc, stride_wc, stride_wk,
-                      KERNEL: tl.constexpr, BLOCK: tl.constexpr):
+def _conv_step_kernel(
+    x_ptr,
+    state_ptr,
+    w_ptr,
+    out_ptr,
+    C,
+    stride_st,
+    stride_sc,
+    stride_wc,
+    stride_wk,
+    KERNEL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = c < C
     x = tl.load(x_ptr + c, mask=live, other=0.0)
@@ -147,16 +209,31 @@ def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tor
     kernel = weight.shape[-1]
     out = torch.empty_like(x)
     block = 1024
-    _launch(_conv_step_kernel, (triton.cdiv(c, block),), x, state, weight, out, c, state.stride(0), state.stride(1),
-                                                weight.stride(0), weight.stride(1), KERNEL=kernel, BLOCK=block)
+    _launch(
+        _conv_step_kernel,
+        (triton.cdiv(c, block),),
+        x,
+        state,
+        weight,
+        out,
+        c,
+        state.stride(0),
+        state.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        KERNEL=kernel,
+        BLOCK=block,
+    )
     return out
 
 
 # --- the routed layer's glue: top-k of the router's softmax, the pairs sorted by expert, the weighted sum ----
 
+
 @triton.jit
-def _top_k_softmax_kernel(logits_ptr, idx_ptr, w_ptr, E, stride_l, K: tl.constexpr, KB: tl.constexpr,
-                          BLOCK: tl.constexpr):
+def _top_k_softmax_kernel(
+    logits_ptr, idx_ptr, w_ptr, E, stride_l, K: tl.constexpr, KB: tl.constexpr, BLOCK: tl.constexpr
+):
     """One token per program: softmax over the E logits (fp32), the K largest (ties: the lower expert),
     their weights renormalised to sum to 1."""
     t = tl.program_id(0).to(tl.int64)
@@ -184,8 +261,18 @@ def top_k_softmax(logits: torch.Tensor, k: int, dtype: torch.dtype) -> tuple[tor
     t, e = logits.shape
     idx = torch.empty(t, k, device=logits.device, dtype=torch.long)
     w = torch.empty(t, k, device=logits.device, dtype=dtype)
-    _launch(_top_k_softmax_kernel, (t,), logits, idx, w, e, logits.stride(0), K=k, KB=triton.next_power_of_2(k),
-            BLOCK=triton.next_power_of_2(e))
+    _launch(
+        _top_k_softmax_kernel,
+        (t,),
+        logits,
+        idx,
+        w,
+        e,
+        logits.stride(0),
+        K=k,
+        KB=triton.next_power_of_2(k),
+        BLOCK=triton.next_power_of_2(e),
+    )
     return idx, w
 
 
@@ -193,8 +280,9 @@ ROUTE_PAIRS = 256  # pairs one program sorts (32 tokens of top-8): decode and ve
 
 
 @triton.jit
-def _route_kernel(idx_ptr, order_ptr, token_ptr, expert_ptr, offsets_ptr, P, E, K: tl.constexpr,
-                  PB: tl.constexpr, EB: tl.constexpr):
+def _route_kernel(
+    idx_ptr, order_ptr, token_ptr, expert_ptr, offsets_ptr, P, E, K: tl.constexpr, PB: tl.constexpr, EB: tl.constexpr
+):
     """All pairs in one program: pair p's place in (expert, pair) order is the number of pairs before it,
     counted by comparing every pair with every other; offsets[f] = pairs of experts below f (a histogram)."""
     p = tl.arange(0, PB)
@@ -218,15 +306,28 @@ def route(top_k_index: torch.Tensor, num_experts: int):
     device = top_k_index.device
     order, token_of, expert_of = (torch.empty(pairs, device=device, dtype=torch.int32) for _ in range(3))
     offsets = torch.empty(num_experts + 1, device=device, dtype=torch.int32)
-    _launch(_route_kernel, (1,), top_k_index, order, token_of, expert_of, offsets, pairs, num_experts,
-            K=top_k_index.shape[-1], PB=max(16, triton.next_power_of_2(pairs)),
-            EB=triton.next_power_of_2(num_experts + 1), num_warps=8 if pairs > 64 else 4)
+    _launch(
+        _route_kernel,
+        (1,),
+        top_k_index,
+        order,
+        token_of,
+        expert_of,
+        offsets,
+        pairs,
+        num_experts,
+        K=top_k_index.shape[-1],
+        PB=max(16, triton.next_power_of_2(pairs)),
+        EB=triton.next_power_of_2(num_experts + 1),
+        num_warps=8 if pairs > 64 else 4,
+    )
     return order, token_of, offsets, expert_of
 
 
 @triton.jit
-def _moe_combine_kernel(y_ptr, w_ptr, shared_ptr, gate_ptr, out_ptr, H, stride_g, K: tl.constexpr,
-                        SHARED: tl.constexpr, BLOCK: tl.constexpr):
+def _moe_combine_kernel(
+    y_ptr, w_ptr, shared_ptr, gate_ptr, out_ptr, H, stride_g, K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr
+):
     """out[t] = sum_j w[t, j] * y[t*K + j] (products rounded to y's dtype, summed in fp32), then, with a shared
     expert, + sigmoid(gate[t]) * shared[t]: rounded where the model code rounds."""
     t = tl.program_id(0).to(tl.int64)
@@ -252,14 +353,40 @@ def moe_combine(y: torch.Tensor, top_k_weights: torch.Tensor, shared, dtype: tor
     out = torch.empty(t, h, device=y.device, dtype=dtype)
     shared_out, gate = (shared[0].contiguous(), shared[1]) if shared is not None else (out, out)
     block = min(1024, triton.next_power_of_2(h))
-    _launch(_moe_combine_kernel, (t, triton.cdiv(h, block)), y, top_k_weights, shared_out, gate, out, h,
-            gate.stride(0), K=k, SHARED=shared is not None, BLOCK=block)
+    _launch(
+        _moe_combine_kernel,
+        (t, triton.cdiv(h, block)),
+        y,
+        top_k_weights,
+        shared_out,
+        gate,
+        out,
+        h,
+        gate.stride(0),
+        K=k,
+        SHARED=shared is not None,
+        BLOCK=block,
+    )
     return out
 
 
 @triton.jit
-def _conv_block_kernel(x_ptr, state_ptr, w_ptr, window_ptr, out_ptr, T, C, stride_x, stride_st, stride_sc,
-                       stride_wc, stride_wk, KERNEL: tl.constexpr, BLOCK: tl.constexpr):
+def _conv_block_kernel(
+    x_ptr,
+    state_ptr,
+    w_ptr,
+    window_ptr,
+    out_ptr,
+    T,
+    C,
+    stride_x,
+    stride_st,
+    stride_sc,
+    stride_wc,
+    stride_wk,
+    KERNEL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """A block of T tokens through GDN's conv: window = [state; x] is written out (what a commit takes its conv
     state from), then out[t] = silu(sum_j w[j] * window[t + j]); the state itself is left as it was."""
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -281,10 +408,27 @@ def _conv_block_kernel(x_ptr, state_ptr, w_ptr, window_ptr, out_ptr, T, C, strid
         tl.store(out_ptr + t * C + c, _silu(conv).to(out_ptr.dtype.element_ty), mask=live)
 
 
-def conv_block(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor,
-               out: torch.Tensor) -> torch.Tensor:
+def conv_block(
+    x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, window: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
     t, c = x.shape
     block = 512
-    _launch(_conv_block_kernel, (triton.cdiv(c, block),), x, state, weight, window, out, t, c, x.stride(0),
-            state.stride(0), state.stride(1), weight.stride(0), weight.stride(1), KERNEL=weight.shape[-1], BLOCK=block)
+    _launch(
+        _conv_block_kernel,
+        (triton.cdiv(c, block),),
+        x,
+        state,
+        weight,
+        window,
+        out,
+        t,
+        c,
+        x.stride(0),
+        state.stride(0),
+        state.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        KERNEL=weight.shape[-1],
+        BLOCK=block,
+    )
     return out[:t]

@@ -36,8 +36,22 @@ import triton.language as tl
 from dflash_chat.engine.kernels import configs
 from dflash_chat.engine.weights.formats import IQ4_LEVELS, Format
 
-FMT_IDS = {"Q8_0": 0, "Q4_0": 1, "Q5_0": 2, "Q5_1": 3, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "Q2_K": 7, "Q3_K": 8,
-           "IQ4_NL": 9, "IQ4_XS": 10, "F32": 100, "F16": 101, "BF16": 102}
+FMT_IDS = {
+    "Q8_0": 0,
+    "Q4_0": 1,
+    "Q5_0": 2,
+    "Q5_1": 3,
+    "Q4_K": 4,
+    "Q5_K": 5,
+    "Q6_K": 6,
+    "Q2_K": 7,
+    "Q3_K": 8,
+    "IQ4_NL": 9,
+    "IQ4_XS": 10,
+    "F32": 100,
+    "F16": 101,
+    "BF16": 102,
+}
 _X_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # Compiled for a GPU, byte moves are one PRMT (inline PTX); the interpreter runs the same function as shift-and-mask
 # (tests/engine/test_quant_prmt.py checks the selectors against it with a model of PRMT).
@@ -51,6 +65,7 @@ _PRMT_H0, _PRMT_H1, _PRMT_H2, _PRMT_H3 = PRMT_HALF
 
 
 # --- reading the packed words ---------------------------------------------------------------------------
+
 
 @triton.jit
 def _word(rows_ptr, byte_off, t, ALIGNED: tl.constexpr):
@@ -149,8 +164,9 @@ def _decode(rows_ptr, base, c, t, zt, h: tl.constexpr, FMT: tl.constexpr):
             Q = (_word(rows_ptr, base + 16 + 32 * c, t, True) >> (4 * h)) & 0x0F0F0F0F
         else:
             qh = _word(rows_ptr, base + 16 + c * 0, t, True)  # bit 2c+h of qh[l]: the fifth bit of value 64c+32h+l
-            Q = ((_word(rows_ptr, base + 48 + 32 * c, t, True) >> (4 * h)) & 0x0F0F0F0F) | \
-                (((qh >> (2 * c + h)) & 0x01010101) << 4)
+            Q = ((_word(rows_ptr, base + 48 + 32 * c, t, True) >> (4 * h)) & 0x0F0F0F0F) | (
+                ((qh >> (2 * c + h)) & 0x01010101) << 4
+            )
         sc, mn = _k_scale_min(rows_ptr, base, 2 * c + h, zt)
         dd = _word(rows_ptr, base + c * 0, zt, True)
         scale = _f16lo(dd) * sc.to(tl.float32)
@@ -175,8 +191,9 @@ def _decode(rows_ptr, base, c, t, zt, h: tl.constexpr, FMT: tl.constexpr):
         minv = _f16hi(dd) * (scb >> 4).to(tl.float32)
     elif FMT == 8:  # Q3_K: like Q2_K plus a high bit from hmask (bit 4*half + s of hmask[l]); u = q + 4
         hm = _word(rows_ptr, base + c * 0, t, False)
-        Q = ((_word(rows_ptr, base + 32 + 32 * c, t, False) >> (2 * h)) & 0x03030303) | \
-            (((hm >> (4 * c + h)) & 0x01010101) << 2)
+        Q = ((_word(rows_ptr, base + 32 + 32 * c, t, False) >> (2 * h)) & 0x03030303) | (
+            ((hm >> (4 * c + h)) & 0x01010101) << 2
+        )
         g = 8 * c + 2 * h + t // 4
         low = (_byte(rows_ptr, base + 96 + g % 8, zt, False) >> (4 * (g // 8))) & 0xF
         high = (_byte(rows_ptr, base + 104 + g % 4, zt, False) >> (2 * (g // 4))) & 3
@@ -325,10 +342,26 @@ def _tile_index(BN: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.cons
 
 # --- M = 1: FMA ------------------------------------------------------------------------------------------
 
+
 @triton.jit
-def _gemv_rows(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, u_start, u_end, FMT: tl.constexpr, C: tl.constexpr,
-               T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, UNIT_BYTES: tl.constexpr, X_KIND: tl.constexpr,
-               BN: tl.constexpr):
+def _gemv_rows(
+    x_ptr,
+    w_ptr,
+    kv_ptr,
+    rows,
+    N,
+    row_bytes,
+    u_start,
+    u_end,
+    FMT: tl.constexpr,
+    C: tl.constexpr,
+    T2: tl.constexpr,
+    RW: tl.constexpr,
+    NH: tl.constexpr,
+    UNIT_BYTES: tl.constexpr,
+    X_KIND: tl.constexpr,
+    BN: tl.constexpr,
+):
     """sum over units u_start..u_end-1 of W[rows, unit] . x[unit] -> fp32 [BN]. x: int64 view (16-bit) or fp32."""
     c, t, zt, zr = _tile_index(BN, C, T2, RW)
     # rows past N read row N-1 (no predicated loads); their results are never stored
@@ -397,10 +430,28 @@ def _finish_split(part_ptr, y_ptr, count_ptr, tile, offs, live, total, splits):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, y_ptr, count_ptr, N, row_bytes, units, units_per_split, splits,
-                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
-                 UNIT_BYTES: tl.constexpr,
-                 X_KIND: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    kv_ptr,
+    y_ptr,
+    count_ptr,
+    N,
+    row_bytes,
+    units,
+    units_per_split,
+    splits,
+    FMT: tl.constexpr,
+    C: tl.constexpr,
+    T2: tl.constexpr,
+    RW: tl.constexpr,
+    NH: tl.constexpr,
+    UNIT_BYTES: tl.constexpr,
+    X_KIND: tl.constexpr,
+    BN: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     """out[n] (in out's dtype) for one row of x; SPLIT over K: out[split, n] holds fp32 partial sums and the
     tile's last split writes their sum to y[n]."""
     pid_n = tl.program_id(0)
@@ -416,6 +467,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, y_ptr, count_ptr, N, row_bytes, 
 
 # --- 2 <= M <= 32: tensor cores ---------------------------------------------------------------------------
 
+
 @triton.jit
 def _join4(a, b, c, d):
     """Four equal tensors -> [..., 2, 2] whose flattened last two dims are a, b, c, d in order."""
@@ -423,30 +475,53 @@ def _join4(a, b, c, d):
 
 
 @triton.jit
-def _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, h: tl.constexpr, FMT: tl.constexpr,
-                 EXACT: tl.constexpr):
+def _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, h: tl.constexpr, FMT: tl.constexpr, EXACT: tl.constexpr):
     """Slot h's weights as fp32 [BN, C, T2, RW, 2, 2] (word, then byte b = 2i + k)."""
     A, INV_B = _affine(FMT)
     Q, scale, minv = _decode(rows_ptr, base, c, t, zt, h, FMT)
     if _is_table(FMT):
-        return _join4(scale * _level(Q, 0, kv_ptr, FMT, magic), scale * _level(Q, 1, kv_ptr, FMT, magic),
-                      scale * _level(Q, 2, kv_ptr, FMT, magic), scale * _level(Q, 3, kv_ptr, FMT, magic))
+        return _join4(
+            scale * _level(Q, 0, kv_ptr, FMT, magic),
+            scale * _level(Q, 1, kv_ptr, FMT, magic),
+            scale * _level(Q, 2, kv_ptr, FMT, magic),
+            scale * _level(Q, 3, kv_ptr, FMT, magic),
+        )
     elif EXACT:
         off = _offset(FMT)
-        return _join4(scale * ((Q & 0xFF).to(tl.float32) - off) - minv,
-                      scale * (((Q >> 8) & 0xFF).to(tl.float32) - off) - minv,
-                      scale * (((Q >> 16) & 0xFF).to(tl.float32) - off) - minv,
-                      scale * (((Q >> 24) & 0xFF).to(tl.float32) - off) - minv)
+        return _join4(
+            scale * ((Q & 0xFF).to(tl.float32) - off) - minv,
+            scale * (((Q >> 8) & 0xFF).to(tl.float32) - off) - minv,
+            scale * (((Q >> 16) & 0xFF).to(tl.float32) - off) - minv,
+            scale * (((Q >> 24) & 0xFF).to(tl.float32) - off) - minv,
+        )
     else:
         mul = scale * INV_B
         sub = scale * (A * INV_B + _offset(FMT)) + minv
-        return _join4(_level(Q, 0, kv_ptr, FMT, magic) * mul - sub, _level(Q, 1, kv_ptr, FMT, magic) * mul - sub,
-                      _level(Q, 2, kv_ptr, FMT, magic) * mul - sub, _level(Q, 3, kv_ptr, FMT, magic) * mul - sub)
+        return _join4(
+            _level(Q, 0, kv_ptr, FMT, magic) * mul - sub,
+            _level(Q, 1, kv_ptr, FMT, magic) * mul - sub,
+            _level(Q, 2, kv_ptr, FMT, magic) * mul - sub,
+            _level(Q, 3, kv_ptr, FMT, magic) * mul - sub,
+        )
 
 
 @triton.jit
-def _unit_values(rows_ptr, kv_ptr, base, c, t, zt, magic, FMT: tl.constexpr, BN: tl.constexpr, C: tl.constexpr,
-                 T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr, EXACT: tl.constexpr):
+def _unit_values(
+    rows_ptr,
+    kv_ptr,
+    base,
+    c,
+    t,
+    zt,
+    magic,
+    FMT: tl.constexpr,
+    BN: tl.constexpr,
+    C: tl.constexpr,
+    T2: tl.constexpr,
+    RW: tl.constexpr,
+    NH: tl.constexpr,
+    EXACT: tl.constexpr,
+):
     """The unit's 256 weights of each row as fp32 [BN, C, T2, RW, 4, NH] (word, byte, slot order).
 
     EXACT: scale * (u - OFFSET) - minv as in formats.py (dequantize); else the same through the affine levels
@@ -458,9 +533,12 @@ def _unit_values(rows_ptr, kv_ptr, base, c, t, zt, magic, FMT: tl.constexpr, BN:
     elif NH == 2:
         v = tl.join(s0, _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 1, FMT, EXACT))
     else:
-        v = _join4(s0, _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 1, FMT, EXACT),
-                   _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 2, FMT, EXACT),
-                   _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 3, FMT, EXACT))
+        v = _join4(
+            s0,
+            _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 1, FMT, EXACT),
+            _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 2, FMT, EXACT),
+            _slot_values(rows_ptr, kv_ptr, base, c, t, zt, magic, 3, FMT, EXACT),
+        )
     return tl.reshape(v, [BN, C, T2, RW, 4, NH])
 
 
@@ -483,10 +561,28 @@ def _slot_x_index(FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.c
 
 
 @triton.jit
-def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stride_xm, u_start, u_end,
-               FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
-                 UNIT_BYTES: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr):
+def _gemm_tile(
+    x_ptr,
+    w_ptr,
+    kv_ptr,
+    rows,
+    N,
+    row_bytes,
+    K,
+    x_rows,
+    x_live,
+    stride_xm,
+    u_start,
+    u_end,
+    FMT: tl.constexpr,
+    C: tl.constexpr,
+    T2: tl.constexpr,
+    RW: tl.constexpr,
+    NH: tl.constexpr,
+    UNIT_BYTES: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
     """fp32 [BM, BN]: x[x_rows] @ W[rows].T over units u_start..u_end-1 (x rows given as indices, x_live masks)."""
     x_row = x_rows.to(tl.int64)[:, None, None, None, None] * stride_xm
     live = x_live[:, None, None, None, None]
@@ -520,11 +616,30 @@ def _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, K, x_rows, x_live, stri
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, y_ptr, count_ptr, M, N, row_bytes, stride_xm, units, units_per_split,
-                 splits,
-                 FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
-                 UNIT_BYTES: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+def _gemm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    kv_ptr,
+    y_ptr,
+    count_ptr,
+    M,
+    N,
+    row_bytes,
+    stride_xm,
+    units,
+    units_per_split,
+    splits,
+    FMT: tl.constexpr,
+    C: tl.constexpr,
+    T2: tl.constexpr,
+    RW: tl.constexpr,
+    NH: tl.constexpr,
+    UNIT_BYTES: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     """out[m, n]; SPLIT over K: out[split, m, n] holds fp32 partial sums and the tile's last split writes
     their sum to y[m, n]."""
     pid_n = tl.program_id(0)
@@ -534,8 +649,28 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, y_ptr, count_ptr, M, N, row_byte
     ms = pid_m * BM + tl.arange(0, BM)
     u_start = pid_k * units_per_split
     u_end = tl.minimum(u_start + units_per_split, units)
-    acc = _gemm_tile(x_ptr, w_ptr, kv_ptr, rows, N, row_bytes, units * 256, ms, ms < M, stride_xm, u_start, u_end,
-                     FMT, C, T2, RW, NH, UNIT_BYTES, BM, BN)
+    acc = _gemm_tile(
+        x_ptr,
+        w_ptr,
+        kv_ptr,
+        rows,
+        N,
+        row_bytes,
+        units * 256,
+        ms,
+        ms < M,
+        stride_xm,
+        u_start,
+        u_end,
+        FMT,
+        C,
+        T2,
+        RW,
+        NH,
+        UNIT_BYTES,
+        BM,
+        BN,
+    )
     offs = ms[:, None] * N + rows[None, :]
     live = (ms < M)[:, None] & (rows < N)[None, :]
     tl.store(out_ptr + pid_k.to(tl.int64) * M * N + offs, acc.to(out_ptr.dtype.element_ty), mask=live)
@@ -545,11 +680,32 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, y_ptr, count_ptr, M, N, row_byte
 
 # --- routed experts ---------------------------------------------------------------------------------------
 
+
 @triton.jit
-def _experts_gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert_ptr, N, K, row_bytes,
-                         expert_stride, units, stride_xm, stride_om,
-                         FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
-                         UNIT_BYTES: tl.constexpr, X_KIND: tl.constexpr, BN: tl.constexpr):
+def _experts_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    kv_ptr,
+    src_ptr,
+    dst_ptr,
+    expert_ptr,
+    N,
+    K,
+    row_bytes,
+    expert_stride,
+    units,
+    stride_xm,
+    stride_om,
+    FMT: tl.constexpr,
+    C: tl.constexpr,
+    T2: tl.constexpr,
+    RW: tl.constexpr,
+    NH: tl.constexpr,
+    UNIT_BYTES: tl.constexpr,
+    X_KIND: tl.constexpr,
+    BN: tl.constexpr,
+):
     """Program (i, n): out[dst[i]] = x[src[i]] @ W[expert[i]].T for one routed pair i."""
     i = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -560,16 +716,53 @@ def _experts_gemv_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert
     if FMT >= 100:
         y = _gemv_float_rows(x_ptr + src * stride_xm, w_e, rows, N, K, 0, units, BN)
     else:
-        y = _gemv_rows(x_ptr + src * stride_xm, w_e, kv_ptr, rows, N, row_bytes, 0, units, FMT, C, T2, RW, NH,
-                       UNIT_BYTES, X_KIND, BN)
+        y = _gemv_rows(
+            x_ptr + src * stride_xm,
+            w_e,
+            kv_ptr,
+            rows,
+            N,
+            row_bytes,
+            0,
+            units,
+            FMT,
+            C,
+            T2,
+            RW,
+            NH,
+            UNIT_BYTES,
+            X_KIND,
+            BN,
+        )
     tl.store(out_ptr + dst * stride_om + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
 @triton.jit
-def _experts_gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert_ptr, offsets_ptr, N, K, row_bytes,
-                         expert_stride, units, stride_xm, stride_om,
-                         FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.constexpr, NH: tl.constexpr,
-                         UNIT_BYTES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _experts_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    kv_ptr,
+    src_ptr,
+    dst_ptr,
+    expert_ptr,
+    offsets_ptr,
+    N,
+    K,
+    row_bytes,
+    expert_stride,
+    units,
+    stride_xm,
+    stride_om,
+    FMT: tl.constexpr,
+    C: tl.constexpr,
+    T2: tl.constexpr,
+    RW: tl.constexpr,
+    NH: tl.constexpr,
+    UNIT_BYTES: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
     """Program (i, n): if sorted pair i starts a block of BM pairs of its expert, that block's rows times the expert."""
     i = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -581,18 +774,54 @@ def _experts_gemm_kernel(x_ptr, w_ptr, out_ptr, kv_ptr, src_ptr, dst_ptr, expert
         live = pos < end
         src = tl.load(src_ptr + pos, mask=live, other=0)
         dst = tl.load(dst_ptr + pos, mask=live, other=0).to(tl.int64)
-        acc = _gemm_tile(x_ptr, w_ptr + e.to(tl.int64) * expert_stride, kv_ptr, rows, N, row_bytes, K, src, live,
-                         stride_xm, 0, units, FMT, C, T2, RW, NH, UNIT_BYTES, BM, BN)
-        tl.store(out_ptr + dst[:, None] * stride_om + rows[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=live[:, None] & (rows < N)[None, :])
+        acc = _gemm_tile(
+            x_ptr,
+            w_ptr + e.to(tl.int64) * expert_stride,
+            kv_ptr,
+            rows,
+            N,
+            row_bytes,
+            K,
+            src,
+            live,
+            stride_xm,
+            0,
+            units,
+            FMT,
+            C,
+            T2,
+            RW,
+            NH,
+            UNIT_BYTES,
+            BM,
+            BN,
+        )
+        tl.store(
+            out_ptr + dst[:, None] * stride_om + rows[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=live[:, None] & (rows < N)[None, :],
+        )
 
 
 # --- dequantize -------------------------------------------------------------------------------------------
 
+
 @triton.jit
-def _dequant_kernel(w_ptr, out_ptr, kv_ptr, N, row_bytes, K, FMT: tl.constexpr, C: tl.constexpr, T2: tl.constexpr,
-                    RW: tl.constexpr,
-                    NH: tl.constexpr, UNIT_BYTES: tl.constexpr, BN: tl.constexpr):
+def _dequant_kernel(
+    w_ptr,
+    out_ptr,
+    kv_ptr,
+    N,
+    row_bytes,
+    K,
+    FMT: tl.constexpr,
+    C: tl.constexpr,
+    T2: tl.constexpr,
+    RW: tl.constexpr,
+    NH: tl.constexpr,
+    UNIT_BYTES: tl.constexpr,
+    BN: tl.constexpr,
+):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     u = tl.program_id(1)
     c, t, zt, zr = _tile_index(BN, C, T2, RW)
@@ -604,6 +833,7 @@ def _dequant_kernel(w_ptr, out_ptr, kv_ptr, N, row_bytes, K, FMT: tl.constexpr, 
 
 
 # --- host side --------------------------------------------------------------------------------------------
+
 
 def _launch(kernel, grid, *args, **kwargs) -> None:
     """Every launch goes through here (kernels/compile_check.py captures them to compile without a GPU)."""
@@ -657,8 +887,9 @@ def launch_for(fmt: Format, m: int, n: int, k: int, device: torch.device) -> con
     return configs.pick_launch(fmt.name, m, n, k, _family(device), _sms(device))
 
 
-def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
-                   launch: configs.Launch | None = None) -> torch.Tensor:
+def matmul_small_m(
+    x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, launch: configs.Launch | None = None
+) -> torch.Tensor:
     """x [M, K] (M <= 32) @ W.T -> [M, n] in x.dtype; W [n, K] packed rows (see configs.kernel_supports)."""
     m, k = x.shape
     x = x.contiguous()
@@ -669,20 +900,52 @@ def matmul_small_m(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int,
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     out = torch.empty(split, m, n, device=x.device, dtype=torch.float32) if split > 1 else y
     counters = _counters(x.device) if split > 1 else y
-    common = dict(**_constexprs(fmt), BN=launch.block_n, num_warps=launch.warps, enable_fp_fusion=True,
-                  SPLIT=split > 1)
+    common = dict(**_constexprs(fmt), BN=launch.block_n, num_warps=launch.warps, enable_fp_fusion=True, SPLIT=split > 1)
     w, rb = _words(packed), packed.shape[-1]
     blocks_n, blocks_m = triton.cdiv(n, launch.block_n), triton.cdiv(m, launch.block_m)
     if split > 1 and blocks_n * blocks_m > COUNTERS:
         raise ValueError(f"split-K over {blocks_n * blocks_m} tiles: more than the {COUNTERS} counters")
     if launch.kernel == "gemv":
         xa, kind = _x_arg(x)
-        _launch(_gemv_kernel, (blocks_n, split), xa, w, out, _levels(x.device), y, counters, n, rb, units, per_split,
-                split, X_KIND=kind, **common)
+        _launch(
+            _gemv_kernel,
+            (blocks_n, split),
+            xa,
+            w,
+            out,
+            _levels(x.device),
+            y,
+            counters,
+            n,
+            rb,
+            units,
+            per_split,
+            split,
+            X_KIND=kind,
+            **common,
+        )
     else:
         # num_stages=1: the weight words go to registers; pipelining would stage them through shared memory
-        _launch(_gemm_kernel, (blocks_n, blocks_m, split), x, w, out, _levels(x.device), y, counters, m, n, rb,
-                x.stride(0), units, per_split, split, BM=launch.block_m, num_stages=1, **common)
+        _launch(
+            _gemm_kernel,
+            (blocks_n, blocks_m, split),
+            x,
+            w,
+            out,
+            _levels(x.device),
+            y,
+            counters,
+            m,
+            n,
+            rb,
+            x.stride(0),
+            units,
+            per_split,
+            split,
+            BM=launch.block_m,
+            num_stages=1,
+            **common,
+        )
     return y
 
 
@@ -702,8 +965,17 @@ def expert_of_position(offsets: torch.Tensor, pairs: int) -> torch.Tensor:
     return torch.searchsorted(offsets[1:].contiguous(), positions, right=True).to(torch.int32)
 
 
-def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: torch.Tensor, dst: torch.Tensor,
-               offsets: torch.Tensor, expert_of: torch.Tensor | None = None, tokens: int | None = None) -> torch.Tensor:
+def moe_matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    fmt: Format,
+    n: int,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    offsets: torch.Tensor,
+    expert_of: torch.Tensor | None = None,
+    tokens: int | None = None,
+) -> torch.Tensor:
     """y [P, n]: y[dst[i]] = x[src[i]] @ W[e].T for every sorted pair i of expert e (see reference.moe_matmul).
 
     One launch for all experts; packed [E, n, row_bytes] (or a float [E, n, K]). `tokens` (default: rows of x)
@@ -726,11 +998,49 @@ def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, src: 
     if launch.kernel == "gemv":
         xa, kind = _x_arg(x) if fmt.quantized else (x, 0)
         stride = xa.stride(0)
-        _launch(_experts_gemv_kernel, grid, xa, w, out, _levels(x.device), src, dst, expert_of, n, k, row_bytes,
-                                   expert_stride, units, stride, out.stride(0), X_KIND=kind, **common)
+        _launch(
+            _experts_gemv_kernel,
+            grid,
+            xa,
+            w,
+            out,
+            _levels(x.device),
+            src,
+            dst,
+            expert_of,
+            n,
+            k,
+            row_bytes,
+            expert_stride,
+            units,
+            stride,
+            out.stride(0),
+            X_KIND=kind,
+            **common,
+        )
     else:
-        _launch(_experts_gemm_kernel, grid, x, w, out, _levels(x.device), src, dst, expert_of, offsets, n, k,
-                row_bytes, expert_stride, units, x.stride(0), out.stride(0), BM=launch.block_m, num_stages=1, **common)
+        _launch(
+            _experts_gemm_kernel,
+            grid,
+            x,
+            w,
+            out,
+            _levels(x.device),
+            src,
+            dst,
+            expert_of,
+            offsets,
+            n,
+            k,
+            row_bytes,
+            expert_stride,
+            units,
+            x.stride(0),
+            out.stride(0),
+            BM=launch.block_m,
+            num_stages=1,
+            **common,
+        )
     return out
 
 
@@ -741,8 +1051,19 @@ def dequantize(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.dtype) ->
     bn = 16
     grid = (triton.cdiv(n, bn), k // configs.UNIT)
     # no FMA contraction: scale * (u - off) - minv rounds exactly like the torch path
-    _launch(_dequant_kernel, grid, _words(packed.reshape(n, -1)), out, _levels(packed.device), n, packed.shape[-1], k,
-                          **_constexprs(fmt), BN=bn, enable_fp_fusion=False)
+    _launch(
+        _dequant_kernel,
+        grid,
+        _words(packed.reshape(n, -1)),
+        out,
+        _levels(packed.device),
+        n,
+        packed.shape[-1],
+        k,
+        **_constexprs(fmt),
+        BN=bn,
+        enable_fp_fusion=False,
+    )
     return out.reshape(*packed.shape[:-1], k)
 
 

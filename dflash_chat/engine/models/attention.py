@@ -25,13 +25,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     rep = heads // kv_heads
     qf = q.reshape(Q, kv_heads, rep, d).permute(1, 2, 0, 3).reshape(1, kv_heads, rep * Q, d)
     m = None if mask is None else mask.repeat(rep, 1)
-    out = F.scaled_dot_product_attention(
-        qf, k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=m, scale=scale
-    )
+    out = F.scaled_dot_product_attention(qf, k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=m, scale=scale)
     return out.view(kv_heads, rep, Q, d).permute(2, 0, 1, 3).reshape(Q, heads * d)
 
 
-def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None, causal: bool = True) -> torch.Tensor:
+def causal_mask(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None, causal: bool = True
+) -> torch.Tensor:
     """Visibility [Q, K]: a query at position p sees keys at positions <= p when causal, and, when windowed,
     only keys less than `window` positions before it (and, when not causal, after it: the drafters'
     bidirectional sliding layers, z-lab/dflash 07ebd93 `_attention_mask`)."""
@@ -42,8 +42,17 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = N
     return visible
 
 
-def attend_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: Span, scale: float, *,
-                 causal: bool = True, window: int | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+def attend_cache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    span: Span,
+    scale: float,
+    *,
+    causal: bool = True,
+    window: int | None = None,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q [T, heads, d] at `span.pos` against the cached positions [0, span.end) -> [T, heads * d].
 
     Position j lives in row j mod rows: the identity for a cache as long as the context, a ring for a
@@ -86,8 +95,9 @@ def cache_mask(span: Span, causal: bool, window: int | None) -> torch.Tensor | N
     return visible
 
 
-def write_rows(cache_k: torch.Tensor, cache_v: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor) -> None:
+def write_rows(
+    cache_k: torch.Tensor, cache_v: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     """K/V of `positions` into their rows (j mod rows); of a run longer than a ring, only the newest rows."""
     rows = cache_k.shape[0]
     if positions.shape[0] > rows:
@@ -104,8 +114,16 @@ class Projections(nn.Module):
     for each head. Parameter names are the checkpoints' (q_proj, k_proj, v_proj, o_proj, q_norm, k_norm).
     """
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
-                 zero_centred: bool = False, gated: bool = False):
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        zero_centred: bool = False,
+        gated: bool = False,
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.gated = gated
@@ -121,8 +139,16 @@ class Projections(nn.Module):
     def shared_input_parts(self) -> list[nn.Module]:
         return [self.q_proj, self.k_proj, self.v_proj]
 
-    def into_cache(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                   k_cache: torch.Tensor, v_cache: torch.Tensor, queries: bool = True):
+    def into_cache(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        queries: bool = True,
+    ):
         """(q, output gate) of x, its keys and values written to the caches' rows positions mod rows; on CUDA
         the norms, RoPE, gate split and cache writes are one kernel after the projections."""
         from dflash_chat.engine.kernels import attention as kernel
@@ -143,9 +169,22 @@ class Projections(nn.Module):
             q_raw, k_raw, v_raw = self.shared(x)
         else:
             q_raw, k_raw, v_raw = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return kernel.prepare(q_raw, k_raw, v_raw, self.q_norm.weight, self.k_norm.weight, self.k_norm.eps,
-                              self.k_norm.zero_centred, cos, sin, positions, k_cache, v_cache, self.num_heads,
-                              self.gated)
+        return kernel.prepare(
+            q_raw,
+            k_raw,
+            v_raw,
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.k_norm.eps,
+            self.k_norm.zero_centred,
+            cos,
+            sin,
+            positions,
+            k_cache,
+            v_cache,
+            self.num_heads,
+            self.gated,
+        )
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """(q, output gate, k, v) as `queries` and `keys_values` give them, from one fused matmul when there is one."""
@@ -154,7 +193,9 @@ class Projections(nn.Module):
         q, k, v = self.shared(x)
         return (*self._queries(q, cos, sin), *self._keys_values(k, v, cos, sin))
 
-    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def queries(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(q [T, heads, d] normed and rotated, output gate [T, heads * d] or None)."""
         return self._queries(self.q_proj(x), cos, sin)
 

@@ -54,21 +54,32 @@ def _rope(d: dict, partial_default: float = 1.0) -> tuple[float, float, RopeScal
     if kind == "default":
         return float(theta), float(partial), RopeScaling()
     if kind not in SCALED_ROPE_KINDS:
-        raise ModelFormatError(f"rope type {kind!r} is not supported (supported: default, {', '.join(SCALED_ROPE_KINDS)})")
+        raise ModelFormatError(
+            f"rope type {kind!r} is not supported (supported: default, {', '.join(SCALED_ROPE_KINDS)})"
+        )
     factor = params.get("factor")
     if factor is None and kind == "linear":
         raise ModelFormatError("linear rope scaling without a 'factor'")
-    original = (params.get("original_max_position_embeddings") or d.get("original_max_position_embeddings")
-                or d.get("max_position_embeddings") or 0)
+    original = (
+        params.get("original_max_position_embeddings")
+        or d.get("original_max_position_embeddings")
+        or d.get("max_position_embeddings")
+        or 0
+    )
     if kind == "yarn" and not original:
         raise ModelFormatError("yarn rope scaling without original_max_position_embeddings or max_position_embeddings")
     if factor is None:
         factor = d["max_position_embeddings"] / original
     scaling = RopeScaling(
-        kind=kind, factor=float(factor), original_max_position_embeddings=int(original),
-        beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
-        mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"),
-        attention_factor=params.get("attention_factor"), truncate=bool(params.get("truncate", True)),
+        kind=kind,
+        factor=float(factor),
+        original_max_position_embeddings=int(original),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=params.get("mscale"),
+        mscale_all_dim=params.get("mscale_all_dim"),
+        attention_factor=params.get("attention_factor"),
+        truncate=bool(params.get("truncate", True)),
     )
     return float(theta), float(partial), scaling
 
@@ -84,8 +95,10 @@ def _count(d: dict, key: str, what: str, default: int | None = None, minimum: in
     value = d.get(key, default)
     limit = LIMITS.get(key, DEFAULT_LIMIT)
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= limit:
-        raise ModelFormatError(f"{what} config.json has {key} = {value!r}, expected a whole number from {minimum} "
-                               f"to {limit}: the file is damaged or not a supported model")
+        raise ModelFormatError(
+            f"{what} config.json has {key} = {value!r}, expected a whole number from {minimum} "
+            f"to {limit}: the file is damaged or not a supported model"
+        )
     return value
 
 
@@ -153,7 +166,9 @@ class TargetConfig:
         hidden = _need(d, "hidden_size", what)
         heads = _need(d, "num_attention_heads", what)
         layers = _need(d, "num_hidden_layers", what)
-        theta, partial, scaling = _rope(d, 1.0 if arch == "qwen3" else 0.25)  # Qwen3.5/3.6 rotate a quarter of each head
+        theta, partial, scaling = _rope(
+            d, 1.0 if arch == "qwen3" else 0.25
+        )  # Qwen3.5/3.6 rotate a quarter of each head
         if scaling.kind != "default":
             raise ModelFormatError(f"{what}: rope type {scaling.kind!r} is not supported for targets (only plain RoPE)")
         layer_types = d.get("layer_types")
@@ -306,13 +321,16 @@ class DFlash2Config:
         for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
             value = get(key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelFormatError(f"DFlash2 drafter config.json has no valid dflash_config.{key} (a positive "
-                                       f"integer; got {value!r}): the file is incomplete")
+                raise ModelFormatError(
+                    f"DFlash2 drafter config.json has no valid dflash_config.{key} (a positive "
+                    f"integer; got {value!r}): the file is incomplete"
+                )
             sizes[key] = value
         hidden = d.get("hidden_size")
         if isinstance(hidden, int) and hidden % sizes["conv_group_size"]:
-            raise ModelFormatError(f"DFlash2 drafter conv_group_size {sizes['conv_group_size']} does not divide "
-                                   f"hidden_size {hidden}")
+            raise ModelFormatError(
+                f"DFlash2 drafter conv_group_size {sizes['conv_group_size']} does not divide hidden_size {hidden}"
+            )
         scales = {}
         for key, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0)):
             value = get(key, default)

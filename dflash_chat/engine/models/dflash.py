@@ -46,8 +46,11 @@ def _yarn(dim: int, theta: float, base: torch.Tensor, s: RopeScaling) -> tuple[t
 
     factor = s.attention_factor
     if factor is None:
-        factor = mscale(s.factor, s.mscale) / mscale(s.factor, s.mscale_all_dim) if s.mscale and s.mscale_all_dim \
+        factor = (
+            mscale(s.factor, s.mscale) / mscale(s.factor, s.mscale_all_dim)
+            if s.mscale and s.mscale_all_dim
             else mscale(s.factor)
+        )
 
     def correction_dim(rotations: float) -> float:
         return dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
@@ -75,7 +78,9 @@ class DraftAttention(Projections):
         self.window = cfg.sliding_window if layer_type == "sliding_attention" else None
         self.causal = causal
 
-    def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, same_block: torch.Tensor | None = None) -> torch.Tensor | None:
+    def mask(
+        self, q_pos: torch.Tensor, k_pos: torch.Tensor, same_block: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """Visibility [Q, K], or None when every key is visible.
 
         `same_block` [Q, K] is True where key and query belong to the same block (or the key is context
@@ -129,8 +134,13 @@ class DFlashDrafter(nn.Module):
         self.ctx_len = 0
 
     # -- wiring -----------------------------------------------------------------
-    def bind(self, embed_tokens: nn.Module, lm_head: nn.Module, final_norm: nn.Module | None = None,
-             target_layers: int | None = None) -> None:
+    def bind(
+        self,
+        embed_tokens: nn.Module,
+        lm_head: nn.Module,
+        final_norm: nn.Module | None = None,
+        target_layers: int | None = None,
+    ) -> None:
         """Borrow the target's embedding and LM head (not registered: they are not our weights).
 
         With `final_norm` and the target's layer count, a tap of its last layer is final-normed here
@@ -156,8 +166,9 @@ class DFlashDrafter(nn.Module):
             window = layer.self_attn.window
             rows = min(max_context, window + self.block_size) if window else max_context
             shape = (rows, self.cfg.num_kv_heads, self.cfg.head_dim)
-            self.cache.append((torch.zeros(shape, dtype=p.dtype, device=p.device),
-                               torch.zeros(shape, dtype=p.dtype, device=p.device)))
+            self.cache.append(
+                (torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device))
+            )
         self.rotary.allocate(max_context, p.dtype)
         self.ctx_len = 0
 
@@ -178,8 +189,9 @@ class DFlashDrafter(nn.Module):
         `span`; the context is every committed row below span.pos[0]. Reads no host value."""
         return self.logits(self._draft(ids, span))
 
-    def propose(self, ids: torch.Tensor, span: Span, params: SamplingParams, draws: Draws | None,
-                q_out: torch.Tensor | None) -> torch.Tensor:
+    def propose(
+        self, ids: torch.Tensor, span: Span, params: SamplingParams, draws: Draws | None, q_out: torch.Tensor | None
+    ) -> torch.Tensor:
         """The drafts [B-1] after ids[0] (the step seam's call): the draft logits' argmax when greedy, else drawn
         from their processed distribution, written to `q_out` for the verify. Reads no host value."""
         return draft_tokens(self.draft_logits(ids, span), params, draws, q_out)
@@ -236,8 +248,7 @@ class DFlashDrafter(nn.Module):
             attn = layer.self_attn
             xn, carried = layer.attention_input(x, block)
             q, _ = attn.into_cache(xn, cos, sin, span.pos, cache_k, cache_v)
-            out = attend_cache(q, cache_k, cache_v, span, attn.scale, causal=attn.causal,
-                               window=attn.window)
+            out = attend_cache(q, cache_k, cache_v, span, attn.scale, causal=attn.causal, window=attn.window)
             x = layer.after_attention(x, attn.o_proj(out), carried, block)
         return self.norm(x[1:])
 
@@ -247,7 +258,9 @@ class DFlashDrafter(nn.Module):
         return x * self.embedding_scale if self.embedding_scale != 1.0 else x
 
     # -- training ---------------------------------------------------------------
-    def forward_train(self, features: torch.Tensor, block_embeddings: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    def forward_train(
+        self, features: torch.Tensor, block_embeddings: torch.Tensor, anchors: torch.Tensor
+    ) -> torch.Tensor:
         """Many blocks over one sequence, differentiable.
 
         features: [S, K*H] target features at positions 0..S-1; block_embeddings: [A, B, H] embeddings of

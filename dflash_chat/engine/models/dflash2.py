@@ -98,15 +98,22 @@ class CandidateSelector(nn.Module):
         successors = self.successor_codebook.index_select(0, ids.reshape(-1)).view(*ids.shape, -1).float()
         return unary, ids, successors, self.hidden_projection(hidden).float()
 
-    def scores(self, unary: torch.Tensor, successors: torch.Tensor, projected: torch.Tensor,
-               predecessor: torch.Tensor) -> torch.Tensor:
+    def scores(
+        self, unary: torch.Tensor, successors: torch.Tensor, projected: torch.Tensor, predecessor: torch.Tensor
+    ) -> torch.Tensor:
         """Candidate scores [..., K] after the predecessor token ids [...]: unary + <A[a] * P h, B[b]>."""
         gate = self.predecessor_codebook.index_select(0, predecessor.reshape(-1)).float()
         gate = gate.view(*predecessor.shape, -1) * projected
         return unary + (successors @ gate.unsqueeze(-1)).squeeze(-1)
 
-    def edges(self, unary: torch.Tensor, ids: torch.Tensor, successors: torch.Tensor, projected: torch.Tensor,
-              anchor: torch.Tensor) -> torch.Tensor:
+    def edges(
+        self,
+        unary: torch.Tensor,
+        ids: torch.Tensor,
+        successors: torch.Tensor,
+        projected: torch.Tensor,
+        anchor: torch.Tensor,
+    ) -> torch.Tensor:
         """Every step's scores at once, [D, K, K]: [t, p, c] is candidate c of position t after predecessor p,
         the anchor for t = 0 (every row alike) and candidate p of position t - 1 after."""
         K = ids.shape[1]
@@ -115,8 +122,15 @@ class CandidateSelector(nn.Module):
         gates = gates.float() * projected[:, None, :]
         return unary[:, None, :] + gates @ successors.transpose(1, 2)
 
-    def walk(self, logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor, params: SamplingParams,
-             draws: Draws | None, q_out: torch.Tensor | None) -> torch.Tensor:
+    def walk(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        anchor: torch.Tensor,
+        params: SamplingParams,
+        draws: Draws | None,
+        q_out: torch.Tensor | None,
+    ) -> torch.Tensor:
         """The path [D] from the anchor (a 1-element id tensor), on the device: each step's best candidate when
         greedy, else one drawn from softmax(scores / T) (exponential race on the step's draft noise), whose
         distribution over the vocabulary goes to q_out [D, V]. The scores are computed for every step and
@@ -148,8 +162,9 @@ class DFlash2Drafter(DFlashDrafter):
         super().__init__(cfg, target_hidden_size)
         d2: DFlash2Config = cfg.dflash2
         self.embedding_scale = d2.input_embedding_scale
-        self.candidate_selector = CandidateSelector(vocab_size or 0, cfg.hidden_size, d2.selector_rank,
-                                                    d2.selector_top_k)
+        self.candidate_selector = CandidateSelector(
+            vocab_size or 0, cfg.hidden_size, d2.selector_rank, d2.selector_top_k
+        )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         d2 = self.cfg.dflash2
@@ -161,8 +176,9 @@ class DFlash2Drafter(DFlashDrafter):
         return logits
 
     @torch.no_grad()
-    def propose(self, ids: torch.Tensor, span: Span, params: SamplingParams, draws: Draws | None,
-                q_out: torch.Tensor | None) -> torch.Tensor:
+    def propose(
+        self, ids: torch.Tensor, span: Span, params: SamplingParams, draws: Draws | None, q_out: torch.Tensor | None
+    ) -> torch.Tensor:
         """The selector's path [B-1] from ids[0] (see `CandidateSelector.walk`). Reads no host value."""
         hidden = self._draft(ids, span)
         return self.candidate_selector.walk(self.logits(hidden), hidden, ids[:1], params, draws, q_out)

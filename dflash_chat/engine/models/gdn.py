@@ -88,8 +88,9 @@ class GatedDeltaNet(nn.Module):
             window = torch.cat((cache.conv.to(mixed.dtype), mixed), dim=0)  # [K-1+T, C]
             qkv = self.conv(window)
             cache.conv.copy_(window[T:])
-        core = gdn_kernel.mix(qkv, b, a, self.A_log, self.dt_bias, cache.recurrent, self.heads, update=not speculative,
-                              out_dtype=x.dtype)
+        core = gdn_kernel.mix(
+            qkv, b, a, self.A_log, self.dt_bias, cache.recurrent, self.heads, update=not speculative, out_dtype=x.dtype
+        )
         if not speculative:
             cache.pending = 0
         core = self.norm(core.to(x.dtype), z.reshape(T, self.num_v_heads, self.v_dim))  # (a kernel's are x.dtype)
@@ -99,8 +100,16 @@ class GatedDeltaNet(nn.Module):
         """State after only the first `keep` tokens (a 0-d device tensor) of the last speculative forward: the
         recurrence re-run over the kept tokens' stored inputs, in place (tokens past `keep` masked to no-ops)."""
         inputs = (cache.spec_qkv, cache.spec_b, cache.spec_a)
-        gdn_kernel.mix(*(x[: cache.pending] for x in inputs), self.A_log, self.dt_bias, cache.recurrent,
-                       self.heads, update=True, outputs=False, keep=keep)
+        gdn_kernel.mix(
+            *(x[: cache.pending] for x in inputs),
+            self.A_log,
+            self.dt_bias,
+            cache.recurrent,
+            self.heads,
+            update=True,
+            outputs=False,
+            keep=keep,
+        )
         torch.index_select(cache.spec_window, 0, keep + cache.window_rows, out=cache.conv)
         cache.pending = 0
 

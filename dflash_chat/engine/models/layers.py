@@ -46,8 +46,9 @@ class Rotary(nn.Module):
     Scaled RoPE (YaRN...) passes its own `inv_freq` and the `attention_factor` cos and sin are scaled by.
     """
 
-    def __init__(self, rotary_dim: int, theta: float, inv_freq: torch.Tensor | None = None,
-                 attention_factor: float = 1.0):
+    def __init__(
+        self, rotary_dim: int, theta: float, inv_freq: torch.Tensor | None = None, attention_factor: float = 1.0
+    ):
         super().__init__()
         self.rotary_dim = rotary_dim
         if inv_freq is None:
@@ -78,8 +79,12 @@ class Rotary(nn.Module):
         return cos.index_select(0, positions), sin.index_select(0, positions)
 
     def _covers(self, length: int, dtype: torch.dtype) -> bool:
-        return (self.table is not None and self.table[0].shape[0] >= length and self.table[0].dtype == dtype
-                and self.table[0].device == self.inv_freq.device)
+        return (
+            self.table is not None
+            and self.table[0].shape[0] >= length
+            and self.table[0].dtype == dtype
+            and self.table[0].device == self.inv_freq.device
+        )
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -127,15 +132,21 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
-    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """The routed experts' weighted sum, plus sigmoid(gate) * out of a shared expert for shared = (out, gate)."""
         from dflash_chat.engine import kernels
         from dflash_chat.engine.kernels import reference
 
         if kernels.use_triton(x) and not torch.is_grad_enabled():  # one launch per projection, no host sync
-            return kernels.grouped_experts(x, top_k_index, top_k_weights, [(self.gate_up_proj, None)],
-                                           (self.down_proj, None), shared)
+            return kernels.grouped_experts(
+                x, top_k_index, top_k_weights, [(self.gate_up_proj, None)], (self.down_proj, None), shared
+            )
         if x.shape[0] <= PAIRWISE_TOKENS:
             return reference.add_shared(self.pairwise(x, top_k_index, top_k_weights), shared)
         out = torch.zeros_like(x)
@@ -144,7 +155,6 @@ class Experts(nn.Module):
             y = F.linear(F.silu(gate) * up, self.down_proj[expert])
             out.index_add_(0, rows, (y * weights[:, None]).to(out.dtype))
         return reference.add_shared(out, shared)
-
 
     def pairwise(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         """Each (token, expert) pair with its expert's weights gathered: no host read (the per-expert loop needs

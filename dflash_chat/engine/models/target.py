@@ -27,12 +27,21 @@ class Attention(Projections):
     """Full attention; Qwen3.5/3.6 add a per-head output gate packed into q_proj (q then gate per head)."""
 
     def __init__(self, cfg: TargetConfig):
-        super().__init__(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
-                         cfg.zero_centred_norm, cfg.gated_attention)
+        super().__init__(
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.rms_norm_eps,
+            cfg.zero_centred_norm,
+            cfg.gated_attention,
+        )
 
     def new_cache(self, max_len: int, device, dtype) -> AttentionCache:
         shape = (max_len, self.num_kv_heads, self.head_dim)
-        return AttentionCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        return AttentionCache(
+            torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+        )
 
     def forward(self, x, cache: AttentionCache, span: Span, cos, sin) -> torch.Tensor:
         q, gate = self.into_cache(x, cos, sin, span.pos, cache.k, cache.v)
@@ -49,8 +58,11 @@ class DecoderLayer(nn.Module):
             self.self_attn = Attention(cfg)
         if cfg.is_moe:
             self.mlp = SparseMoE(
-                cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
-                cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size,
+                cfg.hidden_size,
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                cfg.moe_intermediate_size,
+                cfg.shared_expert_intermediate_size,
             )
         else:
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)

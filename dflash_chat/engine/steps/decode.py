@@ -85,8 +85,9 @@ class Steps:
         self.ids[1:].copy_(self.drafter.propose(self.block, self._span(self.B), self.params, self.draws, self.q))
 
     def _verify(self, T: int) -> None:
-        self.outputs[T] = self.target(self.ids[:T], self.state, logits="all", taps=self.taps, speculative=T > 1,
-                                      span=self._span(T))
+        self.outputs[T] = self.target(
+            self.ids[:T], self.state, logits="all", taps=self.taps, speculative=T > 1, span=self._span(T)
+        )
 
     def _accept(self, T: int) -> None:
         logits = self.outputs[T][0]
@@ -135,8 +136,11 @@ class Steps:
         if kind == "draft":
             return self._draft
         T = key[1]
-        return {"verify": lambda: self._verify(T), "accept": lambda: self._accept(T),
-                "commit": lambda: self._commit(T)}[kind]
+        return {
+            "verify": lambda: self._verify(T),
+            "accept": lambda: self._accept(T),
+            "commit": lambda: self._commit(T),
+        }[kind]
 
     def _step_keys(self, T: int) -> list[tuple]:
         keys = [("draft", self._sampling_key())] if T > 1 else []

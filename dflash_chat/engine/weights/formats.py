@@ -50,8 +50,9 @@ Q3_K = Format("Q3_K", 11, QK_K, 110)
 IQ4_NL = Format("IQ4_NL", 20, 32, 18)
 IQ4_XS = Format("IQ4_XS", 23, QK_K, 136)
 
-FORMATS: dict[str, Format] = {f.name: f for f in (F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-                                                  Q6_K, IQ4_NL, IQ4_XS)}
+FORMATS: dict[str, Format] = {
+    f.name: f for f in (F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)
+}
 BY_GGML_TYPE: dict[int, Format] = {f.ggml_type: f for f in FORMATS.values()}
 
 
@@ -66,14 +67,15 @@ def get_format(name: str | Format) -> Format:
 
 # --- byte helpers -----------------------------------------------------------
 
+
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
     """fp16 stored at byte `at` of every block -> float32 [nb, 1]."""
-    return b[:, at:at + 2].contiguous().view(torch.float16).float()
+    return b[:, at : at + 2].contiguous().view(torch.float16).float()
 
 
 def _u32(b: torch.Tensor, at: int) -> torch.Tensor:
     """Little-endian uint32 at byte `at` -> int64 [nb, 1]."""
-    x = b[:, at:at + 4].long()
+    x = b[:, at : at + 4].long()
     return x[:, 0:1] | (x[:, 1:2] << 8) | (x[:, 2:3] << 16) | (x[:, 3:4] << 24)
 
 
@@ -93,6 +95,7 @@ def k_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # --- per-format block dequantizers: uint8 [nb, type_size] -> float32 [nb, block_size]
 
+
 def _deq_q4_0(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b, 0)
     lo, hi = _nibbles(b[:, 2:18])
@@ -102,7 +105,7 @@ def _deq_q4_0(b: torch.Tensor) -> torch.Tensor:
 def _five_bit(b: torch.Tensor, qh_at: int, qs_at: int) -> torch.Tensor:
     qh = _u32(b, qh_at)
     bits = (qh >> torch.arange(32, device=b.device)) & 1
-    lo, hi = _nibbles(b[:, qs_at:qs_at + 16])
+    lo, hi = _nibbles(b[:, qs_at : qs_at + 16])
     return torch.cat([lo, hi], dim=1) | (bits.to(torch.int32) << 4)
 
 
@@ -120,7 +123,7 @@ def _deq_q8_0(b: torch.Tensor) -> torch.Tensor:
 
 def _k_quant_levels(b: torch.Tensor, qs_at: int) -> torch.Tensor:
     """Q4_K/Q5_K nibbles in value order: 4 chunks of 32 bytes, low nibbles then high -> [nb, 256]."""
-    lo, hi = _nibbles(b[:, qs_at:qs_at + 128].reshape(-1, 4, 32))
+    lo, hi = _nibbles(b[:, qs_at : qs_at + 128].reshape(-1, 4, 32))
     return torch.stack([lo, hi], dim=2).reshape(-1, QK_K)
 
 
@@ -220,9 +223,17 @@ def _deq_iq4_xs(b: torch.Tensor) -> torch.Tensor:
 
 
 _BLOCK_DEQUANT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "Q4_0": _deq_q4_0, "Q5_0": _deq_q5_0, "Q5_1": _deq_q5_1, "Q8_0": _deq_q8_0,
-    "Q2_K": _deq_q2_k, "Q3_K": _deq_q3_k, "Q4_K": _deq_q4_k, "Q5_K": _deq_q5_k, "Q6_K": _deq_q6_k,
-    "IQ4_NL": _deq_iq4_nl, "IQ4_XS": _deq_iq4_xs,
+    "Q4_0": _deq_q4_0,
+    "Q5_0": _deq_q5_0,
+    "Q5_1": _deq_q5_1,
+    "Q8_0": _deq_q8_0,
+    "Q2_K": _deq_q2_k,
+    "Q3_K": _deq_q3_k,
+    "Q4_K": _deq_q4_k,
+    "Q5_K": _deq_q5_k,
+    "Q6_K": _deq_q6_k,
+    "IQ4_NL": _deq_iq4_nl,
+    "IQ4_XS": _deq_iq4_xs,
 }
 
 

@@ -64,21 +64,28 @@ class GGUFModel:
 
 # --- opening and validating -------------------------------------------------------
 
+
 def _fields(header: Header) -> dict[str, Any]:
     """Metadata as Python values, less the tokenizer's arrays (~250k entries: only the tokenizer needs them)."""
-    return {k: v for k, v in header.fields.items()
-            if not (k.startswith("tokenizer.ggml.") and isinstance(v, (list, Skipped)))}
+    return {
+        k: v
+        for k, v in header.fields.items()
+        if not (k.startswith("tokenizer.ggml.") and isinstance(v, (list, Skipped)))
+    }
 
 
 def _check_types(path: Path, header: Header) -> None:
     for t in header.tensors:
         if int(t.tensor_type) not in BY_GGML_TYPE:
             known = ", ".join(FORMATS)
-            raise ModelFormatError(f"{path}: tensor {t.name} is {t.tensor_type.name}, which dflash-chat cannot run "
-                                   f"(supported: {known}). Pick a Q8_0, Q6_K, Q5_K_M or Q4_K_M file.")
+            raise ModelFormatError(
+                f"{path}: tensor {t.name} is {t.tensor_type.name}, which dflash-chat cannot run "
+                f"(supported: {known}). Pick a Q8_0, Q6_K, Q5_K_M or Q4_K_M file."
+            )
 
 
 # --- raw tensors ---------------------------------------------------------------------
+
 
 def _raw(t) -> torch.Tensor | QuantTensor:
     """A tensor record as a torch tensor sharing the file's memory (float) or a packed QuantTensor."""
@@ -127,6 +134,7 @@ def _concat_rows(gate, up):
 
 # --- configs -----------------------------------------------------------------------------
 
+
 def _get(kv: dict, arch: str, key: str, default=None):
     value = kv.get(f"{arch}.{key}", default)
     if isinstance(value, float):  # stored as float32: give back the short decimal it came from (1e-06)
@@ -150,8 +158,10 @@ def _rope_params(kv: dict, arch: str, head_dim: int) -> dict:
 def _bounded_blocks(blocks: int, arch: str) -> int:
     """A block count a real model can have (checked before anything loops over it or is built from it)."""
     if not 1 <= blocks <= LIMITS["num_hidden_layers"]:
-        raise ModelFormatError(f"GGUF {arch}.block_count is {blocks}, expected 1 to {LIMITS['num_hidden_layers']}: "
-                               "the file is damaged or not a supported model")
+        raise ModelFormatError(
+            f"GGUF {arch}.block_count is {blocks}, expected 1 to {LIMITS['num_hidden_layers']}: "
+            "the file is damaged or not a supported model"
+        )
     return blocks
 
 
@@ -192,23 +202,29 @@ def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> d
         return cfg
     cfg["partial_rotary_factor"] = rope.setdefault("partial_rotary_factor", 0.25)
     v_heads = int(_get(kv, arch, "ssm.time_step_rank"))
-    cfg.update({
-        "linear_conv_kernel_dim": int(_get(kv, arch, "ssm.conv_kernel", 4)),
-        "linear_key_head_dim": int(_get(kv, arch, "ssm.state_size")),
-        "linear_num_key_heads": int(_get(kv, arch, "ssm.group_count")),
-        "linear_num_value_heads": v_heads,
-        "linear_value_head_dim": int(_get(kv, arch, "ssm.inner_size")) // v_heads,
-        "full_attention_interval": int(_get(kv, arch, "full_attention_interval", 4)),
-        "layer_types": ["linear_attention" if f"blk.{i}.attn_qkv.weight" in tensor_names else "full_attention"
-                        for i in range(layers)],
-    })
+    cfg.update(
+        {
+            "linear_conv_kernel_dim": int(_get(kv, arch, "ssm.conv_kernel", 4)),
+            "linear_key_head_dim": int(_get(kv, arch, "ssm.state_size")),
+            "linear_num_key_heads": int(_get(kv, arch, "ssm.group_count")),
+            "linear_num_value_heads": v_heads,
+            "linear_value_head_dim": int(_get(kv, arch, "ssm.inner_size")) // v_heads,
+            "full_attention_interval": int(_get(kv, arch, "full_attention_interval", 4)),
+            "layer_types": [
+                "linear_attention" if f"blk.{i}.attn_qkv.weight" in tensor_names else "full_attention"
+                for i in range(layers)
+            ],
+        }
+    )
     if arch == "qwen35moe":
-        cfg.update({
-            "num_experts": int(_get(kv, arch, "expert_count")),
-            "num_experts_per_tok": int(_get(kv, arch, "expert_used_count")),
-            "moe_intermediate_size": int(_get(kv, arch, "expert_feed_forward_length")),
-            "shared_expert_intermediate_size": int(_get(kv, arch, "expert_shared_feed_forward_length", 0)),
-        })
+        cfg.update(
+            {
+                "num_experts": int(_get(kv, arch, "expert_count")),
+                "num_experts_per_tok": int(_get(kv, arch, "expert_used_count")),
+                "moe_intermediate_size": int(_get(kv, arch, "expert_feed_forward_length")),
+                "shared_expert_intermediate_size": int(_get(kv, arch, "expert_shared_feed_forward_length", 0)),
+            }
+        )
     return cfg
 
 
@@ -238,8 +254,10 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
     layers = _bounded_blocks(int(_get(kv, arch, "block_count")), arch)
     pattern = _get(kv, arch, "attention.sliding_window_pattern")
     window = _get(kv, arch, "attention.sliding_window")
-    types = ["sliding_attention" if (pattern is not None and bool(pattern[i]) and window) else "full_attention"
-             for i in range(layers)]
+    types = [
+        "sliding_attention" if (pattern is not None and bool(pattern[i]) and window) else "full_attention"
+        for i in range(layers)
+    ]
     cfg = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -247,8 +265,11 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
         "intermediate_size": int(_get(kv, arch, "feed_forward_length")),
         "block_size": int(block),
         # llama.cpp hands a tap of the target's last layer over before the final norm
-        "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": [int(i) for i in taps],
-                          "last_layer_tap": "raw"},
+        "dflash_config": {
+            "mask_token_id": int(mask),
+            "target_layer_ids": [int(i) for i in taps],
+            "last_layer_tap": "raw",
+        },
         "layer_types": types,
         "use_sliding_window": "sliding_attention" in types,
         "sliding_window": int(window) if window else None,
@@ -273,19 +294,27 @@ def _rope_scaling(kv: dict, arch: str) -> dict | None:
     if kind in (None, "none"):
         return None
     out = {"rope_type": kind, "factor": _get(kv, arch, "rope.scaling.factor")}
-    extra = {"original_max_position_embeddings": "rope.scaling.original_context_length",
-             "beta_fast": "rope.scaling.yarn_beta_fast", "beta_slow": "rope.scaling.yarn_beta_slow"}
+    extra = {
+        "original_max_position_embeddings": "rope.scaling.original_context_length",
+        "beta_fast": "rope.scaling.yarn_beta_fast",
+        "beta_slow": "rope.scaling.yarn_beta_slow",
+    }
     out.update({hf: _get(kv, arch, key) for hf, key in extra.items() if _get(kv, arch, key) is not None})
     return out
 
 
 # --- tensor plans ------------------------------------------------------------------------
 
+
 def _target_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]]:
     dims = None
     if arch in names.ZERO_CENTRED_ARCHS:
-        dims = names.LinearAttnDims(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
-                                    cfg["linear_key_head_dim"], cfg["linear_value_head_dim"])
+        dims = names.LinearAttnDims(
+            cfg["linear_num_key_heads"],
+            cfg["linear_num_value_heads"],
+            cfg["linear_key_head_dim"],
+            cfg["linear_value_head_dim"],
+        )
     loaders: dict[str, Callable] = {}
     used: set[str] = set()
 
@@ -325,8 +354,13 @@ def _drafter_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str
     if "DFlash2DraftModel" in cfg["architectures"]:
         glob, layer = names.DFLASH2_NAMES
         wanted.update({hf: [g] for hf, g in glob.items()})
-        wanted.update({f"layers.{bid}.{hf}": [f"blk.{bid}.{g}"] for bid in range(cfg["num_hidden_layers"])
-                       for hf, g in layer.items()})
+        wanted.update(
+            {
+                f"layers.{bid}.{hf}": [f"blk.{bid}.{g}"]
+                for bid in range(cfg["num_hidden_layers"])
+                for hf, g in layer.items()
+            }
+        )
     for hf, candidates in wanted.items():
         gname = next((g for g in candidates if g in by_name), None)
         if gname is not None:
@@ -349,14 +383,16 @@ def _split_parts(path: Path, header: Header, kv: dict) -> list[tuple[Path, Heade
         return [(path, header)]
     m = SPLIT_PART.search(path.name)
     if m is None:
-        raise ModelFormatError(f"{path} is one part of a {count}-part split GGUF renamed from NAME-0000i-of-"
-                               f"{count:05d}.gguf: keep the parts' names as downloaded.")
+        raise ModelFormatError(
+            f"{path} is one part of a {count}-part split GGUF renamed from NAME-0000i-of-"
+            f"{count:05d}.gguf: keep the parts' names as downloaded."
+        )
     if int(kv.get("split.no", 0) or 0) != 0:
-        first = f"{path.name[:m.start()]}-00001-of-{count:05d}.gguf"
+        first = f"{path.name[: m.start()]}-00001-of-{count:05d}.gguf"
         raise ModelFormatError(f"{path} is part of a {count}-part split GGUF: pass its first part ({first}).")
     parts = [(path, header)]
     for i in range(2, count + 1):
-        part = path.with_name(f"{path.name[:m.start()]}-{i:05d}-of-{count:05d}.gguf")
+        part = path.with_name(f"{path.name[: m.start()]}-{i:05d}-of-{count:05d}.gguf")
         if not part.is_file():
             raise ModelFormatError(f"{path}: part {part.name} of this split GGUF is missing. Download it again.")
         parts.append((part, read_header(part)))
@@ -371,8 +407,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
     arch = kv.get("general.architecture")
     supported = names.TARGET_ARCHS + names.DRAFTER_ARCHS
     if arch not in supported:
-        raise ModelFormatError(f"{path}: architecture {arch!r} is not supported "
-                               f"(supported: {', '.join(supported)}).")
+        raise ModelFormatError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(supported)}).")
     for part_path, part in parts:
         _check_types(part_path, part)
     by_name = {t.name: t for _, part in parts for t in part.tensors}
@@ -393,6 +428,12 @@ def read_gguf(path: str | Path) -> GGUFModel:
         cfg["eos_token_id"] = int(eos)
     if kv.get("tokenizer.ggml.bos_token_id") is not None:
         cfg["bos_token_id"] = int(kv["tokenizer.ggml.bos_token_id"])
-    return GGUFModel(path=path, arch=arch, hf_config=cfg, tensors=LazyTensors(loaders),
-                     chat_template=kv.get("tokenizer.chat_template"),
-                     ignored=sorted(set(by_name) - used), header=header)
+    return GGUFModel(
+        path=path,
+        arch=arch,
+        hf_config=cfg,
+        tensors=LazyTensors(loaders),
+        chat_template=kv.get("tokenizer.chat_template"),
+        ignored=sorted(set(by_name) - used),
+        header=header,
+    )

@@ -64,7 +64,7 @@ class _Cursor:
         start, self.pos = self.pos, self.pos + n
         if self.pos > len(self.buf):
             raise IndexError("string past the end of the file")
-        return bytes(self.buf[start:self.pos]).decode("utf-8") if decode else None
+        return bytes(self.buf[start : self.pos]).decode("utf-8") if decode else None
 
     def value(self, vtype: int, decode: bool = True):
         if vtype == _STRING:
@@ -101,8 +101,10 @@ def read_header(path: str | Path, decode: Container[str] = ()) -> Header:
     try:
         version = cur.scalar("<I")
         if version not in (2, 3):
-            raise ModelFormatError(f"{path}: GGUF version {version} is not supported (2 and 3 are; a big-endian "
-                                   "file reads as a huge version). Use a current llama.cpp file.")
+            raise ModelFormatError(
+                f"{path}: GGUF version {version} is not supported (2 and 3 are; a big-endian "
+                "file reads as a huge version). Use a current llama.cpp file."
+            )
         n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
         fields = {}
         for _ in range(n_kv):
@@ -127,8 +129,9 @@ def _tensor_record(cur: _Cursor) -> tuple[str, list[int], int, int]:
     return name, dims, cur.scalar("<I"), cur.scalar("<Q")
 
 
-def _checked(path: Path, buf: np.ndarray, data_start: int, name: str, dims: list[int], type_id: int,
-             offset: int) -> Tensor:
+def _checked(
+    path: Path, buf: np.ndarray, data_start: int, name: str, dims: list[int], type_id: int, offset: int
+) -> Tensor:
     def corrupt(problem: str) -> ModelFormatError:
         return ModelFormatError(f"{path}: corrupt GGUF: tensor {name} {problem}. Download the file again.")
 
@@ -149,7 +152,7 @@ def _checked(path: Path, buf: np.ndarray, data_start: int, name: str, dims: list
     if start + n_bytes > len(buf):
         raise corrupt(f"ends past the end of the file ({start + n_bytes} > {len(buf)} bytes; truncated?)")
     shape = tuple(reversed(dims))
-    raw = buf[start:start + n_bytes]
+    raw = buf[start : start + n_bytes]
     if ggml_type in _FLOAT_DTYPES:
         data = raw.view(_FLOAT_DTYPES[ggml_type]).reshape(shape)
     else:  # BF16 and the block formats: bytes, one row of blocks per row

@@ -38,11 +38,15 @@ def tokenizer_from_gguf(source):
     try:
         return _build(meta)
     except ModelFormatError as exc:
-        raise ModelFormatError(f"{path}: cannot build a tokenizer from the GGUF metadata ({exc}). "
-                               "Use the model's official tokenizer files instead.") from None
-    except Exception as exc:  # the tokenizers library rejects inconsistent vocabularies in its own words
-        raise ModelFormatError(f"{path}: cannot build a tokenizer from the GGUF metadata "
-                               f"({type(exc).__name__}: {exc}). Use the model's official tokenizer files instead.") from None
+        raise ModelFormatError(
+            f"{path}: cannot build a tokenizer from the GGUF metadata ({exc}). "
+            "Use the model's official tokenizer files instead."
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library rejects bad vocabularies in its own words
+        raise ModelFormatError(
+            f"{path}: cannot build a tokenizer from the GGUF metadata "
+            f"({type(exc).__name__}: {exc}). Use the model's official tokenizer files instead."
+        ) from None
 
 
 def _build(meta: dict):
@@ -65,15 +69,19 @@ def _build(meta: dict):
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLITS[pre]), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLITS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, kind in zip(tokens, types) if kind == CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types) if kind == CONTROL]
+    )
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, kind in zip(tokens, types) if kind == USER_DEFINED]
+    )
 
     def token(key: str) -> str | None:
         i = meta.get(f"tokenizer.ggml.{key}")
@@ -82,8 +90,16 @@ def _build(meta: dict):
     bos = token("bos_token_id")
     if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, meta["tokenizer.ggml.bos_token_id"])])
-    specials = {"bos_token": bos, "eos_token": token("eos_token_id"), "pad_token": token("padding_token_id"),
-                "unk_token": token("unknown_token_id")}
-    return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=meta.get("tokenizer.chat_template"),
-                                   **{k: v for k, v in specials.items() if v is not None})
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, meta["tokenizer.ggml.bos_token_id"])]
+        )
+    specials = {
+        "bos_token": bos,
+        "eos_token": token("eos_token_id"),
+        "pad_token": token("padding_token_id"),
+        "unk_token": token("unknown_token_id"),
+    }
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        chat_template=meta.get("tokenizer.chat_template"),
+        **{k: v for k, v in specials.items() if v is not None},
+    )

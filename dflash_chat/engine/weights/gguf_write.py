@@ -22,8 +22,13 @@ from dflash_chat.engine.weights.formats import FORMATS, Format
 from dflash_chat.engine.weights.quantize import quantize
 
 MIXES = ("F32", "F16", "BF16", "Q8_0", "Q4_K_M")
-_ARCH_OF_MODEL_TYPE = {"qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe",
-                       "qwen3_5_moe": "qwen35moe", "qwen3": "qwen3"}
+_ARCH_OF_MODEL_TYPE = {
+    "qwen3_5_text": "qwen35",
+    "qwen3_5": "qwen35",
+    "qwen3_5_moe_text": "qwen35moe",
+    "qwen3_5_moe": "qwen35moe",
+    "qwen3": "qwen3",
+}
 _FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0", "Q8_0": "F16"}
 _KEEP_F32 = {"ssm_a", "ssm_dt.bias", "ssm_conv1d.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"}
 
@@ -97,8 +102,9 @@ def _common_keys(writer: gguf.GGUFWriter, cfg: dict, n_blocks: int) -> int:
     return head_dim
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None, pre: str,
-                   vocab_size: int | None = None) -> None:
+def _add_tokenizer(
+    writer: gguf.GGUFWriter, tokenizer, chat_template: str | None, pre: str, vocab_size: int | None = None
+) -> None:
     """Byte-level BPE vocabulary under llama.cpp's tokenizer.ggml.* keys, listed as the converter lists it:
     ids the tokenizer lacks, up to the model's `vocab_size`, become [PAD<id>] of type UNUSED; added tokens
     are CONTROL when special (or shaped <|...|>), USER_DEFINED otherwise."""
@@ -127,8 +133,11 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
-    for key, adder in (("eos_token_id", writer.add_eos_token_id), ("bos_token_id", writer.add_bos_token_id),
-                       ("pad_token_id", writer.add_pad_token_id)):
+    for key, adder in (
+        ("eos_token_id", writer.add_eos_token_id),
+        ("bos_token_id", writer.add_bos_token_id),
+        ("pad_token_id", writer.add_pad_token_id),
+    ):
         if getattr(tokenizer, key, None) is not None:
             adder(getattr(tokenizer, key))
     writer.add_add_bos_token(False)
@@ -136,9 +145,18 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, chat_template: str | None
         writer.add_chat_template(chat_template)
 
 
-def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], config: dict, mix: str = "F32", *,
-                      fused_experts: bool = False, extra_mtp_layers: int = 0, tokenizer=None,
-                      chat_template: str | None = None, split_max_tensors: int = 0) -> Path:
+def write_target_gguf(
+    path: str | Path,
+    state_dict: dict[str, torch.Tensor],
+    config: dict,
+    mix: str = "F32",
+    *,
+    fused_experts: bool = False,
+    extra_mtp_layers: int = 0,
+    tokenizer=None,
+    chat_template: str | None = None,
+    split_max_tensors: int = 0,
+) -> Path:
     """Write a qwen35 / qwen35moe / qwen3 target. `extra_mtp_layers` appends MTP-style blocks to ignore.
 
     `split_max_tensors` > 0 writes a split GGUF as llama.cpp's gguf-split does (NAME-0000i-of-0000n.gguf,
@@ -162,8 +180,12 @@ def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], con
         writer.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
         writer.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
         writer.add_full_attention_interval(cfg.get("full_attention_interval", 4))
-        dims = names.LinearAttnDims(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
-                                    cfg["linear_key_head_dim"], cfg["linear_value_head_dim"])
+        dims = names.LinearAttnDims(
+            cfg["linear_num_key_heads"],
+            cfg["linear_num_value_heads"],
+            cfg["linear_key_head_dim"],
+            cfg["linear_value_head_dim"],
+        )
     if arch == "qwen35moe":
         writer.add_expert_count(cfg["num_experts"])
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
@@ -171,8 +193,13 @@ def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], con
         if cfg.get("shared_expert_intermediate_size"):
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if tokenizer is not None:
-        _add_tokenizer(writer, tokenizer, chat_template, pre="qwen35" if arch != "qwen3" else "qwen2",
-                       vocab_size=cfg.get("vocab_size"))
+        _add_tokenizer(
+            writer,
+            tokenizer,
+            chat_template,
+            pre="qwen35" if arch != "qwen3" else "qwen2",
+            vocab_size=cfg.get("vocab_size"),
+        )
     elif chat_template:
         writer.add_chat_template(chat_template)
 
@@ -203,8 +230,16 @@ def write_target_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], con
     return parts[0]
 
 
-def write_drafter_gguf(path: str | Path, state_dict: dict[str, torch.Tensor], config: dict, mix: str = "F32", *,
-                       schema: str = "dflash-draft", tokenizer=None, mrope_target: bool = False) -> Path:
+def write_drafter_gguf(
+    path: str | Path,
+    state_dict: dict[str, torch.Tensor],
+    config: dict,
+    mix: str = "F32",
+    *,
+    schema: str = "dflash-draft",
+    tokenizer=None,
+    mrope_target: bool = False,
+) -> Path:
     """A z-lab DFlash drafter as the DFlash fork's converter (`dflash-draft`) or mainline llama.cpp's
     (`dflash`, conversion/qwen.py DFlashModel) writes it: see DESIGN.md §5 and `gguf._drafter_config`.
 
@@ -267,9 +302,13 @@ def _finish(writer: gguf.GGUFWriter) -> None:
     writer.close()
 
 
-_FILE_TYPE = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-              "BF16": gguf.LlamaFileType.MOSTLY_BF16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-              "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M}
+_FILE_TYPE = {
+    "F32": gguf.LlamaFileType.ALL_F32,
+    "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+}
 
 
 def quantize_like_llama(src: str | Path, dst: str | Path, mix: str) -> Path:
@@ -286,8 +325,11 @@ def quantize_like_llama(src: str | Path, dst: str | Path, mix: str) -> Path:
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(str(dst), arch)
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type",
-                                              "general.quantization_version"):
+        if key.startswith("GGUF.") or key in (
+            "general.architecture",
+            "general.file_type",
+            "general.quantization_version",
+        ):
             continue
         vtype = field.types[0]
         writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1] if len(field.types) > 1 else None)

@@ -110,8 +110,11 @@ _DRAFTER_LAYER = {
 }
 DRAFTER_NAMES = {  # schema -> (global names, per-layer names under blk.N.)
     "dflash-draft": (  # the DFlash fork's converter
-        {"fc.weight": "dflash_fc.weight", "hidden_norm.weight": "dflash_hidden_norm.weight",
-         "norm.weight": "output_norm.weight"},
+        {
+            "fc.weight": "dflash_fc.weight",
+            "hidden_norm.weight": "dflash_hidden_norm.weight",
+            "norm.weight": "output_norm.weight",
+        },
         {**_DRAFTER_LAYER, "post_attention_layernorm.weight": "post_attention_norm.weight"},
     ),
     "dflash": (  # mainline llama.cpp's converter (conversion/qwen.py, DFlashModel)
@@ -124,11 +127,17 @@ DRAFTER_NAMES = {  # schema -> (global names, per-layer names under blk.N.)
 # DFlash2's extra tensors, as llama.cpp's converter names them under the mainline `dflash` arch (PR #27342 /
 # #27816; DESIGN.md §5). The conv base kernels keep no `.weight` suffix (so llama-quantize leaves them F32).
 DFLASH2_NAMES = (
-    {"candidate_selector.predecessor_codebook": "selector_predecessor.weight",
-     "candidate_selector.successor_codebook": "selector_successor.weight",
-     "candidate_selector.hidden_projection.weight": "selector_hidden.weight"},
-    {"attention_conv.base_kernel": "attn_conv_base", "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
-     "mlp_conv.base_kernel": "ffn_conv_base", "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight"},
+    {
+        "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+        "candidate_selector.successor_codebook": "selector_successor.weight",
+        "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+    },
+    {
+        "attention_conv.base_kernel": "attn_conv_base",
+        "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+        "mlp_conv.base_kernel": "ffn_conv_base",
+        "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
+    },
 )
 # the DFlash2 sizes in a `dflash` GGUF: `dflash.<key>`, as in dflash_config
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -154,6 +163,7 @@ def NORM_LIKE(hf_name: str, arch: str) -> bool:
 
 
 # --- V-head regrouping --------------------------------------------------------
+
 
 def v_head_perm(num_k_heads: int, num_v_heads: int, head_dim: int) -> torch.Tensor:
     """Row order of the converter's regrouping: gguf_rows = hf_rows[perm].

@@ -33,6 +33,7 @@ def _round_away(x: torch.Tensor) -> torch.Tensor:
 
 # --- Q8_0 -------------------------------------------------------------------
 
+
 def _q8_0_blocks(x: torch.Tensor) -> torch.Tensor:
     d = x.abs().amax(dim=1, keepdim=True) / 127
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
@@ -42,8 +43,10 @@ def _q8_0_blocks(x: torch.Tensor) -> torch.Tensor:
 
 # --- Q4_K -------------------------------------------------------------------
 
-def make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float = -1.0,
-                     rdelta: float = 0.1, nstep: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def make_qkx2_quants(
+    x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float = -1.0, rdelta: float = 0.1, nstep: int = 20
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric (scale, min) search of llama.cpp's make_qkx2_quants over groups x [G, n].
 
     Returns (scale [G], the_min [G] >= 0, levels L [G, n] in 0..nmax) with y ~ scale*L - the_min.
@@ -112,11 +115,14 @@ def _q4_k_blocks(x: torch.Tensor) -> torch.Tensor:
     requant = torch.round((xr + dm) / torch.where(dj == 0, 1, dj)).clamp(0, 15)
     L = torch.where(dj == 0, L, requant).to(torch.int32).reshape(nb, 4, 2, 32)
     qs = (L[:, :, 0] | (L[:, :, 1] << 4)).to(torch.uint8).reshape(nb, 128)
-    return torch.cat([_fp16_bytes(max_scale.squeeze(1) / 63), _fp16_bytes(max_min.squeeze(1) / 63),
-                      _pack_k_scales(ls, lm), qs], dim=1)
+    return torch.cat(
+        [_fp16_bytes(max_scale.squeeze(1) / 63), _fp16_bytes(max_min.squeeze(1) / 63), _pack_k_scales(ls, lm), qs],
+        dim=1,
+    )
 
 
 # --- Q6_K -------------------------------------------------------------------
+
 
 def make_qx_quants(x: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric scale search of llama.cpp's make_qx_quants (rmse_type 1: weights x^2) over x [G, n].
@@ -166,12 +172,14 @@ def _q6_k_blocks(x: torch.Tensor) -> torch.Tensor:
     xr = x.reshape(nb, 16, 16)
     requant = torch.round(xr / torch.where(dj == 0, 1, dj)).clamp(-32, 31) + 32
     L = torch.where(dj == 0, L, requant).to(torch.int32).reshape(nb, 2, 4, 32)  # [half, quarter, l]
-    ql = torch.cat([L[:, :, 0] & 0xF | ((L[:, :, 2] & 0xF) << 4),
-                    L[:, :, 1] & 0xF | ((L[:, :, 3] & 0xF) << 4)], dim=2).reshape(nb, 128)
+    ql = torch.cat(
+        [L[:, :, 0] & 0xF | ((L[:, :, 2] & 0xF) << 4), L[:, :, 1] & 0xF | ((L[:, :, 3] & 0xF) << 4)], dim=2
+    ).reshape(nb, 128)
     hi = L >> 4
     qh = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(nb, 64)
-    out = torch.cat([ql.to(torch.uint8), qh.to(torch.uint8), sc.to(torch.int8).view(torch.uint8),
-                     _fp16_bytes(d.squeeze(1))], dim=1)
+    out = torch.cat(
+        [ql.to(torch.uint8), qh.to(torch.uint8), sc.to(torch.int8).view(torch.uint8), _fp16_bytes(d.squeeze(1))], dim=1
+    )
     return torch.where(zero, torch.zeros_like(out), out)
 
 
@@ -196,9 +204,9 @@ def quantize(x: torch.Tensor, fmt: str | Format) -> torch.Tensor:
         raise ValueError(f"quantizing to {fmt.name} is not supported; use Q8_0, Q4_K or Q6_K")
     out = torch.empty(rows.shape[0], row_bytes, dtype=torch.uint8, device=x.device)
     for start in range(0, rows.shape[0], _ROWS_PER_CHUNK):
-        chunk = rows[start:start + _ROWS_PER_CHUNK].float()
+        chunk = rows[start : start + _ROWS_PER_CHUNK].float()
         blocks = _TORCH_BLOCKS[fmt.name](chunk.reshape(-1, fmt.block_size))
-        out[start:start + chunk.shape[0]] = blocks.reshape(chunk.shape[0], row_bytes)
+        out[start : start + chunk.shape[0]] = blocks.reshape(chunk.shape[0], row_bytes)
     return out.reshape(*lead, row_bytes)
 
 

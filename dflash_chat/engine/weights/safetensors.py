@@ -48,13 +48,17 @@ def _shards(path: Path) -> dict[str, Path]:
             raise ModelFormatError(f"{path / INDEX}: not a valid safetensors index ({exc}).") from None
         missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
         if missing:
-            raise ModelFormatError(f"{path}: weights incomplete, {', '.join(missing)} missing (named in {INDEX}). "
-                                   "Download the model again.")
+            raise ModelFormatError(
+                f"{path}: weights incomplete, {', '.join(missing)} missing (named in {INDEX}). "
+                "Download the model again."
+            )
         return {name: path / f for name, f in weight_map.items()}
     else:
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if not files:
-        raise ModelFormatError(f"{path}: no .safetensors weight files found. Point at a model folder or a .safetensors file.")
+        raise ModelFormatError(
+            f"{path}: no .safetensors weight files found. Point at a model folder or a .safetensors file."
+        )
     from safetensors import safe_open
 
     out = {}
@@ -62,13 +66,15 @@ def _shards(path: Path) -> dict[str, Path]:
         try:
             with safe_open(f, "pt") as sf:
                 out.update((name, f) for name in sf.keys())
-        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for corrupt headers
             raise _unreadable(f, exc) from None
     return out
 
 
 def _unreadable(file: Path, exc: Exception) -> ModelFormatError:
-    return ModelFormatError(f"{file}: not a readable safetensors file, corrupt or truncated ({exc}). Download it again.")
+    return ModelFormatError(
+        f"{file}: not a readable safetensors file, corrupt or truncated ({exc}). Download it again."
+    )
 
 
 def quant_format_for(name: str, shape: tuple[int, ...], want: str) -> str | None:
@@ -82,8 +88,9 @@ def quant_format_for(name: str, shape: tuple[int, ...], want: str) -> str | None
     return want
 
 
-def read_safetensors(path: str | Path, *, quantize: str | None = None,
-                     device: torch.device | str | None = None) -> SafetensorsModel:
+def read_safetensors(
+    path: str | Path, *, quantize: str | None = None, device: torch.device | str | None = None
+) -> SafetensorsModel:
     path = Path(path)
     if quantize is not None and quantize.upper() not in QUANTIZE_ON_LOAD:
         raise ModelFormatError(f"cannot quantize on load to {quantize!r}; choose one of {', '.join(QUANTIZE_ON_LOAD)}.")
@@ -95,12 +102,13 @@ def read_safetensors(path: str | Path, *, quantize: str | None = None,
             try:
                 with safe_open(file, "pt", device="cpu") as sf:
                     t = sf.get_tensor(name)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - as above, for a tensor's bytes
                 raise _unreadable(file, exc) from None
             if device is not None:
                 t = t.to(device)
             fmt = quant_format_for(name, tuple(t.shape), quantize.upper()) if quantize else None
             return QuantTensor.from_float(t, fmt) if fmt else t
+
         return load
 
     config_dir = path if path.is_dir() else path.parent
@@ -110,5 +118,9 @@ def read_safetensors(path: str | Path, *, quantize: str | None = None,
             config = json.loads((config_dir / "config.json").read_text())
         except ValueError as exc:
             raise ModelFormatError(f"{config_dir / 'config.json'}: invalid JSON ({exc}).") from None
-    return SafetensorsModel(path=path, tensors=LazyTensors({n: loader(n, f) for n, f in where.items()}),
-                            hf_config=config, files=sorted(set(where.values())))
+    return SafetensorsModel(
+        path=path,
+        tensors=LazyTensors({n: loader(n, f) for n, f in where.items()}),
+        hf_config=config,
+        files=sorted(set(where.values())),
+    )

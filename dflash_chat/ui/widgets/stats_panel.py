@@ -102,8 +102,9 @@ class StatsPanel(VerticalScroll):
         self.show_figures(live, live=True, speculative=speculative)
         self._show_sparkline(live.recent_lengths if speculative else [])
 
-    def show_final(self, stats: GenerationStats, thinking: bool | None = None, *, remote: bool = False,
-                   source: str | None = None) -> None:
+    def show_final(
+        self, stats: GenerationStats, thinking: bool | None = None, *, remote: bool = False, source: str | None = None
+    ) -> None:
         """The answer's figures; `remote`: a server's answer, its draft figures from `source` (or none)."""
         self.show_figures(stats, speculative=stats.speculative, source=(source or NO_FIGURES) if remote else None)
         self.histogram = list(stats.acceptance_histogram)
@@ -112,15 +113,25 @@ class StatsPanel(VerticalScroll):
             self.by_thinking[thinking].append(stats.acceptance_rate)
             self._show_thinking_effect()
 
-    def show_figures(self, f: LiveStats | GenerationStats | None, *, live: bool = False, speculative: bool = False,
-                     source: str | None = None) -> None:
+    def show_figures(
+        self,
+        f: LiveStats | GenerationStats | None,
+        *,
+        live: bool = False,
+        speculative: bool = False,
+        source: str | None = None,
+    ) -> None:
         """Speed, draft and token rows from LiveStats (`live`) or the engine's GenerationStats; None clears them.
         `source`: where a server's draft figures came from (a row of its own)."""
         # called for every streamed chunk: same-sized tables, so no layout pass, and unchanged ones are skipped
-        self._show_rows("speed", (
-            ("tok/s (live)" if live else "tok/s (last)", format_speed(f.decode_tokens_per_s) if f else DASH),
-            ("first token", f"{f.ttft_s:.2f} s" if f and f.ttft_s is not None else DASH),
-        ), layout=False)
+        self._show_rows(
+            "speed",
+            (
+                ("tok/s (live)" if live else "tok/s (last)", format_speed(f.decode_tokens_per_s) if f else DASH),
+                ("first token", f"{f.ttft_s:.2f} s" if f and f.ttft_s is not None else DASH),
+            ),
+            layout=False,
+        )
         drafting = f is not None and speculative
         draft = (
             ("acceptance", format_rate(f.acceptance_rate) if drafting and f.drafted else DASH),  # of no drafts: none
@@ -128,10 +139,14 @@ class StatsPanel(VerticalScroll):
             ("drafts/step", format_draft(f, live) if f is not None else DASH),
         )
         self._show_rows("draft", draft + ((("from", source),) if source else ()), layout=False)
-        self._show_rows("tokens", (
-            ("prompt", f"{f.prompt_tokens} ({f.reused_tokens} reused)" if f else DASH),
-            ("new", str(f.new_tokens) if f else DASH),
-        ), layout=False)
+        self._show_rows(
+            "tokens",
+            (
+                ("prompt", f"{f.prompt_tokens} ({f.reused_tokens} reused)" if f else DASH),
+                ("new", str(f.new_tokens) if f else DASH),
+            ),
+            layout=False,
+        )
         if f is None:
             self._show_sparkline([])
             self.histogram = []
@@ -182,4 +197,3 @@ class StatsPanel(VerticalScroll):
                 parts.append(f"{label}: {format_rate(sum(rates) / len(rates))}")
         text = "acceptance " + " · ".join(parts) if parts else "applies to the next answer"
         self.query_one("#thinking-effect", Static).update(Text(text, style="dim"))
-
