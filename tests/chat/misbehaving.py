@@ -25,12 +25,16 @@ def delta(text: str, finish: str | None = None) -> dict:
 
 
 def head(status: int = 200, kind: str = "text/event-stream", length: int | None = None) -> bytes:
-    extra = f"Content-Length: {length}\r\n" if length is not None else "Connection: close\r\n"
-    return f"HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\n{extra}\r\n".encode()
+    # Connection: close always, as this server closes after each reply (a client would otherwise race the close
+    # when it reuses the connection for its next request)
+    extra = f"Content-Length: {length}\r\n" if length is not None else ""
+    return f"HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\n{extra}Connection: close\r\n\r\n".encode()
 
 
 def chunked_head(kind: str = "text/event-stream") -> bytes:
-    return f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    return (
+        f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+    )
 
 
 def chunk(data: bytes) -> bytes:
