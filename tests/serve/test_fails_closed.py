@@ -18,6 +18,14 @@ from .conftest import Paced, serving, wait_until
 
 KEY = "sk-test-key"
 GOOD = {"model": "dflash-chat-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+# A streamed question with a long answer, for tests that act mid-answer: no one step reaches its end (an answer
+# to "hi" can stop within the first whole-block step, and auto's draft length follows the machine's load).
+LONG = {
+    **GOOD,
+    "messages": [{"role": "user", "content": "Show the function `dedent` from module `textwrap`."}],
+    "max_tokens": 300,
+    "stream": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +147,7 @@ def test_a_dropped_answer_counts_as_abort(demo_pair, monkeypatch):
         paced.go.set()
         assert client.post(f"{url}/v1/chat/completions", json=GOOD).status_code == 200
         paced.go.clear()
-        with client.stream("POST", f"{url}/v1/chat/completions", json={**GOOD, "max_tokens": 300, "stream": True}):
+        with client.stream("POST", f"{url}/v1/chat/completions", json=LONG):
             paced.wait_step()
         assert served.scheduler.wait_idle(30)
         wait_until(lambda: b'finished_reason="abort"' in client.get(f"{url}/metrics").content, 10, "the abort")
@@ -164,9 +172,7 @@ def test_stopping_ends_open_streams_with_an_error_and_done_at_once(demo_pair, mo
     running = Running(served).start()
     lines: list[str] = []
     with httpx.Client(timeout=30) as client:
-        with client.stream(
-            "POST", f"{running.url}/v1/chat/completions", json={**GOOD, "max_tokens": 300, "stream": True}
-        ) as response:
+        with client.stream("POST", f"{running.url}/v1/chat/completions", json=LONG) as response:
             lines_iter = response.iter_lines()
             lines.append(next(lines_iter))  # the role chunk
             paced.wait_step()
