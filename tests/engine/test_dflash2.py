@@ -346,7 +346,7 @@ def test_sampled_dflash2_output_has_the_target_distribution(tmp_path_factory):
 def test_dflash2_gguf_loads_and_drafts_like_its_folder(target, tmp_path):
     import gguf
 
-    from dflash_chat.engine.weights.gguf_write import quantize_like_llama, write_drafter_gguf
+    from tests.engine.gguf_write import quantize_like_llama, write_drafter_gguf
 
     root, model = target
     folder_drafter, sd, cfg = _drafter(root, model, "gguf-source")
@@ -487,7 +487,7 @@ def test_a_qwen38_style_gguf_pair_decodes_losslessly(dflash2_dirs, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from dflash_chat.engine.load import load_pair
-    from dflash_chat.engine.weights.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
+    from tests.engine.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
 
     root = dflash2_dirs["qwen3_5"]
     hf = AutoModelForCausalLM.from_pretrained(str(root / "target"), dtype=torch.float32).eval()

@@ -23,7 +23,7 @@ from dflash_chat.engine.events import Step
 from dflash_chat.engine.load import load_drafter, load_target, load_tokenizer
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
-from dflash_chat.engine.weights.gguf_write import write_drafter_gguf
+from tests.engine.gguf_write import write_drafter_gguf
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_a_wrong_tap_shows_in_acceptance(demo, reference, tmp_path):
 
 
 def test_a_drafter_through_llama_quantize_drafts_like_the_converter_output(demo, tmp_path):
-    from dflash_chat.engine.weights.gguf_write import quantize_like_llama
+    from tests.engine.gguf_write import quantize_like_llama
 
     bf16 = write_drafter_gguf(
         tmp_path / "bf16.gguf", demo["state"], demo["config"], "BF16", schema="dflash", tokenizer=demo["tokenizer"]

@@ -201,7 +201,7 @@ def test_a_tap_of_the_last_target_layer_reads_the_final_normed_state(target, tmp
 
 @torch.no_grad()
 def test_yarn_drafter_gguf_drafts_like_its_folder(target, tmp_path):
-    from dflash_chat.engine.weights.gguf_write import write_drafter_gguf
+    from tests.engine.gguf_write import write_drafter_gguf
 
     root, model = target
     ours, _, _ = _pair(root, model, "yarn-gguf", rope_scaling=YARN, max_position_embeddings=256)

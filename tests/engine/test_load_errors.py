@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.load import load_drafter, load_pair, load_target
-from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
+from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
 from dflash_chat.errors import describe
 from dflash_chat.tiny import write_drafter, write_target
 

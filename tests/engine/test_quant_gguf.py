@@ -12,7 +12,7 @@ from dflash_chat.engine.quantized import QuantLinear, QuantTensor
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf import read_gguf
 from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
-from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
+from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
 from tests.engine.quant_helpers import one_thread
 
 LINEAR = dict(

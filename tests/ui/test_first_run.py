@@ -72,7 +72,7 @@ def repo_files(tmp_path_factory) -> dict[str, dict[str, bytes]]:
     """The bytes of the three repos: GGUFs written from a tiny random pair, its tokenizer files."""
     from safetensors.torch import load_file
 
-    from dflash_chat.engine.weights.gguf_write import write_drafter_gguf, write_target_gguf
+    from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
     from dflash_chat.tiny import write_drafter, write_target
 
     root = tmp_path_factory.mktemp("tiny-repos")
