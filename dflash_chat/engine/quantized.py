@@ -17,7 +17,6 @@ from torch import nn
 
 from dflash_chat.engine import kernels
 from dflash_chat.engine.kernels import reference
-from dflash_chat.engine.models.layers import routed
 from dflash_chat.engine.weights.formats import Format, get_format
 from dflash_chat.engine.weights.quantize import quantize
 
@@ -225,7 +224,7 @@ class QuantExperts(nn.Module):
         """The torch path (no Triton): one dequantize + matmul per expert that received tokens (reads the
         routing back to the host)."""
         out = torch.zeros_like(x)
-        for expert, rows, weights in routed(top_k_index, top_k_weights, self.num_experts):
+        for expert, rows, weights in reference.routed(top_k_index, top_k_weights, self.num_experts):
             gate, up = self._gate_up(x[rows], expert)
             y = kernels.matmul(F.silu(gate) * up, self.down[expert], self.down_fmt, self.hidden)
             out.index_add_(0, rows, (y * weights[:, None]).to(out.dtype))

@@ -11,7 +11,6 @@ After it, no function here reads anything back to the host: shapes depend only o
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ import torch
 
 from dflash_chat.engine.kernels import reference
 from dflash_chat.engine.kernels.configs import SMALL_M, kernel_supports
+from dflash_chat.engine.kernels.switches import kernel_wanted, triton_available, use_triton
 from dflash_chat.engine.weights.formats import FORMATS, Format
 
 __all__ = [
@@ -36,34 +36,11 @@ __all__ = [
     "conv_step",
     "conv_block",
     "use_triton",
+    "kernel_wanted",
+    "triton_available",
     "top_k_softmax",
     "moe_combine",
 ]
-
-
-@functools.cache
-def triton_available() -> bool:
-    if os.environ.get("DFLASH_CHAT_NO_TRITON"):
-        return False
-    try:
-        import triton  # noqa: F401
-    except Exception:  # noqa: BLE001 - any failure to import triton means: the torch path
-        return False
-    return True
-
-
-def use_triton(t: torch.Tensor) -> bool:
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    return (t.is_cuda or interpret) and triton_available()
-
-
-def kernel_wanted(t: torch.Tensor, name: str) -> bool:
-    """Whether the Triton kernel `name` (ATTENTION, GDN) runs on `t`: on CUDA unless DFLASH_CHAT_NO_TRITON_<name>
-    is set; under TRITON_INTERPRET=1 (tests on the CPU) only when DFLASH_CHAT_TRITON_<name>=1."""
-    if os.environ.get(f"DFLASH_CHAT_NO_TRITON_{name}"):
-        return False
-    interpret = os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get(f"DFLASH_CHAT_TRITON_{name}") == "1"
-    return (t.is_cuda or interpret) and triton_available()
 
 
 _checked: dict[tuple, bool] = {}

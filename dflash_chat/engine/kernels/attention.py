@@ -21,13 +21,13 @@ import functools
 
 import torch
 
+from dflash_chat.engine.kernels.switches import kernel_wanted
+
 SPLIT = 512  # cache rows per program
 BLOCK_N = 64  # keys per inner step
 
 
 def available(q: torch.Tensor) -> bool:
-    from dflash_chat.engine.kernels import kernel_wanted
-
     return kernel_wanted(q, "ATTENTION")
 
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dflash_chat.engine.kernels.switches import kernel_wanted
+
 V_BLOCK = 32  # value columns per program
 
 
 def available(state: torch.Tensor) -> bool:
-    from dflash_chat.engine.kernels import kernel_wanted
-
     return kernel_wanted(state, "GDN")
 
 

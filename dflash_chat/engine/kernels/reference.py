@@ -129,3 +129,17 @@ def conv_block(
     y = F.conv1d(window[: k1 + t].t()[None], w[:, None, :], groups=x.shape[1])[0].t()
     out[:t].copy_(F.silu(y))
     return out[:t]
+
+
+def routed(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: int):
+    """(expert, token rows, their routing weights) for every expert that received tokens."""
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    token_of = order // top_k_index.shape[1]
+    weights = top_k_weights.reshape(-1)[order]
+    start = 0
+    for expert, n in enumerate(counts):
+        if n:
+            yield expert, token_of[start : start + n], weights[start : start + n]
+            start += n

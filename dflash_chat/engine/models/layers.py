@@ -150,7 +150,7 @@ class Experts(nn.Module):
         if x.shape[0] <= PAIRWISE_TOKENS:
             return reference.add_shared(self.pairwise(x, top_k_index, top_k_weights), shared)
         out = torch.zeros_like(x)
-        for expert, rows, weights in routed(top_k_index, top_k_weights, self.gate_up_proj.shape[0]):
+        for expert, rows, weights in reference.routed(top_k_index, top_k_weights, self.gate_up_proj.shape[0]):
             gate, up = F.linear(x[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
             y = F.linear(F.silu(gate) * up, self.down_proj[expert])
             out.index_add_(0, rows, (y * weights[:, None]).to(out.dtype))
@@ -170,20 +170,6 @@ class Experts(nn.Module):
 # Without the routed-experts kernel (CPU), up to this many tokens (decode, verify) float experts run pair by
 # pair (no host sync); longer inputs (prefill) loop over the experts that got tokens.
 PAIRWISE_TOKENS = 32
-
-
-def routed(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: int):
-    """(expert, token rows, their routing weights) for every expert that received tokens."""
-    flat = top_k_index.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    token_of = order // top_k_index.shape[1]
-    weights = top_k_weights.reshape(-1)[order]
-    start = 0
-    for expert, n in enumerate(counts):
-        if n:
-            yield expert, token_of[start : start + n], weights[start : start + n]
-            start += n
 
 
 class Router(nn.Module):
