@@ -77,8 +77,8 @@ def selector_loss(
     A, D = labels.shape
     selector = drafter.candidate_selector
     unary, ids, successors, projected = selector.candidates(logits.reshape(A * D, -1), hidden.reshape(A * D, -1))
-    predecessors = torch.cat((anchors[:, None], labels[:, :-1]), dim=1).clamp(min=0).reshape(-1)
-    scores = selector.scores(unary, successors, projected, predecessors)  # [A * D, K]
+    predecessors = torch.cat((anchors[:, None], labels[:, :-1]), dim=1).clamp(min=0).reshape(-1, 1)
+    scores = selector.scores(unary, successors, projected, predecessors)[:, 0]  # [A * D, K]
     is_label = ids == labels.reshape(-1, 1)
     covered = is_label.any(dim=-1) & (labels.reshape(-1) != -100)
     ce = F.cross_entropy(scores, is_label.float().argmax(dim=-1), reduction="none")

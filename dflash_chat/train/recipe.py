@@ -122,15 +122,9 @@ def train_drafter_stage(
     free_share: float = 0.5,
     log: Log = print,
 ) -> list[float]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(work / "target")
-    # The drafter learns the target as shipped (bf16 weights), upcast like the loader does on CPU.
-    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
-    own, held = _target_answers(
+    tokenizer, target, own, held = _target_and_answers(
         work,
-        target,
-        tokenizer,
+        work / "target",
         seed=seed,
         device=device,
         generated=generated,
@@ -153,6 +147,16 @@ def train_drafter_stage(
     log(f"drafter: teacher-forced acceptance length on held-out target answers: {acc:.2f}")
     save_drafter(drafter, config, work / "drafter")
     return losses
+
+
+def _target_and_answers(work: Path, target_dir: Path, **kwargs):
+    """(tokenizer, target, its answers to training prompts, to held-out ones) for a drafter stage: the target
+    as shipped (bf16 weights), upcast like the loader does on the CPU."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(kwargs["device"])
+    return (tokenizer, target, *_target_answers(work, target, tokenizer, **kwargs))
 
 
 def _target_answers(
@@ -215,16 +219,12 @@ def train_dflash2_stage(
     """The DFlash2 drafter: `source`'s DFlash drafter with DFlash2's modules added (train/dflash2.py),
     trained against the target in `target_dir` on its fresh greedy answers; written to work/drafter2."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash_chat.train.dflash2 import dflash2_config_dict, from_dflash
 
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device)
-    own, held = _target_answers(
+    _, target, own, held = _target_and_answers(
         work,
-        target,
-        tokenizer,
+        target_dir,
         seed=seed,
         device=device,
         generated=generated,

@@ -311,36 +311,33 @@ class DFlash2Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DFlash2Config":
-        dflash = d.get("dflash_config") or {}
+        merged = {**d, **(d.get("dflash_config") or {})}  # dflash_config first, then the top level
 
         def get(key: str, default=None):
-            value = dflash.get(key, d.get(key))
+            value = merged.get(key)
             return default if value is None else value
 
-        sizes = {}
-        for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
-            value = get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelFormatError(
-                    f"DFlash2 drafter config.json has no valid dflash_config.{key} (a positive "
-                    f"integer; got {value!r}): the file is incomplete"
-                )
-            sizes[key] = value
+        what = "DFlash2 drafter"
+        sizes = {
+            key: _count(merged, key, what)
+            for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+        }
         hidden = d.get("hidden_size")
         if isinstance(hidden, int) and hidden % sizes["conv_group_size"]:
             raise ModelFormatError(
                 f"DFlash2 drafter conv_group_size {sizes['conv_group_size']} does not divide hidden_size {hidden}"
             )
-        scales = {}
-        for key, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0)):
-            value = get(key, default)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ModelFormatError(f"DFlash2 drafter {key} is {value!r}: expected a positive number")
-            scales[key] = float(value)
+        scales = {key: _positive(get(key, 1.0), key) for key in ("input_embedding_scale", "output_multiplier")}
         cap = get("final_logit_softcapping")
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
-            raise ModelFormatError(f"DFlash2 drafter final_logit_softcapping is {cap!r}: expected a positive number")
-        return cls(**sizes, **scales, final_logit_softcapping=None if cap is None else float(cap))
+        cap = None if cap is None else _positive(cap, "final_logit_softcapping")
+        return cls(**sizes, **scales, final_logit_softcapping=cap)
+
+
+def _positive(value, key: str) -> float:
+    """A finite positive number of a DFlash2 config, or a one-line ModelFormatError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ModelFormatError(f"DFlash2 drafter {key} is {value!r}: expected a positive number")
+    return float(value)
 
 
 def _causal(d: dict) -> bool | None:

@@ -99,25 +99,10 @@ class CandidateSelector(nn.Module):
         return unary, ids, successors, self.hidden_projection(hidden).float()
 
     def scores(
-        self, unary: torch.Tensor, successors: torch.Tensor, projected: torch.Tensor, predecessor: torch.Tensor
+        self, unary: torch.Tensor, successors: torch.Tensor, projected: torch.Tensor, predecessors: torch.Tensor
     ) -> torch.Tensor:
-        """Candidate scores [..., K] after the predecessor token ids [...]: unary + <A[a] * P h, B[b]>."""
-        gate = self.predecessor_codebook.index_select(0, predecessor.reshape(-1)).float()
-        gate = gate.view(*predecessor.shape, -1) * projected
-        return unary + (successors @ gate.unsqueeze(-1)).squeeze(-1)
-
-    def edges(
-        self,
-        unary: torch.Tensor,
-        ids: torch.Tensor,
-        successors: torch.Tensor,
-        projected: torch.Tensor,
-        anchor: torch.Tensor,
-    ) -> torch.Tensor:
-        """Every step's scores at once, [D, K, K]: [t, p, c] is candidate c of position t after predecessor p,
-        the anchor for t = 0 (every row alike) and candidate p of position t - 1 after."""
-        K = ids.shape[1]
-        predecessors = torch.cat((anchor.reshape(1, 1).expand(1, K), ids[:-1]))
+        """Scores [N, P, K] of each position's K candidates after each of its P predecessor token ids [N, P]:
+        unary + <A[a] * P h, B[b]> (the walk scores every predecessor at once, training the true one)."""
         gates = self.predecessor_codebook.index_select(0, predecessors.reshape(-1)).view(*predecessors.shape, -1)
         gates = gates.float() * projected[:, None, :]
         return unary[:, None, :] + gates @ successors.transpose(1, 2)
@@ -136,7 +121,9 @@ class CandidateSelector(nn.Module):
         distribution over the vocabulary goes to q_out [D, V]. The scores are computed for every step and
         predecessor first; the walk itself only gathers."""
         unary, ids, successors, projected = self.candidates(logits, hidden)
-        scores = self.edges(unary, ids, successors, projected, anchor)
+        # step t's predecessors: the anchor for t = 0 (every row alike), else position t - 1's candidates
+        predecessors = torch.cat((anchor.reshape(1, 1).expand(1, ids.shape[1]), ids[:-1]))
+        scores = self.scores(unary, successors, projected, predecessors)  # [D, K, K]
         at = torch.zeros(1, dtype=torch.long, device=ids.device)  # the predecessor's index (any row for t = 0)
         path = []
         if not params.greedy:
