@@ -153,6 +153,11 @@ class DFlash2Drafter(DFlashDrafter):
             vocab_size or 0, cfg.hidden_size, d2.selector_rank, d2.selector_top_k
         )
 
+    @property
+    def draft_noise_columns(self) -> int:
+        """The sampled walk draws each step among the top K candidates: it reads K columns of draft noise."""
+        return self.candidate_selector.top_k
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         d2 = self.cfg.dflash2
         logits = self._lm_head(hidden)

@@ -38,6 +38,7 @@ class Steps:
         self.stop_ids = torch.full((MAX_STOPS,), -1, **long)
         self.offsets = torch.arange(self.B, **long)
         self.block = drafter.block_ids(dev) if drafter else None  # the drafter's input
+        self.noise_columns = getattr(drafter, "draft_noise_columns", None)  # how much draft noise it reads
         self.ids = torch.zeros(self.B, **long)  # the verify input: [last, drafts]
         self.result = torch.zeros(self.B + 2, **long)  # [tokens (first T), ..., n, accepted]
         self.host = torch.zeros(self.B + 2, dtype=torch.long, pin_memory=dev.type == "cuda")
@@ -209,7 +210,7 @@ class Steps:
         """Queue the drafts after the last token (the drafter always drafts its whole block)."""
         issued = time.perf_counter()
         if not self.params.greedy:
-            self.draws.fill_drafts(self.generator)
+            self.draws.fill_drafts(self.generator, self.noise_columns)
         self._run(("draft", self._sampling_key()))
         self.host_s += time.perf_counter() - issued
 
