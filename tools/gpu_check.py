@@ -694,7 +694,7 @@ def catalog_cases() -> list:
 
 
 def compile_only(arches: list[str], quick: bool) -> int:
-    from dflash_chat.engine.kernels import compile_check
+    from dflash_chat.bench import compile_check
 
     cases = catalog_cases()
     if quick:  # the 27B's ffn_gate/up in its two files, both kernels, the 35B's experts and one glue kernel
@@ -734,7 +734,8 @@ def precompile(device: torch.device, n: int, k: int, dtype: torch.dtype) -> floa
     import concurrent.futures
     import multiprocessing
 
-    from dflash_chat.engine.kernels import compile_check, triton_quant
+    from dflash_chat.bench import compile_check
+    from dflash_chat.engine.kernels import triton_quant
 
     start = time.perf_counter()
     fam = triton_quant._family(device)
@@ -763,7 +764,7 @@ def precompile(device: torch.device, n: int, k: int, dtype: torch.dtype) -> floa
 
 
 def _precompile_job(i: int, j: int, n: int, k: int, dtype: str, family: tuple, cc: int) -> None:
-    from dflash_chat.engine.kernels import compile_check
+    from dflash_chat.bench import compile_check
 
     label, run = _check_cases(n, k, getattr(torch, dtype))[i]
     with compile_check.capture(configs.Family(*family)) as launches:

@@ -89,7 +89,7 @@ def test_compile_only_builds_without_a_gpu_with_no_spills_and_wide_loads():
     """A few of the configurations the engine picks (27B decode and verify in both files, 35B experts), built
     for Hopper and Ampere by Triton without a driver, then read back from ptxas and the SASS."""
     pytest.importorskip("triton")
-    from dflash_chat.engine.kernels import compile_check
+    from dflash_chat.bench import compile_check
 
     gpu_check = _load_script()
     cases = [
@@ -113,7 +113,7 @@ def test_compile_only_builds_without_a_gpu_with_no_spills_and_wide_loads():
 def test_the_routed_layers_glue_compiles_without_spills():
     """Router top-k, pair sort (decode's 8 pairs and verify's 128) and the experts' weighted sum, for Hopper."""
     pytest.importorskip("triton")
-    from dflash_chat.engine.kernels import compile_check
+    from dflash_chat.bench import compile_check
 
     cases = [
         c for c in _load_script().catalog_cases() if "router" in c[0] or " route " in c[0] or "sum + shared" in c[0]
