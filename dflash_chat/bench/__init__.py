@@ -7,7 +7,7 @@
 - synthetic.py: `bench --synthetic MODEL`, the engine at a real model's shapes with random packed weights
   (synthetic_models.py builds those models);
 - oracle.py: a drafter that knows the answer, for chosen or forced acceptance lengths;
-- compile_check.py, launch_count.py: the Triton kernels built for a GPU family, and the
+- compile_check.py, kernel_cases.py, launch_count.py: the Triton kernels built for a GPU family, and the
   kernels each step launches, on a machine without a GPU (tools/gpu_check.py --compile-only,
   tools/kernel_count.py).
 
