@@ -9,7 +9,7 @@ from dflash_chat.cli import main
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from dflash_chat.tiny import write_pair
+    from tests.engine.tiny import write_pair
 
     return write_pair(tmp_path_factory.mktemp("pair"), "qwen3_5", seed=3)
 
@@ -285,7 +285,7 @@ def test_bench_refuses_vs_transformers_without_the_random_target_before_loading(
 
 
 def test_figures_over_several_prompts_leave_out_each_prompts_first_token():
-    from dflash_chat.bench import Comparison, Run
+    from dflash_chat.bench.comparison import Comparison, Run
     from dflash_chat.engine.events import GenerationStats
 
     runs = [
@@ -301,7 +301,7 @@ def test_figures_over_several_prompts_leave_out_each_prompts_first_token():
 
 
 def test_the_median_speedup_is_over_prompts_and_the_mean_draft_length_over_steps():
-    from dflash_chat.bench import Comparison, Run
+    from dflash_chat.bench.comparison import Comparison, Run
     from dflash_chat.engine.events import GenerationStats
 
     ar = [Run([], GenerationStats(new_tokens=11, steps=10, decode_s=1.0)) for _ in range(3)]  # 10 tok/s each
@@ -319,7 +319,7 @@ def test_the_median_speedup_is_over_prompts_and_the_mean_draft_length_over_steps
 def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
     import torch
 
-    from dflash_chat.bench import _divergence, generate
+    from dflash_chat.bench.comparison import _divergence, generate
     from dflash_chat.engine.load import load_target
     from dflash_chat.engine.sampling import SamplingParams
     from dflash_chat.engine.spec import Engine
@@ -368,7 +368,7 @@ def test_run_demo_prints_the_stats_record(capsys):
 
 def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
     from dflash_chat.demo import chosen_kind, demo_drafters
-    from dflash_chat.demo_bench import CLASSES, DRAFTS, draft_key
+    from dflash_chat.bench.demo_pair import CLASSES, DRAFTS, draft_key
     from dflash_chat.settings import Settings
 
     assert (
@@ -408,7 +408,7 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
 
 
 def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
-    from dflash_chat.demo_bench import format_report
+    from dflash_chat.bench.demo_pair import format_report
 
     leg = {
         "temperature": 0.0,
@@ -452,7 +452,7 @@ def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
 
 
 def test_bench_demo_sampled_leg_comes_from_the_flags_or_the_apps_defaults():
-    from dflash_chat.demo_bench import Sampling, sampling_legs
+    from dflash_chat.bench.demo_pair import Sampling, sampling_legs
     from dflash_chat.errors import UserError
     from dflash_chat.settings import Settings
 

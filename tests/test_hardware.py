@@ -397,10 +397,10 @@ def test_dflash_drafters_have_no_dflash2_terms(catalog):
 
 
 def test_the_shape_of_an_engine_config_tells_dflash2_by_its_architecture():
-    from dflash_chat.engine import synthetic
+    from dflash_chat.bench import synthetic_models
     from dflash_chat.engine.models.config import DrafterConfig
 
-    raw = synthetic.DRAFTERS["qwen3.8-27b"]  # z-lab/Qwen3.8-27B-DFlash2's config
+    raw = synthetic_models.DRAFTERS["qwen3.8-27b"]  # z-lab/Qwen3.8-27B-DFlash2's config
     assert memory.DrafterShape.of(DrafterConfig.from_dict(raw)) == DFLASH2
     plain = memory.DrafterShape.of(DrafterConfig.from_dict(dict(raw, architectures=["DFlashDraftModel"])))
     assert (plain.kind, plain.selector_top_k, plain.sliding_layers) == ("dflash", 0, 5)

@@ -51,12 +51,12 @@ def test_the_installed_copy_finds_its_data(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
-        "import json, dflash_chat, dflash_chat.demo as demo, dflash_chat.demo_bench as demo_bench\n"
+        "import json, dflash_chat, dflash_chat.demo as demo, dflash_chat.bench.demo_pair as demo_pair\n"
         "from dflash_chat.ui.themes import shipped_themes_dir\n"
         "from dflash_chat.catalog import load_catalog\n"
         "from pathlib import Path\n"
         "print(json.dumps({'package': dflash_chat.__file__, 'demo': demo.demo_available(),\n"
-        "  'bench_prompts': {k: len(v) for k, v in demo_bench.bench_prompts().items()},\n"
+        "  'bench_prompts': {k: len(v) for k, v in demo_pair.bench_prompts().items()},\n"
         "  'themes': sorted(p.name for p in shipped_themes_dir().glob('*.toml')),\n"
         "  'themes_dir': str(shipped_themes_dir()),\n"
         "  'tcss': (Path(dflash_chat.__file__).parent / 'ui' / 'app.tcss').is_file(),\n"

@@ -21,6 +21,10 @@ On a GPU:
 4. Resident bytes: a few layers written to a GGUF and loaded as QuantLinear modules (goal within 5%).
 Kernels are compiled up front in parallel processes (they land in Triton's cache), which keeps the
 check short. Prints a report; writes it as JSON to $OUT/gpu_check.json when $OUT is set (or --json PATH).
+
+It is one script of about 650 lines because a GPU session copies and runs it whole, in one process: the four
+checks share the packed weights and the timing helpers, and each section is marked by a `# ---` line. The
+compile-only cases live in dflash_chat/bench/kernel_cases.py, beside compile_check.py that builds them.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dflash_chat.bench.kernel_cases import MOE_35B, catalog_cases, dequant_case, matmul_case  # noqa: E402
 from dflash_chat.engine import kernels  # noqa: E402
 from dflash_chat.engine.kernels import configs, reference  # noqa: E402
 from dflash_chat.engine.quantized import QuantLinear, QuantTensor  # noqa: E402
@@ -55,7 +60,6 @@ SHAPES_27B = [
     ("ssm_out 5120x6144", 5120, 6144, "Q4_K"),
     ("ffn_gate/up Q8_0", 17408, 5120, "Q8_0"),
 ]
-MOE_35B = dict(experts=256, top_k=8, hidden=2048, width=512)  # Qwen3.6-35B-A3B (DESIGN.md §4)
 GATE_UP_DOWN = [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("BF16", "BF16")]
 
 
@@ -441,260 +445,8 @@ def resident_bytes(device: torch.device, shapes: list, n_layers: int) -> dict:
 # --- compiling without a GPU, and compiling ahead on one ----------------------------------------------------------
 
 
-def _meta(*shape, dtype=torch.bfloat16):
-    return torch.empty(*shape, dtype=dtype, device="meta")
-
-
-def _matmul_case(label: str, fmt_name: str, n: int, k: int, m: int, dtype=torch.bfloat16):
-    from dflash_chat.engine.kernels import triton_quant as tq
-
-    fmt = FORMATS[fmt_name]
-
-    def run():
-        tq.matmul_small_m(_meta(m, k, dtype=dtype), _meta(n, fmt.row_bytes(k), dtype=torch.uint8), fmt, n)
-
-    return (f"{label} {fmt_name} M={m}", run)
-
-
-def _experts_case(label: str, fmt_name: str, experts: int, n: int, k: int, tokens: int, top_k: int):
-    from dflash_chat.engine.kernels import triton_quant as tq
-
-    fmt = FORMATS[fmt_name]
-
-    def run():
-        pairs = tokens * top_k
-        packed = _meta(
-            experts,
-            n,
-            fmt.row_bytes(k) if fmt.quantized else k,
-            dtype=torch.uint8 if fmt.quantized else fmt.float_dtype,
-        )
-        ints = [_meta(pairs, dtype=torch.int32) for _ in range(3)]
-        tq.moe_matmul(
-            _meta(tokens, k),
-            packed,
-            fmt,
-            n,
-            ints[0],
-            ints[1],
-            _meta(experts + 1, dtype=torch.int32),
-            ints[2],
-            tokens=tokens,
-        )
-
-    return (f"{label} {fmt_name} tokens={tokens}", run)
-
-
-def _dequant_case(fmt_name: str, n: int, k: int):
-    from dflash_chat.engine.kernels import triton_quant as tq
-
-    fmt = FORMATS[fmt_name]
-    return (
-        f"dequantize {fmt_name} {n}x{k}",
-        lambda: tq.dequantize(_meta(n, fmt.row_bytes(k), dtype=torch.uint8), fmt, k, torch.bfloat16),
-    )
-
-
-def _glue_cases(label: str, hidden: int, width: int, conv: int, head_dim: int) -> list:
-    from dflash_chat.engine.kernels import triton_glue as tg
-
-    return [
-        (
-            f"{label} add_rms_norm h={hidden}",
-            lambda: (
-                tg.add_rms_norm(_meta(16, hidden), _meta(16, hidden), _meta(hidden), 1e-6, True),
-                tg.rms_norm(_meta(16, hidden), _meta(hidden), 1e-6, False),
-            ),
-        ),
-        (f"{label} silu_mul {width}", lambda: tg.silu_mul(_meta(16, width), _meta(16, width))),
-        (
-            f"{label} gated_rms_norm d={head_dim}",
-            lambda: tg.gated_rms_norm(_meta(16, 8, head_dim), _meta(16, 8, head_dim), _meta(head_dim), 1e-6),
-        ),
-        (f"{label} conv_step C={conv}", lambda: tg.conv_step(_meta(conv), _meta(3, conv), _meta(conv, 4))),
-        (
-            f"{label} conv_block C={conv}",
-            lambda: tg.conv_block(
-                _meta(16, conv + 64)[:, :conv], _meta(3, conv), _meta(conv, 4), _meta(19, conv), _meta(16, conv)
-            ),
-        ),
-    ]
-
-
-def _attention_cases(label: str, heads: int, kv_heads: int, head_dim: int, context: int = 32768) -> list:
-    """The cache attention kernels at a model's shapes: decode (1 row), verify (16 rows, causal) and the
-    drafter's block (16 rows): a sliding ring causal (the released drafters' default) or bidirectional (a
-    checkpoint or GGUF saying not causal), a full layer bidirectional."""
-    from dflash_chat.engine.kernels import attention
-
-    def run(T, causal, window, rows):
-        pos = _meta(T, dtype=torch.int64)
-        cache = _meta(rows, kv_heads, head_dim)
-        attention.attend(
-            _meta(T, heads, head_dim),
-            cache,
-            cache,
-            pos,
-            _meta(1, dtype=torch.int64),
-            head_dim**-0.5,
-            causal,
-            window,
-            _meta(T, heads * head_dim) if causal else None,
-        )
-
-    def prepare(T, gated, rotary_dim, rows):
-        cache = _meta(rows, kv_heads, head_dim)
-        kv = _meta(T, kv_heads * head_dim)
-        attention.prepare(
-            _meta(T, heads * head_dim * (2 if gated else 1)),
-            kv,
-            kv,
-            _meta(head_dim),
-            _meta(head_dim),
-            1e-6,
-            gated,
-            _meta(T, rotary_dim),
-            _meta(T, rotary_dim),
-            _meta(T, dtype=torch.int64),
-            cache,
-            cache,
-            heads,
-            gated,
-        )
-
-    return [
-        (
-            f"{label} attention prepare d={head_dim}",
-            lambda: prepare(16, head_dim == 256, head_dim // 4 if head_dim == 256 else head_dim, context + 16),
-        ),
-        (f"{label} attention decode d={head_dim}", lambda: run(1, True, None, context + 16)),
-        (f"{label} attention verify d={head_dim}", lambda: run(16, True, None, context + 16)),
-        (f"{label} attention draft ring d={head_dim}", lambda: run(16, False, 2048, 2048 + 16)),
-        (f"{label} attention draft causal ring d={head_dim}", lambda: run(16, True, 2048, 2048 + 16)),
-        (f"{label} attention draft full d={head_dim}", lambda: run(16, False, None, context + 16)),
-    ]
-
-
-def _gdn_cases(label: str, key_heads: int, value_heads: int, key_dim: int, value_dim: int) -> list:
-    """The GDN recurrence kernel: decode (update), verify (outputs only) and the masked commit."""
-    from dflash_chat.engine.kernels import gdn
-
-    heads = gdn.Heads(key_heads, value_heads, key_dim, value_dim)
-
-    def run(T, update, outputs, keep):
-        f32 = torch.float32
-        width = 2 * key_heads * key_dim + value_heads * value_dim
-        gdn._triton(
-            _meta(T, width),
-            _meta(T, value_heads),
-            _meta(T, value_heads),
-            _meta(value_heads, dtype=f32),
-            _meta(value_heads, dtype=f32),
-            _meta(value_heads, key_dim, value_dim, dtype=f32),
-            heads,
-            update,
-            outputs,
-            _meta((), dtype=torch.int64) if keep else None,
-        )
-
-    def scan():
-        n, c, f32 = 16, gdn.CHUNK, torch.float32
-        shaped = [_meta(value_heads, n, c, d, dtype=f32) for d in (key_dim, key_dim, key_dim, value_dim, c)]
-        gdn._triton_scan(
-            gdn.Chunks(*shaped, _meta(value_heads, n, dtype=f32), n * c),
-            _meta(value_heads, key_dim, value_dim, dtype=f32),
-        )
-
-    return [
-        (f"{label} gdn prefill scan", scan),
-        (f"{label} gdn decode", lambda: run(1, True, True, False)),
-        (f"{label} gdn verify", lambda: run(16, False, True, False)),
-        (f"{label} gdn commit", lambda: run(16, True, False, True)),
-    ]
-
-
-def _moe_glue_cases(label: str, experts: int, top_k: int, hidden: int) -> list:
-    from dflash_chat.engine.kernels import triton_glue as tg
-
-    cases = []
-    for tokens in (1, 16):  # decode and verify
-        pairs = tokens * top_k
-        cases += [
-            (
-                f"{label} router top-k of {experts} T={tokens}",
-                lambda t=tokens: tg.top_k_softmax(_meta(t, experts + 1)[:, :experts], top_k, torch.bfloat16),
-            ),
-            (f"{label} route {pairs} pairs", lambda t=tokens: tg.route(_meta(t, top_k, dtype=torch.int64), experts)),
-            (
-                f"{label} experts' sum + shared T={tokens}",
-                lambda t=tokens, p=pairs: tg.moe_combine(
-                    _meta(p, hidden),
-                    _meta(t, top_k),
-                    (_meta(t, hidden), _meta(t, experts + 1)[:, experts:]),
-                    torch.bfloat16,
-                ),
-            ),
-        ]
-    return cases
-
-
-def catalog_cases() -> list:
-    """Every kernel configuration the engine picks for the shipped catalog's targets (Q4_K_M and Q8_0 files,
-    bf16 activations, decode M=1 and verify M=16), the other formats at one shape, routed experts at the
-    35B-A3B's shapes, dequantize and the glue kernels. The attention q/o projections are left out: the catalog
-    does not record the query head count (they compile like the other projections of the same K)."""
-    from dflash_chat import catalog
-
-    cases = []
-    for pair in catalog.load_catalog(Path(os.devnull)).pairs:
-        s = pair.target_shape
-        value = s.linear_value_heads * s.linear_value_dim
-        qkv = 2 * s.linear_key_heads * s.linear_key_dim + value
-        moe = "a3b" in pair.name
-        width = MOE_35B["width"] if moe else s.intermediate
-        shapes = [
-            ("qkv", qkv, s.hidden),
-            ("z", value, s.hidden),
-            ("a/b", s.linear_value_heads, s.hidden),
-            ("out", s.hidden, value),
-            ("k/v", s.kv_heads * s.head_dim, s.hidden),
-            ("gate/up", width, s.hidden),
-            ("down", s.hidden, width),
-            ("lm_head", s.vocab, s.hidden),
-        ]
-        for part, n, k in shapes:
-            bumped = part in ("down", "lm_head", "k/v")  # Q4_K_M: Q6_K for output, ffn_down and attn_v (some layers)
-            for fmt_name in ("Q4_K", "Q6_K", "Q8_0") if bumped else ("Q4_K", "Q8_0"):
-                for m in (1, 16):
-                    cases.append(_matmul_case(f"{pair.name} {part} {n}x{k}", fmt_name, n, k, m))
-        if moe:
-            e, top_k, h, w = MOE_35B["experts"], MOE_35B["top_k"], MOE_35B["hidden"], MOE_35B["width"]
-            for fmt_name, n, k in (
-                ("Q4_K", 2 * w, h),
-                ("Q6_K", h, w),
-                ("Q8_0", 2 * w, h),
-                ("Q8_0", h, w),
-                ("BF16", 2 * w, h),
-                ("BF16", h, w),
-            ):
-                for tokens in (1, 16):
-                    cases.append(_experts_case(f"{pair.name} experts {n}x{k}", fmt_name, e, n, k, tokens, top_k))
-            cases += _moe_glue_cases(pair.name, e, top_k, h)
-        cases += _glue_cases(pair.name, s.hidden, width, qkv, s.linear_value_dim)
-        cases += _attention_cases(pair.name, s.kv_heads * 6, s.kv_heads, s.head_dim)  # 6 query heads per KV head
-        cases += _gdn_cases(pair.name, s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim)
-        for version, d in pair.drafter_versions:
-            cases += _attention_cases(f"{pair.name} drafter {version}", d.kv_heads * 4, d.kv_heads, d.head_dim)
-    for fmt_name in QUANT_FORMATS:
-        if fmt_name not in ("Q4_K", "Q6_K", "Q8_0"):
-            for m in (1, 16):
-                cases.append(_matmul_case("27b ffn_gate 17408x5120", fmt_name, 17408, 5120, m))
-        cases.append(_dequant_case(fmt_name, 5120, 17408))
-    return cases
-
-
 def compile_only(arches: list[str], quick: bool) -> int:
-    from dflash_chat.engine.kernels import compile_check
+    from dflash_chat.bench import compile_check
 
     cases = catalog_cases()
     if quick:  # the 27B's ffn_gate/up in its two files, both kernels, the 35B's experts and one glue kernel
@@ -734,7 +486,8 @@ def precompile(device: torch.device, n: int, k: int, dtype: torch.dtype) -> floa
     import concurrent.futures
     import multiprocessing
 
-    from dflash_chat.engine.kernels import compile_check, triton_quant
+    from dflash_chat.bench import compile_check
+    from dflash_chat.engine.kernels import triton_quant
 
     start = time.perf_counter()
     fam = triton_quant._family(device)
@@ -763,7 +516,7 @@ def precompile(device: torch.device, n: int, k: int, dtype: torch.dtype) -> floa
 
 
 def _precompile_job(i: int, j: int, n: int, k: int, dtype: str, family: tuple, cc: int) -> None:
-    from dflash_chat.engine.kernels import compile_check
+    from dflash_chat.bench import compile_check
 
     label, run = _check_cases(n, k, getattr(torch, dtype))[i]
     with compile_check.capture(configs.Family(*family)) as launches:
@@ -777,11 +530,11 @@ def _check_cases(n: int, k: int, dtype: torch.dtype) -> list:
     for fmt_name in QUANT_FORMATS:
         for dt in {dtype, torch.float16} if fmt_name == "Q4_K" else {dtype}:
             for m in M_VALUES:
-                cases.append(_matmul_case("check", fmt_name, n, k, m, dt))
-        cases.append(_dequant_case(fmt_name, n, k))
+                cases.append(matmul_case("check", fmt_name, n, k, m, dt))
+        cases.append(dequant_case(fmt_name, n, k))
     for _, n2, k2, fmt_name in SHAPES_27B:
         for m in (1, 16):
-            cases.append(_matmul_case("bench", fmt_name, n2, k2, m, dtype))
+            cases.append(matmul_case("bench", fmt_name, n2, k2, m, dtype))
     return cases
 
 

@@ -9,7 +9,7 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     gguf platformdirs tomlkit textual mdit-py-plugins linkify-it-py uc-micro-py
-# and carry .whl with the call (device tool: carry [".whl"]).
+# and send .whl to the GPU machine with the checkout (git ignores it, so name it to be copied).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:-out}; mkdir -p "$OUT"

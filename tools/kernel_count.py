@@ -4,7 +4,7 @@
     python tools/kernel_count.py qwen3.6-27b            # decode, verify-16, commit, draft
     python tools/kernel_count.py qwen3.6-35b-a3b --layers 4 --quant bf16 --names
 
-See dflash_chat/engine/kernels/launch_count.py for how. `bench --synthetic` on a GPU measures the same steps
+See dflash_chat/bench/launch_count.py for how. `bench --synthetic` on a GPU measures the same steps
 with the profiler.
 """
 
@@ -18,13 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
-    from dflash_chat.engine import synthetic
-    from dflash_chat.engine.kernels import launch_count
+    from dflash_chat.bench import synthetic_models
+    from dflash_chat.bench import launch_count
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", choices=sorted(synthetic.TARGETS))
+    p.add_argument("model", choices=sorted(synthetic_models.TARGETS))
     p.add_argument("--layers", type=int, default=4, help="layers to build (default 4: three GDN, one attention)")
-    p.add_argument("--quant", default="Q4_K_M", choices=synthetic.MIXES)
+    p.add_argument("--quant", default="Q4_K_M", choices=synthetic_models.MIXES)
     p.add_argument("--names", action="store_true", help="also list the kernels of each layer kind at decode")
     args = p.parse_args(argv)
 

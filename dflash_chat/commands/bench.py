@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import tempfile
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from dflash_chat.commands.run import check_device
 from dflash_chat.errors import UserError
 from dflash_chat.settings import flag, ranged
 
-SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.8-27b")  # engine/synthetic.py holds their shapes
+SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.8-27b")  # bench/synthetic_models.py holds their shapes
 
 
 def register(subparsers) -> None:
@@ -126,151 +125,80 @@ def register(subparsers) -> None:
     p.set_defaults(handler=main)
 
 
-def _random_pair(args, tmp: Path):
-    import torch
+def _pair(args) -> int:
+    """A tiny random target, or --target/--drafter: DFlash against plain decoding (dflash_chat/bench/pairs.py)."""
+    from dflash_chat.bench import pairs
 
-    from dflash_chat.engine.load import load_target
-    from dflash_chat.engine.oracle import OracleDrafter
-    from dflash_chat.engine.spec import Engine
-    from dflash_chat.tiny import write_target
-
-    hf = write_target(tmp, args.arch, hidden=args.hidden, layers=args.layers or 8, seed=0)
-    target = load_target(tmp, args.device, getattr(torch, args.dtype) if args.dtype else None)
-    args.hf_model = hf
-    args.target_device = {target.model.norm.weight.device}
-    args.target_dtype = target.model.norm.weight.dtype
-    context = 64 + args.tokens + args.block
-    ar = Engine(target, None, max_context=context)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(32)] for _ in range(args.prompts)]
-
-    def spec_for(prompt, ar_tokens):
-        oracle = OracleDrafter(
-            prompt + ar_tokens,
-            target.cfg.vocab_size,
-            block_size=args.block,
-            accept_prob=args.acceptance,
-            seed=len(ar_tokens),
+    if args.target:
+        log = (lambda *_: None) if args.json else print
+        measured = pairs.measure_real(
+            args.target, args.drafter, device=args.device, prompts=args.prompts, tokens=args.tokens, log=log
         )
-        return Engine(target, oracle, max_context=context)
-
-    title = (
-        f"tiny random {args.arch} target (hidden {args.hidden}, {args.layers or 8} layers) on {target.model.norm.weight.device}; "
-        f"autoregressive decoding first, to learn the true continuation, then DFlash with an error-injecting "
-        f"drafter (block {args.block}, each drafted token right with probability {args.acceptance})"
-    )
-    return ar, spec_for, prompts, title
-
-
-REAL_QUESTIONS = (
-    "Show the function that joins path components in posixpath.",
-    "What does the with statement do?",
-    "Write a function that reads a JSON file.",
-    "How do I sort a list of tuples by the second item?",
-    "Show the class definition of OrderedDict.",
-    "What is a generator expression?",
-)
-
-
-def _real_pair(args, target_dir, drafter_dir):
-    from dflash_chat.chat.prompt import build_prompt, stop_token_ids
-    from dflash_chat.engine.load import load_drafter, load_pair
-    from dflash_chat.engine.spec import Engine
-
-    import time
-
-    from dflash_chat import disk
-    from dflash_chat.engine.load import model_bytes, resolve_model_path
-    from dflash_chat.sizes import rate_text, size_text
-
-    # the disk first (its cache dropped), then the load: the load reads what the disk has
-    disk_rate, dropped = disk.read_rate(disk.largest_file(resolve_model_path(target_dir, "target")[1]))
-    t0 = time.perf_counter()
-    pair = load_pair(target_dir, None, device=args.device, max_context=4096)
-    seconds = time.perf_counter() - t0
-    size = model_bytes(target_dir)
-    args.load_figures = {
-        "load_bytes": size,
-        "load_s": seconds,
-        "load_bytes_per_s": size / seconds,
-        "disk_read_bytes_per_s": disk_rate,
-        "disk_cache_dropped": dropped,
-    }
-    if not args.json:
-        print(
-            f"loaded the target ({size_text(size)}) in {seconds:.1f} s: {rate_text(size / seconds)}; the disk reads "
-            f"it at {rate_text(disk_rate)}" + ("" if dropped else " (page cache not dropped: may be memory's)")
-        )
-    drafter = load_drafter(drafter_dir, pair.engine.target)
-    spec = Engine(pair.engine.target, drafter, max_context=4096)
-    questions = REAL_QUESTIONS[: args.prompts]
-    prompts = [build_prompt(pair.tokenizer, [{"role": "user", "content": q}], thinking=False).ids for q in questions]
-    stops = stop_token_ids(pair.tokenizer, extra=pair.engine.target.cfg.eos_token_id)
-    return pair.engine, (lambda prompt, ar_tokens: spec), prompts, stops
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            measured = pairs.measure_random(
+                Path(tmp),
+                arch=args.arch,
+                hidden=args.hidden,
+                layers=args.layers or 8,
+                device=args.device,
+                dtype=args.dtype,
+                prompts=args.prompts,
+                tokens=args.tokens,
+                block=args.block,
+                acceptance=args.acceptance,
+                vs_transformers=args.vs_transformers,
+            )
+    print(json.dumps(measured.as_dict()) if args.json else measured.report())
+    return 0 if measured.comparison.lossless else 1
 
 
 def _demo(args) -> int:
-    """The embedded demo pair per prompt class, draft setting and temperature (dflash_chat/demo_bench.py)."""
-    from dflash_chat import demo_bench
+    """The embedded demo pair per prompt class, draft setting and temperature (dflash_chat/bench/demo_pair.py)."""
+    from dflash_chat.bench import demo_pair
 
-    legs = demo_bench.sampling_legs(args.temperature, args.top_p, args.top_k)
-    figures = demo_bench.run(prompts=args.prompts, max_new_tokens=args.tokens, legs=legs, device=args.device or "cpu")
-    print(json.dumps(figures) if args.json else demo_bench.format_report(figures))
+    legs = demo_pair.sampling_legs(args.temperature, args.top_p, args.top_k)
+    figures = demo_pair.run(prompts=args.prompts, max_new_tokens=args.tokens, legs=legs, device=args.device or "cpu")
+    print(json.dumps(figures) if args.json else demo_pair.format_report(figures))
     return 0 if figures["identical"] else 1
 
 
 def _http(args) -> int:
-    """The same greedy answers in-process and through `serve` on loopback (dflash_chat/serve/bench.py)."""
-    from dflash_chat.engine.load import load_pair
-    from dflash_chat.serve import bench
+    """The same greedy answers in-process and through `serve` on loopback (dflash_chat/bench/http_overhead.py)."""
+    from dflash_chat.bench import http_overhead
 
-    if args.demo:
-        from dflash_chat.demo import demo_paths
-        from dflash_chat.train.evaluate import demo_heldout_prompts
-
-        target, drafter = demo_paths()
-        chats = demo_heldout_prompts()[: args.prompts]
-        title = "embedded demo pair"
-    else:
-        target, drafter = args.target, args.drafter
-        chats = [[{"role": "user", "content": q}] for q in REAL_QUESTIONS][: args.prompts]
-        title = f"{args.target} + {args.drafter}"
-    pair = load_pair(target, drafter, device=args.device, max_context=4096)
-    figures = bench.run(pair, chats, args.tokens)
-    title = (
-        f"{title}: {len(chats)} chats, greedy, {args.tokens} new tokens at most, one at a time; "
-        "in-process (the app's engine session) vs streamed through serve's HTTP API on loopback"
+    title, figures = http_overhead.measure(
+        demo=args.demo,
+        target=args.target,
+        drafter=args.drafter,
+        prompts=args.prompts,
+        tokens=args.tokens,
+        device=args.device,
     )
-    print(json.dumps({"setup": title, **figures}) if args.json else bench.report(figures, title))
+    print(json.dumps({"setup": title, **figures}) if args.json else http_overhead.report(figures, title))
     return 0 if figures["same_text"] else 1
 
 
 def _synthetic(args) -> int:
-    from dflash_chat import synthetic_bench
-    from dflash_chat.engine.load import default_device
+    """A real model's shapes with random packed weights (dflash_chat/bench/synthetic.py)."""
+    from dflash_chat.bench import synthetic
 
-    import torch
-
-    device = torch.device(args.device) if args.device else default_device()
-    on_cpu = device.type == "cpu"
-    setup = synthetic_bench.Setup(
+    setup = synthetic.Setup.on(
+        args.device,
         model=args.synthetic,
-        quant=args.quant or ("bf16" if on_cpu else "Q4_K_M"),
+        quant=args.quant,
         layers=args.layers,
-        vocab=args.vocab or (4096 if on_cpu else None),
-        device=str(device),
+        vocab=args.vocab,
         decode=args.decode,
         tokens=args.tokens,
-        prompt_tokens=32 if on_cpu else 256,
-        repeats=3 if on_cpu else 20,
         vs_transformers=args.vs_transformers,
     )
     log = (lambda *_: None) if args.json else print
-    figures = synthetic_bench.run(setup, log=log)
+    figures = synthetic.run(setup, log=log)
     if args.save:
-        path = synthetic_bench.save(figures, args.save)
+        path = synthetic.save(figures, args.save)
         log(f"saved {path}")
-    print(json.dumps(figures) if args.json else synthetic_bench.format_report(figures))
+    print(json.dumps(figures) if args.json else synthetic.format_report(figures))
     return 0 if all(d["identical_to_ar"] for d in figures["dflash"]) or figures["dtype"] != "float32" else 1
 
 
@@ -299,7 +227,7 @@ def _check(args) -> None:
     if sampling and (not args.demo or args.http):
         raise UserError(f"{', '.join(sampling)} go with --demo (its sampled leg; --http measures greedy answers)")
     if args.demo:
-        from dflash_chat.demo_bench import sampling_legs
+        from dflash_chat.bench.demo_pair import sampling_legs
 
         sampling_legs(args.temperature, args.top_p, args.top_k)  # refuses what does not go together
     if args.target and not args.drafter:
@@ -313,9 +241,6 @@ def main(args: argparse.Namespace) -> int:
     check_device(args.device)
     import torch
 
-    from dflash_chat.bench import compare, report
-    from dflash_chat.engine.sampling import SamplingParams
-
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.http:
@@ -324,63 +249,4 @@ def main(args: argparse.Namespace) -> int:
         return _demo(args)
     if args.synthetic:
         return _synthetic(args)
-    hf = None
-    if args.target:
-        ar, spec_for, prompts, stops = _real_pair(args, args.target, args.drafter)
-        title = f"{args.target} + {args.drafter}, greedy"
-        result = compare(ar, spec_for, prompts, SamplingParams(max_new_tokens=args.tokens, stop_token_ids=stops))
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            ar, spec_for, prompts, title = _random_pair(args, Path(tmp))
-            result = compare(ar, spec_for, prompts, SamplingParams(max_new_tokens=args.tokens))
-            if args.vs_transformers:
-                hf = _time_transformers(args, prompts, result)
-    if args.json:
-        print(json.dumps({"setup": title, **result.as_dict(), **(hf or {}), **getattr(args, "load_figures", {})}))
-    else:
-        print(report(result, title))
-        if hf:
-            print(
-                f"  transformers    {hf['transformers_tokens_per_s']:8.1f} tok/s (generate, greedy, same weights; "
-                f"same tokens: {'yes' if hf['transformers_identical'] else 'NO'})\n"
-                f"  ours AR / transformers {hf['ar_vs_transformers']:.2f}x, DFlash / transformers {hf['dflash_vs_transformers']:.2f}x"
-            )
-    return 0 if result.lossless else 1
-
-
-def _time_transformers(args, prompts, result) -> dict:
-    """transformers' own generate() on the tiny target: decode tok/s measured like ours (after the first token)."""
-    import time
-
-    import torch
-
-    hf = args.hf_model
-    device = next(iter(args.target_device))
-    hf = hf.to(device=device, dtype=args.target_dtype)  # same precision as ours
-    hf.generation_config.eos_token_id = None  # our runs have no stop token either
-    hf.generation_config.pad_token_id = 0
-    tokens = seconds = 0.0
-    identical = True
-    for prompt, ours in zip(prompts, result.ar):
-        ids = torch.tensor([prompt], device=device)
-        # an explicit mask: otherwise generate() masks prompt tokens that equal the pad id
-        kw = dict(attention_mask=torch.ones_like(ids), do_sample=False)
-        n = len(ours.tokens)
-        with torch.no_grad():
-            hf.generate(ids, max_new_tokens=1, **kw)  # prefill + first token, timed apart
-            t0 = time.perf_counter()
-            one = hf.generate(ids, max_new_tokens=1, **kw)
-            t1 = time.perf_counter()
-            out = hf.generate(ids, max_new_tokens=n, **kw)
-            t2 = time.perf_counter()
-        del one
-        seconds += max((t2 - t1) - (t1 - t0), 1e-9)
-        tokens += n - 1
-        identical &= out[0, len(prompt) :].tolist() == ours.tokens
-    rate = tokens / seconds
-    return {
-        "transformers_tokens_per_s": rate,
-        "transformers_identical": identical,
-        "ar_vs_transformers": result.ar_tokens_per_s / rate,
-        "dflash_vs_transformers": result.spec_tokens_per_s / rate,
-    }
+    return _pair(args)

@@ -7,5 +7,4 @@ responses.py  completion objects, stream chunks, usage and the DFlash figures
 metrics.py    Prometheus metrics under vLLM's names
 app.py        the routes
 server.py     loading the model (through chat/local_backend.py) and running uvicorn
-bench.py      the same answers in-process and through HTTP, timed
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_chat.bench import Comparison, compare
+from dflash_chat.bench.comparison import Comparison, compare
 
 HELDOUT_FILE = "heldout_prompts.json"  # written beside a shipped pair by recipe.ship
 

@@ -23,7 +23,7 @@ from dflash_chat.engine.models.dflash2 import DFlash2Drafter
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling import Draws, SamplingParams
 from dflash_chat.engine.spec import Engine
-from dflash_chat.tiny import write_drafter, write_target
+from tests.engine.tiny import write_drafter, write_target
 from tests.engine.conftest import ARCHS
 from tests.engine.helpers import run
 from tests.engine.test_sampling import P_MIN, V_SMALL, _exact_marginals, chi_square_p
@@ -406,9 +406,9 @@ def test_a_drafter_for_another_target_is_refused(target, tmp_path):
 
 
 def test_synthetic_qwen38_drafter_has_the_published_dflash2_shapes():
-    from dflash_chat.engine import synthetic
+    from dflash_chat.bench import synthetic_models
 
-    cfg = synthetic.drafter_config("qwen3.8-27b", 64)
+    cfg = synthetic_models.drafter_config("qwen3.8-27b", 64)
     assert cfg.dflash2 is not None and cfg.block_size == 8 and cfg.num_layers == 5
     assert (
         cfg.dflash2.conv_kernel_size,
@@ -417,16 +417,16 @@ def test_synthetic_qwen38_drafter_has_the_published_dflash2_shapes():
         cfg.dflash2.selector_top_k,
     ) == (2, 16, 256, 16)
     assert cfg.target_layer_ids == [5, 19, 33, 47, 61] and cfg.layer_causal == [False] * 5
-    assert synthetic.target_config("qwen3.8-27b").num_layers == 64
+    assert synthetic_models.target_config("qwen3.8-27b").num_layers == 64
 
 
 def test_synthetic_dflash2_drafter_reads_only_the_candidates_codebook_rows():
     """bytes_per_token counts the selector's codebooks by the rows a draft position gathers (its K candidates
     and its predecessor), not whole [V, rank] tables; every other drafter weight once."""
-    from dflash_chat.engine import synthetic
+    from dflash_chat.bench import synthetic_models
 
-    synthetic.TARGETS["tiny-38"] = dict(
-        synthetic.TARGETS["qwen3.8-27b"],
+    synthetic_models.TARGETS["tiny-38"] = dict(
+        synthetic_models.TARGETS["qwen3.8-27b"],
         vocab_size=512,
         hidden_size=256,
         num_attention_heads=2,
@@ -435,8 +435,8 @@ def test_synthetic_dflash2_drafter_reads_only_the_candidates_codebook_rows():
         linear_num_key_heads=2,
         linear_num_value_heads=2,
     )
-    synthetic.DRAFTERS["tiny-38"] = dict(
-        synthetic.DRAFTERS["qwen3.8-27b"],
+    synthetic_models.DRAFTERS["tiny-38"] = dict(
+        synthetic_models.DRAFTERS["qwen3.8-27b"],
         hidden_size=256,
         intermediate_size=512,
         num_attention_heads=4,
@@ -444,10 +444,10 @@ def test_synthetic_dflash2_drafter_reads_only_the_candidates_codebook_rows():
         head_dim=64,
     )
     try:
-        target = synthetic.build_target("tiny-38", "Q8_0", layers=2)
-        drafter = synthetic.build_drafter("tiny-38", target)
+        target = synthetic_models.build_target("tiny-38", "Q8_0", layers=2)
+        drafter = synthetic_models.build_drafter("tiny-38", target)
     finally:
-        del synthetic.TARGETS["tiny-38"], synthetic.DRAFTERS["tiny-38"]
+        del synthetic_models.TARGETS["tiny-38"], synthetic_models.DRAFTERS["tiny-38"]
     assert isinstance(drafter, DFlash2Drafter)
     selector = drafter.candidate_selector
     codebooks = [selector.predecessor_codebook, selector.successor_codebook]
@@ -456,7 +456,7 @@ def test_synthetic_dflash2_drafter_reads_only_the_candidates_codebook_rows():
     )
     everything = sum(t.numel() * t.element_size() for t in (*drafter.parameters(), *drafter.buffers()))
     table = sum(c.numel() * c.element_size() for c in codebooks)
-    assert synthetic.bytes_per_token(drafter) == everything - table + table * (16 + 1) // 512
+    assert synthetic_models.bytes_per_token(drafter) == everything - table + table * (16 + 1) // 512
 
 
 @pytest.mark.parametrize("sampling", [False, True])

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AttentionInterface, DynamicCache, Qwen3Config
 
 from dflash_chat.engine.load import load_drafter, load_target
-from dflash_chat.tiny import write_drafter, write_target
+from tests.engine.tiny import write_drafter, write_target
 from tests.engine.vendor.zlab_dflash_model import DFlashDraftModel, extract_context_feature
 
 WINDOW = 6  # smaller than the block: the window's forward half matters too

@@ -18,7 +18,7 @@ from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.load import load_pair, load_tokenizer
 from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
 from tests.engine.gguf_write import write_target_gguf
-from dflash_chat.tiny import CHAT_TEMPLATE, target_config, write_tokenizer
+from tests.engine.tiny import CHAT_TEMPLATE, target_config, write_tokenizer
 
 PADDED = 400  # embedding rows; the tokenizer has 384 tokens
 TEXT = "def main():\n    print('hello world')  # 12 apples <think>\n\n</think>"

@@ -12,7 +12,7 @@ from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.load import load_drafter, load_pair, load_target
 from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
 from dflash_chat.errors import describe
-from dflash_chat.tiny import write_drafter, write_target
+from tests.engine.tiny import write_drafter, write_target
 
 
 @pytest.fixture(scope="module")

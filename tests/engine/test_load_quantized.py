@@ -23,7 +23,7 @@ from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights.gguf import read_gguf
 from tests.engine.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
 from dflash_chat.hub import ModelFiles
-from dflash_chat.tiny import CHAT_TEMPLATE, write_drafter, write_target
+from tests.engine.tiny import CHAT_TEMPLATE, write_drafter, write_target
 from tests.engine.helpers import run
 from tests.engine.quant_helpers import overwrite_parameters
 

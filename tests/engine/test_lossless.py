@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dflash_chat.engine.load import load_drafter, load_target
-from dflash_chat.engine.oracle import OracleDrafter
+from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
 from tests.engine.conftest import ARCHS

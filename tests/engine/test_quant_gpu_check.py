@@ -1,5 +1,6 @@
 """tools/gpu_check.py without a GPU: its dry run under Triton's interpreter (the kernels, not the torch path,
-against the torch path), its handling of kernels that fell back, and its compile-only mode."""
+against the torch path), its handling of kernels that fell back, and its compile-only mode (bench/compile_check.py
+on bench/kernel_cases.py's cases)."""
 
 from __future__ import annotations
 
@@ -89,12 +90,11 @@ def test_compile_only_builds_without_a_gpu_with_no_spills_and_wide_loads():
     """A few of the configurations the engine picks (27B decode and verify in both files, 35B experts), built
     for Hopper and Ampere by Triton without a driver, then read back from ptxas and the SASS."""
     pytest.importorskip("triton")
-    from dflash_chat.engine.kernels import compile_check
+    from dflash_chat.bench import compile_check, kernel_cases
 
-    gpu_check = _load_script()
     cases = [
         c
-        for c in gpu_check.catalog_cases()
+        for c in kernel_cases.catalog_cases()
         if c[0].startswith("qwen3.6-27b gate/up") or c[0] == "qwen3.6-35b-a3b experts 1024x2048 Q4_K tokens=1"
     ]
     assert len(cases) == 5  # Q4_K and Q8_0 at M = 1 and 16, and the experts' FMA kernel
@@ -113,11 +113,9 @@ def test_compile_only_builds_without_a_gpu_with_no_spills_and_wide_loads():
 def test_the_routed_layers_glue_compiles_without_spills():
     """Router top-k, pair sort (decode's 8 pairs and verify's 128) and the experts' weighted sum, for Hopper."""
     pytest.importorskip("triton")
-    from dflash_chat.engine.kernels import compile_check
+    from dflash_chat.bench import compile_check, kernel_cases
 
-    cases = [
-        c for c in _load_script().catalog_cases() if "router" in c[0] or " route " in c[0] or "sum + shared" in c[0]
-    ]
+    cases = [c for c in kernel_cases.catalog_cases() if "router" in c[0] or " route " in c[0] or "sum + shared" in c[0]]
     reports = compile_check.compile_all(cases, ["sm_90"])
     assert {r.kernel for r in reports} == {"_top_k_softmax_kernel", "_route_kernel", "_moe_combine_kernel"}
     assert all(r.spill_bytes == 0 for r in reports), [compile_check.format_report(r) for r in reports]

@@ -12,7 +12,7 @@ import torch
 from dflash_chat.engine.events import Finished, Step
 from dflash_chat.engine.load import load_drafter, load_pair, load_target
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.oracle import OracleDrafter
+from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
 from tests.engine.conftest import ARCHS

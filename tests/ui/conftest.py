@@ -26,7 +26,7 @@ def home(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
-    from dflash_chat.tiny import write_pair
+    from tests.engine.tiny import write_pair
 
     return write_pair(tmp_path_factory.mktemp("tiny-pair"), seed=0)
 

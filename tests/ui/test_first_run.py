@@ -73,7 +73,7 @@ def repo_files(tmp_path_factory) -> dict[str, dict[str, bytes]]:
     from safetensors.torch import load_file
 
     from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
-    from dflash_chat.tiny import write_drafter, write_target
+    from tests.engine.tiny import write_drafter, write_target
 
     root = tmp_path_factory.mktemp("tiny-repos")
     hf = write_target(root / "target", seed=0)

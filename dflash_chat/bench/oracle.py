@@ -38,23 +38,24 @@ class OracleDrafter:
         self.seed = seed
         self.target_layer_ids: list[int] = []
         self.ctx_len = 0
-        self.proposals: torch.Tensor | None = None  # [positions, B-1]: what drafting at position p proposes
+        # [positions, B-1]: what drafting at position p proposes (drawn by allocate)
+        self.proposals = torch.empty(0, block_size - 1, dtype=torch.long)
         self._on: dict[torch.device, torch.Tensor] = {}
 
     def allocate(self, max_context: int) -> None:
         self.max_context = max_context
-        self._draw_tables()
+        self.proposals = self._draw_tables()
         self._on = {}
         self.ctx_len = 0
 
     def rebase(self, reference: list[int]) -> None:
         """A new true continuation; the tables stay where they are (a captured draft step keeps reading them)."""
         self.reference = list(reference)
-        self._draw_tables()
+        self.proposals = proposals = self._draw_tables()
         for table in self._on.values():
-            table.copy_(self.proposals)
+            table.copy_(proposals)
 
-    def _draw_tables(self) -> None:
+    def _draw_tables(self) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed)
         max_context = self.max_context
         rows, D = max_context + 1, self.block_size - 1
@@ -71,7 +72,7 @@ class OracleDrafter:
         else:
             wrong = torch.rand(rows, D, generator=g) >= self.accept_prob
         shift = 1 + torch.randint(0, self.vocab_size - 1, (rows, D), generator=g)
-        self.proposals = torch.where(wrong, (draft + shift) % self.vocab_size, draft)
+        return torch.where(wrong, (draft + shift) % self.vocab_size, draft)
 
     def truncate(self, length: int) -> None:
         self.ctx_len = min(self.ctx_len, length)

@@ -71,6 +71,31 @@ def _over_http(client, url: str, model: str, chats: list[list[dict]], tokens: in
     return Series(len(chats), total, time.perf_counter() - started, tuple(texts))
 
 
+def measure(*, demo: bool, target, drafter, prompts: int, tokens: int, device) -> tuple[str, dict]:
+    """`bench --http`: the demo pair on its held-out chats, or a given pair on the plain bench's questions;
+    the setup's title and the figures."""
+    from dflash_chat.bench.pairs import REAL_QUESTIONS
+    from dflash_chat.engine.load import load_pair
+
+    if demo:
+        from dflash_chat.demo import demo_paths
+        from dflash_chat.train.evaluate import demo_heldout_prompts
+
+        target, drafter = demo_paths()
+        chats = demo_heldout_prompts()[:prompts]
+        title = "embedded demo pair"
+    else:
+        chats = [[{"role": "user", "content": q}] for q in REAL_QUESTIONS][:prompts]
+        title = f"{target} + {drafter}"
+    pair = load_pair(target, drafter, device=device, max_context=4096)
+    figures = run(pair, chats, tokens)
+    title = (
+        f"{title}: {len(chats)} chats, greedy, {tokens} new tokens at most, one at a time; "
+        "in-process (the app's engine session) vs streamed through serve's HTTP API on loopback"
+    )
+    return title, figures
+
+
 def run(pair, chats: list[list[dict]], tokens: int) -> dict:
     """Both series on `pair` (a LoadedPair); the figures as a dict."""
     from dflash_chat.chat.remote import httpx_module

@@ -29,8 +29,19 @@ class Totals(AcceptanceFigures):
 
     @classmethod
     def of(cls, runs: list[Run]) -> Totals:
-        names = ("accepted", "drafted", "new_tokens", "steps", "decode_s", "draft_s", "verify_s")
-        return cls(*(sum(getattr(r.stats, name) for r in runs) for name in names), answers=len(runs))
+        def total(name: str):
+            return sum(getattr(r.stats, name) for r in runs)
+
+        return cls(
+            total("accepted"),
+            total("drafted"),
+            total("new_tokens"),
+            total("steps"),
+            total("decode_s"),
+            total("draft_s"),
+            total("verify_s"),
+            answers=len(runs),
+        )
 
     def ms_per_step(self, seconds: float) -> float:
         return 1000 * seconds / self.steps if self.steps else 0.0
@@ -165,6 +176,7 @@ def generate(engine, prompt, params, conversation=None) -> Run:
             tokens.extend(event.token_ids)
         elif isinstance(event, Finished):
             stats = event.stats
+    assert stats is not None, "a generation ends with its Finished event"
     return Run(tokens, stats)
 
 

@@ -1,4 +1,4 @@
-"""Kernels per layer at decode, with the GPU's kernel choices, counted without a GPU (kernels/launch_count.py):
+"""Kernels per layer at decode, with the GPU's kernel choices, counted without a GPU (bench/launch_count.py):
 the goal of at most 12 per dense layer, every step free of host reads, and the counting itself."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_chat.engine.kernels import launch_count
+from dflash_chat.bench import launch_count
 
 pytest.importorskip("triton")
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_chat.engine import synthetic
-from dflash_chat.engine.oracle import OracleDrafter
+from dflash_chat.bench import synthetic_models
+from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.sizes import rate_text, size_text
 
@@ -42,6 +42,23 @@ class Setup:
     prompt_tokens: int = 256
     repeats: int = 20
     vs_transformers: bool = False
+
+    @classmethod
+    def on(cls, device: str | None, *, quant: str | None, vocab: int | None, **given) -> Setup:
+        """The setup for `device` (None: the default one): on the CPU bf16 weights, a 4096-token vocabulary,
+        a shorter prompt and fewer repeats, where the real sizes would take minutes per token."""
+        from dflash_chat.engine.load import default_device
+
+        chosen = torch.device(device) if device else default_device()
+        on_cpu = chosen.type == "cpu"
+        return cls(
+            quant=quant or ("bf16" if on_cpu else "Q4_K_M"),
+            vocab=vocab or (4096 if on_cpu else None),
+            device=str(chosen),
+            prompt_tokens=32 if on_cpu else 256,
+            repeats=3 if on_cpu else 20,
+            **given,
+        )
 
 
 class InjectedDrafter:
@@ -161,7 +178,7 @@ def run(setup: Setup, log=print) -> dict:
     device = torch.device(setup.device) if setup.device else default_device()
     dtype = default_dtype(device)
     if setup.vocab:
-        synthetic.TARGETS[setup.model] = {**synthetic.TARGETS[setup.model], "vocab_size": setup.vocab}
+        synthetic_models.TARGETS[setup.model] = {**synthetic_models.TARGETS[setup.model], "vocab_size": setup.vocab}
     r = Report()
     r["model"], r["quant"], r["device"] = setup.model, setup.quant, str(device)
     r["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -169,14 +186,14 @@ def run(setup: Setup, log=print) -> dict:
     r["commit"], r["date"] = git_commit(), datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     t0 = time.perf_counter()
-    target = synthetic.build_target(setup.model, setup.quant, setup.layers, device, dtype)
-    drafter = synthetic.build_drafter(setup.model, target, "bf16" if setup.quant == "bf16" else "Q8_0")
+    target = synthetic_models.build_target(setup.model, setup.quant, setup.layers, device, dtype)
+    drafter = synthetic_models.build_drafter(setup.model, target, "bf16" if setup.quant == "bf16" else "Q8_0")
     _sync(device)
     r["build_s"] = time.perf_counter() - t0
     cfg = target.cfg
     r["layers"], r["vocab"], r["dtype"] = cfg.num_layers, cfg.vocab_size, str(dtype).removeprefix("torch.")
-    r["weight_bytes_per_token"] = synthetic.bytes_per_token(target)
-    r["drafter_weight_bytes"] = synthetic.bytes_per_token(drafter)
+    r["weight_bytes_per_token"] = synthetic_models.bytes_per_token(target)
+    r["drafter_weight_bytes"] = synthetic_models.bytes_per_token(drafter)
     r["copy_bytes_per_s"] = copy_bandwidth(device)
     log(
         f"{setup.model} {setup.quant}, {cfg.num_layers} layers, vocab {cfg.vocab_size} on {r['gpu'] or device} "
@@ -223,7 +240,7 @@ def run(setup: Setup, log=print) -> dict:
 
 
 def _generate(engine, prompt, params):
-    from dflash_chat.bench import generate
+    from dflash_chat.bench.comparison import generate
 
     engine.reset()
     return generate(engine, prompt, params)
@@ -318,7 +335,7 @@ def vs_transformers(setup: Setup, device, prompt, log) -> dict:
 
     out: dict = {}
     n = setup.tokens
-    ours = synthetic.build_target(setup.model, "bf16", setup.layers, device, torch.bfloat16)
+    ours = synthetic_models.build_target(setup.model, "bf16", setup.layers, device, torch.bfloat16)
     t0 = time.perf_counter()
     engine = Engine(ours, None, max_context=len(prompt) + n + 8, decode=setup.decode)
     setup_s = time.perf_counter() - t0
@@ -330,8 +347,8 @@ def vs_transformers(setup: Setup, device, prompt, log) -> dict:
     _free(device)
 
     raw = dict(
-        synthetic.TARGETS[setup.model],
-        num_hidden_layers=setup.layers or synthetic.TARGETS[setup.model]["num_hidden_layers"],
+        synthetic_models.TARGETS[setup.model],
+        num_hidden_layers=setup.layers or synthetic_models.TARGETS[setup.model]["num_hidden_layers"],
     )
     model_type = raw.pop("model_type").removesuffix("_text")
     cfg = _hf_config(model_type, raw)
@@ -370,12 +387,14 @@ def _hf_config(model_type: str, raw: dict):
     from transformers import AutoConfig
 
     if model_type == "qwen3_5":
-        from transformers import Qwen3_5TextConfig as cls
-    elif model_type == "qwen3_5_moe":
-        from transformers import Qwen3_5MoeTextConfig as cls
-    else:
-        return AutoConfig.for_model(model_type, **raw)
-    return cls(**raw)
+        from transformers import Qwen3_5TextConfig
+
+        return Qwen3_5TextConfig(**raw)
+    if model_type == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeTextConfig
+
+        return Qwen3_5MoeTextConfig(**raw)
+    return AutoConfig.for_model(model_type, **raw)
 
 
 def format_report(f: dict) -> str:

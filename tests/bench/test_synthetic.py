@@ -1,4 +1,4 @@
-"""Random packed weights at real shapes (engine/synthetic.py) and `bench --synthetic` on the CPU."""
+"""Random packed weights at real shapes (bench/synthetic_models.py) and `bench --synthetic` on the CPU."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from dflash_chat.engine import synthetic
+from dflash_chat.bench import synthetic_models
 from dflash_chat.engine.weights.formats import FORMATS, dequantize
 
 
 def test_the_q4_k_m_mix_is_llama_cpps():
-    fmt = lambda name, shape, mix="Q4_K_M": synthetic.weight_format(name, shape, mix, 64)  # noqa: E731
+    fmt = lambda name, shape, mix="Q4_K_M": synthetic_models.weight_format(name, shape, mix, 64)  # noqa: E731
     assert fmt("lm_head.weight", (248320, 5120)) is FORMATS["Q6_K"]
     assert fmt("model.embed_tokens.weight", (248320, 5120)) is FORMATS["Q4_K"]
     # attn_v / attn_qkv / ffn_down: Q6_K in the first and last eighth and every third layer between
@@ -39,25 +39,25 @@ def test_the_q4_k_m_mix_is_llama_cpps():
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
 def test_random_blocks_are_small_and_finite(name):
     fmt = FORMATS[name]
-    t = synthetic.random_packed(fmt, (3, 512), "cpu", torch.Generator().manual_seed(0))
+    t = synthetic_models.random_packed(fmt, (3, 512), "cpu", torch.Generator().manual_seed(0))
     values = dequantize(t.data, fmt)
     assert values.shape == (3, 512) and values.isfinite().all()
     assert 0 < values.abs().max() < 1.0
 
 
 def test_cut_models_keep_both_layer_kinds_and_valid_taps():
-    target = synthetic.target_config("qwen3.6-27b", layers=2)
+    target = synthetic_models.target_config("qwen3.6-27b", layers=2)
     assert target.layer_types == ["linear_attention", "full_attention"]
-    drafter = synthetic.drafter_config("qwen3.6-27b", 2, vocab=4096)
+    drafter = synthetic_models.drafter_config("qwen3.6-27b", 2, vocab=4096)
     assert drafter.num_layers == 2 and drafter.layer_types == ["sliding_attention", "full_attention"]
     assert all(0 <= t < 2 for t in drafter.target_layer_ids) and drafter.mask_token_id == 4095
-    full = synthetic.drafter_config("qwen3.6-35b-a3b", 40)
+    full = synthetic_models.drafter_config("qwen3.6-35b-a3b", 40)
     assert full.target_layer_ids == [1, 6, 11, 16, 22, 27, 32, 37] and full.sliding_window == 4096
 
 
 def test_bytes_per_token_counts_the_routed_experts_a_token_picks():
-    synthetic.TARGETS["tiny-moe"] = dict(
-        synthetic.TARGETS["qwen3.6-35b-a3b"],
+    synthetic_models.TARGETS["tiny-moe"] = dict(
+        synthetic_models.TARGETS["qwen3.6-35b-a3b"],
         vocab_size=512,
         hidden_size=256,
         num_experts=16,
@@ -71,14 +71,17 @@ def test_bytes_per_token_counts_the_routed_experts_a_token_picks():
         linear_num_value_heads=2,
     )
     try:
-        model = synthetic.build_target("tiny-moe", "Q8_0", layers=2)
+        model = synthetic_models.build_target("tiny-moe", "Q8_0", layers=2)
     finally:
-        del synthetic.TARGETS["tiny-moe"]
+        del synthetic_models.TARGETS["tiny-moe"]
     experts = [m for m in model.modules() if type(m).__name__ == "QuantExperts"]
     expert_bytes = sum(b.numel() for m in experts for b in m.buffers())
     everything = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     embed = model.model.embed_tokens.packed.numel()
-    assert synthetic.bytes_per_token(model) == everything - embed + embed // 512 - expert_bytes + expert_bytes * 2 // 16
+    assert (
+        synthetic_models.bytes_per_token(model)
+        == everything - embed + embed // 512 - expert_bytes + expert_bytes * 2 // 16
+    )
 
 
 @pytest.mark.slow(seconds=120)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dflash_chat.bench import Comparison, Run, Totals, _divergence, generate
+from dflash_chat.bench.comparison import Comparison, Run, Totals, _divergence, generate
 
 PROMPTS_FILE = "bench_prompts.json"
 DRAFTS = (15, "auto")  # the DFlash settings measured against plain decoding
@@ -217,7 +217,7 @@ def faster_drafter(figures: dict) -> dict:
                 if draft == "auto":
                     speedups.setdefault(kind or "dflash", []).append(d["speedup"])
     means = {kind: sum(v) / len(v) for kind, v in speedups.items()}
-    return {"at": "auto", "mean_speedup": means, "drafter": max(means, key=means.get) if means else None}
+    return {"at": "auto", "mean_speedup": means, "drafter": max(means, key=lambda kind: means[kind]) if means else None}
 
 
 def _answer(engine, prompt: list[int], params, conversation) -> Run:

@@ -21,13 +21,14 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 ARCHES = {"sm_86": 86, "sm_89": 89, "sm_90": 90}
 
 
 @dataclass
 class Captured:
-    kernel: object  # the JITFunction
+    kernel: Any  # the JITFunction
     args: tuple
     kwargs: dict
     values_per_thread: int | None = None  # weight values one thread handles per main-loop iteration
@@ -153,10 +154,18 @@ def _load_width(suffix: str) -> int:
     return 32
 
 
+def _found(pattern: re.Pattern[str], text: str) -> str:
+    """The first group of `pattern`'s first match in text (ptxas and cuobjdump always print what is asked for)."""
+    match = pattern.search(text)
+    if match is None:
+        raise ValueError(f"{pattern.pattern!r} not found in the tool's output")
+    return match.group(1)
+
+
 def _main_loop(sass: str) -> list[str]:
     """The instructions of the largest loop (a backward branch to an earlier address)."""
     lines = [line for line in sass.splitlines() if _ADDR.search(line) and ";" in line]
-    addrs = [int(_ADDR.search(line).group(1), 16) for line in lines]
+    addrs = [int(_found(_ADDR, line), 16) for line in lines]
     best: list[str] = []
     for i, line in enumerate(lines):
         m = _BRA.search(line)
@@ -215,9 +224,9 @@ def compile_one(c: Captured, arch: str, case: str, cc: int | None = None) -> Rep
         sass = subprocess.run(
             [_tool("cuobjdump", cc), "-sass", cubin], capture_output=True, text=True, check=True
         ).stdout
-    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    regs = int(_found(re.compile(r"Used (\d+) registers"), log))
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-    stack = int(re.search(r"(\d+) bytes stack frame", log).group(1))
+    stack = int(_found(re.compile(r"(\d+) bytes stack frame"), log))
     loads = Counter(_load_width(m.group(1)) for m in _LDG.finditer(sass))
     loop = _main_loop(sass)
     shared = sum(1 for line in loop if re.search(r"\b(LDS|STS|LDSM|STSM|BAR)\b", line))

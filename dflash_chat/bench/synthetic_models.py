@@ -11,6 +11,7 @@ the work it does per step are those of the real model.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from dflash_chat.engine.quantized import QuantTensor
 from dflash_chat.engine.weights.formats import FORMATS, Format
 
 # The published configs (text part) of the targets and their DFlash drafters.
-TARGETS = {
+TARGETS: dict[str, dict[str, Any]] = {
     "qwen3.6-27b": dict(
         model_type="qwen3_5_text",
         vocab_size=248320,
@@ -74,7 +75,7 @@ TARGETS = {
     ),
 }
 TARGETS["qwen3.8-27b"] = dict(TARGETS["qwen3.6-27b"])  # a qwen3_5 target with Qwen3.6-27B's shapes
-DRAFTERS = {
+DRAFTERS: dict[str, dict[str, Any]] = {
     "qwen3.6-27b": dict(
         architectures=["DFlashDraftModel"],
         model_type="qwen3",

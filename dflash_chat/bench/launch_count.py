@@ -1,8 +1,8 @@
 """The kernels a decode, verify, commit and draft step would launch on a GPU, counted per layer on any machine.
 
-The real host code runs the real model (random packed weights at real shapes, engine/synthetic.py) with
+The real host code runs the real model (random packed weights at real shapes, bench/synthetic_models.py) with
 every kernel choice made as on CUDA (the Triton paths wanted, TRITON_INTERPRET=1 only so the host code
-takes them) while the Triton launches are recorded instead of run (kernels/compile_check.capture) and
+takes them) while the Triton launches are recorded instead of run (compile_check.capture) and
 every torch operator that would run a kernel is counted (a dispatch mode; views and allocations are
 free). Forward hooks on the decoder layers split the counts per layer. Launch outputs are left as
 allocated, which nothing can notice: the steps read no value back to the host.
@@ -91,7 +91,8 @@ def gpu_choices():
 def count(call, layers) -> Tally:
     """Kernels `call()` launches, split at the forward of each module in `layers`."""
     from dflash_chat.engine import kernels
-    from dflash_chat.engine.kernels import compile_check, configs
+    from dflash_chat.bench import compile_check
+    from dflash_chat.engine.kernels import configs
 
     tally = Tally(layers=[Counter() for _ in layers])
     ops = Operators()
@@ -155,15 +156,15 @@ def count_steps(
 ) -> Steps:
     """Build `name` (a synthetic model: real shapes, `layers` layers, a small vocabulary) in bf16 on the CPU
     and count what each fixed-shape step launches with the GPU's kernel choices."""
-    from dflash_chat.engine import synthetic
+    from dflash_chat.bench import synthetic_models
     from dflash_chat.engine.models.span import Span
 
-    saved = synthetic.TARGETS[name]
-    synthetic.TARGETS[name] = {**saved, "vocab_size": vocab}
+    saved = synthetic_models.TARGETS[name]
+    synthetic_models.TARGETS[name] = {**saved, "vocab_size": vocab}
     try:
         with gpu_choices():
-            target = synthetic.build_target(name, mix, layers, "cpu", torch.bfloat16)
-            drafter = synthetic.build_drafter(name, target, "bf16" if mix == "bf16" else "Q8_0")
+            target = synthetic_models.build_target(name, mix, layers, "cpu", torch.bfloat16)
+            drafter = synthetic_models.build_drafter(name, target, "bf16" if mix == "bf16" else "Q8_0")
             drafter.block_size = block
             state = target.new_state(context, block)
             drafter.allocate(context)
@@ -187,5 +188,5 @@ def count_steps(
             draft_ids = drafter.block_ids(torch.device("cpu"))
             draft = warm_count(lambda: drafter.draft_logits(draft_ids, Span.fixed(start, offsets, context)), [])
     finally:
-        synthetic.TARGETS[name] = saved
+        synthetic_models.TARGETS[name] = saved
     return Steps(decode, verify, commit, draft, list(target.cfg.layer_types), len(drafter.layers))
