@@ -22,6 +22,12 @@ def demo_dir() -> Path:
 
 DRAFTER_DIRS = {"dflash": "drafter", "dflash2": "drafter2"}  # kind -> folder in demo_data
 CHOICE_FILE = "demo.json"
+HELDOUT_FILE = "heldout_prompts.json"  # written beside a shipped pair by the training recipe's ship stage
+
+
+def demo_heldout_prompts() -> list[list[dict]]:
+    """The held-out chats shipped beside the demo pair (never seen in training)."""
+    return json.loads((demo_dir() / HELDOUT_FILE).read_text())
 
 
 def demo_paths(kind: str | None = None) -> tuple[Path, Path]:

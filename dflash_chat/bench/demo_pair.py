@@ -108,7 +108,7 @@ def bench_prompts() -> dict[str, list[str]]:
 def prompt_classes(tokenizer, per_class: int) -> dict[str, list[list[int]]]:
     """Token ids of the first `per_class` prompts of each class, as the app (or `run --raw`) encodes them."""
     from dflash_chat.chat.prompt import build_prompt, encode
-    from dflash_chat.train.evaluate import demo_heldout_prompts
+    from dflash_chat.demo import demo_heldout_prompts
 
     data = bench_prompts()
     chats = {"code": demo_heldout_prompts(), "prose": [[{"role": "user", "content": q}] for q in data["prose"]]}

@@ -79,7 +79,7 @@ def measure(*, demo: bool, target, drafter, prompts: int, tokens: int, device) -
 
     if demo:
         from dflash_chat.demo import demo_paths
-        from dflash_chat.train.evaluate import demo_heldout_prompts
+        from dflash_chat.demo import demo_heldout_prompts
 
         target, drafter = demo_paths()
         chats = demo_heldout_prompts()[:prompts]

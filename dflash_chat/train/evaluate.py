@@ -7,19 +7,10 @@ reports the mean acceptance length and both decode speeds measured in this one r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dflash_chat.bench.comparison import Comparison, compare
-
-HELDOUT_FILE = "heldout_prompts.json"  # written beside a shipped pair by recipe.ship
-
-
-def demo_heldout_prompts() -> list[list[dict]]:
-    """The held-out chats shipped beside the demo pair (never seen in training)."""
-    from dflash_chat.demo import demo_dir
-
-    return json.loads((demo_dir() / HELDOUT_FILE).read_text())
+from dflash_chat.demo import demo_heldout_prompts
 
 
 def measure_pair(

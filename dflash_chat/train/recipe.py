@@ -28,7 +28,7 @@ from dflash_chat.train.drafter import (
     teacher_forced_acceptance,
     train_drafter,
 )
-from dflash_chat.train.evaluate import HELDOUT_FILE
+from dflash_chat.demo import HELDOUT_FILE
 from dflash_chat.train.target import TargetShape, TrainSettings, new_target, save_target, train_target
 from dflash_chat.train.tokenizer import MASK_TOKEN, save_tokenizer, train_tokenizer
 

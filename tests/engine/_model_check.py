@@ -21,7 +21,7 @@ from dflash_chat.engine.load import load_pair, load_target
 from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
-from dflash_chat.train.evaluate import demo_heldout_prompts
+from dflash_chat.demo import demo_heldout_prompts
 from tests.engine import tiny
 from tests.engine.helpers import run
 

@@ -98,7 +98,7 @@ def test_the_demo_pair_drafts_losslessly_at_every_draft_setting():
     if not demo_available():
         pytest.skip("this install has no demo pair")
     from dflash_chat.chat.prompt import build_prompt
-    from dflash_chat.train.evaluate import demo_heldout_prompts
+    from dflash_chat.demo import demo_heldout_prompts
 
     target_dir, drafter_dir = demo_paths()
     plain = load_pair(target_dir, None, device="cpu", max_context=512)

@@ -16,7 +16,8 @@ MAX_BYTES = 25 * 10**6
 
 @pytest.fixture(scope="module")
 def report():
-    from dflash_chat.train.evaluate import demo_heldout_prompts, measure_pair
+    from dflash_chat.demo import demo_heldout_prompts
+    from dflash_chat.train.evaluate import measure_pair
 
     torch.set_num_threads(1)
     target, drafter = demo_paths()
