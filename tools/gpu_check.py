@@ -39,9 +39,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dflash_chat.engine import kernels  # noqa: E402
+from dflash_chat.engine.ggml.formats import FORMATS  # noqa: E402
 from dflash_chat.engine.kernels import configs, reference  # noqa: E402
-from dflash_chat.engine.quantized import QuantLinear, QuantTensor  # noqa: E402
-from dflash_chat.engine.weights.formats import FORMATS  # noqa: E402
+from dflash_chat.engine.quantized import QuantLinear  # noqa: E402
+from dflash_chat.engine.weights.quant_tensor import QuantTensor  # noqa: E402
 
 QUANT_FORMATS = list(configs.TILINGS)
 M_VALUES = [1, 4, 16]

@@ -11,10 +11,11 @@ import warnings
 import torch
 
 from dflash_chat.engine import kernels
+from dflash_chat.engine.ggml import formats
 from dflash_chat.engine.kernels import configs, reference, triton_quant
 from dflash_chat.engine.models.layers import Experts
-from dflash_chat.engine.quantized import QuantExperts, QuantTensor
-from dflash_chat.engine.weights import formats
+from dflash_chat.engine.quantized import QuantExperts
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from tests.engine.quant_helpers import random_rows
 
 QUANT = list(configs.TILINGS)

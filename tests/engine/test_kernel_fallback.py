@@ -6,9 +6,9 @@ import torch
 pytest.importorskip("triton")
 
 from dflash_chat.engine import kernels  # noqa: E402
+from dflash_chat.engine.ggml.formats import get_format  # noqa: E402
+from dflash_chat.engine.ggml.quantize import quantize  # noqa: E402
 from dflash_chat.engine.kernels import reference  # noqa: E402
-from dflash_chat.engine.weights.formats import get_format  # noqa: E402
-from dflash_chat.engine.weights.quantize import quantize  # noqa: E402
 
 
 @pytest.fixture
@@ -71,7 +71,8 @@ def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
 def test_broken_dequantize_kernel_falls_back_to_torch(monkeypatch, q8_weight):
     """The embedding lookup dequantizes gathered rows every step: a wrong kernel there must not go unnoticed."""
     from dflash_chat.engine.kernels import triton_quant
-    from dflash_chat.engine.quantized import QuantEmbedding, QuantTensor
+    from dflash_chat.engine.quantized import QuantEmbedding
+    from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
     packed, fmt = q8_weight
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from dflash_chat.engine.errors import ModelFormatError
-from dflash_chat.engine.quantized import QuantLinear, QuantTensor
+from dflash_chat.engine.quantized import QuantLinear
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf import read_gguf
 from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
 from tests.engine.quant_helpers import one_thread
 
@@ -378,7 +379,7 @@ def test_unsupported_quant_type(tmp_path):
 @pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 def test_low_bit_types_read_as_gguf_decodes_them(tmp_path, name):
     """Blocks written as llama-quantize lays them out come back packed, and decode as gguf's numpy reference does."""
-    from dflash_chat.engine.weights.formats import FORMATS
+    from dflash_chat.engine.ggml.formats import FORMATS
     from dflash_chat.engine.weights.gguf import _raw
     from tests.engine.quant_helpers import random_rows
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_chat.engine.ggml.formats import FORMATS, Format
 from dflash_chat.engine.kernels import reference
 from dflash_chat.engine.kernels.configs import SMALL_M, kernel_supports
 from dflash_chat.engine.kernels.switches import kernel_wanted, triton_available, use_triton
-from dflash_chat.engine.weights.formats import FORMATS, Format
 
 __all__ = [
     "SMALL_M",
