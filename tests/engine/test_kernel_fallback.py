@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 from dflash_chat.engine import kernels  # noqa: E402
 from dflash_chat.engine.ggml.formats import get_format  # noqa: E402
 from dflash_chat.engine.ggml.quantize import quantize  # noqa: E402
-from dflash_chat.engine.kernels import reference  # noqa: E402
+from dflash_chat.engine.kernels import first_use, reference  # noqa: E402
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def test_broken_kernel_falls_back_to_torch(monkeypatch, q8_weight, failure):
 
     packed, fmt = q8_weight
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kernels, "_checked", {})
+    monkeypatch.setattr(first_use, "checked", {})
 
     calls = []
 
@@ -40,7 +40,7 @@ def test_broken_kernel_falls_back_to_torch(monkeypatch, q8_weight, failure):
     torch.testing.assert_close(y, reference.matmul(x, packed, fmt, 64))
     assert calls  # the kernel was really tried
     # decided once per format and device
-    assert kernels._checked[("matmul", fmt.name, packed.device, x.dtype)] is False
+    assert first_use.checked[("matmul", fmt.name, packed.device, x.dtype)] is False
 
 
 def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
@@ -49,7 +49,7 @@ def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
     packed, fmt = q8_weight
     experts = torch.stack([packed, packed.flip(0)])  # two experts of 64 x 256
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kernels, "_checked", {})
+    monkeypatch.setattr(first_use, "checked", {})
 
     def broken(*args, **kwargs):
         raise RuntimeError("out of resources: shared memory")
@@ -76,7 +76,7 @@ def test_broken_dequantize_kernel_falls_back_to_torch(monkeypatch, q8_weight):
 
     packed, fmt = q8_weight
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kernels, "_checked", {})
+    monkeypatch.setattr(first_use, "checked", {})
     monkeypatch.setattr(triton_quant, "dequantize", lambda p, f, k, dtype: torch.zeros(p.shape[0], k, dtype=dtype))
     emb = QuantEmbedding(QuantTensor(packed, fmt, (64, 256)))
     ids = torch.tensor([3, 9])
