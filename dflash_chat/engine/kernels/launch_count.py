@@ -68,15 +68,16 @@ class Tally:
 
 @contextlib.contextmanager
 def gpu_choices():
-    """The kernel choices of a CUDA machine on this one (the env switches the kernels read each call). The
+    """The kernel choices of a CUDA machine on this one (the env switches, read again on the way in and out). The
     kernel modules are imported first: TRITON_INTERPRET at their import would make them interpreter builds
     for the rest of the process."""
-    from dflash_chat.engine.kernels import triton_attention, triton_gdn, triton_glue, triton_quant  # noqa: F401
+    from dflash_chat.engine.kernels import switches, triton_attention, triton_gdn, triton_glue, triton_quant  # noqa: F401
     from dflash_chat.engine.kernels.first_use import checked as _checked
 
     saved = {name: os.environ.get(name) for name in WANTED}
     checked = dict(_checked)
     os.environ.update({name: "1" for name in WANTED})
+    switches.reload()
     try:
         yield
     finally:
@@ -85,6 +86,7 @@ def gpu_choices():
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        switches.reload()
         _checked.clear()
         _checked.update(checked)
 
