@@ -86,6 +86,13 @@ def _as_float(t):
     return t.dequantize() if isinstance(t, QuantTensor) else t.float()
 
 
+def _round_trips_through_float_arithmetic(hf_name: str, arch: str) -> bool:
+    """Tensors whose round trip goes through float arithmetic (+1/-1, exp/log): exact to one ulp, not bit for bit."""
+    if hf_name.endswith("A_log"):
+        return True
+    return arch in names.ZERO_CENTRED_ARCHS and "norm" in hf_name and "linear_attn.norm" not in hf_name
+
+
 @pytest.mark.parametrize("arch", list(MODELS))
 def test_f32_round_trip_tensors_config_and_logits(tmp_path, arch):
     model = MODELS[arch]()
@@ -96,7 +103,7 @@ def test_f32_round_trip_tensors_config_and_logits(tmp_path, arch):
     for name, want in sd.items():
         got = m.tensors[name]
         assert isinstance(got, torch.Tensor) and got.shape == want.shape, name
-        if names.NORM_LIKE(name, arch):
+        if _round_trips_through_float_arithmetic(name, arch):
             # (w + 1) - 1 and log(exp(a)) round in float32: within one ulp of the stored value
             torch.testing.assert_close(got, want, rtol=0, atol=3e-7 * (1 + want.abs().max().item()))
         else:
@@ -290,10 +297,9 @@ def test_drafter_round_trip(tmp_path, schema, mix):
 
 
 def _tiny_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
-    from tokenizers import Regex
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
