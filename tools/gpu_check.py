@@ -44,9 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dflash_chat.bench.kernel_cases import MOE_35B, catalog_cases, dequant_case, matmul_case  # noqa: E402
 from dflash_chat.engine import kernels  # noqa: E402
-from dflash_chat.engine.kernels import configs, reference  # noqa: E402
-from dflash_chat.engine.quantized import QuantLinear, QuantTensor  # noqa: E402
-from dflash_chat.engine.weights.formats import FORMATS  # noqa: E402
+from dflash_chat.engine.ggml.formats import FORMATS  # noqa: E402
+from dflash_chat.engine.kernels import configs, first_use, reference  # noqa: E402
+from dflash_chat.engine.quantized import QuantLinear  # noqa: E402
+from dflash_chat.engine.weights.quant_tensor import QuantTensor  # noqa: E402
 
 QUANT_FORMATS = list(configs.TILINGS)
 M_VALUES = [1, 4, 16]
@@ -588,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += check_glue(device, dtype, hidden=shapes[0][2])
     # a kernel that failed its first-use check was replaced by the torch path: the comparison above would then
     # have checked the torch path against itself, so any disabled kernel is a failure here
-    disabled = [" ".join(str(part) for part in key) for key, ok in kernels._checked.items() if not ok]
+    disabled = [" ".join(str(part) for part in key) for key, ok in first_use.checked.items() if not ok]
     report["correctness"] = {
         "all_ok": all(r["ok"] for r in rows) and not disabled,
         "disabled_kernels": disabled,

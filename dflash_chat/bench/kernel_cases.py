@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from dflash_chat.engine.kernels import configs
-from dflash_chat.engine.weights.formats import FORMATS
+from dflash_chat.engine.ggml.formats import FORMATS
 
 MOE_35B = dict(experts=256, top_k=8, hidden=2048, width=512)  # Qwen3.6-35B-A3B (DESIGN.md §4)
 

@@ -68,14 +68,16 @@ class Tally:
 
 @contextlib.contextmanager
 def gpu_choices():
-    """The kernel choices of a CUDA machine on this one (the env switches the kernels read each call). The
+    """The kernel choices of a CUDA machine on this one (the env switches, read again on the way in and out). The
     kernel modules are imported first: TRITON_INTERPRET at their import would make them interpreter builds
     for the rest of the process."""
-    from dflash_chat.engine.kernels import _checked, triton_attention, triton_gdn, triton_glue, triton_quant  # noqa: F401
+    from dflash_chat.engine.kernels import switches, triton_attention, triton_gdn, triton_glue, triton_quant  # noqa: F401
+    from dflash_chat.engine.kernels.first_use import checked as _checked
 
     saved = {name: os.environ.get(name) for name in WANTED}
     checked = dict(_checked)
     os.environ.update({name: "1" for name in WANTED})
+    switches.reload()
     try:
         yield
     finally:
@@ -84,15 +86,15 @@ def gpu_choices():
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        switches.reload()
         _checked.clear()
         _checked.update(checked)
 
 
 def count(call, layers) -> Tally:
     """Kernels `call()` launches, split at the forward of each module in `layers`."""
-    from dflash_chat.engine import kernels
     from dflash_chat.bench import compile_check
-    from dflash_chat.engine.kernels import configs
+    from dflash_chat.engine.kernels import configs, first_use
 
     tally = Tally(layers=[Counter() for _ in layers])
     ops = Operators()
@@ -111,13 +113,13 @@ def count(call, layers) -> Tally:
 
     hooks = [layer.register_forward_pre_hook(enter(i)) for i, layer in enumerate(layers)]
     hooks += [layer.register_forward_hook(leave) for layer in layers]
-    agrees = kernels._agrees
-    kernels._agrees = lambda *args, **kwargs: True  # the first-use checks would compare recorded launches
+    agrees = first_use.agrees
+    first_use.agrees = lambda *args, **kwargs: True  # the first-use checks would compare recorded launches
     try:
         with compile_check.capture(configs.FAMILIES["sm_90"]) as launches, ops:
             call()
     finally:
-        kernels._agrees = agrees
+        first_use.agrees = agrees
         for hook in hooks:
             hook.remove()
     tally.outside = so_far() - sum(tally.layers, Counter())

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dflash_chat.engine.ggml.formats import FORMATS, Format
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter
 from dflash_chat.engine.models.dflash2 import CandidateSelector
@@ -23,8 +24,7 @@ from dflash_chat.engine.models.dflash2 import build_drafter as make_drafter
 from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Experts, Rotary
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.quantized import QuantTensor
-from dflash_chat.engine.weights.formats import FORMATS, Format
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
 # The published configs (text part) of the targets and their DFlash drafters.
 TARGETS: dict[str, dict[str, Any]] = {

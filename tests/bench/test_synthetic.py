@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash_chat.bench import synthetic_models
-from dflash_chat.engine.weights.formats import FORMATS, dequantize
+from dflash_chat.engine.ggml.formats import FORMATS, dequantize
 
 
 def test_the_q4_k_m_mix_is_llama_cpps():

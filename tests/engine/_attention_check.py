@@ -8,6 +8,7 @@ import os
 import torch
 
 from dflash_chat.engine.kernels import attention as kernel
+from dflash_chat.engine.kernels import switches
 from dflash_chat.engine.models.attention import attend_cache
 from dflash_chat.engine.models.span import Span
 
@@ -26,10 +27,12 @@ CASES = [  # (rows allocated, used length end, T new rows, heads, kv heads, head
 def torch_path():
     """attend_cache's torch reference (under the interpreter attend_cache itself would pick the kernel)."""
     os.environ["DFLASH_CHAT_NO_TRITON_ATTENTION"] = "1"
+    switches.reload()
     try:
         yield
     finally:
         del os.environ["DFLASH_CHAT_NO_TRITON_ATTENTION"]
+        switches.reload()
 
 
 def check_gate(dtype):

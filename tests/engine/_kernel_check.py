@@ -11,10 +11,11 @@ import warnings
 import torch
 
 from dflash_chat.engine import kernels
-from dflash_chat.engine.kernels import configs, reference, triton_quant
+from dflash_chat.engine.ggml import formats
+from dflash_chat.engine.kernels import configs, first_use, reference, triton_quant
 from dflash_chat.engine.models.layers import Experts
-from dflash_chat.engine.quantized import QuantExperts, QuantTensor
-from dflash_chat.engine.weights import formats
+from dflash_chat.engine.quantized import QuantExperts
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from tests.engine.quant_helpers import random_rows
 
 QUANT = list(configs.TILINGS)
@@ -71,7 +72,7 @@ def check_matmul(name: str) -> None:
             x = _x(m, k, torch.float16, seed=m)
             want = x.float() @ ref.to(torch.float16).float().T
             _check(f"{name} dispatch M={m}", kernels.matmul(x, packed, fmt, n), want, TOL[torch.float16])
-    assert kernels._checked[("matmul", name, packed.device, torch.float16)] is True
+    assert first_use.checked[("matmul", name, packed.device, torch.float16)] is True
 
 
 def check_experts(name: str) -> None:
@@ -137,7 +138,7 @@ def check_experts_module() -> None:
         with torch.no_grad():
             _check("QuantExperts, gate and up apart", mixed(x, idx, w), float_experts(x, idx, w), 1e-5)
     assert all(
-        kernels._checked[("experts", f, torch.device("cpu"), torch.float32)] for f in ("Q4_K", "Q6_K", "F32", "Q8_0")
+        first_use.checked[("experts", f, torch.device("cpu"), torch.float32)] for f in ("Q4_K", "Q6_K", "F32", "Q8_0")
     )
 
 

@@ -17,9 +17,9 @@ import gguf
 import numpy as np
 import torch
 
+from dflash_chat.engine.ggml.formats import FORMATS, Format
+from dflash_chat.engine.ggml.quantize import quantize
 from dflash_chat.engine.weights import names
-from dflash_chat.engine.weights.formats import FORMATS, Format
-from dflash_chat.engine.weights.quantize import quantize
 
 MIXES = ("F32", "F16", "BF16", "Q8_0", "Q4_K_M")
 _ARCH_OF_MODEL_TYPE = {

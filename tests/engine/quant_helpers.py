@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_chat.engine.weights.formats import Format
+from dflash_chat.engine.ggml.formats import Format
 
 # byte offsets of the fp16 fields (d, dmin, m) in each block layout
 FP16_FIELDS = {

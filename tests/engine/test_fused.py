@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from dflash_chat.engine.models.fused import SharedInput, fuse_projections
-from dflash_chat.engine.quantized import QuantLinear, QuantTensor
+from dflash_chat.engine.quantized import QuantLinear
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
 
 def _quant(n, k, fmt, seed):

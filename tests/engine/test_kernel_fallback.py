@@ -6,9 +6,21 @@ import torch
 pytest.importorskip("triton")
 
 from dflash_chat.engine import kernels  # noqa: E402
-from dflash_chat.engine.kernels import reference  # noqa: E402
-from dflash_chat.engine.weights.formats import get_format  # noqa: E402
-from dflash_chat.engine.weights.quantize import quantize  # noqa: E402
+from dflash_chat.engine.ggml.formats import get_format  # noqa: E402
+from dflash_chat.engine.ggml.quantize import quantize  # noqa: E402
+from dflash_chat.engine.kernels import first_use, reference, switches  # noqa: E402
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """The Triton paths on CPU tensors (TRITON_INTERPRET=1) and no kernel checked yet; the switches as they were
+    afterwards."""
+    with monkeypatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        patch.setattr(first_use, "checked", {})
+        switches.reload()
+        yield
+    switches.reload()
 
 
 @pytest.fixture
@@ -18,12 +30,10 @@ def q8_weight():
 
 
 @pytest.mark.parametrize("failure", ["raises", "wrong"])
-def test_broken_kernel_falls_back_to_torch(monkeypatch, q8_weight, failure):
+def test_broken_kernel_falls_back_to_torch(monkeypatch, interpreter, q8_weight, failure):
     from dflash_chat.engine.kernels import triton_quant
 
     packed, fmt = q8_weight
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kernels, "_checked", {})
 
     calls = []
 
@@ -40,16 +50,14 @@ def test_broken_kernel_falls_back_to_torch(monkeypatch, q8_weight, failure):
     torch.testing.assert_close(y, reference.matmul(x, packed, fmt, 64))
     assert calls  # the kernel was really tried
     # decided once per format and device
-    assert kernels._checked[("matmul", fmt.name, packed.device, x.dtype)] is False
+    assert first_use.checked[("matmul", fmt.name, packed.device, x.dtype)] is False
 
 
-def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
+def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, interpreter, q8_weight):
     from dflash_chat.engine.kernels import triton_quant
 
     packed, fmt = q8_weight
     experts = torch.stack([packed, packed.flip(0)])  # two experts of 64 x 256
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kernels, "_checked", {})
 
     def broken(*args, **kwargs):
         raise RuntimeError("out of resources: shared memory")
@@ -68,14 +76,13 @@ def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, q8_weight):
     torch.testing.assert_close(y, want)
 
 
-def test_broken_dequantize_kernel_falls_back_to_torch(monkeypatch, q8_weight):
+def test_broken_dequantize_kernel_falls_back_to_torch(monkeypatch, interpreter, q8_weight):
     """The embedding lookup dequantizes gathered rows every step: a wrong kernel there must not go unnoticed."""
     from dflash_chat.engine.kernels import triton_quant
-    from dflash_chat.engine.quantized import QuantEmbedding, QuantTensor
+    from dflash_chat.engine.quantized import QuantEmbedding
+    from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
     packed, fmt = q8_weight
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kernels, "_checked", {})
     monkeypatch.setattr(triton_quant, "dequantize", lambda p, f, k, dtype: torch.zeros(p.shape[0], k, dtype=dtype))
     emb = QuantEmbedding(QuantTensor(packed, fmt, (64, 256)))
     ids = torch.tensor([3, 9])

@@ -17,12 +17,13 @@ import torch
 from torch import nn
 
 from dflash_chat.engine.load import load_drafter, load_files, load_pair, load_target, load_tokenizer
-from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear, QuantTensor
+from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights.gguf import read_gguf
-from tests.engine.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from dflash_chat.hub import ModelFiles
+from tests.engine.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
 from tests.engine.tiny import CHAT_TEMPLATE, write_drafter, write_target
 from tests.engine.helpers import run
 from tests.engine.quant_helpers import overwrite_parameters

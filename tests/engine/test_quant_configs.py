@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dflash_chat.engine.ggml.formats import FORMATS
 from dflash_chat.engine.kernels import configs
-from dflash_chat.engine.weights.formats import FORMATS
 
 
 @pytest.mark.parametrize("name", list(configs.TILINGS))

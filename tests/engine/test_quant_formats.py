@@ -7,7 +7,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from dflash_chat.engine.weights import formats
+from dflash_chat.engine.ggml import formats
 from tests.engine.quant_helpers import random_rows
 
 

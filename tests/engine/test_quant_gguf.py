@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from dflash_chat.engine.errors import ModelFormatError
-from dflash_chat.engine.quantized import QuantLinear, QuantTensor
+from dflash_chat.engine.quantized import QuantLinear
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf import read_gguf
 from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
 from tests.engine.quant_helpers import one_thread
 
@@ -85,6 +86,13 @@ def _as_float(t):
     return t.dequantize() if isinstance(t, QuantTensor) else t.float()
 
 
+def _round_trips_through_float_arithmetic(hf_name: str, arch: str) -> bool:
+    """Tensors whose round trip goes through float arithmetic (+1/-1, exp/log): exact to one ulp, not bit for bit."""
+    if hf_name.endswith("A_log"):
+        return True
+    return arch in names.ZERO_CENTRED_ARCHS and "norm" in hf_name and "linear_attn.norm" not in hf_name
+
+
 @pytest.mark.parametrize("arch", list(MODELS))
 def test_f32_round_trip_tensors_config_and_logits(tmp_path, arch):
     model = MODELS[arch]()
@@ -95,7 +103,7 @@ def test_f32_round_trip_tensors_config_and_logits(tmp_path, arch):
     for name, want in sd.items():
         got = m.tensors[name]
         assert isinstance(got, torch.Tensor) and got.shape == want.shape, name
-        if names.NORM_LIKE(name, arch):
+        if _round_trips_through_float_arithmetic(name, arch):
             # (w + 1) - 1 and log(exp(a)) round in float32: within one ulp of the stored value
             torch.testing.assert_close(got, want, rtol=0, atol=3e-7 * (1 + want.abs().max().item()))
         else:
@@ -289,10 +297,9 @@ def test_drafter_round_trip(tmp_path, schema, mix):
 
 
 def _tiny_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
-    from tokenizers import Regex
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -378,7 +385,7 @@ def test_unsupported_quant_type(tmp_path):
 @pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 def test_low_bit_types_read_as_gguf_decodes_them(tmp_path, name):
     """Blocks written as llama-quantize lays them out come back packed, and decode as gguf's numpy reference does."""
-    from dflash_chat.engine.weights.formats import FORMATS
+    from dflash_chat.engine.ggml.formats import FORMATS
     from dflash_chat.engine.weights.gguf import _raw
     from tests.engine.quant_helpers import random_rows
 

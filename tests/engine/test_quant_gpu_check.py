@@ -74,10 +74,10 @@ def test_a_kernel_that_fell_back_to_torch_fails_the_check(tmp_path, monkeypatch,
     """Kernels that fail their first-use check run the torch path: the comparison must not pass as a kernel check."""
     import torch
 
-    from dflash_chat.engine import kernels
+    from dflash_chat.engine.kernels import first_use
 
     gpu_check = _load_script()
-    monkeypatch.setattr(kernels, "_checked", {("matmul", "Q4_K", torch.device("cpu"), torch.float16): False})
+    monkeypatch.setattr(first_use, "checked", {("matmul", "Q4_K", torch.device("cpu"), torch.float16): False})
     monkeypatch.setenv("OUT", str(tmp_path))
     assert gpu_check.main(["--dry-run"]) == 1
     report = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dflash_chat.engine.checkpoint import materialise
 from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.checkpoint import materialise
-from dflash_chat.engine.quantized import QuantExperts, QuantLinear, QuantTensor
+from dflash_chat.engine.quantized import QuantExperts, QuantLinear
 from dflash_chat.engine.weights.gguf import read_gguf
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from tests.engine.quant_helpers import one_thread
 from tests.engine.test_quant_gguf import MODELS, _write
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear, QuantTensor
-from dflash_chat.engine.weights import formats
+from dflash_chat.engine.ggml import formats
+from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from tests.engine.quant_helpers import one_thread
 
 _single_thread = pytest.fixture(autouse=True)(one_thread)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from dflash_chat.engine.weights import formats
-from dflash_chat.engine.weights.quantize import make_qkx2_quants, make_qx_quants, quantize
+from dflash_chat.engine.ggml import formats
+from dflash_chat.engine.ggml.quantize import make_qkx2_quants, make_qx_quants, quantize
 from tests.engine.quant_helpers import one_thread
 
 _single_thread = pytest.fixture(autouse=True)(one_thread)

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from dflash_chat.engine.errors import ModelFormatError
-from dflash_chat.engine.quantized import QuantTensor
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from dflash_chat.engine.weights.safetensors import read_safetensors
 from tests.engine.quant_helpers import one_thread
 

@@ -17,10 +17,10 @@ TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
+from dflash_chat.engine.kernels import lazy
 from dflash_chat.engine.kernels.switches import kernel_wanted
 
 SPLIT = 512  # cache rows per program
@@ -29,13 +29,6 @@ BLOCK_N = 64  # keys per inner step
 
 def available(q: torch.Tensor) -> bool:
     return kernel_wanted(q, "ATTENTION")
-
-
-@functools.cache
-def _kernels():
-    from dflash_chat.engine.kernels import triton_attention  # imports triton: only once the kernel is wanted
-
-    return triton_attention
 
 
 def attend(
@@ -67,7 +60,7 @@ def attend(
     acc = torch.empty(splits, kv_heads, R, d, device=q.device, dtype=torch.float32)
     ml = torch.empty(splits, kv_heads, R, 2, device=q.device, dtype=torch.float32)
     out = torch.empty(T, heads, d, device=q.device, dtype=q.dtype)
-    kernels = _kernels()
+    kernels = lazy.attention()
     grid = (kv_heads, -(-R // block_r), splits)
     kernels._launch(
         kernels.partial_kernel,
@@ -146,7 +139,7 @@ def prepare(
     has_q = q_raw is not None
     q = torch.empty(T, heads, d, dtype=k_raw.dtype, device=k_raw.device) if has_q else None
     gate = torch.empty(T, heads * d, dtype=k_raw.dtype, device=k_raw.device) if has_q and gated else None
-    kernels = _kernels()
+    kernels = lazy.attention()
     dummy = k_raw
     kernels._launch(
         kernels.prepare_kernel,

@@ -46,7 +46,6 @@ TILINGS: dict[str, Tiling] = {
     "IQ4_NL": Tiling(8 * 18, 8, 2, 2, False),
     "IQ4_XS": Tiling(136, 8, 2, 2, True),
 }
-FLOATS = {"F32": 4, "F16": 2, "BF16": 2}  # float experts: bytes per value
 
 assert all(t.groups * t.runs * t.vec * 4 * t.slots == UNIT for t in TILINGS.values())
 

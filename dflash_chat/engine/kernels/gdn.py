@@ -19,12 +19,12 @@ solve per chunk, the chunk no longer than the tokens need) for a verify, its com
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from dflash_chat.engine.kernels import lazy
 from dflash_chat.engine.kernels.switches import kernel_wanted
 
 V_BLOCK = 32  # value columns per program
@@ -215,19 +215,12 @@ def reference(q, k, v, g, beta, state, *, update: bool, outputs: bool = True, ke
     return out
 
 
-@functools.cache
-def _kernel():
-    from dflash_chat.engine.kernels import triton_gdn  # imports triton: only once the kernel is wanted
-
-    return triton_gdn
-
-
 def _triton_scan(chunks: Chunks, state: torch.Tensor) -> torch.Tensor:
     H, N, C, V = chunks.u.shape
     K = chunks.w.shape[-1]
     out = torch.empty(H, N, C, V, device=state.device)
     vb = min(V_BLOCK, V)
-    kernels = _kernel()
+    kernels = lazy.gdn()
     parts = (chunks.q, chunks.k, chunks.w, chunks.u, chunks.attn, chunks.decay)
     kernels._launch(
         kernels.scan_kernel,
@@ -253,7 +246,7 @@ def _triton(qkv, b, a, A_log, dt_bias, state, heads: Heads, update, outputs, kee
         b, a = b.contiguous(), a.contiguous()
     out = torch.empty(T, H, V, dtype=out_dtype, device=qkv.device) if outputs else state  # state: unused
     vb = min(V_BLOCK, V)
-    kernels = _kernel()
+    kernels = lazy.gdn()
     kernels._launch(
         kernels.recurrent_kernel,
         (H, V // vb),

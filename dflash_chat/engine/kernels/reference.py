@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash_chat.engine.weights.formats import Format, dequantize
+from dflash_chat.engine.ggml.formats import Format, dequantize
 
 # Dequantize at most this many weight values at once (bounds the float scratch to ~64 MB in fp32).
 _TILE_VALUES = 16 * 1024 * 1024

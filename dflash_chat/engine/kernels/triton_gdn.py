@@ -5,7 +5,7 @@ import triton.language as tl
 
 
 def _launch(kernel, grid, *args, **kwargs) -> None:
-    """Every launch goes through here (kernels/compile_check.py captures them to compile without a GPU)."""
+    """Every launch goes through here (bench/compile_check.py captures them to compile without a GPU)."""
     kernel[grid](*args, **kwargs)
 
 

@@ -16,12 +16,12 @@
 - `experts_gemv` / `experts_gemm`: routed experts in one launch, one program per (sorted routed pair,
   row block); the pair's expert, source and destination rows come from device tensors (no host sync).
   Float experts (F32/F16/BF16) go through the same kernels.
-- `dequantize`: packed rows -> a float matrix, bit-exact with `weights/formats.py` (prefill then uses cuBLAS).
+- `dequantize`: packed rows -> a float matrix, bit-exact with `ggml/formats.py` (prefill then uses cuBLAS).
 
-Every format's decode follows `weights/formats.py` value for value; the tests compare both under
+Every format's decode follows `ggml/formats.py` value for value; the tests compare both under
 TRITON_INTERPRET=1. All loads in a loop body have the same tile shape (per-row and per-group fields are
 read through broadcast pointers), so Triton gives them one register layout and never stages the tile
-through shared memory (checked by `kernels/compile_check.py`).
+through shared memory (checked by `bench/compile_check.py`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dflash_chat.engine.ggml.formats import IQ4_LEVELS, Format
 from dflash_chat.engine.kernels import configs
-from dflash_chat.engine.weights.formats import IQ4_LEVELS, Format
 
 FMT_IDS = {
     "Q8_0": 0,
@@ -836,7 +836,7 @@ def _dequant_kernel(
 
 
 def _launch(kernel, grid, *args, **kwargs) -> None:
-    """Every launch goes through here (kernels/compile_check.py captures them to compile without a GPU)."""
+    """Every launch goes through here (bench/compile_check.py captures them to compile without a GPU)."""
     kernel[grid](*args, **kwargs)
 
 

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from dflash_chat.engine.models.layers import Router
-from dflash_chat.engine.quantized import QuantLinear, QuantTensor
+from dflash_chat.engine.quantized import QuantLinear
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
 
 def _format_key(module: nn.Module):

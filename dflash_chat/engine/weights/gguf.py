@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.ggml.formats import BY_GGML_TYPE, FORMATS
 from dflash_chat.engine.limits import LIMITS
-from dflash_chat.engine.quantized import QuantTensor
 from dflash_chat.engine.weights import names
-from dflash_chat.engine.weights.formats import BY_GGML_TYPE, FORMATS
 from dflash_chat.engine.weights.gguf_file import Header, Skipped, read_header
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
 _MODEL_TYPE = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3": "qwen3"}
 _HF_ARCH = {"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}

@@ -155,13 +155,6 @@ def gguf_rank(gguf_name: str) -> int:
     return 3 if "_exps." in base or base.endswith("_conv_base") else 2
 
 
-def NORM_LIKE(hf_name: str, arch: str) -> bool:
-    """True for tensors whose round trip goes through float arithmetic (+1/-1, exp/log): exact to one ulp."""
-    if hf_name.endswith("A_log"):
-        return True
-    return arch in ZERO_CENTRED_ARCHS and "norm" in hf_name and "linear_attn.norm" not in hf_name
-
-
 # --- V-head regrouping --------------------------------------------------------
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from dflash_chat.engine.errors import ModelFormatError
-from dflash_chat.engine.quantized import QuantTensor
-from dflash_chat.engine.weights.formats import get_format
+from dflash_chat.engine.ggml.formats import get_format
 from dflash_chat.engine.weights.gguf import LazyTensors
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
 INDEX = "model.safetensors.index.json"
 QUANTIZE_ON_LOAD = ("Q8_0", "Q4_K", "Q6_K")

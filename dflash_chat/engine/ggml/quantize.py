@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dflash_chat.engine.weights.formats import QK_K, Format, get_format
+from dflash_chat.engine.ggml.formats import QK_K, Format, get_format
 
 GROUP_MAX_EPS = 1e-15
 _ROWS_PER_CHUNK = 4096
