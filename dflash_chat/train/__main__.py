@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
-STAGES = ("prepare", "target", "drafter", "dflash2", "ship")
+STAGES = ("prepare", "target", "drafter", "dflash2", "finetune", "ship")
 DEFAULT_STAGES = ("prepare", "target", "drafter", "ship")
 
 
@@ -34,7 +34,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--stages",
         default=",".join(DEFAULT_STAGES),
         help=f"comma-separated subset of {','.join(STAGES)}; dflash2 adds DFlash2's modules to "
-        "--from-drafter and trains it against the target beside it (ship then ships drafter2/)",
+        "--from-drafter and trains it against the target beside it (ship then ships drafter2/); finetune "
+        "trains the shipped --finetune drafter further on greedy and sampled answers",
+    )
+    demo.add_argument(
+        "--finetune",
+        choices=("dflash", "dflash2"),
+        default="dflash2",
+        help="which shipped drafter the finetune stage trains (it starts from the one in --out)",
+    )
+    demo.add_argument(
+        "--sampled-share",
+        type=float,
+        default=None,
+        help="finetune: the share of training prompts answered by sampling at the app's settings",
+    )
+    demo.add_argument(
+        "--distill", type=float, default=None, help="finetune: the weight of the distillation term KL(p || q)"
     )
     demo.add_argument(
         "--from-drafter",
@@ -152,6 +168,29 @@ def run_demo(args) -> int:
             target_dir=args.out / "target",
             generated=args.generated or chosen.generated,
             settings=settings,
+            gen_batch=chosen.gen_batch,
+            max_new_tokens=chosen.max_new_tokens,
+            log=_log,
+        )
+    if "finetune" in stages:
+        steps = args.drafter_steps or recipe.FINETUNE_STEPS
+        distill = recipe.FINETUNE_DISTILL if args.distill is None else args.distill
+        _log(f"finetune steps: {steps} (repeat with --drafter-steps {steps})")
+        settings = replace(chosen.drafter, lr=recipe.FINETUNE_LR, distill=distill)
+        if args.max_drafter_minutes:
+            settings.max_seconds = 60 * args.max_drafter_minutes
+        share = recipe.FINETUNE_SAMPLED_SHARE if args.sampled_share is None else args.sampled_share
+        recipe.finetune_stage(
+            args.work,
+            kind=args.finetune,
+            source=args.out / ("drafter2" if args.finetune == "dflash2" else "drafter"),
+            target_dir=args.out / "target",
+            seed=args.seed,
+            steps=steps,
+            device=device,
+            generated=args.generated or chosen.generated,
+            settings=settings,
+            sampled_share=share,
             gen_batch=chosen.gen_batch,
             max_new_tokens=chosen.max_new_tokens,
             log=_log,

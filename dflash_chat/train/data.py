@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import torch
 
@@ -36,8 +37,17 @@ def corpus_sequences(tokenizer, conversations: list[Conversation], max_len: int 
     return out
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """How the target samples an answer (the app's defaults unless given)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+
+
 @torch.no_grad()
-def greedy_sequences(
+def target_answers(
     target,
     tokenizer,
     conversations: list[Conversation],
@@ -47,14 +57,20 @@ def greedy_sequences(
     batch_size: int = 64,
     seed: int = 0,
     device: str = "cpu",
+    sampled: Sampled | None = None,
 ) -> list[Sequence]:
-    """The target's own greedy answers to the conversations' prompts (batched, left-padded)."""
+    """The target's own answers to the conversations' prompts (batched, left-padded): greedy, or drawn
+    with `sampled`'s settings (seeded)."""
     rng = random.Random(seed)
     prompts = [prompt_ids(tokenizer, c, rng.random() < thinking_share) for c in conversations]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
     stop = list(stop_token_ids(tokenizer))
     pad = tokenizer.pad_token_id
     target.to(device).eval()
+    how = {"do_sample": False}
+    if sampled is not None:
+        how = {"do_sample": True, "temperature": sampled.temperature, "top_p": sampled.top_p, "top_k": sampled.top_k}
+        torch.manual_seed(seed)
     out: list[Sequence] = []
     for i in range(0, len(order), batch_size):
         chunk = [prompts[j] for j in order[i : i + batch_size]]
@@ -67,10 +83,10 @@ def greedy_sequences(
         gen = target.generate(
             input_ids=ids.to(device),
             attention_mask=attn.to(device),
-            do_sample=False,
             max_new_tokens=max_new_tokens,
             eos_token_id=stop,
             pad_token_id=pad,
+            **how,
         )
         for row, p in enumerate(chunk):
             new = gen[row, width:].tolist()

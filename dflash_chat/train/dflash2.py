@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_chat.train.common import seeded
+from dflash_chat.train.drafter import Blocks, block_loss, position_weights, soft_cross_entropy
 
 # Sizes for the demo's drafter (hidden 256): a codebook of 64 per token is ~1.6 MB at bf16 for 6146 tokens.
 DEMO_SIZES = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 64, "selector_top_k": 8}
@@ -63,39 +64,53 @@ def from_dflash(dflash, config2: dict, target, seed: int):
 
 
 def selector_loss(
-    drafter,
-    hidden: torch.Tensor,
-    logits: torch.Tensor,
-    anchors: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor,
+    drafter, hidden: torch.Tensor, logits: torch.Tensor, blocks: Blocks, weights: torch.Tensor, distill: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the selector's weighted cross-entropy, the teacher-forced acceptance length of each block).
+    """(the selector's weighted loss, the teacher-forced acceptance length of each block).
 
-    hidden [A, D, H] and logits [A, D, V] of the drafted positions, anchors [A] the blocks' first tokens,
-    labels [A, D] (-100: none), weights [D]."""
+    hidden [A, D, H] and logits [A, D, V] of the drafted positions, `blocks` their labels [A, D] (-100:
+    none) and predecessors, weights [D]. The loss: cross-entropy of the scores over the K candidates
+    towards the label (where it is one of them), + `distill` x cross-entropy towards the target's own
+    distribution over the candidates (its best-k probabilities at T = 1, renormalised over the candidates
+    it gives mass to), so that the sampled walk's softmax(scores / T) follows the target's."""
+    labels = blocks.labels
     A, D = labels.shape
     selector = drafter.candidate_selector
     unary, ids, successors, projected = selector.candidates(logits.reshape(A * D, -1), hidden.reshape(A * D, -1))
-    predecessors = torch.cat((anchors[:, None], labels[:, :-1]), dim=1).clamp(min=0).reshape(-1, 1)
-    scores = selector.scores(unary, successors, projected, predecessors)[:, 0]  # [A * D, K]
+    scores = selector.scores(unary, successors, projected, blocks.before.reshape(-1, 1))[:, 0]  # [A * D, K]
     is_label = ids == labels.reshape(-1, 1)
-    covered = is_label.any(dim=-1) & (labels.reshape(-1) != -100)
-    ce = F.cross_entropy(scores, is_label.float().argmax(dim=-1), reduction="none")
-    w = weights[None, :].expand(A, D).reshape(-1) * covered.float()
-    loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
+    valid = labels.reshape(-1) != -100
+    covered = is_label.any(dim=-1) & valid
+    loss = F.cross_entropy(scores, is_label.float().argmax(dim=-1), reduction="none") * covered.float()
+    if distill:
+        loss = loss + distill * _candidate_distill(scores, ids, blocks, valid)
+    w = weights[None, :].expand(A, D).reshape(-1)
+    loss = (loss * w).sum() / (w * valid.float()).sum().clamp(min=1e-6)
     chosen = ids.gather(1, scores.argmax(dim=-1, keepdim=True)).view(A, D)
     accept = 1 + (chosen == labels).long().cumprod(dim=1).sum(dim=1)
     return loss, accept.float()
 
 
+def _candidate_distill(scores: torch.Tensor, ids: torch.Tensor, blocks: Blocks, valid: torch.Tensor) -> torch.Tensor:
+    """[N]: cross-entropy of the scores [N, K] towards the target's probabilities of the candidates `ids`
+    [N, K]; 0 where the target gives none of them mass (or the position is past the sequence)."""
+    k = blocks.top_ids.shape[-1]
+    top_ids = blocks.top_ids.reshape(-1, k)
+    p = torch.softmax(blocks.top_logits.reshape(-1, k), dim=-1)
+    mass = ((ids[:, :, None] == top_ids[:, None, :]).float() * p[:, None, :]).sum(dim=-1)  # [N, K]
+    total = mass.sum(dim=-1, keepdim=True)
+    has = (total[:, 0] > 0) & valid
+    target = mass / total.clamp(min=1e-12)
+    return soft_cross_entropy(scores, target) * has.float()
+
+
 def dflash2_loss(
-    drafter, hidden: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor, decay: float, block_loss
+    drafter, hidden: torch.Tensor, blocks: Blocks, decay: float, distill: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The DFlash loss on the draft logits plus the selector's (`block_loss` is the DFlash drafter's)."""
+    """The DFlash loss on the draft logits plus the selector's."""
     drafted = hidden[:, 1:]
     logits = drafter.logits(drafted)
-    lm, _ = block_loss(logits, labels, decay)
-    weights = torch.exp(-torch.arange(labels.shape[1], device=labels.device, dtype=torch.float32) / decay)
-    sel, accept = selector_loss(drafter, drafted, logits, tokens[:, 0], labels, weights)
+    lm, _ = block_loss(logits, blocks, decay, distill)
+    weights = position_weights(blocks.labels.shape[1], decay, blocks.labels.device)
+    sel, accept = selector_loss(drafter, drafted, logits, blocks, weights, distill)
     return lm + SELECTOR_WEIGHT * sel, accept

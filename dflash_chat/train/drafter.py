@@ -39,6 +39,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 from dflash_chat.train.common import Log, Schedule, autocast_for, run_steps, seeded
 
 BLOCK_SIZE = 16
+TEACHER_TOP_K = 32  # the target's best next-token logits kept per position for the distillation term
 
 
 @dataclass
@@ -105,6 +107,26 @@ def new_drafter(config: dict, target, seed: int):
     return drafter
 
 
+def load_for_training(folder: Path, target):
+    """A saved drafter (config.json + model.safetensors as `save_drafter` writes them, DFlash or DFlash2) in
+    float32, bound to `target`'s embeddings and head: (drafter, its config dict)."""
+    from safetensors.torch import load_file
+
+    from dflash_chat.engine.models.config import DrafterConfig
+    from dflash_chat.engine.models.dflash2 import DFlash2Drafter
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    if "DFlash2DraftModel" in config.get("architectures", ()):
+        cfg = DrafterConfig.from_dict(config)
+        drafter = DFlash2Drafter(cfg, target.config.hidden_size, target.config.vocab_size)
+        drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
+    else:
+        drafter = new_drafter(config, target, seed=0)
+    state = load_file(str(Path(folder) / "model.safetensors"))
+    drafter.load_state_dict({k: v.float() for k, v in state.items()})
+    return drafter, config
+
+
 @dataclass
 class Sequence:
     """Token ids of one chat, and the first position an anchor may take (the last prompt token)."""
@@ -120,11 +142,32 @@ class DrafterSettings(Schedule):
     seqs_per_step: int = 4
     anchors_per_seq: int = 16
     decay: float = 7.0
+    distill: float = 0.0  # weight of the distillation term (module docstring, 4.): 0 is the hard labels alone
+
+
+class Taught(NamedTuple):
+    """The frozen target's outputs over one sequence of S tokens, computed once for every step."""
+
+    features: torch.Tensor  # [S, K*H] float32: the tap layers' outputs
+    greedy: torch.Tensor  # [S]: the greedy next token
+    top_logits: torch.Tensor  # [S, k] float16: the best next-token logits, best first
+    top_ids: torch.Tensor  # [S, k] int32: their token ids
+
+
+class Blocks(NamedTuple):
+    """Training blocks [A, B] with what each drafted position j >= 1 is held to, [A, B-1] (or [A, B-1, k])."""
+
+    tokens: torch.Tensor  # [x[s], mask x (B-1)]
+    labels: torch.Tensor  # g[s + j - 1]; -100 past the sequence end
+    before: torch.Tensor  # x[s + j - 1]: the sequence's token the label follows (the selector's predecessor)
+    top_logits: torch.Tensor  # the target's best logits at s + j - 1 (float32)
+    top_ids: torch.Tensor  # and their token ids
 
 
 @torch.no_grad()
-def teacher(target, seqs: list[torch.Tensor], layer_ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per sequence: (features [S, K*H] after the tap layers, greedy next token [S]).
+def teacher(target, seqs: list[torch.Tensor], layer_ids, top_k: int = TEACHER_TOP_K) -> list[Taught]:
+    """Per sequence: features [S, K*H] after the tap layers, the greedy next token [S], and the target's
+    `top_k` best next-token logits [S, k] with their ids (what the distillation term holds q to).
 
     One batched forward, right-padded: with causal attention and a forward recurrence, padding after
     a sequence does not change anything at its real positions. Features are read with hooks on the
@@ -144,8 +187,12 @@ def teacher(target, seqs: list[torch.Tensor], layer_ids) -> list[tuple[torch.Ten
         for hook in hooks:
             hook.remove()
     feats = torch.cat([captured[i] for i in layer_ids], dim=-1).float()
-    greedy = logits.argmax(dim=-1)
-    return [(feats[row, : len(s)], greedy[row, : len(s)]) for row, s in enumerate(seqs)]
+    values, ids = torch.topk(logits.float(), min(top_k, logits.shape[-1]), dim=-1)  # sorted: [..., 0] is greedy
+    values, ids = values.half(), ids.int()  # a logit to ~3 digits is plenty; ~0.2 KB a position at k = 32
+    return [
+        Taught(feats[row, : len(s)], ids[row, : len(s), 0].long(), values[row, : len(s)], ids[row, : len(s)])
+        for row, s in enumerate(seqs)
+    ]
 
 
 def _capture(store: dict, index: int):
@@ -155,16 +202,18 @@ def _capture(store: dict, index: int):
     return hook
 
 
-def make_blocks(ids: torch.Tensor, greedy: torch.Tensor, anchors: torch.Tensor, block: int, mask_id: int):
-    """Block token ids [A, B] and labels [A, B-1] (-100 past the sequence end)."""
+def make_blocks(ids: torch.Tensor, taught: Taught, anchors: torch.Tensor, block: int, mask_id: int) -> Blocks:
+    """The blocks at `anchors` [A] of one sequence `ids` [S] (see `Blocks`)."""
     S = ids.shape[0]
     offsets = torch.arange(block, device=ids.device)
     tokens = torch.full((len(anchors), block), mask_id, dtype=torch.long, device=ids.device)
     tokens[:, 0] = ids[anchors]
     label_pos = anchors[:, None] + offsets[None, 1:] - 1
-    labels = greedy[label_pos.clamp(max=S - 1)]
+    at = label_pos.clamp(max=S - 1)
+    labels = taught.greedy.to(ids.device)[at]
     labels[label_pos > S - 1] = -100
-    return tokens, labels
+    top_logits = taught.top_logits.to(ids.device)[at].float()
+    return Blocks(tokens, labels, ids[at], top_logits, taught.top_ids.to(ids.device)[at].long())
 
 
 def sample_anchors(seq: Sequence, count: int, rng: random.Random) -> list[int]:
@@ -176,36 +225,27 @@ def sample_anchors(seq: Sequence, count: int, rng: random.Random) -> list[int]:
 
 
 def pack_blocks(
-    seqs: list[Sequence],
-    taught: list[tuple[torch.Tensor, torch.Tensor]],
-    anchors: list[list[int]],
-    block: int,
-    mask_id: int,
-    device,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    seqs: list[Sequence], taught: list[Taught], anchors: list[list[int]], block: int, mask_id: int, device
+) -> tuple[torch.Tensor, Blocks, torch.Tensor]:
     """Several sequences packed into one context stream for `forward_train`.
 
-    Returns (features [sum S, K*H], block tokens [A, B], anchors in the packed stream [A], labels [A, B-1]).
+    Returns (features [sum S, K*H], the blocks of all of them, their anchors in the packed stream [A]).
     Labels never cross into the next sequence; a block may see earlier sequences of the pack as context
     (as in packed pretraining), which does not change its own labels.
     """
-    feats, tokens, packed, labels = [], [], [], []
+    feats, blocks, packed = [], [], []
     offset = 0
-    for seq, (f, g), a in zip(seqs, taught, anchors):
+    for seq, t, a in zip(seqs, taught, anchors):
         ids = seq.ids.to(device)
         a_t = torch.tensor(a, dtype=torch.long, device=device)
-        t, l = make_blocks(ids, g.to(device), a_t, block, mask_id)
-        feats.append(f.to(device))
-        tokens.append(t)
-        labels.append(l)
+        blocks.append(make_blocks(ids, t, a_t, block, mask_id))
+        feats.append(t.features.to(device))
         packed.append(a_t + offset)
         offset += len(ids)
-    return torch.cat(feats), torch.cat(tokens), torch.cat(packed), torch.cat(labels)
+    return torch.cat(feats), Blocks(*(torch.cat(parts) for parts in zip(*blocks))), torch.cat(packed)
 
 
-def teach_all(
-    target, sequences: list[Sequence], layer_ids, device, batch: int = 16
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int = 16) -> list[Taught]:
     """Teacher outputs for every sequence, computed once (the target is frozen), in length-sorted batches."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].ids))
     out: list = [None] * len(sequences)
@@ -218,13 +258,35 @@ def teach_all(
     return out
 
 
-def block_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position-weighted cross-entropy, and the teacher-forced acceptance length of each block."""
-    B1 = labels.shape[1]
-    weights = torch.exp(-torch.arange(B1, device=labels.device, dtype=torch.float32) / decay)
+def position_weights(positions: int, decay: float, device) -> torch.Tensor:
+    """exp(-(j - 1) / decay) for block positions j = 1 .. positions."""
+    return torch.exp(-torch.arange(positions, device=device, dtype=torch.float32) / decay)
+
+
+def soft_cross_entropy(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """-sum target * log_softmax(scores) over the last dim: KL(target || softmax(scores)) + target's entropy."""
+    return -(target * torch.log_softmax(scores.float(), dim=-1)).sum(dim=-1)
+
+
+def distill_loss(logits: torch.Tensor, blocks: Blocks) -> torch.Tensor:
+    """[A, B-1]: cross-entropy of the draft logits [A, B-1, V] towards the target's distribution at T = 1
+    over its best k tokens (renormalised): the gradient of KL(p || q) restricted to where p has its mass."""
+    log_q = torch.log_softmax(logits.float(), dim=-1).gather(-1, blocks.top_ids)
+    return -(torch.softmax(blocks.top_logits, dim=-1) * log_q).sum(dim=-1)
+
+
+def block_loss(
+    logits: torch.Tensor, blocks: Blocks, decay: float, distill: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position-weighted cross-entropy (+ `distill` x the distillation term), and the teacher-forced
+    acceptance length of each block."""
+    labels = blocks.labels
+    weights = position_weights(labels.shape[1], decay, labels.device)
     ce = F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
     ).view_as(labels.float())
+    if distill:
+        ce = ce + distill * distill_loss(logits, blocks)
     valid = (labels != -100).float()
     w = weights[None, :] * valid
     loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
@@ -242,16 +304,16 @@ def _draft_batch(
     if not chosen:
         return None
     seqs, taught, anchors = zip(*chosen)
-    feats, tokens, packed, labels = pack_blocks(
+    feats, blocks, packed = pack_blocks(
         list(seqs), list(taught), list(anchors), drafter.block_size, drafter.mask_token_id, device
     )
     embed = target.get_input_embeddings()
-    hidden = drafter.forward_train(feats, embed(tokens).detach(), packed)
+    hidden = drafter.forward_train(feats, embed(blocks.tokens).detach(), packed)
     if getattr(drafter.cfg, "dflash2", None) is not None:
         from dflash_chat.train.dflash2 import dflash2_loss
 
-        return dflash2_loss(drafter, hidden, tokens, labels, settings.decay, block_loss)
-    return block_loss(drafter.logits(hidden[:, 1:]), labels, settings.decay)
+        return dflash2_loss(drafter, hidden, blocks, settings.decay, settings.distill)
+    return block_loss(drafter.logits(hidden[:, 1:]), blocks, settings.decay, settings.distill)
 
 
 def train_drafter(

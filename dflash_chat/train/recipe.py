@@ -12,6 +12,7 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -21,7 +22,9 @@ from dflash_chat.train.corpus import Conversation, Corpus, build_corpus, free_fo
 from dflash_chat.train.drafter import (
     DrafterSettings,
     DrafterShape,
+    Sequence,
     drafter_config_dict,
+    load_for_training,
     new_drafter,
     save_drafter,
     teach_all,
@@ -35,6 +38,10 @@ from dflash_chat.train.tokenizer import MASK_TOKEN, save_tokenizer, train_tokeni
 
 DFLASH2_STEPS = 800  # the dflash2 stage's default (it starts from a trained drafter: no calibration run)
 DFLASH2_LR = 7e-4  # gentler than training from scratch: the backbone is trained already
+FINETUNE_STEPS = 600
+FINETUNE_LR = 5e-4
+FINETUNE_DISTILL = 1.0  # the distillation term's weight beside the hard labels
+FINETUNE_SAMPLED_SHARE = 0.5  # of the training prompts answered by sampling at the app's settings
 
 
 @dataclass
@@ -122,7 +129,7 @@ def train_drafter_stage(
     free_share: float = 0.5,
     log: Log = print,
 ) -> list[float]:
-    tokenizer, target, own, held = _target_and_answers(
+    tokenizer, target, answers = _target_and_answers(
         work,
         work / "target",
         seed=seed,
@@ -142,21 +149,29 @@ def train_drafter_stage(
         f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, block {shape.block_size}, "
         f"taps {list(shape.target_layer_ids)}, {steps} steps on {device}"
     )
-    losses = train_drafter(drafter, target, own, settings, seed=seed, device=device, log=log)
-    acc = teacher_forced_acceptance(drafter, target, held, seed=seed, device=device)
+    losses = train_drafter(drafter, target, answers.own, settings, seed=seed, device=device, log=log)
+    acc = teacher_forced_acceptance(drafter, target, answers.held, seed=seed, device=device)
     log(f"drafter: teacher-forced acceptance length on held-out target answers: {acc:.2f}")
     save_drafter(drafter, config, work / "drafter")
     return losses
 
 
+class Answers(NamedTuple):
+    """The target's answers a drafter stage trains and checks on."""
+
+    own: list[Sequence]  # to training prompts: greedy, and drawn at the app's settings for a share of them
+    held: list[Sequence]  # greedy, to 32 held-out prompts
+    held_sampled: list[Sequence]  # drawn at the app's settings, to the same prompts (empty without a share)
+
+
 def _target_and_answers(work: Path, target_dir: Path, **kwargs):
-    """(tokenizer, target, its answers to training prompts, to held-out ones) for a drafter stage: the target
-    as shipped (bf16 weights), upcast like the loader does on the CPU."""
+    """(tokenizer, target, `Answers`) for a drafter stage: the target as shipped (bf16 weights), upcast
+    like the loader does on the CPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(kwargs["device"])
-    return (tokenizer, target, *_target_answers(work, target, tokenizer, **kwargs))
+    return tokenizer, target, _target_answers(work, target, tokenizer, **kwargs)
 
 
 def _target_answers(
@@ -171,34 +186,90 @@ def _target_answers(
     gen_batch: int,
     free_share: float,
     log: Log,
-):
-    """(the target's greedy answers to `generated` training prompts, to 32 held-out ones): a drafter's data."""
-    from dflash_chat.train.data import greedy_sequences
+    sampled_share: float = 0.0,
+) -> Answers:
+    """The target's answers to `generated` training prompts (a `sampled_share` of them drawn at the app's
+    sampling settings, the rest greedy) and to 32 held-out ones: a drafter's data."""
+    from dflash_chat.train.data import target_answers
 
     corpus = load_corpus(work / "corpus.json")
     rng = random.Random(seed)
     free = round(free_share * generated)
     prompts = rng.sample(corpus.train, min(generated - free, len(corpus.train)))
     prompts += free_form_prompts(corpus.train, rng, free)
+    rng.shuffle(prompts)
+    drawn = round(sampled_share * len(prompts))
     started = time.perf_counter()
-    own = greedy_sequences(
-        target, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=gen_batch, seed=seed, device=device
-    )
-    held = greedy_sequences(
-        target,
-        tokenizer,
-        corpus.heldout[:32],
-        max_new_tokens=max_new_tokens,
-        thinking_share=0.0,
-        batch_size=gen_batch,
-        seed=seed,
-        device=device,
-    )
+    common = dict(max_new_tokens=max_new_tokens, batch_size=gen_batch, seed=seed, device=device)
+    own = target_answers(target, tokenizer, prompts[drawn:], **common)
+    held = target_answers(target, tokenizer, corpus.heldout[:32], thinking_share=0.0, **common)
+    held_sampled: list[Sequence] = []
+    if drawn:
+        app = app_sampling()
+        own += target_answers(target, tokenizer, prompts[:drawn], sampled=app, **common)
+        held_sampled = target_answers(target, tokenizer, corpus.heldout[:32], thinking_share=0.0, sampled=app, **common)
     log(
-        f"drafter data: {len(own)} target answers ({sum(len(q.ids) for q in own)} tokens, "
+        f"drafter data: {len(own)} target answers, {drawn} of them sampled ({sum(len(q.ids) for q in own)} tokens, "
         f"{time.perf_counter() - started:.0f}s)"
     )
-    return own, held
+    return Answers(own, held, held_sampled)
+
+
+def app_sampling():
+    """The app's default sampling settings (settings.py), as the target's answers are drawn with them."""
+    from dflash_chat.settings import Settings
+    from dflash_chat.train.data import Sampled
+
+    app = Settings()
+    return Sampled(app.temperature, app.top_p, app.top_k)
+
+
+def finetune_stage(
+    work: Path,
+    *,
+    kind: str,
+    source: Path,
+    target_dir: Path,
+    seed: int,
+    steps: int,
+    device: str,
+    generated: int,
+    settings: DrafterSettings,
+    sampled_share: float = FINETUNE_SAMPLED_SHARE,
+    max_new_tokens: int = 160,
+    gen_batch: int = 64,
+    free_share: float = 0.5,
+    log: Log = print,
+) -> list[float]:
+    """A shipped drafter (`source`, DFlash or DFlash2) trained further against its target on fresh answers,
+    a share of them sampled at the app's settings, with the distillation term (settings.distill): what
+    makes sampled drafts (T > 0) land (train/drafter.py, 4.). Written to work/drafter or work/drafter2."""
+    _, target, answers = _target_and_answers(
+        work,
+        target_dir,
+        seed=seed,
+        device=device,
+        generated=generated,
+        max_new_tokens=max_new_tokens,
+        gen_batch=gen_batch,
+        free_share=free_share,
+        sampled_share=sampled_share,
+        log=log,
+    )
+    drafter, config = load_for_training(source, target)
+    settings.steps = steps
+    log(f"finetune: {kind} drafter from {source}, {steps} steps on {device}, distill {settings.distill}")
+
+    def acceptance() -> str:
+        greedy = teacher_forced_acceptance(drafter, target, answers.held, seed=seed, device=device)
+        drawn = teacher_forced_acceptance(drafter, target, answers.held_sampled, seed=seed, device=device)
+        return f"{greedy:.2f} on greedy answers, {drawn:.2f} on sampled ones"
+
+    before = acceptance()
+    losses = train_drafter(drafter, target, answers.own, settings, seed=seed, device=device, log=log)
+    log(f"finetune: teacher-forced acceptance length on held-out target answers: {acceptance()} (before: {before})")
+    save_drafter(drafter, config, work / ("drafter2" if kind == "dflash2" else "drafter"))
+    return losses
 
 
 def train_dflash2_stage(
@@ -218,11 +289,9 @@ def train_dflash2_stage(
 ) -> list[float]:
     """The DFlash2 drafter: `source`'s DFlash drafter with DFlash2's modules added (train/dflash2.py),
     trained against the target in `target_dir` on its fresh greedy answers; written to work/drafter2."""
-    from safetensors.torch import load_file
-
     from dflash_chat.train.dflash2 import dflash2_config_dict, from_dflash
 
-    _, target, own, held = _target_and_answers(
+    _, target, answers = _target_and_answers(
         work,
         target_dir,
         seed=seed,
@@ -233,9 +302,7 @@ def train_dflash2_stage(
         free_share=free_share,
         log=log,
     )
-    config = json.loads((source / "config.json").read_text())
-    dflash = new_drafter(config, target, seed)
-    dflash.load_state_dict({k: v.float() for k, v in load_file(str(source / "model.safetensors")).items()})
+    dflash, config = load_for_training(source, target)
     config2 = dflash2_config_dict(config)
     drafter = from_dflash(dflash, config2, target, seed)
     settings.steps = steps
@@ -243,9 +310,9 @@ def train_dflash2_stage(
         f"dflash2: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters from {source}, "
         f"{steps} steps on {device}"
     )
-    before = teacher_forced_acceptance(dflash.to(device), target, held, seed=seed, device=device)
-    losses = train_drafter(drafter, target, own, settings, seed=seed, device=device, log=log)
-    after = teacher_forced_acceptance(drafter, target, held, seed=seed, device=device)
+    before = teacher_forced_acceptance(dflash.to(device), target, answers.held, seed=seed, device=device)
+    losses = train_drafter(drafter, target, answers.own, settings, seed=seed, device=device, log=log)
+    after = teacher_forced_acceptance(drafter, target, answers.held, seed=seed, device=device)
     log(
         f"dflash2: teacher-forced acceptance length on held-out target answers: {after:.2f} "
         f"(the DFlash drafter it started from: {before:.2f})"

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from dflash_chat.demo import demo_paths
 from dflash_chat.train.dflash2 import dflash2_config_dict, from_dflash, selector_loss
-from dflash_chat.train.drafter import new_drafter
+from dflash_chat.train.drafter import Blocks, new_drafter
 
 
 @torch.no_grad()
@@ -36,5 +36,9 @@ def test_a_dflash2_drafter_at_identity_drafts_as_its_dflash_source():
     logits = drafter.logits(got[:, 1:])
     # teacher-forced on the DFlash drafter's own argmax: the selector (zero successor codebook) picks it too
     labels = logits.argmax(dim=-1)
-    _, accept = selector_loss(drafter, got[:, 1:], logits, blocks[:, 0], labels, torch.ones(B - 1))
+    before = torch.cat((blocks[:, :1], labels[:, :-1]), dim=1)
+    top_logits, top_ids = logits.topk(4, dim=-1)
+    _, accept = selector_loss(
+        drafter, got[:, 1:], logits, Blocks(blocks, labels, before, top_logits, top_ids), torch.ones(B - 1)
+    )
     assert accept.tolist() == [float(B)] * 3

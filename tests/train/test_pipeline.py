@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -70,7 +71,24 @@ def trained(tmp_path_factory):
     )
     recipe.ship(work, out, log=logs.append)
     logs.append(dflash2_losses)
-    return work, out, target_losses, drafter_losses, logs
+    finetuned = tmp_path_factory.mktemp("finetuned")
+    shutil.copytree(out, finetuned, dirs_exist_ok=True)
+    finetune_losses = recipe.finetune_stage(
+        work,
+        kind="dflash2",
+        source=finetuned / "drafter2",
+        target_dir=finetuned / "target",
+        seed=0,
+        steps=30,
+        device="cpu",
+        generated=8,
+        max_new_tokens=24,
+        settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5, distill=1.0),
+        sampled_share=0.5,
+        log=logs.append,
+    )
+    recipe.ship(work, finetuned, log=logs.append)
+    return work, out, target_losses, drafter_losses, logs + [(finetuned, finetune_losses)]
 
 
 def _mean(xs):
@@ -96,7 +114,7 @@ def test_dflash2_stage_trains_and_ships_a_dflash2_drafter(trained):
     from dflash_chat.train.evaluate import measure_pair
 
     _, out, _, _, logs = trained
-    losses = logs[-1]
+    losses = next(line for line in logs if isinstance(line, list))
     assert _mean(losses[-8:]) < _mean(losses[:8]) - 0.05
     assert any(isinstance(line, str) and line.startswith("dflash2: teacher-forced acceptance") for line in logs)
     cfg = json.loads((out / "drafter2" / "config.json").read_text())
@@ -105,6 +123,41 @@ def test_dflash2_stage_trains_and_ships_a_dflash2_drafter(trained):
     prompts = json.loads((out / "heldout_prompts.json").read_text())[:2]
     report = measure_pair(out / "target", out / "drafter2", prompts=prompts, max_new_tokens=24)
     assert report.identical and report.new_tokens > 2
+
+
+def test_finetune_trains_a_shipped_drafter_on_greedy_and_sampled_answers(trained):
+    """The finetune stage starts from a shipped DFlash2 drafter, answers half its prompts by sampling at the
+    app's settings, trains with the distillation term (its loss goes down) and ships a drafter the engine
+    runs losslessly."""
+    from dflash_chat.train.evaluate import measure_pair
+
+    _, _, _, _, logs = trained
+    finetuned, losses = logs[-1]
+    assert _mean(losses[-8:]) < _mean(losses[:8])
+    data = [line for line in logs if isinstance(line, str) and "of them sampled" in line]
+    assert "0 of them sampled" in data[0] and "4 of them sampled" in data[-1]
+    assert any(isinstance(line, str) and "on sampled ones" in line for line in logs)
+    prompts = json.loads((finetuned / "heldout_prompts.json").read_text())[:2]
+    report = measure_pair(finetuned / "target", finetuned / "drafter2", prompts=prompts, max_new_tokens=24)
+    assert report.identical and report.new_tokens > 2
+
+
+def test_sampled_answers_are_seeded_and_differ_from_greedy(trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_chat.train.data import Sampled, target_answers
+
+    work, out, _, _, _ = trained
+    tokenizer = AutoTokenizer.from_pretrained(out / "target")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32)
+    prompts = recipe.load_corpus(work / "corpus.json").heldout[:4]
+    hot = Sampled(1.5, 1.0, 0)
+    common = dict(max_new_tokens=16, thinking_share=0.0)
+    first = target_answers(target, tokenizer, prompts, sampled=hot, seed=3, **common)
+    again = target_answers(target, tokenizer, prompts, sampled=hot, seed=3, **common)
+    greedy = target_answers(target, tokenizer, prompts, **common)
+    assert [s.ids.tolist() for s in first] == [s.ids.tolist() for s in again]
+    assert [s.ids.tolist() for s in first] != [s.ids.tolist() for s in greedy]
 
 
 def test_shipped_files_have_the_formats_the_loader_reads(trained):
