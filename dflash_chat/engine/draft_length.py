@@ -18,7 +18,7 @@ does not pay (the cost stays a few percent of plain decoding).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
 PRIOR = 0.8  # per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many)
@@ -94,19 +94,36 @@ class Acceptance:
 
 @dataclass
 class Costs:
-    """Seconds per step of each verify size (verify, accept and commit) and of a draft."""
+    """Seconds per step of each verify size (verify, accept and commit) and of a draft: the warm-up's figures
+    times a drift common to every size, times each size's own correction.
+
+    A size's timing moves the common drift and its own correction alike: a machine that slows down (another
+    process, a clock that drops) slows every size, and a size that is not run (plain steps while drafting
+    wins) must follow it, or a stale figure could keep auto on one side for good."""
 
     verify: dict[int, float]
     draft: float
+    drift: float = 1.0
+    own: dict[int | str, float] = field(default_factory=dict)  # size (or "draft") -> its own correction
 
     def step(self, T: int) -> float:
-        return self.verify[T] + (self.draft if T > 1 else 0.0)
+        return self.drift * (self._seconds(T) + (self._seconds("draft") if T > 1 else 0.0))
+
+    def _seconds(self, key: int | str) -> float:
+        base = self.draft if key == "draft" else self.verify[key]
+        return base * self.own.get(key, 1.0)
 
     def observe(self, kind: str, T: int, seconds: float) -> None:
-        if kind == "draft":
-            self.draft += COST_ALPHA * (seconds - self.draft)
-        elif T in self.verify:
-            self.verify[T] += COST_ALPHA * (seconds - self.verify[T])
+        key: int | str = "draft" if kind == "draft" else T
+        if key != "draft" and key not in self.verify:
+            return
+        base = self.draft if key == "draft" else self.verify[key]
+        if base <= 0:
+            return
+        ratio = seconds / base
+        own = self.own.get(key, 1.0)
+        self.drift += COST_ALPHA * (ratio / own - self.drift)
+        self.own[key] = own + COST_ALPHA * (ratio / self.drift - own)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from dflash_chat.engine.steps import Clock, Steps
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
 CONVERSATIONS = 64  # acceptance estimates kept (least recently used dropped)
-COST_ROUNDS = 3  # timed warm-up steps per verify size (the first is not counted; the fastest of the rest is)
+COST_ROUNDS = 4  # timed warm-up rounds of every verify size (the first is not counted; the fastest of the rest is)
 
 
 class Drafter(Protocol):
@@ -135,8 +135,8 @@ class Engine:
     def _measure_costs(self) -> Costs:
         """Seconds of a step of each verify size (and of a draft), run on an empty state; the state is reset."""
         steps, clock = self.steps, Clock(self.device)
-        for T in self.sizes:
-            for _ in range(COST_ROUNDS):
+        for _ in range(COST_ROUNDS):  # every size in each round: a busy moment on the machine hits them alike
+            for T in self.sizes:
                 steps.begin(0, 0, SamplingParams(), None)
                 if T > 1:
                     clock.timed("draft", 0, steps.draft)
