@@ -10,8 +10,8 @@ The last two are data beside the held-out prompts (demo_data/bench_prompts.json)
 Engines over the one loaded target decode every prompt: plain (draft "off": the baseline, the same
 engine code), and for each shipped drafter (DFlash, and DFlash2 when it ships) a fixed 16-token verify
 (draft 15) and `auto` (the app's default). Each prompt is decoded by all of them in turn before the next, so drift on the machine hits them alike, and each
-prompt is its own conversation (its own key for auto's acceptance estimate, as a new chat is); auto's
-engine keeps its running estimate over all answers, as the app's does across chats. The greedy leg
+prompt is its own conversation (its own key for auto's acceptance estimate, which starts from the prior
+as a new chat's does); auto's engine keeps its step costs over all answers, as the app's does. The greedy leg
 (temperature 0) checks DFlash's text against plain decoding's, token for token; the sampled leg runs
 at the app's defaults (settings.py) or the given --temperature/--top-p/--top-k, with seed i for the
 i-th prompt of each class (repeatable for a fixed draft setting; auto's choices follow measured step
@@ -196,8 +196,8 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "thinking": False,
         "baseline": "plain decoding: the same engine with draft off, on the same loaded target",
         "order": "per prompt: plain, then each draft setting, before the next prompt",
-        "conversation": "each prompt its own conversation (auto's acceptance estimate starts from the engine's "
-        "running one, as a new chat's does)",
+        "conversation": "each prompt its own conversation (auto's acceptance estimate starts from the prior, "
+        "as a new chat's does)",
         "drafts": DRAFT_NOTES,
         "drafters": {kind: folder.name for kind, folder in drafters.items()},
         "demo_drafter": chosen_kind(),
