@@ -73,7 +73,7 @@ def _over_http(client, url: str, model: str, chats: list[list[dict]], tokens: in
 
 def run(pair, chats: list[list[dict]], tokens: int) -> dict:
     """Both series on `pair` (a LoadedPair); the figures as a dict."""
-    from dflash_chat.chat.remote import httpx_module
+    from dflash_chat.chat.backends.remote import httpx_module
     from dflash_chat.chat.session import EngineSession
     from dflash_chat.serve.app import Served
     from dflash_chat.serve.server import Running
