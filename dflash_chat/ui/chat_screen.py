@@ -26,7 +26,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Switch
 
 from dflash_chat.chat.backends.base import AnswerRequest, Backend
-from dflash_chat.chat.backends.endpoint import ServedModel
+from dflash_chat.chat.endpoint import ServedModel
 from dflash_chat.chat.bridge import StreamEnd
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, CUT, ERROR, PARTIAL, Conversation, Message
 from dflash_chat.chat.history import HistoryStore

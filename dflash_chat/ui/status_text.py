@@ -7,7 +7,7 @@ Model section (`panel_note`); `no_model_yet` is the warning when a message canno
 from __future__ import annotations
 
 from dflash_chat.chat.backends.base import Backend
-from dflash_chat.chat.backends.endpoint import ServedModel
+from dflash_chat.chat.endpoint import ServedModel
 from dflash_chat.chat.events import Status
 from dflash_chat.chat.model_source import HOW_TO_PICK
 from dflash_chat.sizes import size_text

@@ -12,7 +12,7 @@ import pytest
 from dflash_chat.chat.backends.base import AnswerRequest
 from dflash_chat.chat.bridge import StreamChunk
 from dflash_chat.chat.events import AnswerEnded, ModelLoaded, ModelUnavailable
-from dflash_chat.chat.backends.endpoint import Endpoint
+from dflash_chat.chat.endpoint import Endpoint
 from dflash_chat.chat.backends.remote import HttpBackend
 
 from .misbehaving import LAST_CHUNK, Misbehaving, Reply, chunk, chunked_head, delta, head, sse, whole

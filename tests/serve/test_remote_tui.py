@@ -18,7 +18,7 @@ from dflash_chat.chat.events import ModelUnavailable
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.openai_protocol import COUNTERS, PER_REQUEST, TIMINGS
-from dflash_chat.chat.backends.endpoint import Endpoint
+from dflash_chat.chat.endpoint import Endpoint
 from dflash_chat.chat.backends.remote import HttpBackend
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp

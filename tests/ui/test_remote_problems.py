@@ -11,7 +11,7 @@ import pytest
 from dflash_chat import paths
 from dflash_chat.chat.conversation import CUT
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.backends.endpoint import Endpoint
+from dflash_chat.chat.endpoint import Endpoint
 from dflash_chat.chat.backends.remote import HttpBackend
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp

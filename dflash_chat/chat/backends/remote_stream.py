@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from dflash_chat.chat import openai_protocol
 from dflash_chat.chat.backends.base import AnswerRequest
-from dflash_chat.chat.backends.endpoint import Endpoint, ServerError, error_text, short_line, tokens_text
+from dflash_chat.chat.endpoint import Endpoint, ServerError, error_text, short_line, tokens_text
 from dflash_chat.chat.bridge import POST_INTERVAL_S, StreamChunk, StreamEnd
 from dflash_chat.chat.live_stats import LiveStats
 from dflash_chat.chat.prompt import ThinkingSplitter
