@@ -123,10 +123,11 @@ def load(args: argparse.Namespace, target: str, drafter: str | None):
     from dflash_chat.chat.loader import LoadOptions
     from dflash_chat.chat.model_source import ModelSource
     from dflash_chat.chat.terminal_load import TerminalLoad, at_once
-    from dflash_chat.engine.load import display_name
+    from dflash_chat.engine.load import default_device, display_name
 
     draft = "auto" if args.draft is None else args.draft
-    options = LoadOptions(args.context or CONTEXT, args.decode, draft, device=args.device)
+    device = args.device or str(default_device())  # --device or the default: never $DFLASH_CHAT_DEVICE
+    options = LoadOptions(args.context or CONTEXT, args.decode, draft, device=device)
     loading = TerminalLoad(options, spawn=at_once, name=display_name(target)).begin(ModelSource(target, drafter))
     if loading.cause is not None:
         raise loading.cause  # as loading raised it: errors.describe words it, or it is a bug to see
