@@ -17,8 +17,8 @@ from dflash_chat.chat.model_source import ModelSource, Pick
 from dflash_chat.chat.prompt import Prompt, Transcript
 
 if TYPE_CHECKING:
-    from dflash_chat.chat.endpoint import Endpoint, ServedModel
     from dflash_chat.chat.conversation import Conversation
+    from dflash_chat.chat.endpoint import Endpoint, ServedModel
     from dflash_chat.chat.model_manager import Chosen
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.hardware import Choice

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+
 from dflash_chat import hardware
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
 from dflash_chat.settings import flag

@@ -21,8 +21,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dflash_chat.chat.bridge import StreamChunk, StreamEnd
 from dflash_chat.chat.answering import AnsweringService
+from dflash_chat.chat.bridge import StreamChunk, StreamEnd
 from dflash_chat.chat.prompt import Prompt, encode, next_prompt
 from dflash_chat.chat.session import EngineSession
 from dflash_chat.errors import one_line

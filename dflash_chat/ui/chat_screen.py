@@ -15,8 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from functools import partial
+from typing import TYPE_CHECKING
 
 from textual import on
 from textual.binding import Binding
@@ -26,11 +26,11 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Switch
 
 from dflash_chat.chat.backends.base import AnswerRequest, Backend
-from dflash_chat.chat.endpoint import ServedModel
 from dflash_chat.chat.bridge import StreamEnd
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, CUT, ERROR, PARTIAL, Conversation, Message
-from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.endpoint import ServedModel
 from dflash_chat.chat.events import BackendEvent
+from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import Pick
 from dflash_chat.chat.prompt import Prompt
 from dflash_chat.chat.recorder import Recorder

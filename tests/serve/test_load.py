@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from dflash_chat.chat.memory import memory_use
 from dflash_chat.chat.backends.remote import httpx_module
+from dflash_chat.chat.memory import memory_use
 
 from .conftest import Answers, Paced, serving, wait_until
 

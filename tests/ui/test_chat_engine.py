@@ -10,7 +10,9 @@ from dataclasses import replace
 import pytest
 
 from dflash_chat import paths
+from dflash_chat.chat.bridge import StreamChunk
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL
+from dflash_chat.chat.events import ModelLoaded, PromptSent
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource, demo_source
 from dflash_chat.demo import demo_available
@@ -18,8 +20,6 @@ from dflash_chat.engine.events import Step
 from dflash_chat.ui import chat_screen
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
-from dflash_chat.chat.bridge import StreamChunk
-from dflash_chat.chat.events import ModelLoaded, PromptSent
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
 

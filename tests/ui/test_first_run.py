@@ -17,12 +17,12 @@ from dflash_chat import cli, demo, hardware, hub, paths
 from dflash_chat import settings as settings_module
 from dflash_chat.catalog import load_catalog
 from dflash_chat.chat import model_source
+from dflash_chat.chat.events import DownloadNeeded, ModelUnavailable
 from dflash_chat.chat.model_source import DEVICE_ENV, ModelSource
 from dflash_chat.commands.chat import build_app
 from dflash_chat.hardware import GIB, Gpu, Machine
 from dflash_chat.ui.download_screen import DownloadScreen
 from dflash_chat.ui.history_screen import HistoryScreen
-from dflash_chat.chat.events import DownloadNeeded, ModelUnavailable
 from dflash_chat.ui.widgets.stats_panel import format_speed
 from tests.hubserver import HubServer, Repo, isolate_hub
 
@@ -72,8 +72,8 @@ def repo_files(tmp_path_factory) -> dict[str, dict[str, bytes]]:
     """The bytes of the three repos: GGUFs written from a tiny random pair, its tokenizer files."""
     from safetensors.torch import load_file
 
-    from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
     from dflash_chat.tiny import write_drafter, write_target
+    from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
 
     root = tmp_path_factory.mktemp("tiny-repos")
     hf = write_target(root / "target", seed=0)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from dflash_chat.chat.events import AnswerEnded, BackendEvent, LoadEvent, Status
 
 if TYPE_CHECKING:
-    from dflash_chat.chat.endpoint import Endpoint, ServedModel
     from dflash_chat.chat.conversation import Conversation
+    from dflash_chat.chat.endpoint import Endpoint, ServedModel
     from dflash_chat.chat.model_source import ModelSource, Pick
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.hardware import Choice

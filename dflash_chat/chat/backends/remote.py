@@ -19,8 +19,8 @@ import time
 
 from dflash_chat.chat import openai_protocol
 from dflash_chat.chat.backends.base import AnswerRequest, Backend, Post, Spawn
-from dflash_chat.chat.endpoint import Endpoint, ServedModel, ServerError, error_text, short_line, tokens_text
 from dflash_chat.chat.backends.remote_stream import MAX_ERROR_BODY, Reader, with_acceptance
+from dflash_chat.chat.endpoint import Endpoint, ServedModel, ServerError, error_text, short_line, tokens_text
 from dflash_chat.chat.events import AnswerEnded, LoadEvent, ModelLoaded, ModelUnavailable, Status
 
 CONNECT_S = 5.0  # to open the connection

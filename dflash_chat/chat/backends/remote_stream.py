@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from dflash_chat.chat import openai_protocol
 from dflash_chat.chat.backends.base import AnswerRequest
-from dflash_chat.chat.endpoint import Endpoint, ServerError, error_text, short_line, tokens_text
 from dflash_chat.chat.bridge import POST_INTERVAL_S, StreamChunk, StreamEnd
+from dflash_chat.chat.endpoint import Endpoint, ServerError, error_text, short_line, tokens_text
 from dflash_chat.chat.live_stats import LiveStats
 from dflash_chat.chat.prompt import ThinkingSplitter
 from dflash_chat.engine.events import GenerationStats
