@@ -98,7 +98,7 @@ def measure(*, demo: bool, target, drafter, prompts: int, tokens: int, device) -
 
 def run(pair, chats: list[list[dict]], tokens: int) -> dict:
     """Both series on `pair` (a LoadedPair); the figures as a dict."""
-    from dflash_chat.chat.remote import httpx_module
+    from dflash_chat.chat.backends.remote import httpx_module
     from dflash_chat.chat.session import EngineSession
     from dflash_chat.serve.app import Served
     from dflash_chat.serve.server import Running

@@ -1,12 +1,12 @@
 """The model manager behind `dflash-chat` with no model named: choose, plan the download, hand over files.
 
-Steps, each run in the chat screen's model worker (the probe imports torch, planning lists repos on
+Steps, each run in a model worker of chat/loader.py (the probe imports torch, planning lists repos on
 the Hub), none touching the UI:
 
     chosen = choose(pick, settings.context_length)     # probe + hardware.choose, or the demo pair
     plan = plan_files(chosen.choice)                   # which files, which are cached
-    files = hub.download(plan)                         # in the DownloadScreen when any is missing
-    source = source_for(chosen.choice, files)          # what ChatScreen.load_model loads
+    files = hub.download(plan)                         # the DownloadScreen (or pull's bars) when any is missing
+    source = source_for(chosen.choice, files)          # what the loader loads
 
 Every failure is a UserError whose message says what is missing and what to do.
 """

@@ -2,9 +2,9 @@
 
 The engine keeps the tokens of its last answer and prefills only what a new prompt adds to them
 (engine/spec.py). A `Transcript` says which chat those tokens are, so the next prompt of that chat
-is built to start with them (chat/prompt.py: next_prompt). The chat screen (one transcript per chat)
-and `serve` (the last answer, whoever asked) both answer through this class. Runs in worker threads:
-no UI here, and torch only through the engine.
+is built to start with them (chat/prompt.py: next_prompt); chat/answering.py keeps which chat that is,
+for the chat screen and `serve` alike. Runs in worker threads: no UI here, and torch only through the
+engine.
 """
 
 from __future__ import annotations

@@ -99,8 +99,9 @@ def build_app(args: argparse.Namespace, current: settings_module.Settings, probl
 
 def remote_backend(args: argparse.Namespace, current: settings_module.Settings):
     """--endpoint: a URL, or a name from the endpoints setting; the model flags do not go with it."""
+    from dflash_chat.chat.backends.remote import HttpBackend
+    from dflash_chat.chat.endpoint import Endpoint, api_key
     from dflash_chat.chat.model_source import pick_from_args
-    from dflash_chat.chat.remote import Endpoint, HttpBackend, api_key
     from dflash_chat.errors import UserError
 
     local = [

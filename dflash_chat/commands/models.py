@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 def print_endpoints() -> None:
     """The named servers of the endpoints setting, or how to name one."""
     from dflash_chat import settings as settings_module
-    from dflash_chat.chat.remote import key_env
+    from dflash_chat.chat.endpoint import key_env
 
     endpoints = settings_module.read()[0].endpoints
     if not endpoints:

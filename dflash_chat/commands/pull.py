@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from dflash_chat import hardware
 from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
 from dflash_chat.settings import flag
 from dflash_chat.sizes import size_text
-
-if TYPE_CHECKING:
-    from dflash_chat import hub
 
 
 def register(subparsers) -> None:
@@ -32,6 +28,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dflash_chat import hub  # huggingface_hub loads only when the command runs
+    from dflash_chat.chat.progress import download_with_bars
 
     catalog = load_catalog()
     what = _what_to_pull(catalog, args)
@@ -46,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         + (f", {size_text(todo)} to download" if todo else ", all cached")
         + f" -> {plan.cache_dir}"
     )
-    files = _download_with_bar(plan)
+    files = download_with_bars(plan)
     print(f"target:    {files.target}")
     if files.drafter:
         print(f"drafter:   {files.drafter}")
@@ -89,30 +86,3 @@ def _what_to_pull(catalog: Catalog, args: argparse.Namespace) -> tuple[Pair, Sou
         drafter = f" + drafter {choice.drafter.quant}" if choice.drafter else ""
         print(f"Fetching the smallest anyway: {choice.pair.title} {choice.target.quant}{drafter} (choose with --quant)")
     return choice.pair, choice.target, choice.drafter
-
-
-def _download_with_bar(plan: hub.Plan) -> hub.ModelFiles:
-    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-    from rich.text import Text
-
-    from dflash_chat import hub
-    from dflash_chat.sizes import rate_text
-
-    class Bytes(ProgressColumn):
-        """Done / total and speed, in the app's one byte format (sizes.py)."""
-
-        def render(self, task) -> Text:
-            speed = f"  {rate_text(task.speed)}" if task.speed else ""
-            return Text(f"{size_text(task.completed)} / {size_text(task.total or 0)}{speed}")
-
-    columns = (TextColumn("{task.description}"), BarColumn(), Bytes(), TimeRemainingColumn())
-    with Progress(*columns) as bar:
-        tasks = {f.key: bar.add_task(f.filename, total=f.size) for f in plan.files}
-
-        def show(event: hub.Progress) -> None:
-            bar.update(tasks[event.file.key], completed=event.done)
-
-        try:
-            return hub.download(plan, progress=show)
-        except KeyboardInterrupt:  # Ctrl-C: the partial file stays for the next run
-            raise hub.DownloadCancelled() from None

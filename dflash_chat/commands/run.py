@@ -118,29 +118,33 @@ def stats_line(stats) -> str:
     return line
 
 
+def load(args: argparse.Namespace, target: str, drafter: str | None):
+    """The pair, through the app's model loader (here, in this thread), with the loading line on stderr."""
+    from dflash_chat.chat.loader import LoadOptions
+    from dflash_chat.chat.model_source import ModelSource
+    from dflash_chat.chat.terminal_load import TerminalLoad, at_once
+    from dflash_chat.engine.load import default_device, display_name
+
+    draft = "auto" if args.draft is None else args.draft
+    device = args.device or str(default_device())  # --device or the default: never $DFLASH_CHAT_DEVICE
+    options = LoadOptions(args.context or CONTEXT, args.decode, draft, device=device)
+    loading = TerminalLoad(options, spawn=at_once, name=display_name(target)).begin(ModelSource(target, drafter))
+    if loading.cause is not None:
+        raise loading.cause  # as loading raised it: errors.describe words it, or it is a bug to see
+    if loading.loader.pair is None:
+        raise UserError(loading.error or "the model did not load")
+    return loading.loader.pair
+
+
 def main(args: argparse.Namespace) -> int:
     from dflash_chat.chat.detokenize import IncrementalDecoder
     from dflash_chat.chat.prompt import stop_token_ids
     from dflash_chat.engine.events import Finished, Step
-    from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.sampling import SamplingParams
 
     target, drafter = resolve_paths(args)
     check_device(args.device)
-    from dflash_chat.commands.progress import LoadProgress
-    from dflash_chat.engine.load import display_name, model_bytes
-
-    progress = LoadProgress(display_name(target))
-    pair = load_pair(
-        target,
-        drafter,
-        device=args.device,
-        max_context=args.context or CONTEXT,
-        decode=args.decode,
-        draft="auto" if args.draft is None else args.draft,
-        progress=progress,
-    )
-    progress.close(model_bytes(target) + (model_bytes(drafter) if drafter else 0))
+    pair = load(args, target, drafter)
     tok = pair.tokenizer
     prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
     params = SamplingParams(

@@ -14,7 +14,6 @@ import copy
 import hmac
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import anyio
@@ -22,9 +21,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dflash_chat.chat.answering import AnsweringService
 from dflash_chat.chat.bridge import StreamChunk, StreamEnd
-from dflash_chat.chat.prompt import Prompt, build_prompt, encode
-from dflash_chat.engine.events import GenerationStats, Step
+from dflash_chat.chat.prompt import Prompt, encode, next_prompt
+from dflash_chat.chat.session import EngineSession
 from dflash_chat.errors import one_line
 from dflash_chat.serve import responses
 from dflash_chat.serve.errors import SERVER_FAULT, SHUTTING_DOWN, ApiError, bad_request, error_body, log, log_refusal
@@ -37,6 +37,7 @@ from dflash_chat.settings import Settings
 MAX_BODY = 4 * 1024 * 1024  # bytes; a long chat is far smaller
 BODY_TIMEOUT_S = 10.0  # a body must have arrived whole by then (a short one would hold the connection)
 DRAIN = object()  # put in each open answer's queue when the server shuts down
+CLIENTS = "clients"  # the answering service's key for what the engine holds: one for every client
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,6 @@ class Done:
 class Failed:
     message: str
     status: int = 500
-
-
-@dataclass
-class Record:
-    """A finished answer, kept for a while (the tests read how cancelling went)."""
-
-    reason: str
-    new_tokens: int
-    steps: int
-    steps_after_cancel: int  # decode steps the engine finished after the client's cancel was set
-    stats: GenerationStats | None = None
 
 
 class Served:
@@ -91,19 +81,28 @@ class Served:
         self.vocab: int | None = None  # token ids a raw prompt may hold: below this
         self._open: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()  # answers being sent
         self.draining = False
-        self.session = None  # chat.session.EngineSession once loaded
+        self.service: AnsweringService | None = None  # once the model is loaded
         self.load_error: str | None = None
         self.metrics: Metrics | None = None
         self.scheduler = Scheduler(max_waiting, on_change=self._queue_changed)
-        self.recent: deque[Record] = deque(maxlen=256)
         self._checker = None  # a tokenizer of its own for checking requests, never the engine thread's
         self._checker_lock = threading.Lock()
 
-    def ready(self, session) -> None:
+    def ready(self, session: EngineSession) -> None:
+        """The model is loaded: answer with it, through the same answering service as the chat app."""
         self._checker = copy.deepcopy(session.tokenizer)
         self.vocab = _vocabulary(session)
         self.metrics = Metrics(self.name, session.spec_tokens)
-        self.session = session
+        self.service = AnsweringService(session)
+
+    @property
+    def session(self) -> EngineSession | None:
+        return self.service.session if self.service is not None else None
+
+    @property
+    def spec_tokens(self) -> int:
+        """Drafts per verify step of the model served (0 before one is loaded)."""
+        return self.service.session.spec_tokens if self.service is not None else 0
 
     def _queue_changed(self, running: int, waiting: int) -> None:
         if self.metrics is not None:
@@ -156,14 +155,19 @@ class Served:
                 code="model_not_found",
             )
 
-    def prompt_tokens(self, request: ChatRequest | CompletionRequest) -> int:
-        """How many tokens the prompt takes, rendered afresh (the engine may reuse some of them)."""
+    def prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
+        """The prompt as the engine gets it, rendered once, on a tokenizer of its own (never the engine
+        thread's): a chat continues what the engine holds of the clients' chat (chat/answering.py)."""
         if isinstance(request, CompletionRequest) and isinstance(request.prompt, list):
-            return len(request.prompt)
+            return Prompt(text="", ids=list(request.prompt), thinking=False)
+        assert self.service is not None
         with self._checker_lock:
             if isinstance(request, ChatRequest):
-                return len(build_prompt(self._checker, request.turns, thinking=request.thinking).ids)
-            return len(encode(self._checker, request.prompt))
+                held = self.service.held(CLIENTS)
+                return next_prompt(self._checker, request.turns, thinking=request.thinking, previous=held)
+            text = request.prompt
+            assert isinstance(text, str)  # a list of ids was returned above
+            return Prompt(text=text, ids=encode(self._checker, text), thinking=False)
 
     def check_tokens(self, request: ChatRequest | CompletionRequest) -> None:
         """Token ids the model has no row for would reach the device (on CUDA, an assert that poisons the
@@ -180,6 +184,8 @@ class Served:
             )
 
     def check_context(self, request: ChatRequest | CompletionRequest, prompt_tokens: int) -> None:
+        """The one check that the prompt and the answer asked for fit in the model's context."""
+        assert self.session is not None
         context, asked = self.session.context, request.sampling.max_tokens
         if prompt_tokens + (asked or 1) > context:
             wanted = (
@@ -196,34 +202,19 @@ class Served:
 
     # the engine thread's side
 
-    def work(self, request: ChatRequest | CompletionRequest, emit, job: Job) -> None:
-        session = self.session
+    def work(self, request: ChatRequest | CompletionRequest, prompt: Prompt, emit, job: Job) -> None:
+        service = self.service
+        assert service is not None and self.metrics is not None
+        session = service.session
         chat = isinstance(request, ChatRequest)
         queued_s = job.started_at - job.queued_at
-        record = Record("error", 0, 0, 0)
-
-        def tap(event) -> None:
-            if isinstance(event, Step) and job.cancel.is_set():
-                record.steps_after_cancel += 1
-
         try:
-            prompt = self._prompt(session, request)
             sampling = request.sampling
-            max_new = sampling.max_tokens or session.context - len(prompt.ids)
-            if len(prompt.ids) + max_new > session.context:  # the held tokens may count a few more
-                emit(
-                    Failed(
-                        f"This model's maximum context length is {session.context} tokens; the prompt takes "
-                        f"{len(prompt.ids)} and {max_new} were asked for. Lower max_tokens.",
-                        400,
-                    )
-                )
-                return
             params = session.params(
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
-                max_new_tokens=max_new,
+                max_new_tokens=sampling.max_tokens or session.context - len(prompt.ids),
                 seed=sampling.seed,
             )
             end = session.answer(
@@ -233,33 +224,23 @@ class Served:
                 emit,
                 stop=sampling.stop,
                 thinking_split=chat,
-                tap=tap,
                 conversation=_estimate(request, chat),
             )
         except Exception as exc:  # noqa: BLE001 - one request fails, the server goes on
-            session.last = None
+            service.keep(CLIENTS, None)
             log.error("an answer failed: %s", one_line(exc, "generation"))
             emit(Failed(SERVER_FAULT))
             return
-        session.last = session.held(request.turns, prompt, end) if chat else None
-        if end.stats is not None:
-            record.reason, record.new_tokens, record.steps = end.reason, end.stats.new_tokens, end.stats.steps
-            record.stats = end.stats
-            if end.reason != "error":
-                reason = "abort" if end.reason == "cancelled" else responses.finish_reason(end)
-                self.metrics.answered(end.stats, reason, queued_s, time.monotonic() - job.queued_at)
-        self.recent.append(record)
+        if chat:
+            service.answered(CLIENTS, request.turns, prompt, end)
+        else:
+            service.keep(CLIENTS, None)  # the engine now holds a raw completion: no chat to continue
+        if end.stats is not None and end.reason != "error":
+            reason = "abort" if end.reason == "cancelled" else responses.finish_reason(end)
+            self.metrics.answered(end.stats, reason, queued_s, time.monotonic() - job.queued_at)
         if end.reason == "error":
             log.error("an answer failed: %s", end.error or "the engine gave no reason")
         emit(Done(end, queued_s) if end.reason != "error" else Failed(SERVER_FAULT))
-
-    @staticmethod
-    def _prompt(session, request) -> Prompt:
-        if isinstance(request, ChatRequest):
-            return session.chat_prompt(request.turns, request.thinking, session.last)
-        if isinstance(request.prompt, list):
-            return Prompt(text="", ids=list(request.prompt), thinking=False)
-        return session.text_prompt(request.prompt)
 
 
 def _vocabulary(session) -> int | None:
@@ -388,7 +369,8 @@ async def answer(request: Request, served: Served, parsed: ChatRequest | Complet
     served.check_tokens(parsed)
     if served.draining:
         raise ApiError(503, SHUTTING_DOWN, type="service_unavailable", code="shutting_down")
-    prompt_tokens = await anyio.to_thread.run_sync(served.prompt_tokens, parsed)
+    prompt = await anyio.to_thread.run_sync(served.prompt, parsed)
+    prompt_tokens = len(prompt.ids)
     served.check_context(parsed, prompt_tokens)
     loop = asyncio.get_running_loop()
     items: asyncio.Queue = asyncio.Queue()
@@ -399,7 +381,7 @@ async def answer(request: Request, served: Served, parsed: ChatRequest | Complet
         except RuntimeError:  # the loop is gone: the server is shutting down
             pass
 
-    job = Job(lambda job: served.work(parsed, emit, job))
+    job = Job(lambda job: served.work(parsed, prompt, emit, job))
     try:
         served.scheduler.submit(job)
     except QueueFull as full:
@@ -454,7 +436,7 @@ async def whole(request: Request, served: Served, kind: responses.Kind, items: a
         raise ApiError(
             item.status, item.message, type="server_error" if item.status >= 500 else "invalid_request_error"
         )
-    return responses.completion(kind, item.end, served.session.spec_tokens)
+    return responses.completion(kind, item.end, served.spec_tokens)
 
 
 async def stream(served: Served, parsed, kind: responses.Kind, items: asyncio.Queue, job: Job, prompt_tokens: int):
@@ -478,9 +460,7 @@ async def stream(served: Served, parsed, kind: responses.Kind, items: asyncio.Qu
                     error_body(item.message, "server_error" if item.status >= 500 else "invalid_request_error")
                 )
             else:
-                for body in responses.last_chunks(
-                    kind, item.end, served.session.spec_tokens, parsed.streaming.include_usage
-                ):
+                for body in responses.last_chunks(kind, item.end, served.spec_tokens, parsed.streaming.include_usage):
                     yield responses.sse(body)
             yield responses.sse("[DONE]")
             return

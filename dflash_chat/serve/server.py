@@ -1,9 +1,8 @@
-"""Running the server: the model through the app's own LocalBackend, the HTTP side through uvicorn.
+"""Running the server: the model through the app's own loader, the HTTP side through uvicorn.
 
-`load` drives chat/local_backend.py exactly as the chat screen does (choose, fetch, load with
-progress), with a `post` that speaks to the terminal instead: the download bars of `pull`, the loading
-line of `run`. The socket is bound here, before uvicorn starts, so a port in use is one line that says
-what to do. `Running` serves from a thread (the tests and `bench --http`); `serve_forever` from the
+`start_loading` chooses, fetches and loads with chat/loader.py as the chat screen does, shown on the
+terminal (chat/terminal_load.py: the download bars of `pull`, the loading line of `run`). The socket
+is bound here, before uvicorn starts, so a port in use is one line that says what to do. `Running` serves from a thread (the tests and `bench --http`); `serve_forever` from the
 main thread (the command, Ctrl-C stops it).
 """
 
@@ -18,20 +17,16 @@ import sys
 import threading
 import time
 
-from dflash_chat.chat.backend import (
-    DownloadNeeded,
-    LoadProgress,
-    ModelChosen,
-    ModelFailed,
-    ModelLoaded,
-    ModelUnavailable,
-)
-from dflash_chat.chat.local_backend import LocalBackend
-from dflash_chat.errors import UserError, one_line
+from dflash_chat.chat.loader import LoadOptions, ModelLoader
+from dflash_chat.chat.model_source import ModelSource, Pick
+from dflash_chat.chat.session import EngineSession
+from dflash_chat.chat.terminal_load import TerminalLoad
+from dflash_chat.errors import UserError
 from dflash_chat.serve.app import Served, build_app
+from dflash_chat.settings import Settings
 
 
-def served_name(source) -> str:
+def served_name(source: ModelSource) -> str:
     """The model's id in the API: 'dflash-chat-demo', the catalog pair's title and quant, or the files' name."""
     from dflash_chat.engine.load import display_name
 
@@ -57,73 +52,23 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class Loader:
-    """The `post` of a LocalBackend that serves: prints what happens, fetches with `pull`'s bars,
-    and hands the loaded model to `served`. `done` is set when it loaded or failed."""
+def start_loading(
+    served: Served, request: ModelSource | Pick, settings: Settings, *, quiet: bool = False
+) -> TerminalLoad:
+    """Begin choosing, fetching and loading `request` in worker threads; `served` answers once it loaded."""
 
-    def __init__(self, served: Served, backend: LocalBackend, *, quiet: bool = False) -> None:
-        self.served = served
-        self.backend = backend
-        self.quiet = quiet
-        self.done = threading.Event()
-        self.progress = None
+    def loaded(loader: ModelLoader, seconds: float) -> None:
+        assert loader.source is not None and loader.pair is not None
+        if served.name is None:
+            served.name = served_name(loader.source)
+        served.ready(EngineSession(loader.pair))
+        load.say(f"{loader.name()} is ready ({seconds:.1f} s to load)")
 
-    def say(self, text: str) -> None:
-        if not self.quiet:
-            print(text, file=sys.stderr, flush=True)
+    def failed(error: str) -> None:
+        served.load_error = error
 
-    def post(self, event: object) -> None:
-        if not self.backend.handle(event):
-            return
-        if isinstance(event, ModelChosen):
-            self.say(event.chosen.explanation)
-        elif isinstance(event, DownloadNeeded):
-            self._download(event)
-        elif isinstance(event, LoadProgress):
-            self._progress(event)
-        elif isinstance(event, ModelLoaded):
-            if self.progress is not None:
-                self.progress.close(self.progress_total)
-            if self.served.name is None:
-                self.served.name = served_name(self.backend.source)
-            self.served.ready(self.backend.session)
-            self.say(f"{self.backend.name()} is ready ({event.seconds:.1f} s to load)")
-            self.done.set()
-        elif isinstance(event, (ModelFailed, ModelUnavailable)):
-            self.fail(event.error)
-
-    progress_total = 0
-
-    def _progress(self, event: LoadProgress) -> None:
-        from dflash_chat.commands.progress import LoadProgress as Line
-
-        if self.progress is None:
-            self.progress = Line(self.backend.name())
-        self.progress_total = event.total
-        self.progress(event.done, event.total)
-
-    def _download(self, event: DownloadNeeded) -> None:
-        from dflash_chat.commands.pull import _download_with_bar  # the bars `pull` shows
-
-        try:
-            files = _download_with_bar(event.plan)
-        except Exception as exc:  # noqa: BLE001 - said in one line; the server stops
-            self.fail(one_line(exc, "downloading the model"))
-            return
-        self.backend.downloaded(event.request, event.choice, files)
-
-    def fail(self, error: str) -> None:
-        self.served.load_error = error
-        self.done.set()
-
-
-def start_loading(served: Served, request, settings, *, quiet: bool = False) -> Loader:
-    """Begin choosing, fetching and loading `request` (a ModelSource or Pick) in worker threads."""
-    backend = LocalBackend(settings, request)
-    loader = Loader(served, backend, quiet=quiet)
-    backend.attach(loader.post, lambda body, group: threading.Thread(target=body, daemon=True).start())
-    backend.begin(request)
-    return loader
+    load = TerminalLoad(LoadOptions.of(settings), quiet=quiet, loaded=loaded, failed=failed)
+    return load.begin(request)
 
 
 def _uvicorn(served: Served, log_level: str, host: str):
@@ -229,7 +174,7 @@ class Running:
         self.stop()
 
 
-def serve_forever(served: Served, loader: Loader, host: str, port: int) -> int:
+def serve_forever(served: Served, loader: TerminalLoad, host: str, port: int) -> int:
     """Serve until Ctrl-C (or the model fails to load: then its error, exit status 2)."""
     sock = bind(host, port)
     server = _uvicorn(served, "warning", host)

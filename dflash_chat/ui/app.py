@@ -14,7 +14,8 @@ from textual.theme import Theme
 
 from dflash_chat import paths
 from dflash_chat import settings as settings_module
-from dflash_chat.chat.backend import Backend
+from dflash_chat.chat.backends.base import Backend
+from dflash_chat.chat.backends.local import LocalBackend
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource, Pick
 from dflash_chat.errors import UserError, one_line
@@ -45,10 +46,9 @@ class DFlashChatApp(App):
         backend: Backend | None = None,
     ) -> None:
         """`problems`: what could not be used from config.toml (settings.read), shown until dismissed.
-        `backend`: what answers (chat/backend.py); by default the engine in this process, loading `source`."""
+        `backend`: what answers (chat/backends/); by default the engine in this process, loading `source`."""
         super().__init__()
         paste.install()  # before the driver starts reading the terminal
-        self.settings = settings
         self.export_dir = export_dir
         self.problems = list(problems)
         self.keys = keymap.Resolved()
@@ -57,7 +57,13 @@ class DFlashChatApp(App):
         found = self.theme_files = discover_themes(user_themes)
         for theme in found.themes:
             self.register_theme(theme)
-        self.chat = ChatScreen(settings, self.store, source, self._recent_prompts(), backend=backend)
+        backend = backend or LocalBackend(settings, source)
+        self.chat = ChatScreen(settings, self.store, backend, self._recent_prompts())
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in use: the chat screen's (its apply_settings keeps the backend's in step)."""
+        return self.chat.settings
 
     def _recent_prompts(self) -> list[str]:
         try:
@@ -141,8 +147,7 @@ class DFlashChatApp(App):
             return
         if theme.name == self.settings.theme:
             return
-        self.settings = replace(self.settings, theme=theme.name)
-        self.chat.settings = replace(self.chat.settings, theme=theme.name)
+        self.chat.apply_settings(replace(self.settings, theme=theme.name))
         try:
             settings_module.update({"theme": theme.name})
         except (OSError, settings_module.SettingsError) as exc:  # e.g. config.toml was broken meanwhile
@@ -162,7 +167,7 @@ class DFlashChatApp(App):
         saved = await self.push_screen_wait(SettingsScreen(self.settings, list(self.available_themes)))
         if saved is None:
             return
-        previous, self.settings = self.settings, saved
+        previous = self.settings
         self.chat.apply_settings(saved)
         if saved.theme != self.theme and saved.theme in self.available_themes:
             self.theme = saved.theme

@@ -1,10 +1,11 @@
 """The main screen: conversation, message box and side panel; it renders and routes keys.
 
-What answers sits behind a backend (chat/backend.py): the engine in this process (chat/local_backend.py:
-choose, download, load, answer, reuse prefixes) or an OpenAI-compatible server (chat/remote.py). The
-backend's worker bodies run here as thread workers and post events; each arrives wrapped in a
-BackendEvent, goes to the backend first (is it still current?), then is shown. torch is imported only
-inside those workers, never when this module loads. Chats are saved as they grow (chat/recorder.py).
+What answers sits behind the backend the app gives it (chat/backends/): the engine in this process
+(choose, download, load, answer, reuse prefixes) or an OpenAI-compatible server. The backend's worker
+bodies run here as thread workers and post events; each arrives as a message of its own kind
+(ui/messages.py), goes to the backend first (is it still current?), then is shown, worded by
+ui/status_text.py. torch is imported only inside those workers, never when this module loads. Chats
+are saved as they grow (chat/recorder.py).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual import on
 from textual.binding import Binding
@@ -23,36 +25,29 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Switch
 
-from dflash_chat.chat.backend import (
-    AnswerChunk,
-    AnswerEnded,
-    AnswerRequest,
-    Backend,
-    DownloadNeeded,
-    LoadProgress,
-    ModelChosen,
-    ModelFailed,
-    ModelLoaded,
-    ModelReady,
-    ModelUnavailable,
-    PromptSent,
-)
+from dflash_chat.chat.backends.base import AnswerRequest, Backend
 from dflash_chat.chat.bridge import StreamEnd
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, CUT, ERROR, PARTIAL, Conversation, Message
+from dflash_chat.chat.endpoint import ServedModel
+from dflash_chat.chat.events import BackendEvent
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.local_backend import LocalBackend
-from dflash_chat.chat.model_source import ModelSource, Pick, from_settings
+from dflash_chat.chat.model_source import Pick
 from dflash_chat.chat.prompt import Prompt
 from dflash_chat.chat.recorder import Recorder
 from dflash_chat.errors import UserError
 from dflash_chat.settings import Settings
+from dflash_chat.ui import messages, status_text
 from dflash_chat.ui.keymap import COMMANDS
-from dflash_chat.ui.messages import BackendEvent
 from dflash_chat.ui.notices import PlainNotices
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
 from dflash_chat.ui.widgets.load_bar import LoadBar
 from dflash_chat.ui.widgets.prompt_input import PromptInput
 from dflash_chat.ui.widgets.stats_panel import StatsPanel
+
+if TYPE_CHECKING:
+    from dflash_chat.engine.load import LoadedPair
+    from dflash_chat.hardware import Choice
+    from dflash_chat.hub import ModelFiles
 
 SAVE_EVERY_S = 1.0  # how often a streaming answer is written to the history
 NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hidden until asked for
@@ -73,7 +68,7 @@ class Turn:
     message: Message
     widget: AssistantMessage
     request: AnswerRequest
-    model: Any  # what writes it (the backend's may change meanwhile)
+    model: LoadedPair | ServedModel | None  # what writes it (the backend's may change meanwhile)
     last_saved: float = 0.0
 
     @property
@@ -91,14 +86,13 @@ class ChatScreen(PlainNotices, Screen):
         self,
         settings: Settings,
         store: HistoryStore,
-        source: ModelSource | Pick | None,
+        backend: Backend,
         prompts: list[str] | None = None,
-        backend: Backend | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
         self.store = store
-        self.backend = backend or LocalBackend(settings, source)
+        self.backend = backend
         self.backend.attach(self._post, self._spawn)
         self.recorder = Recorder(store, self._warn_unsaved)
         self.conversation = Conversation()
@@ -111,10 +105,10 @@ class ChatScreen(PlainNotices, Screen):
 
     # the backend's threads and messages
 
-    def _post(self, event: object) -> None:
-        self.post_message(BackendEvent(event))  # from a worker thread: never blocks it
+    def _post(self, event: BackendEvent) -> None:
+        self.post_message(messages.message_for(event))  # from a worker thread: never blocks it
 
-    def _spawn(self, body, group: str) -> None:
+    def _spawn(self, body: Callable[[], None], group: str) -> None:
         # a new model job replaces the one before (its late messages are stale); answers run side by side
         self.run_worker(body, thread=True, group=group, exclusive=group == "model")
 
@@ -141,7 +135,7 @@ class ChatScreen(PlainNotices, Screen):
         await self.chat_view.show(self.conversation, self.notice())
         self.set_interval(2.0, self.refresh_model, name="memory")
         if self.backend.request is not None:
-            self.begin(self.backend.request)
+            self.begin()
 
     def on_resize(self) -> None:
         narrow = self.size.width < NARROW_WIDTH
@@ -163,7 +157,7 @@ class ChatScreen(PlainNotices, Screen):
 
     def notice(self) -> str:
         """The line shown in an empty chat: what the backend is doing, or what to do."""
-        return self.backend.note
+        return status_text.note(self.backend.status)
 
     async def show_notice(self) -> None:
         if not self.conversation.messages:
@@ -171,9 +165,9 @@ class ChatScreen(PlainNotices, Screen):
 
     def show_status(self) -> None:
         """The backend's state in the title bar and the panel's Model section."""
-        backend = self.backend
-        self.sub_title = backend.subtitle
-        self.panel.show_model(backend.rows(), note=backend.panel_note)
+        backend, status = self.backend, self.backend.status
+        self.sub_title = status_text.subtitle(status, backend.name())
+        self.panel.show_model(backend.rows(), note=status_text.panel_note(status, remote=backend.remote))
 
     def refresh_model(self) -> None:
         if self.backend.model is not None:
@@ -181,31 +175,31 @@ class ChatScreen(PlainNotices, Screen):
 
     # model
 
-    def begin(self, request: Any) -> None:
-        """Start what the flags or settings ask for (the backend's own request when it has one)."""
+    def begin(self) -> None:
+        """Start on what the flags or settings ask for."""
         self.action_stop()  # the answer being written comes from the model being dropped
-        self.backend.begin(request)
+        self.backend.begin()
+        self._model_changed()
+
+    def _model_changed(self) -> None:
         self.query_one(LoadBar).hide()
         self.show_status()
         self.call_later(self.show_notice)
 
-    async def on_backend_event(self, message: BackendEvent) -> None:
-        event = message.event
-        if not self.backend.handle(event):
+    async def on_model_chosen(self, message: messages.ModelChosen) -> None:
+        if not self.backend.handle(message.event):
             return  # from a worker started for an earlier request or model
-        show = self._SHOW.get(type(event))
-        if show is not None:
-            await show(self, event)
-
-    async def _model_chosen(self, event: ModelChosen) -> None:
         self.show_status()
-        self.notify(event.chosen.explanation, title="Model choice", timeout=12)
+        self.notify(message.event.chosen.explanation, title="Model choice", timeout=12)
         await self.show_notice()
 
-    async def _download_needed(self, event: DownloadNeeded) -> None:
+    async def on_download_needed(self, message: messages.DownloadNeeded) -> None:
         from dflash_chat.chat.model_manager import label
         from dflash_chat.ui.download_screen import DownloadScreen
 
+        event = message.event
+        if not self.backend.handle(event):
+            return
         self.show_status()
         await self.show_notice()
         self.app.push_screen(
@@ -213,37 +207,49 @@ class ChatScreen(PlainNotices, Screen):
             callback=partial(self.downloaded, event.request, event.choice),
         )
 
-    async def downloaded(self, request: Pick, choice, files) -> None:
-        advice = self.backend.downloaded(request, choice, files)
+    async def downloaded(self, request: Pick, choice: Choice, files: ModelFiles | None) -> None:
+        self.backend.downloaded(request, choice, files)
         self.show_status()
-        if advice:
-            self.notify(advice, title="Model not downloaded", severity="warning", timeout=20)
+        status = self.backend.status
+        if files is None and status.stage == "not_downloaded":  # the download screen said why it stopped
+            self.notify(status.advice, title="Model not downloaded", severity="warning", timeout=20)
         await self.show_notice()
 
-    async def _model_ready(self, event) -> None:
+    async def on_model_ready(self, message: messages.ModelReady) -> None:
+        if not self.backend.handle(message.event):
+            return
         self.show_status()
         await self.show_notice()
 
-    async def _model_unavailable(self, event: ModelUnavailable) -> None:
+    async def on_model_unavailable(self, message: messages.ModelUnavailable) -> None:
+        if not self.backend.handle(message.event):
+            return
         self.show_status()
-        self.notify(event.error, title="No model", severity="error", timeout=30)
+        self.notify(message.event.error, title="No model", severity="error", timeout=30)
         await self.show_notice()
 
-    async def _load_progress(self, event: LoadProgress) -> None:
-        self.query_one(LoadBar).show(self.backend.name(), event.done, event.total, event.seconds)
+    async def on_load_progress(self, message: messages.LoadProgress) -> None:
+        event = message.event
+        if self.backend.handle(event):
+            self.query_one(LoadBar).show(self.backend.name(), event.done, event.total, event.seconds)
 
-    async def _model_loaded(self, event: ModelLoaded) -> None:
+    async def on_model_loaded(self, message: messages.ModelLoaded) -> None:
+        if not self.backend.handle(message.event):
+            return
         self.query_one(LoadBar).hide()
         self.show_status()
         await self.show_notice()
-        self.notify(self.backend.ready_text(event.seconds))
+        self.notify(status_text.ready_text(self.backend, message.event.seconds))
 
-    async def _model_failed(self, event: ModelFailed) -> None:
+    async def on_model_failed(self, message: messages.ModelFailed) -> None:
+        if not self.backend.handle(message.event):
+            return
+        error = message.event.error
         self.query_one(LoadBar).hide()
         self.show_status()
         if not self.conversation.messages:
-            await self.chat_view.show(self.conversation, f"The model did not load: {event.error}")
-        self.notify(f"The model did not load: {event.error}", severity="error", timeout=15)
+            await self.chat_view.show(self.conversation, f"The model did not load: {error}")
+        self.notify(f"The model did not load: {error}", severity="error", timeout=15)
 
     # sending and generating
 
@@ -256,7 +262,7 @@ class ChatScreen(PlainNotices, Screen):
             self.notify("An answer is still being written: Esc stops it.", severity="warning")
             return
         if self.backend.model is None:
-            self.notify(self.backend.no_model_yet(), severity="warning")
+            self.notify(status_text.no_model_yet(self.backend.status), severity="warning")
             return
         event.input.clear()
         event.input.remember(text)
@@ -289,11 +295,11 @@ class ChatScreen(PlainNotices, Screen):
         self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
         self.backend.answer(request)
 
-    async def _prompt_sent(self, event: PromptSent) -> None:
-        self.last_prompt = event.prompt
+    async def on_prompt_sent(self, message: messages.PromptSent) -> None:
+        self.last_prompt = message.event.prompt
 
-    async def _answer_chunk(self, event: AnswerChunk) -> None:
-        turn, chunk = self.turn, event.chunk
+    async def on_answer_chunk(self, message: messages.AnswerChunk) -> None:
+        turn, chunk = self.turn, message.event
         if turn is None:
             return
         turn.message.thinking += chunk.thinking
@@ -306,8 +312,9 @@ class ChatScreen(PlainNotices, Screen):
             self.recorder.update(turn.conversation, turn.message)
             turn.last_saved = now
 
-    async def _answer_ended(self, event: AnswerEnded) -> None:
-        turn, end = self.turn, event.end
+    async def on_answer_ended(self, message: messages.AnswerEnded) -> None:
+        self.backend.answer_ended(message.event)
+        turn, end = self.turn, message.event.end
         self.turn = None
         self.last_end = end
         if turn is None:
@@ -325,19 +332,6 @@ class ChatScreen(PlainNotices, Screen):
             )
         if end.error:
             self.notify(end.error, severity="error", timeout=15)
-
-    _SHOW = {
-        ModelChosen: _model_chosen,
-        DownloadNeeded: _download_needed,
-        ModelReady: _model_ready,
-        ModelUnavailable: _model_unavailable,
-        LoadProgress: _load_progress,
-        ModelLoaded: _model_loaded,
-        ModelFailed: _model_failed,
-        PromptSent: _prompt_sent,
-        AnswerChunk: _answer_chunk,
-        AnswerEnded: _answer_ended,
-    }
 
     # actions (each also in the command palette, see app.py)
 
@@ -397,7 +391,7 @@ class ChatScreen(PlainNotices, Screen):
             self.notify("An answer is still being written: Esc stops it.", severity="warning")
             return
         if self.backend.model is None:
-            self.notify(self.backend.no_model_yet(), severity="warning")
+            self.notify(status_text.no_model_yet(self.backend.status), severity="warning")
             return
         messages = self.conversation.messages
         if not messages:
@@ -444,23 +438,15 @@ class ChatScreen(PlainNotices, Screen):
         self.app.action_open_settings()
 
     def apply_settings(self, new: Settings) -> None:
+        """The one way settings change: this screen's, then the backend's (which may load another model)."""
         old, self.settings = self.settings, new
         if new.thinking != old.thinking:
             self.thinking = new.thinking
-        backend = self.backend
-        if not isinstance(backend, LocalBackend):
-            return  # a server answers: the model settings are for this machine's engine
-        backend.settings = new
-        if (new.model, new.drafter) != (old.model, old.drafter):
-            try:
-                request = from_settings(new)
-            except UserError as exc:
-                self.notify(f"model: {exc}", severity="error", timeout=20)
-                return
-            self.begin(request)
-        elif new.context_length != old.context_length:
-            self.action_stop()
-            backend.reload_for_context()  # a new context may change what fits, or needs a reload
-            self.query_one(LoadBar).hide()
-            self.show_status()
-            self.call_later(self.show_notice)
+        try:
+            reloading = self.backend.apply_settings(new)
+        except UserError as exc:  # the model setting names nothing that can run
+            self.notify(f"model: {exc}", severity="error", timeout=20)
+            return
+        if reloading:
+            self.action_stop()  # the answer being written comes from the model being dropped
+            self._model_changed()

@@ -9,8 +9,11 @@ import time
 
 import pytest
 
-from dflash_chat.chat.backend import AnswerChunk, AnswerEnded, AnswerRequest, ModelLoaded, ModelUnavailable
-from dflash_chat.chat.remote import Endpoint, HttpBackend
+from dflash_chat.chat.backends.base import AnswerRequest
+from dflash_chat.chat.backends.remote import HttpBackend
+from dflash_chat.chat.bridge import StreamChunk
+from dflash_chat.chat.endpoint import Endpoint
+from dflash_chat.chat.events import AnswerEnded, ModelLoaded, ModelUnavailable
 
 from .misbehaving import LAST_CHUNK, Misbehaving, Reply, chunk, chunked_head, delta, head, sse, whole
 
@@ -41,7 +44,7 @@ class Run:
         raise AssertionError(f"no {kind.__name__} within {timeout} s: {self.events}")
 
     def connect(self):
-        self.backend.begin(self.backend.request)
+        self.backend.begin()
         event = self.wait((ModelLoaded, ModelUnavailable))
         self.backend.handle(event)
         return event
@@ -91,7 +94,7 @@ def test_text_that_arrived_is_kept_and_the_answer_is_cut_with_why(parts, words):
     assert end.answer == "Hello there" and end.reason == "cut", end
     assert words in end.error
     plain(end.error)
-    shown = "".join(e.chunk.answer for e in run.events if isinstance(e, AnswerChunk))
+    shown = "".join(e.answer for e in run.events if isinstance(e, StreamChunk))
     assert shown == "Hello there"  # what was on screen stays: the end repeats it, never erases it
 
 
@@ -185,7 +188,7 @@ def test_closing_returns_every_waiting_worker_at_once_and_posts_nothing_more():
     with Misbehaving() as server:
         server.replies["/v1/models"] = Reply(None)  # stalls
         run = Run(server.url)  # the default timeouts: seconds, not the test's
-        run.backend.begin(run.backend.request)
+        run.backend.begin()
         time.sleep(0.2)
         started = time.monotonic()
         run.backend.close()

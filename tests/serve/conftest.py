@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -76,3 +76,37 @@ class Paced:
 
     def wait_step(self, timeout: float = 60.0) -> None:
         assert self.steps.acquire(timeout=timeout), "no engine step came"
+
+
+@dataclass
+class Answered:
+    """One answer the engine finished: how it ended, and the decode steps it ran after its cancel was set."""
+
+    reason: str
+    new_tokens: int
+    steps: int
+    steps_after_cancel: int
+    stats: object = None
+
+
+class Answers(list):
+    """Every answer the pair's engine finishes from now on, in order (an Answered each): what the tests
+    read of how cancelling went. Made after a Paced, it sees the steps as the server does."""
+
+    def __init__(self, pair, monkeypatch) -> None:
+        super().__init__()
+        from dflash_chat.engine.events import Finished, Step
+
+        real = pair.engine.generate
+
+        def generate(prompt_ids, params, cancel=None, **keys):
+            after_cancel = 0
+            for event in real(prompt_ids, params, cancel, **keys):
+                if isinstance(event, Step) and cancel is not None and cancel.is_set():
+                    after_cancel += 1
+                if isinstance(event, Finished):
+                    stats = event.stats
+                    self.append(Answered(event.reason, stats.new_tokens, stats.steps, after_cancel, stats))
+                yield event
+
+        monkeypatch.setattr(pair.engine, "generate", generate)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_chat.chat.remote import httpx_module
+from dflash_chat.chat.backends.remote import httpx_module
 
 from .conftest import CONTEXT, serving
 
@@ -199,7 +199,7 @@ def test_a_server_fault_is_500_without_its_text(server, monkeypatch, caplog):
     def broken(request):
         raise KeyError("secret internals")
 
-    monkeypatch.setattr(served, "prompt_tokens", broken)
+    monkeypatch.setattr(served, "prompt", broken)  # rendering the prompt fails
     with caplog.at_level("WARNING", logger="dflash_chat.serve"):
         error = openai_error(post(url, GOOD), 500)
     assert "secret" not in error["message"] and "KeyError" not in error["message"]

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from dflash_chat import cli
-from dflash_chat.chat.remote import httpx_module
+from dflash_chat.chat.backends.remote import httpx_module
 from dflash_chat.commands.serve import api_key_from
 
-from .conftest import Paced, serving, wait_until
+from .conftest import Answers, Paced, serving, wait_until
 
 KEY = "sk-test-key"
 GOOD = {"model": "dflash-chat-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -165,6 +165,7 @@ def test_stopping_ends_open_streams_with_an_error_and_done_at_once(demo_pair, mo
 
     httpx = httpx_module()
     paced = Paced(demo_pair, monkeypatch)
+    answers = Answers(demo_pair, monkeypatch)
     from dflash_chat.chat.session import EngineSession
 
     served = Served("dflash-chat-demo", GREEDY)
@@ -186,7 +187,7 @@ def test_stopping_ends_open_streams_with_an_error_and_done_at_once(demo_pair, mo
     assert events[-1] == "data: [DONE]"
     assert '"shutting_down"' in events[-2] and "shutting down" in events[-2]
     assert not stopper.is_alive() and took < 3, took
-    assert served.recent[-1].reason == "cancelled"
+    assert answers[-1].reason == "cancelled"
 
 
 def cli_args(*argv: str):

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
+from dflash_chat.chat.backends.remote import httpx_module
 from dflash_chat.chat.memory import memory_use
-from dflash_chat.chat.remote import httpx_module
 
-from .conftest import Paced, serving, wait_until
+from .conftest import Answers, Paced, serving, wait_until
 
 QUESTIONS = [
     "What does the with statement do?",
@@ -80,6 +80,7 @@ def test_eight_concurrent_streams_each_get_their_solo_answer(demo_pair):
 def test_overflow_is_429_and_a_client_that_leaves_frees_the_engine_within_one_step(demo_pair, monkeypatch):
     httpx = httpx_module()
     paced = Paced(demo_pair, monkeypatch)
+    answers = Answers(demo_pair, monkeypatch)
     with serving(demo_pair, max_waiting=0) as (served, url), httpx.Client(timeout=60) as client:
         long = client.stream("POST", f"{url}/v1/chat/completions", json=body(QUESTIONS[0], True, tokens=400))
         response = long.__enter__()
@@ -94,7 +95,7 @@ def test_overflow_is_429_and_a_client_that_leaves_frees_the_engine_within_one_st
         paced.wait_step()
         long.__exit__(None, None, None)  # the client goes away mid-stream
         assert served.scheduler.wait_idle(30), "the engine did not stop"
-        record = served.recent[-1]
+        record = answers[-1]
         assert record.reason == "cancelled" and record.new_tokens < 400
         assert record.steps_after_cancel <= 1
         # ... and the engine is free for the next client
@@ -138,6 +139,7 @@ def send_raw(url: str, payload: dict) -> socket.socket:
 def test_a_request_that_waits_in_the_queue_and_leaves_is_never_run(demo_pair, monkeypatch, stream):
     httpx = httpx_module()
     paced = Paced(demo_pair, monkeypatch)
+    answers = Answers(demo_pair, monkeypatch)
     with serving(demo_pair, max_waiting=2) as (served, url), httpx.Client(timeout=60) as client:
         first = client.stream("POST", f"{url}/v1/chat/completions", json=body(QUESTIONS[0], True, tokens=400))
         first.__enter__()
@@ -147,7 +149,7 @@ def test_a_request_that_waits_in_the_queue_and_leaves_is_never_run(demo_pair, mo
         waiting.close()  # it leaves while it waits
         first.__exit__(None, None, None)
         assert served.scheduler.wait_idle(30)
-        assert len(served.recent) == 1  # only the first answer ran
+        assert len(answers) == 1  # only the first answer ran
 
 
 def test_clients_share_one_acceptance_estimate_per_kind_of_text(demo_pair, monkeypatch):

@@ -71,7 +71,7 @@ def run_demo(question: str, capsys) -> dict:
 def counters(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from dflash_chat.chat.remote import httpx_module
+    from dflash_chat.chat.backends.remote import httpx_module
 
     text = httpx_module().get(f"{url}/metrics").text
     found: dict[str, float] = {}

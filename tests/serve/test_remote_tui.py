@@ -13,19 +13,20 @@ from dataclasses import replace
 import pytest
 
 from dflash_chat import paths
-from dflash_chat.chat.backend import AnswerChunk, ModelUnavailable
+from dflash_chat.chat.backends.remote import HttpBackend
+from dflash_chat.chat.bridge import StreamChunk
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE
+from dflash_chat.chat.endpoint import Endpoint
+from dflash_chat.chat.events import ModelUnavailable
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.openai_protocol import COUNTERS, PER_REQUEST, TIMINGS
-from dflash_chat.chat.remote import Endpoint, HttpBackend
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.widgets.stats_panel import DASH, NO_FIGURES, format_rate, format_speed
-
 from tests.ui.conftest import wait_for
 
 from . import stub_vllm
-from .conftest import Paced, serving
+from .conftest import Answers, Paced, serving
 from .stub_vllm import StubServer
 
 SETTINGS = Settings(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=16)
@@ -60,8 +61,9 @@ def remote_app(url: str, settings: Settings = SETTINGS, api_key: str | None = No
     return DFlashChatApp(settings, backend=HttpBackend(Endpoint.of(url, api_key)))
 
 
-def test_against_serve_the_answer_streams_and_the_panel_shows_the_servers_acceptance(home, demo_pair):
-    hook = Seen(AnswerChunk)
+def test_against_serve_the_answer_streams_and_the_panel_shows_the_servers_acceptance(home, demo_pair, monkeypatch):
+    answers = Answers(demo_pair, monkeypatch)
+    hook = Seen(StreamChunk)
     with serving(demo_pair) as (served, url):
 
         async def main():
@@ -70,14 +72,14 @@ def test_against_serve_the_answer_streams_and_the_panel_shows_the_servers_accept
                 await wait_for(pilot, lambda: app.chat.backend.model is not None, 30, "the connection")
                 end = await ask(pilot, app, "What does the with statement do?")
                 await pilot.pause()
-                shown, chunks = dict(app.chat.panel.shown), [e.chunk for e in hook.events]
+                shown, chunks = dict(app.chat.panel.shown), list(hook.events)
                 await pilot.press("ctrl+t")  # thinking on, then the same question again
                 await pilot.press("ctrl+r")
                 await wait_for(pilot, lambda: app.chat.turn is None and app.chat.last_end is not end, 60, "answer 2")
                 return end, shown, chunks, app.chat.last_end, app.chat.sub_title
 
         end, shown, chunks, thinking, subtitle = asyncio.run(main())
-        first, second = [r.stats for r in served.recent]
+        first, second = [r.stats for r in answers]
     assert end.reason == "length" and end.answer and end.error is None
     assert chunks and "".join(c.answer for c in chunks) == end.answer  # streamed, in pieces
     # the server's own figures for this answer, and where they came from
@@ -101,6 +103,7 @@ def test_against_serve_the_answer_streams_and_the_panel_shows_the_servers_accept
 
 def test_escape_stops_a_remote_answer_and_the_server_frees_its_engine(home, demo_pair, monkeypatch):
     Paced(demo_pair, monkeypatch)  # the server's engine waits after each step until the answer is cancelled
+    answers = Answers(demo_pair, monkeypatch)
     with serving(demo_pair) as (served, url):
 
         async def main():
@@ -121,7 +124,7 @@ def test_escape_stops_a_remote_answer_and_the_server_frees_its_engine(home, demo
 
         end = asyncio.run(main())
         assert served.scheduler.wait_idle(30)
-        record = served.recent[-1]
+        record = answers[-1]
     assert end.reason == "cancelled" and end.answer
     assert record.reason == "cancelled" and record.steps_after_cancel <= 1 and record.new_tokens < 400
     saved = HistoryStore(paths.history_db()).load(1).messages[-1]

@@ -1,4 +1,4 @@
-"""`serve` chooses, downloads and loads as the app does: the same LocalBackend, with `pull`'s bars.
+"""`serve` chooses, downloads and loads as the app does: the same model loader, with `pull`'s bars.
 
 The Hub is tests/hubserver.py on loopback with the tiny catalog pair of tests/ui/test_first_run.py;
 the GPU probe is the only double (a 24 GB card), and DFLASH_CHAT_DEVICE=cpu loads on the CPU.
@@ -6,8 +6,8 @@ the GPU probe is the only double (a 24 GB card), and DFLASH_CHAT_DEVICE=cpu load
 
 from __future__ import annotations
 
+from dflash_chat.chat.backends.remote import httpx_module
 from dflash_chat.chat.model_source import Pick
-from dflash_chat.chat.remote import httpx_module
 from dflash_chat.serve.app import Served
 from dflash_chat.serve.server import Running, start_loading
 from tests.ui.conftest import fast_settings, home  # noqa: F401 - fixtures

@@ -10,7 +10,9 @@ from dataclasses import replace
 import pytest
 
 from dflash_chat import paths
+from dflash_chat.chat.bridge import StreamChunk
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL
+from dflash_chat.chat.events import ModelLoaded, PromptSent
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.model_source import ModelSource, demo_source
 from dflash_chat.demo import demo_available
@@ -18,7 +20,6 @@ from dflash_chat.engine.events import Step
 from dflash_chat.ui import chat_screen
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
-from dflash_chat.chat.backend import AnswerChunk, ModelLoaded, PromptSent
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
 
@@ -92,7 +93,7 @@ async def answered(pilot, app, count: int) -> None:
 
 
 def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pair):
-    hook = Seen(AnswerChunk)
+    hook = Seen(StreamChunk)
 
     async def main():
         app = make_app(tiny_pair, max_new_tokens=8, draft=4)  # a fixed draft length: the same steps alone
@@ -116,7 +117,7 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     assert users == 1
     # streamed: at most one batch per engine event (Prefilled, the first token, each step);
     # here a CPU step outlasts the 40 ms batch window, test_bridge covers the fast case
-    streamed = [m.chunk for m in hook.messages]
+    streamed = list(hook.messages)
     assert 2 <= len(streamed) <= stats.steps + 2
     assert "".join(c.thinking for c in streamed) == end.thinking
     assert "".join(c.answer for c in streamed) == end.answer == rendered
@@ -157,7 +158,7 @@ def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_en
     from dflash_chat import settings as settings_module
     from dflash_chat.ui.settings_screen import SettingsScreen
 
-    hook = Seen(AnswerChunk)
+    hook = Seen(StreamChunk)
     set_in: list[str] = []
 
     async def main():
@@ -171,7 +172,7 @@ def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_en
             paced = Paced(app.chat.backend.pair)
             await send(pilot, "hello there")
             await paced.until(pilot, lambda: " · " in app.chat.panel.shown["drafts/step"], "a decode step's figures")
-            during, live = app.chat.panel.shown["drafts/step"], hook.messages[-1].chunk.live
+            during, live = app.chat.panel.shown["drafts/step"], hook.messages[-1].live
             await paced.until(pilot, lambda: "tok/s (last)" in app.chat.panel.shown, "the answer's own figures")
             first, after_first = app.chat.last_end.stats, dict(app.chat.panel.shown)
             # the settings screen, mid-chat: 2 drafts per step from the next answer on
@@ -462,7 +463,7 @@ def test_a_model_load_started_before_the_settings_changed_is_dropped(home, tiny_
             app.chat.apply_settings(replace(app.chat.settings, model=str(tmp_path / "gone"), drafter=""))
             await wait_for(pilot, lambda: hook.messages, 60, "the first load to finish")
             await pilot.pause()
-            return app.chat.backend.pair, app.chat.sub_title, app.chat.backend.note, app.chat.backend.source.target
+            return app.chat.backend.pair, app.chat.sub_title, app.chat.notice(), app.chat.backend.source.target
 
     pair, subtitle, note, target = run(main())
     assert pair is None and subtitle == "no model"

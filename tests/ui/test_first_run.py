@@ -17,12 +17,12 @@ from dflash_chat import cli, demo, hardware, hub, paths
 from dflash_chat import settings as settings_module
 from dflash_chat.catalog import load_catalog
 from dflash_chat.chat import model_source
+from dflash_chat.chat.events import DownloadNeeded, ModelUnavailable
 from dflash_chat.chat.model_source import DEVICE_ENV, ModelSource
 from dflash_chat.commands.chat import build_app
 from dflash_chat.hardware import GIB, Gpu, Machine
 from dflash_chat.ui.download_screen import DownloadScreen
 from dflash_chat.ui.history_screen import HistoryScreen
-from dflash_chat.chat.backend import DownloadNeeded, ModelUnavailable
 from dflash_chat.ui.widgets.stats_panel import format_speed
 from tests.hubserver import HubServer, Repo, isolate_hub
 
@@ -454,7 +454,7 @@ from dflash_chat import cli, hardware
 from dflash_chat.chat import model_source
 from dflash_chat.commands.chat import build_app
 from dflash_chat.settings import Settings
-from dflash_chat.chat.backend import ModelUnavailable
+from dflash_chat.chat.events import ModelUnavailable
 
 gpu = hardware.Gpu(0, "NVIDIA GeForce RTX 3090", 24 * 2**30, 23 * 2**30)
 hardware.probe = lambda: hardware.Machine((gpu,), 64 * 2**30, 48 * 2**30)

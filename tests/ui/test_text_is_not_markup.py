@@ -55,7 +55,7 @@ def test_a_typed_value_and_a_model_path_that_look_like_markup_are_shown_as_they_
     async def main():
         app = DFlashChatApp(Settings(), ModelSource(str(missing), None))
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: "did not load" in app.chat.backend.note, 30, "the load to fail")
+            await wait_for(pilot, lambda: "did not load" in app.chat.notice(), 30, "the load to fail")
             await pilot.pause()
             notice = str(app.chat.query_one(Notice).render())
             await pilot.press("ctrl+s")

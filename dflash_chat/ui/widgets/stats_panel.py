@@ -176,7 +176,7 @@ class StatsPanel(VerticalScroll):
     # model, memory, thinking
 
     def show_model(self, rows: tuple[tuple[str, str], ...] = (), note: str = "") -> None:
-        """What answers, as the backend describes it (chat/backend.py: rows); without rows, `note`."""
+        """What answers, as the backend describes it (chat/backends/base.py: rows); without rows, `note`."""
         if not rows:
             self._rows.pop("model", None)
             self.query_one("#model", Static).update(Text(note or "no model loaded", style="dim"))

@@ -1,0 +1,187 @@
+"""The engine in this process as a backend: the model loader (chat/loader.py) and, once a pair is
+loaded, the answering service (chat/answering.py) that keeps what the engine holds of each chat.
+
+Answers run in "generate" workers through chat/session.py; the open chat's next prompt starts with the
+tokens the engine holds of it, and a saved chat opened again does too. torch is imported only inside
+the workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+from dflash_chat.chat.answering import AnsweringService
+from dflash_chat.chat.backends.base import AnswerRequest, Backend
+from dflash_chat.chat.bridge import StreamEnd
+from dflash_chat.chat.events import AnswerEnded, LoadEvent, PromptSent, Status
+from dflash_chat.chat.loader import LoadOptions, ModelLoader
+from dflash_chat.chat.memory import memory_use
+from dflash_chat.chat.model_source import ModelSource, Pick, from_settings
+from dflash_chat.errors import one_line
+
+if TYPE_CHECKING:
+    from dflash_chat.chat.conversation import Conversation
+    from dflash_chat.chat.prompt import Transcript
+    from dflash_chat.engine.load import LoadedPair
+    from dflash_chat.hardware import Choice
+    from dflash_chat.hub import ModelFiles
+    from dflash_chat.settings import Settings
+
+OPEN = "open chat"  # the service's key for the open chat (saved chats are kept by their id too)
+
+
+class LocalBackend(Backend):
+    def __init__(self, settings: Settings, request: ModelSource | Pick | None = None) -> None:
+        self.settings = settings  # kept current by apply_settings
+        self.request: ModelSource | Pick | None = (
+            request  # what the flags or settings asked for: files, or a Pick to choose
+        )
+        self.loader = ModelLoader(
+            lambda event: self.post(event), lambda body, group: self.spawn(body, group), LoadOptions.of(settings)
+        )
+        self._service: AnsweringService | None = None
+        self._open_chat: Conversation | None = None
+        self._opened = itertools.count(1)
+        self._opening = 0  # which opening of a chat the answers belong to (see `answer`)
+
+    # what the screen reads
+
+    @property
+    def pair(self) -> LoadedPair | None:
+        return self.loader.pair
+
+    @property
+    def source(self) -> ModelSource | None:
+        return self.loader.source
+
+    @property
+    def service(self) -> AnsweringService | None:
+        """The loaded pair's answering service (a new one for each pair loaded)."""
+        pair = self.loader.pair
+        if pair is None:
+            self._service = None
+        elif self._service is None or self._service.pair is not pair:
+            self._service = AnsweringService.of(pair)
+        return self._service
+
+    @property
+    def model(self) -> LoadedPair | None:
+        return self.pair
+
+    @property
+    def speculative(self) -> bool:
+        service = self.service
+        return service is not None and service.session.speculative
+
+    @property
+    def status(self) -> Status:
+        return self.loader.status
+
+    @property
+    def transcript(self) -> Transcript | None:
+        """What the engine holds of the open chat."""
+        service = self.service
+        return service.held(OPEN) if service is not None else None
+
+    @property
+    def transcripts(self) -> dict[Hashable, Transcript]:
+        """What the engine holds of each saved chat, by its id."""
+        service = self.service
+        return {k: v for k, v in service.chats.items() if k != OPEN} if service is not None else {}
+
+    def name(self) -> str:
+        return self.loader.name()
+
+    def rows(self) -> tuple[tuple[str, str], ...]:
+        from dflash_chat.sizes import size_text
+
+        pair, source = self.pair, self.source
+        if pair is None:
+            return ()
+        title = source.title if source is not None else ""
+        drafter = pair.drafter_name.rsplit("/", 1)[-1] if pair.drafter_name else "none (plain decoding)"
+        rows = [("target", title or pair.target_name), ("drafter", drafter)]
+        if quant := (source.quant_label if source is not None else ""):
+            rows.append(("quant", quant))
+        rows.append(("device", f"{pair.device} · {str(pair.dtype).removeprefix('torch.')}"))
+        memory = memory_use(str(pair.device))
+        if memory is not None:
+            rows.append((memory.kind, f"{size_text(memory.used_bytes)} / {size_text(memory.total_bytes)}"))
+        return tuple(rows)
+
+    # lifecycle (UI thread)
+
+    def begin(self) -> None:
+        if self.request is not None:
+            self.loader.begin(self.request)
+
+    def apply_settings(self, settings: Settings) -> bool:
+        old, self.settings = self.settings, settings
+        self.loader.options = LoadOptions.of(settings)
+        if (settings.model, settings.drafter) != (old.model, old.drafter):
+            self.request = from_settings(settings)
+            self.begin()
+            return True
+        if settings.context_length != old.context_length:
+            self.loader.reload_for_context()  # a new context may change what fits, or needs a reload
+            return True
+        return False
+
+    def handle(self, event: LoadEvent) -> bool:
+        return self.loader.handle(event)
+
+    def downloaded(self, request: Pick, choice: Choice, files: ModelFiles | None) -> None:
+        self.loader.downloaded(request, choice, files)
+
+    def open_chat(self, chat: Conversation) -> None:
+        self._open_chat = chat
+        self._opening = next(self._opened)
+        service = self.service
+        if service is not None:
+            service.keep(OPEN, service.held(chat.id) if chat.id is not None else None)
+
+    def answer_ended(self, event: AnswerEnded) -> None:
+        service = self.service
+        if service is None:
+            return
+        # the tokens the engine holds mean nothing to a model loaded since
+        held = event.transcript if event.model is not None and event.model is service.pair else None
+        chat = event.chat
+        if chat is not None and chat.id is not None:
+            service.keep(chat.id, held)
+        service.keep(OPEN, held if chat is self._open_chat else None)
+
+    def answer(self, request: AnswerRequest) -> None:
+        service = self.service
+        assert service is not None, "answer() before a model is ready"
+        previous = service.held(OPEN)
+        # auto's acceptance estimate: one per opening of a chat (a new chat, or another one opened, starts
+        # afresh from the engine's estimate over all answers) and per thinking setting within it, since
+        # drafters accept far less of thinking text
+        conversation = ("chat", self._opening, request.thinking)
+        self.spawn(lambda: self._answer(service, request, previous, conversation), "generate")
+
+    # a worker body (no UI; it only posts)
+
+    def _answer(
+        self, service: AnsweringService, request: AnswerRequest, previous: Transcript | None, conversation: Hashable
+    ) -> None:
+        post, session = self.post, service.session
+        try:
+            session.use_draft(request.draft)  # here, not on the UI thread: it rebuilds the engine's steps
+            prompt = session.chat_prompt(request.turns, request.thinking, previous)
+            params = session.params(
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k,
+                max_new_tokens=request.max_new_tokens,
+            )
+            post(PromptSent(prompt))
+            end = session.answer(prompt, params, request.cancel, post, conversation=conversation)
+        except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
+            error = StreamEnd("error", "", "", None, one_line(exc, "generation"))
+            post(AnswerEnded(error, None, session.pair, request.chat))
+            return
+        post(AnswerEnded(end, session.held(request.turns, prompt, end), session.pair, request.chat))

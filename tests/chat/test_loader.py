@@ -1,0 +1,55 @@
+"""The model loader on real files (the tiny random pair): what it posts, where it stands, and that a
+worker of an earlier request is dropped."""
+
+from __future__ import annotations
+
+from dflash_chat.chat.events import LoadProgress, ModelFailed, ModelLoaded
+from dflash_chat.chat.loader import LoadOptions, ModelLoader
+from dflash_chat.chat.model_source import ModelSource
+from tests.ui.conftest import tiny_pair  # noqa: F401 - a fixture
+
+OPTIONS = LoadOptions(context_length=256, device="cpu")
+
+
+class Owner:
+    """Applies each event as it is posted, and remembers it with the status it left."""
+
+    def __init__(self, spawn) -> None:
+        self.seen = []
+        self.loader = ModelLoader(self.post, spawn, OPTIONS)
+
+    def post(self, event) -> None:
+        self.seen.append((event, self.loader.handle(event), self.loader.status))
+
+
+def test_files_load_with_progress_and_the_status_follows(tiny_pair):  # noqa: F811
+    target, drafter = tiny_pair
+    owner = Owner(lambda body, group: body())
+    source = ModelSource(str(target), str(drafter))
+    owner.loader.begin(source)
+    events = [event for event, _, _ in owner.seen]
+    progress = [e for e in events if isinstance(e, LoadProgress)]
+    assert progress and all(a.done <= b.done for a, b in zip(progress, progress[1:]))
+    assert progress[-1].done == progress[-1].total > 0
+    assert isinstance(events[-1], ModelLoaded) and all(fresh for _, fresh, _ in owner.seen)
+    assert [status.stage for _, _, status in owner.seen] == ["loading"] * len(progress) + ["ready"]
+    assert owner.seen[0][2].what == str(target)  # named by its files until the pair names itself
+    loader = owner.loader
+    assert loader.pair is events[-1].model and loader.source is source
+    assert loader.status.what == loader.name() == loader.pair.target_name
+    assert loader.pair.engine.max_context == 256
+
+
+def test_a_load_asked_for_before_the_last_one_finished_is_dropped(tiny_pair, tmp_path):  # noqa: F811
+    target, drafter = tiny_pair
+    bodies = []
+    owner = Owner(lambda body, group: bodies.append(body))
+    owner.loader.begin(ModelSource(str(target), str(drafter)))
+    owner.loader.begin(ModelSource(str(tmp_path / "gone"), None))  # asked for before the first one ran
+    bodies[0]()
+    assert owner.seen and not any(fresh for _, fresh, _ in owner.seen)  # every event of the first is stale
+    assert owner.loader.pair is None and owner.loader.status.stage == "loading"
+    bodies[1]()
+    event, fresh, status = owner.seen[-1]
+    assert isinstance(event, ModelFailed) and fresh and status.stage == "failed"
+    assert "gone" in status.error and owner.loader.pair is None
