@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_chat.train.common import seeded
-from dflash_chat.train.drafter import Blocks, block_loss, position_weights, soft_cross_entropy
+from dflash_chat.train.losses import Blocks, block_loss, position_weights, soft_cross_entropy
 
 # Sizes for the demo's drafter (hidden 256): a codebook of 64 per token is ~1.6 MB at bf16 for 6146 tokens.
 DEMO_SIZES = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 64, "selector_top_k": 8}

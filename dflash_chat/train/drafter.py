@@ -24,6 +24,11 @@ The recipe (ours; no DFlash training recipe has been published):
    stream and runs all their blocks in one `DFlashDrafter.forward_train` call.
 4. Loss. Cross-entropy through the target's frozen lm_head, block position j weighted by
    exp(-(j - 1) / decay): acceptance is a prefix, so an early miss costs the whole rest of the block.
+   With `DrafterSettings.distill` = lambda > 0, + lambda x the cross-entropy of q towards p, the target's
+   distribution at T = 1 over its TEACHER_TOP_K best tokens (renormalised; train/losses.py), weighted
+   the same way: a sampled draft is accepted with probability sum(min(p, q)), and hard labels alone make
+   q nearly one-hot on the greedy token. The finetune stage uses it on the target's sampled answers too
+   (recipe.finetune_stage), whose contexts the greedy answers never show the drafter.
 5. Optimiser. AdamW, warmup then cosine decay, gradient clipping at 1. Only the drafter trains.
 
 The figure printed while training, "acc-len", is the acceptance length the drafts would reach under
@@ -42,9 +47,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from dflash_chat.train.common import Log, Schedule, autocast_for, run_steps, seeded
+from dflash_chat.train.losses import Blocks, block_loss
 
 BLOCK_SIZE = 16
 TEACHER_TOP_K = 32  # the target's best next-token logits kept per position for the distillation term
@@ -154,16 +159,6 @@ class Taught(NamedTuple):
     top_ids: torch.Tensor  # [S, k] int32: their token ids
 
 
-class Blocks(NamedTuple):
-    """Training blocks [A, B] with what each drafted position j >= 1 is held to, [A, B-1] (or [A, B-1, k])."""
-
-    tokens: torch.Tensor  # [x[s], mask x (B-1)]
-    labels: torch.Tensor  # g[s + j - 1]; -100 past the sequence end
-    before: torch.Tensor  # x[s + j - 1]: the sequence's token the label follows (the selector's predecessor)
-    top_logits: torch.Tensor  # the target's best logits at s + j - 1 (float32)
-    top_ids: torch.Tensor  # and their token ids
-
-
 @torch.no_grad()
 def teacher(target, seqs: list[torch.Tensor], layer_ids, top_k: int = TEACHER_TOP_K) -> list[Taught]:
     """Per sequence: features [S, K*H] after the tap layers, the greedy next token [S], and the target's
@@ -256,43 +251,6 @@ def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int =
         for j, pair in zip(idx, taught):
             out[j] = pair
     return out
-
-
-def position_weights(positions: int, decay: float, device) -> torch.Tensor:
-    """exp(-(j - 1) / decay) for block positions j = 1 .. positions."""
-    return torch.exp(-torch.arange(positions, device=device, dtype=torch.float32) / decay)
-
-
-def soft_cross_entropy(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """-sum target * log_softmax(scores) over the last dim: KL(target || softmax(scores)) + target's entropy."""
-    return -(target * torch.log_softmax(scores.float(), dim=-1)).sum(dim=-1)
-
-
-def distill_loss(logits: torch.Tensor, blocks: Blocks) -> torch.Tensor:
-    """[A, B-1]: cross-entropy of the draft logits [A, B-1, V] towards the target's distribution at T = 1
-    over its best k tokens (renormalised): the gradient of KL(p || q) restricted to where p has its mass."""
-    log_q = torch.log_softmax(logits.float(), dim=-1).gather(-1, blocks.top_ids)
-    return -(torch.softmax(blocks.top_logits, dim=-1) * log_q).sum(dim=-1)
-
-
-def block_loss(
-    logits: torch.Tensor, blocks: Blocks, decay: float, distill: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position-weighted cross-entropy (+ `distill` x the distillation term), and the teacher-forced
-    acceptance length of each block."""
-    labels = blocks.labels
-    weights = position_weights(labels.shape[1], decay, labels.device)
-    ce = F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
-    ).view_as(labels.float())
-    if distill:
-        ce = ce + distill * distill_loss(logits, blocks)
-    valid = (labels != -100).float()
-    w = weights[None, :] * valid
-    loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
-    hits = (logits.argmax(dim=-1) == labels).long()
-    accept = 1 + hits.cumprod(dim=1).sum(dim=1)
-    return loss, accept.float()
 
 
 def _draft_batch(

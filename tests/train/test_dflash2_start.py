@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from dflash_chat.demo import demo_paths
 from dflash_chat.train.dflash2 import dflash2_config_dict, from_dflash, selector_loss
-from dflash_chat.train.drafter import Blocks, new_drafter
+from dflash_chat.train.drafter import new_drafter
+from dflash_chat.train.losses import Blocks
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_chat.train.dflash2 import _candidate_distill
-from dflash_chat.train.drafter import Blocks, distill_loss
+from dflash_chat.train.losses import Blocks, distill_loss
 
 
 def _blocks(top_logits: torch.Tensor, top_ids: torch.Tensor) -> Blocks:
