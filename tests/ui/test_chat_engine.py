@@ -172,7 +172,10 @@ def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_en
             paced = Paced(app.chat.backend.pair)
             await send(pilot, "hello there")
             await paced.until(pilot, lambda: " · " in app.chat.panel.shown["drafts/step"], "a decode step's figures")
-            during, live = app.chat.panel.shown["drafts/step"], hook.messages[-1].live
+            # the hook sees a chunk before the screen handles it: the panel shows one of those seen so far
+            during = app.chat.panel.shown["drafts/step"]
+            shown = [m.live for m in hook.messages if during == f"{m.live.draft} · {m.live.last_drafted}"]
+            live = shown[-1] if shown else None
             await paced.until(pilot, lambda: "tok/s (last)" in app.chat.panel.shown, "the answer's own figures")
             first, after_first = app.chat.last_end.stats, dict(app.chat.panel.shown)
             # the settings screen, mid-chat: 2 drafts per step from the next answer on
@@ -190,6 +193,7 @@ def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_en
 
     during, live, first, after_first, between, second, after_second = run(main())
     # while it streams: the setting and the drafts the latest step verified, one `auto` chose
+    assert live is not None, f"the panel shows {during!r}, which no chunk carried"
     assert live.draft == "auto" and during == f"auto · {live.last_drafted}"
     assert first.draft_histogram[live.last_drafted] > 0
     # after it: the engine's own mean
