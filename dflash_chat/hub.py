@@ -24,6 +24,9 @@ Typical use:
     plan = hub.plan(choice.target, choice.drafter, choice.pair.tokenizer)
     files = hub.download(plan, progress=callback, cancel=event)
     files.target, files.drafter, files.tokenizer   # local paths
+
+One module past 500 lines on purpose: planning, sizing, resuming and verifying a download share the
+plan's file list and huggingface_hub's cache layout; every function here is one step of that one path.
 """
 
 from __future__ import annotations

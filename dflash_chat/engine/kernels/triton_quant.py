@@ -22,6 +22,10 @@ Every format's decode follows `ggml/formats.py` value for value; the tests compa
 TRITON_INTERPRET=1. All loads in a loop body have the same tile shape (per-row and per-group fields are
 read through broadcast pointers), so Triton gives them one register layout and never stages the tile
 through shared memory (checked by `bench/compile_check.py`).
+
+One module past 500 lines on purpose: the GEMV, GEMM, expert and dequantize kernels all inline the same
+per-format block decoders (@triton.jit helpers); kept together, each format's decode is written once, beside
+every kernel that reads it, and a change to one is checked against all of them by the same tests.
 """
 
 from __future__ import annotations
