@@ -167,7 +167,9 @@ def _items_of(path: Path, module: str) -> list[_Item]:
     return [i for i in items if i is not None]
 
 
-def _item(source: str, node: ast.AST, module: str, name: str, kind: str) -> _Item | None:
+def _item(
+    source: str, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, module: str, name: str, kind: str
+) -> _Item | None:
     segment = ast.get_source_segment(source, node)
     if not segment:
         return None

@@ -67,7 +67,7 @@ def target_answers(
     stop = list(stop_token_ids(tokenizer))
     pad = tokenizer.pad_token_id
     target.to(device).eval()
-    how = {"do_sample": False}
+    how: dict[str, bool | float | int] = {"do_sample": False}
     if sampled is not None:
         how = {"do_sample": True, "temperature": sampled.temperature, "top_p": sampled.top_p, "top_k": sampled.top_k}
         torch.manual_seed(seed)

@@ -41,7 +41,7 @@ def dflash2_config_dict(config: dict, sizes: dict | None = None) -> dict:
 def from_dflash(dflash, config2: dict, target, seed: int):
     """A DFlash2 drafter with `dflash`'s weights and its new modules at identity (see the module docstring)."""
     from dflash_chat.engine.models.config import DrafterConfig
-    from dflash_chat.engine.models.dflash2 import DFlash2Drafter
+    from dflash_chat.engine.models.dflash2 import DFlash2Drafter, DFlash2Layer
 
     with seeded(seed):
         drafter = DFlash2Drafter(DrafterConfig.from_dict(config2), target.config.hidden_size, target.config.vocab_size)
@@ -51,6 +51,7 @@ def from_dflash(dflash, config2: dict, target, seed: int):
         raise ValueError(f"not a DFlash drafter of the same shape: missing {missing}, unexpected {unexpected}")
     with torch.no_grad(), seeded(seed):
         for layer in drafter.layers:
+            assert isinstance(layer, DFlash2Layer)
             for conv in (layer.attention_conv, layer.mlp_conv):
                 conv.base_kernel.zero_()
                 conv.base_kernel[:, 0] = 1.0

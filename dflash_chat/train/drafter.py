@@ -261,9 +261,13 @@ def _draft_batch(
     chosen = [c for c in chosen if c[2]]
     if not chosen:
         return None
-    seqs, taught, anchors = zip(*chosen)
     feats, blocks, packed = pack_blocks(
-        list(seqs), list(taught), list(anchors), drafter.block_size, drafter.mask_token_id, device
+        [c[0] for c in chosen],
+        [c[1] for c in chosen],
+        [c[2] for c in chosen],
+        drafter.block_size,
+        drafter.mask_token_id,
+        device,
     )
     embed = target.get_input_embeddings()
     hidden = drafter.forward_train(feats, embed(blocks.tokens).detach(), packed)

@@ -190,7 +190,7 @@ def _target_answers(
 ) -> Answers:
     """The target's answers to `generated` training prompts (a `sampled_share` of them drawn at the app's
     sampling settings, the rest greedy) and to 32 held-out ones: a drafter's data."""
-    from dflash_chat.train.data import target_answers
+    from dflash_chat.train.data import Sampled, target_answers
 
     corpus = load_corpus(work / "corpus.json")
     rng = random.Random(seed)
@@ -200,14 +200,27 @@ def _target_answers(
     rng.shuffle(prompts)
     drawn = round(sampled_share * len(prompts))
     started = time.perf_counter()
-    common = dict(max_new_tokens=max_new_tokens, batch_size=gen_batch, seed=seed, device=device)
-    own = target_answers(target, tokenizer, prompts[drawn:], **common)
-    held = target_answers(target, tokenizer, corpus.heldout[:32], thinking_share=0.0, **common)
+
+    def answers(prompts: list[Conversation], sampled: Sampled | None = None, thinking_share: float = 0.2):
+        return target_answers(
+            target,
+            tokenizer,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            thinking_share=thinking_share,
+            batch_size=gen_batch,
+            seed=seed,
+            device=device,
+            sampled=sampled,
+        )
+
+    own = answers(prompts[drawn:])
+    held = answers(corpus.heldout[:32], thinking_share=0.0)
     held_sampled: list[Sequence] = []
     if drawn:
         app = app_sampling()
-        own += target_answers(target, tokenizer, prompts[:drawn], sampled=app, **common)
-        held_sampled = target_answers(target, tokenizer, corpus.heldout[:32], thinking_share=0.0, sampled=app, **common)
+        own += answers(prompts[:drawn], app)
+        held_sampled = answers(corpus.heldout[:32], app, thinking_share=0.0)
     log(
         f"drafter data: {len(own)} target answers, {drawn} of them sampled ({sum(len(q.ids) for q in own)} tokens, "
         f"{time.perf_counter() - started:.0f}s)"
@@ -403,10 +416,13 @@ def calibrate_drafter_steps(
     from dflash_chat.train.data import corpus_sequences
 
     tokenizer = AutoTokenizer.from_pretrained(work / "target")
-    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device)
+    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32)
+    target.to(torch.device(device))  # type: ignore[arg-type]  # transformers types `to`'s wrapper, not the model's
     sequences = corpus_sequences(tokenizer, load_corpus(work / "corpus.json").train[:256])
     shape = DrafterShape()
-    config = drafter_config_dict(shape, target.config, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    assert isinstance(mask_id, int)  # one token in, one id out
+    config = drafter_config_dict(shape, target.config, mask_id)
     taught = teach_all(target, sequences, shape.target_layer_ids, device)  # once: the timed runs share it
     quiet = replace(settings or DrafterSettings(steps=0), log_every=10**9, max_seconds=None)
     per_step = _time_steps(
