@@ -121,6 +121,20 @@ class Source:
             return str(self.path)
         return f"{self.repo} {' '.join(self.patterns)}"
 
+    @property
+    def local_path(self) -> Path:
+        """The path of a source on disk (`local`)."""
+        if self.path is None:
+            raise ValueError(f"{self.describe()} is not a local path")
+        return self.path
+
+    @property
+    def hub_repo(self) -> str:
+        """The Hub repo of a source that is not a local path."""
+        if self.repo is None:
+            raise ValueError(f"{self.describe()} names no Hub repo")
+        return self.repo
+
 
 @dataclass(frozen=True)
 class Pair:

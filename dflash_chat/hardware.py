@@ -29,6 +29,7 @@ from pathlib import Path
 
 from dflash_chat.catalog import Catalog, CatalogError, Pair, Source
 from dflash_chat.engine import memory
+from dflash_chat.engine.memory import DrafterShape
 from dflash_chat.errors import UserError
 from dflash_chat.sizes import size_text
 
@@ -275,9 +276,9 @@ def _candidate_pairs(
     if model is not None:
         return [catalog.get(model)]
     if target_local is not None:
-        return [_pair_for_file(catalog, target_local.path)]
+        return [_pair_for_file(catalog, target_local.local_path)]
     if drafter_local is not None:  # a drafter only works beside its own target
-        return [_pair_for_file(catalog, drafter_local.path)]
+        return [_pair_for_file(catalog, drafter_local.local_path)]
     ranked = list(catalog.ranked())
     if machine.gpu is None:
         cpu = [p for p in ranked if p.cpu_default]
@@ -326,7 +327,7 @@ def _targets(pair: Pair, quant: str | None, target_local: Source | None) -> list
 
 def _drafters(pair: Pair, drafter_quant: str | None, drafter_local: Source | None) -> list[Source | None]:
     if drafter_local is not None:
-        return [pair.local_drafter(drafter_local.path)]
+        return [pair.local_drafter(drafter_local.local_path)]
     if drafter_quant is not None:
         return [pair.drafter(drafter_quant)]
     return list(pair.drafters) or [None]
@@ -368,14 +369,21 @@ def _parts_of(pair: Pair, target: Source, drafter: Source | None) -> str:
 
 
 def is_dflash2(drafter: Source | None) -> bool:
-    return drafter is not None and drafter.shape is not None and drafter.shape.kind == "dflash2"
+    return _dflash2_shape(drafter) is not None
+
+
+def _dflash2_shape(drafter: Source | None) -> DrafterShape | None:
+    """The shape of a DFlash2 drafter; None for a DFlash one, or none."""
+    shape = drafter.shape if drafter is not None else None
+    return shape if shape is not None and shape.kind == "dflash2" else None
 
 
 def _why(drafter: Source | None) -> str:
     """Why a DFlash2 pair is the pick: what makes it faster than the DFlash pairs below it."""
-    if not is_dflash2(drafter):
+    shape = _dflash2_shape(drafter)
+    if shape is None:
         return ""
-    return f" (DFlash2 drafts {drafter.shape.block_size}-token blocks with {DFLASH2_ACCEPTANCE_GAIN} longer acceptance)"
+    return f" (DFlash2 drafts {shape.block_size}-token blocks with {DFLASH2_ACCEPTANCE_GAIN} longer acceptance)"
 
 
 def context_label(context: int) -> str:
@@ -385,7 +393,7 @@ def context_label(context: int) -> str:
 def _a_ctx(context: int) -> str:
     """'a 32k', 'an 8k', 'an 11k': the article as the number is spoken."""
     label = context_label(context)
-    digits = re.match(r"\d+", label)[0]
+    digits = label.removesuffix("k")
     spoken_vowel = digits.startswith("8") or (len(digits) % 3 == 2 and digits[:2] in ("11", "18"))
     return f"{'an' if spoken_vowel else 'a'} {label}"
 

@@ -61,7 +61,7 @@ from dflash_chat.sizes import size_text
 try:  # huggingface_hub >= 2.4 talks through httpx2, earlier 1.x through httpx
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
-    import httpx
+    import httpx  # type: ignore[no-redef]  # the same API under its older name
 
 CHUNK = 1 << 20
 MAX_STALLED_ATTEMPTS = 5  # connection attempts in a row that bring no new byte
@@ -174,7 +174,9 @@ class Plan:
     @property
     def gated_repos(self) -> tuple[str, ...]:
         """Gated repos the plan still has files to fetch from."""
-        return tuple(dict.fromkeys(p.repo for p in self.parts if p.gated and any(not f.cached for f in p.files)))
+        return tuple(
+            dict.fromkeys(p.source.hub_repo for p in self.parts if p.gated and any(not f.cached for f in p.files))
+        )
 
     def missing_bytes(self) -> int:
         """Bytes still to fetch, counting what partial files already hold."""
@@ -249,7 +251,7 @@ def plan(
                 raise HubError(f"{role} {source.path} does not exist; check the path in your config or flags")
             parts.append(Part(role, source, path=source.path))
             continue
-        listing = listings.get(source.repo, source.revision)
+        listing = listings.get(source.hub_repo, source.revision)
         try:
             files = _select(role, source, listing)
         except MissingFilesError:
@@ -284,7 +286,7 @@ class _Listing:
 class _Listings:
     """Repo listings, fetched once per repo; offline or unreachable, read from the cache."""
 
-    def __init__(self, cache: Path, endpoint: str | None, token):
+    def __init__(self, cache: Path, endpoint: str, token):
         self.cache, self.endpoint, self.token = cache, endpoint, token
         self.offline_reason = "offline (HF_HUB_OFFLINE is set)" if is_offline() else ""
         self._seen: dict[tuple[str, str], _Listing] = {}
@@ -414,12 +416,12 @@ def cached_parts(source: Source, cache_dir: str | Path | None = None) -> tuple[P
     if source.path is not None:
         return (source.path,) if source.path.exists() else None
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    listing = _cached_listing(cache, source.repo, source.revision)
+    listing = _cached_listing(cache, source.hub_repo, source.revision)
     try:
         files = _select("", source, listing)
     except MissingFilesError:
         return None
-    snapshot = _storage(cache, source.repo) / "snapshots" / listing.commit
+    snapshot = _storage(cache, source.hub_repo) / "snapshots" / listing.commit
     return tuple(snapshot / f.filename for f in files)
 
 

@@ -19,7 +19,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -408,7 +408,7 @@ def _set_table(document: Any, key: str, entries: Mapping[str, str]) -> None:
         document.pop(key, None)
         return
     table = document.get(key)
-    if not isinstance(table, Mapping):
+    if not isinstance(table, MutableMapping):  # tomlkit's tables are
         document[key] = dict(entries)
         return
     for name in [name for name in table if name not in entries]:

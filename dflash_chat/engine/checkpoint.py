@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -63,7 +65,7 @@ _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)
 
 def normalise_target_names(tensors: Mapping[str, torch.Tensor]) -> LazyTensors:
     """HF checkpoint names -> ours, still lazy: each tensor (or stack of per-expert tensors) is read when asked for."""
-    loaders = {}
+    loaders: dict[str, Callable[[], Any]] = {}
     experts: dict[str, dict[str, dict[int, str]]] = {}
     for name in tensors:
         ours = name
@@ -75,7 +77,7 @@ def normalise_target_names(tensors: Mapping[str, torch.Tensor]) -> LazyTensors:
         if m:
             experts.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = name
             continue
-        loaders[ours] = lambda name=name: tensors[name]
+        loaders[ours] = partial(tensors.__getitem__, name)
     for prefix, parts in experts.items():
         n = len(parts.get("gate_proj", {}))
 
@@ -84,16 +86,18 @@ def normalise_target_names(tensors: Mapping[str, torch.Tensor]) -> LazyTensors:
                 [torch.cat((tensors[parts["gate_proj"][e]], tensors[parts["up_proj"][e]])) for e in range(n)]
             )
 
+        def down(parts=parts, n=n):
+            return torch.stack([tensors[parts["down_proj"][e]] for e in range(n)])
+
         loaders[f"{prefix}.gate_up_proj"] = gate_up
-        loaders[f"{prefix}.down_proj"] = lambda parts=parts, n=n: torch.stack(
-            [tensors[parts["down_proj"][e]] for e in range(n)]
-        )
+        loaders[f"{prefix}.down_proj"] = down
     return LazyTensors(loaders)
 
 
 # --- meta-device models filled from a tensor mapping -------------------------------------------
 
-Weight = torch.Tensor | QuantTensor | tuple
+Matrix = torch.Tensor | QuantTensor
+Weight = Matrix | tuple[Matrix, Matrix]  # a pair: routed gate and up experts kept apart (two formats)
 
 
 def _shape(t: Weight) -> tuple[int, ...]:
@@ -110,7 +114,14 @@ def _is_packed(t: Weight) -> bool:
 def _owned(t: Weight, placement: Placement) -> Weight:
     """`t` on the placement's device in memory of its own (never a view of the read-only memory-mapped file)."""
     if isinstance(t, tuple):
-        return tuple(_owned(p, placement) for p in t)
+        gate, up = t
+        return _owned_matrix(gate, placement), _owned_matrix(up, placement)
+    return _owned_matrix(t, placement)
+
+
+def _owned_matrix(t: Weight, placement: Placement) -> Matrix:
+    if isinstance(t, tuple):
+        raise ModelFormatError(f"a pair of tensors {_shape(t)} where one matrix belongs: the file is damaged")
     if isinstance(t, QuantTensor):
         index = None if t.input_index is None else t.input_index.to(placement.device)
         return QuantTensor(placement.place(t.data), t.fmt, t.shape, index)
@@ -134,11 +145,14 @@ def _quant_twin(module: nn.Module, weights: dict[str, Weight], placement: Placem
     if not any(_is_packed(t) for t in weights.values()):
         return None
     if isinstance(module, nn.Linear):
-        return QuantLinear(_owned(weights["weight"], placement))
+        return QuantLinear(_owned_matrix(weights["weight"], placement))
     if isinstance(module, nn.Embedding):
-        return QuantEmbedding(_owned(weights["weight"], placement), dtype=dtype)
+        return QuantEmbedding(_owned_matrix(weights["weight"], placement), dtype=dtype)
     if isinstance(module, Experts):
-        return QuantExperts(_owned(weights["gate_up_proj"], placement), _owned(weights["down_proj"], placement))
+        # a pair may hold a float half beside a packed one, which QuantExperts takes (as_quant); its annotation
+        # says packed halves only
+        gate_up = _owned(weights["gate_up_proj"], placement)
+        return QuantExperts(gate_up, _owned_matrix(weights["down_proj"], placement))  # type: ignore[arg-type]
     return None
 
 

@@ -11,8 +11,11 @@ downloads the official one), else from the target folder or the target GGUF's me
 from __future__ import annotations
 
 from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -177,10 +180,10 @@ def _tie_lm_head(model: TargetModel) -> None:
 def _drafter_tensors(path: Path, quant: str | None, device: torch.device) -> LazyTensors:
     """z-lab safetensors (names with or without `model.`), quantized on `device` as read when `quant` is set."""
     raw = read_safetensors(path, quantize=quant, device=device).tensors
-    return LazyTensors({name.removeprefix("model."): (lambda name=name: raw[name]) for name in raw})
+    return LazyTensors({name.removeprefix("model."): partial(raw.__getitem__, name) for name in raw})
 
 
-def _drafter_vocab(config: dict, tensors: LazyTensors) -> int | None:
+def _drafter_vocab(config: dict, tensors: Mapping[str, Any]) -> int | None:
     """The vocabulary a drafter was made for: its selector's codebook rows (DFlash2), else config.json's."""
     codebook = "candidate_selector.predecessor_codebook"
     if codebook in tensors:
@@ -232,6 +235,7 @@ def load_drafter(
     """
     kind, path = resolve_model_path(path, "drafter")
     param = target.model.norm.weight
+    tensors: Mapping[str, Any]
     if kind == "gguf":
         gguf = _read_gguf(path, "drafter")
         config, tensors = gguf.hf_config, gguf.tensors
@@ -248,7 +252,8 @@ def load_drafter(
     if causal is not None:  # every layer causal or not, whatever the checkpoint says (experiments)
         cfg.causal = causal
     if fc is not None:
-        tensors = ChainMap({"fc.weight": fc}, tensors)  # read (and quantized) once
+        # read (and quantized) once; ChainMap only reads its maps, though typeshed asks for mutable ones
+        tensors = ChainMap({"fc.weight": fc}, tensors)  # type: ignore[arg-type]
     with torch.device("meta"):
         drafter = build_drafter(cfg, target.cfg.hidden_size, target.cfg.vocab_size)
     materialise(drafter, tensors, param.device, param.dtype, "drafter", placement=placement)

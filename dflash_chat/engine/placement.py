@@ -26,8 +26,8 @@ class Placement:
         self.progress = progress
         self.done = 0
         self.started = time.perf_counter()
-        self._staging: list | None = None
-        self._stream = None
+        self._staging: list[tuple[torch.Tensor, torch.cuda.Event]] | None = None  # two pinned buffers
+        self._stream: torch.cuda.Stream | None = None
 
     # -- moving -------------------------------------------------------------------------
     def place(self, t: torch.Tensor) -> torch.Tensor:
@@ -40,24 +40,29 @@ class Placement:
         return self._staged(t)
 
     def _staged(self, t: torch.Tensor) -> torch.Tensor:
-        if self._staging is None:
-            self._stream = torch.cuda.Stream(self.device)
-            self._staging = [
-                (torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True), torch.cuda.Event()) for _ in range(2)
-            ]
+        stream, staging = self._staging_buffers()
         out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
         src = t.contiguous().reshape(-1).view(torch.uint8)
         dst = out.reshape(-1).view(torch.uint8)
         for i, at in enumerate(range(0, src.numel(), STAGING_BYTES)):
-            buf, copied = self._staging[i % 2]
+            buf, copied = staging[i % 2]
             n = min(STAGING_BYTES, src.numel() - at)
             copied.synchronize()  # the device has finished reading this buffer
             buf[:n].copy_(src[at : at + n])
-            with torch.cuda.stream(self._stream):
+            with torch.cuda.stream(stream):
                 dst[at : at + n].copy_(buf[:n], non_blocking=True)
-                copied.record(self._stream)
-        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+                copied.record(stream)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
         return out
+
+    def _staging_buffers(self) -> tuple[torch.cuda.Stream, list[tuple[torch.Tensor, torch.cuda.Event]]]:
+        """The copy stream and the two pinned buffers it copies from, made on first use."""
+        if self._stream is None or self._staging is None:
+            self._stream = torch.cuda.Stream(self.device)
+            self._staging = [
+                (torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True), torch.cuda.Event()) for _ in range(2)
+            ]
+        return self._stream, self._staging
 
     # -- counting -----------------------------------------------------------------------
     def count(self, nbytes: int) -> None:

@@ -109,6 +109,7 @@ def first_token(logits: torch.Tensor, params: SamplingParams, draws: Draws | Non
     """The token after a prefill, from its last logits [V]: a 0-d device tensor."""
     if params.greedy:
         return logits.argmax(dim=-1)
+    assert draws is not None, "sampling needs the step's draws"
     return sample(probabilities(logits, params), draws.noise[0])
 
 
@@ -119,6 +120,7 @@ def draft_tokens(
     processed like the target's, which is written into `q_out` [D, V] for the verify."""
     if params.greedy:
         return logits.argmax(dim=-1)
+    assert draws is not None and q_out is not None, "sampled drafts need the step's draws and q_out"
     q = probabilities(logits, params)
     q_out.copy_(q)
     return sample(q, draws.draft_noise[: q.shape[0]])
@@ -148,6 +150,7 @@ def accept(
         tokens = logits.argmax(dim=-1)
         ok = tokens[: T - 1] == drafts
     else:
+        assert draws is not None, "sampling needs the step's draws"
         probs = probabilities(logits, params)
         q = q[: T - 1] if q is not None else probs[:0]  # no q: nothing was drafted (T = 1)
         p_d = probs[: T - 1].gather(1, drafts[:, None])[:, 0]

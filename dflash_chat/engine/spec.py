@@ -161,8 +161,7 @@ class Engine:
     def _take_snapshot(self, logits: torch.Tensor) -> None:
         self.snapshot = _Snapshot(len(self.tokens), logits, self.state.save_recurrent())
 
-    def _restore_snapshot(self) -> torch.Tensor:
-        snap = self.snapshot
+    def _restore_snapshot(self, snap: _Snapshot) -> torch.Tensor:
         self.state.load_recurrent(snap.recurrent, snap.length)
         self.tokens = self.tokens[: snap.length]
         if self.drafter:
@@ -192,7 +191,7 @@ class Engine:
         keep = 0 if self.state.gdn_layers() else min(common, len(prompt) - 1)
         snap = self.snapshot
         if snap is not None and keep <= snap.length <= min(common, len(prompt)):
-            logits = self._restore_snapshot()
+            logits = self._restore_snapshot(snap)
             return snap.length, (logits if snap.length == len(prompt) else None)
         if keep:
             self._truncate_attention_only(keep)
@@ -250,6 +249,7 @@ class Engine:
                 chunk = prompt[begin : begin + PREFILL_CHUNK]
                 logits = self.steps.prefill(chunk, final=begin + PREFILL_CHUNK >= len(prompt))
                 self.tokens.extend(chunk)
+            assert logits is not None, "the last chunk is final: it has logits"
             self._take_snapshot(logits)
         return logits
 

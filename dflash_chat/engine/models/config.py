@@ -158,7 +158,7 @@ class TargetConfig:
             d.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", False))
             d.setdefault("eos_token_id", raw.get("eos_token_id"))
         model_type = d.get("model_type")
-        arch = TARGET_MODEL_TYPES.get(model_type)
+        arch = TARGET_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
         if arch is None:
             known = ", ".join(sorted(set(TARGET_MODEL_TYPES)))
             raise ModelFormatError(f"unknown target architecture {model_type!r}; supported model_type: {known}")
@@ -255,12 +255,7 @@ class DrafterConfig:
         dflash2 = DFlash2Config.from_dict(d) if any("DFlash2" in a for a in archs) else None
         what = "drafter"
         dflash = d.get("dflash_config") or {}
-        block = dflash.get("block_size", d.get("block_size"))
-        mask = dflash.get("mask_token_id", d.get("mask_token_id"))
-        taps = dflash.get("target_layer_ids", d.get("target_layer_ids"))
-        for name, value in (("block_size", block), ("mask_token_id", mask), ("target_layer_ids", taps)):
-            if value is None:
-                raise ModelFormatError(f"drafter config.json has no {name} (top level or in dflash_config)")
+        block, mask, taps = (_dflash_field(d, name) for name in ("block_size", "mask_token_id", "target_layer_ids"))
         hidden = _need(d, "hidden_size", what)
         heads = _need(d, "num_attention_heads", what)
         layers = _need(d, "num_hidden_layers", what)
@@ -318,19 +313,26 @@ class DFlash2Config:
             return default if value is None else value
 
         what = "DFlash2 drafter"
-        sizes = {
-            key: _count(merged, key, what)
+        taps, group, rank, top_k = (
+            _count(merged, key, what)
             for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-        }
+        )
         hidden = d.get("hidden_size")
-        if isinstance(hidden, int) and hidden % sizes["conv_group_size"]:
-            raise ModelFormatError(
-                f"DFlash2 drafter conv_group_size {sizes['conv_group_size']} does not divide hidden_size {hidden}"
-            )
-        scales = {key: _positive(get(key, 1.0), key) for key in ("input_embedding_scale", "output_multiplier")}
+        if isinstance(hidden, int) and hidden % group:
+            raise ModelFormatError(f"DFlash2 drafter conv_group_size {group} does not divide hidden_size {hidden}")
+        input_scale, output_scale = (
+            _positive(get(key, 1.0), key) for key in ("input_embedding_scale", "output_multiplier")
+        )
         cap = get("final_logit_softcapping")
-        cap = None if cap is None else _positive(cap, "final_logit_softcapping")
-        return cls(**sizes, **scales, final_logit_softcapping=cap)
+        return cls(
+            conv_kernel_size=taps,
+            conv_group_size=group,
+            selector_rank=rank,
+            selector_top_k=top_k,
+            input_embedding_scale=input_scale,
+            output_multiplier=output_scale,
+            final_logit_softcapping=None if cap is None else _positive(cap, "final_logit_softcapping"),
+        )
 
 
 def _positive(value, key: str) -> float:
@@ -338,6 +340,14 @@ def _positive(value, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise ModelFormatError(f"DFlash2 drafter {key} is {value!r}: expected a positive number")
     return float(value)
+
+
+def _dflash_field(d: dict, name: str):
+    """A DFlash setting from `dflash_config`, else the top level; a one-line ModelFormatError when neither has it."""
+    value = (d.get("dflash_config") or {}).get(name, d.get(name))
+    if value is None:
+        raise ModelFormatError(f"drafter config.json has no {name} (top level or in dflash_config)")
+    return value
 
 
 def _causal(d: dict) -> bool | None:

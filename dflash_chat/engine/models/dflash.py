@@ -17,6 +17,8 @@ committed rows; `draft_logits` drafts after them); `forward_train` runs many blo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -101,12 +103,13 @@ class DraftLayer(PreNormBlock):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def attention_input(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, object]:
+    def attention_input(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, Any]:
         """(what attention reads, what `after_attention` needs) for rows x [n, H] laid out in blocks of `block`."""
         return self.input_layernorm(x), None
 
-    def after_attention(self, x: torch.Tensor, out: torch.Tensor, carried: object, block: int) -> torch.Tensor:
-        """The residual stream after the attention output `out` [n, H] and the MLP."""
+    def after_attention(self, x: torch.Tensor, out: torch.Tensor, carried: Any, block: int) -> torch.Tensor:
+        """The residual stream after the attention output `out` [n, H] and the MLP; `carried` is what this
+        layer's own `attention_input` returned (its type is the subclass's business)."""
         return self.finish(x, out)
 
 
@@ -132,6 +135,11 @@ class DFlashDrafter(nn.Module):
         self._normed_slice: slice | None = None
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: K and V [rows, kv_heads, head_dim]
         self.ctx_len = 0
+
+    @property
+    def draft_layers(self) -> Sequence[DraftLayer]:
+        """`layers` as the layers they are (an nn.ModuleList's items are typed as plain Modules)."""
+        return cast("Sequence[DraftLayer]", self.layers)
 
     # -- wiring -----------------------------------------------------------------
     def bind(
@@ -162,7 +170,7 @@ class DFlashDrafter(nn.Module):
         (position j in row j mod rows); full layers keep every position."""
         p = self.norm.weight  # fc may be a quantized module: the norm holds the compute dtype
         self.cache = []
-        for layer in self.layers:
+        for layer in self.draft_layers:
             window = layer.self_attn.window
             rows = min(max_context, window + self.block_size) if window else max_context
             shape = (rows, self.cfg.num_kv_heads, self.cfg.head_dim)
@@ -213,7 +221,7 @@ class DFlashDrafter(nn.Module):
         dtype = self.norm.weight.dtype
         h = self.project_context(features.to(dtype))
         cos, sin = self.rotary.at(positions, dtype)
-        for layer, (cache_k, cache_v) in zip(self.layers, self.cache):
+        for layer, (cache_k, cache_v) in zip(self.draft_layers, self.cache):
             layer.self_attn.into_cache(h, cos, sin, positions, cache_k, cache_v, queries=False)
 
     @torch.no_grad()
@@ -244,7 +252,7 @@ class DFlashDrafter(nn.Module):
         x = self.embed(ids, dtype)
         cos, sin = self.rotary.at(span.pos, dtype)
         block = x.shape[0]
-        for layer, (cache_k, cache_v) in zip(self.layers, self.cache):
+        for layer, (cache_k, cache_v) in zip(self.draft_layers, self.cache):
             attn = layer.self_attn
             xn, carried = layer.attention_input(x, block)
             q, _ = attn.into_cache(xn, cos, sin, span.pos, cache_k, cache_v)
@@ -254,7 +262,7 @@ class DFlashDrafter(nn.Module):
 
     def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The block's input rows: the target's embeddings of `ids`."""
-        x = self._embed(ids).to(dtype)
+        x = _bound(self._embed)(ids).to(dtype)
         return x * self.embedding_scale if self.embedding_scale != 1.0 else x
 
     # -- training ---------------------------------------------------------------
@@ -284,7 +292,7 @@ class DFlashDrafter(nn.Module):
         x = block_embeddings.reshape(A * B, H)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
-        for layer in self.layers:
+        for layer in self.draft_layers:
             attn = layer.self_attn
             k_c, v_c = attn.keys_values(h_ctx, cos_c, sin_c)
             xn, carried = layer.attention_input(x, B)
@@ -297,4 +305,11 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits of final-normed hidden states, through the target's LM head."""
-        return self._lm_head(hidden)
+        return _bound(self._lm_head)(hidden)
+
+
+def _bound(module: nn.Module | None) -> nn.Module:
+    """A module of the target's that `bind` lent the drafter (its embedding, its LM head)."""
+    if module is None:
+        raise RuntimeError("the drafter is not bound to a target yet: bind() it first")
+    return module

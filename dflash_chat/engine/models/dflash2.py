@@ -68,7 +68,7 @@ class GroupedDynamicConv(nn.Module):
 class DFlash2Layer(DraftLayer):
     def __init__(self, cfg: DrafterConfig, layer_type: str, causal: bool):
         super().__init__(cfg, layer_type, causal)
-        d2 = cfg.dflash2
+        d2 = dflash2_part(cfg)
         self.attention_conv = GroupedDynamicConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
         self.mlp_conv = GroupedDynamicConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
 
@@ -127,12 +127,14 @@ class CandidateSelector(nn.Module):
         at = torch.zeros(1, dtype=torch.long, device=ids.device)  # the predecessor's index (any row for t = 0)
         path = []
         if not params.greedy:
+            assert draws is not None and q_out is not None, "a sampled walk needs the step's draws and q_out"
             q_out.zero_()
         for t in range(ids.shape[0]):
             row = scores[t].index_select(0, at)  # [1, K]
             if params.greedy:
                 at = row.argmax(dim=-1)
             else:
+                assert draws is not None and q_out is not None
                 q = torch.softmax(row / params.temperature, dim=-1)
                 at = (q / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
                 q_out[t].scatter_(0, ids[t], q[0])
@@ -144,10 +146,8 @@ class DFlash2Drafter(DFlashDrafter):
     layer_class = DFlash2Layer
 
     def __init__(self, cfg: DrafterConfig, target_hidden_size: int | None = None, vocab_size: int | None = None):
-        if cfg.dflash2 is None:
-            raise ValueError("a DFlash2 drafter needs the config's DFlash2 part")
+        d2 = dflash2_part(cfg)
         super().__init__(cfg, target_hidden_size)
-        d2: DFlash2Config = cfg.dflash2
         self.embedding_scale = d2.input_embedding_scale
         self.candidate_selector = CandidateSelector(
             vocab_size or 0, cfg.hidden_size, d2.selector_rank, d2.selector_top_k
@@ -159,8 +159,8 @@ class DFlash2Drafter(DFlashDrafter):
         return self.candidate_selector.top_k
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        d2 = self.cfg.dflash2
-        logits = self._lm_head(hidden)
+        d2 = dflash2_part(self.cfg)
+        logits = super().logits(hidden)
         if d2.output_multiplier != 1.0:
             logits = logits * d2.output_multiplier
         if d2.final_logit_softcapping is not None:
@@ -174,6 +174,13 @@ class DFlash2Drafter(DFlashDrafter):
         """The selector's path [B-1] from ids[0] (see `CandidateSelector.walk`). Reads no host value."""
         hidden = self._draft(ids, span)
         return self.candidate_selector.walk(self.logits(hidden), hidden, ids[:1], params, draws, q_out)
+
+
+def dflash2_part(cfg: DrafterConfig) -> DFlash2Config:
+    """What a DFlash2 drafter's config adds to DFlash's (a DFlash config has none)."""
+    if cfg.dflash2 is None:
+        raise ValueError("a DFlash2 drafter needs the config's DFlash2 part")
+    return cfg.dflash2
 
 
 def build_drafter(cfg: DrafterConfig, target_hidden_size: int, vocab_size: int) -> DFlashDrafter:

@@ -9,6 +9,8 @@ call `SharedInput` for one launch per format instead of one per projection.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -43,24 +45,33 @@ class SharedInput(nn.Module):
             self.plan.append(indices)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out: list[torch.Tensor | None] = [None] * len(self.sizes)
+        out: dict[int, torch.Tensor] = {}
         for matrix, indices in zip(self.matrices, self.plan):
             y = matrix(x)
             for i, piece in zip(indices, y.split([self.sizes[i] for i in indices], dim=-1)):
                 out[i] = piece
-        return tuple(out)
+        return tuple(out[i] for i in range(len(self.sizes)))
 
 
 def _concatenate(members: list[nn.Module]) -> nn.Module:
-    """One module over the members' weight rows stacked; each member rebound to a view of its rows."""
+    """One module over the members' weight rows stacked; each member rebound to a view of its rows.
+    `_format_key` groups packed linears apart from float ones (nn.Linear, Router)."""
     if isinstance(members[0], QuantLinear):
-        rows = torch.cat([m.packed for m in members])
-        fused = QuantLinear(QuantTensor(rows, members[0].fmt, (rows.shape[0], members[0].in_features)))
-        at = 0
-        for m in members:
-            m.packed = fused.packed[at : at + m.out_features]
-            at += m.out_features
-        return fused
+        return _concatenate_packed(cast("list[QuantLinear]", members))
+    return _concatenate_float(cast("list[nn.Linear | Router]", members))
+
+
+def _concatenate_packed(members: list[QuantLinear]) -> QuantLinear:
+    rows = torch.cat([m.weight.data for m in members])
+    fused = QuantLinear(QuantTensor(rows, members[0].fmt, (rows.shape[0], members[0].in_features)))
+    at = 0
+    for m in members:
+        m.packed = rows[at : at + m.out_features]  # rows is the fused module's buffer
+        at += m.out_features
+    return fused
+
+
+def _concatenate_float(members: list[nn.Linear | Router]) -> nn.Linear:
     weight = torch.cat([m.weight.detach() for m in members])
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)

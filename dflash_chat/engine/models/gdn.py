@@ -38,7 +38,8 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(self.v_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_total, cfg.hidden_size, bias=False)
-        self.shared = None  # qkv, z, b and a in one matmul per weight format, once fused (models/fused.py)
+        # qkv, z, b and a in one matmul per weight format, once fused (models/fused.py)
+        self.shared: nn.Module | None = None
         self.heads = gdn_kernel.Heads(self.num_k_heads, self.num_v_heads, self.k_dim, self.v_dim)
 
     def shared_input_parts(self) -> list[nn.Module]:
@@ -91,6 +92,7 @@ class GatedDeltaNet(nn.Module):
         core = gdn_kernel.mix(
             qkv, b, a, self.A_log, self.dt_bias, cache.recurrent, self.heads, update=not speculative, out_dtype=x.dtype
         )
+        assert core is not None, "mix returns the outputs unless told not to"
         if not speculative:
             cache.pending = 0
         core = self.norm(core.to(x.dtype), z.reshape(T, self.num_v_heads, self.v_dim))  # (a kernel's are x.dtype)
@@ -99,9 +101,11 @@ class GatedDeltaNet(nn.Module):
     def commit(self, cache: GDNCache, keep: torch.Tensor) -> None:
         """State after only the first `keep` tokens (a 0-d device tensor) of the last speculative forward: the
         recurrence re-run over the kept tokens' stored inputs, in place (tokens past `keep` masked to no-ops)."""
-        inputs = (cache.spec_qkv, cache.spec_b, cache.spec_a)
+        n = cache.pending
         gdn_kernel.mix(
-            *(x[: cache.pending] for x in inputs),
+            cache.spec_qkv[:n],
+            cache.spec_b[:n],
+            cache.spec_a[:n],
             self.A_log,
             self.dt_bias,
             cache.recurrent,

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm over the last dim; `zero_centred` stores w with the scale 1 + w (Qwen3.5/3.6)."""
+class NormWeight(nn.Module):
+    """An RMSNorm's weight and settings; `zero_centred` stores w with the scale 1 + w (Qwen3.5/3.6)."""
 
     def __init__(self, dim: int, eps: float = 1e-6, zero_centred: bool = False):
         super().__init__()
@@ -16,12 +16,16 @@ class RMSNorm(nn.Module):
         self.zero_centred = zero_centred
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
 
+
+class RMSNorm(NormWeight):
+    """RMSNorm over the last dim."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # zero-centred: normalised and scaled in float32, as the reference does
         return ops().rms_norm(x, self.weight, self.eps, self.zero_centred)
 
 
-class GatedRMSNorm(RMSNorm):
+class GatedRMSNorm(NormWeight):
     """The GDN output norm: plain RMSNorm, then times silu(gate)."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -45,6 +49,8 @@ class Rotary(nn.Module):
     values `cos_sin` computes, element for element.
     Scaled RoPE (YaRN...) passes its own `inv_freq` and the `attention_factor` cos and sin are scaled by.
     """
+
+    inv_freq: torch.Tensor  # a buffer
 
     def __init__(
         self, rotary_dim: int, theta: float, inv_freq: torch.Tensor | None = None, attention_factor: float = 1.0
@@ -100,6 +106,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class PreNormBlock(nn.Module):
     """A pre-norm decoder layer's tail; subclasses hold `mlp` and `post_attention_layernorm`."""
 
+    mlp: nn.Module
+    post_attention_layernorm: RMSNorm
+
     def finish(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
         """Add the mixer's (attention's) output to the residual stream, then the MLP's (the add and the
         post-attention norm in one kernel)."""
@@ -114,7 +123,8 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.shared = None  # gate and up in one matmul per weight format, once fused (models/fused.py)
+        # gate and up in one matmul per weight format, once fused (models/fused.py)
+        self.shared: nn.Module | None = None
 
     def shared_input_parts(self) -> list[nn.Module]:
         return [self.gate_proj, self.up_proj]

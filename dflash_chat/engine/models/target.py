@@ -11,6 +11,9 @@ the DFlash drafter reads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -56,6 +59,7 @@ class DecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(cfg)
         else:
             self.self_attn = Attention(cfg)
+        self.mlp: nn.Module
         if cfg.is_moe:
             self.mlp = SparseMoE(
                 cfg.hidden_size,
@@ -100,6 +104,11 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norm)
 
+    @property
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
+        """`layers` as the layers they are (an nn.ModuleList's items are typed as plain Modules)."""
+        return cast("Sequence[DecoderLayer]", self.layers)
+
 
 class TargetModel(nn.Module):
     def __init__(self, cfg: TargetConfig):
@@ -117,7 +126,7 @@ class TargetModel(nn.Module):
         """Caches for `max_len` positions; GDN layers keep room for a speculative forward of `block` tokens."""
         p = self.model.norm.weight
         dtype = p.dtype
-        caches = [layer.new_cache(max_len, p.device, dtype, block) for layer in self.model.layers]
+        caches = [layer.new_cache(max_len, p.device, dtype, block) for layer in self.model.decoder_layers]
         self.rotary.allocate(max_len, dtype)
         return ModelState(caches, max_len)
 
@@ -142,7 +151,7 @@ class TargetModel(nn.Module):
         """
         T = ids.shape[0]
         eager = span is None
-        if eager:
+        if span is None:
             start = state.length
             if start + T > state.max_len:
                 raise ContextLengthError(
@@ -152,12 +161,14 @@ class TargetModel(nn.Module):
         dtype = self.model.norm.weight.dtype
         x = self.model.embed_tokens(ids).to(dtype)
         cos, sin = self.rotary.at(span.pos, dtype)
-        tapped = dict.fromkeys(taps or ())
-        pending = None
-        for i, (layer, cache) in enumerate(zip(self.model.layers, state.layers)):
+        wanted = set(taps or ())
+        tapped: dict[int, torch.Tensor] = {}
+        pending: torch.Tensor | None = None
+        for i, (layer, cache) in enumerate(zip(self.model.decoder_layers, state.layers)):
             x, pending = layer(x, pending, cache, span, cos, sin, speculative)
-            if i in tapped:
+            if i in wanted:
                 tapped[i] = x + pending
+        assert pending is not None, "a target has layers"
         if eager:
             state.length = start + T
             state.pending = T if speculative else 0
@@ -183,6 +194,6 @@ class TargetModel(nn.Module):
     def commit(self, state: ModelState, keep: torch.Tensor) -> None:
         """Bring every GDN layer to the state after the first `keep` (a 0-d device tensor) tokens of the last
         speculative forward (attention needs nothing: its rows past the length are ignored)."""
-        for layer, cache in zip(self.model.layers, state.layers):
+        for layer, cache in zip(self.model.decoder_layers, state.layers):
             if isinstance(cache, GDNCache):
                 layer.linear_attn.commit(cache, keep)

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 
 import torch
 
+Mark = float | torch.cuda.Event  # perf_counter() on the CPU, an event on CUDA
+
 
 @dataclass
 class Interval:
     kind: str  # "draft" or "verify" (a verify interval includes its accept and commit)
     size: int  # tokens verified (0 for a draft)
-    begin: object
-    end: object
+    begin: Mark
+    end: Mark
 
 
 class Clock:
@@ -26,15 +28,12 @@ class Clock:
         self.cuda = device.type == "cuda"
         self.pending: list[Interval] = []
 
-    def mark(self):
+    def mark(self) -> Mark:
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
-
-    def seconds(self, begin, end) -> float:
-        return begin.elapsed_time(end) / 1000 if self.cuda else end - begin
 
     def timed(self, kind: str, size: int, fn, *args) -> None:
         """Run fn(*args) between two marks; the interval is counted by `ended`."""
@@ -46,10 +45,8 @@ class Clock:
         """The intervals the device has finished (all of them, waiting, when `wait`) with their seconds."""
         done, left = [], []
         for it in self.pending:
-            if not self.cuda or wait or it.end.query():
-                if self.cuda:
-                    it.end.synchronize()
-                done.append((it, self.seconds(it.begin, it.end)))
+            if _passed(it.end, wait):
+                done.append((it, _seconds(it.begin, it.end)))
             else:
                 left.append(it)
         self.pending = left
@@ -59,3 +56,20 @@ class Clock:
         """Forget the newest interval if it is of `kind` (an unused draft at the end of an answer)."""
         if self.pending and self.pending[-1].kind == kind:
             self.pending.pop()
+
+
+def _passed(end: Mark, wait: bool) -> bool:
+    """Whether the device has passed the mark `end` (waiting for it when `wait`); a CPU mark has passed."""
+    if not isinstance(end, torch.cuda.Event):
+        return True
+    if not (wait or end.query()):
+        return False
+    end.synchronize()
+    return True
+
+
+def _seconds(begin: Mark, end: Mark) -> float:
+    if isinstance(begin, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
+        return begin.elapsed_time(end) / 1000
+    assert isinstance(begin, float) and isinstance(end, float), "both marks come from one clock"
+    return end - begin

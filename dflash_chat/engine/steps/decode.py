@@ -42,7 +42,7 @@ class Steps:
         self.ids = torch.zeros(self.B, **long)  # the verify input: [last, drafts]
         self.result = torch.zeros(self.B + 2, **long)  # [tokens (first T), ..., n, accepted]
         self.host = torch.zeros(self.B + 2, dtype=torch.long, pin_memory=dev.type == "cuda")
-        self.ready = None  # the event after the result's copy to the host (CUDA)
+        self.ready: torch.cuda.Event | None = None  # the event after the result's copy to the host (CUDA)
         self.outputs: dict[int, tuple] = {}  # T -> (logits, feats) of the last verify of that size
         self.q: torch.Tensor | None = None  # [B-1, V]: the drafts' processed distributions (sampling)
         self.draws: Draws | None = None
@@ -81,6 +81,7 @@ class Steps:
         return Span.fixed(self.start, self.offsets[:T], bound)
 
     def _draft(self) -> None:
+        assert self.block is not None, "a target without a drafter has no draft step"
         self.flush_context()
         self.block[:1].copy_(self.ids[:1])
         self.ids[1:].copy_(self.drafter.propose(self.block, self._span(self.B), self.params, self.draws, self.q))
@@ -191,8 +192,9 @@ class Steps:
         self._function(key)()
 
     # -- one answer: the seam the loop drives ----------------------------------------------
-    def begin(self, last: int, length: int, params: SamplingParams, generator: torch.Generator) -> None:
-        """Start decoding after a prefill: the state holds `length` tokens, `last` is the newest token."""
+    def begin(self, last: int, length: int, params: SamplingParams, generator: torch.Generator | None) -> None:
+        """Start decoding after a prefill: the state holds `length` tokens, `last` is the newest token (a greedy
+        answer needs no generator)."""
         stops = list(params.stop_token_ids)[:MAX_STOPS]
         self.stop_ids.fill_(-1)
         if stops:
@@ -210,7 +212,8 @@ class Steps:
         """Queue the drafts after the last token (the drafter always drafts its whole block)."""
         issued = time.perf_counter()
         if not self.params.greedy:
-            self.draws.fill_drafts(self.generator, self.noise_columns)
+            draws, generator = self._randomness()
+            draws.fill_drafts(generator, self.noise_columns)
         self._run(("draft", self._sampling_key()))
         self.host_s += time.perf_counter() - issued
 
@@ -219,10 +222,16 @@ class Steps:
         issued = time.perf_counter()
         self.remaining.fill_(remaining)
         if not self.params.greedy:
-            self.draws.fill(self.generator, T)
+            draws, generator = self._randomness()
+            draws.fill(generator, T)
         self._run(("verify", T))
         self._run(("accept", T, self._sampling_key()))
         self.host_s += time.perf_counter() - issued
+
+    def _randomness(self) -> tuple[Draws, torch.Generator]:
+        """A sampled step's draws and generator (`begin` sets them)."""
+        assert self.draws is not None and self.generator is not None, "a sampled answer needs a generator"
+        return self.draws, self.generator
 
     def commit(self, T: int) -> None:
         """Keep what the verify accepted and queue its result for the host."""
