@@ -13,15 +13,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.chat.live_stats import LiveStats
-from dflash_chat.chat.prompt import ThinkingSplitter
 from dflash_chat.chat.stops import StopStrings
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled
 from dflash_chat.errors import one_line
 
 POST_INTERVAL_S = 0.04
+
+
+class Splitter(Protocol):
+    """Text in, (thinking, answer) out: chat/prompt.py's ThinkingSplitter, or one that calls it all answer."""
+
+    def feed(self, text: str) -> tuple[str, str]: ...
+
+    def flush(self) -> tuple[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ class StreamEnd:
 def stream_answer(
     events: Iterable[Event],
     decoder: IncrementalDecoder,
-    splitter: ThinkingSplitter,
+    splitter: Splitter,
     post: Callable[[StreamChunk], None],
     *,
     interval: float = POST_INTERVAL_S,

@@ -163,7 +163,7 @@ class HistoryStore:
                 "INSERT INTO conversations (title, created, updated) VALUES (?, ?, ?)",
                 (title, now, now),
             )
-            return cursor.lastrowid
+            return _row_id(cursor)
 
     def rename(self, conversation_id: int, title: str) -> None:
         with self._using():
@@ -231,8 +231,8 @@ class HistoryStore:
                 ),
             )
             self._touch(conversation_id, now)
-            message.id = cursor.lastrowid
-            return message.id
+            message.id = row_id = _row_id(cursor)
+            return row_id
 
     def update(self, message: Message) -> None:
         """Rewrite a saved message (an answer as it streams, then as it ended)."""
@@ -304,6 +304,13 @@ def _free_name(path: Path) -> Path:
         n += 1
         candidate = path.with_name(f"{path.name}.{n}")
     return candidate
+
+
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just wrote (sqlite3 types `lastrowid` as optional; after an INSERT it is set)."""
+    row_id = cursor.lastrowid
+    assert row_id is not None
+    return row_id
 
 
 def _stats_to_json(stats: GenerationStats | None) -> str | None:

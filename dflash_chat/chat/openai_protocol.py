@@ -109,13 +109,15 @@ def _dense(histogram) -> tuple[int, ...]:
     """A histogram as a dense tuple, from a list or a sparse {"j": count} map; () when unreadable."""
     if isinstance(histogram, list):
         counts = [_count(c) for c in histogram]
-        return tuple(counts) if all(c is not None for c in counts) else ()
+        dense = [c for c in counts if c is not None]
+        return tuple(dense) if len(dense) == len(counts) else ()
     if isinstance(histogram, Mapping):
         try:
-            pairs = {int(k): _count(v) for k, v in histogram.items()}
+            read = {int(k): _count(v) for k, v in histogram.items()}
         except (TypeError, ValueError):
             return ()
-        if not pairs or any(k < 0 or v is None for k, v in pairs.items()):
+        pairs = {k: v for k, v in read.items() if v is not None}
+        if not pairs or len(pairs) != len(read) or any(k < 0 for k in pairs):
             return ()
         return tuple(pairs.get(j, 0) for j in range(max(pairs) + 1))
     return ()

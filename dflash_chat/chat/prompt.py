@@ -85,7 +85,8 @@ class ThinkingSplitter:
     def feed(self, text: str) -> tuple[str, str]:
         text = self._held + text
         self._held = ""
-        thinking, answer = [], []
+        thinking: list[str] = []
+        answer: list[str] = []
         while text:
             tag = THINK_CLOSE if self.in_thinking else THINK_OPEN
             at = text.find(tag)
@@ -108,7 +109,8 @@ class ThinkingSplitter:
 
     def flush(self) -> tuple[str, str]:
         held, self._held = self._held, ""
-        thinking, answer = [], []
+        thinking: list[str] = []
+        answer: list[str] = []
         self._emit(held, thinking, answer)
         return "".join(thinking), "".join(answer)
 

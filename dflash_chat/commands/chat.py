@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from dflash_chat import hardware, paths
@@ -77,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_app(args: argparse.Namespace, current: settings_module.Settings, problems: list[str] = ()):
+def build_app(args: argparse.Namespace, current: settings_module.Settings, problems: Sequence[str] = ()):
     from dataclasses import replace
 
     from dflash_chat.chat.model_source import pick_from_args, resolve

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"This machine: {machine.label}, {free}" + (f" ({machine.cuda_note})" if machine.cuda_note else ""))
     context = context_for(args)
     pairs = _pairs(catalog, args)
+    pick: Choice | None
     try:
         if args.model or args.quant or args.drafter_quant:
             pick = hardware.choose(
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     except NoFitError as exc:
         pick, verdict = None, f"Pick: none. {exc}"
 
-    rows = [("MODEL", "QUANT", "SIZE", "DRAFTER", "NEEDS", "FITS", "CACHED", "")]
+    rows: list[tuple[str, ...]] = [("MODEL", "QUANT", "SIZE", "DRAFTER", "NEEDS", "FITS", "CACHED", "")]
     for pair in pairs:
         rows += _rows(catalog, pair, machine, context, pick, args)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -118,7 +119,8 @@ def print_endpoints() -> None:
 def _pairs(catalog: Catalog, args: argparse.Namespace) -> list[Pair]:
     """The pairs to list: the one named, else those offering the quants asked for (CatalogError if none does)."""
     pairs = [catalog.get(args.model)] if args.model else list(catalog.ranked())
-    offering, refusal = [], None
+    offering: list[Pair] = []
+    refusal: CatalogError | None = None
     for pair in pairs:
         try:
             if args.quant:
@@ -132,6 +134,7 @@ def _pairs(catalog: Catalog, args: argparse.Namespace) -> list[Pair]:
     if offering:
         return offering
     if args.model or len(pairs) == 1 or (args.quant and not is_quant_name(args.quant)):
+        assert refusal is not None  # no pair offers what was asked: each said why
         raise refusal
     drafters = ", ".join(dict.fromkeys(q for p in pairs for q in p.drafter_quants))
     raise CatalogError(f"no model has drafter quant {args.drafter_quant} (they have {drafters})")
@@ -144,7 +147,7 @@ def _rows(
 
     ctx = min(context, pair.max_context)  # a row per pair even past its maximum
     tokenizer_cached = hub.cached_parts(pair.tokenizer) is not None
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for target in [pair.target(args.quant)] if args.quant else pair.targets:
         # the preferred drafter that fits beside this target, else the smallest option
         best = hardware.choose(

@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
     )
     decoder = IncrementalDecoder(tok, params.stop_token_ids)
     tokens: list[int] = []
-    finished = None
+    finished: Finished | None = None
     for event in pair.engine.generate(prompt, params):
         if isinstance(event, Step):
             tokens.extend(event.token_ids)
@@ -166,6 +166,7 @@ def main(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         elif isinstance(event, Finished):
             finished = event
+    assert finished is not None, "the engine's generation always ends with Finished"
     if args.json:
         answer = tok.decode([t for t in tokens if t not in params.stop_token_ids])
         record = {

@@ -92,6 +92,7 @@ class Served:
         """The model is loaded: answer with it, through the same answering service as the chat app."""
         self._checker = copy.deepcopy(session.tokenizer)
         self.vocab = _vocabulary(session)
+        assert self.name is not None, "the served name is set before the model is ready (serve/server.py)"
         self.metrics = Metrics(self.name, session.spec_tokens)
         self.service = AnsweringService(session)
 
@@ -205,6 +206,7 @@ class Served:
     def work(self, request: ChatRequest | CompletionRequest, prompt: Prompt, emit, job: Job) -> None:
         service = self.service
         assert service is not None and self.metrics is not None
+        assert job.started_at is not None  # the scheduler stamps a job as it starts it
         session = service.session
         chat = isinstance(request, ChatRequest)
         queued_s = job.started_at - job.queued_at
@@ -231,7 +233,7 @@ class Served:
             log.error("an answer failed: %s", one_line(exc, "generation"))
             emit(Failed(SERVER_FAULT))
             return
-        if chat:
+        if isinstance(request, ChatRequest):
             service.answered(CLIENTS, request.turns, prompt, end)
         else:
             service.keep(CLIENTS, None)  # the engine now holds a raw completion: no chat to continue
@@ -251,8 +253,9 @@ def _vocabulary(session) -> int | None:
     except TypeError:
         pass
     size = getattr(getattr(getattr(getattr(session, "pair", None), "engine", None), "target", None), "cfg", None)
-    if isinstance(getattr(size, "vocab_size", None), int):
-        sizes.append(size.vocab_size)
+    vocab_size = getattr(size, "vocab_size", None)
+    if isinstance(vocab_size, int):
+        sizes.append(vocab_size)
     return min(sizes) if sizes else None
 
 
@@ -320,7 +323,8 @@ def build_routes(served: Served) -> FastAPI:
         served.check_auth(request)
         body = await read_body(request, served.max_body, served.body_timeout_s)
         parsed = parse(parse_json(body), served.settings)
-        return await answer(request, served, parsed, responses.Kind.new(chat, served.name))
+        # no name yet means no model yet: answer() refuses the request (503) before the kind is used
+        return await answer(request, served, parsed, responses.Kind.new(chat, served.name or ""))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -337,7 +341,7 @@ async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOU
     """The body, refused (413) past `limit` bytes without reading the rest, and (408) when it has not
     all come within `timeout_s` (a body shorter than its Content-Length would wait forever)."""
     try:
-        async with asyncio.timeout(timeout_s):
+        with anyio.fail_after(timeout_s):  # asyncio.timeout is Python 3.11's; this project runs on 3.10 too
             return await _read_body(request, limit)
     except TimeoutError:
         raise ApiError(

@@ -91,7 +91,7 @@ def _too_deep():
 
 def _check_tree(body: dict) -> None:
     """Depth and text of every value, iteratively (a deep body must not recurse here either)."""
-    stack = [(body, 1)]
+    stack: list[tuple[object, int]] = [(body, 1)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, str):
@@ -102,8 +102,8 @@ def _check_tree(body: dict) -> None:
             if isinstance(value, dict):
                 for key in value:
                     _check_text(key)
-                value = value.values()
-            stack.extend((item, depth + 1) for item in value)
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
 
 
 def _check_text(text: str) -> None:

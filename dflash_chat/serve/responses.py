@@ -56,6 +56,12 @@ def figures(stats: GenerationStats, spec_tokens: int) -> dict:
     return extra
 
 
+def _finished_stats(end: StreamEnd) -> GenerationStats:
+    """The server answers only answers that did not fail, and those carry the engine's stats."""
+    assert end.stats is not None, "an answer without stats ended in error; it is sent as a failure"
+    return end.stats
+
+
 def finish_reason(end: StreamEnd) -> str:
     return FINISH.get(end.reason, "stop")
 
@@ -66,7 +72,8 @@ def completion(kind: Kind, end: StreamEnd, spec_tokens: int) -> dict:
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(end)}
     else:
         choice = {"index": 0, "text": end.answer, "logprobs": None, "finish_reason": finish_reason(end)}
-    return {**kind.head(False), "choices": [choice], "usage": usage(end.stats), **figures(end.stats, spec_tokens)}
+    stats = _finished_stats(end)
+    return {**kind.head(False), "choices": [choice], "usage": usage(stats), **figures(stats, spec_tokens)}
 
 
 def _choice(kind: Kind, thinking: str, answer: str, finish: str | None, first: bool = False) -> dict:
@@ -96,11 +103,12 @@ def text_chunk(kind: Kind, chunk: StreamChunk, prompt_tokens: int | None) -> dic
 def last_chunks(kind: Kind, end: StreamEnd, spec_tokens: int, include_usage: bool) -> list[dict]:
     """The chunk with the finish reason (and the figures, as llama.cpp's last chunk has them), then
     the usage chunk (no choices) when stream_options asked for it, as OpenAI's and vLLM's."""
-    extra = figures(end.stats, spec_tokens)
+    stats = _finished_stats(end)
+    extra = figures(stats, spec_tokens)
     last = {**kind.head(True), "choices": [_choice(kind, "", "", finish_reason(end))], **extra}
     if not include_usage:
         return [last]
-    return [last, {**kind.head(True), "choices": [], "usage": usage(end.stats), **extra}]
+    return [last, {**kind.head(True), "choices": [], "usage": usage(stats), **extra}]
 
 
 def sse(body: dict | str) -> str:

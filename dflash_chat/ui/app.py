@@ -9,6 +9,7 @@ from pathlib import Path
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.theme import Theme
 
@@ -86,7 +87,7 @@ class DFlashChatApp(App):
         if self.history_note:
             self.warn(self.history_note, severity="error")
 
-    def warn(self, message: str, severity: str = "warning") -> None:
+    def warn(self, message: str, severity: SeverityLevel = "warning") -> None:
         """A notice that stays until dismissed: it asks the user to fix something of theirs."""
         self.notify(message, severity=severity, timeout=STICKY_S, markup=False)
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from textual import on
 from textual.binding import Binding
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.hardware import Choice
     from dflash_chat.hub import ModelFiles
+    from dflash_chat.ui.app import DFlashChatApp
 
 SAVE_EVERY_S = 1.0  # how often a streaming answer is written to the history
 NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hidden until asked for
@@ -432,10 +433,10 @@ class ChatScreen(PlainNotices, Screen):
         self.panel.toggle_class("hidden")
 
     def action_history(self) -> None:
-        self.app.action_open_history()
+        cast("DFlashChatApp", self.app).action_open_history()
 
     def action_settings(self) -> None:
-        self.app.action_open_settings()
+        cast("DFlashChatApp", self.app).action_open_settings()
 
     def apply_settings(self, new: Settings) -> None:
         """The one way settings change: this screen's, then the backend's (which may load another model)."""

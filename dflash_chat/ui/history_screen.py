@@ -10,6 +10,7 @@ from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
+from textual.widgets.data_table import RowKey
 
 from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown
 from dflash_chat.errors import UserError
@@ -19,6 +20,12 @@ from dflash_chat.ui.notices import PlainNotices
 
 def when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+
+
+def row_conversation(key: RowKey) -> int:
+    """The conversation a row shows (every row is added with its conversation's id as key)."""
+    assert key.value is not None
+    return int(key.value)
 
 
 class HistoryScreen(PlainNotices, Screen[int | None]):
@@ -70,7 +77,7 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
         if table.row_count == 0:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
-        return int(key.value)
+        return row_conversation(key)
 
     def action_open(self) -> None:
         conversation_id = self.selected()
@@ -79,7 +86,7 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
-        self.dismiss(int(event.row_key.value))
+        self.dismiss(row_conversation(event.row_key))
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -7,10 +7,19 @@ every screen of the app shows its notices as plain text.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.notifications import SeverityLevel
 
+if TYPE_CHECKING:
+    from textual.widget import Widget
 
-class PlainNotices:
+    _NoticeBase = Widget  # what the mixin's super().notify reaches: the Screen it is mixed into
+else:
+    _NoticeBase = object
+
+
+class PlainNotices(_NoticeBase):
     """Mixin for a Screen: `notify` without markup."""
 
     def notify(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Collapsible, Markdown, Static
+from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.chat.conversation import COMPLETE, Conversation, Message
 from dflash_chat.chat.history import status_note
@@ -26,8 +27,8 @@ class AssistantMessage(Vertical):
         super().__init__(classes="message assistant")
         self.border_title = "assistant"
         self._initial = message
-        self._thinking_stream = None
-        self._answer_stream = None
+        self._thinking_stream: MarkdownStream | None = None
+        self._answer_stream: MarkdownStream | None = None
 
     def compose(self):
         message = self._initial

@@ -40,7 +40,7 @@ class PromptInput(TextArea):
             return
         await super()._on_key(event)
 
-    def _on_paste(self, event: events.Paste) -> None:
+    async def _on_paste(self, event: events.Paste) -> None:
         # runs before TextArea's own handler (Textual dispatches along the MRO), which inserts event.text
         event.text = clean(event.text)  # pasted control characters never reach the message
 

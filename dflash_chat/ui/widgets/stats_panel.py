@@ -33,7 +33,7 @@ def format_draft(f: LiveStats | GenerationStats, live: bool) -> str:
         return "off"
     if not f.steps:
         return f.draft or DASH
-    per = str(f.last_drafted) if live else f"{f.mean_draft_length:.1f}"
+    per = str(f.last_drafted) if live and isinstance(f, LiveStats) else f"{f.mean_draft_length:.1f}"
     return f"{f.draft} · {per}" if f.draft else per
 
 
@@ -132,10 +132,10 @@ class StatsPanel(VerticalScroll):
             ),
             layout=False,
         )
-        drafting = f is not None and speculative
+        spec = f if speculative else None  # the figures of an answer that drafted
         draft = (
-            ("acceptance", format_rate(f.acceptance_rate) if drafting and f.drafted else DASH),  # of no drafts: none
-            ("tokens/step", f"{f.mean_acceptance_length:.2f}" if drafting and f.steps else DASH),
+            ("acceptance", format_rate(spec.acceptance_rate) if spec and spec.drafted else DASH),  # of no drafts: none
+            ("tokens/step", f"{spec.mean_acceptance_length:.2f}" if spec and spec.steps else DASH),
             ("drafts/step", format_draft(f, live) if f is not None else DASH),
         )
         self._show_rows("draft", draft + ((("from", source),) if source else ()), layout=False)
