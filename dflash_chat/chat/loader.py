@@ -131,7 +131,7 @@ class ModelLoader:
             return False  # loaded for files no longer asked for; dropping it frees its memory
         elif isinstance(event, ModelLoaded):
             self.pair = event.model  # type: ignore[assignment]  # a loader's source is a ModelSource
-            self.status = Status("ready", what=self.name(), demo=event.source.demo)  # type: ignore[union-attr]
+            self.status = Status("ready", what=self.name(), demo=event.source.demo)
         elif isinstance(event, ModelFailed):
             self.status = Status("failed", error=event.error)
         return True

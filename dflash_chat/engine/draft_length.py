@@ -24,6 +24,7 @@ DECAY = 0.97  # weight of an observation after each newer one at the same positi
 PRIOR = 0.8  # per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many)
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's estimate
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
+DRAFT = 0  # the draft's key among the verify sizes' (which start at 1)
 PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps between tries of a short draft: first, and at most
 
 
@@ -104,20 +105,22 @@ class Costs:
     verify: dict[int, float]
     draft: float
     drift: float = 1.0
-    own: dict[int | str, float] = field(default_factory=dict)  # size (or "draft") -> its own correction
+    own: dict[int, float] = field(default_factory=dict)  # verify size (DRAFT: the draft) -> its own correction
 
     def step(self, T: int) -> float:
-        return self.drift * (self._seconds(T) + (self._seconds("draft") if T > 1 else 0.0))
+        return self.drift * (self._seconds(T) + (self._seconds(DRAFT) if T > 1 else 0.0))
 
-    def _seconds(self, key: int | str) -> float:
-        base = self.draft if key == "draft" else self.verify[key]
-        return base * self.own.get(key, 1.0)
+    def _base(self, key: int) -> float:
+        return self.draft if key == DRAFT else self.verify[key]
+
+    def _seconds(self, key: int) -> float:
+        return self._base(key) * self.own.get(key, 1.0)
 
     def observe(self, kind: str, T: int, seconds: float) -> None:
-        key: int | str = "draft" if kind == "draft" else T
-        if key != "draft" and key not in self.verify:
+        key = DRAFT if kind == "draft" else T
+        if key != DRAFT and key not in self.verify:
             return
-        base = self.draft if key == "draft" else self.verify[key]
+        base = self._base(key)
         if base <= 0:
             return
         ratio = seconds / base
