@@ -20,8 +20,12 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dflash_chat.engine.kernels.configs import Family
 
 ARCHES = {"sm_86": 86, "sm_89": 89, "sm_90": 90}
 
@@ -60,7 +64,7 @@ class Report:
 
 
 @contextlib.contextmanager
-def capture(family):
+def capture(family: Family) -> Iterator[list[Captured]]:
     """Launches of the kernels modules go to a list instead of a GPU; launch choices follow `family`."""
     from dflash_chat.engine.kernels import triton_attention, triton_gdn, triton_glue, triton_quant
 
@@ -82,7 +86,7 @@ def capture(family):
     )
     triton_quant._launch = triton_glue._launch = triton_attention._launch = triton_gdn._launch = record
     triton_quant._family = lambda device: family
-    triton_quant._sms = lambda device: family.sms
+    triton_quant._sms = lambda device: family.sms  # type: ignore[assignment]  # a plain stand-in for the cached one
     try:
         yield launches
     finally:

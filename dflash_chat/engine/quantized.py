@@ -19,6 +19,9 @@ from dflash_chat.engine.weights.quant_tensor import QuantTensor, as_quant
 class QuantLinear(nn.Module):
     """y = x @ W.T with W [out_features, in_features] kept packed; x may have any leading shape."""
 
+    packed: torch.Tensor
+    input_index: torch.Tensor | None
+
     def __init__(self, weight: QuantTensor | torch.Tensor):
         super().__init__()
         weight = as_quant(weight)
@@ -47,6 +50,8 @@ class QuantLinear(nn.Module):
 
 class QuantEmbedding(nn.Module):
     """Embedding lookup that dequantizes only the gathered rows; `as_linear()` reuses the table as a tied lm_head."""
+
+    packed: torch.Tensor
 
     def __init__(self, weight: QuantTensor | torch.Tensor, dtype: torch.dtype | None = None):
         super().__init__()
@@ -77,6 +82,11 @@ class QuantExperts(nn.Module):
     gate_up: [E, 2I, H] (gate rows then up rows), or a (gate [E, I, H], up [E, I, H]) pair when
     a file stores the two in different formats; down: [E, H, I].
     """
+
+    gate_up: torch.Tensor  # when `fused`
+    gate: torch.Tensor  # when not `fused`
+    up: torch.Tensor
+    down: torch.Tensor
 
     def __init__(
         self, gate_up: QuantTensor | tuple[QuantTensor, QuantTensor] | torch.Tensor, down: QuantTensor | torch.Tensor

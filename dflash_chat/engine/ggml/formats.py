@@ -29,6 +29,13 @@ class Format:
     def quantized(self) -> bool:
         return self.float_dtype is None
 
+    @property
+    def plain_dtype(self) -> torch.dtype:
+        """The torch dtype of a plain float format's values (a quantized format has none)."""
+        if self.float_dtype is None:
+            raise ValueError(f"{self.name} is a quantized format, its values have no torch dtype")
+        return self.float_dtype
+
     def row_bytes(self, n: int) -> int:
         if n % self.block_size:
             raise ValueError(f"{self.name} rows need a multiple of {self.block_size} values, got {n}")
@@ -247,6 +254,6 @@ def dequantize(data: torch.Tensor, fmt: str | Format) -> torch.Tensor:
     lead = data.shape[:-1]
     n = data.shape[-1] // fmt.type_size * fmt.block_size
     if not fmt.quantized:
-        return data.contiguous().view(fmt.float_dtype).float().reshape(*lead, n)
+        return data.contiguous().view(fmt.plain_dtype).float().reshape(*lead, n)
     blocks = data.reshape(-1, fmt.type_size)
     return _BLOCK_DEQUANT[fmt.name](blocks).reshape(*lead, n)

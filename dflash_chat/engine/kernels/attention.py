@@ -157,7 +157,7 @@ def prepare(
         k_cache,
         v_cache,
         heads if has_q else 0,
-        q_raw.stride(0) if has_q else 0,
+        q_raw.stride(0) if q_raw is not None else 0,
         k_raw.stride(0),
         v_raw.stride(0),
         cos.stride(0),

@@ -4,6 +4,7 @@ torch reference elsewhere. No host sync after the first-use check (first_use.py)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -103,7 +104,7 @@ def grouped_experts(
     x: torch.Tensor,
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
-    gate_up: list[tuple[torch.Tensor, Format | None]],
+    gate_up: Sequence[tuple[torch.Tensor, Format | None]],
     down: tuple[torch.Tensor, Format | None],
     shared=None,
 ) -> torch.Tensor:

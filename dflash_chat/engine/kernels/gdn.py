@@ -210,7 +210,7 @@ def reference(q, k, v, g, beta, state, *, update: bool, outputs: bool = True, ke
         kt = k[t].float()
         delta = (v[t].float() - torch.einsum("hkv,hk->hv", s, kt)) * beta[t][:, None]
         s.add_(kt[:, :, None] * delta[:, None, :])
-        if outputs:
+        if out is not None:
             out[t] = torch.einsum("hkv,hk->hv", s, q[t].float())
     return out
 

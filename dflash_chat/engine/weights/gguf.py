@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -27,6 +27,8 @@ from dflash_chat.engine.limits import LIMITS
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf_file import Header, Skipped, read_header
 from dflash_chat.engine.weights.quant_tensor import QuantTensor
+
+T = TypeVar("T")
 
 _MODEL_TYPE = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3": "qwen3"}
 _HF_ARCH = {"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -98,7 +100,7 @@ def _raw(t) -> torch.Tensor | QuantTensor:
     if fmt.quantized:
         return QuantTensor(data.reshape(*shape[:-1], -1), fmt, shape)
     if data.dtype == torch.uint8:  # BF16 comes back as bytes
-        data = data.reshape(-1).view(fmt.float_dtype)
+        data = data.reshape(-1).view(fmt.plain_dtype)
     return data.reshape(shape)
 
 
@@ -228,6 +230,12 @@ def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> d
     return cfg
 
 
+def _present(value: T | None, key: str, path: Path, where: str) -> T:
+    if value is None:
+        raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({where}); the file is incomplete.")
+    return value
+
+
 def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
     """The z-lab config.json a drafter GGUF came from, in either schema (DESIGN.md §5).
 
@@ -248,9 +256,9 @@ def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
         mask = kv.get("tokenizer.ggml.mask_token_id", kv.get("dflash.mask_token_id"))
         block = kv.get("dflash.block_size")
         where = "dflash.target_layers, tokenizer.ggml.mask_token_id, dflash.block_size"
-    for key, value in (("target layers", taps), ("mask token id", mask), ("block size", block)):
-        if value is None:
-            raise ModelFormatError(f"{path}: DFlash drafter GGUF has no {key} ({where}); the file is incomplete.")
+    taps = _present(taps, "target layers", path, where)
+    mask = _present(mask, "mask token id", path, where)
+    block = _present(block, "block size", path, where)
     layers = _bounded_blocks(int(_get(kv, arch, "block_count")), arch)
     pattern = _get(kv, arch, "attention.sliding_window_pattern")
     window = _get(kv, arch, "attention.sliding_window")

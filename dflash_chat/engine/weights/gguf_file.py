@@ -14,7 +14,7 @@ import struct
 from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -27,7 +27,8 @@ _STRING, _ARRAY = 8, 9
 _FLOAT_DTYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
 
 
-class Skipped(NamedTuple):
+@dataclass(frozen=True)
+class Skipped:
     """A string array left undecoded (not asked for): only its length."""
 
     count: int
@@ -53,18 +54,24 @@ class Header:
 class _Cursor:
     def __init__(self, buf: np.ndarray):
         self.buf, self.pos = buf, 0
+        self._bytes = buf.data  # what struct reads (numpy's stubs give an ndarray no buffer type before 3.12)
 
-    def scalar(self, fmt: str):
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+    def scalar(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from(fmt, self._bytes, self.pos)
         self.pos += struct.calcsize(fmt)
         return value
 
-    def string(self, decode: bool = True) -> str | None:
+    def string(self) -> str:
+        start, end = self._skip_string()
+        return bytes(self.buf[start:end]).decode("utf-8")
+
+    def _skip_string(self) -> tuple[int, int]:
+        """Steps over one string; returns where its bytes lie."""
         n = self.scalar("<Q")
         start, self.pos = self.pos, self.pos + n
         if self.pos > len(self.buf):
             raise IndexError("string past the end of the file")
-        return bytes(self.buf[start : self.pos]).decode("utf-8") if decode else None
+        return start, self.pos
 
     def value(self, vtype: int, decode: bool = True):
         if vtype == _STRING:
@@ -75,7 +82,7 @@ class _Cursor:
         if item == _STRING:
             if not decode:
                 for _ in range(count):
-                    self.string(decode=False)
+                    self._skip_string()
                 return Skipped(count)
             return [self.string() for _ in range(count)]
         if item == _ARRAY:
@@ -106,7 +113,7 @@ def read_header(path: str | Path, decode: Container[str] = ()) -> Header:
                 "file reads as a huge version). Use a current llama.cpp file."
             )
         n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
-        fields = {}
+        fields: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
             vtype = cur.scalar("<I")

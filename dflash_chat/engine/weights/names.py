@@ -207,13 +207,13 @@ def to_gguf(t: torch.Tensor, transform: str | None, dims: LinearAttnDims | None)
         return t + 1
     if transform == A_LOG:
         t = -torch.exp(t)
-        return t[dims.row_perm(V_HEADS, t.shape[0])]
+        return t[_row_perm(dims, V_HEADS, t.shape[0])]
     if transform == CONV:
         t = t.squeeze(1)
-        return t[dims.row_perm(CONV, t.shape[0])]
+        return t[_row_perm(dims, CONV, t.shape[0])]
     if transform == OUT_COLS:
-        return t[:, dims.row_perm(OUT_COLS, t.shape[1])]
-    return t[dims.row_perm(transform, t.shape[0])]
+        return t[:, _row_perm(dims, OUT_COLS, t.shape[1])]
+    return t[_row_perm(dims, transform, t.shape[0])]
 
 
 def from_gguf(t: torch.Tensor, transform: str | None, dims: LinearAttnDims | None) -> torch.Tensor:
@@ -223,9 +223,16 @@ def from_gguf(t: torch.Tensor, transform: str | None, dims: LinearAttnDims | Non
     if transform == NORM:
         return t - 1
     if transform == A_LOG:
-        return torch.log(-t[invert(dims.row_perm(V_HEADS, t.shape[0]))])
+        return torch.log(-t[invert(_row_perm(dims, V_HEADS, t.shape[0]))])
     if transform == CONV:
-        return t[invert(dims.row_perm(CONV, t.shape[0]))].unsqueeze(1)
+        return t[invert(_row_perm(dims, CONV, t.shape[0]))].unsqueeze(1)
     if transform == OUT_COLS:
-        return t[:, invert(dims.row_perm(OUT_COLS, t.shape[1]))]
-    return t[invert(dims.row_perm(transform, t.shape[0]))]
+        return t[:, invert(_row_perm(dims, OUT_COLS, t.shape[1]))]
+    return t[invert(_row_perm(dims, transform, t.shape[0]))]
+
+
+def _row_perm(dims: LinearAttnDims | None, transform: str, rows: int) -> torch.Tensor:
+    """The row-reordering transforms need the linear-attention dims of the model they belong to."""
+    if dims is None:
+        raise ValueError(f"transform {transform!r} needs the linear-attention dims")
+    return dims.row_perm(transform, rows)

@@ -61,7 +61,7 @@ def _shards(path: Path) -> dict[str, Path]:
         )
     from safetensors import safe_open
 
-    out = {}
+    out: dict[str, Path] = {}
     for f in files:
         try:
             with safe_open(f, "pt") as sf:
@@ -82,9 +82,10 @@ def quant_format_for(name: str, shape: tuple[int, ...], want: str) -> str | None
     if len(shape) != 2 or "norm" in name or "codebook" in name:  # codebooks are gathered by row
         return None
     while shape[-1] % get_format(want).block_size:
-        want = _FALLBACK.get(want)
-        if want is None or shape[-1] % get_format(want).block_size:
+        fallback = _FALLBACK.get(want)
+        if fallback is None or shape[-1] % get_format(fallback).block_size:
             return None
+        want = fallback
     return want
 
 
