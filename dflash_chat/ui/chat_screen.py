@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from textual import on
 from textual.binding import Binding
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.hardware import Choice
     from dflash_chat.hub import ModelFiles
-    from dflash_chat.ui.app import DFlashChatApp
 
 SAVE_EVERY_S = 1.0  # how often a streaming answer is written to the history
 NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hidden until asked for
@@ -432,11 +431,11 @@ class ChatScreen(PlainNotices, Screen):
     def action_toggle_panel(self) -> None:
         self.panel.toggle_class("hidden")
 
-    def action_history(self) -> None:
-        cast("DFlashChatApp", self.app).action_open_history()
+    async def action_history(self) -> None:
+        await self.app.run_action("open_history")  # the app's: it owns the screens above this one
 
-    def action_settings(self) -> None:
-        cast("DFlashChatApp", self.app).action_open_settings()
+    async def action_settings(self) -> None:
+        await self.app.run_action("open_settings")
 
     def apply_settings(self, new: Settings) -> None:
         """The one way settings change: this screen's, then the backend's (which may load another model)."""
