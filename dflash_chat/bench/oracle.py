@@ -86,8 +86,9 @@ class OracleDrafter:
     def block_ids(self, device: torch.device) -> torch.Tensor:
         return torch.zeros(self.block_size, dtype=torch.long, device=device)
 
-    def propose(self, ids: torch.Tensor, span, params, draws, q_out) -> torch.Tensor:
-        return draft_tokens(self.draft_logits(ids, span), params, draws, q_out)
+    def propose(self, ids: torch.Tensor, span, params, draws, q_out, drafts: int | None = None) -> torch.Tensor:
+        logits = self.draft_logits(ids, span)[:drafts]
+        return draft_tokens(logits, params, draws, q_out[: logits.shape[0]] if q_out is not None else None)
 
     def draft_logits(self, ids: torch.Tensor, span) -> torch.Tensor:
         """One-hot logits [B-1, V] of the proposals for the block at span.pos[0]: a greedy verify takes their

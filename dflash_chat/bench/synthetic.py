@@ -95,9 +95,9 @@ class InjectedDrafter:
     def block_ids(self, device):
         return self.real.block_ids(device)
 
-    def propose(self, ids, span, params, draws, q_out):
-        self.real.propose(ids, span, params, draws, q_out)  # timed as run; the oracle's drafts are the ones used
-        return self.oracle.propose(ids, span, params, draws, q_out)
+    def propose(self, ids, span, params, draws, q_out, drafts=None):
+        self.real.propose(ids, span, params, draws, q_out, drafts)  # timed as run; the oracle's drafts are used
+        return self.oracle.propose(ids, span, params, draws, q_out, drafts)
 
 
 @dataclass
@@ -267,7 +267,7 @@ def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     decode, verify, draft = (
         (lambda: a._run(("verify", 1))),
         (lambda: s._run(("verify", B))),
-        (lambda: s._run(("draft", ()))),
+        (lambda: s._run(("draft", B, ()))),
     )
     r["ar_step_ms"] = 1e3 * time_call(decode, device, reps)
     r["verify_ms"] = 1e3 * time_call(verify, device, reps)

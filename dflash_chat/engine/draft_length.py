@@ -4,11 +4,15 @@
 most expected tokens per second, from
 - the acceptance per draft position: the probability that draft j is accepted when drafts 1..j-1 were,
   counted online with a decay, per conversation (the engine keeps one estimate per conversation key),
-  with a fixed prior of PRIOR_WEIGHT observations at PRIOR that the decay never wears away (a position
-  not tried for a while drifts back to it, so a run of short drafts does not hide that longer ones
-  would now pay); a new conversation starts from the prior (another conversation's acceptance says
-  little about this one's, and a doubtful start costs far more than an optimistic one: a step or two
-  of failed drafts against many plain steps before a try);
+  with a prior of PRIOR_WEIGHT observations that the decay never wears away. The first position's prior
+  is PRIOR; a later position's is the estimate of the one before it when that is higher (a run of fully
+  accepted short drafts makes longer ones look as good: with a fixed prior, positions no step reached
+  kept auto at a short size for good, and a size that never runs never has its cost refreshed either),
+  and otherwise leans TAIL_BLEND of the way from PRIOR down to it (drafts that keep failing early say
+  the later ones would fail too; a fixed optimistic prior on positions that are rarely reached kept long
+  drafts going through a run of rejections), so a position far past the last one tried drifts back to
+  PRIOR. A new conversation starts from the prior (another conversation's acceptance says little about
+  this one's);
 - the seconds of a step of each size on this device and model: measured at warm-up, then refreshed from
   the step timings (an exponential average).
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
@@ -23,8 +27,9 @@ from dataclasses import dataclass, field
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
 PRIOR = 0.8  # per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many)
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's estimate
+TAIL_BLEND = 0.4  # how far a later position's prior leans from PRIOR down to a lower estimate before it
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
-DRAFT = 0  # the draft's key among the verify sizes' (which start at 1)
+OUTLIER = 2.0  # a timing counts at most this many times (or this fraction of) its current figure
 PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps between tries of a short draft: first, and at most
 
 
@@ -83,7 +88,12 @@ class Acceptance:
             self.hits[j] = self.hits[j] * DECAY + (1.0 if j < accepted else 0.0)
 
     def rates(self) -> list[float]:
-        return [(h + PRIOR * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT) for h, t in zip(self.hits, self.tries)]
+        out, before = [], PRIOR
+        for h, t in zip(self.hits, self.tries):
+            prior = before if before >= PRIOR else PRIOR + TAIL_BLEND * (before - PRIOR)
+            before = (h + prior * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT)
+            out.append(before)
+        return out
 
     def expected_tokens(self, drafts: int) -> float:
         total, run = 1.0, 1.0
@@ -95,38 +105,38 @@ class Acceptance:
 
 @dataclass
 class Costs:
-    """Seconds per step of each verify size (verify, accept and commit) and of a draft: the warm-up's figures
-    times a drift common to every size, times each size's own correction.
+    """Seconds per step of each verify size (verify, accept and commit) and of the draft each size reads (a
+    draft of T - 1 runs the drafter's whole block but its LM head only on those rows): the warm-up's figures
+    times a drift common to every size, times each one's own correction.
 
-    A size's timing moves the common drift and its own correction alike: a machine that slows down (another
+    A timing moves the common drift and its own correction alike: a machine that slows down (another
     process, a clock that drops) slows every size, and a size that is not run (plain steps while drafting
-    wins) must follow it, or a stale figure could keep auto on one side for good."""
+    wins) must follow it, or a stale figure could keep auto on one side for good. A timing counts at most
+    OUTLIER times its figure either way: one step that a busy moment stretched must not turn auto around."""
 
     verify: dict[int, float]
-    draft: float
+    draft: dict[int, float]  # verify size T (> 1) -> seconds of its draft
     drift: float = 1.0
-    own: dict[int, float] = field(default_factory=dict)  # verify size (DRAFT: the draft) -> its own correction
+    own: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, T) -> its own correction
 
     def step(self, T: int) -> float:
-        return self.drift * (self._seconds(T) + (self._seconds(DRAFT) if T > 1 else 0.0))
+        return self.drift * (self._seconds("verify", T) + (self._seconds("draft", T) if T > 1 else 0.0))
 
-    def _base(self, key: int) -> float:
-        return self.draft if key == DRAFT else self.verify[key]
+    def _base(self, kind: str, T: int) -> float:
+        return (self.draft if kind == "draft" else self.verify).get(T, 0.0)
 
-    def _seconds(self, key: int) -> float:
-        return self._base(key) * self.own.get(key, 1.0)
+    def _seconds(self, kind: str, T: int) -> float:
+        return self._base(kind, T) * self.own.get((kind, T), 1.0)
 
     def observe(self, kind: str, T: int, seconds: float) -> None:
-        key = DRAFT if kind == "draft" else T
-        if key != DRAFT and key not in self.verify:
-            return
-        base = self._base(key)
+        base = self._base(kind, T)
         if base <= 0:
             return
-        ratio = seconds / base
-        own = self.own.get(key, 1.0)
+        own = self.own.get((kind, T), 1.0)
+        expected = own * self.drift  # the timing's current figure over its warm-up one
+        ratio = min(max(seconds / base, expected / OUTLIER), expected * OUTLIER)
         self.drift += COST_ALPHA * (ratio / own - self.drift)
-        self.own[key] = own + COST_ALPHA * (ratio / self.drift - own)
+        self.own[kind, T] = own + COST_ALPHA * (ratio / self.drift - own)
 
 
 @dataclass

@@ -93,10 +93,10 @@ class Draws:
         self.noise[:rows].exponential_(generator=generator)
         return self
 
-    def fill_drafts(self, generator: torch.Generator, columns: int | None = None) -> Draws:
-        """New noise for the drafts: every column, or the first `columns` (a drafter that draws among its top
-        candidates reads no more)."""
-        self.draft_noise[:, :columns].exponential_(generator=generator)
+    def fill_drafts(self, generator: torch.Generator, columns: int | None = None, rows: int | None = None) -> Draws:
+        """New noise for the drafts: every row and column, or the first `rows` (the drafts a verify reads) and
+        `columns` (a drafter that draws among its top candidates reads no more)."""
+        self.draft_noise[:rows, :columns].exponential_(generator=generator)
         return self
 
 

@@ -53,10 +53,17 @@ class Drafter(Protocol):
         """The drafting block's input ids [B]; row 0 receives the last token."""
 
     def propose(
-        self, ids: torch.Tensor, span, params: SamplingParams, draws: Draws | None, q_out: torch.Tensor | None
+        self,
+        ids: torch.Tensor,
+        span,
+        params: SamplingParams,
+        draws: Draws | None,
+        q_out: torch.Tensor | None,
+        drafts: int | None = None,
     ) -> torch.Tensor:
-        """The drafts [B-1] after ids[0] at the device positions `span`, reading no host value: greedy, or
-        drawn from a proposal distribution that it writes to q_out [B-1, V] for the exact verify."""
+        """The first `drafts` drafts (all B-1 by default) after ids[0] at the device positions `span`, reading
+        no host value: greedy, or drawn from a proposal distribution that it writes to q_out [drafts, V] for
+        the exact verify. The first k are the same whatever `drafts` >= k is."""
 
     def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Context from the target features [n, K*H] at device positions [n]."""
@@ -139,7 +146,7 @@ class Engine:
             for T in self.sizes:
                 steps.begin(0, 0, SamplingParams(), None)
                 if T > 1:
-                    clock.timed("draft", 0, steps.draft)
+                    clock.timed("draft", T, steps.draft, T)
                 clock.timed("verify", T, self._verify, T, self.block_size)
                 steps.read()
                 steps.rewind()
@@ -148,7 +155,7 @@ class Engine:
             seconds.setdefault((interval.kind, interval.size), []).append(sec)
         best = {key: min(values[1:] or values) for key, values in seconds.items()}  # the first warms up
         self.reset()
-        return Costs({T: best["verify", T] for T in self.sizes}, best.get(("draft", 0), 0.0))
+        return Costs({T: best["verify", T] for T in self.sizes}, {T: best["draft", T] for T in self.sizes if T > 1})
 
     # -- state bookkeeping --------------------------------------------------------
     def reset(self) -> None:
@@ -286,7 +293,7 @@ class Engine:
         steps.begin(last, len(self.tokens), params, generator)
         T = auto.choose() if auto else self.sizes[-1]
         if T > 1:
-            clock.timed("draft", 0, steps.draft)
+            clock.timed("draft", T, steps.draft, T)
         while True:
             if cancel is not None and cancel.is_set():
                 yield self._finish_decode("cancelled", stats, decode_t0)
@@ -299,7 +306,7 @@ class Engine:
             ended = clock.ended()  # before the next draft is queued: it belongs to the next step
             following = auto.choose() if auto else T
             if following > 1:
-                clock.timed("draft", 0, steps.draft)  # queued before the read
+                clock.timed("draft", following, steps.draft, following)  # queued before the read
             out = steps.read()
             self.tokens.append(last)
             self.tokens.extend(out.tokens[:-1])

@@ -473,13 +473,24 @@ def test_dflash2_step_entry_points_read_nothing_from_the_device(sampling, dflash
     steps = engine.steps
     steps.begin(3, len(engine.tokens), params, torch.Generator().manual_seed(0))
     with NoHostReads():
-        steps.draft()
+        steps.draft(BLOCK)
         steps.verify(BLOCK, 9)
         steps.commit(BLOCK)
     assert 1 <= steps.read().accepted + 1 <= BLOCK
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_dflash2_draft_for_a_short_verify_is_the_full_drafts_prefix(sampled, dflash2_dirs):
+    """The selector's walk over the first T - 1 positions is the full walk's start (each step depends only on
+    the steps before it)."""
+    from tests.engine.helpers import short_draft_is_a_prefix
+
+    root = dflash2_dirs["qwen3_5"]
+    model = load_target(root / "target", "cpu", torch.float32)
+    short_draft_is_a_prefix(Engine(model, load_drafter(root / "drafter", model), max_context=200), sampled)
+
+
 def test_a_qwen38_style_gguf_pair_decodes_losslessly(dflash2_dirs, tmp_path):
     """Qwen3.8-27B as users download it: a qwen35 target GGUF with its MTP block (llama.cpp's converter, then
     its quantizer) and the DFlash2 drafter GGUF (mainline `dflash`, Q8_0). The F32 target's logits are

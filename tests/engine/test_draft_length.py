@@ -6,6 +6,7 @@ import pytest
 
 from dflash_chat.engine.draft_length import (
     PRIOR,
+    TAIL_BLEND,
     Acceptance,
     AutoDraft,
     Costs,
@@ -13,7 +14,7 @@ from dflash_chat.engine.draft_length import (
 )
 
 SIZES = verify_sizes("auto", 16)  # [1, 4, 8, 16]
-GPU_LIKE = Costs({1: 1.0, 4: 1.05, 8: 1.1, 16: 1.3}, draft=0.15)  # a verify of 16 ~1.3x a plain step
+GPU_LIKE = Costs({1: 1.0, 4: 1.05, 8: 1.1, 16: 1.3}, {4: 0.15, 8: 0.15, 16: 0.15})  # a verify of 16 ~1.3x a plain step
 
 
 def _estimate(rates: list[float], weight: float = 1e6) -> Acceptance:
@@ -33,12 +34,41 @@ def test_observe_counts_the_positions_up_to_the_first_rejection():
     a.observe(drafted=7, accepted=2)  # drafts 1-2 accepted, 3 rejected, 4-7 never judged
     assert a.tries[:4] == [1.0, 1.0, 1.0, 0.0] and a.hits[:3] == [1.0, 1.0, 0.0]
     a.observe(drafted=3, accepted=3)  # all accepted: no position past the block was tried
-    assert a.tries[3] == 0.0 and a.rates()[3] == PRIOR
-    assert a.rates()[0] > a.rates()[2] > 0  # accepted twice vs once of twice, each with the prior
+    rates = a.rates()
+    assert rates[2] < PRIOR and a.tries[3] == 0.0
+    assert rates[3] == pytest.approx(PRIOR + TAIL_BLEND * (rates[2] - PRIOR))  # leans down toward it
+    assert rates[0] > rates[2] > 0  # accepted twice vs once of twice, each with the prior
+
+
+def test_fully_accepted_short_drafts_make_the_longer_ones_look_as_good():
+    """Every draft of a short verify accepted: the positions past it, which no step reached, are taken to
+    do as well as the last one reached, so auto grows the draft even where its warm-up overrated the cost
+    of the longest verify (a size that never runs never has that figure refreshed)."""
+    a = Acceptance.fresh(15)
+    for _ in range(10):
+        a.observe(drafted=7, accepted=7)
+    rates = a.rates()
+    assert rates[6] > PRIOR and rates[7:] == pytest.approx([rates[6]] * 8)
+    overrated = Costs({1: 1.0, 4: 1.7, 8: 1.9, 16: 3.0}, {4: 0.45, 8: 0.45, 16: 0.7})
+    assert AutoDraft(SIZES, a, overrated).choose() == 16
+
+
+def test_early_rejections_lower_the_later_positions_that_were_never_reached():
+    """Drafts rejected at the first position say little directly about the tenth, but a fixed optimistic
+    prior there kept long drafts going through a run of rejections: untried positions lean on the one
+    before them, and drift back to the prior far from the last one tried."""
+    a = Acceptance.fresh(15)
+    for _ in range(3):
+        a.observe(drafted=15, accepted=0)
+    rates = a.rates()
+    assert rates[0] < rates[1] < rates[2] < PRIOR  # the nearest untried positions follow the rejected one
+    assert rates[14] == pytest.approx(PRIOR, abs=0.01)  # the far ones keep the prior
+    fixed_prior = 1 + rates[0] * sum(PRIOR**k for k in range(15))  # untried positions all at PRIOR
+    assert a.expected_tokens(15) < 1 + 0.8 * (fixed_prior - 1)
 
 
 def test_a_fresh_conversation_drafts_and_a_few_rejections_turn_it_plain_on_a_slow_verify():
-    cpu_like = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 2.0}, draft=0.3)  # the demo pair on a CPU
+    cpu_like = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 2.0}, {4: 0.2, 8: 0.25, 16: 0.3})  # the demo pair on a CPU
     a = Acceptance.fresh(15)
     auto = AutoDraft(SIZES, a, cpu_like)
     drafted = []
@@ -49,21 +79,45 @@ def test_a_fresh_conversation_drafts_and_a_few_rejections_turn_it_plain_on_a_slo
 
 
 def test_costs_follow_the_step_timings():
-    costs = Costs({1: 1.0, 16: 1.3}, draft=0.1)
+    costs = Costs({1: 1.0, 16: 1.3}, {16: 0.1})
     for _ in range(60):
         costs.observe("verify", 16, 2.6)
-        costs.observe("draft", 0, 0.3)
+        costs.observe("draft", 16, 0.3)
     assert costs.step(16) == pytest.approx(2.9, rel=0.02)
+
+
+def test_each_verify_size_has_its_own_draft_cost():
+    """A draft for a short verify computes fewer rows (on the CPU the LM head's rows are much of its cost):
+    a size's step counts its own draft."""
+    costs = Costs({1: 1.0, 4: 1.2, 16: 1.5}, {4: 0.1, 16: 0.4})
+    assert costs.step(1) == pytest.approx(1.0) and costs.step(4) == pytest.approx(1.3)
+    assert costs.step(16) == pytest.approx(1.9)
+    for _ in range(100):  # the verify as measured, its draft twice as long
+        costs.observe("draft", 4, 0.2)
+        costs.observe("verify", 4, 1.2)
+    assert costs.step(4) == pytest.approx(1.4, rel=0.05)
+
+
+def test_one_stretched_timing_barely_moves_the_costs():
+    """A busy moment on the machine (one step 20x its usual time) counts as at most twice its figure: auto
+    does not turn to plain decoding (or to drafting) on one outlier, while a lasting change is followed."""
+    costs = Costs({1: 1.0, 16: 2.0}, {16: 0.5})
+    costs.observe("verify", 16, 40.0)
+    assert costs.step(16) < 2.5 * 1.25
+    for _ in range(60):
+        costs.observe("verify", 16, 6.0)
+        costs.observe("draft", 16, 1.5)
+    assert costs.step(16) == pytest.approx(7.5, rel=0.05)
 
 
 def test_a_size_that_does_not_run_follows_the_machines_drift():
     """Drafting wins, so no plain step runs, while the machine slows to twice the warm-up's times: the plain
     step's figure moves with the others (a stale one could keep auto drafting for good); once plain steps
     run again their own timings set it."""
-    costs = Costs({1: 1.0, 4: 1.6, 16: 2.0}, draft=0.3)
+    costs = Costs({1: 1.0, 4: 1.6, 16: 2.0}, {4: 0.3, 16: 0.3})
     for _ in range(80):
         costs.observe("verify", 16, 4.0)
-        costs.observe("draft", 0, 0.6)
+        costs.observe("draft", 16, 0.6)
     assert costs.step(16) == pytest.approx(4.6, rel=0.02)
     assert 1.3 < costs.step(1) < 2.0 and 1.3 * 1.9 < costs.step(4) < 2.0 * 1.9
     for _ in range(80):

@@ -192,7 +192,7 @@ def _draft_once(engine, prompt, last, params, generator):
     steps.prefill(prompt, final=True)
     engine.tokens = list(prompt)
     steps.begin(last, len(prompt), params, generator)
-    steps.draft()
+    steps.draft(steps.B)  # every draft row: q is compared whole
     q = steps.q.clone()
     steps.verify(2, 99)
     steps.commit(2)

@@ -16,7 +16,7 @@ from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.engine.spec import Engine
 from tests.engine.conftest import ARCHS
-from tests.engine.helpers import prefilled, run
+from tests.engine.helpers import prefilled, run, short_draft_is_a_prefix
 from tests.engine.sync_free import HostRead, NoHostReads
 
 DRAFTS = ("off", 1, 7, 15, "auto")
@@ -174,9 +174,14 @@ def test_plain_steps_store_the_drafters_context_by_the_next_draft(tiny_dirs):
             steps.commit(1)
             steps.read()
         assert bool(steps.deferred) != static
-        steps.draft()
+        steps.draft(steps.B)
         drafts.append(steps.ids.clone())
     assert torch.equal(*drafts)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_draft_for_a_short_verify_is_the_full_drafts_prefix(tiny_dirs, sampled):
+    short_draft_is_a_prefix(_pair(tiny_dirs, "qwen3_5", draft="auto"), sampled)
 
 
 def test_cancel_and_stop(tiny_dirs):
@@ -243,7 +248,7 @@ def test_step_entry_points_read_nothing_from_the_device(arch, sampling, tiny_dir
             start = steps.start.clone()
             with NoHostReads():  # raises on any read of a device value
                 if T > 1:
-                    steps.draft()
+                    steps.draft(T)
                 steps.verify(T, 10)
                 steps.commit(T)
             assert steps.start.item() > start.item()  # the step really ran: at least one token committed

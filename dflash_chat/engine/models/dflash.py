@@ -192,17 +192,26 @@ class DFlashDrafter(nn.Module):
 
     # -- inference --------------------------------------------------------------
     @torch.no_grad()
-    def draft_logits(self, ids: torch.Tensor, span: Span) -> torch.Tensor:
-        """Draft logits [B-1, V] for the block `ids` [B] = [last token, mask x (B-1)] at device positions
-        `span`; the context is every committed row below span.pos[0]. Reads no host value."""
-        return self.logits(self._draft(ids, span))
+    def draft_logits(self, ids: torch.Tensor, span: Span, drafts: int | None = None) -> torch.Tensor:
+        """Draft logits [drafts, V] (all B-1 by default) for the block `ids` [B] = [last token, mask x (B-1)]
+        at device positions `span`; the context is every committed row below span.pos[0]. Reads no host
+        value. The whole block runs (its rows attend to each other), the LM head only on the rows asked for."""
+        return self.logits(self._draft(ids, span)[:drafts])
 
     def propose(
-        self, ids: torch.Tensor, span: Span, params: SamplingParams, draws: Draws | None, q_out: torch.Tensor | None
+        self,
+        ids: torch.Tensor,
+        span: Span,
+        params: SamplingParams,
+        draws: Draws | None,
+        q_out: torch.Tensor | None,
+        drafts: int | None = None,
     ) -> torch.Tensor:
-        """The drafts [B-1] after ids[0] (the step seam's call): the draft logits' argmax when greedy, else drawn
-        from their processed distribution, written to `q_out` for the verify. Reads no host value."""
-        return draft_tokens(self.draft_logits(ids, span), params, draws, q_out)
+        """The first `drafts` drafts (all B-1 by default) after ids[0] (the step seam's call): the draft logits'
+        argmax when greedy, else drawn from their processed distribution, written to `q_out` for the verify.
+        Reads no host value."""
+        logits = self.draft_logits(ids, span, drafts)
+        return draft_tokens(logits, params, draws, q_out[: logits.shape[0]] if q_out is not None else None)
 
     @torch.no_grad()
     def append_context(self, features: torch.Tensor, start: int) -> None:

@@ -128,7 +128,7 @@ class CandidateSelector(nn.Module):
         path = []
         if not params.greedy:
             assert draws is not None and q_out is not None, "a sampled walk needs the step's draws and q_out"
-            q_out.zero_()
+            q_out[: ids.shape[0]].zero_()
         for t in range(ids.shape[0]):
             row = scores[t].index_select(0, at)  # [1, K]
             if params.greedy:
@@ -169,10 +169,17 @@ class DFlash2Drafter(DFlashDrafter):
 
     @torch.no_grad()
     def propose(
-        self, ids: torch.Tensor, span: Span, params: SamplingParams, draws: Draws | None, q_out: torch.Tensor | None
+        self,
+        ids: torch.Tensor,
+        span: Span,
+        params: SamplingParams,
+        draws: Draws | None,
+        q_out: torch.Tensor | None,
+        drafts: int | None = None,
     ) -> torch.Tensor:
-        """The selector's path [B-1] from ids[0] (see `CandidateSelector.walk`). Reads no host value."""
-        hidden = self._draft(ids, span)
+        """The selector's path over the first `drafts` positions (all B-1 by default) from ids[0] (see
+        `CandidateSelector.walk`; a path's step depends only on the steps before it). Reads no host value."""
+        hidden = self._draft(ids, span)[:drafts]
         return self.candidate_selector.walk(self.logits(hidden), hidden, ids[:1], params, draws, q_out)
 
 

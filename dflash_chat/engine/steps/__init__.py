@@ -6,8 +6,9 @@ tensors, and a step of size T verifies T = k + 1 tokens [last, d1..dk] (k = 0: a
 On CUDA each entry point is captured once per size in use as a CUDA graph and replayed; elsewhere (or
 when capture fails) the same functions run uncaptured, reading only the cache rows in use.
 
-- draft: the drafter's B-token block at the committed length -> B-1 drafts; at T>0 they are drawn from
-  the drafter's processed distribution q, which the verify needs;
+- draft(T): the drafter's B-token block at the committed length -> the T-1 drafts a verify of T reads
+  (the block runs whole, its rows attend to each other; the LM head and DFlash2's walk run on T-1 rows);
+  at T>0 they are drawn from the drafter's processed distribution q, which the verify needs;
 - verify(T): the target's T-token forward over [last, d1..d(T-1)] (GDN state untouched when T > 1), then
   the verify rule on the device (sampling.accept), the tokens cut at a stop token and at the tokens left;
 - commit(T): GDN layers keep the accepted prefix (a masked re-run of the recurrence), the drafter stores

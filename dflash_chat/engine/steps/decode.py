@@ -80,11 +80,13 @@ class Steps:
         bound = self.rows if self.static else min(self.rows, self.length + self.B + T)
         return Span.fixed(self.start, self.offsets[:T], bound)
 
-    def _draft(self) -> None:
+    def _draft(self, T: int) -> None:
+        """The drafts a verify of T reads (ids[1:T]; on the CPU the LM head's rows are much of a draft's cost)."""
         assert self.block is not None, "a target without a drafter has no draft step"
         self.flush_context()
         self.block[:1].copy_(self.ids[:1])
-        self.ids[1:].copy_(self.drafter.propose(self.block, self._span(self.B), self.params, self.draws, self.q))
+        drafts = self.drafter.propose(self.block, self._span(self.B), self.params, self.draws, self.q, T - 1)
+        self.ids[1:T].copy_(drafts)
 
     def _verify(self, T: int) -> None:
         self.outputs[T] = self.target(
@@ -134,10 +136,9 @@ class Steps:
         return () if p.greedy else (p.temperature, p.top_k, p.top_p)
 
     def _function(self, key: tuple):
-        kind = key[0]
+        kind, T = key[0], key[1]
         if kind == "draft":
-            return self._draft
-        T = key[1]
+            return lambda: self._draft(T)
         return {
             "verify": lambda: self._verify(T),
             "accept": lambda: self._accept(T),
@@ -145,7 +146,7 @@ class Steps:
         }[kind]
 
     def _step_keys(self, T: int) -> list[tuple]:
-        keys = [("draft", self._sampling_key())] if T > 1 else []
+        keys = [("draft", T, self._sampling_key())] if T > 1 else []
         return keys + [("verify", T), ("accept", T, self._sampling_key()), ("commit", T)]
 
     @torch.no_grad()
@@ -208,13 +209,14 @@ class Steps:
             if self.drafter is not None:
                 self.q = torch.zeros(self.B - 1, self.target.cfg.vocab_size, device=self.device)
 
-    def draft(self) -> None:
-        """Queue the drafts after the last token (the drafter always drafts its whole block)."""
+    def draft(self, T: int) -> None:
+        """Queue the T - 1 drafts after the last token that a verify of T reads (the drafter runs its whole
+        block: a draft's rows attend to each other, so the first T - 1 are the same for every T)."""
         issued = time.perf_counter()
         if not self.params.greedy:
             draws, generator = self._randomness()
-            draws.fill_drafts(generator, self.noise_columns)
-        self._run(("draft", self._sampling_key()))
+            draws.fill_drafts(generator, self.noise_columns, T - 1)
+        self._run(("draft", T, self._sampling_key()))
         self.host_s += time.perf_counter() - issued
 
     def verify(self, T: int, remaining: int) -> None:
