@@ -402,7 +402,7 @@ async def answer(request: Request, served: Served, parsed: ChatRequest | Complet
         items.put_nowait(DRAIN)
     if parsed.streaming.stream:
         return StreamingResponse(
-            stream(served, parsed, kind, items, job, prompt_tokens),
+            stream(request, served, parsed, kind, items, job, prompt_tokens),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -418,11 +418,7 @@ async def whole(request: Request, served: Served, kind: responses.Kind, items: a
             if isinstance(item, (Done, Failed)) or item is DRAIN:
                 return item
 
-    async def gone():
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    result, watcher = asyncio.ensure_future(finished()), asyncio.ensure_future(gone())
+    result, watcher = asyncio.ensure_future(finished()), asyncio.ensure_future(_gone(request))
     try:
         done, _ = await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -443,9 +439,36 @@ async def whole(request: Request, served: Served, kind: responses.Kind, items: a
     return responses.completion(kind, item.end, served.spec_tokens)
 
 
-async def stream(served: Served, parsed, kind: responses.Kind, items: asyncio.Queue, job: Job, prompt_tokens: int):
-    """Server-Sent Events: the role, the text as it is written, the finish, usage and figures, [DONE]."""
+async def _gone(request: Request) -> None:
+    """Return once the client has disconnected (or its connection can no longer be read)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - a connection that cannot be read is one the client left
+        return
+
+
+async def stream(
+    request: Request,
+    served: Served,
+    parsed,
+    kind: responses.Kind,
+    items: asyncio.Queue,
+    job: Job,
+    prompt_tokens: int,
+):
+    """Server-Sent Events: the role, the text as it is written, the finish, usage and figures, [DONE].
+
+    A client that leaves cancels the answer at once: a server on ASGI 2.4 tells a stream only when a write
+    fails, and while the engine writes nothing (a long prefill, a paused step) none would."""
     continuous = prompt_tokens if parsed.streaming.continuous_usage else None
+    watcher = asyncio.ensure_future(_gone(request))
+
+    def left(done: asyncio.Future) -> None:
+        if not done.cancelled():
+            job.cancel.set()
+
+    watcher.add_done_callback(left)
     try:
         opening = responses.first_chunk(kind)
         if opening is not None:
@@ -469,5 +492,6 @@ async def stream(served: Served, parsed, kind: responses.Kind, items: asyncio.Qu
             yield responses.sse("[DONE]")
             return
     finally:
+        watcher.cancel()
         job.cancel.set()  # the client left (or the answer is over: then it changes nothing)
         served._open.discard((asyncio.get_running_loop(), items))
