@@ -30,6 +30,7 @@ PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's esti
 TAIL_BLEND = 0.4  # how far a later position's prior leans from PRIOR down to a lower estimate before it
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
 OUTLIER = 2.0  # a timing counts at most this many times (or this fraction of) its current figure
+WARM_WEIGHT = 3  # loop timings the warm-up's figure of a size counts as (it is the best of three)
 PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps between tries of a short draft: first, and at most
 
 
@@ -75,6 +76,7 @@ class Acceptance:
     hits: list[float]
     plain_run: int = 0
     probe_every: int = PROBE_FIRST
+    whole: int = 0  # drafts of the last step when it accepted every one (0: it did not, or was plain)
 
     @classmethod
     def fresh(cls, positions: int) -> Acceptance:
@@ -86,6 +88,7 @@ class Acceptance:
         for j in range(min(accepted + 1, drafted)):
             self.tries[j] = self.tries[j] * DECAY + 1.0
             self.hits[j] = self.hits[j] * DECAY + (1.0 if j < accepted else 0.0)
+        self.whole = drafted if accepted >= drafted else 0
 
     def rates(self) -> list[float]:
         out, before = [], PRIOR
@@ -112,12 +115,15 @@ class Costs:
     A timing moves the common drift and its own correction alike: a machine that slows down (another
     process, a clock that drops) slows every size, and a size that is not run (plain steps while drafting
     wins) must follow it, or a stale figure could keep auto on one side for good. A timing counts at most
-    OUTLIER times its figure either way: one step that a busy moment stretched must not turn auto around."""
+    OUTLIER times its figure either way: one step that a busy moment stretched must not turn auto around.
+    A size's first timings in the loop weigh as if the warm-up's figure were WARM_WEIGHT of them (1/4, 1/5,
+    ... down to COST_ALPHA): a warm-up that a busy moment skewed is corrected within a few steps of the size."""
 
     verify: dict[int, float]
     draft: dict[int, float]  # verify size T (> 1) -> seconds of its draft
     drift: float = 1.0
     own: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, T) -> its own correction
+    seen: dict[tuple[str, int], int] = field(default_factory=dict)  # (kind, T) -> timings counted
 
     def step(self, T: int) -> float:
         return self.drift * (self._seconds("verify", T) + (self._seconds("draft", T) if T > 1 else 0.0))
@@ -135,8 +141,9 @@ class Costs:
         own = self.own.get((kind, T), 1.0)
         expected = own * self.drift  # the timing's current figure over its warm-up one
         ratio = min(max(seconds / base, expected / OUTLIER), expected * OUTLIER)
+        seen = self.seen[kind, T] = self.seen.get((kind, T), 0) + 1
         self.drift += COST_ALPHA * (ratio / own - self.drift)
-        self.own[kind, T] = own + COST_ALPHA * (ratio / self.drift - own)
+        self.own[kind, T] = own + max(COST_ALPHA, 1 / (seen + WARM_WEIGHT)) * (ratio / self.drift - own)
 
 
 @dataclass
@@ -148,10 +155,14 @@ class AutoDraft:
     costs: Costs
 
     def choose(self) -> int:
-        """The verify size of the next step."""
+        """The verify size of the next step: the one with the most expected tokens per second, or the next
+        size up after a step that accepted every draft (that says nothing of the positions past it, and a
+        size that never runs never has its cost measured in the loop)."""
         a = self.acceptance
         rate = {T: a.expected_tokens(T - 1) / self.costs.step(T) for T in self.sizes}
         best = max(self.sizes, key=lambda T: rate[T])
+        if a.whole and best > 1:
+            best = max(best, next((T for T in self.sizes if T > a.whole + 1), self.sizes[-1]))
         if best > 1:
             a.plain_run, a.probe_every = 0, PROBE_FIRST
             return best
