@@ -5,10 +5,10 @@ most expected tokens per second, from
 - the acceptance per draft position: the probability that draft j is accepted when drafts 1..j-1 were,
   counted online with a decay, per conversation (the engine keeps one estimate per conversation key),
   with a prior of PRIOR_WEIGHT observations that the decay never wears away. The first position's prior
-  is PRIOR; a later position's is the estimate of the one before it when that is higher (a run of fully
-  accepted short drafts makes longer ones look as good: with a fixed prior, positions no step reached
-  kept auto at a short size for good, and a size that never runs never has its cost refreshed either),
-  and otherwise leans TAIL_BLEND of the way from PRIOR down to it (drafts that keep failing early say
+  is PRIOR; a later position's leans from PRIOR up toward the estimate of the one before it when that is
+  higher, as far as the last position tried has been (t / (t + PRIOR_WEIGHT) of the way: a run of fully
+  accepted short drafts makes longer ones look as good, while one lucky draft at T > 0 does not), and
+  otherwise TAIL_BLEND of the way down to it (drafts that keep failing early say
   the later ones would fail too; a fixed optimistic prior on positions that are rarely reached kept long
   drafts going through a run of rejections), so a position far past the last one tried drifts back to
   PRIOR. A new conversation starts from the prior (another conversation's acceptance says little about
@@ -77,6 +77,7 @@ class Acceptance:
     plain_run: int = 0
     probe_every: int = PROBE_FIRST
     whole: int = 0  # drafts of the last step when it accepted every one (0: it did not, or was plain)
+    probed: bool = False  # the last step was a try of a short draft while plain steps won
 
     @classmethod
     def fresh(cls, positions: int) -> Acceptance:
@@ -91,10 +92,11 @@ class Acceptance:
         self.whole = drafted if accepted >= drafted else 0
 
     def rates(self) -> list[float]:
-        out, before = [], PRIOR
+        out, before, seen = [], PRIOR, 0.0
         for h, t in zip(self.hits, self.tries):
-            prior = before if before >= PRIOR else PRIOR + TAIL_BLEND * (before - PRIOR)
-            before = (h + prior * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT)
+            lean = seen / (seen + PRIOR_WEIGHT) if before >= PRIOR else TAIL_BLEND
+            prior = PRIOR + lean * (before - PRIOR)
+            before, seen = (h + prior * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT), t or seen  # untried: the last tried's
             out.append(before)
         return out
 
@@ -157,17 +159,19 @@ class AutoDraft:
     def choose(self) -> int:
         """The verify size of the next step: the one with the most expected tokens per second, or the next
         size up after a step that accepted every draft (that says nothing of the positions past it, and a
-        size that never runs never has its cost measured in the loop)."""
+        size that never runs never has its cost measured in the loop; a lucky try while plain steps won is
+        left to the estimate)."""
         a = self.acceptance
         rate = {T: a.expected_tokens(T - 1) / self.costs.step(T) for T in self.sizes}
         best = max(self.sizes, key=lambda T: rate[T])
-        if a.whole and best > 1:
+        if a.whole and best > 1 and not a.probed:
             best = max(best, next((T for T in self.sizes if T > a.whole + 1), self.sizes[-1]))
+        a.probed = False
         if best > 1:
             a.plain_run, a.probe_every = 0, PROBE_FIRST
             return best
         a.plain_run += 1
         if len(self.sizes) > 1 and a.plain_run >= a.probe_every:
-            a.plain_run, a.probe_every = 0, min(PROBE_MAX, 2 * a.probe_every)
+            a.plain_run, a.probe_every, a.probed = 0, min(PROBE_MAX, 2 * a.probe_every), True
             return self.sizes[1]
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dflash_chat.engine.draft_length import (
+    PROBE_FIRST,
     PRIOR,
     TAIL_BLEND,
     Acceptance,
@@ -48,7 +49,8 @@ def test_fully_accepted_short_drafts_make_the_longer_ones_look_as_good():
     for _ in range(10):
         a.observe(drafted=7, accepted=7)
     rates = a.rates()
-    assert rates[6] > PRIOR and rates[7:] == pytest.approx([rates[6]] * 8)
+    assert rates[6] > PRIOR and rates[7] == pytest.approx(PRIOR + a.tries[6] / (a.tries[6] + 2) * (rates[6] - PRIOR))
+    assert all(PRIOR < later < rates[6] for later in rates[7:])  # leaning up, back to PRIOR far away
     overrated = Costs({1: 1.0, 4: 1.7, 8: 1.9, 16: 3.0}, {4: 0.45, 8: 0.45, 16: 0.7})
     assert AutoDraft(SIZES, a, overrated).choose() == 16
 
@@ -113,6 +115,20 @@ def test_a_step_that_accepts_every_draft_grows_the_next_one():
     a.observe(drafted=15, accepted=3)  # a partial accept grows nothing: the estimate chooses
     rate = {T: a.expected_tokens(T - 1) / overrated.step(T) for T in SIZES}
     assert auto.choose() == max(rate, key=rate.__getitem__)
+
+
+def test_a_lucky_try_while_plain_steps_win_grows_nothing():
+    """A conversation the drafter does not know: plain steps win, and the try of a short draft now and then
+    lands whole by luck (at T > 0 that happens): the estimate, not the growth rule, chooses next."""
+    a = Acceptance.fresh(15)
+    cpu_like = Costs({1: 1.0, 4: 1.7, 8: 1.8, 16: 2.1}, {4: 0.45, 8: 0.45, 16: 0.5})
+    auto = AutoDraft(SIZES, a, cpu_like)
+    for _ in range(6):
+        a.observe(drafted=15, accepted=0)
+    sizes = [auto.choose() for _ in range(PROBE_FIRST)]
+    assert sizes[:-1] == [1] * (PROBE_FIRST - 1) and sizes[-1] == 4  # plain, then a try
+    a.observe(drafted=3, accepted=3)
+    assert auto.choose() == 1
 
 
 def test_the_first_loop_timings_of_a_size_correct_a_skewed_warm_up_within_a_few_steps():
