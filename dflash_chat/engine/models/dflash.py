@@ -198,6 +198,7 @@ class DFlashDrafter(nn.Module):
         value. The whole block runs (its rows attend to each other), the LM head only on the rows asked for."""
         return self.logits(self._draft(ids, span)[:drafts])
 
+    @torch.no_grad()
     def propose(
         self,
         ids: torch.Tensor,
@@ -207,11 +208,21 @@ class DFlashDrafter(nn.Module):
         q_out: torch.Tensor | None,
         drafts: int | None = None,
     ) -> torch.Tensor:
-        """The first `drafts` drafts (all B-1 by default) after ids[0] (the step seam's call): the draft logits'
-        argmax when greedy, else drawn from their processed distribution, written to `q_out` for the verify.
-        Reads no host value."""
-        logits = self.draft_logits(ids, span, drafts)
-        return draft_tokens(logits, params, draws, q_out[: logits.shape[0]] if q_out is not None else None)
+        """The first `drafts` drafts (all B-1 by default) after ids[0] (the step seam's call), from the block's
+        hidden states of those rows (see `pick`). Reads no host value."""
+        return self.pick(self._draft(ids, span)[:drafts], ids[:1], params, draws, q_out)
+
+    def pick(
+        self,
+        hidden: torch.Tensor,
+        anchor: torch.Tensor,
+        params: SamplingParams,
+        draws: Draws | None,
+        q_out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Drafts from the drafted rows' hidden states [D, H]: the draft logits' argmax when greedy, else drawn
+        from their processed distribution, written to `q_out` [D, V] for the verify."""
+        return draft_tokens(self.logits(hidden), params, draws, q_out[: hidden.shape[0]] if q_out is not None else None)
 
     @torch.no_grad()
     def append_context(self, features: torch.Tensor, start: int) -> None:

@@ -23,7 +23,6 @@ from torch import nn
 
 from dflash_chat.engine.models.config import DFlash2Config, DrafterConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, DraftLayer
-from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling import Draws, SamplingParams
 
 
@@ -167,20 +166,17 @@ class DFlash2Drafter(DFlashDrafter):
             logits = d2.final_logit_softcapping * torch.tanh(logits / d2.final_logit_softcapping)
         return logits
 
-    @torch.no_grad()
-    def propose(
+    def pick(
         self,
-        ids: torch.Tensor,
-        span: Span,
+        hidden: torch.Tensor,
+        anchor: torch.Tensor,
         params: SamplingParams,
         draws: Draws | None,
         q_out: torch.Tensor | None,
-        drafts: int | None = None,
     ) -> torch.Tensor:
-        """The selector's path over the first `drafts` positions (all B-1 by default) from ids[0] (see
-        `CandidateSelector.walk`; a path's step depends only on the steps before it). Reads no host value."""
-        hidden = self._draft(ids, span)[:drafts]
-        return self.candidate_selector.walk(self.logits(hidden), hidden, ids[:1], params, draws, q_out)
+        """The selector's path over the drafted rows from the anchor (see `CandidateSelector.walk`; a path's
+        step depends only on the steps before it, so the first k are the same for any number of rows)."""
+        return self.candidate_selector.walk(self.logits(hidden), hidden, anchor, params, draws, q_out)
 
 
 def dflash2_part(cfg: DrafterConfig) -> DFlash2Config:
