@@ -101,11 +101,15 @@ class Acceptance:
         return out
 
     def expected_tokens(self, drafts: int) -> float:
-        total, run = 1.0, 1.0
-        for rate in self.rates()[:drafts]:
+        return self.expected()[drafts]
+
+    def expected(self) -> list[float]:
+        """Expected tokens of a step verifying k drafts, for every k from 0 (one pass over the rates)."""
+        out, run = [1.0], 1.0
+        for rate in self.rates():
             run *= rate
-            total += run
-        return total
+            out.append(out[-1] + run)
+        return out
 
 
 @dataclass
@@ -162,7 +166,8 @@ class AutoDraft:
         size that never runs never has its cost measured in the loop; a lucky try while plain steps won is
         left to the estimate)."""
         a = self.acceptance
-        rate = {T: a.expected_tokens(T - 1) / self.costs.step(T) for T in self.sizes}
+        expected = a.expected()  # once per step: the rates walk every position
+        rate = {T: expected[T - 1] / self.costs.step(T) for T in self.sizes}
         best = max(self.sizes, key=lambda T: rate[T])
         if a.whole and best > 1 and not a.probed:
             best = max(best, next((T for T in self.sizes if T > a.whole + 1), self.sizes[-1]))
