@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
-STAGES = ("prepare", "target", "drafter", "dflash2", "finetune", "ship")
+STAGES = ("prepare", "target", "drafter", "dflash2", "finetune", "calibrate", "ship")
 DEFAULT_STAGES = ("prepare", "target", "drafter", "ship")
 
 
@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(DEFAULT_STAGES),
         help=f"comma-separated subset of {','.join(STAGES)}; dflash2 adds DFlash2's modules to "
         "--from-drafter and trains it against the target beside it (ship then ships drafter2/); finetune "
-        "trains the shipped --finetune drafter further on greedy and sampled answers",
+        "trains the shipped --finetune drafter further on greedy and sampled answers; calibrate fits the DFlash2 "
+        "drafter's selector scale to sampled answers",
     )
     demo.add_argument(
         "--finetune",
@@ -193,6 +194,16 @@ def run_demo(args) -> int:
             sampled_share=share,
             gen_batch=chosen.gen_batch,
             max_new_tokens=chosen.max_new_tokens,
+            log=_log,
+        )
+    if "calibrate" in stages:
+        drafter2 = args.work / "drafter2"  # what a stage of this run made, else the shipped one
+        recipe.calibrate_stage(
+            args.work,
+            source=drafter2 if drafter2.is_dir() else args.out / "drafter2",
+            target_dir=args.out / "target",
+            seed=args.seed,
+            device=device,
             log=_log,
         )
     if "ship" in stages:

@@ -285,6 +285,58 @@ def finetune_stage(
     return losses
 
 
+CALIBRATE_ANSWERS = 64  # sampled answers to training prompts the calibrate stage fits the selector's scale on
+
+
+def calibrate_stage(
+    work: Path,
+    *,
+    source: Path,
+    target_dir: Path,
+    seed: int,
+    device: str,
+    generated: int = CALIBRATE_ANSWERS,
+    max_new_tokens: int = 160,
+    gen_batch: int = 64,
+    log: Log = print,
+) -> float:
+    """The DFlash2 drafter in `source` with its selector's scale fitted to the target's answers to `generated`
+    training prompts, all sampled at the app's settings (train/calibrate.py); written to work/drafter2."""
+    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.settings import Settings
+    from dflash_chat.train.calibrate import apply_scale, best_scale, expected_accepts
+
+    _, target, answers = _target_and_answers(
+        work,
+        target_dir,
+        seed=seed,
+        device=device,
+        generated=generated,
+        max_new_tokens=max_new_tokens,
+        gen_batch=gen_batch,
+        free_share=0.5,
+        sampled_share=1.0,
+        log=log,
+    )
+    drafter, config = load_for_training(source, target)
+    if getattr(drafter.cfg, "dflash2", None) is None:
+        raise ValueError(f"{source} is not a DFlash2 drafter: only DFlash2's selector has a scale to fit")
+    drafter.to(device).eval()
+    app = Settings()
+    sampling = SamplingParams(app.temperature, app.top_p, app.top_k)
+    accepts = expected_accepts(drafter, target, answers.own, sampling, seed=seed, device=device)
+    scale = best_scale(accepts)
+    shown = ", ".join(f"{s:g}: {v:.3f}" for s, v in accepts.items())
+    log(f"calibrate: expected accepted drafts per block by selector scale ({shown}); scale {scale:g}")
+    held = expected_accepts(
+        drafter, target, answers.held_sampled, sampling, scales=(1.0, scale), seed=seed, device=device
+    )
+    log(f"calibrate: on held-out sampled answers {held[scale]:.3f} at scale {scale:g}, {held[1.0]:.3f} unscaled")
+    apply_scale(drafter, config, scale)
+    save_drafter(drafter, config, work / "drafter2")
+    return scale
+
+
 def train_dflash2_stage(
     work: Path,
     *,

@@ -1,0 +1,97 @@
+"""The DFlash2 selector's temperature, fitted to the target's sampled answers.
+
+At T > 0 the selector's walk draws each draft from softmax(scores / T) over its K candidates, and a draft
+lands with probability sum(min(p, q)) (DESIGN.md §3). Trained with hard labels, the scores come out sharper
+than the target's log-probabilities, so q is more peaked than p and overlaps it less. A scale s on the scores
+(s < 1 flattens q) is fitted here on teacher-forced blocks of sampled answers: the one with the most expected
+accepted drafts per block, sum_j prod_{i<=j} sum(min(p_i, q_i)) with p the target's distribution after the
+app's temperature, top-k and top-p, and q the walk's. It is written into the checkpoint, not the engine: the
+config's `output_multiplier` and `final_logit_softcapping` and the selector's `hidden_projection` scale the
+unary and pairwise parts of every score alike, so scores become s x scores; the greedy walk (an argmax) and
+the candidates (a top-k) are unchanged, and the engine keeps processing q exactly as it does the target's.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import torch
+
+from dflash_chat.engine.sampling import SamplingParams, probabilities
+from dflash_chat.train.drafter import Sequence, pack_blocks, sample_anchors, teach_all
+
+SCALES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # tried, no flattening first
+
+
+@torch.no_grad()
+def expected_accepts(
+    drafter,
+    target,
+    sequences: list[Sequence],
+    sampling: SamplingParams,
+    scales=SCALES,
+    *,
+    anchors_per_seq: int = 32,
+    seed: int = 0,
+    device: str = "cpu",
+    batch: int = 8,
+    taught: list | None = None,
+) -> dict[float, float]:
+    """Per scale: the mean expected accepted drafts per teacher-forced block (the same blocks for every scale)."""
+    if taught is None:
+        taught = teach_all(target, sequences, drafter.target_layer_ids, device)
+    rng = random.Random(seed)
+    embed = target.get_input_embeddings()
+    selector = drafter.candidate_selector
+    totals: dict[float, list[torch.Tensor]] = {s: [] for s in scales}
+    for i in range(0, len(sequences), batch):
+        chosen = [
+            (s, t, sample_anchors(s, anchors_per_seq, rng))
+            for s, t in zip(sequences[i : i + batch], taught[i : i + batch])
+        ]
+        chosen = [c for c in chosen if c[2]]
+        if not chosen:
+            continue
+        feats, blocks, packed = pack_blocks(
+            [c[0] for c in chosen],
+            [c[1] for c in chosen],
+            [c[2] for c in chosen],
+            drafter.block_size,
+            drafter.mask_token_id,
+            device,
+        )
+        hidden = drafter.forward_train(feats, embed(blocks.tokens), packed)[:, 1:].float()
+        A, D = blocks.labels.shape
+        unary, ids, successors, projected = selector.candidates(
+            drafter.logits(hidden).reshape(A * D, -1), hidden.reshape(A * D, -1)
+        )
+        scores = selector.scores(unary, successors, projected, blocks.before.reshape(-1, 1))[:, 0]  # [A * D, K]
+        top_ids = blocks.top_ids.reshape(A * D, -1)
+        p = probabilities(blocks.top_logits.reshape(A * D, -1), sampling)  # over the target's best tokens
+        p_at = ((ids[:, :, None] == top_ids[:, None, :]).float() * p[:, None, :]).sum(dim=-1)  # [A * D, K]
+        valid = (blocks.labels != -100).float()
+        for s in scales:
+            q = torch.softmax(scores * s / sampling.temperature, dim=-1)
+            landed = torch.minimum(p_at, q).sum(dim=-1).view(A, D) * valid
+            totals[s].append(landed.cumprod(dim=1).sum(dim=1))
+    return {s: torch.cat(v).mean().item() if v else 0.0 for s, v in totals.items()}
+
+
+def best_scale(accepts: dict[float, float]) -> float:
+    return max(accepts, key=lambda s: accepts[s])
+
+
+@torch.no_grad()
+def apply_scale(drafter, config: dict, scale: float) -> None:
+    """Scale every selector score by `scale`, in the drafter's weights and its config dict (as saved)."""
+    d2 = config.setdefault("dflash_config", {})
+    d2["output_multiplier"] = d2.get("output_multiplier", 1.0) * scale
+    if d2.get("final_logit_softcapping") is not None:
+        d2["final_logit_softcapping"] *= scale
+    drafter.cfg.dflash2 = replace(
+        drafter.cfg.dflash2,
+        output_multiplier=d2["output_multiplier"],
+        final_logit_softcapping=d2.get("final_logit_softcapping"),
+    )
+    drafter.candidate_selector.hidden_projection.weight.mul_(scale)
