@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--distill", type=float, default=None, help="finetune: the weight of the distillation term KL(p || q)"
     )
     demo.add_argument(
+        "--accept-weight",
+        type=float,
+        default=None,
+        help="finetune, DFlash2: the weight of the selector's expected accepted drafts at the app's sampling "
+        "settings (default: none)",
+    )
+    demo.add_argument(
         "--from-drafter",
         type=Path,
         default=None,
@@ -177,7 +184,7 @@ def run_demo(args) -> int:
         steps = args.drafter_steps or recipe.FINETUNE_STEPS
         distill = recipe.FINETUNE_DISTILL if args.distill is None else args.distill
         _log(f"finetune steps: {steps} (repeat with --drafter-steps {steps})")
-        settings = replace(chosen.drafter, lr=recipe.FINETUNE_LR, distill=distill)
+        settings = replace(chosen.drafter, lr=recipe.FINETUNE_LR, distill=distill, accept=args.accept_weight or 0.0)
         if args.max_drafter_minutes:
             settings.max_seconds = 60 * args.max_drafter_minutes
         share = recipe.FINETUNE_SAMPLED_SHARE if args.sampled_share is None else args.sampled_share

@@ -18,7 +18,8 @@ from dataclasses import replace
 
 import torch
 
-from dflash_chat.engine.sampling import SamplingParams, probabilities
+from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.train.dflash2 import forced_scores, sampled_accepts
 from dflash_chat.train.drafter import Sequence, pack_blocks, sample_anchors, teach_all
 
 SCALES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # tried, no flattening first
@@ -43,7 +44,6 @@ def expected_accepts(
         taught = teach_all(target, sequences, drafter.target_layer_ids, device)
     rng = random.Random(seed)
     embed = target.get_input_embeddings()
-    selector = drafter.candidate_selector
     totals: dict[float, list[torch.Tensor]] = {s: [] for s in scales}
     for i in range(0, len(sequences), batch):
         chosen = [
@@ -62,19 +62,9 @@ def expected_accepts(
             device,
         )
         hidden = drafter.forward_train(feats, embed(blocks.tokens), packed)[:, 1:].float()
-        A, D = blocks.labels.shape
-        unary, ids, successors, projected = selector.candidates(
-            drafter.logits(hidden).reshape(A * D, -1), hidden.reshape(A * D, -1)
-        )
-        scores = selector.scores(unary, successors, projected, blocks.before.reshape(-1, 1))[:, 0]  # [A * D, K]
-        top_ids = blocks.top_ids.reshape(A * D, -1)
-        p = probabilities(blocks.top_logits.reshape(A * D, -1), sampling)  # over the target's best tokens
-        p_at = ((ids[:, :, None] == top_ids[:, None, :]).float() * p[:, None, :]).sum(dim=-1)  # [A * D, K]
-        valid = (blocks.labels != -100).float()
+        ids, scores = forced_scores(drafter, hidden, drafter.logits(hidden), blocks)
         for s in scales:
-            q = torch.softmax(scores * s / sampling.temperature, dim=-1)
-            landed = torch.minimum(p_at, q).sum(dim=-1).view(A, D) * valid
-            totals[s].append(landed.cumprod(dim=1).sum(dim=1))
+            totals[s].append(sampled_accepts(ids, scores, blocks, sampling, s))
     return {s: torch.cat(v).mean().item() if v else 0.0 for s, v in totals.items()}
 
 

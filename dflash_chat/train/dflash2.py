@@ -24,7 +24,15 @@ import torch
 import torch.nn.functional as F
 
 from dflash_chat.train.common import seeded
-from dflash_chat.train.losses import Blocks, block_loss, position_weights, soft_cross_entropy
+from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.train.losses import (
+    Blocks,
+    block_loss,
+    candidate_probs,
+    expected_accepted,
+    position_weights,
+    soft_cross_entropy,
+)
 
 # Sizes for the demo's drafter (hidden 256): a codebook of 64 per token is ~1.6 MB at bf16 for 6146 tokens.
 DEMO_SIZES = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 64, "selector_top_k": 8}
@@ -64,8 +72,35 @@ def from_dflash(dflash, config2: dict, target, seed: int):
     return drafter
 
 
+def forced_scores(drafter, hidden: torch.Tensor, logits: torch.Tensor, blocks: Blocks) -> tuple[torch.Tensor, ...]:
+    """(candidate ids, scores) [A * D, K] of the drafted positions (hidden [A, D, H], logits [A, D, V]), each
+    teacher-forced on its label's predecessor in the sequence."""
+    A, D = blocks.labels.shape
+    selector = drafter.candidate_selector
+    unary, ids, successors, projected = selector.candidates(logits.reshape(A * D, -1), hidden.reshape(A * D, -1))
+    return ids, selector.scores(unary, successors, projected, blocks.before.reshape(-1, 1))[:, 0]
+
+
+def sampled_accepts(
+    ids: torch.Tensor, scores: torch.Tensor, blocks: Blocks, sampling: SamplingParams, scale: float = 1.0
+) -> torch.Tensor:
+    """[A]: each block's expected accepted drafts when the walk draws from softmax(scale x scores / T) over its
+    candidates and the target's p is processed with `sampling` (the chance a draft lands is sum(min(p, q)))."""
+    A, D = blocks.labels.shape
+    p_at = candidate_probs(ids, blocks.top_ids.reshape(A * D, -1), blocks.top_logits.reshape(A * D, -1), sampling)
+    q = torch.softmax(scores.float() * scale / sampling.temperature, dim=-1)
+    valid = (blocks.labels != -100).float()
+    return expected_accepted(p_at.view(A, D, -1), q.view(A, D, -1), valid)
+
+
 def selector_loss(
-    drafter, hidden: torch.Tensor, logits: torch.Tensor, blocks: Blocks, weights: torch.Tensor, distill: float = 0.0
+    drafter,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    blocks: Blocks,
+    weights: torch.Tensor,
+    distill: float = 0.0,
+    accept: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the selector's weighted loss, the teacher-forced acceptance length of each block).
 
@@ -73,12 +108,12 @@ def selector_loss(
     none) and predecessors, weights [D]. The loss: cross-entropy of the scores over the K candidates
     towards the label (where it is one of them), + `distill` x cross-entropy towards the target's own
     distribution over the candidates (its best-k probabilities at T = 1, renormalised over the candidates
-    it gives mass to), so that the sampled walk's softmax(scores / T) follows the target's."""
+    it gives mass to), so that the sampled walk's softmax(scores / T) follows the target's, - `accept` x the
+    blocks' mean expected accepted drafts at the app's sampling settings (`sampled_accepts`): the quantity
+    sampled drafts live by, whose gradient raises q where it is below p and lowers it where it is above."""
     labels = blocks.labels
     A, D = labels.shape
-    selector = drafter.candidate_selector
-    unary, ids, successors, projected = selector.candidates(logits.reshape(A * D, -1), hidden.reshape(A * D, -1))
-    scores = selector.scores(unary, successors, projected, blocks.before.reshape(-1, 1))[:, 0]  # [A * D, K]
+    ids, scores = forced_scores(drafter, hidden, logits, blocks)
     is_label = ids == labels.reshape(-1, 1)
     valid = labels.reshape(-1) != -100
     covered = is_label.any(dim=-1) & valid
@@ -87,9 +122,18 @@ def selector_loss(
         loss = loss + distill * _candidate_distill(scores, ids, blocks, valid)
     w = weights[None, :].expand(A, D).reshape(-1)
     loss = (loss * w).sum() / (w * valid.float()).sum().clamp(min=1e-6)
+    if accept:
+        loss = loss - accept * sampled_accepts(ids, scores, blocks, app_params()).mean()
     chosen = ids.gather(1, scores.argmax(dim=-1, keepdim=True)).view(A, D)
-    accept = 1 + (chosen == labels).long().cumprod(dim=1).sum(dim=1)
-    return loss, accept.float()
+    return loss, (1 + (chosen == labels).long().cumprod(dim=1).sum(dim=1)).float()
+
+
+def app_params() -> SamplingParams:
+    """The app's default sampling settings (settings.py): what the sampled training answers are drawn with."""
+    from dflash_chat.settings import Settings
+
+    app = Settings()
+    return SamplingParams(app.temperature, app.top_p, app.top_k)
 
 
 def _candidate_distill(scores: torch.Tensor, ids: torch.Tensor, blocks: Blocks, valid: torch.Tensor) -> torch.Tensor:
@@ -106,12 +150,12 @@ def _candidate_distill(scores: torch.Tensor, ids: torch.Tensor, blocks: Blocks, 
 
 
 def dflash2_loss(
-    drafter, hidden: torch.Tensor, blocks: Blocks, decay: float, distill: float = 0.0
+    drafter, hidden: torch.Tensor, blocks: Blocks, decay: float, distill: float = 0.0, accept: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The DFlash loss on the draft logits plus the selector's."""
     drafted = hidden[:, 1:]
     logits = drafter.logits(drafted)
     lm, _ = block_loss(logits, blocks, decay, distill)
     weights = position_weights(blocks.labels.shape[1], decay, blocks.labels.device)
-    sel, accept = selector_loss(drafter, drafted, logits, blocks, weights, distill)
-    return lm + SELECTOR_WEIGHT * sel, accept
+    sel, lengths = selector_loss(drafter, drafted, logits, blocks, weights, distill, accept)
+    return lm + SELECTOR_WEIGHT * sel, lengths

@@ -148,6 +148,7 @@ class DrafterSettings(Schedule):
     anchors_per_seq: int = 16
     decay: float = 7.0
     distill: float = 0.0  # weight of the distillation term (module docstring, 4.): 0 is the hard labels alone
+    accept: float = 0.0  # DFlash2: weight of the selector's expected sampled acceptance (train/dflash2.py)
 
 
 class Taught(NamedTuple):
@@ -274,7 +275,7 @@ def _draft_batch(
     if getattr(drafter.cfg, "dflash2", None) is not None:
         from dflash_chat.train.dflash2 import dflash2_loss
 
-        return dflash2_loss(drafter, hidden, blocks, settings.decay, settings.distill)
+        return dflash2_loss(drafter, hidden, blocks, settings.decay, settings.distill, settings.accept)
     return block_loss(drafter.logits(hidden[:, 1:]), blocks, settings.decay, settings.distill)
 
 

@@ -54,3 +54,19 @@ def block_loss(
     hits = (logits.argmax(dim=-1) == labels).long()
     accept = 1 + hits.cumprod(dim=1).sum(dim=1)
     return loss, accept.float()
+
+
+def candidate_probs(ids: torch.Tensor, top_ids: torch.Tensor, top_logits: torch.Tensor, sampling) -> torch.Tensor:
+    """[N, K]: the target's probability of each of N positions' K candidate ids, its best logits [N, k] with
+    their ids processed like the engine's target (`sampling`: temperature, top-k, top-p; 0 outside them)."""
+    from dflash_chat.engine.sampling import probabilities
+
+    p = probabilities(top_logits, sampling)
+    return ((ids[:, :, None] == top_ids[:, None, :]).float() * p[:, None, :]).sum(dim=-1)
+
+
+def expected_accepted(p_at: torch.Tensor, q: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[A]: expected accepted drafts of each block when its drafts are drawn from q: sum_j prod_{i<=j} of the
+    chance sum(min(p, q)) that draft i lands (p_at, q [A, D, K] over the candidates; valid [A, D])."""
+    landed = torch.minimum(p_at, q).sum(dim=-1) * valid
+    return landed.cumprod(dim=1).sum(dim=1)

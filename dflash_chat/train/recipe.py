@@ -271,7 +271,10 @@ def finetune_stage(
     )
     drafter, config = load_for_training(source, target)
     settings.steps = steps
-    log(f"finetune: {kind} drafter from {source}, {steps} steps on {device}, distill {settings.distill}")
+    log(
+        f"finetune: {kind} drafter from {source}, {steps} steps on {device}, distill {settings.distill}, "
+        f"accept {settings.accept}"
+    )
 
     def acceptance() -> str:
         greedy = teacher_forced_acceptance(drafter, target, answers.held, seed=seed, device=device)
