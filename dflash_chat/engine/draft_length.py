@@ -132,6 +132,12 @@ class Costs:
     seen: dict[tuple[str, int], int] = field(default_factory=dict)  # (kind, T) -> timings counted
 
     def step(self, T: int) -> float:
+        """Seconds of a step of size T: at least those of any smaller size (more tokens never cost less; a
+        warm-up that a busy moment hit measured the 8-token step below the 4-token one, and auto then started
+        fresh answers at 8 drafts where 16 accept every one)."""
+        return max(self._step(size) for size in self.verify if size <= T)
+
+    def _step(self, T: int) -> float:
         return self.drift * (self._seconds("verify", T) + (self._seconds("draft", T) if T > 1 else 0.0))
 
     def _base(self, kind: str, T: int) -> float:

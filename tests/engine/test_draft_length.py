@@ -100,6 +100,16 @@ def test_each_verify_size_has_its_own_draft_cost():
     assert costs.step(4) == pytest.approx(1.4, rel=0.05)
 
 
+def test_a_longer_step_never_costs_less_than_a_shorter_one():
+    """A warm-up that a busy moment hit (seen on the CPU: the 8-token verify measured below the 4-token one)
+    must not make a middle size look cheap: a fresh conversation then started at 8 drafts on prompts whose
+    steps accept all 15."""
+    skewed = Costs({1: 10.45, 4: 21.94, 8: 17.87, 16: 23.29}, {4: 5.43, 8: 4.26, 16: 5.14})  # ms, as measured
+    assert skewed.step(8) == pytest.approx(skewed.step(4)) == pytest.approx(21.94 + 5.43)
+    assert skewed.step(16) == pytest.approx(23.29 + 5.14)
+    assert AutoDraft(SIZES, Acceptance.fresh(15), skewed).choose() == 16
+
+
 def test_a_step_that_accepts_every_draft_grows_the_next_one():
     """A fresh conversation on a warm-up that overrated the 16-token verify starts at 8; its drafts all land,
     which says nothing of the positions past them: the next step tries 16 (and measures its cost in the
