@@ -20,7 +20,7 @@ import torch
 
 from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.train.dflash2 import forced_scores, sampled_accepts
-from dflash_chat.train.drafter import Sequence, pack_blocks, sample_anchors, teach_all
+from dflash_chat.train.drafter import Sequence, draft_blocks, teach_all
 
 SCALES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # tried, no flattening first
 
@@ -43,25 +43,14 @@ def expected_accepts(
     if taught is None:
         taught = teach_all(target, sequences, drafter.target_layer_ids, device)
     rng = random.Random(seed)
-    embed = target.get_input_embeddings()
     totals: dict[float, list[torch.Tensor]] = {s: [] for s in scales}
     for i in range(0, len(sequences), batch):
-        chosen = [
-            (s, t, sample_anchors(s, anchors_per_seq, rng))
-            for s, t in zip(sequences[i : i + batch], taught[i : i + batch])
-        ]
-        chosen = [c for c in chosen if c[2]]
-        if not chosen:
-            continue
-        feats, blocks, packed = pack_blocks(
-            [c[0] for c in chosen],
-            [c[1] for c in chosen],
-            [c[2] for c in chosen],
-            drafter.block_size,
-            drafter.mask_token_id,
-            device,
+        drafted = draft_blocks(
+            drafter, target, sequences[i : i + batch], taught[i : i + batch], anchors_per_seq, rng, device
         )
-        hidden = drafter.forward_train(feats, embed(blocks.tokens), packed)[:, 1:].float()
+        if drafted is None:
+            continue
+        hidden, blocks = drafted[0][:, 1:].float(), drafted[1]
         ids, scores = forced_scores(drafter, hidden, drafter.logits(hidden), blocks)
         for s in scales:
             totals[s].append(sampled_accepts(ids, scores, blocks, sampling, s))

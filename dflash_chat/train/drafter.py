@@ -254,11 +254,10 @@ def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int =
     return out
 
 
-def _draft_batch(
-    drafter, target, seqs: list[Sequence], taught, settings: "DrafterSettings", rng: random.Random, device
-):
-    """(loss, acceptance lengths) of one packed batch, or None when no sequence has room for a block."""
-    chosen = [(s, t, sample_anchors(s, settings.anchors_per_seq, rng)) for s, t in zip(seqs, taught)]
+def draft_blocks(drafter, target, seqs: list[Sequence], taught, anchors_per_seq: int, rng: random.Random, device):
+    """(the drafter's hidden states [A, B, H], the `Blocks`) at up to `anchors_per_seq` random anchors of each
+    sequence, packed into one forward; None when no sequence has room for a block."""
+    chosen = [(s, t, sample_anchors(s, anchors_per_seq, rng)) for s, t in zip(seqs, taught)]
     chosen = [c for c in chosen if c[2]]
     if not chosen:
         return None
@@ -270,8 +269,18 @@ def _draft_batch(
         drafter.mask_token_id,
         device,
     )
-    embed = target.get_input_embeddings()
-    hidden = drafter.forward_train(feats, embed(blocks.tokens).detach(), packed)
+    embedded = target.get_input_embeddings()(blocks.tokens).detach()
+    return drafter.forward_train(feats, embedded, packed), blocks
+
+
+def _draft_batch(
+    drafter, target, seqs: list[Sequence], taught, settings: "DrafterSettings", rng: random.Random, device
+):
+    """(loss, acceptance lengths) of one packed batch, or None when no sequence has room for a block."""
+    drafted = draft_blocks(drafter, target, seqs, taught, settings.anchors_per_seq, rng, device)
+    if drafted is None:
+        return None
+    hidden, blocks = drafted
     if getattr(drafter.cfg, "dflash2", None) is not None:
         from dflash_chat.train.dflash2 import dflash2_loss
 

@@ -305,9 +305,8 @@ def calibrate_stage(
 ) -> float:
     """The DFlash2 drafter in `source` with its selector's scale fitted to the target's answers to `generated`
     training prompts, all sampled at the app's settings (train/calibrate.py); written to work/drafter2."""
-    from dflash_chat.engine.sampling import SamplingParams
-    from dflash_chat.settings import Settings
     from dflash_chat.train.calibrate import apply_scale, best_scale, expected_accepts
+    from dflash_chat.train.dflash2 import app_params
 
     _, target, answers = _target_and_answers(
         work,
@@ -325,8 +324,7 @@ def calibrate_stage(
     if getattr(drafter.cfg, "dflash2", None) is None:
         raise ValueError(f"{source} is not a DFlash2 drafter: only DFlash2's selector has a scale to fit")
     drafter.to(device).eval()
-    app = Settings()
-    sampling = SamplingParams(app.temperature, app.top_p, app.top_k)
+    sampling = app_params()
     accepts = expected_accepts(drafter, target, answers.own, sampling, seed=seed, device=device)
     scale = best_scale(accepts)
     shown = ", ".join(f"{s:g}: {v:.3f}" for s, v in accepts.items())
