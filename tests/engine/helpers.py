@@ -51,23 +51,18 @@ def run_in_interpreter(script: str, kernel: str, *args: str) -> str:
     return proc.stdout
 
 
-def short_draft_is_a_prefix(engine, sampled: bool, T: int = 4) -> None:
-    """A draft for a verify of T (its LM head and walk on T - 1 rows) proposes the full draft's first T - 1
-    tokens and, sampled, the same q rows (to the last bits a smaller matrix product may round differently):
-    the block runs whole either way."""
+def full_and_short_drafts(engine, sampled: bool, T: int = 4) -> list[tuple]:
+    """[(drafts, q rows)] of a full draft's first T - 1 rows and of a draft for a verify of T (its LM head and
+    walk on T - 1 rows), from the same state and randomness; q is None when greedy."""
     import torch
 
     from dflash_chat.engine.sampling import SamplingParams
 
     run(engine, [5, 6, 7, 8], SamplingParams(max_new_tokens=3))
     params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=1) if sampled else SamplingParams()
-    steps, drafts, qs = engine.steps, [], []
+    steps, out = engine.steps, []
     for size in (steps.B, T):
         steps.begin(3, len(engine.tokens), params, torch.Generator().manual_seed(0))
         steps.draft(size)
-        drafts.append(steps.ids[1:T].clone())
-        qs.append(steps.q[: T - 1].clone() if sampled else None)
-    assert torch.equal(drafts[0], drafts[1])
-    if sampled:
-        torch.testing.assert_close(qs[0], qs[1], rtol=1e-5, atol=1e-7)
-        assert bool((qs[1].sum(-1) > 0.99).all())
+        out.append((steps.ids[1:T].clone(), steps.q[: T - 1].clone() if sampled else None))
+    return out
