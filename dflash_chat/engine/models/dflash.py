@@ -221,8 +221,14 @@ class DFlashDrafter(nn.Module):
         q_out: torch.Tensor | None,
     ) -> torch.Tensor:
         """Drafts from the drafted rows' hidden states [D, H]: the draft logits' argmax when greedy, else drawn
-        from their processed distribution, written to `q_out` [D, V] for the verify."""
-        return draft_tokens(self.logits(hidden), params, draws, q_out[: hidden.shape[0]] if q_out is not None else None)
+        from their processed distribution, written to `q_out` [D, V] for the verify. A DFlash2 drafter walks
+        its candidate selector instead (`CandidateSelector.walk`: each step depends only on the steps before
+        it, so the first k are the same for any number of rows)."""
+        logits, q = self.logits(hidden), (q_out[: hidden.shape[0]] if q_out is not None else None)
+        selector = getattr(self, "candidate_selector", None)  # a submodule only DFlash2 registers
+        if selector is not None:
+            return selector.walk(logits, hidden, anchor, params, draws, q)
+        return draft_tokens(logits, params, draws, q)
 
     @torch.no_grad()
     def append_context(self, features: torch.Tensor, start: int) -> None:

@@ -166,18 +166,6 @@ class DFlash2Drafter(DFlashDrafter):
             logits = d2.final_logit_softcapping * torch.tanh(logits / d2.final_logit_softcapping)
         return logits
 
-    def pick(
-        self,
-        hidden: torch.Tensor,
-        anchor: torch.Tensor,
-        params: SamplingParams,
-        draws: Draws | None,
-        q_out: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The selector's path over the drafted rows from the anchor (see `CandidateSelector.walk`; a path's
-        step depends only on the steps before it, so the first k are the same for any number of rows)."""
-        return self.candidate_selector.walk(self.logits(hidden), hidden, anchor, params, draws, q_out)
-
 
 def dflash2_part(cfg: DrafterConfig) -> DFlash2Config:
     """What a DFlash2 drafter's config adds to DFlash's (a DFlash config has none)."""
