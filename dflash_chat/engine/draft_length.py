@@ -132,10 +132,16 @@ class Costs:
     seen: dict[tuple[str, int], int] = field(default_factory=dict)  # (kind, T) -> timings counted
 
     def step(self, T: int) -> float:
-        """Seconds of a step of size T: at least those of any smaller size (more tokens never cost less; a
-        warm-up that a busy moment hit measured the 8-token step below the 4-token one, and auto then started
-        fresh answers at 8 drafts where 16 accept every one)."""
-        return max(self._step(size) for size in self.verify if size <= T)
+        return self.steps(sorted({size for size in self.verify if size < T} | {T}))[T]
+
+    def steps(self, sizes: list[int]) -> dict[int, float]:
+        """Seconds of a step of each size (ascending), in one pass: each at least those of the sizes below it
+        (more tokens never cost less; a warm-up that a busy moment hit measured the 8-token step below the
+        4-token one, and auto then started fresh answers at 8 drafts where 16 accept every one)."""
+        out, floor = {}, 0.0
+        for T in sizes:
+            floor = out[T] = max(floor, self._step(T))
+        return out
 
     def _step(self, T: int) -> float:
         return self.drift * (self._seconds("verify", T) + (self._seconds("draft", T) if T > 1 else 0.0))
@@ -172,8 +178,8 @@ class AutoDraft:
         size that never runs never has its cost measured in the loop; a lucky try while plain steps won is
         left to the estimate)."""
         a = self.acceptance
-        expected = a.expected()  # once per step: the rates walk every position
-        rate = {T: expected[T - 1] / self.costs.step(T) for T in self.sizes}
+        expected, seconds = a.expected(), self.costs.steps(self.sizes)  # once per step: each walks every size
+        rate = {T: expected[T - 1] / seconds[T] for T in self.sizes}
         best = max(self.sizes, key=lambda T: rate[T])
         if a.whole and best > 1 and not a.probed:
             best = max(best, next((T for T in self.sizes if T > a.whole + 1), self.sizes[-1]))
