@@ -182,10 +182,10 @@ def _target_answers(
     seed: int,
     device: str,
     generated: int,
-    max_new_tokens: int,
-    gen_batch: int,
-    free_share: float,
     log: Log,
+    max_new_tokens: int = 160,
+    gen_batch: int = 64,
+    free_share: float = 0.5,
     sampled_share: float = 0.0,
 ) -> Answers:
     """The target's answers to `generated` training prompts (a `sampled_share` of them drawn at the app's
@@ -299,8 +299,6 @@ def calibrate_stage(
     seed: int,
     device: str,
     generated: int = CALIBRATE_ANSWERS,
-    max_new_tokens: int = 160,
-    gen_batch: int = 64,
     log: Log = print,
 ) -> float:
     """The DFlash2 drafter in `source` with its selector's scale fitted to the target's answers to `generated`
@@ -309,16 +307,7 @@ def calibrate_stage(
     from dflash_chat.train.dflash2 import app_params
 
     _, target, answers = _target_and_answers(
-        work,
-        target_dir,
-        seed=seed,
-        device=device,
-        generated=generated,
-        max_new_tokens=max_new_tokens,
-        gen_batch=gen_batch,
-        free_share=0.5,
-        sampled_share=1.0,
-        log=log,
+        work, target_dir, seed=seed, device=device, generated=generated, sampled_share=1.0, log=log
     )
     drafter, config = load_for_training(source, target)
     if getattr(drafter.cfg, "dflash2", None) is None:
