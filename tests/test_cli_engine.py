@@ -284,6 +284,13 @@ def test_bench_refuses_vs_transformers_without_the_random_target_before_loading(
     assert err.count("\n") == 0 and "--vs-transformers" in err and "does not exist" not in err
 
 
+@pytest.mark.parametrize("mode", [[], ["--synthetic", "qwen3.6-27b"], ["--demo", "--http"]])
+def test_bench_refuses_repeats_where_answers_are_not_repeated(mode, capsys):
+    assert main(["bench", *mode, "--repeats", "2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--repeats goes with --demo" in err
+
+
 def test_figures_over_several_prompts_leave_out_each_prompts_first_token():
     from dflash_chat.bench.comparison import Comparison, Run
     from dflash_chat.engine.events import GenerationStats
@@ -314,6 +321,19 @@ def test_the_median_speedup_is_over_prompts_and_the_mean_draft_length_over_steps
     assert c.speedups == pytest.approx([2.0, 4.0, 10.0]) and c.median_speedup == pytest.approx(4.0)
     assert c.speedup == pytest.approx((30 / 0.85) / 10)  # over all prompts' tokens and time
     assert c.mean_draft_length == pytest.approx(45 / 15)
+
+
+def test_of_an_answers_repeats_the_one_with_the_median_time_per_token_counts():
+    from dflash_chat.bench.comparison import Run, median_run
+    from dflash_chat.engine.events import GenerationStats
+
+    def run(tokens: int, seconds: float) -> Run:
+        return Run([tokens], GenerationStats(new_tokens=tokens, decode_s=seconds))
+
+    busy, usual, quick = run(10, 2.0), run(20, 2.0), run(10, 0.5)  # 0.2, 0.1 and 0.05 s per token
+    assert median_run([busy, usual, quick]) is usual  # per token: the longest answer is not the slowest
+    assert median_run([busy, quick]) is quick  # of two, the faster: a busy moment only ever adds time
+    assert median_run([busy]) is busy
 
 
 def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
@@ -372,11 +392,16 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
     from dflash_chat.settings import Settings
 
     assert (
-        main(["bench", "--demo", "--prompts", "1", "--tokens", "12", "--top-k", "5", "--json", "--device", "cpu"]) == 0
+        main(
+            ["bench", "--demo", "--prompts", "1", "--tokens", "12", "--top-k", "5", "--repeats", "2", "--json"]
+            + ["--device", "cpu"]
+        )
+        == 0
     )
     record = json.loads(capsys.readouterr().out)
     setup = record["setup"]
     assert setup["prompts_per_class"] == {name: 1 for name in CLASSES} and setup["max_new_tokens"] == 12
+    assert setup["repeats"] == 2
     app = Settings()
     assert list(record["temperatures"]) == ["0", format(app.temperature, "g")]
     greedy, sampled = record["temperatures"].values()

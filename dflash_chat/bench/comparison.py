@@ -180,6 +180,13 @@ def generate(engine, prompt, params, conversation=None) -> Run:
     return Run(tokens, stats)
 
 
+def median_run(runs: list[Run]) -> Run:
+    """Of one answer's repeats, the one with the median decode seconds per token (the faster of two): a moment
+    the machine was busy stretches one repeat, not the figure."""
+    ranked = sorted(runs, key=lambda r: r.stats.decode_s / max(r.stats.new_tokens, 1))
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def compare(ar_engine, spec_engine_for, prompts, params, warmup: bool = True) -> Comparison:
     """AR on each prompt, then DFlash from `spec_engine_for(prompt, ar_tokens)`; greedy outputs must match."""
     if warmup:  # first calls pay for allocations and kernel selection

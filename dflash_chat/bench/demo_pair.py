@@ -9,8 +9,10 @@ The last two are data beside the held-out prompts (demo_data/bench_prompts.json)
 
 Engines over the one loaded target decode every prompt: plain (draft "off": the baseline, the same
 engine code), and for each shipped drafter (DFlash, and DFlash2 when it ships) a fixed 16-token verify
-(draft 15) and `auto` (the app's default). Each prompt is decoded by all of them in turn before the next, so drift on the machine hits them alike, and each
-prompt is its own conversation (its own key for auto's acceptance estimate, which starts from the prior
+(draft 15) and `auto` (the app's default). Each prompt is decoded by all of them in turn before the next,
+so drift on the machine hits them alike, and that `--repeats` times (3 by default): the repeat with the
+median decode time per token counts, so one busy moment of the machine does not move a figure. Each
+prompt (and repeat) is its own conversation (its own key for auto's acceptance estimate, which starts from the prior
 as a new chat's does); auto's engine keeps its step costs over all answers, as the app's does. The greedy leg
 (temperature 0) checks DFlash's text against plain decoding's, token for token; the sampled leg runs
 at the app's defaults (settings.py) or the given --temperature/--top-p/--top-k, with seed i for the
@@ -23,10 +25,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dflash_chat.bench.comparison import Comparison, Run, Totals, _divergence, generate
+from dflash_chat.bench.comparison import Comparison, Run, Totals, _divergence, generate, median_run
 
 PROMPTS_FILE = "bench_prompts.json"
 DRAFTS = (15, "auto")  # the DFlash settings measured against plain decoding
+PLAIN = "plain"  # the key of plain decoding's runs beside the draft settings'
 DRAFTER_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2"}
 DRAFT_LABELS = {"15": "fixed 16", "auto": "auto"}  # by the setting as the engine writes it (stats.draft)
 
@@ -120,8 +123,9 @@ def prompt_classes(tokenizer, per_class: int) -> dict[str, list[list[int]]]:
     return {name: out[name] for name in CLASSES}
 
 
-def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str = "cpu") -> dict:
-    """Every class, leg and draft setting against plain decoding; the figures as one JSON-ready dict."""
+def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str = "cpu", repeats: int = 1) -> dict:
+    """Every class, leg and draft setting against plain decoding; the figures as one JSON-ready dict. Each
+    answer runs `repeats` times and the one with the median decode time per token counts (`median_run`)."""
     import torch
 
     from dflash_chat.chat.prompt import stop_token_ids
@@ -165,15 +169,20 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         for name, ids in classes.items():
             comparisons = {key: Comparison() for key in engines}
             for i, prompt in enumerate(ids):
-                conversation = ("bench", leg.key, name, i)  # each prompt a new chat
-                ar = _answer(plain.engine, prompt, params(leg, i), conversation)
-                for draft, engine in engines.items():
-                    spec = _answer(engine, prompt, params(leg, i), conversation)
+                runs: dict = {key: [] for key in (PLAIN, *engines)}
+                for r in range(repeats):  # interleaved: a busy stretch of the machine hits every setting alike
+                    conversation = ("bench", leg.key, name, i, r)  # each prompt, and each repeat, a new chat
+                    for key, engine in ((PLAIN, plain.engine), *engines.items()):
+                        runs[key].append(_answer(engine, prompt, params(leg, i), conversation))
+                ar = median_run(runs[PLAIN])
+                for draft in engines:
                     c = comparisons[draft]
                     c.ar.append(ar)
-                    c.spec.append(spec)
-                    if leg.greedy and spec.tokens != ar.tokens:
-                        c.divergences.append(_divergence(plain.engine, i, prompt, ar.tokens, spec.tokens))
+                    c.spec.append(median_run(runs[draft]))
+                    if leg.greedy:
+                        parted = next((s.tokens for s in runs[draft] if s.tokens != ar.tokens), None)
+                        if parted is not None:
+                            c.divergences.append(_divergence(plain.engine, i, prompt, ar.tokens, parted))
             if leg.greedy:
                 identical &= all(c.identical for c in comparisons.values())
             per_class[name] = _class_figures(name, comparisons, leg.greedy)
@@ -196,8 +205,11 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "thinking": False,
         "baseline": "plain decoding: the same engine with draft off, on the same loaded target",
         "order": "per prompt: plain, then each draft setting, before the next prompt",
-        "conversation": "each prompt its own conversation (auto's acceptance estimate starts from the prior, "
-        "as a new chat's does)",
+        "repeats": repeats,
+        "timing": "each answer run `repeats` times (plain and every draft setting in turn, then again); the one "
+        "with the median decode seconds per token counts",
+        "conversation": "each prompt, and each repeat, its own conversation (auto's acceptance estimate starts "
+        "from the prior, as a new chat's does)",
         "drafts": DRAFT_NOTES,
         "drafters": {kind: folder.name for kind, folder in drafters.items()},
         "demo_drafter": chosen_kind(),
@@ -264,7 +276,8 @@ def format_report(f: dict) -> str:
     threads = f", {_count(s['threads'], 'CPU thread')}" if s["threads"] else ""
     lines = [
         "embedded demo pair (real trained drafter); plain decoding and DFlash with the same engine, per prompt in turn",
-        f"prompts: {counts}; {s['max_new_tokens']} new tokens at most, thinking off, {s['device']} {s['dtype']}{threads}",
+        f"prompts: {counts}; {s['max_new_tokens']} new tokens at most, thinking off, {s['device']} {s['dtype']}{threads}"
+        + (f"; each answer the median of {s['repeats']} runs" if s.get("repeats", 1) > 1 else ""),
         "fixed 16: 15 drafts verified per step; auto: drafts chosen per step (0 = a plain step); "
         "τ: tokens per step; speed: decode tok/s over plain's (all prompts, and the median per prompt)",
     ]

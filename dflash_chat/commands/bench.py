@@ -13,6 +13,7 @@ from dflash_chat.settings import flag, ranged
 
 PROMPTS = 4
 DEMO_PROMPTS = 8  # per class
+DEMO_REPEATS = 3  # runs of each answer, the median counts (bench/demo_pair.py)
 SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.8-27b")  # bench/synthetic_models.py holds their shapes
 
 
@@ -57,6 +58,14 @@ def register(subparsers) -> None:
         help=f"prompts (default {PROMPTS}; with --demo per class, at most as many as the class has, default "
         f"{DEMO_PROMPTS}: the sampled leg's answers differ from plain decoding's, and four a class left its "
         "ratios 10-40%% apart between runs)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=ranged(int, 1, 100),
+        default=None,
+        help=f"--demo: runs of each answer, in turn with the other settings' (default {DEMO_REPEATS}); the one "
+        "with the median decode time per token counts (one busy moment of the machine moved a class's figures "
+        "by 5-10%% between runs)",
     )
     p.add_argument("--tokens", type=flag("max_new_tokens"), default=128, help="new tokens per prompt")
     # --demo's sampled leg; None: the app's default (settings.py)
@@ -162,7 +171,13 @@ def _demo(args) -> int:
     from dflash_chat.bench import demo_pair
 
     legs = demo_pair.sampling_legs(args.temperature, args.top_p, args.top_k)
-    figures = demo_pair.run(prompts=args.prompts, max_new_tokens=args.tokens, legs=legs, device=args.device or "cpu")
+    figures = demo_pair.run(
+        prompts=args.prompts,
+        max_new_tokens=args.tokens,
+        legs=legs,
+        device=args.device or "cpu",
+        repeats=args.repeats or DEMO_REPEATS,
+    )
     print(json.dumps(figures) if args.json else demo_pair.format_report(figures))
     return 0 if figures["identical"] else 1
 
@@ -234,6 +249,8 @@ def _check(args) -> None:
         from dflash_chat.bench.demo_pair import sampling_legs
 
         sampling_legs(args.temperature, args.top_p, args.top_k)  # refuses what does not go together
+    if args.repeats and (not args.demo or args.http):
+        raise UserError("--repeats goes with --demo (its answers are run that many times, the median counts)")
     if args.target and not args.drafter:
         raise UserError("give --drafter DIR with --target DIR")
     if args.drafter and not args.target:
