@@ -116,7 +116,7 @@ class Engine:
         self.snapshot: _Snapshot | None = None
         self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
-        self.acceptance: OrderedDict[Hashable, Acceptance] = OrderedDict()  # per conversation
+        self.acceptance: OrderedDict[Hashable, dict[bool, Acceptance]] = OrderedDict()  # per conversation, greedy
         self.set_draft(draft)
 
     def set_draft(self, draft: str | int) -> None:
@@ -260,17 +260,20 @@ class Engine:
             self._take_snapshot(logits)
         return logits
 
-    def _acceptance_for(self, conversation: Hashable | None, reused: int) -> Acceptance:
-        """The conversation's acceptance estimate (the prior alone when the conversation is new)."""
+    def _acceptance_for(self, conversation: Hashable | None, reused: int, greedy: bool) -> Acceptance:
+        """The conversation's acceptance estimate for greedy or sampled answers (greedy drafts land far more
+        often): the prior alone when it has none."""
         if conversation is None:
             conversation = ("unnamed",)
             if not reused:
                 self.acceptance.pop(conversation, None)
-        estimate = self.acceptance.pop(conversation, None) or Acceptance.fresh(max(self.block_size - 1, 0))
-        self.acceptance[conversation] = estimate
+        modes = self.acceptance.pop(conversation, None) or {}
+        if greedy not in modes:
+            modes[greedy] = Acceptance.fresh(max(self.block_size - 1, 0), greedy)
+        self.acceptance[conversation] = modes
         while len(self.acceptance) > CONVERSATIONS:
             self.acceptance.popitem(last=False)
-        return estimate
+        return modes[greedy]
 
     def _generate(self, prompt, params, cancel, generator, stats, t0, conversation) -> Iterator[Event]:
         logits = self._prefill(prompt, stats)
@@ -287,7 +290,7 @@ class Engine:
             yield self._finish("stop", stats)
             return
         decode_t0 = time.perf_counter()
-        acceptance = self._acceptance_for(conversation, stats.reused_tokens)
+        acceptance = self._acceptance_for(conversation, stats.reused_tokens, params.greedy)
         auto = AutoDraft(self.sizes, acceptance, self.costs) if self.costs is not None else None
         steps, clock = self.steps, self.clock
         steps.begin(last, len(self.tokens), params, generator)

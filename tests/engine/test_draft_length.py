@@ -6,7 +6,8 @@ import pytest
 
 from dflash_chat.engine.draft_length import (
     PROBE_FIRST,
-    PRIOR,
+    PRIOR_GREEDY,
+    PRIOR_SAMPLED,
     TAIL_BLEND,
     Acceptance,
     AutoDraft,
@@ -31,13 +32,13 @@ def test_expected_tokens_are_one_plus_the_running_products():
 
 def test_observe_counts_the_positions_up_to_the_first_rejection():
     a = Acceptance.fresh(15)
-    assert a.rates() == [PRIOR] * 15  # nothing seen: the prior
+    assert a.rates() == [PRIOR_SAMPLED] * 15  # nothing seen: the prior
     a.observe(drafted=7, accepted=2)  # drafts 1-2 accepted, 3 rejected, 4-7 never judged
     assert a.tries[:4] == [1.0, 1.0, 1.0, 0.0] and a.hits[:3] == [1.0, 1.0, 0.0]
     a.observe(drafted=3, accepted=3)  # all accepted: no position past the block was tried
     rates = a.rates()
-    assert rates[2] < PRIOR and a.tries[3] == 0.0
-    assert rates[3] == pytest.approx(PRIOR + TAIL_BLEND * (rates[2] - PRIOR))  # leans down toward it
+    assert rates[2] < PRIOR_SAMPLED and a.tries[3] == 0.0
+    assert rates[3] == pytest.approx(PRIOR_SAMPLED + TAIL_BLEND * (rates[2] - PRIOR_SAMPLED))  # leans down toward it
     assert rates[0] > rates[2] > 0  # accepted twice vs once of twice, each with the prior
 
 
@@ -49,8 +50,10 @@ def test_fully_accepted_short_drafts_make_the_longer_ones_look_as_good():
     for _ in range(10):
         a.observe(drafted=7, accepted=7)
     rates = a.rates()
-    assert rates[6] > PRIOR and rates[7] == pytest.approx(PRIOR + a.tries[6] / (a.tries[6] + 2) * (rates[6] - PRIOR))
-    assert all(PRIOR < later < rates[6] for later in rates[7:])  # leaning up, back to PRIOR far away
+    assert rates[6] > PRIOR_SAMPLED and rates[7] == pytest.approx(
+        PRIOR_SAMPLED + a.tries[6] / (a.tries[6] + 2) * (rates[6] - PRIOR_SAMPLED)
+    )
+    assert all(PRIOR_SAMPLED < later < rates[6] for later in rates[7:])  # leaning up, back to PRIOR_SAMPLED far away
     overrated = Costs({1: 1.0, 4: 1.7, 8: 1.9, 16: 3.0}, {4: 0.45, 8: 0.45, 16: 0.7})
     assert AutoDraft(SIZES, a, overrated).choose() == 16
 
@@ -63,9 +66,9 @@ def test_early_rejections_lower_the_later_positions_that_were_never_reached():
     for _ in range(3):
         a.observe(drafted=15, accepted=0)
     rates = a.rates()
-    assert rates[0] < rates[1] < rates[2] < PRIOR  # the nearest untried positions follow the rejected one
-    assert rates[14] == pytest.approx(PRIOR, abs=0.01)  # the far ones keep the prior
-    fixed_prior = 1 + rates[0] * sum(PRIOR**k for k in range(15))  # untried positions all at PRIOR
+    assert rates[0] < rates[1] < rates[2] < PRIOR_SAMPLED  # the nearest untried positions follow the rejected one
+    assert rates[14] == pytest.approx(PRIOR_SAMPLED, abs=0.01)  # the far ones keep the prior
+    fixed_prior = 1 + rates[0] * sum(PRIOR_SAMPLED**k for k in range(15))  # untried positions all at PRIOR_SAMPLED
     assert a.expected_tokens(15) < 1 + 0.8 * (fixed_prior - 1)
 
 
@@ -177,3 +180,18 @@ def test_a_size_that_does_not_run_follows_the_machines_drift():
     for _ in range(80):
         costs.observe("verify", 1, 2.0)
     assert costs.step(1) == pytest.approx(2.0, rel=0.02) and costs.step(16) == pytest.approx(4.6, rel=0.15)
+
+
+def test_a_fresh_greedy_answer_drafts_the_longest_block_where_the_demo_pairs_accept_it():
+    """Greedy drafts land far more often than sampled ones (the demo pair, per position: 0.93-0.99 greedy on
+    code questions, 0.54-0.69 at T 0.7): each decoding starts from its own prior. With one prior of 0.8 and the
+    demo pair's step costs on this CPU (the 16-token step 1.18x the 8-token one), a greedy answer's first two
+    steps drafted 7 where all 15 land."""
+    demo_cpu = Costs({1: 9.68, 4: 15.0, 8: 15.55, 16: 18.36}, {4: 3.8, 8: 3.8, 16: 4.5})  # ms, as measured
+    greedy, sampled = Acceptance.fresh(15, greedy=True), Acceptance.fresh(15)
+    assert greedy.rates() == [PRIOR_GREEDY] * 15 and sampled.rates() == [PRIOR_SAMPLED] * 15
+    assert AutoDraft(SIZES, greedy, demo_cpu).choose() == 16
+    assert AutoDraft(SIZES, Acceptance.fresh(15, greedy=True), demo_cpu).choose() == 16
+    one_prior = Acceptance([0.0] * 15, [0.0] * 15, prior=0.8)
+    assert AutoDraft(SIZES, one_prior, demo_cpu).choose() == 8
+    assert AutoDraft(SIZES, sampled, demo_cpu).choose() < 16  # long drafts at T > 0 wait for evidence

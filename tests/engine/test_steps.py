@@ -132,6 +132,25 @@ def test_prefix_reuse_across_turns(arch, tiny_dirs):
     assert run(engine, turn2, params)[0] == continued
 
 
+def test_a_conversation_keeps_one_acceptance_estimate_for_greedy_answers_and_one_for_sampled(tiny_dirs):
+    """Greedy drafts land far more often than sampled ones: a greedy answer after sampled ones in the same
+    chat starts from the greedy prior, and leaves the sampled answers' estimate as it was."""
+    from dflash_chat.engine.draft_length import PRIOR_GREEDY, PRIOR_SAMPLED
+
+    engine = _pair(tiny_dirs, "qwen3_5")
+    sampled = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, max_new_tokens=12, seed=3)
+    for _ in engine.generate([3, 4, 5], sampled, conversation="chat"):
+        pass
+    kept = engine.acceptance["chat"][False]
+    counts = (list(kept.tries), list(kept.hits))
+    assert kept.prior == PRIOR_SAMPLED and sum(kept.tries) > 0 and True not in engine.acceptance["chat"]
+    events = list(engine.generate([3, 4, 5, 6], SamplingParams(max_new_tokens=12), conversation="chat"))
+    greedy = engine.acceptance["chat"][True]
+    assert greedy.prior == PRIOR_GREEDY > PRIOR_SAMPLED and sum(greedy.tries) > 0
+    assert engine.acceptance["chat"][False] is kept and (kept.tries, kept.hits) == counts
+    assert isinstance(events[-1], Finished)
+
+
 @pytest.mark.parametrize("causal, layers", [(None, [True, False]), (False, [False, False])])
 @torch.no_grad()
 def test_captured_shape_drafts_are_the_eager_views_drafts(tiny_dirs, causal, layers):
