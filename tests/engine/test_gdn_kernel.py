@@ -27,6 +27,31 @@ def test_a_masked_commit_runs_only_the_kept_tokens(keep):
     close(masked, plain)
 
 
+@pytest.mark.parametrize("T", [4, 9, 16])
+def test_a_commit_from_the_verifys_kept_solve_equals_running_only_the_kept_tokens(T):
+    """On the CPU a speculative block's one-chunk solve is kept: its commit to any `keep` (0 leaves the
+    state) equals the token-by-token recurrence over the kept tokens, without a second solve."""
+    x, state = inputs(T, seed=T)
+    solved: list = []
+    gdn.mix(*x, state, HEADS, update=False, solved=solved)
+    assert len(solved) == 1
+    for keep in range(T + 1):
+        plain = state.clone()
+        if keep:
+            expected(x, plain, keep=keep)
+        fast = state.clone()
+        solved[0].commit(fast, torch.tensor(keep))
+        close(fast, plain, 1e-4)
+
+
+def test_only_a_speculative_one_chunk_solve_is_kept():
+    for T, update in ((3, False), (16, True), (70, False)):  # token by token, a state update, two chunks
+        x, state = inputs(T, seed=T)
+        solved: list = []
+        gdn.mix(*x, state, HEADS, update=update, solved=solved)
+        assert solved == []
+
+
 @pytest.mark.parametrize("T", [2, 16, 70])
 def test_every_torch_path_computes_the_recurrence(T):
     """mix's torch paths (token by token, one solve, chunks; update or not) against the token-by-token reference."""

@@ -89,10 +89,21 @@ class GatedDeltaNet(nn.Module):
             window = torch.cat((cache.conv.to(mixed.dtype), mixed), dim=0)  # [K-1+T, C]
             qkv = self.conv(window)
             cache.conv.copy_(window[T:])
+        solved: list[gdn_kernel.Solved] = []
         core = gdn_kernel.mix(
-            qkv, b, a, self.A_log, self.dt_bias, cache.recurrent, self.heads, update=not speculative, out_dtype=x.dtype
+            qkv,
+            b,
+            a,
+            self.A_log,
+            self.dt_bias,
+            cache.recurrent,
+            self.heads,
+            update=not speculative,
+            out_dtype=x.dtype,
+            solved=solved if speculative else None,
         )
         assert core is not None, "mix returns the outputs unless told not to"
+        cache.solved = solved[0] if solved else None
         if not speculative:
             cache.pending = 0
         core = self.norm(core.to(x.dtype), z.reshape(T, self.num_v_heads, self.v_dim))  # (a kernel's are x.dtype)
@@ -100,8 +111,18 @@ class GatedDeltaNet(nn.Module):
 
     def commit(self, cache: GDNCache, keep: torch.Tensor) -> None:
         """State after only the first `keep` tokens (a 0-d device tensor) of the last speculative forward: the
-        recurrence re-run over the kept tokens' stored inputs, in place (tokens past `keep` masked to no-ops)."""
+        recurrence re-run over the kept tokens' stored inputs, in place (tokens past `keep` masked to no-ops),
+        or finished from the forward's kept solve."""
         n = cache.pending
+        if isinstance(cache.solved, gdn_kernel.Solved):
+            cache.solved.commit(cache.recurrent, keep)
+        else:
+            self._rerun(cache, n, keep)
+        torch.index_select(cache.spec_window, 0, keep + cache.window_rows, out=cache.conv)
+        cache.pending = 0
+        cache.solved = None
+
+    def _rerun(self, cache: GDNCache, n: int, keep: torch.Tensor) -> None:
         gdn_kernel.mix(
             cache.spec_qkv[:n],
             cache.spec_b[:n],
@@ -114,8 +135,6 @@ class GatedDeltaNet(nn.Module):
             outputs=False,
             keep=keep,
         )
-        torch.index_select(cache.spec_window, 0, keep + cache.window_rows, out=cache.conv)
-        cache.pending = 0
 
 
 def _make_room(cache: GDNCache, T: int) -> None:
