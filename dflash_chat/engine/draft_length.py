@@ -17,8 +17,9 @@ most expected tokens per second, from
   while one lucky draft at T > 0 does not), and otherwise TAIL_BLEND of the way down to it (drafts that
   keep failing early say the later ones would fail too; a fixed optimistic prior on positions that are
   rarely reached kept long drafts going through a run of rejections), so a position far past the last one
-  tried drifts back to P. A new conversation starts from the prior (another conversation's acceptance says little about
-  this one's), and so does a conversation's first greedy answer after sampled ones, or the other way;
+  tried drifts back to P. A new conversation starts from the prior (another conversation's acceptance says
+  little about this one's), and so does a conversation's first greedy answer after sampled ones, or the
+  other way;
 - the seconds of a step of each size on this device and model: measured at warm-up, then refreshed from
   the step timings (an exponential average).
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the

@@ -40,7 +40,7 @@ class GDNCache:
     spec_window: torch.Tensor
     window_rows: torch.Tensor  # arange(kernel-1) on the device: the conv rows a commit takes from the window
     pending: int = 0  # tokens of the last speculative forward (0: none)
-    solved: object | None = None  # its one-chunk solve when the torch path kept it (kernels/gdn.py Solved)
+    solved: object | None = None  # its one-chunk solve when the torch path kept it (kernels/gdn.py Chunks)
 
 
 @dataclass

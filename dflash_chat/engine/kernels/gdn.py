@@ -10,7 +10,7 @@ Decode runs it for one token and writes the state; a speculative verify runs it 
 keeps the state as it was (its outputs only); the commit runs it again over the block's stored
 inputs for the first `keep` tokens (a device tensor), writing the state: tokens past `keep` are
 masked to a no-op (decay 1, beta 0), so the shapes never depend on how many were accepted (on the CPU,
-the torch path instead finishes the verify's one-chunk solve, kept for it: `Solved`). Each pass
+the torch path instead finishes the verify's one-chunk solve, kept for it: `Chunks.commit`). Each pass
 reads the state once (and writes it once when it updates it). On CUDA one Triton program owns one
 value head and a slice of the value dimension: it normalises its q and k, computes its gates and keeps
 the state tile in registers for all the tokens, so a layer's recurrence is one launch. Elsewhere the
@@ -65,14 +65,14 @@ def mix(
     outputs: bool = True,
     keep: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
-    solved: list[Solved] | None = None,
+    solved: list[Chunks] | None = None,
 ) -> torch.Tensor | None:
     """The recurrence over T tokens from the conv output qkv [T, 2*key_total + value_heads*value_dim] and
     the raw b, a projections [T, value_heads]; state [H, K, V] float32. `update`: write the state after the
     tokens (after the first `keep`, a 0-d device tensor >= 1, when given). Returns the outputs [T, H, V]
     when `outputs`: float32, or rounded to `out_dtype` by the kernel when it runs (the caller casts otherwise).
     `solved`: a speculative block (no `update`) whose torch path solved one chunk on the CPU appends its
-    `Solved` there, for a commit without a second solve."""
+    `Chunks` there, for a commit without a second solve (`Chunks.commit`)."""
     T = qkv.shape[0]
     if available(state) and (T < PREFILL_TOKENS or keep is not None):
         return _triton(qkv, b, a, A_log, dt_bias, state, heads, update, outputs, keep, out_dtype)
@@ -85,40 +85,9 @@ def mix(
     q, k = per_value_head(q, H), per_value_head(k, H)
     chunks = Chunks.of(q, k, v, g, beta, chunk=min(CHUNK, 1 << (T - 1).bit_length()))
     if solved is not None and not update and chunks.u.shape[1] == 1 and state.device.type == "cpu":
-        solved.append(Solved.of(k, g, chunks))
+        solved.append(chunks)
     out = chunks.scan(state if update else state.clone())
     return out if outputs else None
-
-
-@dataclass
-class Solved:
-    """A speculative block's one-chunk solve, kept for its commit (the torch path on the CPU): the state after
-    its first `keep` tokens without a second solve. Masking the tokens from `keep` on (beta 0, decay 1; see
-    `Chunks`) zeroes their rows of u and w and leaves the earlier rows as they were (row i of the triangular
-    system reads rows j < i only), so
-        S_keep = exp(G_{keep-1}) S + sum_{j < keep} (k_j exp(G_{keep-1} - G_j))^T (u_j - w_j S)."""
-
-    k: torch.Tensor  # [H, C, K] per value head (C the chunk, padded past the block)
-    G: torch.Tensor  # [H, C] cumulative log decay
-    u: torch.Tensor  # [H, C, V]
-    w: torch.Tensor  # [H, C, K]
-
-    @classmethod
-    def of(cls, k: torch.Tensor, g: torch.Tensor, chunks: Chunks) -> Solved:
-        H, _, C, _ = chunks.u.shape
-        T = k.shape[0]
-        k = torch.nn.functional.pad(k.float(), (0, 0, 0, 0, 0, C - T)).movedim(1, 0)
-        G = torch.nn.functional.pad(g.float(), (0, 0, 0, C - T)).t().cumsum(-1)
-        return cls(k, G, chunks.u[:, 0], chunks.w[:, 0])
-
-    def commit(self, state: torch.Tensor, keep: torch.Tensor) -> None:
-        """`state` [H, K, V] to after the first `keep` tokens (a 0-d device tensor, 0 leaves it), in place."""
-        C = self.G.shape[1]
-        last = torch.where(keep > 0, self.G.index_select(1, (keep - 1).clamp(min=0).reshape(1)), 0.0)  # [H, 1]
-        live = torch.arange(C, device=state.device) < keep
-        weight = torch.where(live, last - self.G, float("-inf")).exp()  # [H, C]: 0 from `keep` on
-        fresh = self.u - self.w @ state
-        state.mul_(last.exp()[..., None]).add_((self.k * weight[..., None]).transpose(-1, -2) @ fresh)
 
 
 def masked_gates(g: torch.Tensor, beta: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +138,8 @@ class Chunks:
     attn: torch.Tensor  # [H, N, C, C]: tril(q k^T exp(G_i - G_j))
     decay: torch.Tensor  # [H, N]: exp(G_last)
     tokens: int
+    G: torch.Tensor | None = None  # [H, N, C]: the cumulative log decay (what `commit` reads)
+    keys: torch.Tensor | None = None  # [H, N, C, K]: k itself
 
     @classmethod
     def of(cls, q, k, v, g, beta, chunk: int = CHUNK) -> Chunks:
@@ -211,7 +182,23 @@ class Chunks:
             (q @ k.transpose(-1, -2)) * decay_ij,
             last[..., 0].exp(),
             T,
+            G,
+            k,
         )
+
+    def commit(self, state: torch.Tensor, keep: torch.Tensor) -> None:
+        """`state` [H, K, V] to after the first `keep` tokens of a one-chunk sequence (a 0-d device tensor; 0
+        leaves it), in place, from this solve. Masking the tokens from `keep` on (beta 0, decay 1) zeroes
+        their rows of u and w and leaves the earlier rows as they were (row i of the triangular system reads
+        rows j < i only), so
+            S_keep = exp(G_{keep-1}) S + sum_{j < keep} (k_j exp(G_{keep-1} - G_j))^T (u_j - w_j S)."""
+        assert self.G is not None and self.keys is not None and self.u.shape[1] == 1, "one chunk, from Chunks.of"
+        G, k, u, w = self.G[:, 0], self.keys[:, 0], self.u[:, 0], self.w[:, 0]
+        last = torch.where(keep > 0, G.index_select(1, (keep - 1).clamp(min=0).reshape(1)), 0.0)  # [H, 1]
+        live = torch.arange(G.shape[1], device=state.device) < keep
+        weight = torch.where(live, last - G, float("-inf")).exp()  # [H, C]: 0 from `keep` on
+        fresh = u - w @ state  # before the state decays in place
+        state.mul_(last.exp()[..., None]).add_((k * weight[..., None]).transpose(-1, -2) @ fresh)
 
     def scan(self, state: torch.Tensor) -> torch.Tensor:
         """Outputs [T, H, V] (float32), taking `state` [H, K, V] through every chunk in place."""

@@ -89,7 +89,7 @@ class GatedDeltaNet(nn.Module):
             window = torch.cat((cache.conv.to(mixed.dtype), mixed), dim=0)  # [K-1+T, C]
             qkv = self.conv(window)
             cache.conv.copy_(window[T:])
-        solved: list[gdn_kernel.Solved] = []
+        solved: list[gdn_kernel.Chunks] = []
         core = gdn_kernel.mix(
             qkv,
             b,
@@ -114,7 +114,7 @@ class GatedDeltaNet(nn.Module):
         recurrence re-run over the kept tokens' stored inputs, in place (tokens past `keep` masked to no-ops),
         or finished from the forward's kept solve."""
         n = cache.pending
-        if isinstance(cache.solved, gdn_kernel.Solved):
+        if isinstance(cache.solved, gdn_kernel.Chunks):
             cache.solved.commit(cache.recurrent, keep)
         else:
             self._rerun(cache, n, keep)
