@@ -12,8 +12,9 @@ engine code), and for each shipped drafter (DFlash, and DFlash2 when it ships) a
 (draft 15) and `auto` (the app's default). Each prompt is decoded by all of them in turn before the next,
 so drift on the machine hits them alike, and that `--repeats` times (3 by default): the repeat with the
 median decode time per token counts, so one busy moment of the machine does not move a figure. Each
-prompt (and repeat) is its own conversation (its own key for auto's acceptance estimate, which starts from the prior
-as a new chat's does); auto's engine keeps its step costs over all answers, as the app's does. The greedy leg
+prompt (and repeat) is its own conversation (its own key for auto's acceptance estimate, which starts from the
+engine's record of its earlier answers, as a new chat's does); auto's engine keeps its step costs and that record
+over all answers, as the app's does. The greedy leg
 (temperature 0) checks DFlash's text against plain decoding's, token for token; the sampled leg runs
 at the app's defaults (settings.py) or the given --temperature/--top-p/--top-k, with seed i for the
 i-th prompt of each class (repeatable for a fixed draft setting; auto's choices follow measured step
@@ -209,7 +210,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "timing": "each answer run `repeats` times (plain and every draft setting in turn, then again); the one "
         "with the median decode seconds per token counts",
         "conversation": "each prompt, and each repeat, its own conversation (auto's acceptance estimate starts "
-        "from the prior, as a new chat's does)",
+        "from the engine's record of its earlier answers, as a new chat's does)",
         "drafts": DRAFT_NOTES,
         "drafters": {kind: folder.name for kind, folder in drafters.items()},
         "demo_drafter": chosen_kind(),

@@ -17,9 +17,13 @@ most expected tokens per second, from
   while one lucky draft at T > 0 does not), and otherwise TAIL_BLEND of the way down to it (drafts that
   keep failing early say the later ones would fail too; a fixed optimistic prior on positions that are
   rarely reached kept long drafts going through a run of rejections), so a position far past the last one
-  tried drifts back to P. A new conversation starts from the prior (another conversation's acceptance says
-  little about this one's), and so does a conversation's first greedy answer after sampled ones, or the
-  other way;
+  tried drifts back to P. A new conversation starts from the engine's `Record` of its drafter at that
+  decoding: P there is the fixed prior blended with the first position's acceptance of the last few
+  answers (a drafter that lands nothing on what this user asks starts plain instead of paying two long
+  drafts and a few short ones in every new chat: 0.87x plain decoding on the demo's raw code with the
+  first DFlash drafter), and the tries of a short draft while plain steps win come as far apart as half
+  the last answer's spacing. A conversation's first greedy answer after sampled ones (or the other way)
+  starts from the other decoding's record;
 - the seconds of a step of each size on this device and model: measured at warm-up, then refreshed from
   the step timings (an exponential average).
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
@@ -41,6 +45,8 @@ COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
 OUTLIER = 2.0  # a timing counts at most this many times (or this fraction of) its current figure
 WARM_WEIGHT = 3  # loop timings the warm-up's figure of a size counts as (it is the best of three)
 PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps between tries of a short draft: first, and at most
+RECORD_DECAY = 0.7  # weight of an answer in a drafter's record after each newer one (~3 answers of memory)
+RECORD_PRIOR = 1.0  # answers' worth of the fixed prior in a record
 
 
 def parse_draft(value) -> str | int:
@@ -91,7 +97,7 @@ class Acceptance:
 
     @classmethod
     def fresh(cls, positions: int, greedy: bool = False) -> Acceptance:
-        return cls([0.0] * positions, [0.0] * positions, PRIOR_GREEDY if greedy else PRIOR_SAMPLED)
+        return Record.of(greedy).fresh(positions)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A step verified `drafted` drafts and accepted the first `accepted`: positions up to the first
@@ -121,6 +127,39 @@ class Acceptance:
             run *= rate
             out.append(out[-1] + run)
         return out
+
+
+@dataclass
+class Record:
+    """A drafter's record at one decoding, across the engine's answers: what a new conversation's estimate
+    starts from (module docstring). Each answer that drafted adds the share of its steps whose first draft
+    landed, decayed by RECORD_DECAY an answer, beside RECORD_PRIOR answers of the fixed prior."""
+
+    base: float  # the fixed prior: PRIOR_GREEDY or PRIOR_SAMPLED
+    answers: float = 0.0  # decayed count of answers that drafted
+    landed: float = 0.0  # decayed sum of their first position's acceptance
+    probe_every: int = PROBE_FIRST  # plain steps before a new conversation's first try of a short draft
+
+    @classmethod
+    def of(cls, greedy: bool) -> Record:
+        return cls(PRIOR_GREEDY if greedy else PRIOR_SAMPLED)
+
+    def prior(self) -> float:
+        return (self.landed + self.base * RECORD_PRIOR) / (self.answers + RECORD_PRIOR)
+
+    def fresh(self, positions: int) -> Acceptance:
+        """A new conversation's estimate."""
+        return Acceptance([0.0] * positions, [0.0] * positions, self.prior(), probe_every=self.probe_every)
+
+    def learn(self, accepted: list[int], spacing: int | None) -> None:
+        """An answer ended: `accepted[k]` of its steps with drafts accepted exactly k (a stats histogram);
+        `spacing` is its conversation's plain steps between tries as `auto` left them (None: not auto's)."""
+        if spacing is not None:
+            self.probe_every = max(PROBE_FIRST, spacing // 2)
+        steps = sum(accepted)
+        if steps:
+            self.answers = self.answers * RECORD_DECAY + 1.0
+            self.landed = self.landed * RECORD_DECAY + (steps - accepted[0]) / steps
 
 
 @dataclass

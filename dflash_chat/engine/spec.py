@@ -26,7 +26,7 @@ from typing import Hashable, Iterator, Protocol
 
 import torch
 
-from dflash_chat.engine.draft_length import Acceptance, AutoDraft, Costs, parse_draft, verify_sizes
+from dflash_chat.engine.draft_length import Acceptance, AutoDraft, Costs, Record, parse_draft, verify_sizes
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.memory import PREFILL_CHUNK
@@ -117,6 +117,7 @@ class Engine:
         self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
         self.acceptance: OrderedDict[Hashable, dict[bool, Acceptance]] = OrderedDict()  # per conversation, greedy
+        self.records = {greedy: Record.of(greedy) for greedy in (False, True)}  # what a new conversation starts from
         self.set_draft(draft)
 
     def set_draft(self, draft: str | int) -> None:
@@ -262,14 +263,14 @@ class Engine:
 
     def _acceptance_for(self, conversation: Hashable | None, reused: int, greedy: bool) -> Acceptance:
         """The conversation's acceptance estimate for greedy or sampled answers (greedy drafts land far more
-        often): the prior alone when it has none."""
+        often): its decoding's record's start when it has none."""
         if conversation is None:
             conversation = ("unnamed",)
             if not reused:
                 self.acceptance.pop(conversation, None)
         modes = self.acceptance.pop(conversation, None) or {}
         if greedy not in modes:
-            modes[greedy] = Acceptance.fresh(max(self.block_size - 1, 0), greedy)
+            modes[greedy] = self.records[greedy].fresh(max(self.block_size - 1, 0))
         self.acceptance[conversation] = modes
         while len(self.acceptance) > CONVERSATIONS:
             self.acceptance.popitem(last=False)
@@ -292,6 +293,11 @@ class Engine:
         decode_t0 = time.perf_counter()
         acceptance = self._acceptance_for(conversation, stats.reused_tokens, params.greedy)
         auto = AutoDraft(self.sizes, acceptance, self.costs) if self.costs is not None else None
+
+        def finish(reason: str) -> Finished:
+            spacing = acceptance.probe_every if auto else None  # fixed drafts never space tries
+            return self._finish_decode(reason, stats, decode_t0, params.greedy, spacing)
+
         steps, clock = self.steps, self.clock
         steps.begin(last, len(self.tokens), params, generator)
         T = auto.choose() if auto else self.sizes[-1]
@@ -299,11 +305,11 @@ class Engine:
             clock.timed("draft", T, steps.draft, T)
         while True:
             if cancel is not None and cancel.is_set():
-                yield self._finish_decode("cancelled", stats, decode_t0)
+                yield finish("cancelled")
                 return
             remaining = params.max_new_tokens - stats.new_tokens
             if remaining <= 0:
-                yield self._finish_decode("length", stats, decode_t0)
+                yield finish("length")
                 return
             clock.timed("verify", T, self._verify, T, remaining)
             ended = clock.ended()  # before the next draft is queued: it belongs to the next step
@@ -328,7 +334,7 @@ class Engine:
             yield step
             last = out.tokens[-1]
             if last in params.stop_token_ids:
-                yield self._finish_decode("stop", stats, decode_t0)
+                yield finish("stop")
                 return
             T = following
 
@@ -356,13 +362,16 @@ class Engine:
             return 0
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
-    def _finish_decode(self, reason: str, stats: GenerationStats, decode_t0: float) -> Finished:
+    def _finish_decode(
+        self, reason: str, stats: GenerationStats, decode_t0: float, greedy: bool, spacing: int | None
+    ) -> Finished:
         """End after decoding: the queued work is waited for and counted (the last, unused draft is not); the
-        drafter holds the context of every committed token."""
+        drafter holds the context of every committed token; the decoding's record learns the answer."""
         self.steps.flush_context()
         self.clock.drop_last("draft")
         self._count(self.clock.ended(wait=True), stats)
         stats.decode_s = time.perf_counter() - decode_t0
+        self.records[greedy].learn(stats.acceptance_histogram, spacing)
         return self._finish(reason, stats)
 
     def _finish(self, reason: str, stats: GenerationStats) -> Finished:

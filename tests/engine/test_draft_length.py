@@ -12,6 +12,7 @@ from dflash_chat.engine.draft_length import (
     Acceptance,
     AutoDraft,
     Costs,
+    Record,
     verify_sizes,
 )
 
@@ -195,3 +196,49 @@ def test_a_fresh_greedy_answer_drafts_the_longest_block_where_the_demo_pairs_acc
     one_prior = Acceptance([0.0] * 15, [0.0] * 15, prior=0.8)
     assert AutoDraft(SIZES, one_prior, demo_cpu).choose() == 8
     assert AutoDraft(SIZES, sampled, demo_cpu).choose() < 16  # long drafts at T > 0 wait for evidence
+
+
+DEMO_CPU = Costs({1: 9.68, 4: 15.0, 8: 15.55, 16: 18.36}, {4: 3.8, 8: 3.8, 16: 4.5})  # ms, as measured
+
+
+def _histogram(steps: int, landed: int) -> list[int]:
+    """A stats histogram of `steps` drafting steps, `landed` of which accepted their first draft (and no more)."""
+    return [steps - landed, landed] + [0] * 14
+
+
+def test_a_drafter_that_lands_nothing_starts_new_conversations_plain():
+    """The first DFlash demo drafter on raw code: every new chat paid two long drafts and a few short ones
+    before auto turned plain (0.87x plain decoding). After three answers whose first drafts never landed, a
+    new conversation's first step is plain, and its first try of a short draft waits half the last answer's
+    spacing."""
+    record = Record.of(greedy=True)
+    assert record.prior() == PRIOR_GREEDY and AutoDraft(SIZES, record.fresh(15), DEMO_CPU).choose() == 16
+    for _ in range(3):
+        record.learn(_histogram(20, 0), spacing=32)
+    fresh = record.fresh(15)
+    assert fresh.prior == pytest.approx(PRIOR_GREEDY / (1 + 1 + 0.7 + 0.49)) and fresh.probe_every == 16
+    auto = AutoDraft(SIZES, fresh, DEMO_CPU)
+    assert [auto.choose() for _ in range(16)] == [1] * 15 + [SIZES[1]]  # plain, then one try at the 16th step
+
+
+def test_a_drafter_that_lands_keeps_new_conversations_drafting_and_the_newest_answers_weigh_most():
+    record, earlier = Record.of(greedy=False), Record.of(greedy=False)
+    earlier.learn(_histogram(10, 10), spacing=PROBE_FIRST)  # the same four answers, the good one first
+    for _ in range(3):
+        record.learn(_histogram(10, 0), spacing=64)
+        earlier.learn(_histogram(10, 0), spacing=64)
+    low = record.prior()
+    record.learn(_histogram(10, 10), spacing=PROBE_FIRST)  # a good answer: drafting won, tries reset
+    assert low < earlier.prior() < PRIOR_SAMPLED and record.prior() > low + 0.25 and record.prior() > earlier.prior()
+    assert record.fresh(15).probe_every == PROBE_FIRST
+    for _ in range(6):
+        record.learn(_histogram(10, 10), spacing=PROBE_FIRST)
+    assert record.prior() > PRIOR_SAMPLED + 0.15 and AutoDraft(SIZES, record.fresh(15), DEMO_CPU).choose() == 16
+
+
+def test_answers_that_did_not_draft_teach_the_record_nothing_and_fixed_drafts_leave_its_spacing():
+    record = Record.of(greedy=False)
+    record.learn(_histogram(0, 0), spacing=64)  # plain steps only: no first draft to count
+    assert record.prior() == PRIOR_SAMPLED and record.probe_every == 32
+    record.learn(_histogram(10, 0), spacing=None)  # a fixed draft setting: it says how drafts land, not when to try
+    assert record.prior() < PRIOR_SAMPLED and record.probe_every == 32

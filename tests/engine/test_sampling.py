@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from dflash_chat.engine.draft_length import Record
 from dflash_chat.engine.load import load_drafter, load_target
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.sampling import Draws, SamplingParams, accept, probabilities, sample
@@ -172,6 +173,7 @@ def test_speculative_sampling_matches_the_target_distribution(block, draft, smal
     accepted, plain_steps, drafted_steps = 0, 0, 0
     for i in range(800):
         engine.reset()
+        engine.records[False] = Record.of(greedy=False)  # each answer a new engine's first: auto drafts, then judges
         tokens, finished, _ = run(engine, prompt, SamplingParams(temperature=0.9, top_k=10, max_new_tokens=3, seed=i))
         accepted += finished.stats.accepted
         plain_steps += finished.stats.draft_histogram[0]

@@ -151,6 +151,33 @@ def test_a_conversation_keeps_one_acceptance_estimate_for_greedy_answers_and_one
     assert isinstance(events[-1], Finished)
 
 
+def test_a_new_conversation_starts_from_what_the_engines_earlier_answers_measured(tiny_dirs):
+    """Each decoding's record learns the share of an answer's drafting steps whose first draft landed; a new
+    conversation's estimate starts from it, one that goes on keeps its own, and the other decoding's record
+    is left as it was."""
+    from dflash_chat.engine.draft_length import PRIOR_GREEDY, PRIOR_SAMPLED, RECORD_PRIOR
+
+    engine = _pair(tiny_dirs, "qwen3_5")
+    sampled = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, max_new_tokens=16, seed=5)
+    finished = [e for e in engine.generate([3, 4, 5], sampled, conversation="a") if isinstance(e, Finished)][0]
+    histogram = finished.stats.acceptance_histogram
+    share = (sum(histogram) - histogram[0]) / sum(histogram)
+    record = engine.records[False]
+    assert record.answers == 1.0 and record.landed == pytest.approx(share)
+    assert record.prior() == pytest.approx((share + PRIOR_SAMPLED * RECORD_PRIOR) / (1 + RECORD_PRIOR))
+    assert engine.records[True].answers == 0 and engine.records[True].prior() == PRIOR_GREEDY
+    start = record.prior()
+    list(engine.generate([3, 4, 5, 6], sampled, conversation="b"))
+    assert engine.acceptance["b"][False].prior == start and record.answers == pytest.approx(1.7)
+    list(engine.generate([3, 4, 5, 6, 7], sampled, conversation="a"))
+    assert engine.acceptance["a"][False].prior == PRIOR_SAMPLED  # a conversation that goes on keeps its own
+
+    fixed = _pair(tiny_dirs, "qwen3_5", draft=15)  # fixed drafts teach how drafts land, not when to try one
+    fixed.records[False].probe_every = 40
+    list(fixed.generate([3, 4, 5], sampled, conversation="a"))
+    assert fixed.records[False].probe_every == 40 and fixed.records[False].answers == 1.0
+
+
 @pytest.mark.parametrize("causal, layers", [(None, [True, False]), (False, [False, False])])
 @torch.no_grad()
 def test_captured_shape_drafts_are_the_eager_views_drafts(tiny_dirs, causal, layers):
