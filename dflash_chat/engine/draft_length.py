@@ -23,7 +23,7 @@ most expected tokens per second, from
   drafts and a few short ones in every new chat: 0.87x plain decoding on the demo's raw code with the
   first DFlash drafter), and the tries of a short draft while plain steps win come as far apart as half
   the last answer's spacing. A conversation's first greedy answer after sampled ones (or the other way)
-  starts from the other decoding's record;
+  starts from its own decoding's record likewise;
 - the seconds of a step of each size on this device and model: measured at warm-up, then refreshed from
   the step timings (an exponential average).
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
