@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         "settings (default: none)",
     )
     demo.add_argument(
+        "--hard-anchors",
+        type=float,
+        default=0.0,
+        help="finetune: the share of training blocks drawn where the engine's steps start (after tokens the "
+        "drafter gave less chance than the target), the rest uniformly (default: 0, all uniform)",
+    )
+    demo.add_argument(
         "--from-drafter",
         type=Path,
         default=None,
@@ -201,6 +208,7 @@ def run_demo(args) -> int:
             sampled_share=share,
             gen_batch=chosen.gen_batch,
             max_new_tokens=chosen.max_new_tokens,
+            hard_anchors=args.hard_anchors,
             log=_log,
         )
     if "calibrate" in stages:

@@ -16,7 +16,8 @@ The recipe (ours; no DFlash training recipe has been published):
 2. Teacher. One no-grad forward of the frozen target over a whole sequence gives the context features
    (outputs of the `target_layer_ids` decoder layers, concatenated) and
    the greedy next token at every position, g[t] = argmax p(x[t+1] | x[<=t]).
-3. Blocks. Anchors s are drawn in the answer part of the sequence (from the last prompt token on).
+3. Blocks. Anchors s are drawn in the answer part of the sequence (from the last prompt token on),
+   uniformly, or a share of them where the engine's steps start (train/anchors.py, finetune --hard-anchors).
    Block a is [x[s], mask x (B-1)], embedded with the target's frozen embed_tokens; it sees the
    context features of positions < s and its whole block. The label of block position j >= 1 is
    g[s + j - 1]; positions past the end of the sequence are ignored. The frozen teacher runs once per
@@ -134,10 +135,12 @@ def load_for_training(folder: Path, target):
 
 @dataclass
 class Sequence:
-    """Token ids of one chat, and the first position an anchor may take (the last prompt token)."""
+    """Token ids of one chat, and the first position an anchor may take (the last prompt token); `chances`,
+    when set, each position's chance of being drawn as an anchor (train/anchors.py), else uniform."""
 
     ids: torch.Tensor
     start: int
+    chances: torch.Tensor | None = None
 
 
 @dataclass
@@ -217,7 +220,11 @@ def sample_anchors(seq: Sequence, count: int, rng: random.Random) -> list[int]:
     if last < seq.start:
         return []
     span = range(seq.start, last + 1)
-    return sorted(rng.sample(span, min(count, len(span))))
+    if seq.chances is None:
+        return sorted(rng.sample(span, min(count, len(span))))
+    from dflash_chat.train.anchors import draw_anchors
+
+    return [seq.start + i for i in draw_anchors(seq.chances[seq.start : last + 1].tolist(), count, rng)]
 
 
 def pack_blocks(

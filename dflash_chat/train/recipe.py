@@ -252,11 +252,14 @@ def finetune_stage(
     max_new_tokens: int = 160,
     gen_batch: int = 64,
     free_share: float = 0.5,
+    hard_anchors: float = 0.0,
     log: Log = print,
 ) -> list[float]:
     """A shipped drafter (`source`, DFlash or DFlash2) trained further against its target on fresh answers,
     a share of them sampled at the app's settings, with the distillation term (settings.distill): what
-    makes sampled drafts (T > 0) land (train/drafter.py, 4.). Written to work/drafter or work/drafter2."""
+    makes sampled drafts (T > 0) land (train/drafter.py, 4.). `hard_anchors`: the share of blocks drawn
+    where the engine's steps start (train/anchors.py), by the source drafter's first drafts. Written to
+    work/drafter or work/drafter2."""
     _, target, answers = _target_and_answers(
         work,
         target_dir,
@@ -282,7 +285,18 @@ def finetune_stage(
         return f"{greedy:.2f} on greedy answers, {drawn:.2f} on sampled ones"
 
     before = acceptance()
-    losses = train_drafter(drafter, target, answers.own, settings, seed=seed, device=device, log=log)
+    taught = None
+    if hard_anchors:
+        from dflash_chat.train.anchors import lean_to_engine_anchors
+        from dflash_chat.train.dflash2 import app_params
+
+        started = time.perf_counter()
+        taught = teach_all(target, answers.own, drafter.target_layer_ids, device)
+        lean_to_engine_anchors(drafter, target, answers.own, taught, app_params(), hard_anchors, device)
+        log(
+            f"finetune: {hard_anchors:g} of the anchors where the engine's steps start ({time.perf_counter() - started:.0f}s)"
+        )
+    losses = train_drafter(drafter, target, answers.own, settings, seed=seed, device=device, log=log, taught=taught)
     log(f"finetune: teacher-forced acceptance length on held-out target answers: {acceptance()} (before: {before})")
     save_drafter(drafter, config, work / ("drafter2" if kind == "dflash2" else "drafter"))
     return losses

@@ -85,6 +85,7 @@ def trained(tmp_path_factory):
         max_new_tokens=24,
         settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5, distill=1.0),
         sampled_share=0.5,
+        hard_anchors=0.5,
         log=logs.append,
     )
     recipe.ship(work, finetuned, log=logs.append)
@@ -127,8 +128,8 @@ def test_dflash2_stage_trains_and_ships_a_dflash2_drafter(trained):
 
 def test_finetune_trains_a_shipped_drafter_on_greedy_and_sampled_answers(trained):
     """The finetune stage starts from a shipped DFlash2 drafter, answers half its prompts by sampling at the
-    app's settings, trains with the distillation term (its loss goes down) and ships a drafter the engine
-    runs losslessly."""
+    app's settings, draws half its blocks where the engine's steps start, trains with the distillation term
+    (its loss goes down) and ships a drafter the engine runs losslessly."""
     from dflash_chat.train.evaluate import measure_pair
 
     _, _, _, _, logs = trained
@@ -137,6 +138,7 @@ def test_finetune_trains_a_shipped_drafter_on_greedy_and_sampled_answers(trained
     data = [line for line in logs if isinstance(line, str) and "of them sampled" in line]
     assert "0 of them sampled" in data[0] and "4 of them sampled" in data[-1]
     assert any(isinstance(line, str) and "on sampled ones" in line for line in logs)
+    assert any(isinstance(line, str) and "0.5 of the anchors where the engine's steps start" in line for line in logs)
     prompts = json.loads((finetuned / "heldout_prompts.json").read_text())[:2]
     report = measure_pair(finetuned / "target", finetuned / "drafter2", prompts=prompts, max_new_tokens=24)
     assert report.identical and report.new_tokens > 2
