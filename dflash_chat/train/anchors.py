@@ -21,11 +21,10 @@ raw code 1.89 and 2.66 (2.35); greedy code 7.58 and 7.81 (9.26). No gain over un
 
 from __future__ import annotations
 
-import random
-
 import torch
 
 from dflash_chat.engine.sampling import SamplingParams, probabilities
+from dflash_chat.train.drafter import pack_blocks
 
 
 def mixed_chances(weights: torch.Tensor, valid: torch.Tensor, share: float) -> torch.Tensor:
@@ -38,22 +37,12 @@ def mixed_chances(weights: torch.Tensor, valid: torch.Tensor, share: float) -> t
     return (1.0 - share) * uniform + share * by_weight
 
 
-def draw_anchors(chances: list[float], count: int, rng: random.Random) -> list[int]:
-    """Up to `count` distinct indices drawn without replacement in proportion to `chances` (keys u^(1/c),
-    Efraimidis and Spirakis), ascending."""
-    keys = [(rng.random() ** (1.0 / c), i) for i, c in enumerate(chances) if c > 0]
-    keys.sort(reverse=True)
-    return sorted(i for _, i in keys[:count])
-
-
 @torch.no_grad()
 def residual_weights(drafter, target, seq, taught, sampling: SamplingParams, device: str = "cpu") -> torch.Tensor:
     """[S]: max(0, 1 - q1(x[s]) / p(x[s])) at each position s after the sequence's first anchor position (0
     elsewhere), q1 the drafter's first sampled draft in the block anchored at s - 1 (DFlash2: its walk's
     softmax(scores / T) over the candidates; DFlash: its processed logits) and p the target's processed
     distribution (its best teacher logits), both at `sampling`; 0 where p is (the engine never draws it)."""
-    from dflash_chat.train.drafter import pack_blocks
-
     ids = seq.ids.to(device)
     S = ids.shape[0]
     out = torch.zeros(S)

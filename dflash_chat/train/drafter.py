@@ -222,9 +222,15 @@ def sample_anchors(seq: Sequence, count: int, rng: random.Random) -> list[int]:
     span = range(seq.start, last + 1)
     if seq.chances is None:
         return sorted(rng.sample(span, min(count, len(span))))
-    from dflash_chat.train.anchors import draw_anchors
-
     return [seq.start + i for i in draw_anchors(seq.chances[seq.start : last + 1].tolist(), count, rng)]
+
+
+def draw_anchors(chances: list[float], count: int, rng: random.Random) -> list[int]:
+    """Up to `count` distinct indices drawn without replacement in proportion to `chances` (keys u^(1/c),
+    Efraimidis and Spirakis), ascending."""
+    keys = [(rng.random() ** (1.0 / c), i) for i, c in enumerate(chances) if c > 0]
+    keys.sort(reverse=True)
+    return sorted(i for _, i in keys[:count])
 
 
 def pack_blocks(

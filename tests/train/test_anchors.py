@@ -14,8 +14,8 @@ from dflash_chat.demo import demo_paths
 from dflash_chat.engine.load import load_drafter, load_target
 from dflash_chat.engine.sampling import SamplingParams, probabilities
 from dflash_chat.engine.spec import Engine
-from dflash_chat.train.anchors import draw_anchors, lean_to_engine_anchors, mixed_chances, residual_weights
-from dflash_chat.train.drafter import Sequence, load_for_training, sample_anchors, teach_all
+from dflash_chat.train.anchors import lean_to_engine_anchors, mixed_chances, residual_weights
+from dflash_chat.train.drafter import Sequence, draw_anchors, load_for_training, sample_anchors, teach_all
 from tests.engine.helpers import run
 
 APP = SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
