@@ -95,10 +95,6 @@ class Acceptance:
     whole: int = 0  # drafts of the last step when it accepted every one (0: it did not, or was plain)
     probed: bool = False  # the last step was a try of a short draft while plain steps won
 
-    @classmethod
-    def fresh(cls, positions: int, greedy: bool = False) -> Acceptance:
-        return Record.of(greedy).fresh(positions)
-
     def observe(self, drafted: int, accepted: int) -> None:
         """A step verified `drafted` drafts and accepted the first `accepted`: positions up to the first
         rejection were tried."""

@@ -25,6 +25,7 @@ import torch
 
 from dflash_chat.engine.sampling import SamplingParams, probabilities
 from dflash_chat.train.drafter import pack_blocks
+from dflash_chat.train.losses import Blocks, candidate_probs
 
 
 def mixed_chances(weights: torch.Tensor, valid: torch.Tensor, share: float) -> torch.Tensor:
@@ -55,7 +56,6 @@ def residual_weights(drafter, target, seq, taught, sampling: SamplingParams, dev
     nxt = ids[torch.tensor(anchors, device=device) + 1]
     if getattr(drafter.cfg, "dflash2", None) is not None:
         from dflash_chat.train.dflash2 import forced_scores
-        from dflash_chat.train.losses import Blocks
 
         first = Blocks(*(part[:, :1] for part in blocks))  # block position 1 only
         cand, scores = forced_scores(drafter, hidden, logits, first)
@@ -63,8 +63,7 @@ def residual_weights(drafter, target, seq, taught, sampling: SamplingParams, dev
         q = (q_all * (cand == nxt[:, None]).float()).sum(dim=-1)
     else:
         q = probabilities(logits[:, 0], sampling).gather(1, nxt[:, None])[:, 0]
-    top_ids, top_logits = blocks.top_ids[:, 0], blocks.top_logits[:, 0]
-    p = (probabilities(top_logits, sampling) * (top_ids == nxt[:, None]).float()).sum(dim=-1)
+    p = candidate_probs(nxt[:, None], blocks.top_ids[:, 0], blocks.top_logits[:, 0], sampling)[:, 0]
     ratio = torch.where(p > 0, 1.0 - q / p.clamp(min=1e-12), torch.zeros_like(p))  # p = 0: the engine never draws it
     out[torch.tensor(anchors) + 1] = ratio.clamp(min=0.0).cpu()
     return out

@@ -32,7 +32,7 @@ def test_expected_tokens_are_one_plus_the_running_products():
 
 
 def test_observe_counts_the_positions_up_to_the_first_rejection():
-    a = Acceptance.fresh(15)
+    a = Record.of(greedy=False).fresh(15)
     assert a.rates() == [PRIOR_SAMPLED] * 15  # nothing seen: the prior
     a.observe(drafted=7, accepted=2)  # drafts 1-2 accepted, 3 rejected, 4-7 never judged
     assert a.tries[:4] == [1.0, 1.0, 1.0, 0.0] and a.hits[:3] == [1.0, 1.0, 0.0]
@@ -47,7 +47,7 @@ def test_fully_accepted_short_drafts_make_the_longer_ones_look_as_good():
     """Every draft of a short verify accepted: the positions past it, which no step reached, are taken to
     do as well as the last one reached, so auto grows the draft even where its warm-up overrated the cost
     of the longest verify (a size that never runs never has that figure refreshed)."""
-    a = Acceptance.fresh(15)
+    a = Record.of(greedy=False).fresh(15)
     for _ in range(10):
         a.observe(drafted=7, accepted=7)
     rates = a.rates()
@@ -63,7 +63,7 @@ def test_early_rejections_lower_the_later_positions_that_were_never_reached():
     """Drafts rejected at the first position say little directly about the tenth, but a fixed optimistic
     prior there kept long drafts going through a run of rejections: untried positions lean on the one
     before them, and drift back to the prior far from the last one tried."""
-    a = Acceptance.fresh(15)
+    a = Record.of(greedy=False).fresh(15)
     for _ in range(3):
         a.observe(drafted=15, accepted=0)
     rates = a.rates()
@@ -75,7 +75,7 @@ def test_early_rejections_lower_the_later_positions_that_were_never_reached():
 
 def test_a_fresh_conversation_drafts_and_a_few_rejections_turn_it_plain_on_a_slow_verify():
     cpu_like = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 2.0}, {4: 0.2, 8: 0.25, 16: 0.3})  # the demo pair on a CPU
-    a = Acceptance.fresh(15)
+    a = Record.of(greedy=False).fresh(15)
     auto = AutoDraft(SIZES, a, cpu_like)
     drafted = []
     while (T := auto.choose()) > 1:
@@ -111,14 +111,14 @@ def test_a_longer_step_never_costs_less_than_a_shorter_one():
     skewed = Costs({1: 10.45, 4: 21.94, 8: 17.87, 16: 23.29}, {4: 5.43, 8: 4.26, 16: 5.14})  # ms, as measured
     assert skewed.step(8) == pytest.approx(skewed.step(4)) == pytest.approx(21.94 + 5.43)
     assert skewed.step(16) == pytest.approx(23.29 + 5.14)
-    assert AutoDraft(SIZES, Acceptance.fresh(15), skewed).choose() == 16
+    assert AutoDraft(SIZES, Record.of(greedy=False).fresh(15), skewed).choose() == 16
 
 
 def test_a_step_that_accepts_every_draft_grows_the_next_one():
     """A fresh conversation on a warm-up that overrated the 16-token verify starts at 8; its drafts all land,
     which says nothing of the positions past them: the next step tries 16 (and measures its cost in the
     loop), where the estimate alone would stay at 8 for several steps."""
-    a = Acceptance.fresh(15)
+    a = Record.of(greedy=False).fresh(15)
     overrated = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 3.5}, {4: 0.4, 8: 0.4, 16: 0.8})
     auto = AutoDraft(SIZES, a, overrated)
     assert auto.choose() == 8
@@ -134,7 +134,7 @@ def test_a_step_that_accepts_every_draft_grows_the_next_one():
 def test_a_lucky_try_while_plain_steps_win_grows_nothing():
     """A conversation the drafter does not know: plain steps win, and the try of a short draft now and then
     lands whole by luck (at T > 0 that happens): the estimate, not the growth rule, chooses next."""
-    a = Acceptance.fresh(15)
+    a = Record.of(greedy=False).fresh(15)
     cpu_like = Costs({1: 1.0, 4: 1.7, 8: 1.8, 16: 2.1}, {4: 0.45, 8: 0.45, 16: 0.5})
     auto = AutoDraft(SIZES, a, cpu_like)
     for _ in range(6):
@@ -189,10 +189,10 @@ def test_a_fresh_greedy_answer_drafts_the_longest_block_where_the_demo_pairs_acc
     demo pair's step costs on this CPU (the 16-token step 1.18x the 8-token one), a greedy answer's first two
     steps drafted 7 where all 15 land."""
     demo_cpu = Costs({1: 9.68, 4: 15.0, 8: 15.55, 16: 18.36}, {4: 3.8, 8: 3.8, 16: 4.5})  # ms, as measured
-    greedy, sampled = Acceptance.fresh(15, greedy=True), Acceptance.fresh(15)
+    greedy, sampled = Record.of(greedy=True).fresh(15), Record.of(greedy=False).fresh(15)
     assert greedy.rates() == [PRIOR_GREEDY] * 15 and sampled.rates() == [PRIOR_SAMPLED] * 15
     assert AutoDraft(SIZES, greedy, demo_cpu).choose() == 16
-    assert AutoDraft(SIZES, Acceptance.fresh(15, greedy=True), demo_cpu).choose() == 16
+    assert AutoDraft(SIZES, Record.of(greedy=True).fresh(15), demo_cpu).choose() == 16
     one_prior = Acceptance([0.0] * 15, [0.0] * 15, prior=0.8)
     assert AutoDraft(SIZES, one_prior, demo_cpu).choose() == 8
     assert AutoDraft(SIZES, sampled, demo_cpu).choose() < 16  # long drafts at T > 0 wait for evidence
