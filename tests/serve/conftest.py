@@ -77,6 +77,10 @@ class Paced:
     def wait_step(self, timeout: float = 60.0) -> None:
         assert self.steps.acquire(timeout=timeout), "no engine step came"
 
+    def forget(self) -> None:
+        """Drop the steps counted so far (an earlier answer's), so that `wait_step` waits for the next one's."""
+        self.steps = threading.Semaphore(0)
+
 
 @dataclass
 class Answered:

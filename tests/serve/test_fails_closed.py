@@ -147,6 +147,7 @@ def test_a_dropped_answer_counts_as_abort(demo_pair, monkeypatch):
         paced.go.set()
         assert client.post(f"{url}/v1/chat/completions", json=GOOD).status_code == 200
         paced.go.clear()
+        paced.forget()  # its two steps: the stream below must be dropped mid-answer, not before it starts
         with client.stream("POST", f"{url}/v1/chat/completions", json=LONG):
             paced.wait_step()
         assert served.scheduler.wait_idle(30)
