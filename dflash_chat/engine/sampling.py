@@ -42,20 +42,33 @@ class SamplingParams:
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Target distribution after temperature, top-k and top-p; logits [..., V] -> probs [..., V] (float32).
-
-    With top-k only the k best are softmaxed and sorted (not the ~250k-token vocabulary every step).
-    """
-    scores = logits.float() / params.temperature
-    if 0 < params.top_k < scores.shape[-1]:
-        best, order = torch.topk(scores, params.top_k, dim=-1)  # sorted, best first
-        kept = _top_p(torch.softmax(best, dim=-1), params.top_p)
-        return torch.zeros_like(scores).scatter(-1, order, kept)
-    probs = torch.softmax(scores, dim=-1)
+    """Target distribution after temperature, top-k and top-p; logits [..., V] -> probs [..., V] (float32)."""
+    if narrows(params, logits.shape[-1]):
+        ids, kept = candidates(logits, params)
+        return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter(-1, ids, kept)
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         probs = torch.zeros_like(probs).scatter(-1, order, _top_p(sorted_probs, params.top_p))
     return probs
+
+
+def narrows(params: SamplingParams, vocab: int) -> bool:
+    """Whether top-k leaves fewer tokens than the vocabulary: then sampling works on the k candidates only."""
+    return 0 < params.top_k < vocab
+
+
+def candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The processed distribution's support when top-k narrows it: the k best ids [..., k], best first, and
+    their probabilities after temperature and top-p (0 where top-p drops one). Only the k best are scaled,
+    softmaxed and sorted, not the whole vocabulary (temperature keeps the order)."""
+    best, ids = torch.topk(logits, params.top_k, dim=-1)
+    return ids, _top_p(torch.softmax(best.float() / params.temperature, dim=-1), params.top_p)
+
+
+def noise_columns(params: SamplingParams, vocab: int) -> int | None:
+    """Columns of exponential noise a draw from the processed distribution reads (None: every column)."""
+    return params.top_k if narrows(params, vocab) else None
 
 
 def _top_p(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -86,11 +99,12 @@ class Draws:
             torch.empty(drafts, vocab, device=device),
         )
 
-    def fill(self, generator: torch.Generator, rows: int | None = None) -> Draws:
-        """New randomness in place for a verify of `rows` tokens (default: all)."""
+    def fill(self, generator: torch.Generator, rows: int | None = None, columns: int | None = None) -> Draws:
+        """New randomness in place for a verify of `rows` tokens (default: all) whose draws read `columns` of
+        noise (`noise_columns`; default: all)."""
         rows = self.noise.shape[0] if rows is None else rows
         self.uniform[: rows - 1].uniform_(generator=generator)
-        self.noise[:rows].exponential_(generator=generator)
+        self.noise[:rows, :columns].exponential_(generator=generator)
         return self
 
     def fill_drafts(self, generator: torch.Generator, columns: int | None = None, rows: int | None = None) -> Draws:
@@ -105,12 +119,28 @@ def sample(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return (probs / noise).argmax(dim=-1)
 
 
+def sample_processed(
+    logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Tokens drawn from the processed distribution of logits [..., V] (noise [..., >= its columns]); that
+    distribution over the whole vocabulary goes to `out` [..., V] when given."""
+    if not narrows(params, logits.shape[-1]):
+        probs = probabilities(logits, params)
+        if out is not None:
+            out.copy_(probs)
+        return sample(probs, noise)
+    ids, kept = candidates(logits, params)
+    if out is not None:
+        out.zero_().scatter_(-1, ids, kept)
+    return ids.gather(-1, sample(kept, noise[..., : ids.shape[-1]]).unsqueeze(-1)).squeeze(-1)
+
+
 def first_token(logits: torch.Tensor, params: SamplingParams, draws: Draws | None) -> torch.Tensor:
     """The token after a prefill, from its last logits [V]: a 0-d device tensor."""
     if params.greedy:
         return logits.argmax(dim=-1)
     assert draws is not None, "sampling needs the step's draws"
-    return sample(probabilities(logits, params), draws.noise[0])
+    return sample_processed(logits, params, draws.noise[0])
 
 
 def draft_tokens(
@@ -121,9 +151,7 @@ def draft_tokens(
     if params.greedy:
         return logits.argmax(dim=-1)
     assert draws is not None and q_out is not None, "sampled drafts need the step's draws and q_out"
-    q = probabilities(logits, params)
-    q_out.copy_(q)
-    return sample(q, draws.draft_noise[: q.shape[0]])
+    return sample_processed(logits, params, draws.draft_noise[: logits.shape[0]], q_out)
 
 
 def accept(
@@ -151,18 +179,35 @@ def accept(
         ok = tokens[: T - 1] == drafts
     else:
         assert draws is not None, "sampling needs the step's draws"
-        probs = probabilities(logits, params)
-        q = q[: T - 1] if q is not None else probs[:0]  # no q: nothing was drafted (T = 1)
-        p_d = probs[: T - 1].gather(1, drafts[:, None])[:, 0]
-        q_d = q.gather(1, drafts[:, None])[:, 0]
-        ok = draws.uniform[: T - 1] * q_d < p_d  # u < p(d) / q(d)
-        residual = torch.cat(((probs[: T - 1] - q).clamp_(min=0.0), probs[T - 1 :]))
-        resampled = sample(residual, draws.noise[:T])
+        ok, resampled = _sampled_rule(logits, drafts, params, draws, q)
         padded = torch.cat((drafts, drafts.new_zeros(1)))
-        accepted = ok.long().cumprod(0).sum()
-        tokens = torch.where(rows < accepted, padded, resampled)
+        tokens = torch.where(rows < ok.long().cumprod(0).sum(), padded, resampled)
     accepted = ok.long().cumprod(0).sum()
     stops = (tokens[:, None] == stop_ids[None, :]).any(dim=-1) & (rows <= accepted)
     first_stop = torch.where(stops, rows, T).min()
     n = torch.minimum(torch.minimum(accepted + 1, first_stop + 1), remaining)
     return torch.cat((tokens, n.reshape(1), accepted.reshape(1)))
+
+
+def _sampled_rule(
+    logits: torch.Tensor, drafts: torch.Tensor, params: SamplingParams, draws: Draws, q: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ok [T-1]: each draft passes u < p(d) / q(d), resampled [T]: each row's token drawn from
+    norm(max(0, p - q)), the last row's from p). With top-k on, p lives on its k candidates and so does
+    the residual: only those columns are compared, and drawn among."""
+    T, V = logits.shape
+    if q is None:  # nothing was drafted (T = 1)
+        q = torch.zeros(0, V, device=logits.device)
+    if narrows(params, V):
+        ids, p = candidates(logits, params)  # [T, k]
+        p_d = (p[: T - 1] * (ids[: T - 1] == drafts[:, None])).sum(dim=-1)
+        q_at = q[: T - 1].gather(1, ids[: T - 1])
+    else:
+        ids, p = None, probabilities(logits, params)
+        p_d = p[: T - 1].gather(1, drafts[:, None])[:, 0]
+        q_at = q[: T - 1]
+    q_d = q[: T - 1].gather(1, drafts[:, None])[:, 0]
+    ok = draws.uniform[: T - 1] * q_d < p_d  # u < p(d) / q(d)
+    residual = torch.cat(((p[: T - 1] - q_at).clamp_(min=0.0), p[T - 1 :]))
+    picked = sample(residual, draws.noise[:T, : residual.shape[1]])
+    return ok, picked if ids is None else ids.gather(1, picked[:, None])[:, 0]

@@ -31,7 +31,7 @@ from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.memory import PREFILL_CHUNK
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.sampling import Draws, SamplingParams, first_token
+from dflash_chat.engine.sampling import Draws, SamplingParams, first_token, noise_columns
 from dflash_chat.engine.steps import Clock, Steps
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
@@ -282,7 +282,8 @@ class Engine:
         stats.prefill_s = time.perf_counter() - t0
         yield Prefilled(len(prompt), stats.reused_tokens, stats.prefill_s)
 
-        draws = None if params.greedy else Draws.empty(1, self.target.cfg.vocab_size, self.device).fill(generator)
+        V = self.target.cfg.vocab_size
+        draws = None if params.greedy else Draws.empty(1, V, self.device).fill(generator, 1, noise_columns(params, V))
         last = int(first_token(logits, params, draws).item())
         stats.ttft_s = time.perf_counter() - t0
         stats.new_tokens = 1

@@ -82,13 +82,15 @@ def test_acceptance_rule_preserves_the_distribution_with_fixed_drafts():
     assert chi_square_p(counts, target) > P_MIN
 
 
-def test_acceptance_rule_preserves_the_distribution_with_sampled_drafts():
+@pytest.mark.parametrize("top_k", [8, 0])
+def test_acceptance_rule_preserves_the_distribution_with_sampled_drafts(top_k):
     """Drafts drawn from a q unlike p (its own top-k): the first token out follows p, the next one after an
-    accepted draft follows p's next row, and the first draft is accepted with probability sum(min(p, q))."""
+    accepted draft follows p's next row, and the first draft is accepted with probability sum(min(p, q)).
+    With top-k on, the rule works on p's k candidates; without, on the whole vocabulary."""
     gen = torch.Generator().manual_seed(3)
     V = 12
     logits = torch.randn(3, V, generator=gen) * 2
-    params = SamplingParams(temperature=0.8, top_k=8, top_p=0.9)
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.9)
     q = probabilities(logits[:2] + torch.randn(2, V, generator=gen), SamplingParams(temperature=1.5, top_k=6))
     first, second, accepted = torch.zeros(V), torch.zeros(V), 0
     n = 4000
@@ -105,6 +107,32 @@ def test_acceptance_rule_preserves_the_distribution_with_sampled_drafts():
     rate = float(torch.minimum(p[0], q[0]).sum())
     assert 0.1 < rate < 0.9
     assert abs(accepted / n - rate) < 4 * (rate * (1 - rate) / n) ** 0.5 + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_rule_on_top_k_candidates_emits_what_the_rule_over_the_vocabulary_emits(seed):
+    """With top-k on, the rule compares and draws among p's k candidates only. Given the noise those columns
+    read, set where the candidates sit in the whole vocabulary, the rule written over every column (by hand
+    here) emits the same tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    T, V, k = 16, 40, 7
+    logits = torch.randn(T, V, generator=gen) * 2
+    params = SamplingParams(temperature=0.8, top_k=k, top_p=0.9)
+    near = logits[: T - 1] + torch.randn(T - 1, V, generator=gen) * 0.5
+    q = probabilities(near, SamplingParams(temperature=1.2, top_k=9))
+    drafts = sample(q, torch.empty_like(q).exponential_(generator=gen))
+    draws = Draws.empty(T, V, logits.device).fill(gen)
+    out = accept(logits, drafts, params, draws, torch.tensor(99), torch.tensor([-1]), q).tolist()
+
+    p = probabilities(logits, params)
+    wide = torch.full((T, V), float("inf"))  # 0 chance outside the candidates
+    wide.scatter_(1, logits.topk(k).indices, draws.noise[:, :k])
+    ok = draws.uniform[: T - 1] * q.gather(1, drafts[:, None])[:, 0] < p[: T - 1].gather(1, drafts[:, None])[:, 0]
+    accepted = int(ok.long().cumprod(0).sum())
+    residual = torch.cat(((p[: T - 1] - q).clamp(min=0.0), p[T - 1 :]))
+    resampled = (residual / wide).argmax(dim=-1).tolist()  # every row's, as the rule draws them at once
+    assert out[T] == accepted + 1 and out[T + 1] == accepted
+    assert out[:T] == drafts[:accepted].tolist() + resampled[accepted:]
 
 
 def test_acceptance_rule_resamples_later_positions_from_the_residual():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.sampling import Draws, SamplingParams, accept
+from dflash_chat.engine.sampling import Draws, SamplingParams, accept, noise_columns
 
 MAX_STOPS = 16  # stop ids a step checks on the device (the chat templates use 2-3)
 DEFERRED_ROWS = 64  # plain steps whose drafter context an uncaptured step stores at once
@@ -38,7 +38,9 @@ class Steps:
         self.stop_ids = torch.full((MAX_STOPS,), -1, **long)
         self.offsets = torch.arange(self.B, **long)
         self.block = drafter.block_ids(dev) if drafter else None  # the drafter's input
-        self.noise_columns = getattr(drafter, "draft_noise_columns", None)  # how much draft noise it reads
+        self.drafter_columns = getattr(drafter, "draft_noise_columns", None)  # draft noise it reads (None: q's)
+        self.columns: int | None = None  # noise columns the verify's draws read (None: all)
+        self.draft_columns: int | None = None  # and the drafts'
         self.ids = torch.zeros(self.B, **long)  # the verify input: [last, drafts]
         self.result = torch.zeros(self.B + 2, **long)  # [tokens (first T), ..., n, accepted]
         self.host = torch.zeros(self.B + 2, dtype=torch.long, pin_memory=dev.type == "cuda")
@@ -204,6 +206,8 @@ class Steps:
         self.start.fill_(length)
         self.ids[:1].fill_(last)
         self.params, self.generator = params, generator
+        self.columns = noise_columns(params, self.target.cfg.vocab_size)
+        self.draft_columns = self.drafter_columns if self.drafter_columns is not None else self.columns
         if not params.greedy and self.draws is None:
             self.draws = Draws.empty(self.B, self.target.cfg.vocab_size, self.device)
             if self.drafter is not None:
@@ -215,7 +219,7 @@ class Steps:
         issued = time.perf_counter()
         if not self.params.greedy:
             draws, generator = self._randomness()
-            draws.fill_drafts(generator, self.noise_columns, T - 1)
+            draws.fill_drafts(generator, self.draft_columns, T - 1)
         self._run(("draft", T, self._sampling_key()))
         self.host_s += time.perf_counter() - issued
 
@@ -225,7 +229,7 @@ class Steps:
         self.remaining.fill_(remaining)
         if not self.params.greedy:
             draws, generator = self._randomness()
-            draws.fill(generator, T)
+            draws.fill(generator, T, self.columns)
         self._run(("verify", T))
         self._run(("accept", T, self._sampling_key()))
         self.host_s += time.perf_counter() - issued
