@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_chat.engine.kernels import gdn as gdn_kernel
+from dflash_chat.engine.kernels.reference import causal_conv
 from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.layers import GatedRMSNorm
 from dflash_chat.engine.state import GDNCache
@@ -66,9 +67,7 @@ class GatedDeltaNet(nn.Module):
 
     def conv(self, window: torch.Tensor) -> torch.Tensor:
         """Depthwise causal conv, SiLU, over the window [conv state; T new rows] [K-1+T, C] -> [T, C]."""
-        w = self.conv1d.weight[:, 0, :].to(window.dtype)  # [C, K]
-        out = F.conv1d(window.t()[None], w[:, None, :], groups=self.conv_dim)[0].t()
-        return F.silu(out)
+        return F.silu(causal_conv(window, self.conv1d.weight[:, 0, :]))
 
     def forward(self, x: torch.Tensor, cache: GDNCache, speculative: bool = False) -> torch.Tensor:
         """Mix T new tokens. A speculative forward leaves the state as it was and keeps its conv output, gate
