@@ -21,6 +21,7 @@ import torch
 
 from dflash_chat.engine.checkpoint import check_layers, materialise, normalise_target_names, read_config
 from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.layout import lay_out_for_cpu
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
 from dflash_chat.engine.models.dflash2 import build_drafter
@@ -162,6 +163,7 @@ def load_target(path: str | Path, device=None, dtype=None, placement: Placement 
         _tie_lm_head(model)
     model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta).to(device)
     _check_materialised(model, "target")
+    lay_out_for_cpu(model)
     fuse_projections(model)
     return model.eval()
 
@@ -259,6 +261,7 @@ def load_drafter(
     materialise(drafter, tensors, param.device, param.dtype, "drafter", placement=placement)
     drafter.rotary = drafter_rotary(cfg).to(param.device)
     _check_materialised(drafter, "drafter")
+    lay_out_for_cpu(drafter)
     fuse_projections(drafter)
     drafter.bind(target.model.embed_tokens, target.lm_head, target.model.norm, target.cfg.num_layers)
     return drafter.eval()

@@ -72,7 +72,11 @@ def _concatenate_packed(members: list[QuantLinear]) -> QuantLinear:
 
 
 def _concatenate_float(members: list[nn.Linear | Router]) -> nn.Linear:
-    weight = torch.cat([m.weight.detach() for m in members])
+    """The members' rows stacked, in their layout: column-major when each is (engine/layout.py)."""
+    if all(m.weight.stride(0) == 1 and m.weight.stride(1) != 1 for m in members):
+        weight = torch.cat([m.weight.detach().t() for m in members], dim=1).t()
+    else:
+        weight = torch.cat([m.weight.detach() for m in members])
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)
     at = 0
