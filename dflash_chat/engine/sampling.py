@@ -176,13 +176,12 @@ def accept(
     rows = torch.arange(T, device=logits.device)
     if params.greedy:
         tokens = logits.argmax(dim=-1)
-        ok = tokens[: T - 1] == drafts
+        accepted = (tokens[: T - 1] == drafts).long().cumprod(0).sum()
     else:
         assert draws is not None, "sampling needs the step's draws"
         ok, resampled = _sampled_rule(logits, drafts, params, draws, q)
-        padded = torch.cat((drafts, drafts.new_zeros(1)))
-        tokens = torch.where(rows < ok.long().cumprod(0).sum(), padded, resampled)
-    accepted = ok.long().cumprod(0).sum()
+        accepted = ok.long().cumprod(0).sum()
+        tokens = torch.where(rows < accepted, torch.cat((drafts, drafts.new_zeros(1))), resampled)
     stops = (tokens[:, None] == stop_ids[None, :]).any(dim=-1) & (rows <= accepted)
     first_stop = torch.where(stops, rows, T).min()
     n = torch.minimum(torch.minimum(accepted + 1, first_stop + 1), remaining)
