@@ -195,8 +195,9 @@ def _sampled_rule(
     norm(max(0, p - q)), the last row's from p). With top-k on, p lives on its k candidates and so does
     the residual: only those columns are compared, and drawn among."""
     T, V = logits.shape
-    if q is None:  # nothing was drafted (T = 1)
-        q = torch.zeros(0, V, device=logits.device)
+    if T == 1:  # nothing was drafted (a plain step): the target's own token from p
+        return drafts.new_zeros(0, dtype=torch.bool), sample_processed(logits, params, draws.noise[:1])
+    assert q is not None, "sampled drafts need the q they were drawn from"
     if narrows(params, V):
         ids, p = candidates(logits, params)  # [T, k]
         p_d = (p[: T - 1] * (ids[: T - 1] == drafts[:, None])).sum(dim=-1)
