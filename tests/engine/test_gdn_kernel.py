@@ -64,3 +64,30 @@ def test_every_torch_path_computes_the_recurrence(T):
     got_state = state.clone()
     close(gdn.mix(*x, got_state, HEADS, update=True), want, 1e-4)
     close(got_state, want_state, 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_conv_is_conv1d_and_a_block_equals_its_tokens_one_at_a_time(dtype):
+    """The CPU path's depthwise causal conv (windows times the weight) against conv1d's definition; and a
+    block through conv_block gives what conv_step gives for its tokens in turn (to rounding: the sums over
+    K run in another order for another shape)."""
+    import torch.nn.functional as F
+
+    from dflash_chat.engine.kernels import reference
+
+    g = torch.Generator().manual_seed(0)
+    C, K, T = 48, 4, 7
+    weight = torch.randn(C, K, generator=g).to(dtype)
+    state = torch.randn(K - 1, C, generator=g).to(dtype)
+    x = torch.randn(T, C, generator=g).to(dtype)
+    window = torch.cat((state, x))
+    want = F.conv1d(window.float().t()[None], weight.float()[:, None, :], groups=C)[0].t().to(dtype)
+    torch.testing.assert_close(reference.causal_conv(window, weight), want, rtol=1e-5, atol=1e-6)  # sum order
+
+    block = reference.conv_block(
+        x, state, weight, torch.zeros(K - 1 + T, C, dtype=dtype), torch.zeros(T, C, dtype=dtype)
+    )
+    rolling = state.clone()
+    one_by_one = torch.stack([reference.conv_step(x[t], rolling, weight) for t in range(T)])
+    torch.testing.assert_close(block, one_by_one, **({} if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-6)))
+    assert torch.equal(rolling, x[T - K + 1 :])  # the steps shifted the state to the block's last K-1 rows

@@ -81,9 +81,12 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 
 def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """GDN's depthwise causal conv: out[t] = sum_j window[t + j] * weight[:, j] over window [K-1+T, C] (weight
-    [C, K]) -> [T, C]. As windows of K rows times the weight, summed over K: a few elementwise ops, where
-    conv1d's depthwise path costs ~0.1 ms a call on the CPU whatever the size, and the same sum per row for a
-    block as for its tokens one at a time. Summed in float32, as conv1d accumulates."""
+    [C, K]) -> [T, C]. On the CPU as windows of K rows times the weight, summed over K in float32 (as conv1d
+    accumulates): a few elementwise ops, where conv1d's depthwise path costs ~0.1 ms a call whatever the
+    size. Elsewhere conv1d (one launch, no [T, C, K] product in memory for a long prompt)."""
+    if window.device.type != "cpu":
+        w = weight.to(window.dtype)[:, None, :]
+        return F.conv1d(window.t()[None], w, groups=window.shape[1])[0].t()
     k = weight.shape[-1]
     return (window.unfold(0, k, 1).float() * weight.float()).sum(dim=-1).to(window.dtype)
 
