@@ -65,7 +65,7 @@ class Settings:
 
 
 MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few lines; past this it is not one
-OTHER_TABLES = ("models",)  # kept in config.toml by the model catalog (catalog.py)
+OTHER_TABLES = ("models",)  # kept in config.toml by the model catalog (models/catalog.py)
 
 
 def _number(kind: type, low: float | None, high: float | None) -> Callable[[Any], Any]:

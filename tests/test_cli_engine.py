@@ -341,7 +341,7 @@ def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
 
     from dflash_chat.bench.comparison import _divergence, generate
     from dflash_chat.engine.load import load_target
-    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.engine.spec import Engine
 
     target = load_target(pair[0], "cpu", torch.float32)
@@ -357,7 +357,7 @@ def test_a_divergence_is_located_and_its_logit_gap_measured(pair):
 
 
 def test_run_demo_prints_the_stats_record(capsys):
-    from dflash_chat.demo import demo_available
+    from dflash_chat.models.demo import demo_available
 
     assert demo_available(), "the demo pair ships with the package"
     assert (
@@ -387,8 +387,8 @@ def test_run_demo_prints_the_stats_record(capsys):
 
 
 def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
-    from dflash_chat.demo import chosen_kind, demo_drafters
     from dflash_chat.bench.demo_pair import CLASSES, DRAFTS, draft_key
+    from dflash_chat.models.demo import chosen_kind, demo_drafters
     from dflash_chat.settings import Settings
 
     assert (
@@ -519,7 +519,7 @@ def test_bench_measures_a_users_own_pair(pair, capsys):
 
 
 def test_disk_read_rate_reads_the_file(tmp_path):
-    from dflash_chat import disk
+    from dflash_chat.models import disk
 
     path = tmp_path / "w.safetensors"
     path.write_bytes(b"x" * (3 << 20))

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_chat import hardware, settings
+from dflash_chat import settings
 from dflash_chat.cli import main
-from dflash_chat.hardware import GIB, Gpu, Machine
+from dflash_chat.models import hardware
+from dflash_chat.models.hardware import GIB, Gpu, Machine
 
 MISSING = "/no/such/model"  # were anything loaded, the error would be about this path
 
@@ -126,7 +127,7 @@ def test_models_takes_quant_options_after_the_command(machine, capsys):
     assert rows and all(row[1] == "Q3_K_S" for row in rows)  # one row per pair, for that quant
     assert main(["models", "--model", "qwen3.6-27b", "--drafter-quant", "BF16"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:] if line.startswith("qwen")]
-    from dflash_chat.catalog import load_catalog
+    from dflash_chat.models.catalog import load_catalog
 
     quants = load_catalog().get("qwen3.6-27b").target_quants  # every target quant, each with the BF16 drafter
     assert [(r[0], r[1], r[4]) for r in rows] == [("qwen3.6-27b", q, "BF16") for q in quants]

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_chat import cli, hardware, hub
-from dflash_chat.catalog import load_catalog
-from dflash_chat.hardware import GIB, Gpu, Machine
-from dflash_chat.sizes import size_text
+from dflash_chat import cli
+from dflash_chat.models import hardware, hub
+from dflash_chat.models.catalog import load_catalog
+from dflash_chat.models.hardware import GIB, Gpu, Machine
+from dflash_chat.models.sizes import size_text
 from tests.hubserver import HubServer, Repo, isolate_hub
 
 TINY_PAIR = """
@@ -149,8 +150,8 @@ def test_models_on_a_cpu_only_machine(home, capsys, monkeypatch):
 def app_explanation(machine: Machine) -> str:
     """What the chat app itself says it runs on `machine` (the model manager, settings as saved)."""
     from dflash_chat import settings
-    from dflash_chat.chat import model_manager
-    from dflash_chat.chat.model_source import from_settings
+    from dflash_chat.runtime import model_manager
+    from dflash_chat.runtime.model_source import from_settings
 
     current = settings.load()
     return model_manager.choose(from_settings(current), current.context_length, machine=machine).explanation

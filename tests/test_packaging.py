@@ -41,7 +41,7 @@ def test_the_wheel_holds_the_demo_pair_themes_stylesheet_and_catalog(wheel):
     for path in tracked:
         inside = path if path.startswith("dflash_chat/") else f"dflash_chat/{path}"
         assert inside in names, f"{inside} is missing from {wheel.name}"
-    assert {"dflash_chat/ui/app.tcss", "dflash_chat/catalog.toml"} <= names
+    assert {"dflash_chat/ui/app.tcss", "dflash_chat/models/catalog.toml"} <= names
     assert not any(n.startswith("tests/") or "__pycache__" in n for n in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "dflash-chat = dflash_chat.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -51,9 +51,9 @@ def test_the_installed_copy_finds_its_data(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
-        "import json, dflash_chat, dflash_chat.demo as demo, dflash_chat.bench.demo_pair as demo_pair\n"
+        "import json, dflash_chat, dflash_chat.models.demo as demo, dflash_chat.bench.demo_pair as demo_pair\n"
         "from dflash_chat.ui.themes import shipped_themes_dir\n"
-        "from dflash_chat.catalog import load_catalog\n"
+        "from dflash_chat.models.catalog import load_catalog\n"
         "from pathlib import Path\n"
         "print(json.dumps({'package': dflash_chat.__file__, 'demo': demo.demo_available(),\n"
         "  'bench_prompts': {k: len(v) for k, v in demo_pair.bench_prompts().items()},\n"

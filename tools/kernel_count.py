@@ -18,8 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
-    from dflash_chat.bench import synthetic_models
-    from dflash_chat.bench import launch_count
+    from dflash_chat.bench import launch_count, synthetic_models
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", choices=sorted(synthetic_models.TARGETS))

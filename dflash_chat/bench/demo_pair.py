@@ -103,7 +103,7 @@ def sampling_legs(temperature: float | None, top_p: float | None, top_k: int | N
 
 def bench_prompts() -> dict[str, list[str]]:
     """The raw-code and prose prompts shipped beside the demo pair."""
-    from dflash_chat.demo import demo_dir
+    from dflash_chat.models.demo import demo_dir
 
     data = json.loads((demo_dir() / PROMPTS_FILE).read_text())
     return {"raw_code": list(data["raw_code"]), "prose": list(data["prose"])}
@@ -111,8 +111,8 @@ def bench_prompts() -> dict[str, list[str]]:
 
 def prompt_classes(tokenizer, per_class: int) -> dict[str, list[list[int]]]:
     """Token ids of the first `per_class` prompts of each class, as the app (or `run --raw`) encodes them."""
-    from dflash_chat.chat.prompt import build_prompt, encode
-    from dflash_chat.demo import demo_heldout_prompts
+    from dflash_chat.models.demo import demo_heldout_prompts
+    from dflash_chat.runtime.prompt import build_prompt, encode
 
     data = bench_prompts()
     chats = {"code": demo_heldout_prompts(), "prose": [[{"role": "user", "content": q}] for q in data["prose"]]}
@@ -129,11 +129,11 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     answer runs `repeats` times and the one with the median decode time per token counts (`median_run`)."""
     import torch
 
-    from dflash_chat.chat.prompt import stop_token_ids
-    from dflash_chat.demo import DEMO_NAME, chosen_kind, demo_drafters, demo_paths
     from dflash_chat.engine.load import load_drafter, load_pair
-    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.engine.spec import Engine
+    from dflash_chat.models.demo import DEMO_NAME, chosen_kind, demo_drafters, demo_paths
+    from dflash_chat.runtime.prompt import stop_token_ids
     from dflash_chat.settings import Settings
 
     target_dir, _ = demo_paths()

@@ -1,6 +1,6 @@
 """What HTTP costs: the same greedy answers in-process and through `serve`'s streaming API, timed.
 
-One loaded pair answers the prompts twice: straight through chat/session.py (as the app does), then
+One loaded pair answers the prompts twice: straight through runtime/session.py (as the app does), then
 as streamed /v1/chat/completions requests to a server on loopback in this process (as a client
 would). Each series starts after the same warm-up answer, so the engine holds the same tokens. The
 figures: requests/s and tokens/s of each, their ratio, and the HTTP overhead per token.
@@ -78,8 +78,7 @@ def measure(*, demo: bool, target, drafter, prompts: int, tokens: int, device) -
     from dflash_chat.engine.load import load_pair
 
     if demo:
-        from dflash_chat.demo import demo_paths
-        from dflash_chat.demo import demo_heldout_prompts
+        from dflash_chat.models.demo import demo_heldout_prompts, demo_paths
 
         target, drafter = demo_paths()
         chats = demo_heldout_prompts()[:prompts]
@@ -98,8 +97,8 @@ def measure(*, demo: bool, target, drafter, prompts: int, tokens: int, device) -
 
 def run(pair, chats: list[list[dict]], tokens: int) -> dict:
     """Both series on `pair` (a LoadedPair); the figures as a dict."""
-    from dflash_chat.chat.backends.remote import httpx_module
-    from dflash_chat.chat.session import EngineSession
+    from dflash_chat.runtime.endpoint import httpx_module
+    from dflash_chat.runtime.session import EngineSession
     from dflash_chat.serve.app import Served
     from dflash_chat.serve.server import Running
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_chat.engine.kernels import configs
 from dflash_chat.engine.ggml.formats import FORMATS
+from dflash_chat.engine.kernels import configs
 
 MOE_35B = dict(experts=256, top_k=8, hidden=2048, width=512)  # Qwen3.6-35B-A3B (DESIGN.md §4)
 
@@ -222,7 +222,7 @@ def catalog_cases() -> list:
     bf16 activations, decode M=1 and verify M=16), the other formats at one shape, routed experts at the
     35B-A3B's shapes, dequantize and the glue kernels. The attention q/o projections are left out: the catalog
     does not record the query head count (they compile like the other projections of the same K)."""
-    from dflash_chat import catalog
+    from dflash_chat.models import catalog
 
     cases = []
     for pair in catalog.load_catalog(Path(os.devnull)).pairs:

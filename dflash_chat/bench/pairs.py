@@ -68,7 +68,7 @@ def measure_random(
     from dflash_chat.bench.oracle import OracleDrafter
     from dflash_chat.bench.tiny_target import write_target
     from dflash_chat.engine.load import load_target
-    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.engine.spec import Engine
 
     hf = write_target(folder, arch, hidden=hidden, layers=layers, seed=0)
@@ -96,12 +96,12 @@ def measure_random(
 
 def measure_real(target_dir, drafter_dir, *, device: str | None, prompts: int, tokens: int, log=print) -> Measured:
     """A user's pair on the first `prompts` of REAL_QUESTIONS, greedy, after its load is timed."""
-    from dflash_chat import disk
-    from dflash_chat.chat.prompt import build_prompt, stop_token_ids
     from dflash_chat.engine.load import load_drafter, load_pair, model_bytes, resolve_model_path
-    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.engine.spec import Engine
-    from dflash_chat.sizes import rate_text, size_text
+    from dflash_chat.models import disk
+    from dflash_chat.models.sizes import rate_text, size_text
+    from dflash_chat.runtime.prompt import build_prompt, stop_token_ids
 
     # the disk first (its cache dropped), then the load: the load reads what the disk has
     disk_rate, dropped = disk.read_rate(disk.largest_file(resolve_model_path(target_dir, "target")[1]))

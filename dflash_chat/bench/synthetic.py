@@ -23,8 +23,8 @@ import torch
 
 from dflash_chat.bench import synthetic_models
 from dflash_chat.bench.oracle import OracleDrafter
-from dflash_chat.engine.sampling import SamplingParams
-from dflash_chat.sizes import rate_text, size_text
+from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.models.sizes import rate_text, size_text
 
 ACCEPTANCE_LENGTHS = (1, 3, 6)  # tokens per verify step the DFlash runs are forced to
 AUTO_LENGTHS = (1, 6)  # auto against plain decoding (nothing accepted) and against whole blocks (6 per step)

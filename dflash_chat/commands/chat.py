@@ -1,6 +1,6 @@
 """The bare `dflash-chat` command: opens the chat app (flags here are the top-level ones).
 
-Which model runs is decided in chat/model_source.py: --demo, --target/--drafter files, the
+Which model runs is decided in runtime/model_source.py: --demo, --target/--drafter files, the
 model-choice flags, the `model` setting, or (nothing named) the best pair for this machine.
 """
 
@@ -12,8 +12,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dflash_chat import hardware, paths
+from dflash_chat import paths
 from dflash_chat import settings as settings_module
+from dflash_chat.models import hardware
 
 MODEL_SETTING_HELP = (
     "model is a pair name from `dflash-chat models` or a path: a value that exists as a file or folder, "
@@ -67,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from dflash_chat.chat.model_source import DEVICE_ENV
     from dflash_chat.commands.run import check_device_name
+    from dflash_chat.runtime.model_source import DEVICE_ENV
 
     if args.assignments:
         return save_assignments(args.assignments)
@@ -81,15 +82,14 @@ def main(args: argparse.Namespace) -> int:
 def build_app(args: argparse.Namespace, current: settings_module.Settings, problems: Sequence[str] = ()):
     from dataclasses import replace
 
-    from dflash_chat.chat.model_source import pick_from_args, resolve
+    from dflash_chat.runtime.model_source import pick_from_args, resolve
     from dflash_chat.ui.app import DFlashChatApp
 
     history = (args.data_dir / paths.history_db().name) if args.data_dir else None
     if getattr(args, "draft", None) is not None:
         current = replace(current, draft=args.draft)  # this session's; config.toml keeps its own
     if getattr(args, "endpoint", None):
-        backend = remote_backend(args, current)
-        return DFlashChatApp(current, history_path=history, problems=problems, backend=backend)
+        return DFlashChatApp(current, endpoint(args, current), history_path=history, problems=problems)
     if getattr(args, "api_key", None):
         from dflash_chat.errors import UserError
 
@@ -98,12 +98,11 @@ def build_app(args: argparse.Namespace, current: settings_module.Settings, probl
     return DFlashChatApp(current, source, history_path=history, problems=problems)
 
 
-def remote_backend(args: argparse.Namespace, current: settings_module.Settings):
+def endpoint(args: argparse.Namespace, current: settings_module.Settings):
     """--endpoint: a URL, or a name from the endpoints setting; the model flags do not go with it."""
-    from dflash_chat.chat.backends.remote import HttpBackend
-    from dflash_chat.chat.endpoint import Endpoint, api_key
-    from dflash_chat.chat.model_source import pick_from_args
     from dflash_chat.errors import UserError
+    from dflash_chat.runtime.endpoint import Endpoint, api_key
+    from dflash_chat.runtime.model_source import pick_from_args
 
     local = [
         flag
@@ -119,12 +118,12 @@ def remote_backend(args: argparse.Namespace, current: settings_module.Settings):
         raise UserError(f"--endpoint chats with a server's model: leave out {', '.join(local)}")
     name = args.endpoint if args.endpoint in current.endpoints else ""
     url = current.endpoints.get(args.endpoint, args.endpoint)
-    return HttpBackend(Endpoint.of(url, api_key(args.api_key, name, os.environ), name))
+    return Endpoint.of(url, api_key(args.api_key, name, os.environ), name)
 
 
 def save_assignments(assignments: list[str]) -> int:
     """--set: validate every assignment, then change exactly those keys in config.toml (nothing else in it)."""
-    from dflash_chat.chat.model_source import drafter_value, model_value
+    from dflash_chat.runtime.model_source import drafter_value, model_value
 
     current, _ = settings_module.read()
     changes: dict = {}

@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_chat import hardware, paths
+from dflash_chat import paths
 from dflash_chat.errors import UserError
-from dflash_chat.sizes import size_text
+from dflash_chat.models import hardware
+from dflash_chat.models.sizes import size_text
 
 TORCH_INDEX = "https://download.pytorch.org/whl"
 CUDA_TORCH = f"--index-url {TORCH_INDEX}/cu128"
@@ -125,8 +126,8 @@ def ram_check(machine: hardware.Machine) -> Check:
 
 def choice_check(machine: hardware.Machine) -> Check:
     """What the chat app would run here (the same words as the app and `dflash-chat models`)."""
-    from dflash_chat.catalog import CatalogError, load_catalog
     from dflash_chat.commands.models import app_choice
+    from dflash_chat.models.catalog import CatalogError, load_catalog
 
     try:
         explanation, _ = app_choice(machine, load_catalog())
@@ -140,7 +141,7 @@ def choice_check(machine: hardware.Machine) -> Check:
 def hub_checks() -> list[Check]:
     from huggingface_hub import get_token
 
-    from dflash_chat import hub  # huggingface_hub and httpx: not on the --help path
+    from dflash_chat.models import hub  # huggingface_hub and httpx: not on the --help path
 
     cache = hub.default_cache_dir()
     where = _existing_parent(cache)
@@ -187,7 +188,7 @@ def hub_reachable(endpoint: str, timeout: float | None = None) -> Check:
 
 def config_checks() -> list[Check]:
     from dflash_chat import settings
-    from dflash_chat.catalog import load_catalog
+    from dflash_chat.models.catalog import load_catalog
 
     config = paths.config_file()
     checks = []

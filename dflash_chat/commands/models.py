@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from dflash_chat import hardware
-from dflash_chat.catalog import Catalog, CatalogError, Pair, Source, is_quant_name, load_catalog
 from dflash_chat.errors import UserError
-from dflash_chat.hardware import Choice, Machine, NoFitError
-from dflash_chat.sizes import size_text
+from dflash_chat.models import hardware
+from dflash_chat.models.catalog import Catalog, CatalogError, Pair, Source, is_quant_name, load_catalog
+from dflash_chat.models.hardware import Choice, Machine, NoFitError
+from dflash_chat.models.sizes import size_text
 
 
 def register(subparsers) -> None:
@@ -35,8 +35,8 @@ def app_choice(machine: Machine, catalog: Catalog, context: int | None = None) -
     catalog choice, or None when it runs the built-in demo pair or a path the `model` setting names).
     `models`, `doctor` and `pull` say this, so they never disagree with the app."""
     from dflash_chat import settings as settings_module
-    from dflash_chat.chat import model_manager
-    from dflash_chat.chat.model_source import ModelSource, Pick, resolve
+    from dflash_chat.runtime import model_manager
+    from dflash_chat.runtime.model_source import ModelSource, Pick, resolve
 
     settings = settings_module.load()
     request = resolve(settings, pick=Pick(context=context))
@@ -55,7 +55,7 @@ def context_for(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_chat import hub  # huggingface_hub loads only when the command runs
+    from dflash_chat.models import hub  # huggingface_hub loads only when the command runs
 
     catalog = load_catalog()
     if args.vram is not None:
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 def print_endpoints() -> None:
     """The named servers of the endpoints setting, or how to name one."""
     from dflash_chat import settings as settings_module
-    from dflash_chat.chat.endpoint import key_env
+    from dflash_chat.runtime.endpoint import key_env
 
     endpoints = settings_module.read()[0].endpoints
     if not endpoints:
@@ -143,7 +143,7 @@ def _pairs(catalog: Catalog, args: argparse.Namespace) -> list[Pair]:
 def _rows(
     catalog: Catalog, pair: Pair, machine: Machine, context: int, pick: Choice | None, args: argparse.Namespace
 ) -> list[tuple[str, ...]]:
-    from dflash_chat import hub
+    from dflash_chat.models import hub
 
     ctx = min(context, pair.max_context)  # a row per pair even past its maximum
     tokenizer_cached = hub.cached_parts(pair.tokenizer) is not None
@@ -189,7 +189,7 @@ def _drafter_cell(pair: Pair, drafter: Source | None) -> str:
 
 
 def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool) -> str:
-    from dflash_chat import hub
+    from dflash_chat.models import hub
 
     have = {
         "target": hub.cached_parts(target) is not None,

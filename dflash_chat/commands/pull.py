@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from dflash_chat import hardware
-from dflash_chat.catalog import Catalog, Pair, Source, load_catalog
+from dflash_chat.models import hardware
+from dflash_chat.models.catalog import Catalog, Pair, Source, load_catalog
+from dflash_chat.models.sizes import size_text
 from dflash_chat.settings import flag
-from dflash_chat.sizes import size_text
 
 
 def register(subparsers) -> None:
@@ -27,8 +27,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_chat import hub  # huggingface_hub loads only when the command runs
-    from dflash_chat.chat.progress import download_with_bars
+    from dflash_chat.models import hub  # huggingface_hub loads only when the command runs
+    from dflash_chat.runtime.progress import download_with_bars
 
     catalog = load_catalog()
     what = _what_to_pull(catalog, args)

@@ -86,7 +86,7 @@ def check_device(device: str | None) -> None:
 
 def resolve_paths(args) -> tuple[str, str | None]:
     if args.demo:
-        from dflash_chat.demo import demo_paths
+        from dflash_chat.models.demo import demo_paths
 
         target, drafter = demo_paths()
         return str(target), None if args.no_drafter else str(drafter)
@@ -100,7 +100,7 @@ def resolve_paths(args) -> tuple[str, str | None]:
 def prompt_ids(tokenizer, text: str, *, system: str | None, think: bool, raw: bool) -> list[int]:
     """The chat template's prompt for one user message; the text as it is with --raw, or when
     the tokenizer has no template (a base model)."""
-    from dflash_chat.chat.prompt import build_prompt, encode
+    from dflash_chat.runtime.prompt import build_prompt, encode
 
     if raw or not getattr(tokenizer, "chat_template", None):
         return encode(tokenizer, text)
@@ -120,10 +120,10 @@ def stats_line(stats) -> str:
 
 def load(args: argparse.Namespace, target: str, drafter: str | None):
     """The pair, through the app's model loader (here, in this thread), with the loading line on stderr."""
-    from dflash_chat.chat.loader import LoadOptions
-    from dflash_chat.chat.model_source import ModelSource
-    from dflash_chat.chat.terminal_load import TerminalLoad, at_once
     from dflash_chat.engine.load import default_device, display_name
+    from dflash_chat.runtime.loader import LoadOptions
+    from dflash_chat.runtime.model_source import ModelSource
+    from dflash_chat.runtime.terminal_load import TerminalLoad, at_once
 
     draft = "auto" if args.draft is None else args.draft
     device = args.device or str(default_device())  # --device or the default: never $DFLASH_CHAT_DEVICE
@@ -137,10 +137,10 @@ def load(args: argparse.Namespace, target: str, drafter: str | None):
 
 
 def main(args: argparse.Namespace) -> int:
-    from dflash_chat.chat.detokenize import IncrementalDecoder
-    from dflash_chat.chat.prompt import stop_token_ids
     from dflash_chat.engine.events import Finished, Step
-    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.runtime.detokenize import IncrementalDecoder
+    from dflash_chat.runtime.prompt import stop_token_ids
 
     target, drafter = resolve_paths(args)
     check_device(args.device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from dflash_chat import hardware
+from dflash_chat.models import hardware
 from dflash_chat.settings import flag, ranged
 
 API_KEY_ENV = "DFLASH_CHAT_API_KEY"
@@ -93,8 +93,8 @@ def main(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from dflash_chat import settings as settings_module
-    from dflash_chat.chat.model_source import DEVICE_ENV, ModelSource, pick_from_args, resolve
     from dflash_chat.commands.run import check_device_name
+    from dflash_chat.runtime.model_source import DEVICE_ENV, ModelSource, pick_from_args, resolve
     from dflash_chat.serve.app import Served
     from dflash_chat.serve.server import bind, serve_forever, served_name, start_loading
 

@@ -27,8 +27,8 @@ from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.models.layers import Experts
 from dflash_chat.engine.placement import Placement
 from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear
-from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from dflash_chat.engine.weights.gguf import LazyTensors
+from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.", "model.vision_tower.")
 

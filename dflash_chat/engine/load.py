@@ -25,8 +25,8 @@ from dflash_chat.engine.layout import lay_out_for_cpu
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
 from dflash_chat.engine.models.dflash2 import build_drafter
-from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.fused import fuse_projections
+from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.quantized import QuantEmbedding

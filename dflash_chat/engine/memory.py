@@ -1,6 +1,6 @@
 """The one memory model: what the engine allocates for a model pair, term by term.
 
-The picker (hardware.py) adds these terms up to decide what fits before any weight is read, so this
+The picker (models/hardware.py) adds these terms up to decide what fits before any weight is read, so this
 module imports nothing heavy (no torch): only the shapes and the rules. The engine's allocations
 must follow the same rules; tests/engine/test_memory_model.py loads real pairs of each architecture
 and compares these figures with the bytes of the tensors the engine really holds, so a change to

@@ -31,7 +31,8 @@ from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.memory import PREFILL_CHUNK
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.sampling import Draws, SamplingParams, first_token, noise_columns
+from dflash_chat.engine.sampling import Draws, first_token, noise_columns
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.steps import Clock, Steps
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")

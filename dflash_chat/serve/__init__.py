@@ -6,5 +6,5 @@ queue.py      one answer at a time on the engine; the rest wait in a bounded que
 responses.py  completion objects, stream chunks, usage and the DFlash figures
 metrics.py    Prometheus metrics under vLLM's names
 app.py        the routes
-server.py     loading the model (through chat/loader.py) and running uvicorn
+server.py     loading the model (through runtime/loader.py) and running uvicorn
 """

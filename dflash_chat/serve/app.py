@@ -21,11 +21,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dflash_chat.chat.answering import AnsweringService
-from dflash_chat.chat.bridge import StreamChunk, StreamEnd
-from dflash_chat.chat.prompt import Prompt, encode, next_prompt
-from dflash_chat.chat.session import EngineSession
 from dflash_chat.errors import one_line
+from dflash_chat.runtime.answering import AnsweringService
+from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
+from dflash_chat.runtime.prompt import Prompt, encode, next_prompt
+from dflash_chat.runtime.session import EngineSession
 from dflash_chat.serve import responses
 from dflash_chat.serve.errors import SERVER_FAULT, SHUTTING_DOWN, ApiError, bad_request, error_body, log, log_refusal
 from dflash_chat.serve.guard import Guard, host_names
@@ -158,7 +158,7 @@ class Served:
 
     def prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
         """The prompt as the engine gets it, rendered once, on a tokenizer of its own (never the engine
-        thread's): a chat continues what the engine holds of the clients' chat (chat/answering.py)."""
+        thread's): a chat continues what the engine holds of the clients' chat (runtime/answering.py)."""
         if isinstance(request, CompletionRequest) and isinstance(request.prompt, list):
             return Prompt(text="", ids=list(request.prompt), thinking=False)
         assert self.service is not None

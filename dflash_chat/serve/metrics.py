@@ -9,10 +9,11 @@ Each server has its own registry (tests run several in one process).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401 - the app's /metrics header
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from dflash_chat.chat.openai_protocol import (
+from dflash_chat.engine.events import GenerationStats
+from dflash_chat.runtime.openai_protocol import (
     ACCEPTED_PER_POS,
     ACCEPTED_TOKENS,
     DRAFT_TOKENS,
@@ -20,7 +21,6 @@ from dflash_chat.chat.openai_protocol import (
     accepted_per_position,
     drafting_steps,
 )
-from dflash_chat.engine.events import GenerationStats
 
 LABELS = ("model_name", "engine")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)

@@ -1,7 +1,7 @@
 """Response objects and stream chunks, shaped as OpenAI's API (and vLLM, llama.cpp) write them.
 
 Beside `usage`, every finished answer carries the engine's own figures twice: vLLM's per-request
-`metrics.speculative_decoding` and llama.cpp's `timings` (chat/openai_protocol.py), so tools made
+`metrics.speculative_decoding` and llama.cpp's `timings` (runtime/openai_protocol.py), so tools made
 for either read them. Thinking goes to `reasoning_content`, as vLLM's and llama.cpp's reasoning
 parsers write it.
 """
@@ -13,9 +13,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from dflash_chat.chat.bridge import StreamChunk, StreamEnd
-from dflash_chat.chat.openai_protocol import llama_timings, speculative_decoding
 from dflash_chat.engine.events import GenerationStats
+from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
+from dflash_chat.runtime.openai_protocol import llama_timings, speculative_decoding
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 

@@ -1,7 +1,7 @@
 """Running the server: the model through the app's own loader, the HTTP side through uvicorn.
 
-`start_loading` chooses, fetches and loads with chat/loader.py as the chat screen does, shown on the
-terminal (chat/terminal_load.py: the download bars of `pull`, the loading line of `run`). The socket
+`start_loading` chooses, fetches and loads with runtime/loader.py as the chat screen does, shown on the
+terminal (runtime/terminal_load.py: the download bars of `pull`, the loading line of `run`). The socket
 is bound here, before uvicorn starts, so a port in use is one line that says what to do. `Running` serves from a thread (the tests and `bench --http`); `serve_forever` from the
 main thread (the command, Ctrl-C stops it).
 """
@@ -17,11 +17,11 @@ import sys
 import threading
 import time
 
-from dflash_chat.chat.loader import LoadOptions, ModelLoader
-from dflash_chat.chat.model_source import ModelSource, Pick
-from dflash_chat.chat.session import EngineSession
-from dflash_chat.chat.terminal_load import TerminalLoad
 from dflash_chat.errors import UserError
+from dflash_chat.runtime.loader import LoadOptions, ModelLoader
+from dflash_chat.runtime.model_source import ModelSource, Pick
+from dflash_chat.runtime.session import EngineSession
+from dflash_chat.runtime.terminal_load import TerminalLoad
 from dflash_chat.serve.app import Served, build_app
 from dflash_chat.settings import Settings
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from dflash_chat.engine.sampling import SamplingParams, probabilities
+from dflash_chat.engine.sampling import probabilities
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.train.drafter import pack_blocks
 from dflash_chat.train.losses import Blocks, candidate_probs
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.train.dflash2 import forced_scores, sampled_accepts
 from dflash_chat.train.drafter import Sequence, draft_blocks, teach_all
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_chat.chat.prompt import build_prompt, stop_token_ids
+from dflash_chat.runtime.prompt import build_prompt, stop_token_ids
 from dflash_chat.train.corpus import Conversation
 from dflash_chat.train.drafter import Sequence
 from dflash_chat.train.tokenizer import training_text

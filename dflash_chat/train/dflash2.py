@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.train.common import seeded
-from dflash_chat.engine.sampling import SamplingParams
 from dflash_chat.train.losses import (
     Blocks,
     block_loss,

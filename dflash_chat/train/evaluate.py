@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_chat.bench.comparison import Comparison, compare
-from dflash_chat.demo import demo_heldout_prompts
+from dflash_chat.models.demo import demo_heldout_prompts
 
 
 def measure_pair(
@@ -25,9 +25,9 @@ def measure_pair(
     """DFlash vs autoregressive on held-out prompts (greedy), each prompt decoded by both, interleaved."""
     import torch
 
-    from dflash_chat.chat.prompt import build_prompt, stop_token_ids
     from dflash_chat.engine.load import load_pair
-    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.runtime.prompt import build_prompt, stop_token_ids
 
     chats = demo_heldout_prompts()[:prompts] if isinstance(prompts, int) else prompts
     spec = load_pair(target_dir, drafter_dir, device=device, dtype=torch.float32)

@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import torch
 
-from dflash_chat.sizes import size_text
+from dflash_chat.models.demo import HELDOUT_FILE
+from dflash_chat.models.sizes import size_text
 from dflash_chat.train.common import Log
 from dflash_chat.train.corpus import Conversation, Corpus, build_corpus, free_form_prompts
 from dflash_chat.train.drafter import (
@@ -31,10 +32,8 @@ from dflash_chat.train.drafter import (
     teacher_forced_acceptance,
     train_drafter,
 )
-from dflash_chat.demo import HELDOUT_FILE
 from dflash_chat.train.target import TargetShape, TrainSettings, new_target, save_target, train_target
 from dflash_chat.train.tokenizer import MASK_TOKEN, save_tokenizer, train_tokenizer
-
 
 DFLASH2_STEPS = 800  # the dflash2 stage's default (it starts from a trained drafter: no calibration run)
 DFLASH2_LR = 7e-4  # gentler than training from scratch: the backbone is trained already

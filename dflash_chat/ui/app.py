@@ -18,8 +18,9 @@ from dflash_chat import settings as settings_module
 from dflash_chat.chat.backends.base import Backend
 from dflash_chat.chat.backends.local import LocalBackend
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.model_source import ModelSource, Pick
 from dflash_chat.errors import UserError, one_line
+from dflash_chat.runtime.endpoint import Endpoint
+from dflash_chat.runtime.model_source import ModelSource, Pick
 from dflash_chat.settings import Settings
 from dflash_chat.ui import keymap, paste
 from dflash_chat.ui.chat_screen import ChatScreen
@@ -38,7 +39,7 @@ class DFlashChatApp(App):
     def __init__(
         self,
         settings: Settings,
-        source: ModelSource | Pick | None = None,
+        source: ModelSource | Pick | Endpoint | None = None,
         *,
         history_path: Path | None = None,
         export_dir: Path | None = None,
@@ -46,8 +47,10 @@ class DFlashChatApp(App):
         problems: Sequence[str] = (),
         backend: Backend | None = None,
     ) -> None:
-        """`problems`: what could not be used from config.toml (settings.read), shown until dismissed.
-        `backend`: what answers (chat/backends/); by default the engine in this process, loading `source`."""
+        """`source`: model files, a Pick to choose and fetch, or a server (`--endpoint`).
+        `problems`: what could not be used from config.toml (settings.read), shown until dismissed.
+        `backend`: what answers (chat/backends/); by default the engine in this process loading `source`, or
+        the server it names."""
         super().__init__()
         paste.install()  # before the driver starts reading the terminal
         self.export_dir = export_dir
@@ -58,7 +61,8 @@ class DFlashChatApp(App):
         found = self.theme_files = discover_themes(user_themes)
         for theme in found.themes:
             self.register_theme(theme)
-        backend = backend or LocalBackend(settings, source)
+        if backend is None:
+            backend = _backend_for(settings, source)
         self.chat = ChatScreen(settings, self.store, backend, self._recent_prompts())
 
     @property
@@ -175,3 +179,12 @@ class DFlashChatApp(App):
         if saved.keymap != previous.keymap:
             self._apply_keymap(saved.keymap)
         self.notify("Settings saved")
+
+
+def _backend_for(settings: Settings, source: ModelSource | Pick | Endpoint | None) -> Backend:
+    """The engine in this process for model files or a Pick; a server's backend for an Endpoint."""
+    if isinstance(source, Endpoint):
+        from dflash_chat.chat.backends.remote import HttpBackend  # httpx loads only for a remote chat
+
+        return HttpBackend(source)
+    return LocalBackend(settings, source)

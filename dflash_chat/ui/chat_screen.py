@@ -26,15 +26,15 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Switch
 
 from dflash_chat.chat.backends.base import AnswerRequest, Backend
-from dflash_chat.chat.bridge import StreamEnd
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, CUT, ERROR, PARTIAL, Conversation, Message
-from dflash_chat.chat.endpoint import ServedModel
 from dflash_chat.chat.events import BackendEvent
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.model_source import Pick
-from dflash_chat.chat.prompt import Prompt
 from dflash_chat.chat.recorder import Recorder
 from dflash_chat.errors import UserError
+from dflash_chat.runtime.bridge import StreamEnd
+from dflash_chat.runtime.endpoint import ServedModel
+from dflash_chat.runtime.model_source import Pick
+from dflash_chat.runtime.prompt import Prompt
 from dflash_chat.settings import Settings
 from dflash_chat.ui import messages, status_text
 from dflash_chat.ui.keymap import COMMANDS
@@ -46,8 +46,8 @@ from dflash_chat.ui.widgets.stats_panel import StatsPanel
 
 if TYPE_CHECKING:
     from dflash_chat.engine.load import LoadedPair
-    from dflash_chat.hardware import Choice
-    from dflash_chat.hub import ModelFiles
+    from dflash_chat.models.hardware import Choice
+    from dflash_chat.models.hub import ModelFiles
 
 SAVE_EVERY_S = 1.0  # how often a streaming answer is written to the history
 NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hidden until asked for
@@ -194,7 +194,7 @@ class ChatScreen(PlainNotices, Screen):
         await self.show_notice()
 
     async def on_download_needed(self, message: messages.DownloadNeeded) -> None:
-        from dflash_chat.chat.model_manager import label
+        from dflash_chat.runtime.model_manager import label
         from dflash_chat.ui.download_screen import DownloadScreen
 
         event = message.event

@@ -22,9 +22,9 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, ProgressBar
 
-from dflash_chat import hub
 from dflash_chat.errors import one_line
-from dflash_chat.sizes import rate_text, size_text
+from dflash_chat.models import hub
+from dflash_chat.models.sizes import rate_text, size_text
 from dflash_chat.ui.notices import PlainNotices
 
 

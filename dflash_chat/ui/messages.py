@@ -1,4 +1,5 @@
-"""One Textual message per kind of backend event (chat/events.py), posted from worker threads.
+"""One Textual message per kind of backend event (runtime/events.py, chat/events.py), posted from
+worker threads.
 
 A backend posts plain event data through a `post` callback (post_message never blocks the worker);
 `message_for` gives each event its own message, so Textual delivers it on the UI thread to the chat
@@ -8,93 +9,82 @@ screen's handler of that kind (`on_model_loaded`, `on_answer_chunk`...). Each ca
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from textual.message import Message
 
-from dflash_chat.chat import events
-from dflash_chat.chat.bridge import StreamChunk
+from dflash_chat.chat import events as answer_events
+from dflash_chat.runtime import events
+from dflash_chat.runtime.bridge import StreamChunk
 
 
+@dataclass
 class ModelChosen(Message):
-    def __init__(self, event: events.ModelChosen) -> None:
-        super().__init__()
-        self.event = event
+    event: events.ModelChosen
 
 
+@dataclass
 class DownloadNeeded(Message):
-    def __init__(self, event: events.DownloadNeeded) -> None:
-        super().__init__()
-        self.event = event
+    event: events.DownloadNeeded
 
 
+@dataclass
 class ModelReady(Message):
-    def __init__(self, event: events.ModelReady) -> None:
-        super().__init__()
-        self.event = event
+    event: events.ModelReady
 
 
+@dataclass
 class ModelUnavailable(Message):
-    def __init__(self, event: events.ModelUnavailable) -> None:
-        super().__init__()
-        self.event = event
+    event: events.ModelUnavailable
 
 
+@dataclass
 class LoadProgress(Message):
-    def __init__(self, event: events.LoadProgress) -> None:
-        super().__init__()
-        self.event = event
+    event: events.LoadProgress
 
 
+@dataclass
 class ModelLoaded(Message):
-    def __init__(self, event: events.ModelLoaded) -> None:
-        super().__init__()
-        self.event = event
+    event: events.ModelLoaded
 
 
+@dataclass
 class ModelFailed(Message):
-    def __init__(self, event: events.ModelFailed) -> None:
-        super().__init__()
-        self.event = event
+    event: events.ModelFailed
 
 
+@dataclass
 class PromptSent(Message):
-    def __init__(self, event: events.PromptSent) -> None:
-        super().__init__()
-        self.event = event
+    event: answer_events.PromptSent
 
 
+@dataclass
 class AnswerChunk(Message):
-    def __init__(self, event: StreamChunk) -> None:
-        super().__init__()
-        self.event = event
+    event: StreamChunk
 
 
+@dataclass
 class AnswerEnded(Message):
-    def __init__(self, event: events.AnswerEnded) -> None:
-        super().__init__()
-        self.event = event
+    event: answer_events.AnswerEnded
 
 
-def message_for(event: events.BackendEvent) -> Message:
+MESSAGES: dict[type, type[Message]] = {
+    StreamChunk: AnswerChunk,
+    answer_events.PromptSent: PromptSent,
+    answer_events.AnswerEnded: AnswerEnded,
+    events.ModelChosen: ModelChosen,
+    events.DownloadNeeded: DownloadNeeded,
+    events.ModelReady: ModelReady,
+    events.ModelUnavailable: ModelUnavailable,
+    events.LoadProgress: LoadProgress,
+    events.ModelLoaded: ModelLoaded,
+    events.ModelFailed: ModelFailed,
+}
+
+
+def message_for(event: answer_events.BackendEvent) -> Message:
     """The message that carries `event` to its handler."""
-    match event:
-        case StreamChunk():
-            return AnswerChunk(event)
-        case events.PromptSent():
-            return PromptSent(event)
-        case events.AnswerEnded():
-            return AnswerEnded(event)
-        case events.ModelChosen():
-            return ModelChosen(event)
-        case events.DownloadNeeded():
-            return DownloadNeeded(event)
-        case events.ModelReady():
-            return ModelReady(event)
-        case events.ModelUnavailable():
-            return ModelUnavailable(event)
-        case events.LoadProgress():
-            return LoadProgress(event)
-        case events.ModelLoaded():
-            return ModelLoaded(event)
-        case events.ModelFailed():
-            return ModelFailed(event)
-    raise TypeError(f"not a backend event: {event!r}")
+    kind = MESSAGES.get(type(event))
+    if kind is None:
+        raise TypeError(f"not a backend event: {event!r}")
+    return kind(event)  # type: ignore[call-arg]  # each kind's one field is its event

@@ -10,8 +10,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
 
 from dflash_chat import settings as settings_module
-from dflash_chat.chat.model_source import drafter_value, model_value
 from dflash_chat.errors import UserError, one_line
+from dflash_chat.runtime.model_source import drafter_value, model_value
 from dflash_chat.settings import DECODE_PATHS, DESCRIPTIONS, Settings, SettingsError
 from dflash_chat.ui.notices import PlainNotices
 

@@ -1,4 +1,4 @@
-"""What the chat screen says about the model, worded from a backend's Status (chat/events.py).
+"""What the chat screen says about the model, worded from a backend's Status (runtime/events.py).
 
 Three places show it: the empty chat's notice (`note`), the title bar (`subtitle`) and the panel's
 Model section (`panel_note`); `no_model_yet` is the warning when a message cannot be sent yet.
@@ -7,10 +7,10 @@ Model section (`panel_note`); `no_model_yet` is the warning when a message canno
 from __future__ import annotations
 
 from dflash_chat.chat.backends.base import Backend
-from dflash_chat.chat.endpoint import ServedModel
-from dflash_chat.chat.events import Status
-from dflash_chat.chat.model_source import HOW_TO_PICK
-from dflash_chat.sizes import size_text
+from dflash_chat.models.sizes import size_text
+from dflash_chat.runtime.endpoint import ServedModel
+from dflash_chat.runtime.events import Status
+from dflash_chat.runtime.model_source import HOW_TO_PICK
 
 DEMO = "tiny built-in demo model"
 

@@ -11,9 +11,10 @@ import pytest
 
 from dflash_chat.chat.backends.base import AnswerRequest
 from dflash_chat.chat.backends.remote import HttpBackend
-from dflash_chat.chat.bridge import StreamChunk
-from dflash_chat.chat.endpoint import Endpoint
-from dflash_chat.chat.events import AnswerEnded, ModelLoaded, ModelUnavailable
+from dflash_chat.chat.events import AnswerEnded
+from dflash_chat.runtime.bridge import StreamChunk
+from dflash_chat.runtime.endpoint import Endpoint
+from dflash_chat.runtime.events import ModelLoaded, ModelUnavailable
 
 from .misbehaving import LAST_CHUNK, Misbehaving, Reply, chunk, chunked_head, delta, head, sse, whole
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from dflash_chat import demo
-from dflash_chat.engine import kernels
-from dflash_chat.chat.prompt import build_prompt
-from dflash_chat.engine.load import load_pair, load_target
 from dflash_chat.bench.oracle import OracleDrafter
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine import kernels
+from dflash_chat.engine.load import load_pair, load_target
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
-from dflash_chat.demo import demo_heldout_prompts
+from dflash_chat.models import demo
+from dflash_chat.models.demo import demo_heldout_prompts
+from dflash_chat.runtime.prompt import build_prompt
 from tests.engine import tiny
 from tests.engine.helpers import run
 

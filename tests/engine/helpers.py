@@ -56,7 +56,7 @@ def full_and_short_drafts(engine, sampled: bool, T: int = 4) -> list[tuple]:
     walk on T - 1 rows), from the same state and randomness; q is None when greedy."""
     import torch
 
-    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.sampling_params import SamplingParams
 
     run(engine, [5, 6, 7, 8], SamplingParams(max_new_tokens=3))
     params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=1) if sampled else SamplingParams()

@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from dflash_chat.engine.errors import ContextLengthError, ModelFormatError
 from dflash_chat.engine.load import load_drafter, load_target
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
 
 

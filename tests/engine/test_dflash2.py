@@ -21,12 +21,13 @@ from safetensors.torch import load_file
 from dflash_chat.engine.load import load_drafter, load_target
 from dflash_chat.engine.models.dflash2 import DFlash2Drafter
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.sampling import Draws, SamplingParams
+from dflash_chat.engine.sampling import Draws
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
-from tests.engine.tiny import write_drafter, write_target
 from tests.engine.conftest import ARCHS
 from tests.engine.helpers import run
 from tests.engine.test_sampling import P_MIN, V_SMALL, _exact_marginals, chi_square_p
+from tests.engine.tiny import write_drafter, write_target
 
 BLOCK = 8
 WINDOW = 6  # smaller than the block: both halves of a bidirectional window matter

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dflash_chat.engine.draft_length import (
-    PROBE_FIRST,
     PRIOR_GREEDY,
     PRIOR_SAMPLED,
+    PROBE_FIRST,
     TAIL_BLEND,
     Acceptance,
     AutoDraft,

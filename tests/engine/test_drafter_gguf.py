@@ -17,12 +17,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dflash_chat.chat.prompt import build_prompt
-from dflash_chat.demo import demo_paths
 from dflash_chat.engine.events import Step
 from dflash_chat.engine.load import load_drafter, load_target, load_tokenizer
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
+from dflash_chat.models.demo import demo_paths
+from dflash_chat.runtime.prompt import build_prompt
 from tests.engine.gguf_write import write_drafter_gguf
 
 

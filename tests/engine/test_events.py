@@ -4,10 +4,10 @@ import threading
 
 import torch
 
+from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.events import Finished, Prefilled, Step
 from dflash_chat.engine.load import load_drafter, load_target
-from dflash_chat.bench.oracle import OracleDrafter
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
 from tests.engine.helpers import run
 

@@ -4,8 +4,8 @@ against running only the kept tokens for every block length, and the recurrence 
 import pytest
 import torch
 
-from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.kernels.gdn import CHUNK, chunked, reference
+from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.gdn import GatedDeltaNet
 
 

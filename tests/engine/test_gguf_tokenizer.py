@@ -13,10 +13,10 @@ import gguf
 import pytest
 import torch
 
-from dflash_chat.chat.detokenize import IncrementalDecoder
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.load import load_pair, load_tokenizer
 from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
+from dflash_chat.runtime.detokenize import IncrementalDecoder
 from tests.engine.gguf_write import write_target_gguf
 from tests.engine.tiny import CHAT_TEMPLATE, target_config, write_tokenizer
 

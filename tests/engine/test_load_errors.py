@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.load import load_drafter, load_pair, load_target
-from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
 from dflash_chat.errors import describe
+from tests.engine.gguf_write import write_drafter_gguf, write_target_gguf
 from tests.engine.tiny import write_drafter, write_target
 
 
@@ -303,7 +303,7 @@ def test_a_gguf_drafter_converted_with_another_models_vocabulary_is_refused(file
     model's tokenizer is refused before any weights load; the right one loads."""
     from transformers import AutoTokenizer
 
-    from dflash_chat.demo import demo_dir
+    from dflash_chat.models.demo import demo_dir
 
     own = AutoTokenizer.from_pretrained(str(files["target"]))
     other = AutoTokenizer.from_pretrained(str(demo_dir() / "target"))

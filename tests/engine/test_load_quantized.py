@@ -18,15 +18,15 @@ from torch import nn
 
 from dflash_chat.engine.load import load_drafter, load_files, load_pair, load_target, load_tokenizer
 from dflash_chat.engine.quantized import QuantEmbedding, QuantExperts, QuantLinear
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights.gguf import read_gguf
 from dflash_chat.engine.weights.quant_tensor import QuantTensor
-from dflash_chat.hub import ModelFiles
+from dflash_chat.models.hub import ModelFiles
 from tests.engine.gguf_write import quantize_like_llama, write_drafter_gguf, write_target_gguf
-from tests.engine.tiny import CHAT_TEMPLATE, write_drafter, write_target
 from tests.engine.helpers import run
 from tests.engine.quant_helpers import overwrite_parameters
+from tests.engine.tiny import CHAT_TEMPLATE, write_drafter, write_target
 
 ARCHS = ["qwen3_5", "qwen3_5_moe", "qwen3"]
 IDS = torch.tensor([1, 5, 9, 200, 17, 3, 42, 7, 99, 300])

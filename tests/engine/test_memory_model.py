@@ -18,7 +18,7 @@ from torch import nn
 from dflash_chat.engine import memory
 from dflash_chat.engine.load import load_pair
 from dflash_chat.engine.memory import DrafterShape, TargetShape
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
 from tests.engine.conftest import ARCHS
 from tests.engine.tiny import write_drafter
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_chat.demo import demo_available
+from dflash_chat.models.demo import demo_available
 from tests.engine.helpers import run_in_interpreter
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dflash_chat.engine.load import load_drafter, load_target
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
 from tests.engine.conftest import ARCHS
 from tests.engine.helpers import prefilled, run

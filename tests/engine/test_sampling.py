@@ -6,7 +6,8 @@ import torch
 from dflash_chat.engine.draft_length import Record
 from dflash_chat.engine.load import load_drafter, load_target
 from dflash_chat.engine.models.target import TargetModel
-from dflash_chat.engine.sampling import Draws, SamplingParams, accept, probabilities, sample
+from dflash_chat.engine.sampling import Draws, accept, probabilities, sample
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
 from tests.engine.helpers import run
 from tests.engine.tiny import write_drafter, write_target

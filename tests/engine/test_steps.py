@@ -9,11 +9,11 @@ import threading
 import pytest
 import torch
 
+from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.events import Finished, Step
 from dflash_chat.engine.load import load_drafter, load_pair, load_target
 from dflash_chat.engine.models.span import Span
-from dflash_chat.bench.oracle import OracleDrafter
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
 from tests.engine.conftest import ARCHS
 from tests.engine.helpers import full_and_short_drafts, prefilled, run
@@ -93,12 +93,12 @@ def test_every_acceptance_length_is_lossless(arch, tiny_dirs):
 @pytest.mark.slow(seconds=9)
 def test_the_demo_pair_drafts_losslessly_at_every_draft_setting():
     pytest.importorskip("tokenizers")
-    from dflash_chat.demo import demo_available, demo_paths
+    from dflash_chat.models.demo import demo_available, demo_paths
 
     if not demo_available():
         pytest.skip("this install has no demo pair")
-    from dflash_chat.chat.prompt import build_prompt
-    from dflash_chat.demo import demo_heldout_prompts
+    from dflash_chat.models.demo import demo_heldout_prompts
+    from dflash_chat.runtime.prompt import build_prompt
 
     target_dir, drafter_dir = demo_paths()
     plain = load_pair(target_dir, None, device="cpu", max_context=512)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from dflash_chat.demo import demo_available
+from dflash_chat.models.demo import demo_available
 from dflash_chat.settings import Settings
 
 pytestmark = pytest.mark.skipif(not demo_available(), reason="the demo pair is not in dflash_chat/demo_data")
@@ -25,8 +25,8 @@ CONTEXT = 1024
 def demo_pair():
     if not demo_available():
         pytest.skip("the demo pair is not in dflash_chat/demo_data")
-    from dflash_chat.demo import demo_paths
     from dflash_chat.engine.load import load_pair
+    from dflash_chat.models.demo import demo_paths
 
     return load_pair(*demo_paths(), device="cpu", max_context=CONTEXT)
 
@@ -34,7 +34,7 @@ def demo_pair():
 @contextlib.contextmanager
 def serving(pair, **rules):
     """A server for `pair` (a fresh engine session on it) on a loopback port; yields (served, url)."""
-    from dflash_chat.chat.session import EngineSession
+    from dflash_chat.runtime.session import EngineSession
     from dflash_chat.serve.app import Served
     from dflash_chat.serve.server import Running
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_chat.chat.backends.remote import httpx_module
+from dflash_chat.runtime.endpoint import httpx_module
 
 from .conftest import CONTEXT, serving
 

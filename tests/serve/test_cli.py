@@ -114,7 +114,7 @@ def test_serve_on_a_port_in_use_says_so_before_loading(home, capsys):
 
 def test_bench_http_prints_in_process_and_http_figures(home, capsys):
     pytest.importorskip("fastapi")
-    from dflash_chat.demo import demo_available
+    from dflash_chat.models.demo import demo_available
 
     if not demo_available():
         pytest.skip("the demo pair is not in dflash_chat/demo_data")

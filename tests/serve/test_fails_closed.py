@@ -167,7 +167,7 @@ def test_stopping_ends_open_streams_with_an_error_and_done_at_once(demo_pair, mo
     httpx = httpx_module()
     paced = Paced(demo_pair, monkeypatch)
     answers = Answers(demo_pair, monkeypatch)
-    from dflash_chat.chat.session import EngineSession
+    from dflash_chat.runtime.session import EngineSession
 
     served = Served("dflash-chat-demo", GREEDY)
     served.ready(EngineSession(demo_pair))

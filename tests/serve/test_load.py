@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from dflash_chat.chat.backends.remote import httpx_module
-from dflash_chat.chat.memory import memory_use
+from dflash_chat.runtime.memory import memory_use
 
 from .conftest import Answers, Paced, serving, wait_until
 

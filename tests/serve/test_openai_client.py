@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from dflash_chat import cli
-from dflash_chat.chat.openai_protocol import accepted_per_position
+from dflash_chat.runtime.openai_protocol import accepted_per_position
 
 from .conftest import wait_until
 

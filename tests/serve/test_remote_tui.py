@@ -14,12 +14,12 @@ import pytest
 
 from dflash_chat import paths
 from dflash_chat.chat.backends.remote import HttpBackend
-from dflash_chat.chat.bridge import StreamChunk
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE
-from dflash_chat.chat.endpoint import Endpoint
-from dflash_chat.chat.events import ModelUnavailable
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.openai_protocol import COUNTERS, PER_REQUEST, TIMINGS
+from dflash_chat.runtime.bridge import StreamChunk
+from dflash_chat.runtime.endpoint import Endpoint
+from dflash_chat.runtime.events import ModelUnavailable
+from dflash_chat.runtime.openai_protocol import COUNTERS, PER_REQUEST, TIMINGS
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.widgets.stats_panel import DASH, NO_FIGURES, format_rate, format_speed

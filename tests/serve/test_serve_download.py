@@ -7,7 +7,7 @@ the GPU probe is the only double (a 24 GB card), and DFLASH_CHAT_DEVICE=cpu load
 from __future__ import annotations
 
 from dflash_chat.chat.backends.remote import httpx_module
-from dflash_chat.chat.model_source import Pick
+from dflash_chat.runtime.model_source import Pick
 from dflash_chat.serve.app import Served
 from dflash_chat.serve.server import Running, start_loading
 from tests.ui.conftest import fast_settings, home  # noqa: F401 - fixtures

@@ -10,10 +10,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dflash_chat.bench.demo_pair import bench_prompts
-from dflash_chat.demo import demo_paths
 from dflash_chat.engine.load import load_drafter, load_target
-from dflash_chat.engine.sampling import SamplingParams, probabilities
+from dflash_chat.engine.sampling import probabilities
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
+from dflash_chat.models.demo import demo_paths
 from dflash_chat.train.anchors import lean_to_engine_anchors, mixed_chances, residual_weights
 from dflash_chat.train.drafter import Sequence, draw_anchors, load_for_training, sample_anchors, teach_all
 from tests.engine.helpers import run

@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dflash_chat.bench.demo_pair import bench_prompts
-from dflash_chat.demo import demo_paths
 from dflash_chat.engine.load import load_drafter, load_target
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.models.demo import demo_paths
 from dflash_chat.train.calibrate import apply_scale, best_scale, expected_accepts
 from dflash_chat.train.drafter import Sequence, load_for_training, save_drafter
 

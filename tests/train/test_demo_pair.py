@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from dflash_chat.demo import demo_available, demo_dir, demo_paths
+from dflash_chat.models.demo import demo_available, demo_dir, demo_paths
 
 # Floor for the mean acceptance length on held-out prompts: an untrained drafter stays near 1.
 ACCEPTANCE_FLOOR = 2.5
@@ -16,7 +16,7 @@ MAX_BYTES = 25 * 10**6
 
 @pytest.fixture(scope="module")
 def report():
-    from dflash_chat.demo import demo_heldout_prompts
+    from dflash_chat.models.demo import demo_heldout_prompts
     from dflash_chat.train.evaluate import measure_pair
 
     torch.set_num_threads(1)
@@ -83,7 +83,7 @@ def test_demo_runs_the_drafter_its_bench_measured_faster():
     import re
     from pathlib import Path
 
-    from dflash_chat.demo import CHOICE_FILE, DRAFTER_DIRS, chosen_kind, demo_drafters
+    from dflash_chat.models.demo import CHOICE_FILE, DRAFTER_DIRS, chosen_kind, demo_drafters
 
     choice = json.loads((demo_dir() / CHOICE_FILE).read_text())
     assert choice["drafter"] in demo_drafters() and chosen_kind() == choice["drafter"]

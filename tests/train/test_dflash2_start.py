@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from dflash_chat.demo import demo_paths
+from dflash_chat.models.demo import demo_paths
 from dflash_chat.train.dflash2 import dflash2_config_dict, from_dflash, selector_loss
 from dflash_chat.train.drafter import new_drafter
 from dflash_chat.train.losses import Blocks

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dflash_chat.bench.demo_pair import bench_prompts
-from dflash_chat.demo import demo_paths
-from dflash_chat.engine.sampling import SamplingParams
+from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.models.demo import demo_paths
 from dflash_chat.train.dflash2 import forced_scores, sampled_accepts, selector_loss
 from dflash_chat.train.drafter import Sequence, load_for_training, pack_blocks, sample_anchors, teach_all
 from dflash_chat.train.losses import candidate_probs, expected_accepted

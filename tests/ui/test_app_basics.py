@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Input, Switch
 from dflash_chat import paths
 from dflash_chat import settings as settings_module
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.model_source import ModelSource
+from dflash_chat.runtime.model_source import ModelSource
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.chat_screen import last_code_block

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_chat import cli, demo, paths
+from dflash_chat import cli, paths
 from dflash_chat import settings as settings_module
-from dflash_chat.chat import model_source
-from dflash_chat.chat.model_source import ModelSource, Pick, resolve
+from dflash_chat.models import demo
+from dflash_chat.runtime import model_source
+from dflash_chat.runtime.model_source import ModelSource, Pick, resolve
 from dflash_chat.settings import Settings
 
 from .conftest import write_config

@@ -10,13 +10,14 @@ from dataclasses import replace
 import pytest
 
 from dflash_chat import paths
-from dflash_chat.chat.bridge import StreamChunk
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL
-from dflash_chat.chat.events import ModelLoaded, PromptSent
+from dflash_chat.chat.events import PromptSent
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.model_source import ModelSource, demo_source
-from dflash_chat.demo import demo_available
 from dflash_chat.engine.events import Step
+from dflash_chat.models.demo import demo_available
+from dflash_chat.runtime.bridge import StreamChunk
+from dflash_chat.runtime.events import ModelLoaded
+from dflash_chat.runtime.model_source import ModelSource, demo_source
 from dflash_chat.ui import chat_screen
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
@@ -131,9 +132,9 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     assert shown["drafter"] == "drafter" and shown["target"] == "target"
     assert shown["RAM"].endswith("GB")
     # ... and they are what the engine reports for this prompt when run on its own
-    from dflash_chat.chat.prompt import stop_token_ids
     from dflash_chat.engine.load import load_pair
-    from dflash_chat.engine.sampling import SamplingParams
+    from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.runtime.prompt import stop_token_ids
 
     pair = load_pair(*tiny_pair, max_context=1024, draft=4)
     params = SamplingParams(max_new_tokens=8, stop_token_ids=stop_token_ids(pair.tokenizer))

@@ -11,8 +11,14 @@ import pytest
 from textual.app import App
 from textual.widgets import ProgressBar
 
-from dflash_chat import hub
-from dflash_chat.catalog import SAFETENSORS_EXTRAS, SAFETENSORS_PATTERNS, TOKENIZER_EXTRAS, TOKENIZER_PATTERNS, Source
+from dflash_chat.models import hub
+from dflash_chat.models.catalog import (
+    SAFETENSORS_EXTRAS,
+    SAFETENSORS_PATTERNS,
+    TOKENIZER_EXTRAS,
+    TOKENIZER_PATTERNS,
+    Source,
+)
 from dflash_chat.ui.download_screen import DownloadScreen, clock, describe
 from tests.hubserver import HubServer, Repo, isolate_hub
 

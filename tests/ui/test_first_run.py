@@ -13,14 +13,15 @@ import threading
 import pytest
 import tomlkit
 
-from dflash_chat import cli, demo, hardware, hub, paths
+from dflash_chat import cli, paths
 from dflash_chat import settings as settings_module
-from dflash_chat.catalog import load_catalog
-from dflash_chat.chat import model_source
-from dflash_chat.chat.events import DownloadNeeded, ModelUnavailable
-from dflash_chat.chat.model_source import DEVICE_ENV, ModelSource
 from dflash_chat.commands.chat import build_app
-from dflash_chat.hardware import GIB, Gpu, Machine
+from dflash_chat.models import demo, hardware, hub
+from dflash_chat.models.catalog import load_catalog
+from dflash_chat.models.hardware import GIB, Gpu, Machine
+from dflash_chat.runtime import model_source
+from dflash_chat.runtime.events import DownloadNeeded, ModelUnavailable
+from dflash_chat.runtime.model_source import DEVICE_ENV, ModelSource
 from dflash_chat.ui.download_screen import DownloadScreen
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.widgets.stats_panel import format_speed
@@ -374,7 +375,7 @@ def test_without_a_gpu_the_demo_pair_runs_and_the_app_says_so(home, monkeypatch,
 @pytest.mark.skipif(not demo.demo_available(), reason="the demo pair is not in dflash_chat/demo_data yet")
 def test_without_a_gpu_the_shipped_demo_pair_is_chosen(home, monkeypatch):
     monkeypatch.setattr(hardware, "probe", lambda: NO_GPU)
-    from dflash_chat.chat.model_manager import choose
+    from dflash_chat.runtime.model_manager import choose
 
     chosen = choose(model_source.Pick(), 1024)
     assert chosen.demo == model_source.demo_source() and chosen.choice is None
@@ -450,11 +451,12 @@ def test_on_a_real_gpu_the_probe_places_the_model_there(first_run, server, monke
 
 NO_TORCH_CHECK = """
 import asyncio, sys
-from dflash_chat import cli, hardware
-from dflash_chat.chat import model_source
+from dflash_chat import cli
+from dflash_chat.models import hardware
+from dflash_chat.runtime import model_source
 from dflash_chat.commands.chat import build_app
 from dflash_chat.settings import Settings
-from dflash_chat.chat.events import ModelUnavailable
+from dflash_chat.runtime.events import ModelUnavailable
 
 gpu = hardware.Gpu(0, "NVIDIA GeForce RTX 3090", 24 * 2**30, 23 * 2**30)
 hardware.probe = lambda: hardware.Machine((gpu,), 64 * 2**30, 48 * 2**30)

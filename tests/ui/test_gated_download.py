@@ -9,7 +9,7 @@ import pytest
 from huggingface_hub import constants, get_token
 from textual.widgets import Input, Label
 
-from dflash_chat import hub
+from dflash_chat.models import hub
 from tests.hubserver import HubServer, Repo, isolate_hub, point_login_at
 from tests.ui.test_download_screen import TARGET, Host, make_plan, until
 

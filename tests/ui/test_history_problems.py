@@ -8,7 +8,7 @@ import sqlite3
 from dflash_chat import paths
 from dflash_chat.chat.conversation import Message
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.chat.model_source import ModelSource
+from dflash_chat.runtime.model_source import ModelSource
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
 

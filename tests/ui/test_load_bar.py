@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.app import App
 
-from dflash_chat.chat.events import LoadProgress, ModelLoaded
-from dflash_chat.chat.model_source import ModelSource
+from dflash_chat.runtime.events import LoadProgress, ModelLoaded
+from dflash_chat.runtime.model_source import ModelSource
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.widgets.load_bar import LoadBar
 

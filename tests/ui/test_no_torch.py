@@ -47,7 +47,7 @@ def test_commands_import_no_hub_client_until_they_run():
         import dflash_chat.commands.serve
         from dflash_chat.cli import build_parser
         build_parser()
-        heavy = ("dflash_chat.hub", "huggingface_hub", "httpx", "httpx2", "torch", "fastapi", "uvicorn")
+        heavy = ("dflash_chat.models.hub", "huggingface_hub", "httpx", "httpx2", "torch", "fastapi", "uvicorn")
         print(sorted(m for m in heavy if m in sys.modules))
         """
     )

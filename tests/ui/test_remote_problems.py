@@ -11,8 +11,8 @@ import pytest
 from dflash_chat import paths
 from dflash_chat.chat.backends.remote import HttpBackend
 from dflash_chat.chat.conversation import CUT
-from dflash_chat.chat.endpoint import Endpoint
 from dflash_chat.chat.history import HistoryStore
+from dflash_chat.runtime.endpoint import Endpoint
 from dflash_chat.settings import Settings
 from dflash_chat.ui.app import DFlashChatApp
 from tests.chat.misbehaving import Misbehaving, Reply, chunk, chunked_head, delta, sse

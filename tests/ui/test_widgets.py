@@ -7,7 +7,7 @@ from dataclasses import replace
 from textual.app import App
 
 from dflash_chat.chat.conversation import CANCELLED, Message
-from dflash_chat.chat.live_stats import LiveStats
+from dflash_chat.runtime.live_stats import LiveStats
 from dflash_chat.ui.widgets.chat_view import ChatView
 from dflash_chat.ui.widgets.stats_panel import StatsPanel, histogram_bars
 

@@ -2,8 +2,8 @@
 
 A backend owns what answers (a model it chooses, fetches and loads, or a server it connects to) and
 what a next prompt may reuse. Its blocking work runs as worker bodies with no UI code, started through
-`spawn(body, group)` and reporting through `post(event)` (chat/events.py: plain data, no Textual),
-exactly as chat/bridge.py does for one answer. On the UI thread the screen first hands each loading
+`spawn(body, group)` and reporting through `post(event)` (runtime/events.py: plain data, no Textual),
+exactly as runtime/bridge.py does for one answer. On the UI thread the screen first hands each loading
 event back to `handle`, which applies it and says whether it is still current (a worker cannot be
 stopped: one started for an earlier request or model may still post); then it shows it, worded from
 `status` (ui/status_text.py). Two backends: local.py (the engine in this process) and remote.py (an
@@ -17,15 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dflash_chat.chat.events import AnswerEnded, BackendEvent, LoadEvent, Status
+from dflash_chat.chat.events import AnswerEnded, BackendEvent
+from dflash_chat.runtime.events import LoadEvent, Status
 
 if TYPE_CHECKING:
     from dflash_chat.chat.conversation import Conversation
-    from dflash_chat.chat.endpoint import Endpoint, ServedModel
-    from dflash_chat.chat.model_source import ModelSource, Pick
     from dflash_chat.engine.load import LoadedPair
-    from dflash_chat.hardware import Choice
-    from dflash_chat.hub import ModelFiles
+    from dflash_chat.models.hardware import Choice
+    from dflash_chat.models.hub import ModelFiles
+    from dflash_chat.runtime.endpoint import Endpoint, ServedModel
+    from dflash_chat.runtime.model_source import ModelSource, Pick
     from dflash_chat.settings import Settings
 
 Post = Callable[[BackendEvent], None]

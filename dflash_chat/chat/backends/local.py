@@ -1,7 +1,7 @@
-"""The engine in this process as a backend: the model loader (chat/loader.py) and, once a pair is
-loaded, the answering service (chat/answering.py) that keeps what the engine holds of each chat.
+"""The engine in this process as a backend: the model loader (runtime/loader.py) and, once a pair is
+loaded, the answering service (runtime/answering.py) that keeps what the engine holds of each chat.
 
-Answers run in "generate" workers through chat/session.py; the open chat's next prompt starts with the
+Answers run in "generate" workers through runtime/session.py; the open chat's next prompt starts with the
 tokens the engine holds of it, and a saved chat opened again does too. torch is imported only inside
 the workers.
 """
@@ -12,21 +12,22 @@ import itertools
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from dflash_chat.chat.answering import AnsweringService
 from dflash_chat.chat.backends.base import AnswerRequest, Backend
-from dflash_chat.chat.bridge import StreamEnd
-from dflash_chat.chat.events import AnswerEnded, LoadEvent, PromptSent, Status
-from dflash_chat.chat.loader import LoadOptions, ModelLoader
-from dflash_chat.chat.memory import memory_use
-from dflash_chat.chat.model_source import ModelSource, Pick, from_settings
+from dflash_chat.chat.events import AnswerEnded, PromptSent
 from dflash_chat.errors import one_line
+from dflash_chat.runtime.answering import AnsweringService
+from dflash_chat.runtime.bridge import StreamEnd
+from dflash_chat.runtime.events import LoadEvent, Status
+from dflash_chat.runtime.loader import LoadOptions, ModelLoader
+from dflash_chat.runtime.memory import memory_use
+from dflash_chat.runtime.model_source import ModelSource, Pick, from_settings
 
 if TYPE_CHECKING:
     from dflash_chat.chat.conversation import Conversation
-    from dflash_chat.chat.prompt import Transcript
     from dflash_chat.engine.load import LoadedPair
-    from dflash_chat.hardware import Choice
-    from dflash_chat.hub import ModelFiles
+    from dflash_chat.models.hardware import Choice
+    from dflash_chat.models.hub import ModelFiles
+    from dflash_chat.runtime.prompt import Transcript
     from dflash_chat.settings import Settings
 
 OPEN = "open chat"  # the service's key for the open chat (saved chats are kept by their id too)
@@ -95,7 +96,7 @@ class LocalBackend(Backend):
         return self.loader.name()
 
     def rows(self) -> tuple[tuple[str, str], ...]:
-        from dflash_chat.sizes import size_text
+        from dflash_chat.models.sizes import size_text
 
         pair, source = self.pair, self.source
         if pair is None:

@@ -6,7 +6,7 @@ Answers stream from POST /v1/chat/completions. Thinking is switched with
 back as `reasoning_content` (or vLLM's newer `reasoning`, or `<think>` tags in the text). Time to first
 token and tokens/s are measured here, on the client. The draft figures are what the server reports,
 first found of: per-request `metrics.speculative_decoding` (ours, vLLM's), llama.cpp's `timings`, or
-the growth of vLLM's Prometheus counters on /metrics around the answer (chat/openai_protocol.py); the
+the growth of vLLM's Prometheus counters on /metrics around the answer (runtime/openai_protocol.py); the
 panel says which, or that the server reports none. No engine and no torch here.
 """
 
@@ -17,23 +17,24 @@ import socket
 import threading
 import time
 
-from dflash_chat.chat import openai_protocol
 from dflash_chat.chat.backends.base import AnswerRequest, Backend, Post, Spawn
 from dflash_chat.chat.backends.remote_stream import MAX_ERROR_BODY, Reader, with_acceptance
-from dflash_chat.chat.endpoint import Endpoint, ServedModel, ServerError, error_text, short_line, tokens_text
-from dflash_chat.chat.events import AnswerEnded, LoadEvent, ModelLoaded, ModelUnavailable, Status
+from dflash_chat.chat.events import AnswerEnded
+from dflash_chat.runtime import openai_protocol
+from dflash_chat.runtime.endpoint import (
+    Endpoint,
+    ServedModel,
+    ServerError,
+    error_text,
+    httpx_module,
+    short_line,
+    tokens_text,
+)
+from dflash_chat.runtime.events import LoadEvent, ModelLoaded, ModelUnavailable, Status
 
 CONNECT_S = 5.0  # to open the connection
 MODELS_S = 10.0  # for GET /v1/models (and /metrics) to answer
 STALL_S = 120.0  # with no byte at all during an answer (a long prefill on a busy server takes a while)
-
-
-def httpx_module():
-    try:  # huggingface_hub >= 2.4 brings httpx2, earlier versions httpx
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
-        import httpx
-    return httpx
 
 
 class HttpBackend(Backend):

@@ -8,13 +8,13 @@ import json
 import time
 from dataclasses import replace
 
-from dflash_chat.chat import openai_protocol
 from dflash_chat.chat.backends.base import AnswerRequest
-from dflash_chat.chat.bridge import POST_INTERVAL_S, StreamChunk, StreamEnd
-from dflash_chat.chat.endpoint import Endpoint, ServerError, error_text, short_line, tokens_text
-from dflash_chat.chat.live_stats import LiveStats
-from dflash_chat.chat.prompt import ThinkingSplitter
 from dflash_chat.engine.events import GenerationStats
+from dflash_chat.runtime import openai_protocol
+from dflash_chat.runtime.bridge import POST_INTERVAL_S, StreamChunk, StreamEnd
+from dflash_chat.runtime.endpoint import Endpoint, ServerError, error_text, short_line, tokens_text
+from dflash_chat.runtime.live_stats import LiveStats
+from dflash_chat.runtime.prompt import ThinkingSplitter
 
 MAX_ERROR_BODY = 64 * 1024  # of a refusal's body, read to quote its message
 MAX_WHOLE_BODY = 16 * 1024 * 1024  # of a reply that is one JSON object instead of a stream

@@ -17,7 +17,6 @@ TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
-
 import torch
 
 from dflash_chat.engine.kernels import lazy

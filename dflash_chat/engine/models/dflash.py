@@ -27,7 +27,8 @@ from dflash_chat.engine.models.attention import Projections, attend, attend_cach
 from dflash_chat.engine.models.config import DrafterConfig, RopeScaling
 from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.sampling import Draws, SamplingParams, draft_tokens
+from dflash_chat.engine.sampling import Draws, draft_tokens
+from dflash_chat.engine.sampling_params import SamplingParams
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> tuple[torch.Tensor, float]:

@@ -23,7 +23,8 @@ from torch import nn
 
 from dflash_chat.engine.models.config import DFlash2Config, DrafterConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, DraftLayer
-from dflash_chat.engine.sampling import Draws, SamplingParams
+from dflash_chat.engine.sampling import Draws
+from dflash_chat.engine.sampling_params import SamplingParams
 
 
 def shifted(x: torch.Tensor, t: int) -> torch.Tensor:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.sampling import Draws, SamplingParams, accept, noise_columns
+from dflash_chat.engine.sampling import Draws, accept, noise_columns
+from dflash_chat.engine.sampling_params import SamplingParams
 
 MAX_STOPS = 16  # stop ids a step checks on the device (the chat templates use 2-3)
 DEFERRED_ROWS = 64  # plain steps whose drafter context an uncaptured step stores at once

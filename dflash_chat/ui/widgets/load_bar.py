@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
 
-from dflash_chat.chat.progress import progress_line
+from dflash_chat.runtime.progress import progress_line
 
 
 class LoadBar(Horizontal):

@@ -9,8 +9,8 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Sparkline, Static, Switch
 
-from dflash_chat.chat.live_stats import LiveStats
 from dflash_chat.engine.events import GenerationStats
+from dflash_chat.runtime.live_stats import LiveStats
 
 BARS = " ▁▂▃▄▅▆▇█"
 DASH = "—"

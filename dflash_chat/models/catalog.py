@@ -42,7 +42,7 @@ from typing import Any, Mapping
 from dflash_chat import paths
 from dflash_chat.engine.memory import DrafterShape, TargetShape, drafter_cache_rows
 from dflash_chat.errors import UserError
-from dflash_chat.sizes import GB
+from dflash_chat.models.sizes import GB
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -246,7 +246,7 @@ def matches(filename: str, pattern: str) -> bool:
 def load_catalog(config_path: Path | None = None) -> Catalog:
     """The shipped pairs, with the user's [models.*] from config.toml added or overlaid."""
     shipped = _read_toml_text(
-        resources.files("dflash_chat").joinpath("catalog.toml").read_text("utf-8"), "catalog.toml"
+        resources.files("dflash_chat.models").joinpath("catalog.toml").read_text("utf-8"), "catalog.toml"
     ).get("pairs", {})
     config_path = config_path or paths.config_file()
     user = _read_user_models(config_path)

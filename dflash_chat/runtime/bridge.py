@@ -15,17 +15,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from dflash_chat.chat.detokenize import IncrementalDecoder
-from dflash_chat.chat.live_stats import LiveStats
-from dflash_chat.chat.stops import StopStrings
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled
 from dflash_chat.errors import one_line
+from dflash_chat.runtime.detokenize import IncrementalDecoder
+from dflash_chat.runtime.live_stats import LiveStats
+from dflash_chat.runtime.stops import StopStrings
 
 POST_INTERVAL_S = 0.04
 
 
 class Splitter(Protocol):
-    """Text in, (thinking, answer) out: chat/prompt.py's ThinkingSplitter, or one that calls it all answer."""
+    """Text in, (thinking, answer) out: runtime/prompt.py's ThinkingSplitter, or one that calls it all answer."""
 
     def feed(self, text: str) -> tuple[str, str]: ...
 

@@ -4,7 +4,7 @@ The engine keeps the tokens of its last answer and prefills only what a new prom
 (engine/spec.py). Which chat those tokens are is kept here, by a key the caller picks: the chat screen
 keys each chat (so a chat opened again still starts with them), `serve` one key for every client (the
 engine holds one sequence, whoever asked). The next prompt of that chat is then built to start with
-them (chat/prompt.py: next_prompt). Both answer through chat/session.py.
+them (runtime/prompt.py: next_prompt). Both answer through runtime/session.py.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from dflash_chat.chat.session import EngineSession
+from dflash_chat.runtime.session import EngineSession
 
 if TYPE_CHECKING:
-    from dflash_chat.chat.bridge import StreamEnd
-    from dflash_chat.chat.prompt import Prompt, Transcript
     from dflash_chat.engine.load import LoadedPair
+    from dflash_chat.runtime.bridge import StreamEnd
+    from dflash_chat.runtime.prompt import Prompt, Transcript
 
 
 class AnsweringService:

@@ -17,7 +17,7 @@ DEMO_NAME = "dflash-chat demo (tiny, trained on the Python standard library)"
 
 
 def demo_dir() -> Path:
-    return Path(__file__).resolve().parent / "demo_data"
+    return Path(__file__).resolve().parent.parent / "demo_data"
 
 
 DRAFTER_DIRS = {"dflash": "drafter", "dflash2": "drafter2"}  # kind -> folder in demo_data

@@ -3,9 +3,9 @@ worker of an earlier request is dropped."""
 
 from __future__ import annotations
 
-from dflash_chat.chat.events import LoadProgress, ModelFailed, ModelLoaded
-from dflash_chat.chat.loader import LoadOptions, ModelLoader
-from dflash_chat.chat.model_source import ModelSource
+from dflash_chat.runtime.events import LoadProgress, ModelFailed, ModelLoaded
+from dflash_chat.runtime.loader import LoadOptions, ModelLoader
+from dflash_chat.runtime.model_source import ModelSource
 from tests.ui.conftest import tiny_pair  # noqa: F401 - a fixture
 
 OPTIONS = LoadOptions(context_length=256, device="cpu")

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from huggingface_hub import constants, hf_hub_download
 
-from dflash_chat import hub
-from dflash_chat.sizes import size_text
-from dflash_chat.catalog import (
+from dflash_chat.models import hub
+from dflash_chat.models.catalog import (
     SAFETENSORS_EXTRAS,
     SAFETENSORS_PATTERNS,
     TOKENIZER_EXTRAS,
     TOKENIZER_PATTERNS,
     Source,
 )
+from dflash_chat.models.sizes import size_text
 from tests.hubserver import HubServer, Repo, isolate_hub
 
 TARGET_REPO, DRAFTER_REPO, TOKENIZER_REPO = "tiny/Tiny-GGUF", "tiny/Tiny-DFlash", "tiny/Tiny"

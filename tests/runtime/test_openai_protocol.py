@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_chat.chat import openai_protocol as op
-from dflash_chat.chat.stops import StopStrings
 from dflash_chat.engine.events import GenerationStats
+from dflash_chat.runtime import openai_protocol as op
+from dflash_chat.runtime.stops import StopStrings
 
 RECORDED = (Path(__file__).parents[1] / "serve" / "data" / "vllm_metrics.prom").read_text()
 STATS = GenerationStats(

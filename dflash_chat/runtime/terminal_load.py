@@ -1,7 +1,7 @@
 """The model loader on a terminal (`serve`, `run`): the choice said in a line, missing files fetched
 with `pull`'s bars, the loading line drawn on stderr; `done` is set once the model loaded or failed.
 
-It owns a chat/loader.py ModelLoader: every event is applied (`handle`) on the worker thread that
+It owns a runtime/loader.py ModelLoader: every event is applied (`handle`) on the worker thread that
 posts it, as nothing else here touches the loader meanwhile.
 """
 
@@ -11,7 +11,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from dflash_chat.chat.events import (
+from dflash_chat.errors import one_line
+from dflash_chat.runtime.events import (
     DownloadNeeded,
     LoadEvent,
     LoadProgress,
@@ -20,10 +21,9 @@ from dflash_chat.chat.events import (
     ModelLoaded,
     ModelUnavailable,
 )
-from dflash_chat.chat.loader import LoadOptions, ModelLoader, Spawn
-from dflash_chat.chat.model_source import ModelSource, Pick
-from dflash_chat.chat.progress import LoadLine, download_with_bars
-from dflash_chat.errors import one_line
+from dflash_chat.runtime.loader import LoadOptions, ModelLoader, Spawn
+from dflash_chat.runtime.model_source import ModelSource, Pick
+from dflash_chat.runtime.progress import LoadLine, download_with_bars
 
 
 def in_a_thread(body: Callable[[], None], group: str) -> None:

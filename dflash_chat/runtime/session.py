@@ -2,7 +2,7 @@
 
 The engine keeps the tokens of its last answer and prefills only what a new prompt adds to them
 (engine/spec.py). A `Transcript` says which chat those tokens are, so the next prompt of that chat
-is built to start with them (chat/prompt.py: next_prompt); chat/answering.py keeps which chat that is,
+is built to start with them (runtime/prompt.py: next_prompt); runtime/answering.py keeps which chat that is,
 for the chat screen and `serve` alike. Runs in worker threads: no UI here, and torch only through the
 engine.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 
-from dflash_chat.chat.bridge import StreamChunk, StreamEnd, stream_answer
-from dflash_chat.chat.detokenize import IncrementalDecoder
-from dflash_chat.chat.prompt import Prompt, ThinkingSplitter, Transcript, encode, next_prompt, stop_token_ids
-from dflash_chat.chat.stops import StopStrings
+from dflash_chat.runtime.bridge import StreamChunk, StreamEnd, stream_answer
+from dflash_chat.runtime.detokenize import IncrementalDecoder
+from dflash_chat.runtime.prompt import Prompt, ThinkingSplitter, Transcript, encode, next_prompt, stop_token_ids
+from dflash_chat.runtime.stops import StopStrings
 
 
 class EngineSession:
@@ -53,7 +53,7 @@ class EngineSession:
         return Prompt(text=text, ids=encode(self.tokenizer, text), thinking=False)
 
     def params(self, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int, seed: int | None = None):
-        from dflash_chat.engine.sampling import SamplingParams
+        from dflash_chat.engine.sampling_params import SamplingParams
 
         return SamplingParams(
             temperature=temperature,

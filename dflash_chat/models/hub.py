@@ -44,8 +44,8 @@ from typing import Callable
 from huggingface_hub import HfApi, constants, get_token, hf_hub_download, hf_hub_url, login
 from huggingface_hub.errors import (
     GatedRepoError,
-    HFValidationError,
     HfHubHTTPError,
+    HFValidationError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
@@ -54,9 +54,9 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from dflash_chat.catalog import Source, matches, quant_of, split_group
 from dflash_chat.errors import UserError
-from dflash_chat.sizes import size_text
+from dflash_chat.models.catalog import Source, matches, quant_of, split_group
+from dflash_chat.models.sizes import size_text
 
 try:  # huggingface_hub >= 2.4 talks through httpx2, earlier 1.x through httpx
     import httpx2 as httpx

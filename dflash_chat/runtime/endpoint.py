@@ -102,3 +102,11 @@ def short_line(text: str, limit: int = 200) -> str:
 
 def tokens_text(count: int) -> str:
     return f"{count} token{'s' if count != 1 else ''}"
+
+
+def httpx_module():
+    try:  # huggingface_hub >= 2.4 brings httpx2, earlier versions httpx
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
+        import httpx
+    return httpx

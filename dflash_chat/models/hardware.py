@@ -27,11 +27,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_chat.catalog import Catalog, CatalogError, Pair, Source
 from dflash_chat.engine import memory
 from dflash_chat.engine.memory import DrafterShape
 from dflash_chat.errors import UserError
-from dflash_chat.sizes import size_text
+from dflash_chat.models.catalog import Catalog, CatalogError, Pair, Source
+from dflash_chat.models.sizes import size_text
 
 GIB = 2**30
 MARGIN_FRACTION = 0.05

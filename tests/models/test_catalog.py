@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_chat.catalog import (
+from dflash_chat.models.catalog import (
     BITS_PER_WEIGHT,
     COMMIT,
     CatalogError,

@@ -9,14 +9,15 @@ import dataclasses
 
 import pytest
 
-from dflash_chat import cli, hub, paths
-from dflash_chat import demo as demo_module
+from dflash_chat import cli, paths
 from dflash_chat import settings as settings_module
-from dflash_chat.catalog import CatalogError, load_catalog
-from dflash_chat.chat import model_manager, model_source
-from dflash_chat.chat.model_source import ModelSource, Pick, pick_from_args, resolve
 from dflash_chat.errors import UserError
-from dflash_chat.hardware import GIB, Gpu, Machine, choose
+from dflash_chat.models import demo as demo_module
+from dflash_chat.models import hub
+from dflash_chat.models.catalog import CatalogError, load_catalog
+from dflash_chat.models.hardware import GIB, Gpu, Machine, choose
+from dflash_chat.runtime import model_manager, model_source
+from dflash_chat.runtime.model_source import ModelSource, Pick, pick_from_args, resolve
 from dflash_chat.settings import Settings
 from tests.hubserver import HubServer, Repo, isolate_hub
 

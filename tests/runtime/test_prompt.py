@@ -5,9 +5,9 @@ import random
 import pytest
 
 from dflash_chat.chat.conversation import Conversation, Message, title_from
-from dflash_chat.chat.detokenize import IncrementalDecoder
-from dflash_chat.chat.prompt import ThinkingSplitter, build_prompt, render_prompt, stop_token_ids, token_id
 from dflash_chat.errors import UserError
+from dflash_chat.runtime.detokenize import IncrementalDecoder
+from dflash_chat.runtime.prompt import ThinkingSplitter, build_prompt, render_prompt, stop_token_ids, token_id
 
 
 def turns():
@@ -125,7 +125,7 @@ def test_title_from():
 
 
 def answered_transcript(tokenizer, answer, thinking_text="", stop=True):
-    from dflash_chat.chat.prompt import Transcript
+    from dflash_chat.runtime.prompt import Transcript
 
     turns = [{"role": "user", "content": "hello"}]
     prompt = build_prompt(tokenizer, turns, thinking=False)
@@ -136,7 +136,7 @@ def answered_transcript(tokenizer, answer, thinking_text="", stop=True):
 
 
 def test_next_turn_starts_with_what_the_engine_holds(tokenizer):
-    from dflash_chat.chat.prompt import next_prompt
+    from dflash_chat.runtime.prompt import next_prompt
 
     previous = answered_transcript(tokenizer, "Hi! How can I help?")
     turns = previous.turns + [
@@ -154,7 +154,7 @@ def test_next_turn_starts_with_what_the_engine_holds(tokenizer):
 
 
 def test_regenerate_sends_the_same_prompt_and_other_changes_rerender(tokenizer):
-    from dflash_chat.chat.prompt import next_prompt
+    from dflash_chat.runtime.prompt import next_prompt
 
     previous = answered_transcript(tokenizer, "Hi!")
     assert next_prompt(tokenizer, previous.turns, thinking=False, previous=previous) is previous.prompt
@@ -171,7 +171,7 @@ def test_regenerate_sends_the_same_prompt_and_other_changes_rerender(tokenizer):
 
 
 def test_answers_that_thought_are_rerendered(tokenizer):
-    from dflash_chat.chat.prompt import next_prompt
+    from dflash_chat.runtime.prompt import next_prompt
 
     previous = answered_transcript(tokenizer, "Hi!", thinking_text="greet")
     turns = previous.turns + [{"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "more"}]

@@ -8,12 +8,12 @@ import types
 
 import pytest
 
-from dflash_chat import hardware
-from dflash_chat.catalog import load_catalog
-from dflash_chat.errors import UserError
 from dflash_chat.engine import memory
-from dflash_chat.hardware import GIB, Gpu, Machine, NoFitError, budget, choose
-from dflash_chat.sizes import size_text
+from dflash_chat.errors import UserError
+from dflash_chat.models import hardware
+from dflash_chat.models.catalog import load_catalog
+from dflash_chat.models.hardware import GIB, Gpu, Machine, NoFitError, budget, choose
+from dflash_chat.models.sizes import size_text
 
 GPUS = {
     8: "RTX 4060",
@@ -511,7 +511,7 @@ def test_a_drafter_file_alone_picks_the_pair_it_belongs_to(catalog, tmp_path):
 
 
 def test_importing_hardware_does_not_import_torch():
-    modules = "dflash_chat.hardware, dflash_chat.hub, dflash_chat.ui.download_screen"
+    modules = "dflash_chat.models.hardware, dflash_chat.models.hub, dflash_chat.ui.download_screen"
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

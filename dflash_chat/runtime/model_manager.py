@@ -1,6 +1,6 @@
 """The model manager behind `dflash-chat` with no model named: choose, plan the download, hand over files.
 
-Steps, each run in a model worker of chat/loader.py (the probe imports torch, planning lists repos on
+Steps, each run in a model worker of runtime/loader.py (the probe imports torch, planning lists repos on
 the Hub), none touching the UI:
 
     chosen = choose(pick, settings.context_length)     # probe + hardware.choose, or the demo pair
@@ -16,12 +16,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, replace
 
-from dflash_chat import hardware, hub
-from dflash_chat.catalog import Catalog, load_catalog
-from dflash_chat.chat import model_source
-from dflash_chat.chat.model_source import ModelSource, Pick
 from dflash_chat.errors import UserError
-from dflash_chat.hardware import Choice, Machine
+from dflash_chat.models import hardware, hub
+from dflash_chat.models.catalog import Catalog, load_catalog
+from dflash_chat.models.hardware import Choice, Machine
+from dflash_chat.runtime import model_source
+from dflash_chat.runtime.model_source import ModelSource, Pick
 
 
 class NoModel(UserError):

@@ -4,7 +4,7 @@ In order:
 - `--demo`: the tiny built-in demo pair.
 - `--target PATH [--drafter PATH]`: those files (Hugging Face folders or GGUFs), loaded as they are.
 - the model-choice flags (--model, --quant, --drafter-quant, --target-file, --drafter-file): a `Pick`
-  with them pinned; the model manager (chat/model_manager.py) chooses the rest at start.
+  with them pinned; the model manager (runtime/model_manager.py) chooses the rest at start.
 - the `model` setting: a path (one that exists, or is written like one: with a `/`, or starting with
   `~` or `.`) is a model folder or file, run with the `drafter` setting; anything else must be a
   catalog pair name (a `Pick` of it; an unknown name is an error listing the known ones).
@@ -85,7 +85,7 @@ def load_device(source: ModelSource) -> str | None:
 
 def demo_source() -> ModelSource:
     """The built-in demo pair; UserError (saying what to pass instead) when this install lacks it."""
-    from dflash_chat.demo import demo_paths
+    from dflash_chat.models.demo import demo_paths
 
     target, drafter = demo_paths()
     return ModelSource(str(target), str(drafter), demo=True)
@@ -93,7 +93,7 @@ def demo_source() -> ModelSource:
 
 def catalog_name(name: str) -> str:
     """The catalog's name for a pair given by name or title; CatalogError lists the known ones."""
-    from dflash_chat.catalog import load_catalog
+    from dflash_chat.models.catalog import load_catalog
 
     return load_catalog().get(name).name
 

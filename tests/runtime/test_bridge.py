@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import itertools
 
-from dflash_chat.chat.bridge import StreamChunk, StreamEnd, stream_answer
-from dflash_chat.chat.detokenize import IncrementalDecoder
-from dflash_chat.chat.prompt import ThinkingSplitter
-from dflash_chat.engine.events import Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.errors import ContextLengthError
+from dflash_chat.engine.events import Finished, GenerationStats, Prefilled, Step
 from dflash_chat.errors import OUT_OF_MEMORY, one_line
+from dflash_chat.runtime.bridge import StreamChunk, StreamEnd, stream_answer
+from dflash_chat.runtime.detokenize import IncrementalDecoder
+from dflash_chat.runtime.prompt import ThinkingSplitter
 
 
 class Clock:

@@ -1,7 +1,7 @@
 """The model loader: choose a pair for this machine, fetch what is missing, load it, with progress.
 
 One lifecycle for the chat app, `serve` and `run`. Given a `Pick`, the model manager
-(chat/model_manager.py) chooses in a worker (the probe imports torch) and the loader posts
+(runtime/model_manager.py) chooses in a worker (the probe imports torch) and the loader posts
 ModelChosen, then DownloadNeeded when files are missing (the owner fetches them: the download screen,
 or `pull`'s bars; then it calls `downloaded`) or ModelReady. Given files (a ModelSource) it loads them
 at once in another worker, posting LoadProgress, then ModelLoaded or ModelFailed. The owner applies each
@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from dflash_chat.chat.events import (
+from dflash_chat.errors import one_line
+from dflash_chat.runtime.events import (
     DownloadNeeded,
     LoadEvent,
     LoadProgress,
@@ -28,14 +29,13 @@ from dflash_chat.chat.events import (
     ModelUnavailable,
     Status,
 )
-from dflash_chat.chat.model_source import ModelSource, Pick, load_device
-from dflash_chat.errors import one_line
+from dflash_chat.runtime.model_source import ModelSource, Pick, load_device
 
 if TYPE_CHECKING:
-    from dflash_chat.chat.model_manager import Chosen
     from dflash_chat.engine.load import LoadedPair
-    from dflash_chat.hardware import Choice
-    from dflash_chat.hub import ModelFiles
+    from dflash_chat.models.hardware import Choice
+    from dflash_chat.models.hub import ModelFiles
+    from dflash_chat.runtime.model_manager import Chosen
     from dflash_chat.settings import Settings
 
 PROGRESS_EVERY_S = 0.1  # loading progress is posted at most this often
@@ -112,7 +112,7 @@ class ModelLoader:
 
     def downloaded(self, request: Pick, choice: Choice, files: ModelFiles | None) -> None:
         """The owner fetched a DownloadNeeded's files (None: it stopped): load them."""
-        from dflash_chat.chat.model_manager import label, resume_advice, source_for
+        from dflash_chat.runtime.model_manager import label, resume_advice, source_for
 
         if request is not self.request:
             return
@@ -137,7 +137,7 @@ class ModelLoader:
         return True
 
     def _chose(self, event: ModelChosen | DownloadNeeded | ModelReady | ModelUnavailable) -> None:
-        from dflash_chat.chat.model_manager import label
+        from dflash_chat.runtime.model_manager import label
 
         if isinstance(event, ModelChosen):
             self.chosen = event.chosen
@@ -159,8 +159,8 @@ class ModelLoader:
     def _choose(self, pick: Pick, context_length: int) -> None:
         post = self.post
         try:
-            from dflash_chat import hub
-            from dflash_chat.chat import model_manager
+            from dflash_chat.models import hub
+            from dflash_chat.runtime import model_manager
 
             chosen = model_manager.choose(pick, context_length)
             post(ModelChosen(pick, chosen))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chat.tokenizer_files import load_tokenizer, write_tokenizer
+from tests.runtime.tokenizer_files import load_tokenizer, write_tokenizer
 
 
 @pytest.fixture(scope="session")

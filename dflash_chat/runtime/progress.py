@@ -11,10 +11,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from dflash_chat.sizes import rate_text, size_text
+from dflash_chat.models.sizes import rate_text, size_text
 
 if TYPE_CHECKING:
-    from dflash_chat import hub
+    from dflash_chat.models import hub
 
 
 def progress_line(done: int, total: int, seconds: float) -> str:
@@ -57,10 +57,10 @@ def download_with_bars(plan: hub.Plan) -> hub.ModelFiles:
     from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
     from rich.text import Text
 
-    from dflash_chat import hub
+    from dflash_chat.models import hub
 
     class Bytes(ProgressColumn):
-        """Done / total and speed, in the app's one byte format (sizes.py)."""
+        """Done / total and speed, in the app's one byte format (models/sizes.py)."""
 
         def render(self, task) -> Text:
             speed = f"  {rate_text(task.speed)}" if task.speed else ""

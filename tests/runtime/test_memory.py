@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import sys
 
-from dflash_chat.chat.memory import memory_use
+from dflash_chat.runtime.memory import memory_use
 
 
 def test_cpu_reports_this_process_ram():
