@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
@@ -133,96 +132,7 @@ def run_demo(args) -> int:
         from dflash_chat.paths import cache_dir
 
         args.work = cache_dir() / "demo_work"
-    budget = args.minutes * 60
-    if "prepare" in stages:
-        recipe.prepare(args.work, seed=args.seed, log=_log)
-    chosen = recipe.preset(device)
-    if args.generated is not None:
-        chosen.generated = args.generated
-    _log(f"device {device}, seed {args.seed}, work folder {args.work}")
-    if "target" in stages:
-        steps = args.target_steps or recipe.calibrate_target_steps(
-            args.work, 0.55 * budget, device, args.seed, chosen.target
-        )
-        _log(f"target steps: {steps} (repeat with --target-steps {steps})")
-        if args.max_target_minutes:
-            chosen.target.max_seconds = 60 * args.max_target_minutes
-        recipe.train_target_stage(
-            args.work, seed=args.seed, steps=steps, device=device, settings=chosen.target, log=_log
-        )
-    if "drafter" in stages:
-        steps = args.drafter_steps or recipe.calibrate_drafter_steps(
-            args.work, 0.35 * budget, device, args.seed, chosen.drafter
-        )
-        _log(f"drafter steps: {steps} (repeat with --drafter-steps {steps})")
-        if args.max_drafter_minutes:
-            chosen.drafter.max_seconds = 60 * args.max_drafter_minutes
-        recipe.train_drafter_stage(
-            args.work,
-            seed=args.seed,
-            steps=steps,
-            device=device,
-            settings=chosen.drafter,
-            generated=chosen.generated,
-            gen_batch=chosen.gen_batch,
-            max_new_tokens=chosen.max_new_tokens,
-            log=_log,
-        )
-    if "dflash2" in stages:
-        steps = args.drafter_steps or recipe.DFLASH2_STEPS
-        _log(f"dflash2 steps: {steps} (repeat with --drafter-steps {steps})")
-        settings = replace(chosen.drafter, lr=recipe.DFLASH2_LR)
-        if args.max_drafter_minutes:
-            settings.max_seconds = 60 * args.max_drafter_minutes
-        recipe.train_dflash2_stage(
-            args.work,
-            seed=args.seed,
-            steps=steps,
-            device=device,
-            source=args.from_drafter or args.out / "drafter",
-            target_dir=args.out / "target",
-            generated=args.generated or chosen.generated,
-            settings=settings,
-            gen_batch=chosen.gen_batch,
-            max_new_tokens=chosen.max_new_tokens,
-            log=_log,
-        )
-    if "finetune" in stages:
-        steps = args.drafter_steps or recipe.FINETUNE_STEPS
-        distill = recipe.FINETUNE_DISTILL if args.distill is None else args.distill
-        _log(f"finetune steps: {steps} (repeat with --drafter-steps {steps})")
-        settings = replace(chosen.drafter, lr=recipe.FINETUNE_LR, distill=distill, accept=args.accept_weight or 0.0)
-        if args.max_drafter_minutes:
-            settings.max_seconds = 60 * args.max_drafter_minutes
-        share = recipe.FINETUNE_SAMPLED_SHARE if args.sampled_share is None else args.sampled_share
-        recipe.finetune_stage(
-            args.work,
-            kind=args.finetune,
-            source=args.out / ("drafter2" if args.finetune == "dflash2" else "drafter"),
-            target_dir=args.out / "target",
-            seed=args.seed,
-            steps=steps,
-            device=device,
-            generated=args.generated or chosen.generated,
-            settings=settings,
-            sampled_share=share,
-            gen_batch=chosen.gen_batch,
-            max_new_tokens=chosen.max_new_tokens,
-            hard_anchors=args.hard_anchors,
-            log=_log,
-        )
-    if "calibrate" in stages:
-        drafter2 = args.work / "drafter2"  # what a stage of this run made, else the shipped one
-        recipe.calibrate_stage(
-            args.work,
-            source=drafter2 if drafter2.is_dir() else args.out / "drafter2",
-            target_dir=args.out / "target",
-            seed=args.seed,
-            device=device,
-            log=_log,
-        )
-    if "ship" in stages:
-        recipe.ship(args.work, args.out, log=_log)
+    recipe.run_stages(args, stages, device, _log)
     return 0
 
 

@@ -8,8 +8,12 @@ import shutil
 import pytest
 import torch
 
-from dflash_chat.train import recipe
 from dflash_chat.train.drafter import DrafterSettings, DrafterShape
+from dflash_chat.train.stages.answers import AnswerSettings
+from dflash_chat.train.stages.drafters import train_dflash2_stage, train_drafter_stage
+from dflash_chat.train.stages.finetune import finetune_stage
+from dflash_chat.train.stages.prepare import load_corpus, prepare, train_target_stage
+from dflash_chat.train.stages.ship import ship
 from dflash_chat.train.target import TargetShape, TrainSettings
 
 TINY_TARGET = TargetShape(
@@ -34,8 +38,8 @@ def trained(tmp_path_factory):
     torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("work")
     logs: list[str] = []
-    recipe.prepare(work, seed=0, vocab_size=400, max_files=12, log=logs.append)
-    target_losses = recipe.train_target_stage(
+    prepare(work, seed=0, vocab_size=400, max_files=12, log=logs.append)
+    target_losses = train_target_stage(
         work,
         seed=0,
         steps=40,
@@ -44,36 +48,34 @@ def trained(tmp_path_factory):
         settings=TrainSettings(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup=5),
         log=logs.append,
     )
-    drafter_losses = recipe.train_drafter_stage(
+    drafter_losses = train_drafter_stage(
         work,
         seed=0,
         steps=40,
         device="cpu",
-        generated=8,
-        max_new_tokens=24,
+        answering=AnswerSettings(generated=8, max_new_tokens=24),
         shape=TINY_DRAFTER,
         settings=DrafterSettings(steps=40, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5),
         log=logs.append,
     )
     out = tmp_path_factory.mktemp("out")
-    recipe.ship(work, out, log=logs.append)
-    dflash2_losses = recipe.train_dflash2_stage(
+    ship(work, out, log=logs.append)
+    dflash2_losses = train_dflash2_stage(
         work,
         seed=0,
         steps=30,
         device="cpu",
         source=out / "drafter",
         target_dir=out / "target",
-        generated=8,
-        max_new_tokens=24,
+        answering=AnswerSettings(generated=8, max_new_tokens=24),
         settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5),
         log=logs.append,
     )
-    recipe.ship(work, out, log=logs.append)
+    ship(work, out, log=logs.append)
     logs.append(dflash2_losses)
     finetuned = tmp_path_factory.mktemp("finetuned")
     shutil.copytree(out, finetuned, dirs_exist_ok=True)
-    finetune_losses = recipe.finetune_stage(
+    finetune_losses = finetune_stage(
         work,
         kind="dflash2",
         source=finetuned / "drafter2",
@@ -81,14 +83,12 @@ def trained(tmp_path_factory):
         seed=0,
         steps=30,
         device="cpu",
-        generated=8,
-        max_new_tokens=24,
+        answering=AnswerSettings(generated=8, max_new_tokens=24, sampled_share=0.5),
         settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5, distill=1.0),
-        sampled_share=0.5,
         hard_anchors=0.5,
         log=logs.append,
     )
-    recipe.ship(work, finetuned, log=logs.append)
+    ship(work, finetuned, log=logs.append)
     return work, out, target_losses, drafter_losses, logs + [(finetuned, finetune_losses)]
 
 
@@ -152,7 +152,7 @@ def test_sampled_answers_are_seeded_and_differ_from_greedy(trained):
     work, out, _, _, _ = trained
     tokenizer = AutoTokenizer.from_pretrained(out / "target")
     target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32)
-    prompts = recipe.load_corpus(work / "corpus.json").heldout[:4]
+    prompts = load_corpus(work / "corpus.json").heldout[:4]
     hot = Sampled(1.5, 1.0, 0)
     common = dict(max_new_tokens=16, thinking_share=0.0)
     first = target_answers(target, tokenizer, prompts, sampled=hot, seed=3, **common)

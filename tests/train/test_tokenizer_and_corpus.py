@@ -130,7 +130,7 @@ def test_free_form_prompts_name_modules_as_modules_and_objects_as_objects():
 
 
 def test_saved_corpus_keeps_what_free_form_prompts_need(tmp_path):
-    from dflash_chat.train.recipe import load_corpus, save_corpus
+    from dflash_chat.train.stages.prepare import load_corpus, save_corpus
 
     corpus = build_corpus(seed=0, heldout=2, max_files=10)
     save_corpus(corpus, tmp_path / "corpus.json")

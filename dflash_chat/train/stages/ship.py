@@ -1,0 +1,27 @@
+"""The last stage: what the others made, copied out as the shipped demo pair."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from dflash_chat.models.demo import HELDOUT_FILE
+from dflash_chat.models.sizes import size_text
+from dflash_chat.train.common import Log
+from dflash_chat.train.stages.prepare import load_corpus
+
+
+def ship(work: Path, out: Path, log: Log = print) -> None:
+    """Copy what the stages made into `out` (target/ with tokenizer files, drafter/, drafter2/)."""
+    for name in ("target", "drafter", "drafter2"):
+        if not (work / name).is_dir():
+            continue
+        dest = out / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(work / name, dest)
+    prompts = [c.prompt_messages for c in load_corpus(work / "corpus.json").heldout]
+    (out / HELDOUT_FILE).write_text(json.dumps(prompts, indent=1) + "\n")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    log(f"shipped the demo pair to {out} ({size_text(size)})")
