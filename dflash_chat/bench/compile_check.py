@@ -1,9 +1,10 @@
 """Compile the Triton kernels for a GPU family on a machine without a GPU, and read what ptxas made of them.
 
 The real host code runs on meta tensors (shapes and dtypes, no memory) with the launch hook of
-`triton_quant` / `triton_glue` / `triton_attention` / `triton_gdn` replaced, so every launch it would make is captured with its exact arguments
-and configuration. Each is then specialised the way Triton's JIT would (dtypes, 16-byte divisibility, ints
-equal to 1) and built with `triton.compile` for an explicit `GPUTarget("cuda", cc, 32)`: no driver needed.
+`triton_quant` / `triton_glue` / `triton_attention` / `triton_gdn` replaced, so every launch it would make is
+captured with its exact arguments and configuration. Each is then specialised the way Triton's JIT would (dtypes,
+16-byte divisibility, ints equal to 1) and built with `triton.compile` for an explicit `GPUTarget("cuda", cc, 32)`:
+no driver needed.
 From the result:
 - registers and spilled bytes: Triton's own ptxas run again with -v on the kernel's PTX;
 - load widths: the global loads (LDG) of the SASS (cuobjdump on the cubin), counted by width in bits;
@@ -22,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -76,28 +78,25 @@ def capture(family: Family) -> Iterator[list[Captured]]:
             values = kwargs["BN"] * 256 // (32 * kwargs["num_warps"])
         launches.append(Captured(kernel, args, kwargs, values))
 
-    saved = (
-        triton_quant._launch,
-        triton_glue._launch,
-        triton_attention._launch,
-        triton_gdn._launch,
-        triton_quant._family,
-        triton_quant._sms,
-    )
-    triton_quant._launch = triton_glue._launch = triton_attention._launch = triton_gdn._launch = record
-    triton_quant._family = lambda device: family
-    triton_quant._sms = lambda device: family.sms  # type: ignore[assignment]  # a plain stand-in for the cached one
-    try:
+    stand_ins: list[tuple[ModuleType, str, Any]] = [
+        (module, "_launch", record) for module in (triton_quant, triton_glue, triton_attention, triton_gdn)
+    ]
+    stand_ins += [(triton_quant, "_family", lambda device: family), (triton_quant, "_sms", lambda device: family.sms)]
+    with _replaced(stand_ins):
         yield launches
+
+
+@contextlib.contextmanager
+def _replaced(stand_ins: list[tuple[ModuleType, str, Any]]) -> Iterator[None]:
+    """Each (module, name, value): module.name is value until the block ends, then what it was."""
+    saved = [(module, name, getattr(module, name)) for module, name, _ in stand_ins]
+    for module, name, value in stand_ins:
+        setattr(module, name, value)
+    try:
+        yield
     finally:
-        (
-            triton_quant._launch,
-            triton_glue._launch,
-            triton_attention._launch,
-            triton_gdn._launch,
-            triton_quant._family,
-            triton_quant._sms,
-        ) = saved
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 _OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
@@ -110,7 +109,7 @@ def _specialise(c: Captured):
 
     fn = c.kernel
     names = fn.arg_names
-    values = dict(zip(names, c.args))
+    values = dict(zip(names, c.args, strict=False))  # (the rest are keywords)
     values.update({k: v for k, v in c.kwargs.items() if k not in _OPTIONS})
     signature, constexprs, attrs = {}, {}, {}
     for i, param in enumerate(fn.params):

@@ -66,45 +66,43 @@ def _rows(x: torch.Tensor) -> int:
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    h = x.shape[-1]
     r, out = torch.empty_like(x), torch.empty_like(x)
-    _launch(
-        _norm_kernel,
-        (_rows(x),),
-        x,
-        residual,
-        weight,
-        r,
-        out,
-        h,
-        eps,
-        HAS_RES=True,
-        ZERO_CENTRED=zero_centred,
-        BLOCK=triton.next_power_of_2(h),
-        num_warps=4,
-    )
+    _launch_norm(x, weight, out, eps, zero_centred, residual=residual, r_out=r)
     return r, out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
-    h = x.shape[-1]
     out = torch.empty_like(x)
+    _launch_norm(x, weight, out, eps, zero_centred)
+    return out
+
+
+def _launch_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    eps: float,
+    zero_centred: bool,
+    residual: torch.Tensor | None = None,
+    r_out: torch.Tensor | None = None,
+) -> None:
+    """out = RMSNorm(x); given a residual (and r_out), r_out = residual + x first and out = RMSNorm(r_out)."""
+    h = x.shape[-1]
     _launch(
         _norm_kernel,
         (_rows(x),),
         x,
-        x,
+        residual if residual is not None else x,  # (unread without a residual, as is r_out)
         weight,
-        x,
+        r_out if r_out is not None else x,
         out,
         h,
         eps,
-        HAS_RES=False,
+        HAS_RES=residual is not None,
         ZERO_CENTRED=zero_centred,
         BLOCK=triton.next_power_of_2(h),
         num_warps=4,
     )
-    return out
 
 
 @triton.jit

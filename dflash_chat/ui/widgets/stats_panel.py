@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Label, Sparkline, Static, Switch
 
 from dflash_chat.engine.events import GenerationStats
@@ -55,6 +56,10 @@ def _table(rows: tuple[tuple[str, str], ...]) -> Table:
     return table
 
 
+def _section(title: str, *figures: Widget) -> Vertical:
+    return Vertical(Label(title, classes="section-title"), *figures, classes="section")
+
+
 class StatsPanel(VerticalScroll):
     can_focus = False
 
@@ -65,20 +70,10 @@ class StatsPanel(VerticalScroll):
         self._rows: dict[str, tuple[tuple[str, str], ...]] = {}  # section id -> its (name, value) rows on screen
 
     def compose(self):
-        with Vertical(classes="section"):
-            yield Label("Speed", classes="section-title")
-            yield Static(id="speed")
-        with Vertical(classes="section"):
-            yield Label("Draft", classes="section-title")
-            yield Static(id="draft")
-            yield Sparkline([], id="acceptance-sparkline")
-            yield Static(id="histogram")
-        with Vertical(classes="section"):
-            yield Label("Tokens", classes="section-title")
-            yield Static(id="tokens")
-        with Vertical(classes="section"):
-            yield Label("Model", classes="section-title")
-            yield Static(id="model")
+        yield _section("Speed", Static(id="speed"))
+        yield _section("Draft", Static(id="draft"), Sparkline([], id="acceptance-sparkline"), Static(id="histogram"))
+        yield _section("Tokens", Static(id="tokens"))
+        yield _section("Model", Static(id="model"))
         with Vertical(classes="section"):
             with Horizontal(id="thinking-row"):
                 yield Label("Thinking", id="thinking-label")
