@@ -28,6 +28,8 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from dflash_chat import paths
+from dflash_chat.engine import rules
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -40,15 +42,12 @@ class SettingsError(UserError):
     """A setting is unknown or its value is out of range; the message says which and why."""
 
 
-class _Invalid(ValueError):
-    """What is wrong with a value, without the key's name ('must be between 0 and 2, got 3')."""
-
-
 @dataclass(frozen=True)
 class Settings:
     temperature: float = 0.7
     top_p: float = 0.8
     top_k: int = 20
+    min_p: float = 0.0
     max_new_tokens: int = 1024
     system_prompt: str = ""
     thinking: bool = False
@@ -63,48 +62,31 @@ class Settings:
     # name -> URL of an OpenAI-compatible server, for `dflash-chat --endpoint NAME`
     endpoints: dict[str, str] = field(default_factory=dict)
 
+    def sampling(self) -> SamplingParams:
+        """How the app's answers are sampled: the one value that goes down to the engine's step."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            max_new_tokens=self.max_new_tokens,
+        )
+
 
 MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few lines; past this it is not one
 OTHER_TABLES = ("models",)  # kept in config.toml by the model catalog (models/catalog.py)
 
 
-def _number(kind: type, low: float | None, high: float | None) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if isinstance(value, bool):
-            raise _Invalid(f"must be a number, not {value!r}")
-        if isinstance(value, str):
-            try:
-                value = kind(value.strip())
-            except ValueError:
-                raise _Invalid(f"must be {_kind_name(kind)}, got {value!r}") from None
-        if kind is int and isinstance(value, float):
-            if not value.is_integer():
-                raise _Invalid(f"must be a whole number, got {value!r}")
-            value = int(value)
-        if not isinstance(value, (int, float)):
-            raise _Invalid(f"must be {_kind_name(kind)}, got {value!r}")
-        value = kind(value)
-        if value != value or low is not None and value < low or high is not None and value > high:
-            raise _Invalid(f"must be between {low} and {high}, got {value}")
-        return value
-
-    return check
-
-
-def _kind_name(kind: type) -> str:
-    return "a whole number" if kind is int else "a number"
-
-
 def _text(value: Any) -> str:
     if not isinstance(value, str):
-        raise _Invalid(f"must be text, got {value!r}")
+        raise rules.Invalid(f"must be text, got {value!r}")
     return value
 
 
 def _name(value: Any) -> str:
     value = _text(value).strip()
     if not value:
-        raise _Invalid("cannot be empty")
+        raise rules.Invalid("cannot be empty")
     return value
 
 
@@ -117,7 +99,7 @@ def _flag(value: Any) -> bool:
             return True
         if lowered in ("false", "off", "no", "0"):
             return False
-    raise _Invalid(f"must be on or off (true/false), got {value!r}")
+    raise rules.Invalid(f"must be on or off (true/false), got {value!r}")
 
 
 def _typed_table(value: Any, shape: str) -> Any:
@@ -126,7 +108,7 @@ def _typed_table(value: Any, shape: str) -> Any:
         return value
     pairs = [item.split("=", 1) for item in value.split(";") if item.strip()]
     if any(len(pair) != 2 for pair in pairs):
-        raise _Invalid(f"must look like '{shape}'")
+        raise rules.Invalid(f"must look like '{shape}'")
     return {name.strip(): entry.strip() for name, entry in pairs}
 
 
@@ -135,7 +117,7 @@ def _keymap(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in value.items()
     ):
-        raise _Invalid('must be a table of binding-id = "keys" (e.g. toggle-thinking = "ctrl+k")')
+        raise rules.Invalid('must be a table of binding-id = "keys" (e.g. toggle-thinking = "ctrl+k")')
     return {k: v.strip() for k, v in value.items()}
 
 
@@ -144,10 +126,10 @@ def _endpoints(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and k.strip() and isinstance(v, str) for k, v in value.items()
     ):
-        raise _Invalid('must be a table of name = "URL" (e.g. big-box = "http://10.0.0.5:8000/v1")')
+        raise rules.Invalid('must be a table of name = "URL" (e.g. big-box = "http://10.0.0.5:8000/v1")')
     for name, url in value.items():
         if not url.strip().lower().startswith(("http://", "https://")):
-            raise _Invalid(f"{name} must be an http:// or https:// URL, got {url!r}")
+            raise rules.Invalid(f"{name} must be an http:// or https:// URL, got {url!r}")
     return {k.strip(): v.strip() for k, v in value.items()}
 
 
@@ -155,7 +137,7 @@ def _one_of(*options: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         text = str(value).strip().lower()
         if text not in options:
-            raise _Invalid(f"must be one of {', '.join(options)}, got {value!r}")
+            raise rules.Invalid(f"must be one of {', '.join(options)}, got {value!r}")
         return text
 
     return check
@@ -163,8 +145,6 @@ def _one_of(*options: str) -> Callable[[Any], str]:
 
 DECODE_PATHS = ("auto", "graphs", "fixed")
 OLD_DECODE_NAMES = {"eager": "fixed"}  # the variable-shape eager steps are gone; the fixed ones run uncaptured
-DRAFT_WORDS = ("auto", "off")
-MAX_DRAFT = 64
 
 
 def _decode(value: Any) -> str:
@@ -172,37 +152,29 @@ def _decode(value: Any) -> str:
     return _one_of(*DECODE_PATHS)(OLD_DECODE_NAMES.get(text, text))
 
 
-def _draft(value: Any) -> str | int:
-    """auto, off, or a number of drafts per step (kept as a number, as `draft = 7` reads in the file)."""
-    if isinstance(value, str) and value.strip().lower() in DRAFT_WORDS:
-        return value.strip().lower()
-    try:
-        return _number(int, 1, MAX_DRAFT)(value)
-    except _Invalid:
-        raise _Invalid(f"must be auto, off or a number of drafts per step (1-{MAX_DRAFT}), got {value!r}") from None
-
-
 VALIDATORS: dict[str, Callable[[Any], Any]] = {
-    "temperature": _number(float, 0.0, 2.0),
-    "top_p": _number(float, 0.01, 1.0),
-    "top_k": _number(int, 0, 100_000),
-    "max_new_tokens": _number(int, 1, 1_000_000),
+    "temperature": rules.TEMPERATURE.parse,
+    "top_p": rules.TOP_P.parse,
+    "top_k": rules.TOP_K.parse,
+    "min_p": rules.MIN_P.parse,
+    "max_new_tokens": rules.MAX_NEW_TOKENS.parse,
     "system_prompt": _text,
     "thinking": _flag,
     "theme": _name,
     "model": _text,
     "drafter": _text,
-    "context_length": _number(int, 256, 1_048_576),
+    "context_length": rules.Number(int, 256, 1_048_576).parse,
     "decode": _decode,
-    "draft": _draft,
+    "draft": rules.draft,
     "keymap": _keymap,
     "endpoints": _endpoints,
 }
 
 DESCRIPTIONS: dict[str, str] = {
     "temperature": "sampling temperature, 0 = greedy (0-2)",
-    "top_p": "nucleus sampling mass (0.01-1, 1 = off)",
+    "top_p": "nucleus sampling mass (greater than 0, at most 1; 1 = off)",
     "top_k": "keep the k likeliest tokens (0 = off)",
+    "min_p": "drop tokens less likely than min_p times the likeliest (0-1, 0 = off)",
     "max_new_tokens": "longest answer, in tokens",
     "system_prompt": "text sent as the system message (empty = none)",
     "thinking": "let the model think before answering (on/off)",
@@ -213,7 +185,7 @@ DESCRIPTIONS: dict[str, str] = {
     "decode": "decode path: auto (CUDA graphs on a GPU, the same steps uncaptured elsewhere), graphs, or fixed "
     "(uncaptured; eager is an older name for it)",
     "draft": "drafts each step verifies: auto (picked per step for speed), off (plain decoding), or a number "
-    f"1-{MAX_DRAFT} (at most the drafter's block - 1)",
+    f"1-{rules.MAX_DRAFT} (at most the drafter's block - 1)",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
     "endpoints": "named OpenAI-compatible servers: name=URL;other=URL (dflash-chat --endpoint NAME)",
 }
@@ -228,7 +200,7 @@ def parse_value(key: str, value: Any) -> Any:
         raise SettingsError(f"unknown setting {key!r}; known settings: {', '.join(KEYS)}")
     try:
         return VALIDATORS[key](value)
-    except _Invalid as exc:
+    except rules.Invalid as exc:
         raise SettingsError(f"{key} {exc}") from None
 
 
@@ -265,16 +237,21 @@ def flag(key: str) -> Callable[[str], Any]:
     return _argparse_type(VALIDATORS[key], key)
 
 
+def rule_flag(rule: rules.Number) -> Callable[[str], Any]:
+    """An argparse `type` for a flag that is no setting, checked by its rule (engine/rules.py)."""
+    return _argparse_type(rule.parse, "a whole number" if rule.kind is int else "a number")
+
+
 def ranged(kind: type, low: float, high: float) -> Callable[[str], Any]:
-    """An argparse `type` for a flag that is no setting, worded like the settings' own checks."""
-    return _argparse_type(_number(kind, low, high), _kind_name(kind))
+    """An argparse `type` for a number flag that has no rule of its own, worded like the rules."""
+    return rule_flag(rules.Number(kind, low, high))
 
 
 def _argparse_type(check: Callable[[Any], Any], name: str) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
             return check(text)
-        except _Invalid as exc:
+        except rules.Invalid as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     parse.__name__ = name  # argparse names the type in some messages

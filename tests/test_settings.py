@@ -52,18 +52,20 @@ def test_only_changed_values_are_written(home):
     "key, text, fragment",
     [
         ("temperature", "hot", "must be a number"),
-        ("temperature", "3", "between 0.0 and 2.0"),
-        ("top_p", "-0.1", "between"),
+        ("temperature", "3", "from 0 to 2"),
+        ("top_p", "-0.1", "greater than 0 and at most 1"),
+        ("top_p", "0", "greater than 0 and at most 1"),
         ("top_k", "2.5", "whole number"),
-        ("max_new_tokens", "0", "between"),
+        ("min_p", "1.5", "from 0 to 1"),
+        ("max_new_tokens", "0", "from 1 to 1000000"),
         ("thinking", "maybe", "on or off"),
         ("theme", " ", "cannot be empty"),
-        ("context_length", "12", "between"),
+        ("context_length", "12", "from 256 to 1048576"),
         ("keymap", "stop", "binding-id=keys"),
         ("keymap", 5, "must be a table"),
         ("keymap", {"stop": ""}, "must be a table"),
-        ("temperature", "nan", "between"),
-        ("max_new_tokens", True, "must be a number"),
+        ("temperature", "nan", "from 0 to 2"),
+        ("max_new_tokens", True, "must be a whole number"),
         ("colour", "red", "unknown setting"),
         ("draft", "0", r"draft must be auto, off or a number of drafts per step \(1-64\), got '0'"),
         ("draft", 65, "1-64"),
@@ -209,7 +211,8 @@ def test_read_reports_what_it_cannot_use_and_never_raises(home):
     current, problems = settings.read()
     assert current == Settings(theme="mine")
     assert len(problems) == 3
-    assert "temperature must be between 0.0 and 2.0, got 5.0" in problems[0] and "using 0.7 meanwhile" in problems[0]
+    assert "temperature must be a number from 0 to 2 (0 = greedy), got 5" in problems[0]
+    assert "using 0.7 meanwhile" in problems[0]
     assert "keymap must be a table" in problems[1]
     assert "unknown setting 'colour'" in problems[2]
     write_config("temperature = = 1\n")
@@ -233,7 +236,7 @@ def test_flags_use_the_settings_rules():
 
     check = settings.flag("max_new_tokens")
     assert check("12") == 12
-    with pytest.raises(argparse.ArgumentTypeError, match="must be between 1 and 1000000, got 0"):
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a whole number from 1 to 1000000, got 0"):
         check("0")
 
 

@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -275,7 +276,7 @@ def check_glue(device: torch.device, dtype: torch.dtype, hidden: int) -> list[di
     rows = []
     for name, (got, want) in cases.items():
         got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
-        rel = max(_rel(a, b) for a, b in zip(got, want))
+        rel = max(_rel(a, b) for a, b in zip(got, want, strict=True))
         rows.append(
             {
                 "what": "glue",
@@ -301,8 +302,8 @@ def benchmark(device: torch.device, shapes: list, dtype: torch.dtype, sweep: boo
         nbytes = packed.numel()
         x1 = torch.randn(1, k, device=device, dtype=dtype)
         x16 = torch.randn(16, k, device=device, dtype=dtype)
-        t1 = time_fn(lambda: kernels.matmul(x1, packed, fmt, n), device)
-        t16 = time_fn(lambda: kernels.matmul(x16, packed, fmt, n), device)
+        t1 = time_fn(partial(kernels.matmul, x1, packed, fmt, n), device)
+        t16 = time_fn(partial(kernels.matmul, x16, packed, fmt, n), device)
         row = {
             "name": name,
             "format": fmt_name,
@@ -338,7 +339,7 @@ def sweep_launches(device, packed, fmt, n, k, x1, x16, nbytes, copy_bw) -> list[
             for split in sorted({1, auto.split, 2 * auto.split}):
                 launch = configs.Launch(kernel, bn, auto.block_m, split, warps)
                 try:
-                    t = time_fn(lambda: tq.matmul_small_m(x, packed, fmt, n, launch=launch), device)
+                    t = time_fn(partial(tq.matmul_small_m, x, packed, fmt, n, launch=launch), device)
                 except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is a data point
                     rows.append({"launch": str(launch), "error": f"{type(exc).__name__}: {exc}"[:200]})
                     continue
@@ -347,6 +348,17 @@ def sweep_launches(device, packed, fmt, n, k, x1, x16, nbytes, copy_bw) -> list[
 
 
 # --- 3. routed experts ----------------------------------------------------------------------------------------
+
+
+def _experts_one_by_one(x: torch.Tensor, idx: torch.Tensor, gate_up, down, width: int) -> torch.Tensor:
+    """The routed experts as one torch matmul per active expert (the baseline the grouped launch beats)."""
+    (gate_up_w, gu_fmt), (down_w, d_fmt) = gate_up, down
+    y = torch.zeros_like(x)
+    for e in idx.unique().tolist():
+        rows = (idx == e).any(dim=1).nonzero()[:, 0]
+        gate, up = reference.matmul(x[rows], gate_up_w[e], gu_fmt, 2 * width).chunk(2, dim=-1)
+        y[rows] += reference.matmul(torch.nn.functional.silu(gate) * up, down_w[e], d_fmt, x.shape[-1])
+    return y
 
 
 def benchmark_experts(
@@ -366,17 +378,8 @@ def benchmark_experts(
             w = torch.full((m, top_k), 1.0 / top_k, device=device, dtype=dtype)
             x = torch.randn(m, hidden, device=device, dtype=dtype)
             active = int(idx.unique().numel())
-            t_grouped = time_fn(lambda: kernels.grouped_experts(x, idx, w, [(gate_up, gu_fmt)], (down, d_fmt)), device)
-
-            def per_expert():
-                y = torch.zeros_like(x)
-                for e in idx.unique().tolist():
-                    rows = (idx == e).any(dim=1).nonzero()[:, 0]
-                    gate, up = reference.matmul(x[rows], gate_up[e], gu_fmt, 2 * width).chunk(2, dim=-1)
-                    y[rows] += reference.matmul(torch.nn.functional.silu(gate) * up, down[e], d_fmt, hidden)
-                return y
-
-            t_loop = time_fn(per_expert, device)
+            t_grouped = time_fn(partial(kernels.grouped_experts, x, idx, w, [(gate_up, gu_fmt)], (down, d_fmt)), device)
+            t_loop = time_fn(partial(_experts_one_by_one, x, idx, (gate_up, gu_fmt), (down, d_fmt), width), device)
             out["rows"].append(
                 {
                     "formats": f"{gu_name}+{d_name}",

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         print(line + f"; host reads {tally.host_reads}")
     if args.names:
         shown = set()
-        for kind, layer in zip(steps.layer_types, steps.decode.layers):
+        for kind, layer in zip(steps.layer_types, steps.decode.layers, strict=True):
             if kind not in shown:
                 shown.add(kind)
                 print(f"  decode, one {kind} layer: " + ", ".join(f"{k} x{n}" for k, n in sorted(layer.items())))

@@ -86,7 +86,7 @@ class Comparison:
     @property
     def acceptance_histogram(self) -> list[int]:
         """Verify steps by number of accepted drafts, over all prompts."""
-        columns = zip(*(r.stats.acceptance_histogram for r in self.spec))
+        columns = zip(*(r.stats.acceptance_histogram for r in self.spec), strict=True)
         return [sum(c) for c in columns]
 
     @property
@@ -106,7 +106,7 @@ class Comparison:
         """Per prompt: DFlash's decode tok/s over plain decoding's (prompts where either decoded nothing are left out)."""
         return [
             s.stats.decode_tokens_per_s / a.stats.decode_tokens_per_s
-            for a, s in zip(self.ar, self.spec)
+            for a, s in zip(self.ar, self.spec, strict=True)
             if a.stats.decode_tokens_per_s and s.stats.decode_tokens_per_s
         ]
 
@@ -129,7 +129,7 @@ class Comparison:
     @property
     def draft_histogram(self) -> list[int]:
         """Steps by number of drafts verified (0: a plain step), over all prompts."""
-        columns = zip(*(r.stats.draft_histogram for r in self.spec))
+        columns = zip(*(r.stats.draft_histogram for r in self.spec), strict=True)
         return [sum(c) for c in columns]
 
     @property
@@ -168,10 +168,10 @@ class Comparison:
         }
 
 
-def generate(engine, prompt, params, conversation=None) -> Run:
+def generate(engine, prompt, params, memory=None) -> Run:
     tokens: list[int] = []
     stats = None
-    for event in engine.generate(prompt, params, conversation=conversation):
+    for event in engine.generate(prompt, params, memory=memory):
         if isinstance(event, Step):
             tokens.extend(event.token_ids)
         elif isinstance(event, Finished):
@@ -209,7 +209,7 @@ def compare(ar_engine, spec_engine_for, prompts, params, warmup: bool = True) ->
 def _divergence(engine, index: int, prompt: list[int], ar: list[int], spec: list[int]) -> Divergence:
     import torch
 
-    position = next((j for j, (a, b) in enumerate(zip(ar, spec)) if a != b), min(len(ar), len(spec)))
+    position = next((j for j, (a, b) in enumerate(zip(ar, spec, strict=False)) if a != b), min(len(ar), len(spec)))
     state = engine.target.new_state(len(prompt) + position + 1)
     ids = torch.tensor(prompt + ar[:position], dtype=torch.long, device=engine.device)
     logits, _ = engine.target(ids, state, logits="last")

@@ -12,9 +12,9 @@ engine code), and for each shipped drafter (DFlash, and DFlash2 when it ships) a
 (draft 15) and `auto` (the app's default). Each prompt is decoded by all of them in turn before the next,
 so drift on the machine hits them alike, and that `--repeats` times (3 by default): the repeat with the
 median decode time per token counts, so one busy moment of the machine does not move a figure. Each
-prompt (and repeat) is its own conversation (its own key for auto's acceptance estimate, which starts from the
-engine's record of its earlier answers, as a new chat's does); auto's engine keeps its step costs and that record
-over all answers, as the app's does. The greedy leg
+prompt (and repeat) is its own conversation (its own draft memory for auto, which starts from the drafter's
+records of its earlier answers, as a new chat's does); auto's engine keeps its step costs, and its records
+last over all answers, as the app's do. The greedy leg
 (temperature 0) checks DFlash's text against plain decoding's, token for token; the sampled leg runs
 at the app's defaults (settings.py) or the given --temperature/--top-p/--top-k, with seed i for the
 i-th prompt of each class (repeatable for a fixed draft setting; auto's choices follow measured step
@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass
 
 from dflash_chat.bench.comparison import Comparison, Run, Totals, _divergence, generate, median_run
+from dflash_chat.engine.draft_length import DraftMemory, Records
 
 PROMPTS_FILE = "bench_prompts.json"
 DRAFTS = (15, "auto")  # the DFlash settings measured against plain decoding
@@ -133,7 +134,6 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.engine.spec import Engine
     from dflash_chat.models.demo import DEMO_NAME, chosen_kind, demo_drafters, demo_paths
-    from dflash_chat.runtime.prompt import stop_token_ids
     from dflash_chat.settings import Settings
 
     target_dir, _ = demo_paths()
@@ -143,24 +143,31 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     target, context = plain.engine.target, plain.engine.max_context
     drafters = demo_drafters()
     engines = {
-        draft_key(kind, draft): Engine(target, load_drafter(folder, target), max_context=context, draft=draft)
+        draft_key(kind, draft): Engine(
+            target, load_drafter(folder, target), max_context=context, draft=draft, end_ids=plain.engine.end_ids
+        )
         for kind, folder in drafters.items()
         for draft in DRAFTS
     }
     tok = plain.tokenizer
-    stops = stop_token_ids(tok, extra=target.cfg.eos_token_id)
     classes = prompt_classes(tok, prompts)
 
     def params(leg: Sampling, seed: int | None) -> SamplingParams:
         return SamplingParams(
-            leg.temperature, leg.top_p, leg.top_k, max_new_tokens, stops, seed=None if leg.greedy else seed
+            temperature=leg.temperature,
+            top_p=leg.top_p,
+            top_k=leg.top_k,
+            max_new_tokens=max_new_tokens,
+            seed=None if leg.greedy else seed,
         )
+
+    records = {key: Records() for key in (PLAIN, *engines)}  # each engine's, as the app's answering service keeps
 
     # first calls pay for allocations (and auto for measuring its step costs): one answer per leg, untimed
     first = classes["code"][0]
     for leg in legs:
-        for engine in (plain.engine, *engines.values()):
-            _answer(engine, first, params(leg, 0), ("warm-up", leg.key))
+        for key, engine in ((PLAIN, plain.engine), *engines.items()):
+            _answer(engine, first, params(leg, 0), DraftMemory(records[key]))
 
     app = Settings()
     figures = {}
@@ -171,10 +178,9 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
             comparisons = {key: Comparison() for key in engines}
             for i, prompt in enumerate(ids):
                 runs: dict = {key: [] for key in (PLAIN, *engines)}
-                for r in range(repeats):  # interleaved: a busy stretch of the machine hits every setting alike
-                    conversation = ("bench", leg.key, name, i, r)  # each prompt, and each repeat, a new chat
-                    for key, engine in ((PLAIN, plain.engine), *engines.items()):
-                        runs[key].append(_answer(engine, prompt, params(leg, i), conversation))
+                for _ in range(repeats):  # interleaved: a busy stretch of the machine hits every setting alike
+                    for key, engine in ((PLAIN, plain.engine), *engines.items()):  # each a new chat
+                        runs[key].append(_answer(engine, prompt, params(leg, i), DraftMemory(records[key])))
                 ar = median_run(runs[PLAIN])
                 for draft in engines:
                     c = comparisons[draft]
@@ -209,8 +215,8 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "repeats": repeats,
         "timing": "each answer run `repeats` times (plain and every draft setting in turn, then again); the one "
         "with the median decode seconds per token counts",
-        "conversation": "each prompt, and each repeat, its own conversation (auto's acceptance estimate starts "
-        "from the engine's record of its earlier answers, as a new chat's does)",
+        "conversation": "each prompt, and each repeat, its own conversation (auto's draft memory starts "
+        "from the drafter's records of its earlier answers, as a new chat's does)",
         "drafts": DRAFT_NOTES,
         "drafters": {kind: folder.name for kind, folder in drafters.items()},
         "demo_drafter": chosen_kind(),
@@ -233,9 +239,9 @@ def faster_drafter(figures: dict) -> dict:
     return {"at": "auto", "mean_speedup": means, "drafter": max(means, key=lambda kind: means[kind]) if means else None}
 
 
-def _answer(engine, prompt: list[int], params, conversation) -> Run:
+def _answer(engine, prompt: list[int], params, memory: DraftMemory) -> Run:
     engine.reset()  # each prompt from an empty state, as compare() does: no prefix reuse between prompts
-    return generate(engine, prompt, params, conversation=conversation)
+    return generate(engine, prompt, params, memory)
 
 
 def _class_figures(name: str, comparisons: dict, greedy: bool) -> dict:

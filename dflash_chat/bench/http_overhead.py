@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.settings import Settings
 
 
@@ -36,7 +37,7 @@ def _in_process(session, chats: list[list[dict]], tokens: int) -> Series:
     texts, total, started = [], 0, time.perf_counter()
     for chat in chats:
         prompt = session.chat_prompt(chat, False, None)
-        params = session.params(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=tokens)
+        params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
         end = session.answer(prompt, params, threading.Event(), lambda chunk: None)
         texts.append(end.answer)
         total += end.stats.new_tokens

@@ -178,9 +178,9 @@ def gdn_cases(label: str, key_heads: int, value_heads: int, key_dim: int, value_
 
     def scan():
         n, c, f32 = 16, gdn.CHUNK, torch.float32
-        shaped = [meta(value_heads, n, c, d, dtype=f32) for d in (key_dim, key_dim, key_dim, value_dim, c)]
+        q, k, w, u, attn = (meta(value_heads, n, c, d, dtype=f32) for d in (key_dim, key_dim, key_dim, value_dim, c))
         gdn._triton_scan(
-            gdn.Chunks(*shaped, meta(value_heads, n, dtype=f32), n * c),
+            gdn.Chunks(q, k, w, u, attn, meta(value_heads, n, dtype=f32), n * c),
             meta(value_heads, key_dim, value_dim, dtype=f32),
         )
 

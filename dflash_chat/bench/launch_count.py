@@ -148,7 +148,7 @@ class Steps:
     def by_kind(self, tally: Tally) -> dict[str, int]:
         """Kernels per layer of each kind (the most any layer of that kind takes)."""
         kinds: dict[str, int] = {}
-        for kind, n in zip(self.layer_types, tally.per_layer()):
+        for kind, n in zip(self.layer_types, tally.per_layer(), strict=True):
             kinds[kind] = max(kinds.get(kind, 0), n)
         return kinds
 

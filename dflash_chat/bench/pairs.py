@@ -101,7 +101,7 @@ def measure_real(target_dir, drafter_dir, *, device: str | None, prompts: int, t
     from dflash_chat.engine.spec import Engine
     from dflash_chat.models import disk
     from dflash_chat.models.sizes import rate_text, size_text
-    from dflash_chat.runtime.prompt import build_prompt, stop_token_ids
+    from dflash_chat.runtime.prompt import build_prompt
 
     # the disk first (its cache dropped), then the load: the load reads what the disk has
     disk_rate, dropped = disk.read_rate(disk.largest_file(resolve_model_path(target_dir, "target")[1]))
@@ -121,11 +121,10 @@ def measure_real(target_dir, drafter_dir, *, device: str | None, prompts: int, t
         f"it at {rate_text(disk_rate)}" + ("" if dropped else " (page cache not dropped: may be memory's)")
     )
     drafter = load_drafter(drafter_dir, pair.engine.target)
-    spec = Engine(pair.engine.target, drafter, max_context=4096)
+    spec = Engine(pair.engine.target, drafter, max_context=4096, end_ids=pair.engine.end_ids)
     questions = REAL_QUESTIONS[:prompts]
     ids = [build_prompt(pair.tokenizer, [{"role": "user", "content": q}], thinking=False).ids for q in questions]
-    stops = stop_token_ids(pair.tokenizer, extra=pair.engine.target.cfg.eos_token_id)
-    params = SamplingParams(max_new_tokens=tokens, stop_token_ids=stops)
+    params = SamplingParams(max_new_tokens=tokens)
     result = compare(pair.engine, lambda prompt, ar_tokens: spec, ids, params)
     return Measured(f"{target_dir} + {drafter_dir}, greedy", result, load)
 
@@ -141,7 +140,7 @@ def time_transformers(hf, target, prompts, result: Comparison) -> dict:
     hf.generation_config.pad_token_id = 0
     tokens = seconds = 0.0
     identical = True
-    for prompt, ours in zip(prompts, result.ar):
+    for prompt, ours in zip(prompts, result.ar, strict=True):
         ids = torch.tensor([prompt], device=device)
         # an explicit mask: otherwise generate() masks prompt tokens that equal the pad id
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=False)

@@ -24,6 +24,7 @@ import torch
 from dflash_chat.bench import synthetic_models
 from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.engine.steps.decode import Entry, Steps
 from dflash_chat.models.sizes import rate_text, size_text
 
 ACCEPTANCE_LENGTHS = (1, 3, 6)  # tokens per verify step the DFlash runs are forced to
@@ -265,9 +266,9 @@ def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     a.remaining.fill_(10**6)
     s.remaining.fill_(10**6)
     decode, verify, draft = (
-        (lambda: a._run(("verify", 1))),
-        (lambda: s._run(("verify", B))),
-        (lambda: s._run(("draft", B, ()))),
+        (lambda: a._run(Entry(Steps._verify, 1))),
+        (lambda: s._run(Entry(Steps._verify, B))),
+        (lambda: s._run(Entry(Steps._draft, B))),
     )
     r["ar_step_ms"] = 1e3 * time_call(decode, device, reps)
     r["verify_ms"] = 1e3 * time_call(verify, device, reps)
@@ -275,8 +276,8 @@ def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     start = int(s.start.item())
 
     def accept_commit():
-        s._run(("accept", B, ()))
-        s._run(("commit", B))
+        s._run(Entry(Steps._accept, B))
+        s._run(Entry(Steps._commit, B))
 
     r["accept_commit_ms"] = 1e3 * time_call(accept_commit, device, reps, between=lambda: s.start.fill_(start))
     s.start.fill_(start)

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         rows += _rows(catalog, pair, machine, context, pick, args)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     print(verdict)
     print_endpoints()
     print(f"Cache: {hub.default_cache_dir()}  (dflash-chat pull MODEL --quant Q downloads ahead of time)")

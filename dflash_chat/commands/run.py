@@ -7,8 +7,9 @@ import json
 import re
 import sys
 
+from dflash_chat.engine import rules
 from dflash_chat.errors import UserError
-from dflash_chat.settings import flag, ranged
+from dflash_chat.settings import flag, rule_flag
 
 CONTEXT = 8192  # tokens allocated unless --context says
 
@@ -23,9 +24,12 @@ def register(subparsers) -> None:
     # the same rules and messages as the settings of the same meaning (max_new_tokens, temperature, ...)
     p.add_argument("--max-tokens", type=flag("max_new_tokens"), default=256, help="longest answer, in tokens")
     p.add_argument("--temperature", type=flag("temperature"), default=0.0, help="0 = greedy (0-2)")
-    p.add_argument("--top-p", type=flag("top_p"), default=1.0, help="nucleus sampling mass (0.01-1)")
+    p.add_argument("--top-p", type=flag("top_p"), default=1.0, help="nucleus sampling mass (over 0, at most 1)")
     p.add_argument("--top-k", type=flag("top_k"), default=0, help="keep the k likeliest tokens (0 = off)")
-    p.add_argument("--seed", type=ranged(int, 0, 2**63 - 1), help="sampling seed (whole number)")
+    p.add_argument(
+        "--min-p", type=flag("min_p"), default=0.0, help="drop tokens below min-p times the likeliest (0-1, 0 = off)"
+    )
+    p.add_argument("--seed", type=rule_flag(rules.SEED), help="sampling seed (whole number)")
     # --context and --draft take no default here: the chat's own (None) is in the namespace first, and argparse keeps it
     p.add_argument(
         "--context", type=flag("context_length"), help=f"context length to allocate (256-1048576, default {CONTEXT})"
@@ -136,26 +140,32 @@ def load(args: argparse.Namespace, target: str, drafter: str | None):
     return loading.loader.pair
 
 
+def sampling(args: argparse.Namespace):
+    """The flags' SamplingParams: the one value the engine gets."""
+    from dflash_chat.engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        max_new_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     from dflash_chat.engine.events import Finished, Step
-    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.runtime.detokenize import IncrementalDecoder
-    from dflash_chat.runtime.prompt import stop_token_ids
 
     target, drafter = resolve_paths(args)
     check_device(args.device)
     pair = load(args, target, drafter)
     tok = pair.tokenizer
     prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_new_tokens=args.max_tokens,
-        stop_token_ids=stop_token_ids(tok, extra=pair.engine.target.cfg.eos_token_id),
-        seed=args.seed,
-    )
-    decoder = IncrementalDecoder(tok, params.stop_token_ids)
+    params = sampling(args)
+    stops = pair.engine.stop_ids(params)
+    decoder = IncrementalDecoder(tok, stops)
     tokens: list[int] = []
     finished: Finished | None = None
     for event in pair.engine.generate(prompt, params):
@@ -168,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
             finished = event
     assert finished is not None, "the engine's generation always ends with Finished"
     if args.json:
-        answer = tok.decode([t for t in tokens if t not in params.stop_token_ids])
+        answer = tok.decode([t for t in tokens if t not in stops])
         record = {
             "answer": answer,
             "finish_reason": finished.reason,

@@ -206,6 +206,6 @@ def materialise(
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr, twin)
         else:
-            for p, full in own:
+            for p, _ in own:
                 setattr(module, p, _fill(getattr(module, p), weights[p], placement, dtype))
         placement.count(sum(_nbytes(t) for t in weights.values()))

@@ -1,39 +1,34 @@
 """How many drafts each step verifies: a fixed number, none, or `auto`.
 
 `auto` picks, before each step, the verify size T (T - 1 drafts; T = 1 is a plain decode step) with the
-most expected tokens per second, from
-- the acceptance per draft position: the probability that draft j is accepted when drafts 1..j-1 were,
-  counted online with a decay, per conversation (the engine keeps one estimate per conversation key),
-  with a prior of PRIOR_WEIGHT observations that the decay never wears away. The first position's prior
-  is the answer's decoding's: PRIOR_GREEDY for greedy answers (a draft lands when it is the target's
-  argmax), PRIOR_SAMPLED at T > 0 (it lands with probability sum(min(p, q)), which a drafter's distribution
-  rarely brings near its argmax's agreement). The demo pair's acceptance per position on eight prompts a
-  class: greedy 0.93-0.99 on code questions, 0.90-0.96 on prose; at T 0.7 0.54-0.69 over the first five
-  positions of every class. With one prior of 0.8 for both, a greedy answer's two first steps (the second
-  is chosen before the first's result is read) drafted 7 where 15 accept every one, and sampled answers
-  paid long drafts before turning plain. Call it P; a later position's leans from P up toward the
-  estimate of the one before it when that is higher, as far as the last position tried has been
-  (t / (t + PRIOR_WEIGHT) of the way: a run of fully accepted short drafts makes longer ones look as good,
-  while one lucky draft at T > 0 does not), and otherwise TAIL_BLEND of the way down to it (drafts that
-  keep failing early say the later ones would fail too; a fixed optimistic prior on positions that are
-  rarely reached kept long drafts going through a run of rejections), so a position far past the last one
-  tried drifts back to P. A new conversation starts from the engine's `Record` of its drafter at that
-  decoding: P there is the fixed prior blended with the first position's acceptance of the last few
-  answers (a drafter that lands nothing on what this user asks starts plain instead of paying two long
-  drafts and a few short ones in every new chat: 0.87x plain decoding on the demo's raw code with the
-  first DFlash drafter), and the tries of a short draft while plain steps win come as far apart as half
-  the last answer's spacing. A conversation's first greedy answer after sampled ones (or the other way)
-  starts from its own decoding's record likewise;
-- the seconds of a step of each size on this device and model: measured at warm-up, then refreshed from
-  the step timings (an exponential average).
+most expected tokens per second, from two things:
+- the acceptance per draft position (`Acceptance`): the probability that draft j is accepted when drafts
+  1..j-1 were, counted online with a decay, with a prior of PRIOR_WEIGHT observations that the decay never
+  wears away. The first position's prior P depends on the decoding: greedy drafts land when they are the
+  target's argmax, sampled ones with probability sum(min(p, q)), far less often, so each has its own.
+  A later position's prior leans from P up toward the estimate of the one before it when that is higher,
+  as far as the last position tried has been (t / (t + PRIOR_WEIGHT) of the way: a run of fully accepted
+  short drafts makes longer ones look as good, one lucky draft does not), and otherwise TAIL_BLEND of the
+  way down to it (drafts that keep failing early say the later ones would fail too), so a position far
+  past the last one tried drifts back to P;
+- the seconds of a step of each size on this device and model (`Costs`): measured at warm-up, then
+  refreshed from the step timings.
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
-estimate nothing, so while plain steps win, a short draft is tried now and then, less often each time it
-does not pay (the cost stays a few percent of plain decoding).
+estimate nothing, so while plain steps win a short draft is tried now and then, less often each time it
+does not pay.
+
+The estimates belong to a conversation, not to the engine: a `DraftMemory` holds one conversation's, and
+whoever keeps the conversation (runtime/answering.py) hands it to `Engine.generate` with each answer. A
+new conversation's estimate starts from a `Records` of the drafter, shared by the conversations of one
+engine: P blended with how the first drafts of the last few answers landed (a drafter that lands nothing
+on what this user asks starts plain), and the tries of a short draft spaced as the last answer left them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from dflash_chat.engine import rules
 
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
 # per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many)
@@ -50,22 +45,11 @@ RECORD_PRIOR = 1.0  # answers' worth of the fixed prior in a record
 
 
 def parse_draft(value) -> str | int:
-    """'auto', 'off', or a number of drafts per step (>= 1); anything else is a ValueError that says so."""
-    if isinstance(value, bool):
-        raise ValueError(f"draft must be auto, off or a number of drafts per step, not {value!r}")
-    if isinstance(value, int):
-        number = value
-    else:
-        text = str(value).strip().lower()
-        if text in ("auto", "off"):
-            return text
-        try:
-            number = int(text)
-        except ValueError:
-            raise ValueError(f"draft must be auto, off or a number of drafts per step, not {value!r}") from None
-    if number < 1:
-        raise ValueError(f"draft must be auto, off or a number of drafts per step (1 or more), not {value!r}")
-    return number
+    """'auto', 'off', or a number of drafts per step (engine/rules.py's rule); anything else is rules.Invalid."""
+    try:
+        return rules.draft(value)
+    except rules.Invalid as exc:
+        raise rules.Invalid(f"draft {exc}") from None
 
 
 def verify_sizes(draft: str | int, block: int) -> list[int]:
@@ -106,7 +90,7 @@ class Acceptance:
     def rates(self) -> list[float]:
         P = self.prior
         out, before, seen = [], P, 0.0
-        for h, t in zip(self.hits, self.tries):
+        for h, t in zip(self.hits, self.tries, strict=True):
             lean = seen / (seen + PRIOR_WEIGHT) if before >= P else TAIL_BLEND
             prior = P + lean * (before - P)
             before, seen = (h + prior * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT), t or seen  # untried: the last tried's
@@ -156,6 +140,35 @@ class Record:
         if steps:
             self.answers = self.answers * RECORD_DECAY + 1.0
             self.landed = self.landed * RECORD_DECAY + (steps - accepted[0]) / steps
+
+
+@dataclass
+class Records:
+    """A drafter's records, one per decoding, shared by the conversations of one engine."""
+
+    greedy: Record = field(default_factory=lambda: Record.of(True))
+    sampled: Record = field(default_factory=lambda: Record.of(False))
+
+    def of(self, greedy: bool) -> Record:
+        return self.greedy if greedy else self.sampled
+
+
+@dataclass
+class DraftMemory:
+    """What `auto` has learned of one conversation: an estimate per decoding (greedy drafts land far more often
+    than sampled ones), each started from `records` when the conversation first answers that way."""
+
+    records: Records = field(default_factory=Records)
+    estimates: dict[bool, Acceptance] = field(default_factory=dict)
+
+    def estimate(self, greedy: bool, positions: int) -> Acceptance:
+        if greedy not in self.estimates:
+            self.estimates[greedy] = self.records.of(greedy).fresh(positions)
+        return self.estimates[greedy]
+
+    def learn(self, greedy: bool, accepted: list[int], spacing: int | None) -> None:
+        """An answer ended: its decoding's record learns it (Record.learn)."""
+        self.records.of(greedy).learn(accepted, spacing)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dflash_chat.engine.checkpoint import check_layers, materialise, normalise_target_names, read_config
+from dflash_chat.engine.end_tokens import end_token_ids
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.layout import lay_out_for_cpu
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
@@ -335,7 +336,7 @@ def _check_drafter_tokenizer(drafter: str | Path, tokenizer, samples: int = 256)
     n = min(len(tokens), len(tokenizer))
     ids = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(samples)}) if n else []
     ours = tokenizer.convert_ids_to_tokens(ids)
-    wrong = [i for i, t in zip(ids, ours) if t is not None and tokens[i] != t]
+    wrong = [i for i, t in zip(ids, ours, strict=True) if t is not None and tokens[i] != t]
     if wrong or abs(len(tokens) - len(tokenizer)) > 1024:
         raise ModelFormatError(
             f"{path}: the drafter's vocabulary is not the target's tokenizer's ({len(tokens)} tokens against "
@@ -384,7 +385,8 @@ def load_pair(
     )
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
-    engine = Engine(model, drafter_model, max_context=context, decode=decode, draft=draft)
+    ends = end_token_ids(tok, model.cfg.eos_token_id)
+    engine = Engine(model, drafter_model, max_context=context, decode=decode, draft=draft, end_ids=ends)
     engine.warm_up()
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
 

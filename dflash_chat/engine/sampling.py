@@ -1,7 +1,11 @@
-"""Sampling: greedy, temperature, top-k, top-p, and the exact speculative acceptance rule, all on the
-model's device (no distribution is copied to the host).
+"""Sampling: greedy, temperature, top-k, top-p, min-p, and the exact speculative acceptance rule, all on
+the model's device (no distribution is copied to the host).
 
-At temperature > 0 the draft logits are processed like the target's (temperature, top-k, top-p) into q,
+The processed distribution is transformers' order: softmax(logits / temperature), the top-k kept, then
+the smallest prefix whose mass reaches top-p, then those at least min-p times the likeliest (which both
+keep), renormalised.
+
+At temperature > 0 the draft logits are processed like the target's (temperature, top-k, top-p, min-p) into q,
 each draft token d is drawn from its row of q, and the verify accepts d with probability
 min(1, p(d) / q(d)), p being the target's processed distribution; at the first rejection the token is
 drawn from norm(max(0, p - q)), after a full accept the bonus from p. The output is distributed exactly
@@ -20,14 +24,14 @@ from dflash_chat.engine.sampling_params import SamplingParams
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Target distribution after temperature, top-k and top-p; logits [..., V] -> probs [..., V] (float32)."""
+    """Target distribution after temperature, top-k, top-p and min-p; logits [..., V] -> probs [..., V] (float32)."""
     if narrows(params, logits.shape[-1]):
         ids, kept = candidates(logits, params)
         return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter(-1, ids, kept)
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
-    if params.top_p < 1.0:
+    if params.top_p < 1.0 or params.min_p > 0.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        probs = torch.zeros_like(probs).scatter(-1, order, _top_p(sorted_probs, params.top_p))
+        probs = torch.zeros_like(probs).scatter(-1, order, _narrowed(sorted_probs, params))
     return probs
 
 
@@ -38,10 +42,10 @@ def narrows(params: SamplingParams, vocab: int) -> bool:
 
 def candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """The processed distribution's support when top-k narrows it: the k best ids [..., k], best first, and
-    their probabilities after temperature and top-p (0 where top-p drops one). Only the k best are scaled,
-    softmaxed and sorted, not the whole vocabulary (temperature keeps the order)."""
+    their probabilities after temperature, top-p and min-p (0 where one drops it). Only the k best are
+    scaled, softmaxed and sorted, not the whole vocabulary (temperature keeps the order)."""
     best, ids = torch.topk(logits, params.top_k, dim=-1)
-    return ids, _top_p(torch.softmax(best.float() / params.temperature, dim=-1), params.top_p)
+    return ids, _narrowed(torch.softmax(best.float() / params.temperature, dim=-1), params)
 
 
 def noise_columns(params: SamplingParams, vocab: int) -> int | None:
@@ -49,11 +53,16 @@ def noise_columns(params: SamplingParams, vocab: int) -> int | None:
     return params.top_k if narrows(params, vocab) else None
 
 
-def _top_p(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest prefix of descending probabilities whose mass reaches top_p (at least one), renormalised."""
-    if top_p >= 1.0:
+def _narrowed(sorted_probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Descending probabilities after top-p (the smallest prefix whose mass reaches it, at least one) and min-p
+    (those at least min_p times the first, which is always kept), renormalised."""
+    if params.top_p >= 1.0 and params.min_p <= 0.0:
         return sorted_probs
-    drop = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+    drop = torch.zeros_like(sorted_probs, dtype=torch.bool)
+    if params.top_p < 1.0:
+        drop |= (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+    if params.min_p > 0.0:
+        drop |= sorted_probs < params.min_p * sorted_probs[..., :1]
     kept = sorted_probs.masked_fill(drop, 0.0)
     return kept / kept.sum(-1, keepdim=True)
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Hashable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 import torch
 
-from dflash_chat.engine.draft_length import Acceptance, AutoDraft, Costs, Record, parse_draft, verify_sizes
+from dflash_chat.engine.draft_length import AutoDraft, Costs, DraftMemory, parse_draft, verify_sizes
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.memory import PREFILL_CHUNK
@@ -36,7 +35,6 @@ from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.steps import Clock, Steps
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
-CONVERSATIONS = 64  # acceptance estimates kept (least recently used dropped)
 COST_ROUNDS = 4  # timed warm-up rounds of every verify size (the first is not counted; the fastest of the rest is)
 
 
@@ -102,8 +100,11 @@ class Engine:
         max_context: int = 4096,
         decode: str = "auto",
         draft: str | int = "auto",
+        end_ids: tuple[int, ...] = (),
     ):
+        """`end_ids`: the model's own end-of-turn ids; every answer stops at them (and at its params')."""
         self.target = target
+        self.end_ids = tuple(end_ids)
         self.drafter = drafter
         self.max_context = max_context
         self.block_size = drafter.block_size if drafter else 1
@@ -117,8 +118,6 @@ class Engine:
         self.snapshot: _Snapshot | None = None
         self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
-        self.acceptance: OrderedDict[Hashable, dict[bool, Acceptance]] = OrderedDict()  # per conversation, greedy
-        self.records = {greedy: Record.of(greedy) for greedy in (False, True)}  # what a new conversation starts from
         self.set_draft(draft)
 
     def set_draft(self, draft: str | int) -> None:
@@ -189,7 +188,7 @@ class Engine:
     def _reuse(self, prompt: list[int]) -> tuple[int, torch.Tensor | None]:
         """Bring the state to the longest reusable prefix of `prompt`: (reused tokens, logits if complete)."""
         common = 0
-        for a, b in zip(self.tokens, prompt):
+        for a, b in zip(self.tokens, prompt, strict=False):
             if a != b:
                 break
             common += 1
@@ -209,22 +208,27 @@ class Engine:
         return 0, None
 
     # -- generation ---------------------------------------------------------------
+    def stop_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The ids an answer with `params` stops at: the model's end-of-turn ids and the params' own."""
+        return tuple(sorted(set(self.end_ids) | set(params.stop_token_ids)))
+
     def generate(
         self,
         prompt_ids: list[int],
         params: SamplingParams,
         cancel: threading.Event | None = None,
         *,
-        conversation: Hashable | None = None,
+        memory: DraftMemory | None = None,
     ) -> Iterator[Event]:
-        """Answer `prompt_ids`. `conversation` keys the acceptance estimate `auto` keeps (e.g. the chat and
-        its thinking setting); without one, a prompt that reuses nothing of the last starts a new estimate."""
+        """Answer `prompt_ids`. `memory`: what `auto` has learned of the conversation this answer belongs to
+        (draft_length.py), which it goes on learning; without one, the answer starts from the fixed priors."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt is empty")
-        if len(prompt) + params.max_new_tokens > self.max_context:
+        asked = params.max_new_tokens
+        if len(prompt) + (asked or 1) > self.max_context:
             raise ContextLengthError(
-                f"prompt ({len(prompt)} tokens) + max new tokens ({params.max_new_tokens}) exceed the "
+                f"prompt ({len(prompt)} tokens) + max new tokens ({asked or 1}) exceed the "
                 f"{self.max_context}-token context: shorten the chat, lower max new tokens or raise the context length"
             )
         generator = torch.Generator(self.device)
@@ -241,7 +245,8 @@ class Engine:
         self.warm_up()
         t0 = time.perf_counter()
         try:
-            yield from self._generate(prompt, params, cancel, generator, stats, t0, conversation)
+            limit = asked or self.max_context - len(prompt)
+            yield from self._generate(prompt, params, cancel, generator, stats, t0, memory or DraftMemory(), limit)
         except torch.OutOfMemoryError:
             self.reset()
             stats.peak_memory_bytes = self._peak_memory()
@@ -262,22 +267,7 @@ class Engine:
             self._take_snapshot(logits)
         return logits
 
-    def _acceptance_for(self, conversation: Hashable | None, reused: int, greedy: bool) -> Acceptance:
-        """The conversation's acceptance estimate for greedy or sampled answers (greedy drafts land far more
-        often): its decoding's record's start when it has none."""
-        if conversation is None:
-            conversation = ("unnamed",)
-            if not reused:
-                self.acceptance.pop(conversation, None)
-        modes = self.acceptance.pop(conversation, None) or {}
-        if greedy not in modes:
-            modes[greedy] = self.records[greedy].fresh(max(self.block_size - 1, 0))
-        self.acceptance[conversation] = modes
-        while len(self.acceptance) > CONVERSATIONS:
-            self.acceptance.popitem(last=False)
-        return modes[greedy]
-
-    def _generate(self, prompt, params, cancel, generator, stats, t0, conversation) -> Iterator[Event]:
+    def _generate(self, prompt, params, cancel, generator, stats, t0, memory, limit) -> Iterator[Event]:
         logits = self._prefill(prompt, stats)
         _sync(self.device)
         stats.prefill_s = time.perf_counter() - t0
@@ -285,23 +275,24 @@ class Engine:
 
         V = self.target.cfg.vocab_size
         draws = None if params.greedy else Draws.empty(1, V, self.device).fill(generator, 1, noise_columns(params, V))
+        stops = self.stop_ids(params)
         last = int(first_token(logits, params, draws).item())
         stats.ttft_s = time.perf_counter() - t0
         stats.new_tokens = 1
         yield Step([last], 0, 0, 0.0, 0.0)
-        if last in params.stop_token_ids:
+        if last in stops:
             yield self._finish("stop", stats)
             return
         decode_t0 = time.perf_counter()
-        acceptance = self._acceptance_for(conversation, stats.reused_tokens, params.greedy)
+        acceptance = memory.estimate(params.greedy, max(self.block_size - 1, 0))
         auto = AutoDraft(self.sizes, acceptance, self.costs) if self.costs is not None else None
 
         def finish(reason: str) -> Finished:
             spacing = acceptance.probe_every if auto else None  # fixed drafts never space tries
-            return self._finish_decode(reason, stats, decode_t0, params.greedy, spacing)
+            return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, spacing)
 
         steps, clock = self.steps, self.clock
-        steps.begin(last, len(self.tokens), params, generator)
+        steps.begin(last, len(self.tokens), params, generator, stops)
         T = auto.choose() if auto else self.sizes[-1]
         if T > 1:
             clock.timed("draft", T, steps.draft, T)
@@ -309,7 +300,7 @@ class Engine:
             if cancel is not None and cancel.is_set():
                 yield finish("cancelled")
                 return
-            remaining = params.max_new_tokens - stats.new_tokens
+            remaining = limit - stats.new_tokens
             if remaining <= 0:
                 yield finish("length")
                 return
@@ -335,7 +326,7 @@ class Engine:
                 stats.acceptance_histogram[step.accepted] += 1
             yield step
             last = out.tokens[-1]
-            if last in params.stop_token_ids:
+            if last in stops:
                 yield finish("stop")
                 return
             T = following
@@ -365,7 +356,13 @@ class Engine:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
     def _finish_decode(
-        self, reason: str, stats: GenerationStats, decode_t0: float, greedy: bool, spacing: int | None
+        self,
+        reason: str,
+        stats: GenerationStats,
+        decode_t0: float,
+        memory: DraftMemory,
+        greedy: bool,
+        spacing: int | None,
     ) -> Finished:
         """End after decoding: the queued work is waited for and counted (the last, unused draft is not); the
         drafter holds the context of every committed token; the decoding's record learns the answer."""
@@ -373,7 +370,7 @@ class Engine:
         self.clock.drop_last("draft")
         self._count(self.clock.ended(wait=True), stats)
         stats.decode_s = time.perf_counter() - decode_t0
-        self.records[greedy].learn(stats.acceptance_histogram, spacing)
+        memory.learn(greedy, stats.acceptance_histogram, spacing)
         return self._finish(reason, stats)
 
     def _finish(self, reason: str, stats: GenerationStats) -> Finished:

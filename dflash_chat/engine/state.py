@@ -69,7 +69,7 @@ class ModelState:
 
     def load_recurrent(self, saved: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
         """Back to a length whose recurrent state `save_recurrent` kept."""
-        for cache, (rec, conv) in zip(self.gdn_layers(), saved):
+        for cache, (rec, conv) in zip(self.gdn_layers(), saved, strict=True):
             cache.recurrent.copy_(rec)
             cache.conv.copy_(conv)
         self.length = length

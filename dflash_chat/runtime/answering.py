@@ -1,17 +1,24 @@
-"""The answering service: a loaded pair's engine session, and what the engine holds of each chat.
+"""The answering service: a loaded pair's engine session, and what it keeps of each chat.
 
-The engine keeps the tokens of its last answer and prefills only what a new prompt adds to them
-(engine/spec.py). Which chat those tokens are is kept here, by a key the caller picks: the chat screen
-keys each chat (so a chat opened again still starts with them), `serve` one key for every client (the
-engine holds one sequence, whoever asked). The next prompt of that chat is then built to start with
-them (runtime/prompt.py: next_prompt). Both answer through runtime/session.py.
+Two things per chat, by a key the caller picks: which tokens the engine holds of it, and what the `auto`
+draft length has learned of it.
+- The engine keeps the tokens of its last answer and prefills only what a new prompt adds to them
+  (engine/spec.py). Which chat those tokens are is kept here: the chat screen keys each chat (so a chat
+  opened again still starts with them), `serve` one key for every client (the engine holds one sequence,
+  whoever asked). The next prompt of that chat is then built to start with them (runtime/prompt.py).
+- Each conversation's `DraftMemory` (engine/draft_length.py) is kept here and handed to the engine with
+  each answer, so one engine serves many chats and nothing learned of one crosses into another; a new
+  one starts from the drafter's `Records`, which every chat of this service adds to.
+Both the chat app and `serve` answer through runtime/session.py.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from dflash_chat.engine.draft_length import DraftMemory, Records
 from dflash_chat.runtime.session import EngineSession
 
 if TYPE_CHECKING:
@@ -19,11 +26,15 @@ if TYPE_CHECKING:
     from dflash_chat.runtime.bridge import StreamEnd
     from dflash_chat.runtime.prompt import Prompt, Transcript
 
+MEMORIES = 64  # conversations whose draft memory is kept (the least recently used goes first)
+
 
 class AnsweringService:
     def __init__(self, session: EngineSession) -> None:
         self.session = session
         self._held: dict[Hashable, Transcript] = {}
+        self.records = Records()
+        self._memories: OrderedDict[Hashable, DraftMemory] = OrderedDict()
 
     @classmethod
     def of(cls, pair: LoadedPair) -> AnsweringService:
@@ -40,6 +51,14 @@ class AnsweringService:
     @property
     def chats(self) -> dict[Hashable, Transcript]:
         return dict(self._held)
+
+    def memory(self, conversation: Hashable) -> DraftMemory:
+        """What `auto` has learned of `conversation` (a new one starts from the drafter's records)."""
+        memory = self._memories.pop(conversation, None) or DraftMemory(self.records)
+        self._memories[conversation] = memory
+        while len(self._memories) > MEMORIES:
+            self._memories.popitem(last=False)
+        return memory
 
     def chat_prompt(self, chat: Hashable, turns: list[dict[str, str]], thinking: bool) -> Prompt:
         """The prompt for the next answer of `chat`, starting with what the engine holds of it."""

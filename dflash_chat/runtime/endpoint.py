@@ -105,8 +105,10 @@ def tokens_text(count: int) -> str:
 
 
 def httpx_module():
-    try:  # huggingface_hub >= 2.4 brings httpx2, earlier versions httpx
-        import httpx2 as httpx
+    """The HTTP client huggingface_hub brought: httpx2 from huggingface_hub 2.4 on, httpx before."""
+    import importlib
+
+    try:
+        return importlib.import_module("httpx2")
     except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
-        import httpx
-    return httpx
+        return importlib.import_module("httpx")

@@ -1,6 +1,7 @@
-"""The draft-acceptance figures as OpenAI-compatible servers report them, both ways.
+"""What the OpenAI-compatible wire protocol says of sampling and of draft acceptance, both ways.
 
-Three shapes exist in the field, and `serve` writes the first two:
+A request's sampling fields are `sampling_fields` (the remote backend sends them; serve/requests.py
+reads them back into the same SamplingParams). The draft-acceptance figures come in three shapes exist in the field, and `serve` writes the first two:
 - vLLM's per-request `metrics.speculative_decoding` object (its `--per-request-spec-decode-metrics`
   summary): `num_spec_steps`, `num_draft_tokens`, `num_accepted_draft_tokens`, `num_spec_tokens`,
   `acceptance_histogram` (index j: verify steps that accepted exactly j drafts; dense list, or a
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dflash_chat.engine.events import GenerationStats
+from dflash_chat.engine.sampling_params import SamplingParams
 
 PER_REQUEST = "server per-request metrics"
 TIMINGS = "llama.cpp timings"
@@ -33,6 +35,23 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, ACCEPTED_PER_POS)
+
+
+def sampling_fields(params: SamplingParams) -> dict:
+    """A chat request's sampling fields for `params`, as vLLM, SGLang and llama.cpp read them; top-k and
+    min-p only when they are on (OpenAI's own API has neither)."""
+    body: dict = {"temperature": params.temperature, "top_p": params.top_p}
+    if params.max_new_tokens is not None:
+        body["max_tokens"] = params.max_new_tokens
+    if params.top_k > 0:
+        body["top_k"] = params.top_k
+    if params.min_p > 0:
+        body["min_p"] = params.min_p
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop:
+        body["stop"] = list(params.stop)
+    return body
 
 
 @dataclass(frozen=True)
@@ -190,6 +209,6 @@ def from_counters(before: Mapping[str, float], after: Mapping[str, float]) -> Ac
     at_least = [grew(f"{ACCEPTED_PER_POS}[{p}]") for p in positions]  # steps that accepted more than p drafts
     histogram: tuple[int, ...] = ()
     if at_least:
-        counts = [steps - at_least[0]] + [a - b for a, b in zip(at_least, at_least[1:])] + [at_least[-1]]
+        counts = [steps - at_least[0]] + [a - b for a, b in zip(at_least, at_least[1:], strict=False)] + [at_least[-1]]
         histogram = tuple(counts) if all(c >= 0 for c in counts) else ()
     return Acceptance(steps, drafted, accepted, histogram, COUNTERS)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflash_chat.engine.end_tokens import token_id
 from dflash_chat.errors import UserError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 @dataclass(frozen=True)
@@ -48,25 +48,6 @@ def render_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool) -> 
 def encode(tokenizer, text: str) -> list[int]:
     """Token ids of rendered text (the template writes the special tokens itself)."""
     return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def token_id(tokenizer, token: str) -> int | None:
-    """The id of `token` when the vocabulary has it whole, else None.
-
-    convert_tokens_to_ids looks one token up; get_vocab() would copy the whole
-    vocabulary (about 150 ms at Qwen's 248k) on every call."""
-    found = tokenizer.convert_tokens_to_ids(token)
-    return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
-
-
-def stop_token_ids(tokenizer, extra=()) -> tuple[int, ...]:
-    """End-of-turn ids: the chat stop tokens the vocabulary has, eos, and any `extra` ids
-    (a model config's eos_token_id, say)."""
-    ids = {i for i in (token_id(tokenizer, t) for t in STOP_TOKENS) if i is not None}
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    ids.update(extra)
-    return tuple(sorted(ids))
 
 
 class ThinkingSplitter:

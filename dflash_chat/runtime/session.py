@@ -2,28 +2,33 @@
 
 The engine keeps the tokens of its last answer and prefills only what a new prompt adds to them
 (engine/spec.py). A `Transcript` says which chat those tokens are, so the next prompt of that chat
-is built to start with them (runtime/prompt.py: next_prompt); runtime/answering.py keeps which chat that is,
-for the chat screen and `serve` alike. Runs in worker threads: no UI here, and torch only through the
+is built to start with them (runtime/prompt.py: next_prompt); runtime/answering.py keeps which chat that
+is, for the chat app and `serve` alike. Runs in worker threads: no UI here, and torch only through the
 engine.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd, stream_answer
 from dflash_chat.runtime.detokenize import IncrementalDecoder
-from dflash_chat.runtime.prompt import Prompt, ThinkingSplitter, Transcript, encode, next_prompt, stop_token_ids
+from dflash_chat.runtime.prompt import Prompt, ThinkingSplitter, Transcript, encode, next_prompt
 from dflash_chat.runtime.stops import StopStrings
+
+if TYPE_CHECKING:
+    from dflash_chat.engine.draft_length import DraftMemory
+    from dflash_chat.engine.load import LoadedPair
+    from dflash_chat.engine.sampling_params import SamplingParams
 
 
 class EngineSession:
-    def __init__(self, pair) -> None:
-        self.pair = pair  # engine.load.LoadedPair
+    def __init__(self, pair: LoadedPair) -> None:
+        self.pair = pair
         self.tokenizer = pair.tokenizer
         engine = pair.engine
-        self.stops = stop_token_ids(pair.tokenizer, extra=_eos_ids(engine))
         self.context = engine.max_context
         self.spec_tokens = engine.block_size - 1 if pair.drafter_name else 0  # drafts per verify step
         self.last: Transcript | None = None  # what the engine holds, when it is a chat answer
@@ -52,41 +57,29 @@ class EngineSession:
         """A prompt sent as it is (completions): no chat template."""
         return Prompt(text=text, ids=encode(self.tokenizer, text), thinking=False)
 
-    def params(self, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int, seed: int | None = None):
-        from dflash_chat.engine.sampling_params import SamplingParams
-
-        return SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_new_tokens=max_new_tokens,
-            stop_token_ids=self.stops,
-            seed=seed,
-        )
-
     def answer(
         self,
         prompt: Prompt,
-        params,
+        params: SamplingParams,
         cancel: threading.Event,
         post: Callable[[StreamChunk], None],
         *,
-        stop: tuple[str, ...] = (),
         thinking_split: bool = True,
         tap: Callable[[object], None] | None = None,
-        conversation: Hashable | None = None,
+        memory: DraftMemory | None = None,
     ) -> StreamEnd:
-        """Generate for `prompt`, posting batched chunks; `stop` strings end the text before them.
+        """Generate for `prompt`, posting batched chunks; the params' stop strings end the text before them.
         `thinking_split` False: every word is answer text (a raw completion). `tap` sees every engine event.
-        `conversation` keys the acceptance estimate the `auto` draft length learns from (engine/spec.py)."""
+        `memory`: what the `auto` draft length has learned of this conversation (runtime/answering.py)."""
+        engine = self.pair.engine
         splitter = ThinkingSplitter(thinking=prompt.opens_thinking) if thinking_split else _NoSplit()
-        events = self.pair.engine.generate(prompt.ids, params, cancel, conversation=conversation)
+        events = engine.generate(prompt.ids, params, cancel, memory=memory)
         return stream_answer(
             events if tap is None else _tapped(events, tap),
-            IncrementalDecoder(self.tokenizer, params.stop_token_ids),
+            IncrementalDecoder(self.tokenizer, engine.stop_ids(params)),
             splitter,
             post,
-            stops=StopStrings(stop) if stop else None,
+            stops=StopStrings(params.stop) if params.stop else None,
             cancel=cancel,
             draft=self.draft,
         )
@@ -112,11 +105,3 @@ class _NoSplit:
 
     def flush(self) -> tuple[str, str]:
         return "", ""
-
-
-def _eos_ids(engine) -> tuple[int, ...]:
-    """The target config's own end-of-sequence ids (one id or a list), beside the tokenizer's."""
-    eos = getattr(engine.target.cfg, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)

@@ -85,7 +85,7 @@ class Served:
         self.load_error: str | None = None
         self.metrics: Metrics | None = None
         self.scheduler = Scheduler(max_waiting, on_change=self._queue_changed)
-        self._checker = None  # a tokenizer of its own for checking requests, never the engine thread's
+        self._checker: object = None  # a tokenizer of its own for checking requests, never the engine thread's
         self._checker_lock = threading.Lock()
 
     def ready(self, session: EngineSession) -> None:
@@ -187,7 +187,7 @@ class Served:
     def check_context(self, request: ChatRequest | CompletionRequest, prompt_tokens: int) -> None:
         """The one check that the prompt and the answer asked for fit in the model's context."""
         assert self.session is not None
-        context, asked = self.session.context, request.sampling.max_tokens
+        context, asked = self.session.context, request.sampling.max_new_tokens
         if prompt_tokens + (asked or 1) > context:
             wanted = (
                 f"{prompt_tokens + asked} tokens ({prompt_tokens} in the prompt, {asked} to write)"
@@ -211,23 +211,8 @@ class Served:
         chat = isinstance(request, ChatRequest)
         queued_s = job.started_at - job.queued_at
         try:
-            sampling = request.sampling
-            params = session.params(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                max_new_tokens=sampling.max_tokens or session.context - len(prompt.ids),
-                seed=sampling.seed,
-            )
-            end = session.answer(
-                prompt,
-                params,
-                job.cancel,
-                emit,
-                stop=sampling.stop,
-                thinking_split=chat,
-                conversation=_estimate(request, chat),
-            )
+            memory = service.memory(_conversation(request, chat))
+            end = session.answer(prompt, request.sampling, job.cancel, emit, thinking_split=chat, memory=memory)
         except Exception as exc:  # noqa: BLE001 - one request fails, the server goes on
             service.keep(CLIENTS, None)
             log.error("an answer failed: %s", one_line(exc, "generation"))
@@ -259,11 +244,11 @@ def _vocabulary(session) -> int | None:
     return min(sizes) if sizes else None
 
 
-def _estimate(request, chat: bool) -> tuple:
-    """Which acceptance estimate the `auto` draft length uses for a request. The API names no conversation
-    (and the engine holds one sequence for every client), while acceptance follows mostly the kind of
-    text, so clients share one estimate per kind: chat with thinking off, chat with thinking on (drafters
-    accept far less of it), raw completions."""
+def _conversation(request, chat: bool) -> tuple:
+    """Which draft memory the `auto` draft length uses for a request. The API names no conversation (and the
+    engine holds one sequence for every client), while acceptance follows mostly the kind of text, so
+    clients share one memory per kind: chat with thinking off, chat with thinking on (drafters accept far
+    less of it), raw completions."""
     return ("serve", "chat", request.thinking) if chat else ("serve", "completion")
 
 

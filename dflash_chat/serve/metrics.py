@@ -104,7 +104,9 @@ class Metrics:
             self.drafts.inc(drafting_steps(stats))
             self.draft_tokens.inc(stats.drafted)
             self.accepted_tokens.inc(stats.accepted)
-            for counter, count in zip(self.accepted_per_pos, accepted_per_position(stats.acceptance_histogram)):
+            for counter, count in zip(
+                self.accepted_per_pos, accepted_per_position(stats.acceptance_histogram), strict=False
+            ):
                 counter.inc(count)
             for drafts, steps in enumerate(stats.draft_histogram):
                 for _ in range(steps):

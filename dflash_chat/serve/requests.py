@@ -1,9 +1,10 @@
 """Request bodies of /v1/chat/completions and /v1/completions, read and checked.
 
 Each field we use is checked for its type and range, and a wrong one is a 400 naming it (`param`), as
-OpenAI's API answers. Fields we do not use (logprobs, penalties, tools, ...) are ignored, as clients
-send many of them by default. Sampling defaults are the user's settings (config.toml), so `serve`
-answers like the app does.
+OpenAI's API answers; the sampling fields by the same rules as the settings and the flags
+(engine/rules.py), into the one SamplingParams the engine gets. Fields we do not use (logprobs,
+penalties, tools, ...) are ignored, as clients send many of them by default. Sampling defaults are the
+user's settings (config.toml), so `serve` answers like the app does.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dflash_chat.engine import rules
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.serve.errors import bad_request
 from dflash_chat.settings import Settings
 
@@ -19,17 +22,6 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000
 MAX_DEPTH = 64  # OpenAI bodies nest a few levels; tool schemas a few more
-MAX_TOP_K = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float
-    top_p: float
-    top_k: int
-    max_tokens: int | None  # None: up to the end of the context
-    seed: int | None
-    stop: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -44,7 +36,7 @@ class ChatRequest:
     model: str | None
     turns: list[dict[str, str]]
     thinking: bool
-    sampling: Sampling
+    sampling: SamplingParams  # max_new_tokens None: up to the end of the context
     streaming: Streaming
 
 
@@ -52,7 +44,7 @@ class ChatRequest:
 class CompletionRequest:
     model: str | None
     prompt: str | list[int]
-    sampling: Sampling
+    sampling: SamplingParams
     streaming: Streaming
 
 
@@ -187,25 +179,32 @@ def _streaming(body: Mapping) -> Streaming:
     return Streaming(stream, include, continuous)
 
 
-def _sampling(body: Mapping, defaults: Settings, limit, limit_name: str) -> Sampling:
+def _sampling(body: Mapping, defaults: Settings, limit, limit_name: str) -> SamplingParams:
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise bad_request("Only one choice per request is supported ('n' must be 1).", "n")
-    temperature = _number(body, "temperature", defaults.temperature, 0.0, 2.0)
-    top_p = _number(body, "top_p", defaults.top_p, 0.0, 1.0)
-    if top_p == 0:
-        raise bad_request("'top_p' must be greater than 0 and at most 1.", "top_p")
-    top_k = body.get("top_k", defaults.top_k)
-    if not _is_int(top_k) or not -1 <= top_k <= MAX_TOP_K:
-        raise bad_request(
-            "'top_k' must be a whole number: 0 or -1 for no limit, else how many tokens to keep.", "top_k"
-        )
-    if limit is not None and (not _is_int(limit) or limit < 1):
-        raise bad_request(f"'{limit_name}' must be a whole number of at least 1.", limit_name)
-    seed = body.get("seed")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
-        raise bad_request("'seed' must be a whole number from 0 to 2^63-1.", "seed")
-    return Sampling(temperature, top_p, max(int(top_k), 0), limit, seed, _stops(body.get("stop")))
+    return SamplingParams(
+        temperature=_ruled(body, "temperature", rules.TEMPERATURE, defaults.temperature),
+        top_p=_ruled(body, "top_p", rules.TOP_P, defaults.top_p),
+        top_k=_ruled(body, "top_k", rules.TOP_K, defaults.top_k),
+        min_p=_ruled(body, "min_p", rules.MIN_P, defaults.min_p),
+        max_new_tokens=None if limit is None else _checked(limit_name, rules.MAX_NEW_TOKENS, limit),
+        seed=_ruled(body, "seed", rules.SEED, None),
+        stop=_stops(body.get("stop")),
+    )
+
+
+def _ruled(body: Mapping, name: str, rule: rules.Number, default):
+    """The field by its rule, or `default` when it is absent or null."""
+    value = body.get(name)
+    return default if value is None else _checked(name, rule, value)
+
+
+def _checked(name: str, rule: rules.Number, value):
+    try:
+        return rule.check(value)
+    except rules.Invalid as exc:
+        raise bad_request(f"'{name}' {exc}.", name) from None
 
 
 def _stops(stop) -> tuple[str, ...]:
@@ -223,15 +222,6 @@ def _stops(stop) -> tuple[str, ...]:
             "stop",
         )
     return tuple(s for s in stop if s)
-
-
-def _number(body: Mapping, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise bad_request(f"'{name}' must be a number from {low:g} to {high:g}; got {_short(value)}.", name)
-    return float(value)
 
 
 def _optional(body: Mapping, name: str, kind: type):

@@ -80,6 +80,7 @@ def _uvicorn(served: Served, log_level: str, host: str):
         signal is not raised again afterwards (Ctrl-C ends in one line, not a KeyboardInterrupt)."""
 
         cut = 0
+        interrupted = False  # a signal came while serving (uvicorn's own flag is set per run)
 
         async def shutdown(self, sockets=None) -> None:
             self.cut = served.drain()
@@ -101,7 +102,6 @@ def _uvicorn(served: Served, log_level: str, host: str):
         http=_headers_deadline(served.body_timeout_s),
     )
     server = Server(config)
-    server.interrupted = False
     return server
 
 

@@ -73,7 +73,7 @@ def residual_weights(drafter, target, seq, taught, sampling: SamplingParams, dev
 def lean_to_engine_anchors(drafter, target, sequences, taught, sampling: SamplingParams, share: float, device="cpu"):
     """Set every sequence's anchor chances: `share` by `residual_weights` from `drafter` as it is now."""
     drafter.eval()
-    for seq, t in zip(sequences, taught):
+    for seq, t in zip(sequences, taught, strict=True):
         S = seq.ids.shape[0]
         valid = torch.zeros(S, dtype=torch.bool)
         valid[seq.start : S - 1] = True  # sample_anchors' span: start .. S - 2

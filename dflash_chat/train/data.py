@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_chat.runtime.prompt import build_prompt, stop_token_ids
+from dflash_chat.engine.end_tokens import end_token_ids
+from dflash_chat.runtime.prompt import build_prompt
 from dflash_chat.train.corpus import Conversation
 from dflash_chat.train.drafter import Sequence
 from dflash_chat.train.tokenizer import training_text
@@ -64,7 +65,7 @@ def target_answers(
     rng = random.Random(seed)
     prompts = [prompt_ids(tokenizer, c, rng.random() < thinking_share) for c in conversations]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
-    stop = list(stop_token_ids(tokenizer))
+    stop = list(end_token_ids(tokenizer))
     pad = tokenizer.pad_token_id
     target.to(device).eval()
     how: dict[str, bool | float | int] = {"do_sample": False}

@@ -133,7 +133,7 @@ def app_params() -> SamplingParams:
     from dflash_chat.settings import Settings
 
     app = Settings()
-    return SamplingParams(app.temperature, app.top_p, app.top_k)
+    return SamplingParams(temperature=app.temperature, top_p=app.top_p, top_k=app.top_k)
 
 
 def _candidate_distill(scores: torch.Tensor, ids: torch.Tensor, blocks: Blocks, valid: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ The recipe (ours; no DFlash training recipe has been published):
    distribution at T = 1 over its TEACHER_TOP_K best tokens (renormalised; train/losses.py), weighted
    the same way: a sampled draft is accepted with probability sum(min(p, q)), and hard labels alone make
    q nearly one-hot on the greedy token. The finetune stage uses it on the target's sampled answers too
-   (recipe.finetune_stage), whose contexts the greedy answers never show the drafter.
+   (stages/finetune.py), whose contexts the greedy answers never show the drafter.
 5. Optimiser. AdamW, warmup then cosine decay, gradient clipping at 1. Only the drafter trains.
 
 The figure printed while training, "acc-len", is the acceptance length the drafts would reach under
@@ -244,14 +244,14 @@ def pack_blocks(
     """
     feats, blocks, packed = [], [], []
     offset = 0
-    for seq, t, a in zip(seqs, taught, anchors):
+    for seq, t, a in zip(seqs, taught, anchors, strict=True):
         ids = seq.ids.to(device)
         a_t = torch.tensor(a, dtype=torch.long, device=device)
         blocks.append(make_blocks(ids, t, a_t, block, mask_id))
         feats.append(t.features.to(device))
         packed.append(a_t + offset)
         offset += len(ids)
-    return torch.cat(feats), Blocks(*(torch.cat(parts) for parts in zip(*blocks))), torch.cat(packed)
+    return torch.cat(feats), Blocks(*(torch.cat(parts) for parts in zip(*blocks, strict=True))), torch.cat(packed)
 
 
 def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int = 16) -> list[Taught]:
@@ -262,7 +262,7 @@ def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int =
         idx = order[i : i + batch]
         with autocast_for(device):
             taught = teacher(target, [sequences[j].ids.to(device) for j in idx], layer_ids)
-        for j, pair in zip(idx, taught):
+        for j, pair in zip(idx, taught, strict=True):
             out[j] = pair
     return out
 
@@ -270,7 +270,7 @@ def teach_all(target, sequences: list[Sequence], layer_ids, device, batch: int =
 def draft_blocks(drafter, target, seqs: list[Sequence], taught, anchors_per_seq: int, rng: random.Random, device):
     """(the drafter's hidden states [A, B, H], the `Blocks`) at up to `anchors_per_seq` random anchors of each
     sequence, packed into one forward; None when no sequence has room for a block."""
-    chosen = [(s, t, sample_anchors(s, anchors_per_seq, rng)) for s, t in zip(seqs, taught)]
+    chosen = [(s, t, sample_anchors(s, anchors_per_seq, rng)) for s, t in zip(seqs, taught, strict=True)]
     chosen = [c for c in chosen if c[2]]
     if not chosen:
         return None

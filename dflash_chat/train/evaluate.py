@@ -27,13 +27,13 @@ def measure_pair(
 
     from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.sampling_params import SamplingParams
-    from dflash_chat.runtime.prompt import build_prompt, stop_token_ids
+    from dflash_chat.runtime.prompt import build_prompt
 
     chats = demo_heldout_prompts()[:prompts] if isinstance(prompts, int) else prompts
     spec = load_pair(target_dir, drafter_dir, device=device, dtype=torch.float32)
     plain = load_pair(target_dir, None, device=device, dtype=torch.float32)
     tok = spec.tokenizer
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids(tok))
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)  # the engine stops at the model's end ids
     ids = [build_prompt(tok, chat, thinking=enable_thinking).ids for chat in chats]
     return compare(plain.engine, lambda prompt, ar_tokens: spec.engine, ids, params)
 

@@ -28,12 +28,13 @@ from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.settings_screen import SettingsScreen
 from dflash_chat.ui.themes import DEFAULT_THEME, discover_themes
 
+STYLESHEET = Path(__file__).with_name("app.tcss")  # every rule of the app's look, screens and widgets alike
 STICKY_S = 7 * 24 * 3600  # a notice about the user's own files stays until dismissed (click it, or the palette)
 
 
 class DFlashChatApp(App):
     TITLE = "dflash-chat"
-    CSS_PATH = "app.tcss"
+    CSS_PATH = STYLESHEET
     BINDINGS = [Binding(keymap.QUIT.keys, keymap.QUIT.action, keymap.QUIT.title, id=keymap.QUIT.id, priority=True)]
 
     def __init__(

@@ -253,16 +253,22 @@ class ChatScreen(PlainNotices, Screen):
 
     # sending and generating
 
+    def _can_answer(self) -> bool:
+        """Whether a new answer can start now; if not, the user is told why."""
+        if self.generating:
+            self.notify("An answer is still being written: Esc stops it.", severity="warning")
+            return False
+        if self.backend.model is None:
+            self.notify(status_text.no_model_yet(self.backend.status), severity="warning")
+            return False
+        return True
+
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
         text = event.text.strip()
         if not text:
             return
-        if self.generating:
-            self.notify("An answer is still being written: Esc stops it.", severity="warning")
-            return
-        if self.backend.model is None:
-            self.notify(status_text.no_model_yet(self.backend.status), severity="warning")
+        if not self._can_answer():
             return
         event.input.clear()
         event.input.remember(text)
@@ -282,15 +288,7 @@ class ChatScreen(PlainNotices, Screen):
         self.recorder.add(self.conversation, message)
         widget = await self.chat_view.add_assistant()
         request = AnswerRequest(
-            self.conversation,
-            turns,
-            self.thinking,
-            settings.temperature,
-            settings.top_p,
-            settings.top_k,
-            settings.max_new_tokens,
-            threading.Event(),
-            draft=settings.draft,
+            self.conversation, turns, self.thinking, settings.sampling(), threading.Event(), draft=settings.draft
         )
         self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
         self.backend.answer(request)
@@ -387,11 +385,7 @@ class ChatScreen(PlainNotices, Screen):
             await self.action_new_chat()
 
     async def action_regenerate(self) -> None:
-        if self.generating:
-            self.notify("An answer is still being written: Esc stops it.", severity="warning")
-            return
-        if self.backend.model is None:
-            self.notify(status_text.no_model_yet(self.backend.status), severity="warning")
+        if not self._can_answer():
             return
         messages = self.conversation.messages
         if not messages:
@@ -409,20 +403,18 @@ class ChatScreen(PlainNotices, Screen):
         return message.content if message and message.content else None
 
     def action_copy_answer(self) -> None:
-        text = self._last_answer()
-        if text is None:
-            self.notify("No answer to copy yet.", severity="warning")
-            return
-        self.app.copy_to_clipboard(text)
-        self.notify("Copied the last answer")
+        self._copy(self._last_answer(), "the last answer", missing="No answer to copy yet.")
 
     def action_copy_code(self) -> None:
         code = last_code_block(self._last_answer() or "")
-        if code is None:
-            self.notify("The last answer has no code block.", severity="warning")
+        self._copy(code, "the last code block", missing="The last answer has no code block.")
+
+    def _copy(self, text: str | None, what: str, missing: str) -> None:
+        if text is None:
+            self.notify(missing, severity="warning")
             return
-        self.app.copy_to_clipboard(code)
-        self.notify("Copied the last code block")
+        self.app.copy_to_clipboard(text)
+        self.notify(f"Copied {what}")
 
     def action_focus_switch(self) -> None:
         prompt = self.query_one(PromptInput)

@@ -31,23 +31,6 @@ from dflash_chat.ui.notices import PlainNotices
 class DownloadScreen(PlainNotices, ModalScreen["hub.ModelFiles | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel download", id="download-cancel")]
 
-    DEFAULT_CSS = """
-    DownloadScreen { align: center middle; }
-    DownloadScreen #download-box {
-        width: 90%; max-width: 110; height: auto; max-height: 90%;
-        border: round $primary; background: $surface; padding: 1 2;
-    }
-    DownloadScreen #download-files { height: auto; max-height: 20; }
-    DownloadScreen .download-row { height: auto; margin-top: 1; }
-    DownloadScreen .download-name { text-style: bold; }
-    DownloadScreen .download-stat { color: $text-muted; }
-    DownloadScreen ProgressBar Bar { width: 1fr; }
-    DownloadScreen #download-hint { color: $text-muted; margin-top: 1; }
-    DownloadScreen #download-gated { height: auto; margin-top: 1; display: none; }
-    DownloadScreen #download-gated.shown { display: block; }
-    DownloadScreen #download-gated-text { color: $warning; }
-    """
-
     class FileProgressed(Message):
         def __init__(self, progress: hub.Progress) -> None:
             super().__init__()

@@ -87,4 +87,4 @@ def install() -> None:
         except ImportError:  # not on this platform, or textual-serve is not installed
             continue
         if getattr(module, "XTermParser", None) is XTermParser:
-            setattr(module, "XTermParser", PasteParser)  # the stubs declare no such module attribute
+            module.XTermParser = PasteParser  # type: ignore[attr-defined]  # the stubs declare no such attribute

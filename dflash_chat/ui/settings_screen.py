@@ -19,6 +19,7 @@ TEXT_FIELDS = (
     "temperature",
     "top_p",
     "top_k",
+    "min_p",
     "max_new_tokens",
     "system_prompt",
     "model",

@@ -12,6 +12,7 @@ import pytest
 from dflash_chat.chat.backends.base import AnswerRequest
 from dflash_chat.chat.backends.remote import HttpBackend
 from dflash_chat.chat.events import AnswerEnded
+from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.runtime.bridge import StreamChunk
 from dflash_chat.runtime.endpoint import Endpoint
 from dflash_chat.runtime.events import ModelLoaded, ModelUnavailable
@@ -51,7 +52,8 @@ class Run:
         return event
 
     def answer(self, timeout: float = 5.0):
-        request = AnswerRequest(None, [{"role": "user", "content": "hi"}], False, 0.0, 1.0, 0, 32, threading.Event())
+        sampling = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=32)
+        request = AnswerRequest(None, [{"role": "user", "content": "hi"}], False, sampling, threading.Event())
         self.backend.answer(request)
         return self.wait(AnswerEnded, timeout).end
 

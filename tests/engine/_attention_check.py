@@ -113,12 +113,12 @@ def check_prepare(gated, zero_centred, head_dim, rotary_dim, rows, dtype=torch.f
                 want = attn.into_cache(x, cos, sin, pos, *caches[0], queries=queries)
             got = attn.into_cache(x, cos, sin, pos, *caches[1], queries=queries)
             tol = 1e-5 if dtype == torch.float32 else 1e-2
-            for a, b in zip(got, want):
+            for a, b in zip(got, want, strict=True):
                 if b is None:
                     assert a is None
                 else:
                     torch.testing.assert_close(a.reshape(b.shape), b, rtol=tol, atol=tol)
-            for a, b in zip(caches[1], caches[0]):
+            for a, b in zip(caches[1], caches[0], strict=True):
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 

@@ -217,7 +217,9 @@ def check_moe_glue() -> None:
         idx = torch.randint(0, experts, (tokens, k), generator=g)
         idx[0, :2] = idx[-1, -1]
         got = triton_glue.route(idx, experts)
-        for name, a, b in zip(("order", "token_of", "offsets", "expert_of"), got, reference.route(idx, experts)):
+        for name, a, b in zip(
+            ("order", "token_of", "offsets", "expert_of"), got, reference.route(idx, experts), strict=True
+        ):
             assert torch.equal(a, b), f"route {name} for {tokens} tokens of top-{k} over {experts} experts"
     for dtype in (torch.float32, torch.bfloat16):
         tokens, k, h = 3, 8, 300

@@ -93,7 +93,7 @@ def reference_block(sd, cfg, embed, lm_head, features, anchor, start):
     ids = torch.tensor([anchor] + [d2["mask_token_id"]] * (BLOCK - 1))
     x = embed[ids] * d2.get("input_embedding_scale", 1.0)
     pos_c, pos_b = torch.arange(start), torch.arange(start, start + BLOCK)
-    for i, (kind, causal) in enumerate(zip(cfg["layer_types"], _layer_causal(cfg))):
+    for i, (kind, causal) in enumerate(zip(cfg["layer_types"], _layer_causal(cfg), strict=True)):
         w = {k.removeprefix(f"layers.{i}."): v for k, v in sd.items() if k.startswith(f"layers.{i}.")}
         window = cfg["sliding_window"] if kind == "sliding_attention" else None
         h = _rms(x, w["input_layernorm.weight"], eps)
@@ -105,11 +105,11 @@ def reference_block(sd, cfg, embed, lm_head, features, anchor, start):
             theta,
         )
 
-        def kv(rows, positions):
+        def kv(rows, positions, w):
             k = _rms((rows @ w["self_attn.k_proj.weight"].T).view(-1, nkv, hd), w["self_attn.k_norm.weight"], eps)
             return _rope(k, positions, theta), (rows @ w["self_attn.v_proj.weight"].T).view(-1, nkv, hd)
 
-        (kc, vc), (kb, vb) = kv(ctx, pos_c), kv(hc, pos_b)
+        (kc, vc), (kb, vb) = kv(ctx, pos_c, w), kv(hc, pos_b, w)
         K, V = torch.cat((kc, kb)).repeat_interleave(nh // nkv, 1), torch.cat((vc, vb)).repeat_interleave(nh // nkv, 1)
         scores = torch.einsum("qhd,khd->hqk", q, K) * hd**-0.5
         scores = scores.masked_fill(~_visible(pos_b, torch.cat((pos_c, pos_b)), causal, window), float("-inf"))
@@ -527,7 +527,7 @@ def test_a_qwen38_style_gguf_pair_decodes_losslessly(dflash2_dirs, tmp_path):
     drafter = quantize_like_llama(drafter, tmp_path / "d-q8.gguf", "Q8_0")
     pair = load_pair(target, drafter, tokenizer=root / "target", device="cpu", dtype=torch.float32, draft=BLOCK - 1)
     assert isinstance(pair.engine.drafter, DFlash2Drafter)
-    plain = Engine(pair.engine.target, None, max_context=256)
+    plain = Engine(pair.engine.target, None, max_context=256, end_ids=pair.engine.end_ids)
     params = SamplingParams(max_new_tokens=32)
     for prompt in ([3, 9, 27, 81], [5, 17, 99, 3, 44]):
         expected, _, _ = run(plain, prompt, params)

@@ -92,7 +92,7 @@ def _pair(root, target, name: str, dflash_config: dict | None = None, **config_c
     ref = DFlashDraftModel(config).eval()
     missing, unexpected = ref.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
     assert not unexpected and all(k.startswith("rotary_emb") for k in missing)
-    for layer, causal in zip(ref.layers, _layer_causal(cfg)):
+    for layer, causal in zip(ref.layers, _layer_causal(cfg), strict=True):
         layer.self_attn.is_causal = causal
     return ours, ref, cfg
 
@@ -160,7 +160,7 @@ def test_drafts_match_zlab_reference(target, case, changes):
     features, tokens = _inputs(model, 40, seed=3)
     want = _reference_hidden(ref, model, features, tokens, STEPS)
     got = _our_hidden(ours, features, tokens, STEPS)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
         torch.testing.assert_close(ours.logits(g), model.lm_head(w), rtol=0, atol=1e-5)
 
@@ -216,5 +216,7 @@ def test_yarn_drafter_gguf_drafts_like_its_folder(target, tmp_path):
     features = torch.randn(30, 2 * model.cfg.hidden_size, generator=gen)
     tokens = torch.randint(0, model.cfg.vocab_size, (30,), generator=gen)
     steps = [(0, 9), (9, 17)]
-    for a, b in zip(_our_logits(ours, features, tokens, steps), _our_logits(from_gguf, features, tokens, steps)):
+    for a, b in zip(
+        _our_logits(ours, features, tokens, steps), _our_logits(from_gguf, features, tokens, steps), strict=True
+    ):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

@@ -28,11 +28,11 @@ def test_one_matmul_per_format_and_the_parts_become_views():
     shared = SharedInput(parts)
     assert len(shared.matrices) == 2  # the Q4_K parts together, the Q6_K part alone
     got = shared(x)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     storages = {p.packed.untyped_storage().data_ptr(): p.packed.untyped_storage().nbytes() for p in parts}
     assert sum(storages.values()) == before  # the Q4_K parts are views of one buffer now, nothing copied twice
-    for a, b in zip((p(x) for p in parts), want):  # the parts still work on their own
+    for a, b in zip((p(x) for p in parts), want, strict=True):  # the parts still work on their own
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
@@ -45,7 +45,7 @@ def test_float_projections_fuse_in_a_loaded_model(tiny_dirs):
     x = torch.randn(5, model.cfg.hidden_size)
     parts = layer.linear_attn.shared_input_parts()
     fused = layer.linear_attn.shared(x)
-    for got, part in zip(fused, parts):
+    for got, part in zip(fused, parts, strict=True):
         torch.testing.assert_close(got, nn.functional.linear(x, part.weight), rtol=1e-6, atol=1e-6)
     storage = {p.weight.untyped_storage().data_ptr() for p in parts}
     assert len(storage) == 1

@@ -36,7 +36,7 @@ def test_linears_turn_column_major_with_the_same_outputs_and_a_tied_head_stays_t
     assert _column_major(model.proj.weight) and _column_major(model.head.weight)
     assert model.head.weight is model.embed.weight  # one matrix, re-laid once
     assert len({id(p) for p in model.parameters()}) == 2
-    for got, expected in zip(model(ids), want):
+    for got, expected in zip(model(ids), want, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 

@@ -262,7 +262,7 @@ def test_quantized_pair_is_lossless(tiny, quantized_target, arch, kind, quant, s
         drafter = load_drafter(t.drafter_dir, target, quant=quant)
     assert isinstance(drafter.fc, QuantLinear) and isinstance(drafter.layers[0].mlp.down_proj, QuantLinear)
     spec = Engine(target, drafter, max_context=96)
-    for prompt, want in zip(prompts, answers):
+    for prompt, want in zip(prompts, answers, strict=True):
         spec.reset()
         got, finished, _ = run(spec, prompt, SamplingParams(max_new_tokens=16))
         assert got == want, "DFlash output differs from autoregressive decoding"
@@ -420,7 +420,7 @@ def test_loading_reports_progress_up_to_the_files_bytes(tiny):
     )
     total = model_bytes(target_path) + model_bytes(drafter_path)
     assert len(calls) > 10 and calls[-1] == (total, total)
-    assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:])) and all(c[1] == total for c in calls)
+    assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:], strict=False)) and all(c[1] == total for c in calls)
     # the tensors are nearly all of a GGUF: the count reaches most of the way before the final report
     assert calls[-2][0] > 0.8 * total
 

@@ -43,7 +43,7 @@ def test_k_quant_round_trip(name, rel_rmse):
     ours = formats.dequantize(packed, fmt).numpy()
     np.testing.assert_array_equal(ours, _gguf_deq(packed, fmt))  # our layout is gguf's layout
     assert np.all(ours[2, :256] == 0)
-    for row, orig in zip(ours, x.numpy()):
+    for row, orig in zip(ours, x.numpy(), strict=True):
         err = np.sqrt(np.mean((row - orig) ** 2)) / np.sqrt(np.mean(orig**2))
         assert err < rel_rmse, (name, err)
 

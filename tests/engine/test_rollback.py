@@ -12,7 +12,7 @@ ATOL = 1e-5
 
 def _assert_states_equal(a, b):
     assert a.length == b.length
-    for ca, cb in zip(a.layers, b.layers):
+    for ca, cb in zip(a.layers, b.layers, strict=True):
         if isinstance(ca, GDNCache):
             torch.testing.assert_close(ca.recurrent, cb.recurrent, atol=ATOL, rtol=0)
             torch.testing.assert_close(ca.conv, cb.conv, atol=ATOL, rtol=0)

@@ -1,9 +1,10 @@
 """At T > 0 speculative decoding samples exactly the target's distribution, with drafts drawn from the drafter's q."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from dflash_chat.engine.draft_length import Record
 from dflash_chat.engine.load import load_drafter, load_target
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.sampling import Draws, accept, probabilities, sample
@@ -39,26 +40,26 @@ def test_chi_square_helper_rejects_a_wrong_distribution():
     assert chi_square_p(torch.bincount(draws, minlength=3), p) > P_MIN
 
 
-def test_top_k_and_top_p_keep_what_their_definitions_say():
-    """Against the definitions spelled out over the whole vocabulary: keep the k best, then the smallest
-    prefix reaching top_p, softmax at the temperature, renormalise."""
+def test_top_k_top_p_and_min_p_keep_what_their_definitions_say():
+    """Against the definitions spelled out over the whole vocabulary (transformers' order): keep the k best,
+    softmax at the temperature, then the smallest prefix reaching top_p, then those at least min_p times the
+    likeliest, renormalise."""
     logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2)) * 3
     for params in (
         SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
         SamplingParams(temperature=1.3, top_k=5),
         SamplingParams(temperature=0.5, top_p=0.6),
         SamplingParams(temperature=1.0),
+        SamplingParams(temperature=1.0, min_p=0.05),
+        SamplingParams(temperature=0.8, top_k=50, min_p=0.1),
+        SamplingParams(temperature=1.2, top_p=0.9, min_p=0.02),
     ):
         got = probabilities(logits, params)
-        for row, probs in zip(logits, got):
-            order = torch.argsort(row, descending=True)
-            keep = order[: params.top_k] if params.top_k else order
-            p = torch.softmax(row[keep] / params.temperature, dim=-1)
-            n = len(p) if params.top_p == 1 else int((torch.cumsum(p, 0) - p < params.top_p).sum())
-            want = torch.zeros_like(row)
-            want[keep[:n]] = p[:n] / p[:n].sum()
-            torch.testing.assert_close(probs, want, rtol=1e-5, atol=1e-7)
-            assert int((probs > 0).sum()) == n
+        want = _definitional(logits, params)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+        assert torch.equal(got > 0, want > 0)
+    wide = probabilities(logits, SamplingParams(temperature=1.0, min_p=0.05))
+    assert (wide > 0).sum(-1).max() < 1000  # min-p did drop tokens here
 
 
 def _emitted(logits, draft, params, gen, stop_ids=(-1,), remaining=99, q=None) -> list[int]:
@@ -83,15 +84,16 @@ def test_acceptance_rule_preserves_the_distribution_with_fixed_drafts():
     assert chi_square_p(counts, target) > P_MIN
 
 
-@pytest.mark.parametrize("top_k", [8, 0])
-def test_acceptance_rule_preserves_the_distribution_with_sampled_drafts(top_k):
+@pytest.mark.parametrize("top_k, min_p", [(8, 0.0), (0, 0.0), (8, 0.05), (0, 0.05)])
+def test_acceptance_rule_preserves_the_distribution_with_sampled_drafts(top_k, min_p):
     """Drafts drawn from a q unlike p (its own top-k): the first token out follows p, the next one after an
     accepted draft follows p's next row, and the first draft is accepted with probability sum(min(p, q)).
-    With top-k on, the rule works on p's k candidates; without, on the whole vocabulary."""
+    With top-k on, the rule works on p's k candidates; without, on the whole vocabulary; p is held to its
+    definition (with min-p, too)."""
     gen = torch.Generator().manual_seed(3)
     V = 12
     logits = torch.randn(3, V, generator=gen) * 2
-    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.9)
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.9, min_p=min_p)
     q = probabilities(logits[:2] + torch.randn(2, V, generator=gen), SamplingParams(temperature=1.5, top_k=6))
     first, second, accepted = torch.zeros(V), torch.zeros(V), 0
     n = 4000
@@ -102,7 +104,9 @@ def test_acceptance_rule_preserves_the_distribution_with_sampled_drafts(top_k):
         if emitted[0] == draft[0]:  # accepted (a rejection never resamples the rejected draft)
             accepted += 1
             second[emitted[1]] += 1  # row 1 is p after the accepted draft
-    p = probabilities(logits, params)
+    p = _definitional(logits, params)
+    if min_p:  # the cut changes p here: it keeps 2 of the 3 tokens top-p keeps
+        assert (p[0] > 0).sum() < (_definitional(logits, replace(params, min_p=0.0))[0] > 0).sum()
     assert chi_square_p(first, p[0]) > P_MIN
     assert chi_square_p(second, p[1]) > P_MIN
     rate = float(torch.minimum(p[0], q[0]).sum())
@@ -202,7 +206,7 @@ def test_speculative_sampling_matches_the_target_distribution(block, draft, smal
     accepted, plain_steps, drafted_steps = 0, 0, 0
     for i in range(800):
         engine.reset()
-        engine.records[False] = Record.of(greedy=False)  # each answer a new engine's first: auto drafts, then judges
+        # no draft memory: each answer starts from the fixed priors, as a new engine's first (auto drafts, then judges)
         tokens, finished, _ = run(engine, prompt, SamplingParams(temperature=0.9, top_k=10, max_new_tokens=3, seed=i))
         accepted += finished.stats.accepted
         plain_steps += finished.stats.draft_histogram[0]
@@ -214,6 +218,26 @@ def test_speculative_sampling_matches_the_target_distribution(block, draft, smal
     assert accepted > 10  # sampled drafts were accepted (and rejected): both branches ran
     if draft == "auto":
         assert plain_steps and drafted_steps  # both kinds of step, as auto chose
+
+
+@pytest.mark.slow(seconds=12)
+def test_speculative_sampling_with_min_p_has_the_definitional_distribution(small_pair):
+    """min-p on the whole vocabulary (no top-k): tokens 1-2 of 600 seeded generations with sampled drafts from
+    the mismatched drafter follow the marginals of the definitional distribution (the cut written by hand)."""
+    model, drafters = small_pair
+    params = SamplingParams(temperature=1.1, top_p=0.95, min_p=0.12, max_new_tokens=2)
+    prompt = [1, 4, 7]
+    exact = _exact_marginals(model, prompt, params, steps=2, processed=_definitional)
+    assert int((exact[0] > 0).sum()) < V_SMALL  # min-p cut some tokens here
+    engine = Engine(model, load_drafter(drafters[16], model), max_context=32, draft=15)
+    counts = torch.zeros(2, V_SMALL)
+    for i in range(600):
+        engine.reset()
+        tokens, _, _ = run(engine, prompt, SamplingParams(**{**vars(params), "seed": i}))
+        for pos, token in enumerate(tokens):
+            counts[pos, token] += 1
+    for pos in range(2):
+        assert chi_square_p(counts[pos], exact[pos]) > P_MIN, f"token {pos + 1} is not distributed as defined"
 
 
 def _draft_once(engine, prompt, last, params, generator):
@@ -256,19 +280,21 @@ def test_drafts_processed_q_and_acceptance_on_a_fixed_context(small_pair):
 
 
 def _definitional(logits, params):
-    """Temperature, top-k, top-p by their definitions over the whole vocabulary, row by row."""
-    out = torch.zeros_like(logits)
-    for i, row in enumerate(logits):
+    """Temperature, top-k, top-p and min-p by their definitions over the whole vocabulary, row by row."""
+    out = torch.zeros(logits.shape, dtype=torch.float32)
+    for i, row in enumerate(logits.reshape(-1, logits.shape[-1])):
         order = torch.argsort(row, descending=True)
         keep = order[: params.top_k] if params.top_k else order
-        p = torch.softmax(row[keep] / params.temperature, dim=-1)
-        n = int((torch.cumsum(p, 0) - p < params.top_p).sum())
-        out[i, keep[:n]] = p[:n] / p[:n].sum()
+        p = torch.softmax(row[keep].float() / params.temperature, dim=-1)
+        n = len(p) if params.top_p == 1 else int((torch.cumsum(p, 0) - p < params.top_p).sum())
+        kept = [j for j in range(n) if p[j] >= params.min_p * p[0]]
+        out.view(-1, logits.shape[-1])[i, keep[kept]] = p[kept] / p[kept].sum()
     return out
 
 
-def _exact_marginals(model: TargetModel, prompt, params, steps):
-    """P(token at step s = x) for s < steps, by enumerating all prefixes (small vocab)."""
+def _exact_marginals(model: TargetModel, prompt, params, steps, processed=probabilities):
+    """P(token at step s = x) for s < steps, by enumerating all prefixes (small vocab); `processed` turns the
+    target's logits into its distribution."""
     V = model.cfg.vocab_size
     marginals = []
     frontier = {(): 1.0}
@@ -280,7 +306,7 @@ def _exact_marginals(model: TargetModel, prompt, params, steps):
                 continue
             state = model.new_state(16)
             logits, _ = model(torch.tensor(prompt + list(prefix)), state, logits="last")
-            p = probabilities(logits, params).double()
+            p = processed(logits, params).double()
             dist += weight * p
             for x in range(V):
                 nxt[prefix + (x,)] = weight * p[x].item()

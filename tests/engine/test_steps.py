@@ -15,6 +15,7 @@ from dflash_chat.engine.load import load_drafter, load_pair, load_target
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
+from dflash_chat.engine.steps.decode import Steps
 from tests.engine.conftest import ARCHS
 from tests.engine.helpers import full_and_short_drafts, prefilled, run
 from tests.engine.sync_free import HostRead, NoHostReads
@@ -61,11 +62,11 @@ def test_greedy_drafting_gives_plain_decodings_tokens_at_every_draft_setting(arc
     target = load_target(tiny_dirs[arch][0], "cpu", torch.float32)
     plain = Engine(target, None, max_context=200)
     vocab = target.cfg.vocab_size
-    prompts = list(zip(_prompts(vocab, 3, seed=3), (37, 5, 60)))  # 37 and 5 end inside a block
+    prompts = list(zip(_prompts(vocab, 3, seed=3), (37, 5, 60), strict=True))  # 37 and 5 end inside a block
     expected = [run(plain, prompt, SamplingParams(max_new_tokens=n))[0] for prompt, n in prompts]
     for draft in DRAFTS:
         engine = Engine(target, load_drafter(tiny_dirs[arch][1], target), max_context=200, draft=draft)
-        for (prompt, n), want in zip(prompts, expected):
+        for (prompt, n), want in zip(prompts, expected, strict=True):
             got, finished, _ = run(engine, prompt, SamplingParams(max_new_tokens=n))
             assert got == want, f"draft {draft}"
             s = finished.stats
@@ -134,48 +135,54 @@ def test_prefix_reuse_across_turns(arch, tiny_dirs):
 
 def test_a_conversation_keeps_one_acceptance_estimate_for_greedy_answers_and_one_for_sampled(tiny_dirs):
     """Greedy drafts land far more often than sampled ones: a greedy answer after sampled ones in the same
-    chat starts from the greedy prior, and leaves the sampled answers' estimate as it was."""
-    from dflash_chat.engine.draft_length import PRIOR_GREEDY, PRIOR_SAMPLED
+    conversation starts from the greedy prior, and leaves the sampled answers' estimate as it was. The
+    engine keeps none of it: the memory is the caller's."""
+    from dflash_chat.engine.draft_length import PRIOR_GREEDY, PRIOR_SAMPLED, DraftMemory
 
     engine = _pair(tiny_dirs, "qwen3_5")
+    memory = DraftMemory()
     sampled = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, max_new_tokens=12, seed=3)
-    for _ in engine.generate([3, 4, 5], sampled, conversation="chat"):
+    for _ in engine.generate([3, 4, 5], sampled, memory=memory):
         pass
-    kept = engine.acceptance["chat"][False]
+    kept = memory.estimates[False]
     counts = (list(kept.tries), list(kept.hits))
-    assert kept.prior == PRIOR_SAMPLED and sum(kept.tries) > 0 and True not in engine.acceptance["chat"]
-    events = list(engine.generate([3, 4, 5, 6], SamplingParams(max_new_tokens=12), conversation="chat"))
-    greedy = engine.acceptance["chat"][True]
+    assert kept.prior == PRIOR_SAMPLED and sum(kept.tries) > 0 and True not in memory.estimates
+    events = list(engine.generate([3, 4, 5, 6], SamplingParams(max_new_tokens=12), memory=memory))
+    greedy = memory.estimates[True]
     assert greedy.prior == PRIOR_GREEDY > PRIOR_SAMPLED and sum(greedy.tries) > 0
-    assert engine.acceptance["chat"][False] is kept and (kept.tries, kept.hits) == counts
+    assert memory.estimates[False] is kept and (kept.tries, kept.hits) == counts
     assert isinstance(events[-1], Finished)
+    assert not {"acceptance", "records"} & set(vars(engine))  # nothing of a conversation stays in the engine
 
 
-def test_a_new_conversation_starts_from_what_the_engines_earlier_answers_measured(tiny_dirs):
+def test_a_new_conversation_starts_from_what_the_drafters_earlier_answers_measured(tiny_dirs):
     """Each decoding's record learns the share of an answer's drafting steps whose first draft landed; a new
     conversation's estimate starts from it, one that goes on keeps its own, and the other decoding's record
     is left as it was."""
-    from dflash_chat.engine.draft_length import PRIOR_GREEDY, PRIOR_SAMPLED, RECORD_PRIOR
+    from dflash_chat.engine.draft_length import PRIOR_GREEDY, PRIOR_SAMPLED, RECORD_PRIOR, DraftMemory, Records
 
     engine = _pair(tiny_dirs, "qwen3_5")
+    records = Records()
+    a, b = DraftMemory(records), DraftMemory(records)
     sampled = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, max_new_tokens=16, seed=5)
-    finished = [e for e in engine.generate([3, 4, 5], sampled, conversation="a") if isinstance(e, Finished)][0]
+    finished = [e for e in engine.generate([3, 4, 5], sampled, memory=a) if isinstance(e, Finished)][0]
     histogram = finished.stats.acceptance_histogram
     share = (sum(histogram) - histogram[0]) / sum(histogram)
-    record = engine.records[False]
+    record = records.sampled
     assert record.answers == 1.0 and record.landed == pytest.approx(share)
     assert record.prior() == pytest.approx((share + PRIOR_SAMPLED * RECORD_PRIOR) / (1 + RECORD_PRIOR))
-    assert engine.records[True].answers == 0 and engine.records[True].prior() == PRIOR_GREEDY
+    assert records.greedy.answers == 0 and records.greedy.prior() == PRIOR_GREEDY
     start = record.prior()
-    list(engine.generate([3, 4, 5, 6], sampled, conversation="b"))
-    assert engine.acceptance["b"][False].prior == start and record.answers == pytest.approx(1.7)
-    list(engine.generate([3, 4, 5, 6, 7], sampled, conversation="a"))
-    assert engine.acceptance["a"][False].prior == PRIOR_SAMPLED  # a conversation that goes on keeps its own
+    list(engine.generate([3, 4, 5, 6], sampled, memory=b))
+    assert b.estimates[False].prior == start and record.answers == pytest.approx(1.7)
+    list(engine.generate([3, 4, 5, 6, 7], sampled, memory=a))
+    assert a.estimates[False].prior == PRIOR_SAMPLED  # a conversation that goes on keeps its own
 
     fixed = _pair(tiny_dirs, "qwen3_5", draft=15)  # fixed drafts teach how drafts land, not when to try one
-    fixed.records[False].probe_every = 40
-    list(fixed.generate([3, 4, 5], sampled, conversation="a"))
-    assert fixed.records[False].probe_every == 40 and fixed.records[False].answers == 1.0
+    kept = Records()
+    kept.sampled.probe_every = 40
+    list(fixed.generate([3, 4, 5], sampled, memory=DraftMemory(kept)))
+    assert kept.sampled.probe_every == 40 and kept.sampled.answers == 1.0
 
 
 @pytest.mark.parametrize("causal, layers", [(None, [True, False]), (False, [False, False])])
@@ -326,7 +333,7 @@ def test_cuda_graphs_give_the_uncaptured_tokens(arch, dtype, tiny_dirs):
             for mode in ("graphs", "fixed")
         }
         assert engines["graphs"].decode == "graphs", "capture failed (see the warning)"
-        for prompt, n in zip(_prompts(target.cfg.vocab_size, 3, seed=5), (37, 16, 50)):
+        for prompt, n in zip(_prompts(target.cfg.vocab_size, 3, seed=5), (37, 16, 50), strict=True):
             params = SamplingParams(max_new_tokens=n)
             captured = run(engines["graphs"], prompt, params)[0]
             assert captured == run(engines["fixed"], prompt, params)[0]
@@ -344,6 +351,7 @@ def test_cuda_graphs_sample_drafts_on_the_device(tiny_dirs):
     assert finished.reason == "length" and len(first) == 40
     engine.reset()
     assert run(engine, [3, 4, 5], params)[0] == first
-    sampling = (0.8, 20, 0.9)
-    assert ("draft", sampling) in engine.steps.graphs  # captured for this setting
-    assert any(key[0] == "accept" and key[2] == sampling for key in engine.steps.graphs)
+    sampling = (0.8, 20, 0.9, 0.0)
+    captured = engine.steps.graphs
+    assert any(e.run is Steps._draft and e.sampling == sampling for e in captured)  # captured for this setting
+    assert any(e.run is Steps._accept and e.sampling == sampling for e in captured)

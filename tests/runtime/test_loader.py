@@ -29,7 +29,7 @@ def test_files_load_with_progress_and_the_status_follows(tiny_pair):  # noqa: F8
     owner.loader.begin(source)
     events = [event for event, _, _ in owner.seen]
     progress = [e for e in events if isinstance(e, LoadProgress)]
-    assert progress and all(a.done <= b.done for a, b in zip(progress, progress[1:]))
+    assert progress and all(a.done <= b.done for a, b in zip(progress, progress[1:], strict=False))
     assert progress[-1].done == progress[-1].total > 0
     assert isinstance(events[-1], ModelLoaded) and all(fresh for _, fresh, _ in owner.seen)
     assert [status.stage for _, _, status in owner.seen] == ["loading"] * len(progress) + ["ready"]

@@ -5,9 +5,10 @@ import random
 import pytest
 
 from dflash_chat.chat.conversation import Conversation, Message, title_from
+from dflash_chat.engine.end_tokens import end_token_ids, token_id
 from dflash_chat.errors import UserError
 from dflash_chat.runtime.detokenize import IncrementalDecoder
-from dflash_chat.runtime.prompt import ThinkingSplitter, build_prompt, render_prompt, stop_token_ids, token_id
+from dflash_chat.runtime.prompt import ThinkingSplitter, build_prompt, render_prompt
 
 
 def turns():
@@ -49,10 +50,11 @@ def test_missing_chat_template_is_a_user_error(tokenizer):
         build_prompt(bare, turns(), thinking=False)
 
 
-def test_stop_token_ids(tokenizer):
+def test_end_token_ids(tokenizer):
     vocab = tokenizer.get_vocab()
-    assert set(stop_token_ids(tokenizer)) == {vocab["<|im_end|>"], vocab["<|endoftext|>"]}
-    assert set(stop_token_ids(tokenizer, extra=[7])) == {vocab["<|im_end|>"], vocab["<|endoftext|>"], 7}
+    ends = {vocab["<|im_end|>"], vocab["<|endoftext|>"]}
+    assert set(end_token_ids(tokenizer)) == ends
+    assert set(end_token_ids(tokenizer, [7])) == ends | {7} and set(end_token_ids(tokenizer, 9)) == ends | {9}
 
 
 def test_token_id_is_none_for_a_token_the_vocabulary_lacks(tokenizer):

@@ -152,22 +152,24 @@ def test_a_request_that_waits_in_the_queue_and_leaves_is_never_run(demo_pair, mo
         assert len(answers) == 1  # only the first answer ran
 
 
-def test_clients_share_one_acceptance_estimate_per_kind_of_text(demo_pair, monkeypatch):
-    keys = []
+def test_clients_share_one_draft_memory_per_kind_of_text(demo_pair, monkeypatch):
+    memories = []
     real = demo_pair.engine.generate
 
-    def generate(prompt_ids, params, cancel=None, *, conversation=None):
-        keys.append(conversation)
-        return real(prompt_ids, params, cancel, conversation=conversation)
+    def generate(prompt_ids, params, cancel=None, *, memory=None):
+        memories.append(memory)
+        return real(prompt_ids, params, cancel, memory=memory)
 
     monkeypatch.setattr(demo_pair.engine, "generate", generate)
     httpx = httpx_module()
-    with serving(demo_pair) as (_, url), httpx.Client(timeout=60) as client:
+    with serving(demo_pair) as (served, url), httpx.Client(timeout=60) as client:
         for question, thinking in ((QUESTIONS[0], False), (QUESTIONS[1], False), (QUESTIONS[0], True)):
             payload = {**body(question, False, tokens=2), "chat_template_kwargs": {"enable_thinking": thinking}}
             assert client.post(f"{url}/v1/chat/completions", json=payload).status_code == 200
         raw = {"model": "dflash-chat-demo", "prompt": "def add(a, b):", "max_tokens": 2, "temperature": 0}
         assert client.post(f"{url}/v1/completions", json=raw).status_code == 200
-    off, other_client, on, completion = keys
-    assert off == other_client  # two clients, one estimate: no conversation is named in the API
-    assert len({off, on, completion}) == 3 and set(keys) <= set(demo_pair.engine.acceptance)
+    off, other_client, on, completion = memories
+    assert off is other_client  # two clients, one memory: no conversation is named in the API
+    assert len({id(off), id(on), id(completion)}) == 3
+    assert all(m.records is served.service.records for m in memories)  # they start from one drafter's records
+    assert not hasattr(demo_pair.engine, "acceptance")  # the engine keeps none of it

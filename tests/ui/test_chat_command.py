@@ -29,7 +29,7 @@ def test_set_refuses_bad_values_in_one_line_and_keeps_the_file(home, capsys):
     code = cli.main(["--set", "temperature=warm"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.strip() == "dflash-chat: temperature must be a number, got 'warm'"
+    assert err.strip() == "dflash-chat: temperature must be a number from 0 to 2 (0 = greedy), got 'warm'"
     assert paths.config_file().read_bytes() == before
     assert cli.main(["--set", "colour=red"]) == 2
     assert "unknown setting 'colour'" in capsys.readouterr().err
@@ -168,5 +168,5 @@ def test_set_notes_what_else_in_the_file_cannot_be_used(home, capsys):
     config = write_config('theme = "gone"\ntop_p = 7\n')
     assert cli.main(["--set", "top_k=3"]) == 0
     err = capsys.readouterr().err
-    assert "top_p must be between" in err and "Traceback" not in err
+    assert "top_p must be a number greater than 0 and at most 1" in err and "Traceback" not in err
     assert config.read_text() == 'theme = "gone"\ntop_p = 7\ntop_k = 3\n'

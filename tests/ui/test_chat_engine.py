@@ -134,10 +134,9 @@ def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pai
     # ... and they are what the engine reports for this prompt when run on its own
     from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.sampling_params import SamplingParams
-    from dflash_chat.runtime.prompt import stop_token_ids
 
     pair = load_pair(*tiny_pair, max_context=1024, draft=4)
-    params = SamplingParams(max_new_tokens=8, stop_token_ids=stop_token_ids(pair.tokenizer))
+    params = SamplingParams(max_new_tokens=8)  # greedy, as the app's; the engine stops at the model's end ids
     alone = list(pair.engine.generate(prompt.ids, params, threading.Event()))[-1].stats
     assert (alone.new_tokens, alone.steps, alone.drafted, alone.accepted, alone.draft_histogram) == (
         stats.new_tokens,
@@ -207,8 +206,8 @@ def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_en
     assert after_second["drafts/step"] == f"2 · {second.mean_draft_length:.1f}"
 
 
-def test_each_chat_and_thinking_setting_keeps_its_own_acceptance_estimate(home, tiny_pair):
-    keys = []
+def test_each_chat_and_thinking_setting_keeps_its_own_draft_memory(home, tiny_pair):
+    memories = []
 
     async def main():
         app = make_app(tiny_pair, max_new_tokens=2)
@@ -217,9 +216,9 @@ def test_each_chat_and_thinking_setting_keeps_its_own_acceptance_estimate(home, 
             engine = app.chat.backend.pair.engine
             real = engine.generate
 
-            def generate(prompt_ids, params, cancel=None, *, conversation=None):
-                keys.append(conversation)
-                return real(prompt_ids, params, cancel, conversation=conversation)
+            def generate(prompt_ids, params, cancel=None, *, memory=None):
+                memories.append(memory)
+                return real(prompt_ids, params, cancel, memory=memory)
 
             engine.generate = generate
             await send(pilot, "one")
@@ -235,14 +234,14 @@ def test_each_chat_and_thinking_setting_keeps_its_own_acceptance_estimate(home, 
             await app.chat.open_conversation(1)  # back to the first chat
             await send(pilot, "five")
             await answered(pilot, app, 4)
-            return keys, list(engine.acceptance)
+            return memories, app.chat.backend.service.records
 
-    keys, kept = run(main())
-    one, two, three, four, five = keys
-    assert one == two and one[-1] is False  # a chat's turns share one estimate
-    assert three[:-1] == one[:-1] and three[-1] is True  # ... per thinking setting
-    assert four != three and five not in (one, three, four)  # a new chat, or one opened again, starts afresh
-    assert set(keys) <= set(kept)  # what the engine keeps its estimates under
+    memories, records = run(main())
+    one, two, three, four, five = memories
+    assert one is two  # a chat's turns share one memory
+    assert three is not one  # ... per thinking setting
+    assert four is not three and all(five is not m for m in (one, three, four))  # a new chat, or one opened again
+    assert all(m.records is records for m in memories)  # every chat starts from the drafter's records
 
 
 def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):

@@ -97,7 +97,7 @@ def test_the_settings_screen_edits_only_what_was_changed(home):
         (b"temperature = = 1\n", "not valid TOML"),
         (b"top_k = 5\n\xff\xfe\n", "not UTF-8"),
         (None, "is a folder"),
-        (b"temperature = 5  # too hot\n", "temperature must be between"),
+        (b"temperature = 5  # too hot\n", "temperature must be a number from 0 to 2"),
         (b'keymap = "stop=f5"\n', "keymap must be a table"),
         (b'[keymap]\nstop = "ctrl+t"\n', "ctrl+t is also toggle-thinking's key"),
         (b"temprature = 0.5\n", "unknown setting 'temprature'"),

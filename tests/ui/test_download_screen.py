@@ -19,6 +19,7 @@ from dflash_chat.models.catalog import (
     TOKENIZER_PATTERNS,
     Source,
 )
+from dflash_chat.ui.app import STYLESHEET
 from dflash_chat.ui.download_screen import DownloadScreen, clock, describe
 from tests.hubserver import HubServer, Repo, isolate_hub
 
@@ -53,6 +54,8 @@ def make_plan(server) -> hub.Plan:
 
 class Host(App):
     """Pushes the screen at start and keeps what it dismissed with."""
+
+    CSS_PATH = STYLESHEET  # the app's look
 
     def __init__(self, screen: DownloadScreen) -> None:
         super().__init__()

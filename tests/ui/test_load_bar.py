@@ -6,7 +6,7 @@ from textual.app import App
 
 from dflash_chat.runtime.events import LoadProgress, ModelLoaded
 from dflash_chat.runtime.model_source import ModelSource
-from dflash_chat.ui.app import DFlashChatApp
+from dflash_chat.ui.app import STYLESHEET, DFlashChatApp
 from dflash_chat.ui.widgets.load_bar import LoadBar
 
 from .conftest import fast_settings, run, wait_for
@@ -24,6 +24,8 @@ class Seen:
 
 def test_the_bar_shows_bytes_rate_and_time_left():
     class Bare(App):
+        CSS_PATH = STYLESHEET  # the app's look
+
         def compose(self):
             yield LoadBar()
 

@@ -23,6 +23,7 @@ from dflash_chat.runtime.events import LoadEvent, Status
 if TYPE_CHECKING:
     from dflash_chat.chat.conversation import Conversation
     from dflash_chat.engine.load import LoadedPair
+    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.models.hardware import Choice
     from dflash_chat.models.hub import ModelFiles
     from dflash_chat.runtime.endpoint import Endpoint, ServedModel
@@ -40,10 +41,7 @@ class AnswerRequest:
     chat: Conversation  # the Conversation it answers (what the engine holds is kept per chat)
     turns: list[dict[str, str]]
     thinking: bool
-    temperature: float
-    top_p: float
-    top_k: int
-    max_new_tokens: int
+    sampling: SamplingParams  # the settings' (Settings.sampling), as the engine gets it
     cancel: threading.Event
     draft: str | int = "auto"  # drafts per step, for a local engine (the draft setting)
 

@@ -24,6 +24,7 @@ from dflash_chat.runtime.model_source import ModelSource, Pick, from_settings
 
 if TYPE_CHECKING:
     from dflash_chat.chat.conversation import Conversation
+    from dflash_chat.engine.draft_length import DraftMemory
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.models.hardware import Choice
     from dflash_chat.models.hub import ModelFiles
@@ -158,29 +159,23 @@ class LocalBackend(Backend):
         service = self.service
         assert service is not None, "answer() before a model is ready"
         previous = service.held(OPEN)
-        # auto's acceptance estimate: one per opening of a chat (a new chat, or another one opened, starts
-        # afresh from the engine's estimate over all answers) and per thinking setting within it, since
-        # drafters accept far less of thinking text
-        conversation = ("chat", self._opening, request.thinking)
-        self.spawn(lambda: self._answer(service, request, previous, conversation), "generate")
+        # what auto has learned: one memory per opening of a chat (a new chat, or another one opened, starts
+        # from the drafter's records over all answers) and per thinking setting within it, since drafters
+        # accept far less of thinking text
+        memory = service.memory(("chat", self._opening, request.thinking))
+        self.spawn(lambda: self._answer(service, request, previous, memory), "generate")
 
     # a worker body (no UI; it only posts)
 
     def _answer(
-        self, service: AnsweringService, request: AnswerRequest, previous: Transcript | None, conversation: Hashable
+        self, service: AnsweringService, request: AnswerRequest, previous: Transcript | None, memory: DraftMemory
     ) -> None:
         post, session = self.post, service.session
         try:
             session.use_draft(request.draft)  # here, not on the UI thread: it rebuilds the engine's steps
             prompt = session.chat_prompt(request.turns, request.thinking, previous)
-            params = session.params(
-                temperature=request.temperature,
-                top_p=request.top_p,
-                top_k=request.top_k,
-                max_new_tokens=request.max_new_tokens,
-            )
             post(PromptSent(prompt))
-            end = session.answer(prompt, params, request.cancel, post, conversation=conversation)
+            end = session.answer(prompt, request.sampling, request.cancel, post, memory=memory)
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
             error = StreamEnd("error", "", "", None, one_line(exc, "generation"))
             post(AnswerEnded(error, None, session.pair, request.chat))

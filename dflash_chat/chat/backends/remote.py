@@ -198,19 +198,14 @@ class HttpBackend(Backend):
         self.spawn(lambda: self._detached(lambda: self._answer(served, request)), "generate")
 
     def _body(self, served: ServedModel, request: AnswerRequest) -> dict:
-        body = {
+        return {
             "model": served.id,
             "messages": request.turns,
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            "temperature": request.temperature,
-            "top_p": request.top_p,
-            "max_tokens": request.max_new_tokens,
             "chat_template_kwargs": {"enable_thinking": request.thinking},
+            **openai_protocol.sampling_fields(request.sampling),
         }
-        if request.top_k > 0:
-            body["top_k"] = request.top_k
-        return body
 
     def stop(self, request: AnswerRequest) -> None:
         """Cancel, and cut the connection at once: a read blocked waiting for the server returns, and

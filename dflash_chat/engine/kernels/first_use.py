@@ -35,7 +35,8 @@ def agrees(kind: str, probe: Probe, packed: torch.Tensor, fmt: Format, dtype: to
             ok, reason = False, f"{type(exc).__name__}: {exc}"
         if not ok:
             warnings.warn(
-                f"Triton {kind} {fmt.name} kernel disabled on {packed.device} ({reason}); using the slower torch path"
+                f"Triton {kind} {fmt.name} kernel disabled on {packed.device} ({reason}); using the slower torch path",
+                stacklevel=3,
             )
         checked[key] = ok
     return ok

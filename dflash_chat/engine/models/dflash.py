@@ -127,7 +127,9 @@ class DFlashDrafter(nn.Module):
         target_hidden = target_hidden_size or cfg.hidden_size
         self.fc = nn.Linear(len(cfg.target_layer_ids) * target_hidden, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(self.layer_class(cfg, t, c) for t, c in zip(cfg.layer_types, cfg.layer_causal))
+        self.layers = nn.ModuleList(
+            self.layer_class(cfg, t, c) for t, c in zip(cfg.layer_types, cfg.layer_causal, strict=True)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = drafter_rotary(cfg)
         self._embed: nn.Module | None = None
@@ -248,7 +250,7 @@ class DFlashDrafter(nn.Module):
         dtype = self.norm.weight.dtype
         h = self.project_context(features.to(dtype))
         cos, sin = self.rotary.at(positions, dtype)
-        for layer, (cache_k, cache_v) in zip(self.draft_layers, self.cache):
+        for layer, (cache_k, cache_v) in zip(self.draft_layers, self.cache, strict=True):
             layer.self_attn.into_cache(h, cos, sin, positions, cache_k, cache_v, queries=False)
 
     @torch.no_grad()
@@ -279,7 +281,7 @@ class DFlashDrafter(nn.Module):
         x = self.embed(ids, dtype)
         cos, sin = self.rotary.at(span.pos, dtype)
         block = x.shape[0]
-        for layer, (cache_k, cache_v) in zip(self.draft_layers, self.cache):
+        for layer, (cache_k, cache_v) in zip(self.draft_layers, self.cache, strict=True):
             attn = layer.self_attn
             xn, carried = layer.attention_input(x, block)
             q, _ = attn.into_cache(xn, cos, sin, span.pos, cache_k, cache_v)

@@ -46,9 +46,9 @@ class SharedInput(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out: dict[int, torch.Tensor] = {}
-        for matrix, indices in zip(self.matrices, self.plan):
+        for matrix, indices in zip(self.matrices, self.plan, strict=True):
             y = matrix(x)
-            for i, piece in zip(indices, y.split([self.sizes[i] for i in indices], dim=-1)):
+            for i, piece in zip(indices, y.split([self.sizes[i] for i in indices], dim=-1), strict=True):
                 out[i] = piece
         return tuple(out[i] for i in range(len(self.sizes)))
 

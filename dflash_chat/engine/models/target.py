@@ -164,7 +164,7 @@ class TargetModel(nn.Module):
         wanted = set(taps or ())
         tapped: dict[int, torch.Tensor] = {}
         pending: torch.Tensor | None = None
-        for i, (layer, cache) in enumerate(zip(self.model.decoder_layers, state.layers)):
+        for i, (layer, cache) in enumerate(zip(self.model.decoder_layers, state.layers, strict=True)):
             x, pending = layer(x, pending, cache, span, cos, sin, speculative)
             if i in wanted:
                 tapped[i] = x + pending
@@ -194,6 +194,6 @@ class TargetModel(nn.Module):
     def commit(self, state: ModelState, keep: torch.Tensor) -> None:
         """Bring every GDN layer to the state after the first `keep` (a 0-d device tensor) tokens of the last
         speculative forward (attention needs nothing: its rows past the length are ignored)."""
-        for layer, cache in zip(self.model.decoder_layers, state.layers):
+        for layer, cache in zip(self.model.decoder_layers, state.layers, strict=True):
             if isinstance(cache, GDNCache):
                 layer.linear_attn.commit(cache, keep)

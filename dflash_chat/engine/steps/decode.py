@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,25 @@ from dflash_chat.engine.sampling_params import SamplingParams
 MAX_STOPS = 16  # stop ids a step checks on the device (the chat templates use 2-3)
 DEFERRED_ROWS = 64  # plain steps whose drafter context an uncaptured step stores at once
 _WARM_REMAINING = 1 << 30  # tokens left while warming up: no step is cut short
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry point of a step, as it is captured: `run` (Steps._draft, _verify, _accept or _commit) for
+    verify size T. Draft and accept read the sampling settings, which a graph bakes in, so theirs are part of
+    what tells two captures apart; they are also pure (they write only their own outputs), so warming one up
+    for a new setting mid-answer changes nothing."""
+
+    run: Callable[[Steps, int], None]
+    T: int
+    sampling: tuple = ()
+
+    @property
+    def pure(self) -> bool:
+        return self.run in (Steps._draft, Steps._accept)
+
+    def __call__(self, steps: Steps) -> None:
+        self.run(steps, self.T)
 
 
 @dataclass(frozen=True)
@@ -60,7 +80,9 @@ class Steps:
             try:
                 self._capture_all()
             except Exception as exc:  # noqa: BLE001 - any failure means: run the same steps uncaptured
-                warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding without graphs")
+                warnings.warn(
+                    f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding without graphs", stacklevel=2
+                )
                 self.graphs = None
                 self.static = False
                 torch.cuda.synchronize(dev)
@@ -129,77 +151,79 @@ class Steps:
     def flush_context(self) -> None:
         """Store the deferred plain steps' drafter context."""
         if self.deferred:
-            feats, positions = zip(*self.deferred)
+            feats, positions = zip(*self.deferred, strict=True)
             self.deferred = []
             self.drafter.store_context(torch.cat(feats), torch.cat(positions))
 
     # -- graphs ------------------------------------------------------------------------
-    def _sampling_key(self) -> tuple:
+    def _sampling(self) -> tuple:
+        """The sampling settings a graph of draft or accept bakes in."""
         p = self.params
-        return () if p.greedy else (p.temperature, p.top_k, p.top_p)
+        return () if p.greedy else (p.temperature, p.top_k, p.top_p, p.min_p)
 
-    def _function(self, key: tuple):
-        kind, T = key[0], key[1]
-        if kind == "draft":
-            return lambda: self._draft(T)
-        return {
-            "verify": lambda: self._verify(T),
-            "accept": lambda: self._accept(T),
-            "commit": lambda: self._commit(T),
-        }[kind]
-
-    def _step_keys(self, T: int) -> list[tuple]:
-        keys = [("draft", T, self._sampling_key())] if T > 1 else []
-        return keys + [("verify", T), ("accept", T, self._sampling_key()), ("commit", T)]
+    def _entries(self, T: int) -> list[Entry]:
+        """A step of size T in order: draft (when T > 1), verify, accept, commit."""
+        sampling = self._sampling()
+        draft = [Entry(Steps._draft, T, sampling)] if T > 1 else []
+        return draft + [Entry(Steps._verify, T), Entry(Steps._accept, T, sampling), Entry(Steps._commit, T)]
 
     @torch.no_grad()
     def _capture_all(self) -> None:
         """Warm every size's entry points up in step order, then capture each. Nothing runs during a capture,
         so every capture reads buffers that hold real values (accept and commit read verify's outputs)."""
         self.remaining.fill_(_WARM_REMAINING)
-        keys = list(dict.fromkeys(k for T in self.sizes for k in self._step_keys(T)))
-        self._warm_up(keys)
-        self.graphs = {key: self._capture(self._function(key)) for key in keys}
+        entries = list(dict.fromkeys(entry for T in self.sizes for entry in self._entries(T)))
+        self._warm_up(entries)
+        self.graphs = {entry: self._capture(entry) for entry in entries}
         self.rewind()
 
-    def _warm_up(self, keys: list[tuple]) -> None:
+    def _warm_up(self, entries: list[Entry]) -> None:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # first-use checks, Triton compiles, allocator warm-up
-                for key in keys:
-                    self._function(key)()
+                for entry in entries:
+                    entry(self)
         torch.cuda.current_stream(self.device).wait_stream(stream)
 
-    def _capture(self, fn) -> torch.cuda.CUDAGraph:
+    def _capture(self, entry: Entry) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            entry(self)
         return graph
 
     @torch.no_grad()  # a commit updates state from parameters: under autograd each would chain onto the last
-    def _run(self, key: tuple) -> None:
-        graph = self.graphs.get(key) if self.graphs is not None else None
+    def _run(self, entry: Entry) -> None:
+        graph = self.graphs.get(entry) if self.graphs is not None else None
         if graph is not None:
             graph.replay()
             return
-        if self.graphs is not None and key[0] in ("draft", "accept"):  # a sampling setting seen for the first time
+        if self.graphs is not None and entry.pure:  # a sampling setting seen for the first time
             try:
-                self._warm_up([key])  # draft and accept are pure: warming them up changes nothing
-                self.graphs[key] = self._capture(self._function(key))
-                self.graphs[key].replay()
+                self._warm_up([entry])
+                self.graphs[entry] = self._capture(entry)
+                self.graphs[entry].replay()
                 return
-            except Exception as exc:  # noqa: BLE001
-                warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding without graphs")
+            except Exception as exc:  # noqa: BLE001 - any failure means: run the same steps uncaptured
+                warnings.warn(
+                    f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding without graphs", stacklevel=2
+                )
                 self.graphs = None
                 self.static = False
-        self._function(key)()
+        entry(self)
 
     # -- one answer: the seam the loop drives ----------------------------------------------
-    def begin(self, last: int, length: int, params: SamplingParams, generator: torch.Generator | None) -> None:
-        """Start decoding after a prefill: the state holds `length` tokens, `last` is the newest token (a greedy
-        answer needs no generator)."""
-        stops = list(params.stop_token_ids)[:MAX_STOPS]
+    def begin(
+        self,
+        last: int,
+        length: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        stop_ids: tuple[int, ...] = (),
+    ) -> None:
+        """Start decoding after a prefill: the state holds `length` tokens, `last` is the newest token, the answer
+        ends at `stop_ids` (a greedy answer needs no generator)."""
+        stops = list(stop_ids)[:MAX_STOPS]
         self.stop_ids.fill_(-1)
         if stops:
             self.stop_ids[: len(stops)].copy_(torch.tensor(stops, dtype=torch.long), non_blocking=True)
@@ -221,7 +245,7 @@ class Steps:
         if not self.params.greedy:
             draws, generator = self._randomness()
             draws.fill_drafts(generator, self.draft_columns, T - 1)
-        self._run(("draft", T, self._sampling_key()))
+        self._run(Entry(Steps._draft, T, self._sampling()))
         self.host_s += time.perf_counter() - issued
 
     def verify(self, T: int, remaining: int) -> None:
@@ -231,8 +255,8 @@ class Steps:
         if not self.params.greedy:
             draws, generator = self._randomness()
             draws.fill(generator, T, self.columns)
-        self._run(("verify", T))
-        self._run(("accept", T, self._sampling_key()))
+        self._run(Entry(Steps._verify, T))
+        self._run(Entry(Steps._accept, T, self._sampling()))
         self.host_s += time.perf_counter() - issued
 
     def _randomness(self) -> tuple[Draws, torch.Generator]:
@@ -243,7 +267,7 @@ class Steps:
     def commit(self, T: int) -> None:
         """Keep what the verify accepted and queue its result for the host."""
         issued = time.perf_counter()
-        self._run(("commit", T))
+        self._run(Entry(Steps._commit, T))
         self.host.copy_(self.result, non_blocking=True)
         if self.device.type == "cuda":
             self.ready = torch.cuda.Event()

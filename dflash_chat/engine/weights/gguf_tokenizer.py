@@ -65,7 +65,7 @@ def _build(meta: dict):
     types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise ModelFormatError(f"{len(tokens)} tokens but {len(types)} token types")
-    vocab = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind != UNUSED}
+    vocab = {t: i for i, (t, kind) in enumerate(zip(tokens, types, strict=False)) if kind != UNUSED}
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
@@ -77,10 +77,18 @@ def _build(meta: dict):
     )
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types) if kind == CONTROL]
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, kind in zip(tokens, types, strict=False)
+            if kind == CONTROL
+        ]
     )
     tok.add_tokens(
-        [AddedToken(t, special=False, normalized=False) for t, kind in zip(tokens, types) if kind == USER_DEFINED]
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, kind in zip(tokens, types, strict=False)
+            if kind == USER_DEFINED
+        ]
     )
 
     def token(key: str) -> str | None:

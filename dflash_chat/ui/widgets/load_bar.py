@@ -10,12 +10,6 @@ from dflash_chat.runtime.progress import progress_line
 
 
 class LoadBar(Horizontal):
-    DEFAULT_CSS = """
-    LoadBar { height: 1; display: none; padding: 0 1; }
-    LoadBar > #load-what { width: auto; padding-right: 1; }
-    LoadBar > #load-figures { width: auto; padding-left: 1; color: $text-muted; }
-    """
-
     def compose(self):
         yield Label(id="load-what")
         yield ProgressBar(show_eta=False, id="load-progress")
