@@ -64,13 +64,7 @@ class Settings:
 
     def sampling(self) -> SamplingParams:
         """How the app's answers are sampled: the one value that goes down to the engine's step."""
-        return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            max_new_tokens=self.max_new_tokens,
-        )
+        return SamplingParams.of(self)
 
 
 MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few lines; past this it is not one

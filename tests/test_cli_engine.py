@@ -14,26 +14,25 @@ def pair(tmp_path_factory):
     return write_pair(tmp_path_factory.mktemp("pair"), "qwen3_5", seed=3)
 
 
+def on_cpu(*argv: str) -> list[str]:
+    """`dflash-chat <argv> --device cpu`."""
+    return [*argv, "--device", "cpu"]
+
+
+def run_argv(target, drafter, prompt: str, *flags: str) -> list[str]:
+    """`dflash-chat run --target T --drafter D --prompt P <flags> --device cpu` (drafter None: --no-drafter)."""
+    model = ["--no-drafter"] if drafter is None else ["--drafter", str(drafter)]
+    return on_cpu("run", "--target", str(target), *model, "--prompt", prompt, *flags)
+
+
+def bench_argv(*flags: str) -> list[str]:
+    """`dflash-chat bench <flags> --json --device cpu`."""
+    return on_cpu("bench", *flags, "--json")
+
+
 def test_run_prints_the_answer_and_a_stats_line(pair, capsys):
     target, drafter = pair
-    assert (
-        main(
-            [
-                "run",
-                "--target",
-                str(target),
-                "--drafter",
-                str(drafter),
-                "--prompt",
-                "hello",
-                "--max-tokens",
-                "12",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert main(run_argv(target, drafter, "hello", "--max-tokens", "12")) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert "tok/s" in out[-1] and "acceptance" in out[-1] and "tokens/step" in out[-1]
     assert " · draft auto, " in out[-1] and out[-1].endswith("/step")
@@ -41,27 +40,16 @@ def test_run_prints_the_answer_and_a_stats_line(pair, capsys):
 
 def test_run_draft_sets_how_many_drafts_each_step_verifies(pair, capsys):
     target, drafter = pair
-    common = [
-        "run",
-        "--target",
-        str(target),
-        "--drafter",
-        str(drafter),
-        "--prompt",
-        "hi",
-        "--max-tokens",
-        "10",
-        "--device",
-        "cpu",
-        "--json",
-        "--draft",
-    ]
-    assert main(common + ["3"]) == 0
+
+    def draft(value: str) -> list[str]:
+        return run_argv(target, drafter, "hi", "--max-tokens", "10", "--json", "--draft", value)
+
+    assert main(draft("3")) == 0
     three = json.loads(capsys.readouterr().out)
     used = [k for k, steps in enumerate(three["draft_histogram"]) if steps]
     assert three["draft"] == "3" and max(used) == 3  # fewer only where fewer tokens are left to write
     assert three["draft_histogram"][3] >= three["steps"] - 3 and three["mean_draft_length"] <= 3
-    assert main(common + ["off"]) == 0
+    assert main(draft("off")) == 0
     off = json.loads(capsys.readouterr().out)
     assert off["draft"] == "off" and off["drafted"] == 0 and off["draft_histogram"][0] == off["steps"] == 9
     assert off["answer"] == three["answer"]  # greedy: the same tokens, however many drafts
@@ -69,19 +57,7 @@ def test_run_draft_sets_how_many_drafts_each_step_verifies(pair, capsys):
 
 def test_run_streams_the_same_answer_the_json_record_holds(pair, capsys):
     target, drafter = pair
-    common = [
-        "run",
-        "--target",
-        str(target),
-        "--drafter",
-        str(drafter),
-        "--prompt",
-        "hello",
-        "--max-tokens",
-        "12",
-        "--device",
-        "cpu",
-    ]
+    common = run_argv(target, drafter, "hello", "--max-tokens", "12")
     assert main(common) == 0
     streamed = capsys.readouterr().out.rsplit("\n", 2)[0]  # all but the stats line
     assert main(common + ["--json"]) == 0
@@ -90,25 +66,7 @@ def test_run_streams_the_same_answer_the_json_record_holds(pair, capsys):
 
 def test_run_json_record_has_the_generation_stats(pair, capsys):
     target, drafter = pair
-    assert (
-        main(
-            [
-                "run",
-                "--target",
-                str(target),
-                "--drafter",
-                str(drafter),
-                "--prompt",
-                "hi",
-                "--max-tokens",
-                "10",
-                "--json",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert main(run_argv(target, drafter, "hi", "--max-tokens", "10", "--json")) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["new_tokens"] == 10 and record["speculative"] is True
     assert record["steps"] == sum(record["draft_histogram"]) >= sum(record["acceptance_histogram"])
@@ -119,64 +77,16 @@ def test_run_json_record_has_the_generation_stats(pair, capsys):
 
 def test_run_without_drafter_is_plain_decoding(pair, capsys):
     target, _ = pair
-    assert (
-        main(
-            [
-                "run",
-                "--target",
-                str(target),
-                "--no-drafter",
-                "--prompt",
-                "hi",
-                "--max-tokens",
-                "5",
-                "--json",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert main(run_argv(target, None, "hi", "--max-tokens", "5", "--json")) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["speculative"] is False and record["drafted"] == 0 and record["mean_acceptance_length"] == 1.0
 
 
 def test_run_raw_skips_the_chat_template(pair, capsys):
     target, drafter = pair
-    main(
-        [
-            "run",
-            "--target",
-            str(target),
-            "--drafter",
-            str(drafter),
-            "--prompt",
-            "def",
-            "--raw",
-            "--max-tokens",
-            "3",
-            "--json",
-            "--device",
-            "cpu",
-        ]
-    )
+    main(run_argv(target, drafter, "def", "--raw", "--max-tokens", "3", "--json"))
     raw = json.loads(capsys.readouterr().out)["prompt_tokens"]
-    main(
-        [
-            "run",
-            "--target",
-            str(target),
-            "--drafter",
-            str(drafter),
-            "--prompt",
-            "def",
-            "--max-tokens",
-            "3",
-            "--json",
-            "--device",
-            "cpu",
-        ]
-    )
+    main(run_argv(target, drafter, "def", "--max-tokens", "3", "--json"))
     templated = json.loads(capsys.readouterr().out)["prompt_tokens"]
     assert raw < templated
 
@@ -206,19 +116,7 @@ def test_run_out_of_memory_is_one_line(pair, tmp_path):
     import sys
 
     target, drafter = pair
-    argv = [
-        "run",
-        "--target",
-        str(target),
-        "--drafter",
-        str(drafter),
-        "--prompt",
-        "x",
-        "--context",
-        "1048576",
-        "--device",
-        "cpu",
-    ]
+    argv = run_argv(target, drafter, "x", "--context", "1048576")
     done = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY_RUN, *argv], capture_output=True, text=True, timeout=300)
     err = done.stderr.strip()
     assert done.returncode == 2 and err.count("\n") == 0, err
@@ -227,22 +125,7 @@ def test_run_out_of_memory_is_one_line(pair, tmp_path):
 
 def test_bench_compares_dflash_with_autoregressive(capsys):
     code = main(
-        [
-            "bench",
-            "--hidden",
-            "64",
-            "--layers",
-            "4",
-            "--prompts",
-            "2",
-            "--tokens",
-            "40",
-            "--acceptance",
-            "0.9",
-            "--json",
-            "--device",
-            "cpu",
-        ]
+        bench_argv("--hidden", "64", "--layers", "4", "--prompts", "2", "--tokens", "40", "--acceptance", "0.9")
     )
     record = json.loads(capsys.readouterr().out)
     assert code == 0 and record["identical_output"] is True
@@ -252,23 +135,7 @@ def test_bench_compares_dflash_with_autoregressive(capsys):
 
 
 def test_bench_against_transformers_generates_the_same_tokens(capsys):
-    main(
-        [
-            "bench",
-            "--hidden",
-            "64",
-            "--layers",
-            "4",
-            "--prompts",
-            "1",
-            "--tokens",
-            "24",
-            "--vs-transformers",
-            "--json",
-            "--device",
-            "cpu",
-        ]
-    )
+    main(bench_argv("--hidden", "64", "--layers", "4", "--prompts", "1", "--tokens", "24", "--vs-transformers"))
     record = json.loads(capsys.readouterr().out)
     assert record["transformers_identical"] is True
     assert record["ar_vs_transformers"] == pytest.approx(
@@ -279,14 +146,14 @@ def test_bench_against_transformers_generates_the_same_tokens(capsys):
 @pytest.mark.parametrize("mode", [["--demo"], ["--target", "no-such-target", "--drafter", "no-such-drafter"]])
 def test_bench_refuses_vs_transformers_without_the_random_target_before_loading(mode, capsys):
     # the paths do not exist: the flag is refused before anything is read
-    assert main(["bench", *mode, "--vs-transformers", "--device", "cpu"]) == 2
+    assert main(on_cpu("bench", *mode, "--vs-transformers")) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--vs-transformers" in err and "does not exist" not in err
 
 
 @pytest.mark.parametrize("mode", [[], ["--synthetic", "qwen3.6-27b"], ["--demo", "--http"]])
 def test_bench_refuses_repeats_where_answers_are_not_repeated(mode, capsys):
-    assert main(["bench", *mode, "--repeats", "2", "--device", "cpu"]) == 2
+    assert main(on_cpu("bench", *mode, "--repeats", "2")) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--repeats goes with --demo" in err
 
@@ -361,19 +228,7 @@ def test_run_demo_prints_the_stats_record(capsys):
 
     assert demo_available(), "the demo pair ships with the package"
     assert (
-        main(
-            [
-                "run",
-                "--demo",
-                "--prompt",
-                "How is `os.path.join` implemented?",
-                "--max-tokens",
-                "24",
-                "--json",
-                "--device",
-                "cpu",
-            ]
-        )
+        main(on_cpu("run", "--demo", "--prompt", "How is `os.path.join` implemented?", "--max-tokens", "24", "--json"))
         == 0
     )
     record = json.loads(capsys.readouterr().out)
@@ -391,13 +246,7 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
     from dflash_chat.models.demo import chosen_kind, demo_drafters
     from dflash_chat.settings import Settings
 
-    assert (
-        main(
-            ["bench", "--demo", "--prompts", "1", "--tokens", "12", "--top-k", "5", "--repeats", "2", "--json"]
-            + ["--device", "cpu"]
-        )
-        == 0
-    )
+    assert main(bench_argv("--demo", "--prompts", "1", "--tokens", "12", "--top-k", "5", "--repeats", "2")) == 0
     record = json.loads(capsys.readouterr().out)
     setup = record["setup"]
     assert setup["prompts_per_class"] == {name: 1 for name in CLASSES} and setup["max_new_tokens"] == 12
@@ -491,25 +340,7 @@ def test_bench_demo_sampled_leg_comes_from_the_flags_or_the_apps_defaults():
 
 def test_bench_measures_a_users_own_pair(pair, capsys):
     target, drafter = pair
-    assert (
-        main(
-            [
-                "bench",
-                "--target",
-                str(target),
-                "--drafter",
-                str(drafter),
-                "--prompts",
-                "2",
-                "--tokens",
-                "16",
-                "--json",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert main(bench_argv("--target", str(target), "--drafter", str(drafter), "--prompts", "2", "--tokens", "16")) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["prompts"] == 2 and record["identical_output"] is True
     assert record["new_tokens"] <= 2 * 16

@@ -17,7 +17,8 @@ import torch
 from dflash_chat.engine.ggml.formats import FORMATS
 from dflash_chat.engine.kernels import configs
 
-MOE_35B = dict(experts=256, top_k=8, hidden=2048, width=512)  # Qwen3.6-35B-A3B (DESIGN.md §4)
+# Qwen3.6-35B-A3B's routed layer (docs/ARCHITECTURE.md, Targets and rollback)
+MOE_35B = dict(experts=256, top_k=8, hidden=2048, width=512)
 
 
 def meta(*shape, dtype=torch.bfloat16):

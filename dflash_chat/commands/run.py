@@ -22,7 +22,13 @@ def register(subparsers) -> None:
     p.add_argument("--prompt", required=True, help="the user's message")
     p.add_argument("--system", help="system prompt")
     # the same rules and messages as the settings of the same meaning (max_new_tokens, temperature, ...)
-    p.add_argument("--max-tokens", type=flag("max_new_tokens"), default=256, help="longest answer, in tokens")
+    p.add_argument(
+        "--max-tokens",
+        dest="max_new_tokens",
+        type=flag("max_new_tokens"),
+        default=256,
+        help="longest answer, in tokens",
+    )
     p.add_argument("--temperature", type=flag("temperature"), default=0.0, help="0 = greedy (0-2)")
     p.add_argument("--top-p", type=flag("top_p"), default=1.0, help="nucleus sampling mass (over 0, at most 1)")
     p.add_argument("--top-k", type=flag("top_k"), default=0, help="keep the k likeliest tokens (0 = off)")
@@ -140,22 +146,9 @@ def load(args: argparse.Namespace, target: str, drafter: str | None):
     return loading.loader.pair
 
 
-def sampling(args: argparse.Namespace):
-    """The flags' SamplingParams: the one value the engine gets."""
-    from dflash_chat.engine.sampling_params import SamplingParams
-
-    return SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        max_new_tokens=args.max_tokens,
-        seed=args.seed,
-    )
-
-
 def main(args: argparse.Namespace) -> int:
     from dflash_chat.engine.events import Finished, Step
+    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.runtime.detokenize import IncrementalDecoder
 
     target, drafter = resolve_paths(args)
@@ -163,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
     pair = load(args, target, drafter)
     tok = pair.tokenizer
     prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
-    params = sampling(args)
+    params = SamplingParams.of(args)  # the flags name its fields: the one value the engine gets
     stops = pair.engine.stop_ids(params)
     decoder = IncrementalDecoder(tok, stops)
     tokens: list[int] = []

@@ -31,7 +31,7 @@ What the engine holds for a whole conversation (`state_bytes`):
   features [T, taps * H] in e;
 - sampling buffers (made by the first answer at T > 0, the app's default): exponential noise for the
   verify [B, vocab] and for the drafts [B-1, vocab], the drafts' q [B-1, vocab], all float32;
-- a DFlash2 drafter only (DESIGN.md §3): the candidate selector's buffers for the B-1 draft positions
+- a DFlash2 drafter only (docs/ARCHITECTURE.md, DFlash2 drafters): the candidate selector's buffers for the B-1 draft positions
   (the top-K candidate ids in int64, their scores and the walk's q over the K candidates in float32,
   and the selector's rank-wide rows: proj(h) and the K successor codebook rows gathered per position,
   [B-1, K+1, rank] in e), and the grouped dynamic convolutions' kernels of one draft step (per layer

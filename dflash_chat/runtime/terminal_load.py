@@ -12,15 +12,7 @@ import threading
 from collections.abc import Callable
 
 from dflash_chat.errors import one_line
-from dflash_chat.runtime.events import (
-    DownloadNeeded,
-    LoadEvent,
-    LoadProgress,
-    ModelChosen,
-    ModelFailed,
-    ModelLoaded,
-    ModelUnavailable,
-)
+from dflash_chat.runtime import events
 from dflash_chat.runtime.loader import LoadOptions, ModelLoader, Spawn
 from dflash_chat.runtime.model_source import ModelSource, Pick
 from dflash_chat.runtime.progress import LoadLine, download_with_bars
@@ -65,32 +57,33 @@ class TerminalLoad:
         if not self.quiet:
             print(text, file=sys.stderr, flush=True)
 
-    def post(self, event: LoadEvent) -> None:
+    def post(self, event: events.LoadEvent) -> None:
         if not self.loader.handle(event):
             return
-        if isinstance(event, ModelChosen):
-            self.say(event.chosen.explanation)
-        elif isinstance(event, DownloadNeeded):
-            self._download(event)
-        elif isinstance(event, LoadProgress):
-            self._progress(event)
-        elif isinstance(event, ModelLoaded):
-            if self._line is not None:
-                self._line.close(self._total)
-            self.loaded(self.loader, event.seconds)
-            self.done.set()
-        elif isinstance(event, ModelFailed):
-            self.fail(event.error, event.cause)
-        elif isinstance(event, ModelUnavailable):
-            self.fail(event.error)
+        match event:
+            case events.ModelChosen():
+                self.say(event.chosen.explanation)
+            case events.DownloadNeeded():
+                self._download(event)
+            case events.LoadProgress():
+                self._progress(event)
+            case events.ModelLoaded():
+                if self._line is not None:
+                    self._line.close(self._total)
+                self.loaded(self.loader, event.seconds)
+                self.done.set()
+            case events.ModelFailed():
+                self.fail(event.error, event.cause)
+            case events.ModelUnavailable():
+                self.fail(event.error)
 
-    def _progress(self, event: LoadProgress) -> None:
+    def _progress(self, event: events.LoadProgress) -> None:
         if self._line is None:
             self._line = LoadLine(self.name or self.loader.name())
         self._total = event.total
         self._line(event.done, event.total)
 
-    def _download(self, event: DownloadNeeded) -> None:
+    def _download(self, event: events.DownloadNeeded) -> None:
         try:
             files = download_with_bars(event.plan)
         except Exception as exc:  # noqa: BLE001 - said in one line; the owner stops

@@ -1,7 +1,7 @@
 """The DFlash2 selector's temperature, fitted to the target's sampled answers.
 
 At T > 0 the selector's walk draws each draft from softmax(scores / T) over its K candidates, and a draft
-lands with probability sum(min(p, q)) (DESIGN.md §3). Trained with hard labels, the scores come out sharper
+lands with probability sum(min(p, q)) (docs/ARCHITECTURE.md, DFlash drafters). Trained with hard labels, the scores come out sharper
 than the target's log-probabilities, so q is more peaked than p and overlaps it less. A scale s on the scores
 (s < 1 flattens q) is fitted here on teacher-forced blocks of sampled answers: the one with the most expected
 accepted drafts per block, sum_j prod_{i<=j} sum(min(p_i, q_i)) with p the target's distribution after the

@@ -132,8 +132,7 @@ def app_params() -> SamplingParams:
     """The app's default sampling settings (settings.py): what the sampled training answers are drawn with."""
     from dflash_chat.settings import Settings
 
-    app = Settings()
-    return SamplingParams(temperature=app.temperature, top_p=app.top_p, top_k=app.top_k)
+    return Settings().sampling()
 
 
 def _candidate_distill(scores: torch.Tensor, ids: torch.Tensor, blocks: Blocks, valid: torch.Tensor) -> torch.Tensor:

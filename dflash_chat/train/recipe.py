@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from typing import TypedDict
 
 from dflash_chat.train.budget import Preset, calibrate_drafter_steps, calibrate_target_steps, preset
 from dflash_chat.train.common import Log
@@ -49,55 +50,56 @@ def run_stages(args: argparse.Namespace, stages: list[str], device: str, log: Lo
         ship(args.work, args.out, log=log)
 
 
+class _Training(TypedDict):
+    """The arguments every training stage takes besides the work folder and its own."""
+
+    seed: int
+    steps: int
+    device: str
+    log: Log
+
+
+def _training(stage: str, args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> _Training:
+    """The run's seed, device and log with `stage`'s step count (logged)."""
+    return _Training(seed=args.seed, steps=_step_count(stage, args, chosen, device, log), device=device, log=log)
+
+
 def _target(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
-    steps = _step_count("target", args, chosen, device, log)
-    train_target_stage(args.work, seed=args.seed, steps=steps, device=device, settings=chosen.target, log=log)
+    train_target_stage(args.work, **_training("target", args, chosen, device, log), settings=chosen.target)
 
 
 def _drafter(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
-    steps = _step_count("drafter", args, chosen, device, log)
     train_drafter_stage(
         args.work,
-        seed=args.seed,
-        steps=steps,
-        device=device,
+        **_training("drafter", args, chosen, device, log),
         settings=chosen.drafter,
         answering=chosen.answering,
-        log=log,
     )
 
 
 def _dflash2(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
-    steps = _step_count("dflash2", args, chosen, device, log)
     train_dflash2_stage(
         args.work,
-        seed=args.seed,
-        steps=steps,
-        device=device,
+        **_training("dflash2", args, chosen, device, log),
         source=args.from_drafter or args.out / "drafter",
         target_dir=args.out / "target",
         answering=chosen.answering,
         settings=replace(chosen.drafter, lr=DFLASH2_LR),
-        log=log,
     )
 
 
 def _finetune(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
-    steps = _step_count("finetune", args, chosen, device, log)
     distill = FINETUNE_DISTILL if args.distill is None else args.distill
     sampled_share = FINETUNE_SAMPLED_SHARE if args.sampled_share is None else args.sampled_share
     finetune_stage(
         args.work,
+        **_training("finetune", args, chosen, device, log),
         kind=args.finetune,
         source=args.out / ("drafter2" if args.finetune == "dflash2" else "drafter"),
         target_dir=args.out / "target",
-        seed=args.seed,
-        steps=steps,
-        device=device,
         answering=replace(chosen.answering, sampled_share=sampled_share),
         settings=replace(chosen.drafter, lr=FINETUNE_LR, distill=distill, accept=args.accept_weight or 0.0),
         hard_anchors=args.hard_anchors,
-        log=log,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.text import Text
@@ -12,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 from textual.widgets.data_table import RowKey
 
+from dflash_chat.chat.conversation import Conversation
 from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown
 from dflash_chat.errors import UserError
 from dflash_chat.ui.dialogs import ConfirmDialog, TextDialog
@@ -91,47 +93,52 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
     def action_close(self) -> None:
         self.dismiss(None)
 
-    @work
-    async def action_rename(self) -> None:
+    def _selected_conversation(self) -> tuple[int, Conversation] | None:
+        """The selected row's id and conversation, read from the store; None when no row is selected or the
+        store refuses (said in a notice)."""
         conversation_id = self.selected()
         if conversation_id is None:
-            return
+            return None
         try:
-            current = self.store.load(conversation_id).title
-            title = await self.app.push_screen_wait(TextDialog("Rename conversation", current))
-            if title is None:
-                return
-            self.store.rename(conversation_id, title)
+            return conversation_id, self.store.load(conversation_id)
+        except UserError as exc:
+            self.notify(str(exc), severity="error", timeout=20)
+            return None
+
+    def _change(self, change: Callable[[], None]) -> None:
+        """Change the store, then show its rows again; a change the store refuses is said in a notice."""
+        try:
+            change()
         except UserError as exc:
             self.notify(str(exc), severity="error", timeout=20)
             return
         self.refresh_rows()
+
+    @work
+    async def action_rename(self) -> None:
+        selected = self._selected_conversation()
+        if selected is None:
+            return
+        conversation_id, conversation = selected
+        title = await self.app.push_screen_wait(TextDialog("Rename conversation", conversation.title))
+        if title is not None:
+            self._change(lambda: self.store.rename(conversation_id, title))
 
     @work
     async def action_delete(self) -> None:
-        conversation_id = self.selected()
-        if conversation_id is None:
+        selected = self._selected_conversation()
+        if selected is None:
             return
-        try:
-            title = self.store.load(conversation_id).title
-            if not await self.app.push_screen_wait(ConfirmDialog(f"Delete “{title}”? This cannot be undone.")):
-                return
-            self.store.delete(conversation_id)
-        except UserError as exc:
-            self.notify(str(exc), severity="error", timeout=20)
-            return
-        self.refresh_rows()
+        conversation_id, conversation = selected
+        if await self.app.push_screen_wait(ConfirmDialog(f"Delete “{conversation.title}”? This cannot be undone.")):
+            self._change(lambda: self.store.delete(conversation_id))
 
     @work
     async def action_export(self) -> None:
-        conversation_id = self.selected()
-        if conversation_id is None:
+        selected = self._selected_conversation()
+        if selected is None:
             return
-        try:
-            conversation = self.store.load(conversation_id)
-        except UserError as exc:
-            self.notify(str(exc), severity="error", timeout=20)
-            return
+        conversation = selected[1]
         default = str(self.export_dir / export_filename(conversation.title))
         target = await self.app.push_screen_wait(TextDialog("Export to Markdown file", default))
         if not target:

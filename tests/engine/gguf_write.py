@@ -241,7 +241,7 @@ def write_drafter_gguf(
     mrope_target: bool = False,
 ) -> Path:
     """A z-lab DFlash drafter as the DFlash fork's converter (`dflash-draft`) or mainline llama.cpp's
-    (`dflash`, conversion/qwen.py DFlashModel) writes it: see DESIGN.md §5 and `gguf._drafter_config`.
+    (`dflash`, conversion/qwen.py DFlashModel) writes it: see docs/ARCHITECTURE.md, GGUF layouts, and `gguf._drafter_config`.
 
     `tokenizer`: the vocabulary both converters copy in (the fork from the drafter's folder, mainline from
     the target's). `mrope_target`: mainline gives drafts of M-RoPE targets (Qwen3.5/3.6) degenerate rope

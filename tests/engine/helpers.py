@@ -18,10 +18,10 @@ def prefilled(events) -> Prefilled:
     return next(e for e in events if isinstance(e, Prefilled))
 
 
-def run_in_interpreter(script: str, kernel: str, *args: str) -> str:
-    """Run tests/engine/<script> [args] in a child process under Triton's interpreter (TRITON_INTERPRET must be
-    set before triton is imported) with the `kernel` kernels (ATTENTION, GDN, or "ATTENTION,GDN") selected; it
-    must exit 0; returns what it printed (the caller asserts on it)."""
+def interpreted(argv: list, *, kernels: str = "", timeout: float = 600) -> str:
+    """Run `python <argv>` in a child process under Triton's interpreter (TRITON_INTERPRET must be set before
+    triton is imported), one thread, from the repository root, with the `kernels` kernels (ATTENTION, GDN, or
+    "ATTENTION,GDN"; "": none named) selected; it must exit 0; returns what it printed (the caller asserts on it)."""
     import os
     import subprocess
     import sys
@@ -36,19 +36,26 @@ def run_in_interpreter(script: str, kernel: str, *args: str) -> str:
         "TRITON_INTERPRET": "1",
         "PYTHONPATH": str(root),
         "OMP_NUM_THREADS": "1",
-        **{f"DFLASH_CHAT_TRITON_{name}": "1" for name in kernel.split(",")},
+        **{f"DFLASH_CHAT_TRITON_{name}": "1" for name in kernels.split(",") if name},
     }
     env.pop("DFLASH_CHAT_NO_TRITON", None)
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name(script)), *args],
+        [sys.executable, *map(str, argv)],
         env=env,
         cwd=root,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
+
+
+def run_in_interpreter(script: str, kernel: str, *args: str) -> str:
+    """`interpreted` on tests/engine/<script> [args] with the `kernel` kernels selected."""
+    from pathlib import Path
+
+    return interpreted([Path(__file__).with_name(script), *args], kernels=kernel)
 
 
 def full_and_short_drafts(engine, sampled: bool, T: int = 4) -> list[tuple]:

@@ -1,7 +1,7 @@
 """The DFlash2 drafter against a torch reference written from z-lab/dflash 07ebd93's rules, and lossless in the
 engine (greedy token for token, sampled by chi-square).
 
-The reference below is written from the published definitions (DESIGN.md §3, `GroupedDynamicCausalConv`,
+The reference below is written from the published definitions (docs/ARCHITECTURE.md, DFlash2 drafters; `GroupedDynamicCausalConv`,
 `CandidateSelector`, `DFlash2DraftModel` and the attention mask rule `_attention_mask`), on the checkpoint's
 own tensors, with no code of ours: the context rows are hidden_norm(fc(features)) projected by each layer's
 k/v (k normed and rotated at the context positions); the block [anchor, mask x (B-1)] is embedded (times

@@ -60,20 +60,26 @@ def _fields(path) -> dict:
     }
 
 
+def _demo_gguf(demo, path, schema: str):
+    """The demo drafter in BF16 as `schema`'s converter writes it (mainline's marking the M-RoPE target)."""
+    return write_drafter_gguf(
+        path,
+        demo["state"],
+        demo["config"],
+        "BF16",
+        schema=schema,
+        tokenizer=demo["tokenizer"],
+        mrope_target=schema == "dflash",
+    )
+
+
 @pytest.fixture(scope="module")
 def reference(demo):
     return _trace(demo, load_drafter(demo["drafter_dir"], demo["target"]))
 
 
 def test_the_fork_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp_path):
-    path = write_drafter_gguf(
-        tmp_path / "fork.gguf",
-        demo["state"],
-        demo["config"],
-        "BF16",
-        schema="dflash-draft",
-        tokenizer=demo["tokenizer"],
-    )
+    path = _demo_gguf(demo, tmp_path / "fork.gguf", "dflash-draft")
     kv = _fields(path)
     assert kv["general.architecture"] == "dflash-draft"
     assert kv["dflash-draft.dflash.target_layer_ids"] == [1, 3, 5]  # HF's ids as they are
@@ -88,15 +94,7 @@ def test_the_fork_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp_pat
 
 
 def test_the_mainline_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp_path):
-    path = write_drafter_gguf(
-        tmp_path / "mainline.gguf",
-        demo["state"],
-        demo["config"],
-        "BF16",
-        schema="dflash",
-        tokenizer=demo["tokenizer"],
-        mrope_target=True,
-    )
+    path = _demo_gguf(demo, tmp_path / "mainline.gguf", "dflash")
     kv = _fields(path)
     assert kv["general.architecture"] == "dflash"
     assert kv["dflash.target_layers"] == [2, 4, 6]  # HF's [1, 3, 5] plus one
@@ -108,15 +106,7 @@ def test_the_mainline_schema_file_is_shaped_as_its_converter_writes_it(demo, tmp
 
 @pytest.mark.parametrize("schema", ["dflash-draft", "dflash"])
 def test_gguf_drafter_drafts_exactly_like_its_safetensors(demo, reference, schema, tmp_path):
-    path = write_drafter_gguf(
-        tmp_path / f"{schema}.gguf",
-        demo["state"],
-        demo["config"],
-        "BF16",
-        schema=schema,
-        tokenizer=demo["tokenizer"],
-        mrope_target=schema == "dflash",
-    )
+    path = _demo_gguf(demo, tmp_path / f"{schema}.gguf", schema)
     drafter = load_drafter(path, demo["target"])
     assert drafter.target_layer_ids == [1, 3, 5] and drafter.mask_token_id == 3
     assert [layer.self_attn.causal for layer in drafter.layers] == [False]  # one full layer

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.engine.helpers import interpreted
 from tests.engine.quant_helpers import one_thread
 
 _single_thread = pytest.fixture(autouse=True)(one_thread)
@@ -30,19 +28,8 @@ def _load_script():
 
 @pytest.mark.slow(seconds=40)
 def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("DFLASH_CHAT_NO_TRITON", None)
     out = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--dry-run", "--json", str(out)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    printed = interpreted([SCRIPT, "--dry-run", "--json", out], timeout=900)  # skips without triton
     report = json.loads(out.read_text())
     gpu_check = _load_script()
     c = report["correctness"]
@@ -67,7 +54,7 @@ def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
     # the loaded modules hold the file's tensor bytes: within 5% of the file (header and padding aside)
     assert abs(report["resident"]["resident_over_file"] - 1) < 0.05
     assert set(report["goals"]) == {"M1_frac_of_copy>=0.70", "M16_over_M1<=1.3", "resident_within_5pct"}
-    assert "copy bandwidth" in proc.stdout
+    assert "copy bandwidth" in printed
 
 
 def test_a_kernel_that_fell_back_to_torch_fails_the_check(tmp_path, monkeypatch, capsys):

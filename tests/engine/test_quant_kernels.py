@@ -6,16 +6,13 @@ TRITON_INTERPRET must be set before triton is imported, so the checks run in a c
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+from tests.engine.helpers import interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize(
@@ -27,15 +24,5 @@ ROOT = Path(__file__).resolve().parents[2]
     ],
 )
 def test_triton_kernels_match_torch_path_in_interpreter(group):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("DFLASH_CHAT_NO_TRITON", None)
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("_kernel_check.py")), group],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "all kernel checks passed" in proc.stdout
+    printed = interpreted([Path(__file__).with_name("_kernel_check.py"), group], timeout=900)
+    assert "all kernel checks passed" in printed

@@ -14,6 +14,7 @@ import pytest
 
 from dflash_chat.models.demo import demo_available
 from dflash_chat.settings import Settings
+from tests.pacing import after_each_step
 
 pytestmark = pytest.mark.skipif(not demo_available(), reason="the demo pair is not in dflash_chat/demo_data")
 
@@ -58,21 +59,14 @@ class Paced:
     next one run, or the answer is cancelled. A test acting mid-answer then never misses that state."""
 
     def __init__(self, pair, monkeypatch) -> None:
-        from dflash_chat.engine.events import Step
-
         self.steps = threading.Semaphore(0)  # one release per finished step
         self.go = threading.Event()
-        real = pair.engine.generate
+        monkeypatch.setattr(pair.engine, "generate", after_each_step(pair.engine.generate, self._hold))
 
-        def generate(prompt_ids, params, cancel=None, **keys):
-            for event in real(prompt_ids, params, cancel, **keys):
-                yield event
-                if isinstance(event, Step):
-                    self.steps.release()
-                    while not self.go.is_set() and not (cancel is not None and cancel.is_set()):
-                        self.go.wait(0.01)
-
-        monkeypatch.setattr(pair.engine, "generate", generate)
+    def _hold(self, cancel) -> None:
+        self.steps.release()
+        while not self.go.is_set() and not (cancel is not None and cancel.is_set()):
+            self.go.wait(0.01)
 
     def wait_step(self, timeout: float = 60.0) -> None:
         assert self.steps.acquire(timeout=timeout), "no engine step came"

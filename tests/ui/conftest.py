@@ -49,6 +49,32 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+async def loaded(pilot, app, what: str = "the model to load") -> None:
+    await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, what)
+
+
+async def answered(pilot, app, count: int) -> None:
+    """Wait for the model, then until no answer streams and the chat holds `count` finished answers."""
+    await loaded(pilot, app)
+    await wait_for(
+        pilot,
+        lambda: (
+            app.chat.turn is None
+            and sum(1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial")
+            >= count
+        ),
+        120,
+        f"answer {count}",
+    )
+
+
+async def ask(pilot, app, text: str, count: int) -> None:
+    """Once the model is loaded, send `text` and wait for the chat's `count`th finished answer."""
+    await loaded(pilot, app)
+    await send(pilot, text)
+    await answered(pilot, app, count)
+
+
 STATS = GenerationStats(
     prompt_tokens=42,
     reused_tokens=17,

@@ -13,7 +13,6 @@ from dflash_chat import paths
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL
 from dflash_chat.chat.events import PromptSent
 from dflash_chat.chat.history import HistoryStore
-from dflash_chat.engine.events import Step
 from dflash_chat.models.demo import demo_available
 from dflash_chat.runtime.bridge import StreamChunk
 from dflash_chat.runtime.events import ModelLoaded
@@ -23,8 +22,9 @@ from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
+from tests.pacing import after_each_step
 
-from .conftest import fast_settings, run, send, wait_for
+from .conftest import answered, ask, fast_settings, loaded, run, send, wait_for
 
 
 class Seen:
@@ -49,19 +49,14 @@ class Paced:
     def __init__(self, pair) -> None:
         self.waiting = threading.Event()  # a step is done and the next one waits for `go`
         self.go = threading.Event()
-        real = pair.engine.generate
+        pair.engine.generate = after_each_step(pair.engine.generate, self._hold)
 
-        def generate(prompt_ids, params, cancel=None, **keys):
-            for event in real(prompt_ids, params, cancel, **keys):
-                yield event
-                if isinstance(event, Step):
-                    self.waiting.set()
-                    while not self.go.wait(0.02) and not (cancel is not None and cancel.is_set()):
-                        pass
-                    self.go.clear()
-                    self.waiting.clear()
-
-        pair.engine.generate = generate
+    def _hold(self, cancel) -> None:
+        self.waiting.set()
+        while not self.go.wait(0.02) and not (cancel is not None and cancel.is_set()):
+            pass
+        self.go.clear()
+        self.waiting.clear()
 
     async def until(self, pilot, condition, what: str, timeout: float = 60.0) -> None:
         """Let the answer go on a step at a time until `condition()` holds."""
@@ -79,29 +74,13 @@ def make_app(tiny_pair, **settings):
     return DFlashChatApp(fast_settings(**settings), ModelSource(str(target), str(drafter)))
 
 
-async def answered(pilot, app, count: int) -> None:
-    await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-    await wait_for(
-        pilot,
-        lambda: (
-            app.chat.turn is None
-            and sum(1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial")
-            >= count
-        ),
-        120,
-        f"answer {count}",
-    )
-
-
 def test_a_message_gets_a_streamed_answer_and_the_engines_figures(home, tiny_pair):
     hook = Seen(StreamChunk)
 
     async def main():
         app = make_app(tiny_pair, max_new_tokens=8, draft=4)  # a fixed draft length: the same steps alone
         async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-            await send(pilot, "hello there")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "hello there", 1)
             await pilot.pause()
             widget = app.chat.query(AssistantMessage).last()
             return (
@@ -164,7 +143,7 @@ def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_en
     async def main():
         app = make_app(tiny_pair, max_new_tokens=8)  # draft auto, the default
         async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            await loaded(pilot, app)
             engine = app.chat.backend.pair.engine
             real_set = engine.set_draft
             engine.set_draft = lambda value: (set_in.append(threading.current_thread().name), real_set(value))
@@ -186,8 +165,7 @@ def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_en
             await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to the chat")
             between = (engine.draft, list(set_in))
             engine.generate = unpaced  # the next answer runs freely
-            await send(pilot, "again")
-            await answered(pilot, app, 2)
+            await ask(pilot, app, "again", 2)
             await wait_for(pilot, lambda: "tok/s (last)" in app.chat.panel.shown, 30, "its own figures")
             return during, live, first, after_first, between, app.chat.last_end.stats, dict(app.chat.panel.shown)
 
@@ -212,7 +190,7 @@ def test_each_chat_and_thinking_setting_keeps_its_own_draft_memory(home, tiny_pa
     async def main():
         app = make_app(tiny_pair, max_new_tokens=2)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            await loaded(pilot, app)
             engine = app.chat.backend.pair.engine
             real = engine.generate
 
@@ -221,19 +199,14 @@ def test_each_chat_and_thinking_setting_keeps_its_own_draft_memory(home, tiny_pa
                 return real(prompt_ids, params, cancel, memory=memory)
 
             engine.generate = generate
-            await send(pilot, "one")
-            await answered(pilot, app, 1)
-            await send(pilot, "two")
-            await answered(pilot, app, 2)
+            await ask(pilot, app, "one", 1)
+            await ask(pilot, app, "two", 2)
             await pilot.press("ctrl+t")  # thinking on
-            await send(pilot, "three")
-            await answered(pilot, app, 3)
+            await ask(pilot, app, "three", 3)
             await pilot.press("ctrl+n")  # a new chat, thinking still on
-            await send(pilot, "four")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "four", 1)
             await app.chat.open_conversation(1)  # back to the first chat
-            await send(pilot, "five")
-            await answered(pilot, app, 4)
+            await ask(pilot, app, "five", 4)
             return memories, app.chat.backend.service.records
 
     memories, records = run(main())
@@ -250,9 +223,7 @@ def test_toggling_thinking_changes_the_prompt_the_engine_gets(home, tiny_pair):
     async def main():
         app = make_app(tiny_pair, max_new_tokens=2)
         async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-            await send(pilot, "hi")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "hi", 1)
             await pilot.press("ctrl+t")
             switch_on = app.chat.panel.query_one("#thinking-switch").value
             await pilot.press("ctrl+r")  # the same conversation again, thinking on
@@ -275,7 +246,7 @@ def test_escape_stops_mid_answer_and_keeps_the_partial_answer(home, tiny_pair, m
     async def main():
         app = make_app(tiny_pair, max_new_tokens=400)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            await loaded(pilot, app)
             paced = Paced(app.chat.backend.pair)
             await send(pilot, "tell me a long story")
             await paced.until(
@@ -302,18 +273,14 @@ def test_the_next_turn_reuses_the_engines_prefix(home, tiny_pair):
     async def main():
         app = make_app(tiny_pair, max_new_tokens=3)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-            await send(pilot, "first")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "first", 1)
             first = app.chat.last_end.stats
-            await send(pilot, "second")
-            await answered(pilot, app, 2)
+            await ask(pilot, app, "second", 2)
             second, shown = app.chat.last_end.stats, app.chat.panel.shown["prompt"]
             # leave the chat and come back to it from the history: still reused
             await pilot.press("ctrl+n")
             await app.chat.open_conversation(1)
-            await send(pilot, "third")
-            await answered(pilot, app, 3)
+            await ask(pilot, app, "third", 3)
             return first, second, shown, app.chat.last_end.stats
 
     first, second, shown, third = run(main())
@@ -327,9 +294,7 @@ def test_a_restarted_app_finds_the_conversation(home, tiny_pair):
     async def first_run():
         app = make_app(tiny_pair, max_new_tokens=3)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-            await send(pilot, "remember me")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "remember me", 1)
             return app.chat.conversation.messages[-1].content
 
     async def second_run():
@@ -359,15 +324,14 @@ def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
     async def main():
         app = DFlashChatApp(fast_settings(max_new_tokens=24), demo_source())
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the demo pair to load")
+            await loaded(pilot, app, "the demo pair to load")
 
             def notice():  # posted just after the pair is set: wait for it rather than race it
                 return " ".join(str(n.render()) for n in app.chat.query(Notice))
 
             await wait_for(pilot, lambda: "tiny built-in demo model" in notice(), 30, "the demo notice")
             said = notice()
-            await send(pilot, "What does the with statement do?")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "What does the with statement do?", 1)
             return said, app.chat.last_end.stats, dict(app.chat.panel.shown)
 
     notice, stats, shown = run(main())
@@ -381,16 +345,13 @@ def test_an_engine_error_is_a_notification_and_the_chat_goes_on(home, tiny_pair)
     async def main():
         app = make_app(tiny_pair, context_length=256, max_new_tokens=250)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-            await send(pilot, "this prompt and 250 new tokens do not fit in 256")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "this prompt and 250 new tokens do not fit in 256", 1)
             await pilot.pause()
             status = str(app.chat.query(AssistantMessage).last().query_one(".status").render())
             messages = [n.message for n in app._notifications]
             # still usable: a shorter answer fits
             app.chat.settings = fast_settings(context_length=256, max_new_tokens=2)
-            await send(pilot, "short")
-            await answered(pilot, app, 2)
+            await ask(pilot, app, "short", 2)
             return status, messages, app.chat.last_end
 
     status, messages, end = run(main())
@@ -417,7 +378,7 @@ def test_choosing_a_model_on_the_settings_screen_loads_it(home, tiny_pair):
             app.screen.query_one("#field-model", Input).value = str(target)
             app.screen.query_one("#field-drafter", Input).value = str(drafter)
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the chosen model to load")
+            await loaded(pilot, app, "the chosen model to load")
             return app.chat.sub_title, dict(app.chat.panel.shown)
 
     subtitle, shown = run(main())
@@ -432,7 +393,7 @@ def test_switching_the_model_mid_answer_stops_the_answer_and_loads_the_new_model
     async def main():
         app = make_app(tiny_pair, max_new_tokens=400)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            await loaded(pilot, app)
             first_pair = app.chat.backend.pair
             paced = Paced(first_pair)
             await send(pilot, "tell me a long story")
@@ -445,8 +406,7 @@ def test_switching_the_model_mid_answer_stops_the_answer_and_loads_the_new_model
             stopped = app.chat.last_end
             await wait_for(pilot, lambda: app.chat.backend.pair not in (None, first_pair), 60, "the new model to load")
             held = (app.chat.backend.transcript, dict(app.chat.backend.transcripts))
-            await send(pilot, "next")
-            await answered(pilot, app, 2)
+            await ask(pilot, app, "next", 2)
             return stopped, held, app.chat.backend.pair.drafter_name, app.chat.last_end
 
     stopped, (transcript, transcripts), drafter, end = run(main())

@@ -12,26 +12,12 @@ from dflash_chat.runtime.model_source import ModelSource
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
 
-from .conftest import fast_settings, run, send, wait_for
+from .conftest import ask, fast_settings, loaded, run, wait_for
 
 
 def make_app(tiny_pair, **kwargs):
     target, drafter = tiny_pair
     return DFlashChatApp(fast_settings(max_new_tokens=3), ModelSource(str(target), str(drafter)), **kwargs)
-
-
-async def answered(pilot, app, count: int) -> None:
-    await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-    await wait_for(
-        pilot,
-        lambda: (
-            app.chat.turn is None
-            and sum(1 for m in app.chat.conversation.messages if m.role == "assistant" and m.status != "partial")
-            >= count
-        ),
-        120,
-        f"answer {count}",
-    )
 
 
 def history_notices(app) -> list[str]:
@@ -60,15 +46,11 @@ def test_a_read_only_history_is_said_once_per_chat_and_the_chat_goes_on(home, ti
     async def main():
         app = make_app(tiny_pair)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-            await send(pilot, "first")
-            await answered(pilot, app, 1)
-            await send(pilot, "second")
-            await answered(pilot, app, 2)
+            await ask(pilot, app, "first", 1)
+            await ask(pilot, app, "second", 2)
             first_chat = history_notices(app)
             await pilot.press("ctrl+n")
-            await send(pilot, "another chat")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "another chat", 1)
             return first_chat, history_notices(app)
 
     first_chat, both = run(main())
@@ -86,19 +68,17 @@ def test_a_history_another_program_holds_is_said_so_and_the_chat_goes_on(home, t
     async def main():
         app = make_app(tiny_pair)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
+            await loaded(pilot, app)
             other = sqlite3.connect(db, isolation_level=None)
             other.execute("BEGIN EXCLUSIVE")  # a database tool in the middle of a write
             try:
-                await send(pilot, "while it is held")
-                await answered(pilot, app, 1)
+                await ask(pilot, app, "while it is held", 1)
                 answer = app.chat.conversation.messages[-1].content
             finally:
                 other.execute("ROLLBACK")
                 other.close()
             await pilot.press("ctrl+n")
-            await send(pilot, "after it is let go")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "after it is let go", 1)
             return history_notices(app), answer
 
     notices, answer = run(main())
@@ -114,9 +94,7 @@ def test_a_history_that_cannot_be_opened_keeps_the_session_in_memory(home, tiny_
     async def main():
         app = make_app(tiny_pair, history_path=blocker / "history.sqlite3")
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.chat.backend.pair is not None, 60, "the model to load")
-            await send(pilot, "hello")
-            await answered(pilot, app, 1)
+            await ask(pilot, app, "hello", 1)
             await pilot.press("ctrl+o")
             await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
             rows = app.screen.query_one("#history-table").row_count

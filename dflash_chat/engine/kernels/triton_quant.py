@@ -344,6 +344,21 @@ def _tile_index(BN: tl.constexpr, C: tl.constexpr, T2: tl.constexpr, RW: tl.cons
     return c, t, (c + t) * 0, zr  # zt: every per-row field is read through a full-shape (broadcast) pointer
 
 
+@triton.jit
+def _row_starts(w_ptr, rows, N, row_bytes):
+    """int32 pointers [BN, 1, 1, 1] to the packed rows' starts; rows past N read row N-1 (no predicated loads):
+    their results are never stored."""
+    return w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
+
+
+@triton.jit
+def _mma(acc, x, w):
+    """acc + x @ w.T on the tensor cores: fp32 activations in full precision, 16-bit ones with w in their dtype."""
+    if x.dtype == tl.float32:
+        return acc + tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+    return acc + tl.dot(x, tl.trans(w.to(x.dtype)))
+
+
 # --- M = 1: FMA ------------------------------------------------------------------------------------------
 
 
@@ -368,8 +383,7 @@ def _gemv_rows(
 ):
     """sum over units u_start..u_end-1 of W[rows, unit] . x[unit] -> fp32 [BN]. x: int64 view (16-bit) or fp32."""
     c, t, zt, zr = _tile_index(BN, C, T2, RW)
-    # rows past N read row N-1 (no predicated loads); their results are never stored
-    rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
+    rows_ptr = _row_starts(w_ptr, rows, N, row_bytes)
     A, INV_B = _affine(FMT)
     magic = _exponent_word(kv_ptr, zt, FMT)
     acc = tl.zeros([BN, C, T2], dtype=tl.float32)
@@ -597,14 +611,10 @@ def _gemm_tile(
             k = u * 256 + ks
             w = tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + k[None, :], mask=(rows < N)[:, None], other=0.0)
             x = tl.load(x_ptr + x_rows.to(tl.int64)[:, None] * stride_xm + k[None, :], mask=x_live[:, None], other=0.0)
-            if x_ptr.dtype.element_ty == tl.float32:
-                acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-            else:
-                acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
+            acc = _mma(acc, x, w)
     else:
         c, t, zt, zr = _tile_index(BN, C, T2, RW)
-        # rows past N read row N-1 (see _gemv_rows)
-        rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
+        rows_ptr = _row_starts(w_ptr, rows, N, row_bytes)
         magic = _exponent_word(kv_ptr, zt, FMT)
         for u in range(u_start, u_end):
             for h in tl.static_range(NH):  # one dot per slot: only a slot's weights are live at once
@@ -612,10 +622,7 @@ def _gemm_tile(
                 x = tl.load(x_ptr + x_row + u * 256 + _slot_x_index(FMT, C, T2, RW, h), mask=live, other=0.0)
                 w = tl.reshape(w, [BN, 256 // NH])
                 x = tl.reshape(x, [BM, 256 // NH])
-                if x_ptr.dtype.element_ty == tl.float32:
-                    acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-                else:
-                    acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
+                acc = _mma(acc, x, w)
     return acc
 
 
@@ -716,28 +723,12 @@ def _experts_gemv_kernel(
     e = tl.load(expert_ptr + i).to(tl.int64)
     src = tl.load(src_ptr + i).to(tl.int64)
     dst = tl.load(dst_ptr + i).to(tl.int64)
+    x_src = x_ptr + src * stride_xm  # the pair's row of x
     w_e = w_ptr + e * expert_stride  # int32 words (quantized) or values (float)
     if FMT >= 100:
-        y = _gemv_float_rows(x_ptr + src * stride_xm, w_e, rows, N, K, 0, units, BN)
+        y = _gemv_float_rows(x_src, w_e, rows, N, K, 0, units, BN)
     else:
-        y = _gemv_rows(
-            x_ptr + src * stride_xm,
-            w_e,
-            kv_ptr,
-            rows,
-            N,
-            row_bytes,
-            0,
-            units,
-            FMT,
-            C,
-            T2,
-            RW,
-            NH,
-            UNIT_BYTES,
-            X_KIND,
-            BN,
-        )
+        y = _gemv_rows(x_src, w_e, kv_ptr, rows, N, row_bytes, 0, units, FMT, C, T2, RW, NH, UNIT_BYTES, X_KIND, BN)
     tl.store(out_ptr + dst * stride_om + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
@@ -829,7 +820,7 @@ def _dequant_kernel(
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     u = tl.program_id(1)
     c, t, zt, zr = _tile_index(BN, C, T2, RW)
-    rows_ptr = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None, None] * (row_bytes // 4)
+    rows_ptr = _row_starts(w_ptr, rows, N, row_bytes)
     magic = _exponent_word(kv_ptr, zt, FMT)
     v = _unit_values(rows_ptr, kv_ptr, u * UNIT_BYTES, c, t, zt, magic, FMT, BN, C, T2, RW, NH, True)
     at = rows.to(tl.int64)[:, None, None, None, None, None] * K + u * 256 + _unit_x_index(FMT, C, T2, RW, NH)

@@ -237,7 +237,7 @@ def _present(value: T | None, key: str, path: Path, where: str) -> T:
 
 
 def _drafter_config(kv: dict, arch: str, path: Path) -> dict:
-    """The z-lab config.json a drafter GGUF came from, in either schema (DESIGN.md §5).
+    """The z-lab config.json a drafter GGUF came from, in either schema (docs/ARCHITECTURE.md, GGUF layouts).
 
     The fork (`dflash-draft`) keeps its DFlash keys under `dflash-draft.dflash.*` with HF's tap ids.
     Mainline (`dflash`) writes `dflash.block_size`, the mask token as `tokenizer.ggml.mask_token_id` and

@@ -1,4 +1,4 @@
-"""HF <-> GGUF tensor names and the llama.cpp converter's transforms (DESIGN.md §5).
+"""HF <-> GGUF tensor names and the llama.cpp converter's transforms (docs/ARCHITECTURE.md, GGUF layouts).
 
 A `Rule` names one tensor both ways plus the transform the converter applied on
 the way into GGUF. `{bid}` stands for the layer index. The transforms are pure
@@ -95,7 +95,7 @@ GGUF_GATE_EXPS = "blk.{bid}.ffn_gate_exps.weight"
 GGUF_UP_EXPS = "blk.{bid}.ffn_up_exps.weight"
 GGUF_GATE_UP_EXPS = "blk.{bid}.ffn_gate_up_exps.weight"
 
-# Drafter tensors: the z-lab state dict (no "model." prefix) <-> GGUF, per schema (DESIGN.md §5). Norms are raw.
+# Drafter tensors: the z-lab state dict (no "model." prefix) <-> GGUF, per schema (docs/ARCHITECTURE.md, GGUF layouts). Norms are raw.
 _DRAFTER_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -125,7 +125,7 @@ DRAFTER_NAMES = {  # schema -> (global names, per-layer names under blk.N.)
 
 
 # DFlash2's extra tensors, as llama.cpp's converter names them under the mainline `dflash` arch (PR #27342 /
-# #27816; DESIGN.md §5). The conv base kernels keep no `.weight` suffix (so llama-quantize leaves them F32).
+# #27816; docs/ARCHITECTURE.md, GGUF layouts). The conv base kernels keep no `.weight` suffix (so llama-quantize leaves them F32).
 DFLASH2_NAMES = (
     {
         "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
