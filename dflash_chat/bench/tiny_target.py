@@ -123,8 +123,10 @@ def write_target(
     vocab_size: int | None = None,
     scale: float = 1.0,
     tokenizer: bool = True,
+    mtp: bool = False,
 ):
-    """A tiny random target in HF format (+ tokenizer). Returns the transformers model (the oracle)."""
+    """A tiny random target in HF format (+ tokenizer). Returns the transformers model (the oracle).
+    `mtp` (Qwen3.5/3.6 only): with a random MTP layer, as the Qwen checkpoints ship theirs (`add_mtp`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(directory) if tokenizer else (vocab_size or 384)
@@ -134,4 +136,33 @@ def write_target(
     gen = torch.Generator().manual_seed(seed)
     _randomise(model, gen, scale, zero_centred=arch != "qwen3")
     model.save_pretrained(str(directory))
+    if mtp:
+        add_mtp(directory, mtp_state_dict(cfg | {"model_type": model.config.model_type}, seed=seed + 1))
     return model
+
+
+def mtp_state_dict(cfg: dict, *, seed: int = 0, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """A random MTP layer for the target of config `cfg`, under the checkpoints' names (`mtp.*`)."""
+    from dflash_chat.engine.models.config import TargetConfig
+    from dflash_chat.engine.models.mtp import MTPHead
+
+    head = MTPHead(TargetConfig.from_dict(cfg))
+    gen = torch.Generator().manual_seed(seed)
+    _randomise(head, gen, scale, zero_centred=True)
+    return {f"mtp.{name}": t.detach().clone().contiguous() for name, t in head.state_dict().items()}
+
+
+def add_mtp(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Ship an MTP layer inside a Qwen3.5/3.6 target folder as the Qwen checkpoints do: its `mtp.*` tensors
+    in the target's safetensors, `mtp_num_hidden_layers` in its config (any layer there before is replaced)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(directory)
+    weights = directory / "model.safetensors"
+    kept = {k: v for k, v in load_file(str(weights)).items() if not k.startswith("mtp.")}
+    save_file({**kept, **tensors}, str(weights), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -2,8 +2,9 @@
 mappings of HF name -> tensor from any reader (GGUF, safetensors with quantize-on-load).
 
 Names follow the HF checkpoints; the multimodal Qwen3.5/3.6 prefix `model.language_model.` is
-accepted (text weights only), vision and MTP weights are ignored, and per-expert MoE tensors
-(`mlp.experts.E.gate_proj.weight`...) are stacked into the fused [E, 2I, H] / [E, H, I] layout.
+accepted (text weights only), vision weights are ignored, the MTP layer's are read apart (`mtp=True`), and
+per-expert MoE tensors (`mlp.experts.E.gate_proj.weight`...) are stacked into the fused [E, 2I, H] /
+[E, H, I] layout.
 
 `materialise` fills a model built on the meta device one module at a time: a Linear, Embedding or
 routed-experts module whose weights arrive packed (QuantTensor) is swapped for its Quant* twin, so a
@@ -63,15 +64,18 @@ def check_layers(what: str, layers: int, names) -> None:
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def normalise_target_names(tensors: Mapping[str, torch.Tensor]) -> LazyTensors:
-    """HF checkpoint names -> ours, still lazy: each tensor (or stack of per-expert tensors) is read when asked for."""
+def normalise_target_names(tensors: Mapping[str, torch.Tensor], mtp: bool = False) -> LazyTensors:
+    """HF checkpoint names -> ours, still lazy: each tensor (or stack of per-expert tensors) is read when asked for.
+    `mtp`: the MTP layer's tensors instead, as `mtp.*` (some exports nest them as `model.mtp.*`)."""
     loaders: dict[str, Callable[[], Any]] = {}
     experts: dict[str, dict[str, dict[int, str]]] = {}
     for name in tensors:
         ours = name
         if ours.startswith("model.language_model."):
             ours = "model." + ours[len("model.language_model.") :]
-        if ours.startswith(IGNORED_PREFIXES):
+        if ours.startswith("model.mtp."):
+            ours = ours.removeprefix("model.")
+        if ours.startswith("mtp.") != mtp or (not mtp and ours.startswith(IGNORED_PREFIXES)):
             continue
         m = _EXPERT.match(ours)
         if m:

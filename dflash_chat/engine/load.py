@@ -28,6 +28,7 @@ from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
 from dflash_chat.engine.models.dflash2 import build_drafter
 from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Rotary
+from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.quantized import QuantEmbedding
@@ -167,6 +168,32 @@ def load_target(path: str | Path, device=None, dtype=None, placement: Placement 
     lay_out_for_cpu(model)
     fuse_projections(model)
     return model.eval()
+
+
+def load_mtp(path: str | Path, target: TargetModel, placement: Placement | None = None) -> MTPHead | None:
+    """The target's own MTP layer from its files (`mtp.*` in safetensors, `blk.N.nextn.*` in a GGUF), bound to
+    `target`; None when the checkpoint carries none (its config declares none, or its files hold none of it)."""
+    layers = target.cfg.mtp_layers
+    if not layers:
+        return None
+    kind, path = resolve_model_path(path, "target")
+    if layers != 1:
+        raise ModelFormatError(f"{path}: the target declares {layers} MTP layers; dflash-chat runs a single one")
+    raw = _read_gguf(path, "target").tensors if kind == "gguf" else read_safetensors(path).tensors
+    tensors = raw if kind == "gguf" else normalise_target_names(raw, mtp=True)
+    own = {name.removeprefix(names.MTP_PREFIX): name for name in tensors if name.startswith(names.MTP_PREFIX)}
+    if not own:
+        return None
+    param = target.model.norm.weight
+    with torch.device("meta"):
+        head = MTPHead(target.cfg)
+    lazy = LazyTensors({ours: partial(tensors.__getitem__, theirs) for ours, theirs in own.items()})
+    materialise(head, lazy, param.device, param.dtype, "MTP layer", placement=placement)
+    _check_materialised(head, "MTP layer")
+    lay_out_for_cpu(head)
+    fuse_projections(head)
+    head.bind(target)
+    return head.eval()
 
 
 def _tie_lm_head(model: TargetModel) -> None:

@@ -157,7 +157,11 @@ def write_target_gguf(
     chat_template: str | None = None,
     split_max_tensors: int = 0,
 ) -> Path:
-    """Write a qwen35 / qwen35moe / qwen3 target. `extra_mtp_layers` appends MTP-style blocks to ignore.
+    """Write a qwen35 / qwen35moe / qwen3 target. An MTP layer in `state_dict` (`mtp.*`, the config's
+    `mtp_num_hidden_layers`) is written as llama.cpp's converter writes it (`_Qwen35MtpMixin`): block N
+    after the N target layers, its own tensors as `blk.N.nextn.{eh_proj, enorm, hnorm, shared_head_norm}`,
+    its decoder layer's as a target layer's, every norm as 1 + w, `<arch>.nextn_predict_layers`.
+    `extra_mtp_layers` appends stand-in blocks without nextn tensors instead (a reader must ignore them).
 
     `split_max_tensors` > 0 writes a split GGUF as llama.cpp's gguf-split does (NAME-0000i-of-0000n.gguf,
     metadata in the first part) and returns the first part's path.
@@ -167,6 +171,9 @@ def write_target_gguf(
     cfg = dict(config.get("text_config") or config)
     arch = _ARCH_OF_MODEL_TYPE[cfg["model_type"]]
     n_layers = cfg["num_hidden_layers"]
+    mtp = {k: v for k, v in state_dict.items() if k.startswith("mtp.")}
+    if mtp:
+        extra_mtp_layers = int(cfg.get("mtp_num_hidden_layers", 1))
     writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     writer.add_name("dflash-chat fixture")
     _common_keys(writer, cfg, n_layers + extra_mtp_layers)
@@ -219,15 +226,43 @@ def write_target_gguf(
             else:
                 gate, up = gate_up.chunk(2, dim=1)
                 out += [(names.GGUF_GATE_EXPS.format(bid=bid), gate), (names.GGUF_UP_EXPS.format(bid=bid), up)]
-    for extra in range(n_layers, n_layers + extra_mtp_layers):  # stand-in MTP block: shapes of layer n-1
-        for name, t in list(out):
-            if name.startswith(f"blk.{n_layers - 1}."):
-                out.append((name.replace(f"blk.{n_layers - 1}.", f"blk.{extra}.", 1), torch.randn_like(t)))
+    if mtp:
+        out += _mtp_tensors(mtp, arch, n_layers, dims)
+    else:
+        for extra in range(n_layers, n_layers + extra_mtp_layers):  # stand-in MTP block: shapes of layer n-1
+            for name, t in list(out):
+                if name.startswith(f"blk.{n_layers - 1}."):
+                    out.append((name.replace(f"blk.{n_layers - 1}.", f"blk.{extra}.", 1), torch.randn_like(t)))
     for name, t in out:
         _add_tensor(writer, name, t, choose_format(name, tuple(t.shape), mix, n_layers))
     parts = writer.format_shard_names(Path(path))
     _finish(writer)
     return parts[0]
+
+
+# llama.cpp's converter (conversion/qwen.py, _Qwen35MtpMixin.filter_tensors): mtp.X -> layer N's nextn tensors
+_NEXTN = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head_norm"}
+
+
+def _mtp_tensors(mtp: dict[str, torch.Tensor], arch: str, bid: int, dims) -> list[tuple[str, torch.Tensor]]:
+    """The MTP layer's tensors as the converter writes them: its decoder layer renumbered as layer `bid` and
+    mapped as any target layer, its own four as nextn tensors; norms + 1 (the converter adds 1 to every
+    tensor whose name ends in norm.weight)."""
+    as_layer = {f"model.layers.{bid}.{k.removeprefix('mtp.layers.0.')}": v for k, v in mtp.items() if ".layers." in k}
+    _, layer = names.target_rules(arch)
+    out = [
+        (r.gguf_name(bid), names.to_gguf(as_layer[r.hf_name(bid)], r.transform, dims))
+        for r in layer
+        if r.hf_name(bid) in as_layer
+    ]
+    gate_up = as_layer.get(names.EXPERTS_GATE_UP.format(bid=bid))
+    if gate_up is not None:
+        gate, up = gate_up.chunk(2, dim=1)
+        out += [(names.GGUF_GATE_EXPS.format(bid=bid), gate), (names.GGUF_UP_EXPS.format(bid=bid), up)]
+    for hf, nextn in _NEXTN.items():
+        t = mtp[f"mtp.{hf}.weight"]
+        out.append((f"blk.{bid}.nextn.{nextn}.weight", t + 1 if "norm" in hf else t))
+    return out
 
 
 def write_drafter_gguf(

@@ -130,6 +130,8 @@ class TargetConfig:
     shared_expert_intermediate_size: int = 0
     eos_token_id: list[int] = field(default_factory=list)
     max_position_embeddings: int = 32768
+    # multi-token prediction layers the checkpoint declares (`mtp_num_hidden_layers`; Qwen3.5/3.6 only)
+    mtp_layers: int = 0
 
     @property
     def zero_centred_norm(self) -> bool:
@@ -206,6 +208,7 @@ class TargetConfig:
             shared_expert_intermediate_size=_count(d, "shared_expert_intermediate_size", what, 0, minimum=0),
             eos_token_id=eos,
             max_position_embeddings=_count(d, "max_position_embeddings", what, 32768),
+            mtp_layers=0 if arch == "qwen3" else _count(d, "mtp_num_hidden_layers", what, 0, minimum=0),
         )
         if arch == "qwen3_5_moe" and not (cfg.num_experts and cfg.num_experts_per_tok and cfg.moe_intermediate_size):
             raise ModelFormatError(f"{what}: num_experts, num_experts_per_tok and moe_intermediate_size are required")

@@ -60,7 +60,7 @@ class GGUFModel:
     hf_config: dict
     tensors: LazyTensors
     chat_template: str | None = None
-    ignored: list[str] = field(default_factory=list)  # GGUF tensors not loaded (MTP layers, unknown)
+    ignored: list[str] = field(default_factory=list)  # GGUF tensors not loaded (MTP stand-ins, unknown)
     header: Header | None = None
 
 
@@ -218,6 +218,8 @@ def _target_config(kv: dict, arch: str, tensor_names: set[str], vocab: int) -> d
             ],
         }
     )
+    if f"blk.{layers}.nextn.eh_proj.weight" in tensor_names:  # the converter kept the MTP layer (not --no-mtp)
+        cfg["mtp_num_hidden_layers"] = int(_get(kv, arch, "nextn_predict_layers", 0) or 0)
     if arch == "qwen35moe":
         cfg.update(
             {
@@ -332,21 +334,28 @@ def _target_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]
             loaders[hf] = lambda: _undo(_raw(t), transform, dims)
             used.add(gname)
 
-    glob, layer = names.target_rules(arch)
-    for rule in glob:
-        plan(rule.hf, rule.gguf, rule.transform)
-    for bid in range(cfg["num_hidden_layers"]):
-        for rule in layer:
-            plan(rule.hf_name(bid), rule.gguf_name(bid), rule.transform)
+    def plan_experts(hf: str, bid: int) -> None:
         fused = names.GGUF_GATE_UP_EXPS.format(bid=bid)
         gate, up = names.GGUF_GATE_EXPS.format(bid=bid), names.GGUF_UP_EXPS.format(bid=bid)
-        hf = names.EXPERTS_GATE_UP.format(bid=bid)
         if fused in by_name:
             plan(hf, fused, None)
         elif gate in by_name and up in by_name:
             g, u = by_name[gate], by_name[up]
             loaders[hf] = lambda g=g, u=u: _concat_rows(_raw(g), _raw(u))
             used.update((gate, up))
+
+    glob, layer = names.target_rules(arch)
+    for rule in glob:
+        plan(rule.hf, rule.gguf, rule.transform)
+    for bid in range(cfg["num_hidden_layers"]):
+        for rule in layer:
+            plan(rule.hf_name(bid), rule.gguf_name(bid), rule.transform)
+        plan_experts(names.EXPERTS_GATE_UP.format(bid=bid), bid)
+    if cfg.get("mtp_num_hidden_layers"):
+        bid = cfg["num_hidden_layers"]
+        for rule in names.mtp_rules(arch):
+            plan(rule.hf_name(bid), rule.gguf_name(bid), rule.transform)
+        plan_experts(names.MTP_LAYER + "mlp.experts.gate_up_proj", bid)
     return loaders, used
 
 

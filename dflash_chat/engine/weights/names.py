@@ -89,6 +89,33 @@ def target_rules(arch: str) -> tuple[list[Rule], list[Rule]]:
     return glob, layer
 
 
+# The target's MTP layer (docs/ARCHITECTURE.md, The MTP layer): HF names it `mtp.*`; llama.cpp's converter numbers
+# it as block N (N = the target's layer count), names its own tensors `nextn.*` and its decoder layer's as a
+# target layer's, and stores every norm as 1 + w (all of them end in `norm.weight`).
+MTP_PREFIX = "mtp."
+MTP_LAYER = "mtp.layers.0."
+_MTP_OWN = {
+    "mtp.fc.weight": "nextn.eh_proj.weight",
+    "mtp.pre_fc_norm_embedding.weight": "nextn.enorm.weight",
+    "mtp.pre_fc_norm_hidden.weight": "nextn.hnorm.weight",
+    "mtp.norm.weight": "nextn.shared_head_norm.weight",
+}
+
+
+def mtp_rules(arch: str) -> list[Rule]:
+    """The MTP layer's tensors, `{bid}` standing for the target's layer count: its own, then its full-attention
+    decoder layer's (the routed experts' gate/up pair aside, as for a target layer)."""
+    norm = NORM if arch in ZERO_CENTRED_ARCHS else None
+    own = [Rule(hf, "blk.{bid}." + gguf, norm if "norm" in hf else None) for hf, gguf in _MTP_OWN.items()]
+    _, layer = target_rules(arch)
+    prefix = "model.layers.{bid}."
+    return own + [
+        Rule(MTP_LAYER + rule.hf.removeprefix(prefix), rule.gguf, rule.transform)
+        for rule in layer
+        if ".linear_attn." not in rule.hf
+    ]
+
+
 # Routed gate/up experts: HF fuses them ([E, 2I, H], gate rows first); GGUF has them split or fused.
 EXPERTS_GATE_UP = "model.layers.{bid}.mlp.experts.gate_up_proj"
 GGUF_GATE_EXPS = "blk.{bid}.ffn_gate_exps.weight"
