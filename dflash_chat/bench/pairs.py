@@ -74,7 +74,7 @@ def measure_random(
     hf = write_target(folder, arch, hidden=hidden, layers=layers, seed=0)
     target = load_target(folder, device, getattr(torch, dtype) if dtype else None)
     context = 64 + tokens + block
-    ar = Engine(target, None, max_context=context)
+    ar = Engine(target, None, max_context=context, speculate="none")
     rng = random.Random(0)
     ids = [[rng.randrange(target.cfg.vocab_size) for _ in range(32)] for _ in range(prompts)]
 
@@ -82,7 +82,7 @@ def measure_random(
         oracle = OracleDrafter(
             prompt + ar_tokens, target.cfg.vocab_size, block_size=block, accept_prob=acceptance, seed=len(ar_tokens)
         )
-        return Engine(target, oracle, max_context=context)
+        return Engine(target, oracle, max_context=context, speculate="dflash")
 
     title = (
         f"tiny random {arch} target (hidden {hidden}, {layers} layers) on {target.model.norm.weight.device}; "
@@ -106,7 +106,7 @@ def measure_real(target_dir, drafter_dir, *, device: str | None, prompts: int, t
     # the disk first (its cache dropped), then the load: the load reads what the disk has
     disk_rate, dropped = disk.read_rate(disk.largest_file(resolve_model_path(target_dir, "target")[1]))
     t0 = time.perf_counter()
-    pair = load_pair(target_dir, None, device=device, max_context=4096)
+    pair = load_pair(target_dir, None, device=device, max_context=4096, speculate="none")
     seconds = time.perf_counter() - t0
     size = model_bytes(target_dir)
     load = {
@@ -121,7 +121,7 @@ def measure_real(target_dir, drafter_dir, *, device: str | None, prompts: int, t
         f"it at {rate_text(disk_rate)}" + ("" if dropped else " (page cache not dropped: may be memory's)")
     )
     drafter = load_drafter(drafter_dir, pair.engine.target)
-    spec = Engine(pair.engine.target, drafter, max_context=4096, end_ids=pair.engine.end_ids)
+    spec = Engine(pair.engine.target, drafter, max_context=4096, end_ids=pair.engine.end_ids, speculate="dflash")
     questions = REAL_QUESTIONS[:prompts]
     ids = [build_prompt(pair.tokenizer, [{"role": "user", "content": q}], thinking=False).ids for q in questions]
     params = SamplingParams(max_new_tokens=tokens)

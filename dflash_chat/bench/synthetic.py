@@ -209,7 +209,7 @@ def run(setup: Setup, log=print) -> dict:
     params = SamplingParams(max_new_tokens=setup.tokens)
 
     t0 = time.perf_counter()
-    ar = Engine(target, None, max_context=context, decode=setup.decode)
+    ar = Engine(target, None, max_context=context, decode=setup.decode, speculate="none")
     _sync(device)
     r["decode"], r["ar_setup_s"] = ar.decode, time.perf_counter() - t0
     _generate(ar, prompt, params)  # the first run pays for the first-use work
@@ -221,7 +221,12 @@ def run(setup: Setup, log=print) -> dict:
     oracle = OracleDrafter(reference, cfg.vocab_size, block_size=drafter.block_size, mode="fixed", accept_prob=2)
     t0 = time.perf_counter()
     spec = Engine(
-        target, InjectedDrafter(drafter, oracle), max_context=context, decode=setup.decode, draft=drafter.block_size - 1
+        target,
+        InjectedDrafter(drafter, oracle),
+        max_context=context,
+        decode=setup.decode,
+        draft=drafter.block_size - 1,
+        speculate="dflash",
     )
     _sync(device)
     r["dflash_setup_s"] = time.perf_counter() - t0
@@ -338,7 +343,7 @@ def vs_transformers(setup: Setup, device, prompt, log) -> dict:
     n = setup.tokens
     ours = synthetic_models.build_target(setup.model, "bf16", setup.layers, device, torch.bfloat16)
     t0 = time.perf_counter()
-    engine = Engine(ours, None, max_context=len(prompt) + n + 8, decode=setup.decode)
+    engine = Engine(ours, None, max_context=len(prompt) + n + 8, decode=setup.decode, speculate="none")
     setup_s = time.perf_counter() - t0
     _generate(engine, prompt, SamplingParams(max_new_tokens=n))
     run = _generate(engine, prompt, SamplingParams(max_new_tokens=n))

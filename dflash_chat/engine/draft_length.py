@@ -1,7 +1,8 @@
-"""How many drafts each step verifies: a fixed number, none, or `auto`.
+"""How many drafts each step verifies: a fixed number, none, or `auto`; what `auto` knows to choose with.
 
 `auto` picks, before each step, the verify size T (T - 1 drafts; T = 1 is a plain decode step) with the
-most expected tokens per second, from two things:
+most expected tokens per second (and, with several drafting methods, the method: engine/speculation.py),
+from two things:
 - the acceptance per draft position (`Acceptance`): the probability that draft j is accepted when drafts
   1..j-1 were, counted online with a decay, with a prior of PRIOR_WEIGHT observations that the decay never
   wears away. The first position's prior P depends on the decoding: greedy drafts land when they are the
@@ -11,17 +12,20 @@ most expected tokens per second, from two things:
   short drafts makes longer ones look as good, one lucky draft does not), and otherwise TAIL_BLEND of the
   way down to it (drafts that keep failing early say the later ones would fail too), so a position far
   past the last one tried drifts back to P;
-- the seconds of a step of each size on this device and model (`Costs`): measured at warm-up, then
-  refreshed from the step timings.
+- the seconds of a step of each size, and of each method's draft for it, on this device and model (`Costs`):
+  measured at warm-up, then refreshed from the step timings.
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
 estimate nothing, so while plain steps win a short draft is tried now and then, less often each time it
 does not pay.
 
+Each drafting method keeps its own estimates (prompt lookup two: for short and for long matches), as its
+drafts land differently; `PRIORS` holds each one's P.
+
 The estimates belong to a conversation, not to the engine: a `DraftMemory` holds one conversation's, and
 whoever keeps the conversation (runtime/answering.py) hands it to `Engine.generate` with each answer. A
-new conversation's estimate starts from a `Records` of the drafter, shared by the conversations of one
-engine: P blended with how the first drafts of the last few answers landed (a drafter that lands nothing
-on what this user asks starts plain), and the tries of a short draft spaced as the last answer left them.
+new conversation's estimate starts from the engine's `Records`, shared by the conversations of one engine:
+P blended with how the first drafts of the last few answers landed (a drafter that lands nothing on what
+this user asks starts plain), and the tries of a short draft spaced as the last answer left them.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ from dataclasses import dataclass, field
 from dflash_chat.engine import rules
 
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
-# per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many)
-PRIOR_GREEDY = 0.85
-PRIOR_SAMPLED = 0.7
+# per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many), greedy and
+# sampled, per estimate: a DFlash drafter's, the MTP layer's (chained drafts land less often the further they
+# go, which the positions learn), prompt lookup's for short and for long matches (engine/lookup.py)
+PRIORS = {"dflash": (0.85, 0.7), "mtp": (0.8, 0.6), "lookup": (0.5, 0.3), "lookup-long": (0.9, 0.7)}
+PRIOR_GREEDY, PRIOR_SAMPLED = PRIORS["dflash"]
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's estimate
 TAIL_BLEND = 0.4  # how far a later position's prior leans from the first's down to a lower estimate before it
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
@@ -67,14 +73,14 @@ def verify_sizes(draft: str | int, block: int) -> list[int]:
 
 @dataclass
 class Acceptance:
-    """Per draft position: decayed counts of the tries and the accepts; and, while plain steps win, how many
-    ran in a row and how many to run before the next try of a short draft (kept across a conversation's
-    answers, so a conversation that drafts badly stops paying for tries)."""
+    """Per draft position: decayed counts of the tries and the accepts; and, while other steps win (plain ones,
+    or another method's), how many ran in a row and how many to run before the next try of a short draft
+    (kept across a conversation's answers, so a conversation that drafts badly stops paying for tries)."""
 
     tries: list[float]
     hits: list[float]
     prior: float = PRIOR_SAMPLED  # the first position's (module docstring)
-    plain_run: int = 0
+    idle: int = 0  # steps in a row this estimate's method did not draft
     probe_every: int = PROBE_FIRST
     whole: int = 0  # drafts of the last step when it accepted every one (0: it did not, or was plain)
     probed: bool = False  # the last step was a try of a short draft while plain steps won
@@ -115,14 +121,14 @@ class Record:
     starts from (module docstring). Each answer that drafted adds the share of its steps whose first draft
     landed, decayed by RECORD_DECAY an answer, beside RECORD_PRIOR answers of the fixed prior."""
 
-    base: float  # the fixed prior: PRIOR_GREEDY or PRIOR_SAMPLED
+    base: float  # the fixed prior: PRIORS[estimate][0 greedy, 1 sampled]
     answers: float = 0.0  # decayed count of answers that drafted
     landed: float = 0.0  # decayed sum of their first position's acceptance
-    probe_every: int = PROBE_FIRST  # plain steps before a new conversation's first try of a short draft
+    probe_every: int = PROBE_FIRST  # other steps before a new conversation's first try of a short draft
 
     @classmethod
-    def of(cls, greedy: bool) -> Record:
-        return cls(PRIOR_GREEDY if greedy else PRIOR_SAMPLED)
+    def of(cls, greedy: bool, estimate: str = "dflash") -> Record:
+        return cls(PRIORS[estimate][0 if greedy else 1])
 
     def prior(self) -> float:
         return (self.landed + self.base * RECORD_PRIOR) / (self.answers + RECORD_PRIOR)
@@ -144,74 +150,83 @@ class Record:
 
 @dataclass
 class Records:
-    """A drafter's records, one per decoding, shared by the conversations of one engine."""
+    """The records of an engine's estimates, one per estimate and decoding, shared by the conversations of one
+    engine."""
 
-    greedy: Record = field(default_factory=lambda: Record.of(True))
-    sampled: Record = field(default_factory=lambda: Record.of(False))
+    table: dict[tuple[str, bool], Record] = field(default_factory=dict)
 
-    def of(self, greedy: bool) -> Record:
-        return self.greedy if greedy else self.sampled
+    def of(self, greedy: bool, estimate: str = "dflash") -> Record:
+        if (estimate, greedy) not in self.table:
+            self.table[estimate, greedy] = Record.of(greedy, estimate)
+        return self.table[estimate, greedy]
 
 
 @dataclass
 class DraftMemory:
-    """What `auto` has learned of one conversation: an estimate per decoding (greedy drafts land far more often
-    than sampled ones), each started from `records` when the conversation first answers that way."""
+    """What `auto` has learned of one conversation: an estimate per drafting method and decoding (greedy drafts
+    land far more often than sampled ones), each started from `records` when the conversation first drafts
+    that way."""
 
     records: Records = field(default_factory=Records)
-    estimates: dict[bool, Acceptance] = field(default_factory=dict)
+    estimates: dict[tuple[str, bool], Acceptance] = field(default_factory=dict)
 
-    def estimate(self, greedy: bool, positions: int) -> Acceptance:
-        if greedy not in self.estimates:
-            self.estimates[greedy] = self.records.of(greedy).fresh(positions)
-        return self.estimates[greedy]
+    def estimate(self, greedy: bool, positions: int, estimate: str = "dflash") -> Acceptance:
+        if (estimate, greedy) not in self.estimates:
+            self.estimates[estimate, greedy] = self.records.of(greedy, estimate).fresh(positions)
+        return self.estimates[estimate, greedy]
 
-    def learn(self, greedy: bool, accepted: list[int], spacing: int | None) -> None:
-        """An answer ended: its decoding's record learns it (Record.learn)."""
-        self.records.of(greedy).learn(accepted, spacing)
+    def learn(self, greedy: bool, accepted: list[int], spacing: int | None, estimate: str = "dflash") -> None:
+        """An answer ended: the record of its decoding and estimate learns it (Record.learn)."""
+        self.records.of(greedy, estimate).learn(accepted, spacing)
 
 
 @dataclass
 class Costs:
-    """Seconds per step of each verify size (verify, accept and commit) and of the draft each size reads (a
-    draft of T - 1 runs the drafter's whole block but its LM head only on those rows): the warm-up's figures
-    times a drift common to every size, times each one's own correction.
+    """Seconds per step of each verify size (verify, accept and commit) and of each drafting method's draft for
+    each size it drafts at (a DFlash draft of T - 1 runs the drafter's whole block but its LM head only on
+    those rows; the MTP layer runs T - 1 times): the warm-up's figures times a drift common to every figure,
+    times each one's own correction.
 
     A timing moves the common drift and its own correction alike: a machine that slows down (another
     process, a clock that drops) slows every size, and a size that is not run (plain steps while drafting
     wins) must follow it, or a stale figure could keep auto on one side for good. A timing counts at most
     OUTLIER times its figure either way: one step that a busy moment stretched must not turn auto around.
-    A size's first timings in the loop weigh as if the warm-up's figure were WARM_WEIGHT of them (1/4, 1/5,
+    A figure's first timings in the loop weigh as if the warm-up's figure were WARM_WEIGHT of them (1/4, 1/5,
     ... down to COST_ALPHA): a warm-up that a busy moment skewed is corrected within a few steps of the size."""
 
     verify: dict[int, float]
-    draft: dict[int, float]  # verify size T (> 1) -> seconds of its draft
+    draft: dict[str, dict[int, float]]  # method -> verify size T (> 1) -> seconds of its draft for it
     drift: float = 1.0
     own: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, T) -> its own correction
     seen: dict[tuple[str, int], int] = field(default_factory=dict)  # (kind, T) -> timings counted
 
-    def step(self, T: int) -> float:
-        return self.steps(sorted({size for size in self.verify if size < T} | {T}))[T]
+    def step(self, T: int, method: str = "dflash") -> float:
+        return self.steps(sorted({size for size in self.verify if size < T} | {T}), method)[T]
 
-    def steps(self, sizes: list[int]) -> dict[int, float]:
-        """Seconds of a step of each size (ascending), in one pass: each at least those of the sizes below it
-        (more tokens never cost less; a warm-up that a busy moment hit measured the 8-token step below the
-        4-token one, and auto then started fresh answers at 8 drafts where 16 accept every one)."""
+    def steps(self, sizes: list[int], method: str = "dflash") -> dict[int, float]:
+        """Seconds of a step of each size (ascending) drafted by `method`, in one pass: each at least those of the
+        sizes below it (more tokens never cost less; a warm-up that a busy moment hit measured the 8-token step
+        below the 4-token one, and auto then started fresh answers at 8 drafts where 16 accept every one)."""
         out, floor = {}, 0.0
         for T in sizes:
-            floor = out[T] = max(floor, self._step(T))
+            floor = out[T] = max(floor, self._step(T, method))
         return out
 
-    def _step(self, T: int) -> float:
-        return self.drift * (self._seconds("verify", T) + (self._seconds("draft", T) if T > 1 else 0.0))
+    def verify_only(self, T: int) -> float:
+        """Seconds of a verify of T alone (its draft already paid)."""
+        return self.drift * self._seconds("verify", T)
+
+    def _step(self, T: int, method: str) -> float:
+        return self.drift * (self._seconds("verify", T) + (self._seconds(method, T) if T > 1 else 0.0))
 
     def _base(self, kind: str, T: int) -> float:
-        return (self.draft if kind == "draft" else self.verify).get(T, 0.0)
+        return (self.verify if kind == "verify" else self.draft.get(kind, {})).get(T, 0.0)
 
     def _seconds(self, kind: str, T: int) -> float:
         return self._base(kind, T) * self.own.get((kind, T), 1.0)
 
     def observe(self, kind: str, T: int, seconds: float) -> None:
+        """A timing of a verify (`kind` "verify") or of a method's draft (`kind` the method) for size T."""
         base = self._base(kind, T)
         if base <= 0:
             return
@@ -225,29 +240,45 @@ class Costs:
 
 @dataclass
 class AutoDraft:
-    """`auto`'s choice for one answer: the conversation's acceptance, the engine's costs."""
+    """`auto`'s choice of size for one drafting method: the conversation's acceptance of it, the engine's costs."""
 
-    sizes: list[int]
+    sizes: list[int]  # verify sizes, ascending; 1 (a plain step) first when plain steps may be taken
     acceptance: Acceptance
     costs: Costs
+    method: str = "dflash"
+
+    def best(self) -> tuple[int, float]:
+        """(size, expected tokens per second) of the method's best drafting size; the size grown to the next one
+        up after a step that accepted every draft (that says nothing of the positions past it, and a size that
+        never runs never has its cost measured in the loop; a lucky try while other steps won is left to the
+        estimate)."""
+        a, drafting = self.acceptance, [T for T in self.sizes if T > 1]
+        expected = a.expected()
+        seconds = self.costs.steps(self.sizes, self.method)  # once per step: each walks every size
+        rate = {T: expected[T - 1] / seconds[T] for T in drafting}
+        best = max(drafting, key=lambda T: rate[T])
+        if a.whole and not a.probed:
+            return max(best, next((T for T in drafting if T > a.whole + 1), drafting[-1])), rate[best]
+        return best, rate[best]
 
     def choose(self) -> int:
-        """The verify size of the next step: the one with the most expected tokens per second, or the next
-        size up after a step that accepted every draft (that says nothing of the positions past it, and a
-        size that never runs never has its cost measured in the loop; a lucky try while plain steps won is
-        left to the estimate)."""
+        """The verify size of the next step, this method being the only one: its best size, or a plain step
+        when that is faster (with a try of a short draft now and then)."""
+        T, rate = self.best()
+        plain = 1 in self.sizes and 1 / self.costs.step(1, self.method) >= rate
+        return self.book(1 if plain else T)
+
+    def book(self, T: int) -> int:
+        """The step's size after T was chosen: T when the method drafts; when it does not (T = 1), a plain step,
+        or, once it has not drafted for `probe_every` steps, a try of its shortest size (then the next try
+        waits twice as long)."""
         a = self.acceptance
-        expected, seconds = a.expected(), self.costs.steps(self.sizes)  # once per step: each walks every size
-        rate = {T: expected[T - 1] / seconds[T] for T in self.sizes}
-        best = max(self.sizes, key=lambda T: rate[T])
-        if a.whole and best > 1 and not a.probed:
-            best = max(best, next((T for T in self.sizes if T > a.whole + 1), self.sizes[-1]))
         a.probed = False
-        if best > 1:
-            a.plain_run, a.probe_every = 0, PROBE_FIRST
-            return best
-        a.plain_run += 1
-        if len(self.sizes) > 1 and a.plain_run >= a.probe_every:
-            a.plain_run, a.probe_every, a.probed = 0, min(PROBE_MAX, 2 * a.probe_every), True
-            return self.sizes[1]
+        if T > 1:
+            a.idle, a.probe_every = 0, PROBE_FIRST
+            return T
+        a.idle += 1
+        if a.idle >= a.probe_every:
+            a.idle, a.probe_every, a.probed = 0, min(PROBE_MAX, 2 * a.probe_every), True
+            return next(T for T in self.sizes if T > 1)
         return 1

@@ -11,3 +11,7 @@ class ModelFormatError(EngineError):
 
 class ContextLengthError(EngineError):
     """The prompt plus the requested tokens do not fit the configured context."""
+
+
+class MissingMethod(EngineError):
+    """A drafting method was asked for that the loaded pair does not have (an MTP layer, a DFlash drafter)."""

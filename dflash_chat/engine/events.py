@@ -14,13 +14,37 @@ class Prefilled:
 
 @dataclass(frozen=True)
 class Step:
-    """One verify step (or one autoregressive step): the tokens it committed."""
+    """One verify step (or one autoregressive step): the tokens it committed, and which method drafted them
+    ("dflash", "mtp", "lookup"; "plain" for a step without drafts)."""
 
     token_ids: list[int]
     drafted: int
     accepted: int
     draft_s: float
     verify_s: float
+    method: str = "plain"
+
+
+@dataclass
+class MethodStats:
+    """One drafting method's part of an answer: its steps, the drafts they verified and accepted."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self, all_steps: int) -> dict:
+        return {
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "share": self.steps / all_steps if all_steps else 0.0,
+        }
 
 
 class AcceptanceFigures:
@@ -74,6 +98,9 @@ class GenerationStats(AcceptanceFigures):
     # draft_histogram[k] = number of steps that verified k drafts (0: a plain decode step)
     draft_histogram: list[int] = field(default_factory=list)
     draft: str = "off"  # the draft setting: "auto", "off" or a number of drafts per step
+    speculate: str = "none"  # the speculate setting: "auto", "dflash", "mtp", "lookup" or "none"
+    # per method ("plain" too: the steps without drafts), in the order the answer first used them
+    methods: dict[str, MethodStats] = field(default_factory=dict)
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -104,7 +131,23 @@ class GenerationStats(AcceptanceFigures):
             "verify_s": self.verify_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "speculative": self.speculative,
+            "speculate": self.speculate,
+            "methods": {name: figures.as_dict(self.steps) for name, figures in self.methods.items()},
         }
+
+    def count(self, step: Step) -> None:
+        """Add a decode step to the figures (its method's too)."""
+        self.steps += 1
+        self.new_tokens += len(step.token_ids)
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.draft_histogram[step.drafted] += 1
+        if step.drafted:
+            self.acceptance_histogram[step.accepted] += 1
+        figures = self.methods.setdefault(step.method, MethodStats())
+        figures.steps += 1
+        figures.drafted += step.drafted
+        figures.accepted += step.accepted
 
 
 @dataclass(frozen=True)

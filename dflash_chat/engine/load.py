@@ -392,12 +392,14 @@ def load_pair(
     drafter_quant: str | None = None,
     decode: str = "auto",
     draft: str | int = "auto",
+    speculate: str = "auto",
     progress: Progress | None = None,
 ) -> LoadedPair:
-    """Target (+ drafter) and tokenizer, ready to chat. `tokenizer`: a folder with the official
-    tokenizer/chat-template files; without it the target folder's own, or the target GGUF's metadata.
-    `decode`: the decode path (see spec.decode_mode); on CUDA the default captures the steps as graphs here.
-    `draft`: drafts per step, "auto" or "off" (see engine/draft_length.py).
+    """Target (+ drafter, + the target's own MTP layer when its checkpoint has one) and tokenizer, ready to
+    chat. `tokenizer`: a folder with the official tokenizer/chat-template files; without it the target
+    folder's own, or the target GGUF's metadata. `decode`: the decode path (see spec.decode_mode); on CUDA the
+    default captures the steps as graphs here. `draft`: drafts per step, "auto" or "off" (see
+    engine/draft_length.py); `speculate`: which method drafts (engine/speculation.py).
     `progress(bytes placed, bytes in all)` is called as the weights reach the device."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
@@ -407,13 +409,23 @@ def load_pair(
     placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0), progress)
     model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)
+    mtp = load_mtp(target, model, placement)
     drafter_model = (
         load_drafter(drafter, model, causal=causal, quant=drafter_quant, placement=placement) if drafter else None
     )
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     ends = end_token_ids(tok, model.cfg.eos_token_id)
-    engine = Engine(model, drafter_model, max_context=context, decode=decode, draft=draft, end_ids=ends)
+    engine = Engine(
+        model,
+        drafter_model,
+        mtp=mtp,
+        max_context=context,
+        decode=decode,
+        draft=draft,
+        speculate=speculate,
+        end_ids=ends,
+    )
     engine.warm_up()
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
 

@@ -6,8 +6,9 @@ must follow the same rules; tests/engine/test_memory_model.py loads real pairs o
 and compares these figures with the bytes of the tensors the engine really holds, so a change to
 either side that makes them drift fails there.
 
-Notation: C = the context the engine is built for (`Engine(max_context=C)`), B = the drafter's block
-size (1 without a drafter), e = bytes per element of the compute dtype (`compute_bytes`: bf16 on a
+Notation: C = the context the engine is built for (`Engine(max_context=C)`), B = the most tokens a verify
+takes (engine/speculation.py `width`: under `auto`, the widest drafting method the pair has, prompt lookup's
+16 at least; 1 when nothing drafts), e = bytes per element of the compute dtype (`compute_bytes`: bf16 on a
 GPU, float32 on the CPU, as engine/load.py's default_dtype).
 
 What the engine holds for a whole conversation (`state_bytes`):
@@ -24,11 +25,13 @@ What the engine holds for a whole conversation (`state_bytes`):
 - the prefill snapshot's logits: [vocab] float32;
 - drafter KV: per layer K and V of `drafter_cache_rows` positions, [rows, kv_heads, head_dim] in e:
   C + B rows for a full-attention layer; a sliding-window layer only ever reads its last `window`
-  context positions plus the block, so it needs min(C + B, window + B);
+  context positions plus its block, so it needs min(C + B, window + its block);
 - drafter RoPE table: cos and sin, [C + B, head_dim] in e;
+- the target's MTP layer, when it has one: its K and V of C + B positions, [rows, kv_heads, head_dim] in
+  e, and its newest hidden state [H] in e (live, and in the prefill snapshot);
 - the decode steps' outputs, kept per verify size T in use (engine/steps; `auto`'s sizes, the most
-  any draft setting uses): the verify's logits [T, vocab] float32 and, with a drafter, its context
-  features [T, taps * H] in e;
+  any draft setting uses): the verify's logits [T, vocab] float32 and, with a drafter or an MTP layer,
+  the target features they read [T, (taps + 1 for the MTP layer) * H] in e;
 - sampling buffers (made by the first answer at T > 0, the app's default): exponential noise for the
   verify [B, vocab] and for the drafts [B-1, vocab], the drafts' q [B-1, vocab], all float32;
 - a DFlash2 drafter only (docs/ARCHITECTURE.md, DFlash2 drafters): the candidate selector's buffers for the B-1 draft positions
@@ -49,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflash_chat.engine.draft_length import verify_sizes
+from dflash_chat.engine import speculation
 
 PREFILL_CHUNK = 1024  # tokens per prefill forward (engine/spec.py prefills in chunks of this)
 RECURRENT_COPIES = 2  # live + prefill snapshot
@@ -83,6 +86,7 @@ class TargetShape:
     linear_key_dim: int = 0
     linear_value_dim: int = 0
     conv_kernel: int = 4
+    mtp: bool = False  # it has its own MTP layer (Qwen3.5/3.6's `mtp.*`)
 
     @property
     def linear_layers(self) -> int:
@@ -113,7 +117,12 @@ class TargetShape:
             linear_key_dim=cfg.linear_key_head_dim,
             linear_value_dim=cfg.linear_value_head_dim,
             conv_kernel=cfg.linear_conv_kernel_dim,
+            mtp=cfg.mtp_layers > 0,
         )
+
+    def methods(self, drafter: DrafterShape | None) -> dict[str, int]:
+        """The drafting methods an engine of this target (and `drafter`) has -> the most drafts each makes."""
+        return speculation.available(drafter.block_size if drafter else None, self.mtp)
 
 
 DRAFTER_KINDS = ("dflash", "dflash2")  # DFlashDraftModel, DFlash2DraftModel
@@ -195,11 +204,19 @@ def cache_rows(context: int, block: int) -> int:
     return context + block
 
 
-def drafter_cache_rows(shape: DrafterShape, context: int) -> list[int]:
-    """Positions each drafter layer's context cache holds (sliding-window layers, then full ones)."""
-    full = cache_rows(context, shape.block_size)
+def drafter_cache_rows(shape: DrafterShape, context: int, block: int) -> list[int]:
+    """Positions each drafter layer's context cache holds (sliding-window layers, then full ones) in an engine
+    whose verifies take `block` tokens at most."""
+    full = cache_rows(context, block)
     window = min(full, shape.sliding_window + shape.block_size)
     return [window] * shape.sliding_layers + [full] * (shape.layers - shape.sliding_layers)
+
+
+def verify_plan(target: TargetShape, drafter: DrafterShape | None, speculate: str = "auto") -> tuple[int, list[int]]:
+    """(B, the verify sizes `auto` runs) of an engine under the speculate setting."""
+    most = target.methods(drafter)
+    sizes = speculation.method_sizes(speculate, "auto", most)
+    return speculation.width(speculate, most), sorted({1} | {T for Ts in sizes.values() for T in Ts})
 
 
 # --- bytes, term by term ----------------------------------------------------------------------------
@@ -221,6 +238,7 @@ class StateBytes:
     sampling: int = 0
     selector: int = 0  # DFlash2: the candidate selector's buffers
     draft_conv: int = 0  # DFlash2: the dynamic convolutions' kernels of one draft step
+    mtp: int = 0  # the target's MTP layer: its KV cache and newest hidden state
 
     @property
     def total(self) -> int:
@@ -237,14 +255,18 @@ class StateBytes:
             + self.sampling
             + self.selector
             + self.draft_conv
+            + self.mtp
         )
 
 
-def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> StateBytes:
-    block = drafter.block_size if drafter else 1
+def state_bytes(
+    target: TargetShape, drafter: DrafterShape | None, context: int, e: int, speculate: str = "auto"
+) -> StateBytes:
+    block, verified = verify_plan(target, drafter, speculate)
     rows = cache_rows(context, block)
     recurrent = target.linear_value_heads * target.linear_key_dim * target.linear_value_dim * STATE_BYTES
     conv = (target.conv_kernel - 1) * target.conv_channels * e
+    taps = (drafter.taps if drafter else 0) + int(target.mtp)
     state = StateBytes(
         target_kv=target.attention_layers * 2 * rows * target.kv_heads * target.head_dim * e,
         target_rope=2 * rows * target.rotary_dim * e,
@@ -252,20 +274,18 @@ def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int,
         gdn_conv=target.linear_layers * CONV_COPIES * conv,
         gdn_verify=target.linear_layers * verify_record_bytes(target, block, e),
         snapshot_logits=target.vocab * LOGIT_BYTES,
-        step_outputs=target.vocab * LOGIT_BYTES,
-        sampling=target.vocab * LOGIT_BYTES,
+        step_outputs=sum(verified) * (target.vocab * LOGIT_BYTES + taps * target.hidden * e),
+        sampling=(3 * block - 2) * target.vocab * LOGIT_BYTES + (block - 1) * LOGIT_BYTES,
+        mtp=(2 * rows * target.kv_heads * target.head_dim + 2 * target.hidden) * e if target.mtp else 0,
     )
     if drafter is None:
         return state
     per_row = 2 * drafter.kv_heads * drafter.head_dim * e
-    verified = sum(verify_sizes("auto", block))
     return StateBytes(
         **{
             **state.__dict__,
-            "drafter_kv": sum(drafter_cache_rows(drafter, context)) * per_row,
+            "drafter_kv": sum(drafter_cache_rows(drafter, context, block)) * per_row,
             "drafter_rope": 2 * rows * drafter.head_dim * e,
-            "step_outputs": verified * (target.vocab * LOGIT_BYTES + drafter.taps * target.hidden * e),
-            "sampling": (3 * block - 2) * target.vocab * LOGIT_BYTES + (block - 1) * LOGIT_BYTES,
             "selector": selector_bytes(drafter, e),
             "draft_conv": draft_conv_bytes(drafter, e),
         },
@@ -300,7 +320,9 @@ def verify_record_bytes(target: TargetShape, block: int, e: int) -> int:
     return values * e + (target.conv_kernel - 1 + block) * target.conv_channels * e
 
 
-def workspace_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> int:
+def workspace_bytes(
+    target: TargetShape, drafter: DrafterShape | None, context: int, e: int, speculate: str = "auto"
+) -> int:
     """Memory held only while a prefill chunk or a verify step runs: the larger of the two, plus
     FIXED_WORKSPACE for library workspaces and allocator slack. An estimate (what the engine frees
     again cannot be read back from its tensors), sized generously.
@@ -314,7 +336,7 @@ def workspace_bytes(target: TargetShape, drafter: DrafterShape | None, context: 
     Verify step: the target's logits and probabilities for the block ([B, vocab] float32, twice) and
     the sampling noise ([B, vocab] float32).
     """
-    block = drafter.block_size if drafter else 1
+    block = verify_plan(target, drafter, speculate)[0]
     rows = cache_rows(context, block)
     tokens = min(PREFILL_CHUNK, context)
     gdn_floats = target.linear_value_heads * (2 * target.linear_key_dim + target.linear_value_dim)

@@ -101,3 +101,14 @@ def draft(value: Any) -> str | int:
         return Number(int, 1, MAX_DRAFT).parse(value)
     except Invalid:
         raise Invalid(f"must be {DRAFT_WHAT}, got {shown(value)}") from None
+
+
+SPECULATE_WORDS = ("auto", "dflash", "mtp", "lookup", "none")
+SPECULATE_WHAT = "auto, dflash, mtp, lookup or none"
+
+
+def speculate(value: Any) -> str:
+    """The speculate setting: which method drafts, 'auto' choosing per step, 'none' for plain decoding."""
+    if isinstance(value, str) and value.strip().lower() in SPECULATE_WORDS:
+        return value.strip().lower()
+    raise Invalid(f"must be {SPECULATE_WHAT}, got {shown(value)}")

@@ -1,19 +1,20 @@
 """The generation loop: prefill -> draft -> verify -> accept -> commit, as a stream of events.
 
-With a drafter (DFlash), each step verifies [last, d1..dk] in one target forward, keeps the accepted
-prefix plus the target's own next token, and commits the target state to the kept length (see
-state.py). k is the draft setting's: a fixed number, none ("off"), or chosen per step by `auto` (see
-draft_length.py). With no drafter the same loop decodes one token per step: the baseline every
-speedup is measured against. The steps themselves (steps/) have fixed shapes and are captured as CUDA
-graphs on a GPU; `decode` chooses: "auto" (graphs on CUDA), "graphs", or "fixed" (the same steps
-uncaptured; "eager" is an older name for it). This module keeps the loop, prefix reuse, timing and
-the statistics.
+Each step verifies [last, d1..dk] in one target forward, keeps the accepted prefix plus the target's own
+next token, and commits the target state to the kept length (see state.py). The drafts come from one of
+the drafting methods (engine/speculation.py): a DFlash(2) drafter, the target's own MTP layer, or prompt
+lookup; `speculate` says which ("auto": chosen per step) and `draft` how many ("auto": chosen per step, a
+number, or "off"; see draft_length.py). With no method in use the same loop decodes one token per step:
+the baseline every speedup is measured against. The steps themselves (steps/) have fixed shapes and are
+captured as CUDA graphs on a GPU; `decode` chooses: "auto" (graphs on CUDA), "graphs", or "fixed" (the same
+steps uncaptured; "eager" is an older name for it). This module keeps the loop, prefix reuse, timing and the
+statistics.
 
 The engine remembers which tokens its state holds: a prompt that starts with them (the next chat
 turn) prefills only the new suffix. At the end of each prefill it keeps a snapshot of the state
-(recurrent state, last logits) so a prompt that diverges after that point (a regenerated answer, a
-chat template that re-renders the last answer) restarts from the snapshot; attention-only targets
-simply truncate to the shared prefix.
+(recurrent state, last logits, the MTP layer's newest hidden state) so a prompt that diverges after that
+point (a regenerated answer, a chat template that re-renders the last answer) restarts from the snapshot;
+attention-only targets simply truncate to the shared prefix.
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ from typing import Iterator, Protocol
 
 import torch
 
-from dflash_chat.engine.draft_length import AutoDraft, Costs, DraftMemory, parse_draft, verify_sizes
+from dflash_chat.engine import speculation
+from dflash_chat.engine.draft_length import Costs, DraftMemory, parse_draft
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
+from dflash_chat.engine.lookup import PromptLookup
 from dflash_chat.engine.memory import PREFILL_CHUNK
+from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.sampling import Draws, first_token, noise_columns
 from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.engine.speculation import Chooser, Plan, parse_speculate
 from dflash_chat.engine.steps import Clock, Steps
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
@@ -73,6 +78,7 @@ class _Snapshot:
     length: int
     logits: torch.Tensor
     recurrent: list
+    mtp_last: torch.Tensor | None  # the MTP layer's newest hidden state at `length`
 
 
 def _sync(device: torch.device) -> None:
@@ -97,57 +103,105 @@ class Engine:
         target: TargetModel,
         drafter: Drafter | None = None,
         *,
+        mtp: MTPHead | None = None,
         max_context: int = 4096,
         decode: str = "auto",
         draft: str | int = "auto",
+        speculate: str = "auto",
         end_ids: tuple[int, ...] = (),
     ):
-        """`end_ids`: the model's own end-of-turn ids; every answer stops at them (and at its params')."""
+        """`drafter`: a DFlash(2) drafter; `mtp`: the target's MTP layer (load.load_mtp); `speculate`: which of
+        these and prompt lookup draft (engine/speculation.py); `end_ids`: the model's own end-of-turn ids, at
+        which every answer stops (and at its params')."""
         self.target = target
         self.end_ids = tuple(end_ids)
         self.drafter = drafter
+        self.mtp = mtp
         self.max_context = max_context
-        self.block_size = drafter.block_size if drafter else 1
-        self.taps = list(drafter.target_layer_ids) if drafter and drafter.target_layer_ids else None
+        self.most = speculation.available(drafter.block_size if drafter else None, mtp is not None)
+        self.taps = (list(drafter.target_layer_ids) if drafter else []) + ([target.cfg.num_layers - 1] if mtp else [])
         self.device = target.model.norm.weight.device
-        # a verify writes up to B-1 positions past the last committed one
-        self.state = target.new_state(max_context + self.block_size, block=self.block_size)
-        if drafter:
-            drafter.allocate(max_context + self.block_size)
-        self.tokens: list[int] = []  # exactly the tokens the target state (and the drafter's context) holds
+        self.lookup = PromptLookup()  # the held tokens (and the newest), indexed for prompt lookup
+        self.tokens: list[int] = []  # exactly the tokens the target state (and the drafters' context) holds
         self.snapshot: _Snapshot | None = None
         self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
-        self.set_draft(draft)
+        self.block_size = 0
+        self.speculate = parse_speculate(speculate, self.most)
+        self.draft = parse_draft(draft)
+        self._configure()
 
     def set_draft(self, draft: str | int) -> None:
-        """The draft setting: "auto", "off" or a number of drafts per step (capped at the block's B-1).
+        """The draft setting: "auto", "off" or a number of drafts per step (capped per method).
         The steps are rebuilt (and captured again on CUDA) for the verify sizes it uses; the state is reset."""
         draft = parse_draft(draft)
-        if getattr(self, "draft", None) == draft:
-            return
-        self.draft = draft
-        self.sizes = verify_sizes(self.draft, self.block_size)
+        if self.draft != draft:
+            self.draft = draft
+            self._configure()
+
+    def set_speculate(self, speculate: str) -> None:
+        """The speculate setting: "auto", "dflash", "mtp", "lookup" or "none" (a method the pair lacks is a
+        rules.Invalid that says so). The steps are rebuilt as for `set_draft`; the state is reset."""
+        speculate = parse_speculate(speculate, self.most)
+        if self.speculate != speculate:
+            self.speculate = speculate
+            self._configure()
+
+    def _configure(self) -> None:
+        """The methods' sizes for the two settings, the state wide enough for them, the steps for those sizes."""
+        self.method_sizes = speculation.method_sizes(self.speculate, self.draft, self.most)
+        self.takes_plain = speculation.takes_plain_steps(self.draft, self.method_sizes)
+        drafting = {T for sizes in self.method_sizes.values() for T in sizes}
+        self.sizes = sorted(drafting | ({1} if self.takes_plain else set()))
+        self._allocate(max(speculation.width(self.speculate, self.most), self.block_size))
         self.steps = Steps(
-            self.target, self.drafter, self.state, taps=self.taps, sizes=self.sizes, graphs=self.decode == "graphs"
+            self.target,
+            self.drafter,
+            self.state,
+            taps=self.taps or None,
+            sizes=self.sizes,
+            graphs=self.decode == "graphs",
+            mtp=self.mtp,
+            drafts={m: Ts for m, Ts in self.method_sizes.items() if m in speculation.MODELS},
+            width=self.block_size,
         )
         self.decode = "graphs" if self.steps.graphs is not None else "fixed"
-        self.costs: Costs | None = None  # auto's step costs, measured before its first answer
+        self.costs: Costs | None = None  # the step costs, measured before the first answer that weighs plans
         self.reset()
 
+    def _allocate(self, width: int) -> None:
+        """The state (and the drafting models' caches) for verifies of `width` tokens; kept when as wide."""
+        if width == self.block_size:
+            return
+        self.block_size = width
+        # a verify writes up to width - 1 positions past the last committed one
+        self.state = self.target.new_state(self.max_context + width, block=width)
+        if self.drafter:
+            self.drafter.allocate(self.max_context + width)
+        if self.mtp is not None:
+            self.mtp.allocate(self.max_context + width)
+
+    def _weighs(self) -> bool:
+        """Whether a step has more than one plan to weigh (then the step costs are measured)."""
+        plans = sum(len(sizes) for sizes in self.method_sizes.values()) + int(self.takes_plain)
+        return plans > 1
+
     def warm_up(self) -> None:
-        """Measure what `auto` needs (a step of each verify size) now, not before the first answer; resets."""
-        if self.costs is None and len(self.sizes) > 1:
+        """Measure what choosing a step's plan needs (a step of each size and method) now, not before the first
+        answer; resets."""
+        if self.costs is None and self._weighs():
             self.costs = self._measure_costs()
 
     def _measure_costs(self) -> Costs:
-        """Seconds of a step of each verify size (and of a draft), run on an empty state; the state is reset."""
+        """Seconds of a step of each verify size, and of each method's draft for it, run on an empty state;
+        the state is reset."""
         steps, clock = self.steps, Clock(self.device)
         for _ in range(COST_ROUNDS):  # every size in each round: a busy moment on the machine hits them alike
             for T in self.sizes:
-                steps.begin(0, 0, SamplingParams(), None)
-                if T > 1:
-                    clock.timed("draft", T, steps.draft, T)
+                steps.begin(0, 1, SamplingParams(), None)  # one token held: the MTP layer's first row is there
+                for method, sizes in self.method_sizes.items():
+                    if T in sizes:
+                        clock.timed(method, T, self._draft_step, Plan(method, T, method, (0,) * (T - 1)))
                 clock.timed("verify", T, self._verify, T, self.block_size)
                 steps.read()
                 steps.rewind()
@@ -156,7 +210,8 @@ class Engine:
             seconds.setdefault((interval.kind, interval.size), []).append(sec)
         best = {key: min(values[1:] or values) for key, values in seconds.items()}  # the first warms up
         self.reset()
-        return Costs({T: best["verify", T] for T in self.sizes}, {T: best["draft", T] for T in self.sizes if T > 1})
+        drafts = {m: {T: best[m, T] for T in sizes} for m, sizes in self.method_sizes.items()}
+        return Costs({T: best["verify", T] for T in self.sizes}, drafts)
 
     # -- state bookkeeping --------------------------------------------------------
     def reset(self) -> None:
@@ -164,16 +219,20 @@ class Engine:
         if self.drafter:
             self.drafter.truncate(0)
         self.tokens = []
+        self.lookup.truncate(0)
         self.snapshot = None
 
     def _take_snapshot(self, logits: torch.Tensor) -> None:
-        self.snapshot = _Snapshot(len(self.tokens), logits, self.state.save_recurrent())
+        mtp_last = self.mtp.last.clone() if self.mtp is not None else None
+        self.snapshot = _Snapshot(len(self.tokens), logits, self.state.save_recurrent(), mtp_last)
 
     def _restore_snapshot(self, snap: _Snapshot) -> torch.Tensor:
         self.state.load_recurrent(snap.recurrent, snap.length)
         self.tokens = self.tokens[: snap.length]
         if self.drafter:
             self.drafter.truncate(snap.length)
+        if self.mtp is not None and snap.mtp_last is not None:
+            self.mtp.last.copy_(snap.mtp_last)
         return snap.logits
 
     def _truncate_attention_only(self, length: int) -> None:
@@ -194,9 +253,10 @@ class Engine:
             common += 1
         if common == len(self.tokens) and common < len(prompt):
             return common, None
-        # attention-only targets can truncate to any length; the last prompt's snapshot serves when it
-        # keeps at least as much (and it holds the logits when it is the whole prompt)
-        keep = 0 if self.state.gdn_layers() else min(common, len(prompt) - 1)
+        # attention-only targets can truncate to any length (not the MTP layer: it needs the hidden state there);
+        # the last prompt's snapshot serves when it keeps at least as much (it holds the logits when it is the
+        # whole prompt)
+        keep = 0 if self.state.gdn_layers() or self.mtp is not None else min(common, len(prompt) - 1)
         snap = self.snapshot
         if snap is not None and keep <= snap.length <= min(common, len(prompt)):
             logits = self._restore_snapshot(snap)
@@ -233,10 +293,12 @@ class Engine:
             )
         generator = torch.Generator(self.device)
         generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % (2**63)))
+        drafting = bool(self.method_sizes)
         stats = GenerationStats(
             prompt_tokens=len(prompt),
-            speculative=self.drafter is not None,
-            draft=str(self.draft) if self.drafter is not None else "off",
+            speculative=drafting,
+            draft=str(self.draft) if drafting else "off",
+            speculate=self.speculate if drafting else "none",
         )
         stats.acceptance_histogram = [0] * self.block_size
         stats.draft_histogram = [0] * self.block_size
@@ -284,18 +346,24 @@ class Engine:
             yield self._finish("stop", stats)
             return
         decode_t0 = time.perf_counter()
-        acceptance = memory.estimate(params.greedy, max(self.block_size - 1, 0))
-        auto = AutoDraft(self.sizes, acceptance, self.costs) if self.costs is not None else None
+        chooser = Chooser(
+            self.method_sizes,
+            self.takes_plain,
+            self.costs,
+            lambda key: self._estimate(memory, params.greedy, key),
+            fixed=self.draft != "auto",
+        )
+        lookup = self._lookup_tokens(last) if chooser.lookup else None
+        learned: dict[str, list[int]] = {key: [0] * self.block_size for key in self._estimates()}
 
         def finish(reason: str) -> Finished:
-            spacing = acceptance.probe_every if auto else None  # fixed drafts never space tries
-            return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, spacing)
+            return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, chooser, learned)
 
         steps, clock = self.steps, self.clock
         steps.begin(last, len(self.tokens), params, generator, stops)
-        T = auto.choose() if auto else self.sizes[-1]
-        if T > 1:
-            clock.timed("draft", T, steps.draft, T)
+        queued = chooser.before_read(False)
+        self._queue(queued)
+        plan = self._settle(chooser, queued, lookup)
         while True:
             if cancel is not None and cancel.is_set():
                 yield finish("cancelled")
@@ -304,42 +372,73 @@ class Engine:
             if remaining <= 0:
                 yield finish("length")
                 return
-            clock.timed("verify", T, self._verify, T, remaining)
+            clock.timed("verify", plan.T, self._verify, plan.T, remaining)
             ended = clock.ended()  # before the next draft is queued: it belongs to the next step
-            following = auto.choose() if auto else T
-            if following > 1:
-                clock.timed("draft", following, steps.draft, following)  # queued before the read
+            queued = chooser.before_read(plan.method == "lookup")
+            self._queue(queued)  # before the read: the device drafts while the host reads
             out = steps.read()
             self.tokens.append(last)
             self.tokens.extend(out.tokens[:-1])
-            if T > 1:
-                acceptance.observe(T - 1, out.accepted)
+            if lookup is not None:
+                lookup.extend(out.tokens)
+            if plan.T > 1:
+                self._estimate(memory, params.greedy, plan.estimate).observe(plan.drafts, out.accepted)
+                learned[plan.estimate][min(out.accepted, plan.drafts)] += 1
             draft_s, verify_s = self._count(ended, stats)
-            drafted = min(T - 1, remaining - 1)
-            step = Step(out.tokens, drafted, min(out.accepted, drafted), draft_s, verify_s)
-            stats.steps += 1
-            stats.new_tokens += len(step.token_ids)
-            stats.drafted += step.drafted
-            stats.accepted += step.accepted
-            stats.draft_histogram[step.drafted] += 1
-            if step.drafted:
-                stats.acceptance_histogram[step.accepted] += 1
+            drafted = min(plan.drafts, remaining - 1)
+            step = Step(out.tokens, drafted, min(out.accepted, drafted), draft_s, verify_s, plan.method)
+            stats.count(step)
             yield step
             last = out.tokens[-1]
             if last in stops:
                 yield finish("stop")
                 return
-            T = following
+            plan = self._settle(chooser, queued, lookup)
+
+    def _lookup_tokens(self, last: int) -> PromptLookup:
+        """Prompt lookup's index brought to the held tokens and the newest one (it kept the last answer's)."""
+        common = _common_prefix(self.lookup.tokens, self.tokens)
+        self.lookup.truncate(common)
+        self.lookup.extend(self.tokens[common:] + [last])
+        return self.lookup
+
+    def _estimates(self) -> list[str]:
+        """The acceptance estimates of the methods in use."""
+        keys = [m for m in speculation.MODELS if m in self.method_sizes]
+        return keys + (["lookup", "lookup-long"] if "lookup" in self.method_sizes else [])
+
+    def _positions(self, estimate: str) -> int:
+        return self.most["lookup" if estimate.startswith("lookup") else estimate]
+
+    def _queue(self, plan: Plan | None) -> None:
+        """Queue a model's draft for `plan` (nothing for a plain step, or none)."""
+        if plan is not None and plan.T > 1:
+            self.clock.timed(plan.method, plan.T, self._draft_step, plan)
+
+    def _settle(self, chooser: Chooser, queued: Plan | None, lookup: PromptLookup | None) -> Plan:
+        """The step's plan once its tokens before it are read (speculation.Chooser.after_read); its drafts
+        placed or queued when they differ from the queued plan's."""
+        match = lookup.propose(speculation.LOOKUP_MOST) if lookup is not None else None
+        plan = chooser.after_read(queued, match)
+        if plan is not queued and plan.T > 1:
+            self.clock.timed(plan.method, plan.T, self._draft_step, plan)
+        return plan
+
+    def _draft_step(self, plan: Plan) -> None:
+        if plan.method == "lookup":
+            self.steps.place(list(plan.tokens))
+        else:
+            self.steps.draft(plan.T, plan.method)
 
     def _verify(self, T: int, remaining: int) -> None:
         self.steps.verify(T, remaining)
         self.steps.commit(T)
 
     def _count(self, ended, stats: GenerationStats) -> tuple[float, float]:
-        """(draft, verify) seconds of intervals that ended, added to the stats and to auto's costs."""
+        """(draft, verify) seconds of intervals that ended, added to the stats and to the step costs."""
         totals = {"draft": 0.0, "verify": 0.0}
         for interval, seconds in ended:
-            totals[interval.kind] += seconds
+            totals["verify" if interval.kind == "verify" else "draft"] += seconds
             if self.costs is not None:
                 self.costs.observe(interval.kind, interval.size, seconds)
         stats.draft_s += totals["draft"]
@@ -362,17 +461,31 @@ class Engine:
         decode_t0: float,
         memory: DraftMemory,
         greedy: bool,
-        spacing: int | None,
+        chooser: Chooser,
+        learned: dict[str, list[int]],
     ) -> Finished:
         """End after decoding: the queued work is waited for and counted (the last, unused draft is not); the
-        drafter holds the context of every committed token; the decoding's record learns the answer."""
+        drafters hold the context of every committed token; each estimate's record learns the answer (how its
+        first drafts landed: `learned[estimate][k]` steps accepted exactly k drafts)."""
         self.steps.flush_context()
-        self.clock.drop_last("draft")
+        self.clock.drop_last_draft()
         self._count(self.clock.ended(wait=True), stats)
         stats.decode_s = time.perf_counter() - decode_t0
-        memory.learn(greedy, stats.acceptance_histogram, spacing)
+        for key, histogram in learned.items():
+            spacing = None if chooser.fixed else self._estimate(memory, greedy, key).probe_every  # fixed: no tries
+            memory.learn(greedy, histogram, spacing, key)
         return self._finish(reason, stats)
+
+    def _estimate(self, memory: DraftMemory, greedy: bool, key: str):
+        return memory.estimate(greedy, self._positions(key), key)
 
     def _finish(self, reason: str, stats: GenerationStats) -> Finished:
         stats.peak_memory_bytes = self._peak_memory()
         return Finished(reason, stats)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])

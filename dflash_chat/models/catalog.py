@@ -394,7 +394,7 @@ def _largest(versions: tuple[tuple[str, DrafterShape], ...]) -> DrafterShape | N
     """The version whose context cache is the largest at a long context (the safe one to size by)."""
 
     def cache_width(shape: DrafterShape) -> int:
-        return sum(drafter_cache_rows(shape, _LONG_CONTEXT)) * shape.kv_heads * shape.head_dim
+        return sum(drafter_cache_rows(shape, _LONG_CONTEXT, shape.block_size)) * shape.kv_heads * shape.head_dim
 
     return max((shape for _, shape in versions), key=cache_width, default=None)
 

@@ -30,24 +30,31 @@ class EngineSession:
         self.tokenizer = pair.tokenizer
         engine = pair.engine
         self.context = engine.max_context
-        self.spec_tokens = engine.block_size - 1 if pair.drafter_name else 0  # drafts per verify step
         self.last: Transcript | None = None  # what the engine holds, when it is a chat answer
 
     @property
     def speculative(self) -> bool:
-        return self.pair.drafter_name is not None
+        """Whether answers draft (some drafting method is in use)."""
+        return bool(self.pair.engine.method_sizes)
+
+    @property
+    def spec_tokens(self) -> int:
+        """The most drafts a verify step takes (0 when nothing drafts)."""
+        return self.pair.engine.block_size - 1 if self.speculative else 0
 
     @property
     def draft(self) -> str:
-        """The draft setting answers are written with, as GenerationStats says it ("off" without a drafter)."""
-        engine = self.pair.engine
-        return str(engine.draft) if engine.drafter is not None else "off"
+        """The draft setting answers are written with, as GenerationStats says it ("off" when nothing drafts)."""
+        return str(self.pair.engine.draft) if self.speculative else "off"
 
-    def use_draft(self, draft: str | int) -> None:
-        """Answers from now on verify `draft` drafts per step. Call it between answers, in the worker of
-        the next one: the engine rebuilds its steps (and no longer holds the last answer's tokens)."""
+    def use_draft(self, draft: str | int, speculate: str | None = None) -> None:
+        """Answers from now on verify `draft` drafts per step, drafted as `speculate` says (None: as now). Call it
+        between answers, in the worker of the next one: the engine rebuilds its steps (and no longer holds the
+        last answer's tokens). A method the pair lacks is a MissingMethod error."""
         engine = self.pair.engine
-        if engine.drafter is not None and engine.draft != draft:
+        if speculate is not None and engine.speculate != speculate:
+            engine.set_speculate(speculate)
+        if engine.draft != draft:
             engine.set_draft(draft)
 
     def chat_prompt(self, turns: list[dict[str, str]], thinking: bool, previous: Transcript | None) -> Prompt:

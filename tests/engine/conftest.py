@@ -15,3 +15,16 @@ def tiny_dirs(tmp_path_factory):
         write_drafter(root / "drafter", root / "target", seed=20 + i)
         out[arch] = (root / "target", root / "drafter", hf)
     return out
+
+
+MTP_ARCHS = ["qwen3_5", "qwen3_5_moe"]
+
+
+@pytest.fixture(scope="session")
+def mtp_dirs(tmp_path_factory):
+    """arch -> (target folder with an MTP layer, the transformers model of its target), built once per session."""
+    out = {}
+    for i, arch in enumerate(MTP_ARCHS):
+        root = tmp_path_factory.mktemp(f"mtp-{arch}")
+        out[arch] = (root / "target", write_target(root / "target", arch, seed=70 + i, mtp=True))
+    return out

@@ -68,7 +68,7 @@ def full_and_short_drafts(engine, sampled: bool, T: int = 4) -> list[tuple]:
     run(engine, [5, 6, 7, 8], SamplingParams(max_new_tokens=3))
     params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=1) if sampled else SamplingParams()
     steps, out = engine.steps, []
-    for size in (steps.B, T):
+    for size in (engine.drafter.block_size, T):
         steps.begin(3, len(engine.tokens), params, torch.Generator().manual_seed(0))
         steps.draft(size)
         out.append((steps.ids[1:T].clone(), steps.q[: T - 1].clone() if sampled else None))

@@ -17,7 +17,9 @@ from dflash_chat.engine.draft_length import (
 )
 
 SIZES = verify_sizes("auto", 16)  # [1, 4, 8, 16]
-GPU_LIKE = Costs({1: 1.0, 4: 1.05, 8: 1.1, 16: 1.3}, {4: 0.15, 8: 0.15, 16: 0.15})  # a verify of 16 ~1.3x a plain step
+GPU_LIKE = Costs(
+    {1: 1.0, 4: 1.05, 8: 1.1, 16: 1.3}, {"dflash": {4: 0.15, 8: 0.15, 16: 0.15}}
+)  # a verify of 16 ~1.3x a plain step
 
 
 def _estimate(rates: list[float], weight: float = 1e6) -> Acceptance:
@@ -55,7 +57,7 @@ def test_fully_accepted_short_drafts_make_the_longer_ones_look_as_good():
         PRIOR_SAMPLED + a.tries[6] / (a.tries[6] + 2) * (rates[6] - PRIOR_SAMPLED)
     )
     assert all(PRIOR_SAMPLED < later < rates[6] for later in rates[7:])  # leaning up, back to PRIOR_SAMPLED far away
-    overrated = Costs({1: 1.0, 4: 1.7, 8: 1.9, 16: 3.0}, {4: 0.45, 8: 0.45, 16: 0.7})
+    overrated = Costs({1: 1.0, 4: 1.7, 8: 1.9, 16: 3.0}, {"dflash": {4: 0.45, 8: 0.45, 16: 0.7}})
     assert AutoDraft(SIZES, a, overrated).choose() == 16
 
 
@@ -74,7 +76,9 @@ def test_early_rejections_lower_the_later_positions_that_were_never_reached():
 
 
 def test_a_fresh_conversation_drafts_and_a_few_rejections_turn_it_plain_on_a_slow_verify():
-    cpu_like = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 2.0}, {4: 0.2, 8: 0.25, 16: 0.3})  # the demo pair on a CPU
+    cpu_like = Costs(
+        {1: 1.0, 4: 1.6, 8: 1.8, 16: 2.0}, {"dflash": {4: 0.2, 8: 0.25, 16: 0.3}}
+    )  # the demo pair on a CPU
     a = Record.of(greedy=False).fresh(15)
     auto = AutoDraft(SIZES, a, cpu_like)
     drafted = []
@@ -85,21 +89,21 @@ def test_a_fresh_conversation_drafts_and_a_few_rejections_turn_it_plain_on_a_slo
 
 
 def test_costs_follow_the_step_timings():
-    costs = Costs({1: 1.0, 16: 1.3}, {16: 0.1})
+    costs = Costs({1: 1.0, 16: 1.3}, {"dflash": {16: 0.1}})
     for _ in range(60):
         costs.observe("verify", 16, 2.6)
-        costs.observe("draft", 16, 0.3)
+        costs.observe("dflash", 16, 0.3)
     assert costs.step(16) == pytest.approx(2.9, rel=0.02)
 
 
 def test_each_verify_size_has_its_own_draft_cost():
     """A draft for a short verify computes fewer rows (on the CPU the LM head's rows are much of its cost):
     a size's step counts its own draft."""
-    costs = Costs({1: 1.0, 4: 1.2, 16: 1.5}, {4: 0.1, 16: 0.4})
+    costs = Costs({1: 1.0, 4: 1.2, 16: 1.5}, {"dflash": {4: 0.1, 16: 0.4}})
     assert costs.step(1) == pytest.approx(1.0) and costs.step(4) == pytest.approx(1.3)
     assert costs.step(16) == pytest.approx(1.9)
     for _ in range(100):  # the verify as measured, its draft twice as long
-        costs.observe("draft", 4, 0.2)
+        costs.observe("dflash", 4, 0.2)
         costs.observe("verify", 4, 1.2)
     assert costs.step(4) == pytest.approx(1.4, rel=0.05)
 
@@ -108,7 +112,9 @@ def test_a_longer_step_never_costs_less_than_a_shorter_one():
     """A warm-up that a busy moment hit (seen on the CPU: the 8-token verify measured below the 4-token one)
     must not make a middle size look cheap: a fresh conversation then started at 8 drafts on prompts whose
     steps accept all 15."""
-    skewed = Costs({1: 10.45, 4: 21.94, 8: 17.87, 16: 23.29}, {4: 5.43, 8: 4.26, 16: 5.14})  # ms, as measured
+    skewed = Costs(
+        {1: 10.45, 4: 21.94, 8: 17.87, 16: 23.29}, {"dflash": {4: 5.43, 8: 4.26, 16: 5.14}}
+    )  # ms, as measured
     assert skewed.step(8) == pytest.approx(skewed.step(4)) == pytest.approx(21.94 + 5.43)
     assert skewed.step(16) == pytest.approx(23.29 + 5.14)
     assert AutoDraft(SIZES, Record.of(greedy=False).fresh(15), skewed).choose() == 16
@@ -119,7 +125,7 @@ def test_a_step_that_accepts_every_draft_grows_the_next_one():
     which says nothing of the positions past them: the next step tries 16 (and measures its cost in the
     loop), where the estimate alone would stay at 8 for several steps."""
     a = Record.of(greedy=False).fresh(15)
-    overrated = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 3.5}, {4: 0.4, 8: 0.4, 16: 0.8})
+    overrated = Costs({1: 1.0, 4: 1.6, 8: 1.8, 16: 3.5}, {"dflash": {4: 0.4, 8: 0.4, 16: 0.8}})
     auto = AutoDraft(SIZES, a, overrated)
     assert auto.choose() == 8
     a.observe(drafted=7, accepted=7)
@@ -135,7 +141,7 @@ def test_a_lucky_try_while_plain_steps_win_grows_nothing():
     """A conversation the drafter does not know: plain steps win, and the try of a short draft now and then
     lands whole by luck (at T > 0 that happens): the estimate, not the growth rule, chooses next."""
     a = Record.of(greedy=False).fresh(15)
-    cpu_like = Costs({1: 1.0, 4: 1.7, 8: 1.8, 16: 2.1}, {4: 0.45, 8: 0.45, 16: 0.5})
+    cpu_like = Costs({1: 1.0, 4: 1.7, 8: 1.8, 16: 2.1}, {"dflash": {4: 0.45, 8: 0.45, 16: 0.5}})
     auto = AutoDraft(SIZES, a, cpu_like)
     for _ in range(6):
         a.observe(drafted=15, accepted=0)
@@ -148,23 +154,23 @@ def test_a_lucky_try_while_plain_steps_win_grows_nothing():
 def test_the_first_loop_timings_of_a_size_correct_a_skewed_warm_up_within_a_few_steps():
     """A warm-up that a busy moment skewed (the 16-token verify measured 1.5x what it costs in the loop):
     a handful of that size's steps bring its figure most of the way back, not the ~20 an EMA would need."""
-    costs = Costs({1: 1.0, 8: 1.6, 16: 2.7}, {8: 0.3, 16: 0.3})
+    costs = Costs({1: 1.0, 8: 1.6, 16: 2.7}, {"dflash": {8: 0.3, 16: 0.3}})
     for _ in range(5):
         costs.observe("verify", 1, 1.0)
         costs.observe("verify", 16, 1.8)
-        costs.observe("draft", 16, 0.3)
+        costs.observe("dflash", 16, 0.3)
     assert costs.step(16) < 2.1 * 1.15  # its true cost is 2.1
 
 
 def test_one_stretched_timing_barely_moves_the_costs():
     """A busy moment on the machine (one step 20x its usual time) counts as at most twice its figure: auto
     does not turn to plain decoding (or to drafting) on one outlier, while a lasting change is followed."""
-    costs = Costs({1: 1.0, 16: 2.0}, {16: 0.5})
+    costs = Costs({1: 1.0, 16: 2.0}, {"dflash": {16: 0.5}})
     costs.observe("verify", 16, 40.0)
     assert costs.step(16) < 2.5 * 1.3
     for _ in range(60):
         costs.observe("verify", 16, 6.0)
-        costs.observe("draft", 16, 1.5)
+        costs.observe("dflash", 16, 1.5)
     assert costs.step(16) == pytest.approx(7.5, rel=0.05)
 
 
@@ -172,10 +178,10 @@ def test_a_size_that_does_not_run_follows_the_machines_drift():
     """Drafting wins, so no plain step runs, while the machine slows to twice the warm-up's times: the plain
     step's figure moves with the others (a stale one could keep auto drafting for good); once plain steps
     run again their own timings set it."""
-    costs = Costs({1: 1.0, 4: 1.6, 16: 2.0}, {4: 0.3, 16: 0.3})
+    costs = Costs({1: 1.0, 4: 1.6, 16: 2.0}, {"dflash": {4: 0.3, 16: 0.3}})
     for _ in range(80):
         costs.observe("verify", 16, 4.0)
-        costs.observe("draft", 16, 0.6)
+        costs.observe("dflash", 16, 0.6)
     assert costs.step(16) == pytest.approx(4.6, rel=0.02)
     assert 1.3 < costs.step(1) < 2.0 and 1.3 * 1.9 < costs.step(4) < 2.0 * 1.9
     for _ in range(80):
@@ -188,7 +194,7 @@ def test_a_fresh_greedy_answer_drafts_the_longest_block_where_the_demo_pairs_acc
     code questions, 0.54-0.69 at T 0.7): each decoding starts from its own prior. With one prior of 0.8 and the
     demo pair's step costs on this CPU (the 16-token step 1.18x the 8-token one), a greedy answer's first two
     steps drafted 7 where all 15 land."""
-    demo_cpu = Costs({1: 9.68, 4: 15.0, 8: 15.55, 16: 18.36}, {4: 3.8, 8: 3.8, 16: 4.5})  # ms, as measured
+    demo_cpu = Costs({1: 9.68, 4: 15.0, 8: 15.55, 16: 18.36}, {"dflash": {4: 3.8, 8: 3.8, 16: 4.5}})  # ms, as measured
     greedy, sampled = Record.of(greedy=True).fresh(15), Record.of(greedy=False).fresh(15)
     assert greedy.rates() == [PRIOR_GREEDY] * 15 and sampled.rates() == [PRIOR_SAMPLED] * 15
     assert AutoDraft(SIZES, greedy, demo_cpu).choose() == 16
@@ -198,7 +204,7 @@ def test_a_fresh_greedy_answer_drafts_the_longest_block_where_the_demo_pairs_acc
     assert AutoDraft(SIZES, sampled, demo_cpu).choose() < 16  # long drafts at T > 0 wait for evidence
 
 
-DEMO_CPU = Costs({1: 9.68, 4: 15.0, 8: 15.55, 16: 18.36}, {4: 3.8, 8: 3.8, 16: 4.5})  # ms, as measured
+DEMO_CPU = Costs({1: 9.68, 4: 15.0, 8: 15.55, 16: 18.36}, {"dflash": {4: 3.8, 8: 3.8, 16: 4.5}})  # ms, as measured
 
 
 def _histogram(steps: int, landed: int) -> list[int]:

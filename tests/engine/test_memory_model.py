@@ -100,6 +100,15 @@ def test_the_estimate_without_a_drafter(tiny_dirs, arch):
     assert_close(held_bytes(engine), estimate(engine))
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_the_estimate_with_the_targets_mtp_layer(mtp_dirs, arch):
+    """A target with its own MTP layer and no drafter: the layer's cache, the features it reads and the widths
+    of its drafts and of prompt lookup's."""
+    engine = loaded(mtp_dirs[arch][0], None, CONTEXTS[1])
+    assert engine.mtp is not None and memory.state_bytes(TargetShape.of(engine.target.cfg), None, 600, 4).mtp
+    assert_close(held_bytes(engine), estimate(engine))
+
+
 def test_sliding_window_layers_hold_only_their_window(tiny_dirs):
     target = tiny_dirs["qwen3_5"][0]
     engine = loaded(target, tiny_dirs["qwen3_5"][1], CONTEXTS[1])  # one sliding (window 8) and one full layer

@@ -13,23 +13,12 @@ from dflash_chat.engine.load import load_mtp, load_target
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.weights import names
+from tests.engine.conftest import MTP_ARCHS
 from tests.engine.gguf_write import quantize_like_llama, write_target_gguf
 from tests.engine.mtp_reference import ReferenceMTP
-from tests.engine.tiny import write_target
 
-MTP_ARCHS = ["qwen3_5", "qwen3_5_moe"]
 PROMPT = [3, 41, 17, 200, 5, 9, 77, 12, 150, 33, 8, 64]
 TOL = dict(rtol=0, atol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def mtp_dirs(tmp_path_factory):
-    """arch -> (target folder with an MTP layer, the transformers model of its target), built once."""
-    out = {}
-    for i, arch in enumerate(MTP_ARCHS):
-        root = tmp_path_factory.mktemp(f"mtp-{arch}")
-        out[arch] = (root / "target", write_target(root / "target", arch, seed=70 + i, mtp=True))
-    return out
 
 
 def _mtp_weights(folder) -> dict[str, torch.Tensor]:

@@ -304,7 +304,7 @@ def _exact_marginals(model: TargetModel, prompt, params, steps, processed=probab
         for prefix, weight in frontier.items():
             if weight == 0:  # a token top-k cut: it adds nothing to any later step
                 continue
-            state = model.new_state(16)
+            state = model.new_state(len(prompt) + steps)
             logits, _ = model(torch.tensor(prompt + list(prefix)), state, logits="last")
             p = processed(logits, params).double()
             dist += weight * p

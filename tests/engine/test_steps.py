@@ -11,7 +11,7 @@ import torch
 
 from dflash_chat.bench.oracle import OracleDrafter
 from dflash_chat.engine.events import Finished, Step
-from dflash_chat.engine.load import load_drafter, load_pair, load_target
+from dflash_chat.engine.load import load_drafter, load_mtp, load_pair, load_target
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
@@ -28,10 +28,11 @@ def _prompts(vocab, n, seed):
     return [[rng.randrange(vocab) for _ in range(rng.randint(3, 30))] for _ in range(n)]
 
 
-def _pair(tiny_dirs, arch, decode="auto", draft="auto"):
+def _pair(tiny_dirs, arch, decode="auto", draft="auto", speculate="dflash"):
     target_dir, drafter_dir, _ = tiny_dirs[arch]
     target = load_target(target_dir, "cpu", torch.float32)
-    return Engine(target, load_drafter(drafter_dir, target), max_context=200, decode=decode, draft=draft)
+    drafter = load_drafter(drafter_dir, target)
+    return Engine(target, drafter, max_context=200, decode=decode, draft=draft, speculate=speculate)
 
 
 def test_the_modes_resolve_per_device():
@@ -144,13 +145,13 @@ def test_a_conversation_keeps_one_acceptance_estimate_for_greedy_answers_and_one
     sampled = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, max_new_tokens=12, seed=3)
     for _ in engine.generate([3, 4, 5], sampled, memory=memory):
         pass
-    kept = memory.estimates[False]
+    kept = memory.estimates["dflash", False]
     counts = (list(kept.tries), list(kept.hits))
-    assert kept.prior == PRIOR_SAMPLED and sum(kept.tries) > 0 and True not in memory.estimates
+    assert kept.prior == PRIOR_SAMPLED and sum(kept.tries) > 0 and ("dflash", True) not in memory.estimates
     events = list(engine.generate([3, 4, 5, 6], SamplingParams(max_new_tokens=12), memory=memory))
-    greedy = memory.estimates[True]
+    greedy = memory.estimates["dflash", True]
     assert greedy.prior == PRIOR_GREEDY > PRIOR_SAMPLED and sum(greedy.tries) > 0
-    assert memory.estimates[False] is kept and (kept.tries, kept.hits) == counts
+    assert memory.estimates["dflash", False] is kept and (kept.tries, kept.hits) == counts
     assert isinstance(events[-1], Finished)
     assert not {"acceptance", "records"} & set(vars(engine))  # nothing of a conversation stays in the engine
 
@@ -168,21 +169,21 @@ def test_a_new_conversation_starts_from_what_the_drafters_earlier_answers_measur
     finished = [e for e in engine.generate([3, 4, 5], sampled, memory=a) if isinstance(e, Finished)][0]
     histogram = finished.stats.acceptance_histogram
     share = (sum(histogram) - histogram[0]) / sum(histogram)
-    record = records.sampled
+    record = records.of(greedy=False)
     assert record.answers == 1.0 and record.landed == pytest.approx(share)
     assert record.prior() == pytest.approx((share + PRIOR_SAMPLED * RECORD_PRIOR) / (1 + RECORD_PRIOR))
-    assert records.greedy.answers == 0 and records.greedy.prior() == PRIOR_GREEDY
+    assert records.of(greedy=True).answers == 0 and records.of(greedy=True).prior() == PRIOR_GREEDY
     start = record.prior()
     list(engine.generate([3, 4, 5, 6], sampled, memory=b))
-    assert b.estimates[False].prior == start and record.answers == pytest.approx(1.7)
+    assert b.estimates["dflash", False].prior == start and record.answers == pytest.approx(1.7)
     list(engine.generate([3, 4, 5, 6, 7], sampled, memory=a))
-    assert a.estimates[False].prior == PRIOR_SAMPLED  # a conversation that goes on keeps its own
+    assert a.estimates["dflash", False].prior == PRIOR_SAMPLED  # a conversation that goes on keeps its own
 
     fixed = _pair(tiny_dirs, "qwen3_5", draft=15)  # fixed drafts teach how drafts land, not when to try one
     kept = Records()
-    kept.sampled.probe_every = 40
+    kept.of(greedy=False).probe_every = 40
     list(fixed.generate([3, 4, 5], sampled, memory=DraftMemory(kept)))
-    assert kept.sampled.probe_every == 40 and kept.sampled.answers == 1.0
+    assert kept.of(greedy=False).probe_every == 40 and kept.of(greedy=False).answers == 1.0
 
 
 @pytest.mark.parametrize("causal, layers", [(None, [True, False]), (False, [False, False])])
@@ -293,20 +294,26 @@ def test_the_host_read_check_can_fail():
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("sampling", [False, True])
-def test_step_entry_points_read_nothing_from_the_device(arch, sampling, tiny_dirs):
+def test_step_entry_points_read_nothing_from_the_device(arch, sampling, tiny_dirs, mtp_dirs):
+    """Every method's draft (DFlash, the MTP layer, lookup's placed drafts), verify and commit at every size."""
     params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=1) if sampling else SamplingParams()
-    for drafted in (True, False):
-        engine = _pair(tiny_dirs, arch)
-        if not drafted:
-            engine = Engine(engine.target, None, max_context=200)
+    drafted = _pair(tiny_dirs, arch, speculate="auto")
+    engines = [drafted, Engine(drafted.target, None, max_context=200, speculate="none")]
+    if arch in mtp_dirs:
+        target = load_target(mtp_dirs[arch][0], "cpu", torch.float32)
+        engines.append(Engine(target, None, mtp=load_mtp(mtp_dirs[arch][0], target), max_context=200))
+    for engine in engines:
         run(engine, [5, 6, 7, 8], SamplingParams(max_new_tokens=3))  # a prefill and a few steps first
         steps = engine.steps
         steps.begin(3, len(engine.tokens), params, torch.Generator().manual_seed(0))
-        for T in engine.sizes:
+        plans = [(T, m) for T in engine.sizes for m, Ts in engine.method_sizes.items() if T in Ts]
+        for T, method in plans + [(1, "plain")] * engine.takes_plain:
             start = steps.start.clone()
             with NoHostReads():  # raises on any read of a device value
-                if T > 1:
-                    steps.draft(T)
+                if method == "lookup":
+                    steps.place([7] * (T - 1))
+                elif T > 1:
+                    steps.draft(T, method)
                 steps.verify(T, 10)
                 steps.commit(T)
             assert steps.start.item() > start.item()  # the step really ran: at least one token committed

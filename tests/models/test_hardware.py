@@ -348,8 +348,9 @@ def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
     # five sliding layers hold their 2048-position window and the block: K and V x 8 heads x 128
     assert state.drafter_kv == 5 * (2048 + 8) * 2 * 8 * 128 * 2
     assert state.drafter_rope == 2 * rows * 128 * 2
-    # `auto` verifies 1, 4 or 8 tokens: logits in float32 and the 5 taps' features per row
-    assert state.step_outputs == (1 + 4 + 8) * (248320 * 4 + 5 * 5120 * 2)
+    # `auto` verifies 1, 4 or 8 tokens (and 2, prompt lookup's shortest): logits in float32 and the 5 taps'
+    # features per row
+    assert state.step_outputs == (1 + 2 + 4 + 8) * (248320 * 4 + 5 * 5120 * 2)
     assert state.sampling == (8 + 7 + 7) * 248320 * 4 + 7 * 4
     # 7 draft positions x 16 candidates: id (int64), score and q (float32), and rank-256 rows for
     # proj(h) and the 16 successor codebook rows in bf16
@@ -370,7 +371,9 @@ def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
         state.sampling,
         state.selector,
         state.draft_conv,
+        state.mtp,
     )
+    assert state.mtp == 0  # the catalog's shape says nothing of an MTP layer here
     assert state.total == sum(parts)
 
 
@@ -393,7 +396,7 @@ def test_dflash_drafters_have_no_dflash2_terms(catalog):
     state = memory.state_bytes(pair.target_shape, shape, 32768, 2)
     assert state.selector == state.draft_conv == 0
     assert state.sampling == (16 + 15 + 15) * 248320 * 4 + 15 * 4
-    assert state.step_outputs == (1 + 4 + 8 + 16) * (248320 * 4 + 5 * 5120 * 2)
+    assert state.step_outputs == (1 + 2 + 4 + 8 + 16) * (248320 * 4 + 5 * 5120 * 2)
 
 
 def test_the_shape_of_an_engine_config_tells_dflash2_by_its_architecture():

@@ -17,8 +17,8 @@ Mark = float | torch.cuda.Event  # perf_counter() on the CPU, an event on CUDA
 
 @dataclass
 class Interval:
-    kind: str  # "draft" or "verify" (a verify interval includes its accept and commit)
-    size: int  # tokens verified (0 for a draft)
+    kind: str  # "verify" (with its accept and commit), or the drafting method of a draft ("dflash", "mtp", "lookup")
+    size: int  # tokens verified (for a draft: by the verify it drafts for)
     begin: Mark
     end: Mark
 
@@ -52,9 +52,9 @@ class Clock:
         self.pending = left
         return done
 
-    def drop_last(self, kind: str) -> None:
-        """Forget the newest interval if it is of `kind` (an unused draft at the end of an answer)."""
-        if self.pending and self.pending[-1].kind == kind:
+    def drop_last_draft(self) -> None:
+        """Forget the newest interval if it is a draft (an unused one at the end of an answer)."""
+        if self.pending and self.pending[-1].kind != "verify":
             self.pending.pop()
 
 

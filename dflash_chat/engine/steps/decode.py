@@ -31,7 +31,7 @@ class Entry:
 
     @property
     def pure(self) -> bool:
-        return self.run in (Steps._draft, Steps._accept)
+        return self.run in (Steps._draft, Steps._draft_mtp, Steps._accept)
 
     def __call__(self, steps: Steps) -> None:
         self.run(steps, self.T)
@@ -44,25 +44,45 @@ class StepResult:
 
 
 class Steps:
-    def __init__(self, target, drafter, state, *, taps: list[int] | None, sizes: list[int], graphs: bool):
-        """`sizes`: the verify sizes T in use (1 is a plain decode step; at most the drafter's block)."""
-        self.target, self.drafter, self.state, self.taps = target, drafter, state, taps
+    def __init__(
+        self,
+        target,
+        drafter,
+        state,
+        *,
+        taps: list[int] | None,
+        sizes: list[int],
+        graphs: bool,
+        mtp=None,
+        drafts: dict[str, list[int]] | None = None,
+        width: int | None = None,
+    ):
+        """`sizes`: the verify sizes T in use (1 is a plain decode step); `drafts`: the model drafts' sizes T in
+        use per method ("dflash", "mtp"; default: the DFlash drafter's at every size but 1); `width`: the most
+        tokens a verify takes (default: the drafter's block). `taps`: the target layers whose output the DFlash
+        drafter reads, then, with an MTP layer, the last one (the MTP layer's hidden state)."""
+        self.target, self.drafter, self.mtp, self.state, self.taps = target, drafter, mtp, state, taps
         self.device = dev = target.model.norm.weight.device
-        self.B = drafter.block_size if drafter else 1
+        self.B = width or (drafter.block_size if drafter else 1)
         self.sizes = sorted(set(sizes))
         if self.sizes[0] < 1 or self.sizes[-1] > self.B:
             raise ValueError(f"verify sizes must be within 1..{self.B}, not {self.sizes}")
+        default = {"dflash": [T for T in self.sizes if T > 1]} if drafter is not None else {}
+        self.drafts = {method: sorted(set(Ts)) for method, Ts in (default if drafts is None else drafts).items()}
+        # the DFlash drafter's part of the tapped features; the MTP layer's is the last H columns
+        self.dflash_width = len(drafter.target_layer_ids) * target.cfg.hidden_size if drafter is not None else 0
         self.rows = state.max_len  # cache rows a captured step's reference path reads
         long = dict(dtype=torch.long, device=dev)
         self.start = torch.zeros((), **long)  # committed length
         self.remaining = torch.zeros((), **long)  # tokens the answer may still emit
         self.stop_ids = torch.full((MAX_STOPS,), -1, **long)
-        self.offsets = torch.arange(self.B, **long)
+        self.offsets = torch.arange(max(self.B, drafter.block_size if drafter else 1), **long)
         self.block = drafter.block_ids(dev) if drafter else None  # the drafter's input
         self.drafter_columns = getattr(drafter, "draft_noise_columns", None)  # draft noise it reads (None: q's)
         self.columns: int | None = None  # noise columns the verify's draws read (None: all)
-        self.draft_columns: int | None = None  # and the drafts'
+        self.draft_columns: int | None = None  # and the DFlash drafts'
         self.ids = torch.zeros(self.B, **long)  # the verify input: [last, drafts]
+        self.proposed = torch.zeros(self.B, dtype=torch.long, pin_memory=dev.type == "cuda")  # lookup's, on the host
         self.result = torch.zeros(self.B + 2, **long)  # [tokens (first T), ..., n, accepted]
         self.host = torch.zeros(self.B + 2, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.ready: torch.cuda.Event | None = None  # the event after the result's copy to the host (CUDA)
@@ -73,7 +93,8 @@ class Steps:
         self.generator: torch.Generator | None = None
         self.length = 0  # committed positions, on the host (known after each read)
         self.host_s = 0.0  # host time in the decode entry points: issuing them and reading results (not the wait)
-        self.deferred: list[tuple[torch.Tensor, torch.Tensor]] = []  # plain steps' (features, positions) not yet stored
+        # plain steps' (features, positions, token ids) whose context is not stored yet
+        self.deferred: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.graphs: dict | None = None
         self.static = graphs  # captured steps read every cache row on a reference path (no host length)
         if graphs:
@@ -93,8 +114,12 @@ class Steps:
         """Run prompt tokens at the state's length; the drafter gets their context. Logits of the last when final."""
         tensor = torch.tensor(ids, dtype=torch.long, device=self.device)
         logits, feats = self.target(tensor, self.state, logits="last" if final else None, taps=self.taps)
-        if feats is not None:
-            self.drafter.append_context(feats, self.state.length)
+        if feats is None:  # nothing reads the target's features (a drafter that needs none)
+            return logits
+        if self.dflash_width:
+            self.drafter.append_context(feats[:, : self.dflash_width], self.state.length)
+        if self.mtp is not None:
+            self.mtp.append_context(feats[:, self.dflash_width :], tensor, self.state.length - len(ids))
         return logits
 
     # -- the entry points (fixed shapes, no host reads) ------------------------------
@@ -102,15 +127,26 @@ class Steps:
         """T positions from the device's committed length. Uncaptured steps read only the cache rows that can
         be in use: the host's length may lag by one step's tokens (<= B), as a draft is queued before the
         read of the step it follows; rows past the device's length are masked."""
-        bound = self.rows if self.static else min(self.rows, self.length + self.B + T)
-        return Span.fixed(self.start, self.offsets[:T], bound)
+        return Span.fixed(self.start, self.offsets[:T], self._bound(T))
+
+    def _bound(self, T: int) -> int:
+        return self.rows if self.static else min(self.rows, self.length + len(self.offsets) + T)
 
     def _draft(self, T: int) -> None:
-        """The drafts a verify of T reads (ids[1:T]; on the CPU the LM head's rows are much of a draft's cost)."""
+        """The DFlash drafts a verify of T reads (ids[1:T]; on the CPU the LM head's rows are much of a draft's
+        cost)."""
         assert self.block is not None, "a target without a drafter has no draft step"
         self.flush_context()
         self.block[:1].copy_(self.ids[:1])
-        drafts = self.drafter.propose(self.block, self._span(self.B), self.params, self.draws, self.q, T - 1)
+        span = self._span(self.drafter.block_size)
+        drafts = self.drafter.propose(self.block, span, self.params, self.draws, self.q, T - 1)
+        self.ids[1:T].copy_(drafts)
+
+    def _draft_mtp(self, T: int) -> None:
+        """The T - 1 drafts of the target's MTP layer chained from the newest committed position (ids[1:T])."""
+        assert self.mtp is not None, "a target without an MTP layer has no MTP draft step"
+        self.flush_context()
+        drafts = self.mtp.propose(self.ids[:1], self.start, self._bound(T), self.params, self.draws, self.q, T - 1)
         self.ids[1:T].copy_(drafts)
 
     def _verify(self, T: int) -> None:
@@ -130,30 +166,38 @@ class Steps:
         if T > 1:
             self.target.commit(self.state, n)
         if feats is not None:
-            self._store_context(feats, self._span(T).pos, defer=T == 1 and not self.static)
+            self._store_context(feats, self._span(T).pos, self.ids[:T], n, defer=T == 1 and not self.static)
         self.ids[:1].copy_(self.result.index_select(0, n - 1))
         self.start.add_(n)
         self.remaining.sub_(n)
 
-    def _store_context(self, feats: torch.Tensor, positions: torch.Tensor, defer: bool) -> None:
-        """The drafter's context for verified rows. A plain step's, uncaptured, waits for the next draft (or the
-        end of the answer) and is stored with the others in one call: a run of plain steps pays for the
-        drafter's context projections once, not per token."""
+    def _store_context(
+        self, feats: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, n: torch.Tensor, defer: bool
+    ) -> None:
+        """The drafting models' context of a verify of ids [T] whose first n rows were kept. A plain step's,
+        uncaptured, waits for the next draft (or the end of the answer) and is stored with the others in one
+        call: a run of plain steps pays for the context projections once, not per token."""
         if defer:
-            self.deferred.append((feats, positions))
+            self.deferred.append((feats, positions, ids.clone()))
             if len(self.deferred) < DEFERRED_ROWS:
                 return
         self.flush_context()
         if not defer:
-            self.drafter.store_context(feats, positions)
+            self._store(feats, positions, ids, n - 1)
+
+    def _store(self, feats: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, newest) -> None:
+        if self.dflash_width:
+            self.drafter.store_context(feats[:, : self.dflash_width], positions)
+        if self.mtp is not None:
+            self.mtp.commit_context(feats[:, self.dflash_width :], ids, positions, newest)
 
     @torch.no_grad()
     def flush_context(self) -> None:
-        """Store the deferred plain steps' drafter context."""
+        """Store the deferred plain steps' context (each kept its one row: the rows are consecutive)."""
         if self.deferred:
-            feats, positions = zip(*self.deferred, strict=True)
+            feats, positions, ids = (torch.cat(part) for part in zip(*self.deferred, strict=True))
             self.deferred = []
-            self.drafter.store_context(torch.cat(feats), torch.cat(positions))
+            self._store(feats, positions, ids, torch.tensor(feats.shape[0] - 1, device=feats.device))
 
     # -- graphs ------------------------------------------------------------------------
     def _sampling(self) -> tuple:
@@ -162,16 +206,17 @@ class Steps:
         return () if p.greedy else (p.temperature, p.top_k, p.top_p, p.min_p)
 
     def _entries(self, T: int) -> list[Entry]:
-        """A step of size T in order: draft (when T > 1), verify, accept, commit."""
+        """A step of size T in order: its model drafts (each method's that drafts at T), verify, accept, commit."""
         sampling = self._sampling()
-        draft = [Entry(Steps._draft, T, sampling)] if T > 1 else []
-        return draft + [Entry(Steps._verify, T), Entry(Steps._accept, T, sampling), Entry(Steps._commit, T)]
+        drafts = [Entry(DRAFT_STEPS[method], T, sampling) for method, Ts in self.drafts.items() if T in Ts]
+        return drafts + [Entry(Steps._verify, T), Entry(Steps._accept, T, sampling), Entry(Steps._commit, T)]
 
     @torch.no_grad()
     def _capture_all(self) -> None:
         """Warm every size's entry points up in step order, then capture each. Nothing runs during a capture,
         so every capture reads buffers that hold real values (accept and commit read verify's outputs)."""
         self.remaining.fill_(_WARM_REMAINING)
+        self.start.fill_(1)  # a committed token before the block: the MTP layer's first row sits at start - 1
         entries = list(dict.fromkeys(entry for T in self.sizes for entry in self._entries(T)))
         self._warm_up(entries)
         self.graphs = {entry: self._capture(entry) for entry in entries}
@@ -235,17 +280,30 @@ class Steps:
         self.draft_columns = self.drafter_columns if self.drafter_columns is not None else self.columns
         if not params.greedy and self.draws is None:
             self.draws = Draws.empty(self.B, self.target.cfg.vocab_size, self.device)
-            if self.drafter is not None:
+            if self.B > 1:
                 self.q = torch.zeros(self.B - 1, self.target.cfg.vocab_size, device=self.device)
 
-    def draft(self, T: int) -> None:
-        """Queue the T - 1 drafts after the last token that a verify of T reads (the drafter runs its whole
-        block: a draft's rows attend to each other, so the first T - 1 are the same for every T)."""
+    def draft(self, T: int, method: str = "dflash") -> None:
+        """Queue the T - 1 drafts of a model (`method` "dflash" or "mtp") after the last token that a verify of T
+        reads. The first T - 1 are the same for every T: the DFlash drafter runs its whole block (its rows
+        attend to each other), the MTP layer drafts one token after another."""
         issued = time.perf_counter()
         if not self.params.greedy:
             draws, generator = self._randomness()
-            draws.fill_drafts(generator, self.draft_columns, T - 1)
-        self._run(Entry(Steps._draft, T, self._sampling()))
+            draws.fill_drafts(generator, self.draft_columns if method == "dflash" else self.columns, T - 1)
+        self._run(Entry(DRAFT_STEPS[method], T, self._sampling()))
+        self.host_s += time.perf_counter() - issued
+
+    def place(self, tokens: list[int]) -> None:
+        """Fixed drafts from the host (prompt lookup's) for a verify of len(tokens) + 1: a deterministic
+        proposal, whose q is one-hot (the exact rule then accepts a draft d with p(d))."""
+        issued = time.perf_counter()
+        k = len(tokens)
+        self.proposed[:k] = torch.tensor(tokens, dtype=torch.long)
+        self.ids[1 : k + 1].copy_(self.proposed[:k], non_blocking=True)
+        if not self.params.greedy:
+            assert self.q is not None, "sampled drafts need their q"
+            self.q[:k].zero_().scatter_(1, self.ids[1 : k + 1, None], 1.0)
         self.host_s += time.perf_counter() - issued
 
     def verify(self, T: int, remaining: int) -> None:
@@ -289,10 +347,14 @@ class Steps:
         return StepResult(out[:n], accepted)
 
     def rewind(self) -> None:
-        """Back to an empty state after warm-up runs (the caller resets what the state holds)."""
+        """Back to an empty state after warm-up runs (the caller resets what the state holds; a drafting model's
+        context past the committed length is rewritten before it is read)."""
         self.length = 0
         self.deferred = []
         self.start.zero_()
         self.state.reset()
         if self.drafter is not None:
             self.drafter.truncate(0)
+
+
+DRAFT_STEPS = {"dflash": Steps._draft, "mtp": Steps._draft_mtp}  # method -> its draft entry point

@@ -1,0 +1,80 @@
+"""Prompt lookup: drafts copied from the context itself, no model (vLLM's `ngram`, llama.cpp's lookup).
+
+The text so far (the prompt and the answer, as token ids) is searched for an earlier occurrence of its own
+end: the longest suffix (up to MAX_MATCH tokens, at least MIN_MATCH) that occurred before, the most recent
+occurrence among equals. The tokens that followed that occurrence are the proposal. Agentic and editing
+work copies whole runs of its context (a file it edits, a block it repeats), which this drafts for free and
+far ahead.
+
+Occurrences are found through a hash of each position's last MIN_MATCH tokens (their positions, newest
+last); a query compares the suffix backwards against the newest CANDIDATES occurrences of its last
+MIN_MATCH tokens. Adding a token costs one dict update, a query at most CANDIDATES * MAX_MATCH compares, so
+it runs every step on the host while the device verifies nothing. A deterministic proposal is a one-hot q:
+the exact acceptance rule (sampling.py) keeps the output distributed as the target's at T > 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_MATCH = 2  # tokens a match must cover
+MAX_MATCH = 32  # tokens a match is measured over (a longer one counts as this)
+CANDIDATES = 8  # newest occurrences of the last MIN_MATCH tokens a query compares
+
+
+@dataclass(frozen=True)
+class Match:
+    tokens: list[int]  # what followed the occurrence: the proposal
+    length: int  # tokens of the text's end the occurrence matched (MIN_MATCH .. MAX_MATCH)
+
+
+class PromptLookup:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], list[int]] = {}  # last MIN_MATCH tokens -> positions they end at
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            end = len(self.tokens) - 1
+            if end + 1 >= MIN_MATCH:
+                self._ends.setdefault(tuple(self.tokens[end + 1 - MIN_MATCH :]), []).append(end)
+
+    def truncate(self, length: int) -> None:
+        """Forget the tokens from `length` on (the engine rolled its state back to a shorter prefix)."""
+        while len(self.tokens) > length:
+            end = len(self.tokens) - 1
+            if end + 1 >= MIN_MATCH:
+                key = tuple(self.tokens[end + 1 - MIN_MATCH :])
+                ends = self._ends[key]
+                ends.pop()
+                if not ends:
+                    del self._ends[key]
+            self.tokens.pop()
+
+    def propose(self, most: int) -> Match | None:
+        """Up to `most` tokens that followed the longest earlier match of the text's end; None without one."""
+        end = len(self.tokens) - 1
+        if end + 1 < MIN_MATCH or most < 1:
+            return None
+        ends = self._ends.get(tuple(self.tokens[end + 1 - MIN_MATCH :]), [])
+        best, best_length = -1, 0
+        for candidate in reversed(ends[-CANDIDATES - 1 :]):
+            if candidate == end:  # the text's own end
+                continue
+            length = self._matched(candidate, end)
+            if length > best_length:
+                best, best_length = candidate, length
+        if best < 0:
+            return None
+        return Match(self.tokens[best + 1 : best + 1 + most], best_length)
+
+    def _matched(self, candidate: int, end: int) -> int:
+        """Tokens (up to MAX_MATCH) ending at `candidate` that equal those ending at `end`."""
+        n, tokens = 0, self.tokens
+        while n < MAX_MATCH and candidate - n >= 0 and tokens[candidate - n] == tokens[end - n]:
+            n += 1
+        return n
