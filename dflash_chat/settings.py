@@ -57,6 +57,7 @@ class Settings:
     context_length: int = 8192
     decode: str = "auto"  # the decode path: auto (CUDA graphs on a GPU), graphs or fixed (engine/spec.py)
     draft: str | int = "auto"  # drafts each step verifies: "auto", "off" or a number (engine/draft_length.py)
+    speculate: str = "auto"  # which method drafts: "auto", "dflash", "mtp", "lookup" or "none" (engine/speculation.py)
     # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; the ids are in ui/keymap.py
     keymap: dict[str, str] = field(default_factory=dict)
     # name -> URL of an OpenAI-compatible server, for `dflash-chat --endpoint NAME`
@@ -160,6 +161,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "context_length": rules.Number(int, 256, 1_048_576).parse,
     "decode": _decode,
     "draft": rules.draft,
+    "speculate": rules.speculate,
     "keymap": _keymap,
     "endpoints": _endpoints,
 }
@@ -180,6 +182,8 @@ DESCRIPTIONS: dict[str, str] = {
     "(uncaptured; eager is an older name for it)",
     "draft": "drafts each step verifies: auto (picked per step for speed), off (plain decoding), or a number "
     f"1-{rules.MAX_DRAFT} (at most the drafter's block - 1)",
+    "speculate": "which method drafts: auto (chosen per step among those the model has, for speed), dflash (the "
+    "drafter), mtp (the model's own MTP layer), lookup (copied from the chat), none (plain decoding)",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
     "endpoints": "named OpenAI-compatible servers: name=URL;other=URL (dflash-chat --endpoint NAME)",
 }

@@ -35,7 +35,7 @@ def test_run_prints_the_answer_and_a_stats_line(pair, capsys):
     assert main(run_argv(target, drafter, "hello", "--max-tokens", "12")) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert "tok/s" in out[-1] and "acceptance" in out[-1] and "tokens/step" in out[-1]
-    assert " · draft auto, " in out[-1] and out[-1].endswith("/step")
+    assert " · draft auto, " in out[-1] and "/step · steps dflash " in out[-1]  # the steps each method drafted
 
 
 def test_run_draft_sets_how_many_drafts_each_step_verifies(pair, capsys):
@@ -73,6 +73,27 @@ def test_run_json_record_has_the_generation_stats(pair, capsys):
     assert record["draft"] == "auto" and record["mean_draft_length"] == record["drafted"] / record["steps"]
     assert 0 <= record["acceptance_rate"] <= 1 and record["mean_acceptance_length"] >= 1
     assert isinstance(record["answer"], str)
+
+
+def test_run_speculate_chooses_the_method_and_the_record_says_which_drafted(pair, capsys, tmp_path):
+    """--speculate mtp with a target that has its own MTP layer and no drafter; with one that lacks it, one line."""
+    from tests.engine.tiny import write_target
+
+    target, _ = pair
+    with_mtp = tmp_path / "with-mtp"
+    write_target(with_mtp, "qwen3_5", seed=4, mtp=True)
+    argv = on_cpu("run", "--target", str(with_mtp), "--prompt", "hi", "--max-tokens", "10", "--json")
+    assert main([*argv, "--speculate", "mtp", "--draft", "2"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["speculate"] == "mtp" and set(record["methods"]) == {"mtp"}
+    assert record["methods"]["mtp"]["steps"] == record["steps"] and record["methods"]["mtp"]["share"] == 1.0
+    assert main(on_cpu("run", "--target", str(target), "--prompt", "hi", "--speculate", "mtp")) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("dflash-chat: speculate mtp needs the target's own MTP layer")
+    )
 
 
 def test_run_without_drafter_is_plain_decoding(pair, capsys):

@@ -93,6 +93,23 @@ def test_draft_is_checked_like_the_setting_before_anything_loads(capsys, argv, c
     assert one_line_error(capsys) == f"{command}: argument --draft: {DRAFT_RULE}, got {value} (see `{command} --help`)"
 
 
+SPECULATE_RULE = "must be auto, dflash, mtp, lookup or none"
+
+
+@pytest.mark.parametrize(
+    "argv, command",
+    [
+        (["--speculate", "eagle"], "dflash-chat"),
+        (["run", "--target", MISSING, "--prompt", "hi", "--speculate", "eagle"], "dflash-chat run"),
+        (["serve", "--target", MISSING, "--speculate", "eagle"], "dflash-chat serve"),
+    ],
+)
+def test_speculate_is_checked_like_the_setting_before_anything_loads(capsys, argv, command):
+    assert main(argv) == 2
+    expected = f"{command}: argument --speculate: {SPECULATE_RULE}, got 'eagle' (see `{command} --help`)"
+    assert one_line_error(capsys) == expected
+
+
 def test_draft_is_for_a_local_engine_not_an_endpoint(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path))
     assert main(["--endpoint", "http://127.0.0.1:9/v1", "--draft", "3"]) == 2

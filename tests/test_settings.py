@@ -73,6 +73,8 @@ def test_only_changed_values_are_written(home):
         ("draft", 2.5, "auto, off or a number"),
         ("draft", True, "auto, off or a number"),
         ("decode", "fast", "must be one of auto, graphs, fixed"),
+        ("speculate", "eagle", r"speculate must be auto, dflash, mtp, lookup or none, got 'eagle'"),
+        ("speculate", 3, "auto, dflash, mtp, lookup or none"),
     ],
 )
 def test_invalid_values_are_refused_with_a_message(key, text, fragment):
@@ -92,6 +94,7 @@ def test_draft_is_a_word_or_a_number_and_eager_is_fixed():
     assert [settings.parse_value("draft", v) for v in ("AUTO", " off", "7", 7, 64.0)] == ["auto", "off", 7, 7, 64]
     assert settings.parse_value("decode", "eager") == "fixed"  # its older name
     assert settings.parse_assignment("draft=3") == ("draft", 3)
+    assert settings.parse_assignment("speculate=MTP") == ("speculate", "mtp")
 
 
 def test_parse_assignment():

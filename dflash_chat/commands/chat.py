@@ -42,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "step by speed, off decodes plainly, N drafts N tokens)",
     )
     group.add_argument(
+        "--speculate",
+        type=settings_module.flag("speculate"),
+        metavar="auto|dflash|mtp|lookup|none",
+        help="which method drafts, for this session (the speculate setting: auto chooses per step among "
+        "the drafter, the model's own MTP layer and prompt lookup)",
+    )
+    group.add_argument(
         "--set",
         metavar="KEY=VALUE",
         action="append",
@@ -88,6 +95,8 @@ def build_app(args: argparse.Namespace, current: settings_module.Settings, probl
     history = (args.data_dir / paths.history_db().name) if args.data_dir else None
     if getattr(args, "draft", None) is not None:
         current = replace(current, draft=args.draft)  # this session's; config.toml keeps its own
+    if getattr(args, "speculate", None) is not None:
+        current = replace(current, speculate=args.speculate)
     if getattr(args, "endpoint", None):
         return DFlashChatApp(current, endpoint(args, current), history_path=history, problems=problems)
     if getattr(args, "api_key", None):
@@ -111,6 +120,7 @@ def endpoint(args: argparse.Namespace, current: settings_module.Settings):
             ("--target", args.target),
             ("--drafter", args.drafter),
             ("--draft", getattr(args, "draft", None) is not None),
+            ("--speculate", getattr(args, "speculate", None) is not None),
         )
         if given
     ] + (["--model/--quant/--*-file"] if pick_from_args(args).pins_files else [])

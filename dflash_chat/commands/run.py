@@ -63,6 +63,14 @@ def register(subparsers) -> None:
         help="drafts each step verifies: auto picks per step by speed (default), off decodes plainly "
         "with the drafter loaded, N drafts N tokens (at most the drafter's block - 1)",
     )
+    p.add_argument(
+        "--speculate",
+        type=flag("speculate"),
+        metavar="auto|dflash|mtp|lookup|none",
+        help="which method drafts: auto chooses per step among those the pair has (default; plain with "
+        "--no-drafter), dflash the drafter, mtp the target's own MTP layer, lookup copies from the prompt, "
+        "none decodes plainly",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON record with the answer and the statistics")
     p.set_defaults(handler=main)
 
@@ -102,8 +110,10 @@ def resolve_paths(args) -> tuple[str, str | None]:
         return str(target), None if args.no_drafter else str(drafter)
     if not args.target:
         raise UserError("give --target DIR (and --drafter DIR), or --demo")
-    if not args.drafter and not args.no_drafter:
-        raise UserError("give --drafter DIR, or --no-drafter for plain decoding")
+    if not args.drafter and not args.no_drafter and args.speculate in (None, "dflash"):
+        raise UserError(
+            "give --drafter DIR, --no-drafter for plain decoding, or --speculate mtp|lookup|auto to draft without one"
+        )
     return args.target, None if args.no_drafter else args.drafter
 
 
@@ -125,6 +135,8 @@ def stats_line(stats) -> str:
             f" · acceptance {stats.acceptance_rate:.0%} · {stats.mean_acceptance_length:.2f} tokens/step"
             f" · draft {stats.draft}, {stats.mean_draft_length:.1f}/step"
         )
+        drafted = [f"{name} {figures.steps / stats.steps:.0%}" for name, figures in stats.methods.items()]
+        line += f" · steps {', '.join(drafted)}" if stats.steps else ""
     return line
 
 
@@ -136,8 +148,10 @@ def load(args: argparse.Namespace, target: str, drafter: str | None):
     from dflash_chat.runtime.terminal_load import TerminalLoad, at_once
 
     draft = "auto" if args.draft is None else args.draft
+    # --no-drafter is the plain baseline unless --speculate says otherwise
+    speculate = args.speculate or ("none" if args.no_drafter else "auto")
     device = args.device or str(default_device())  # --device or the default: never $DFLASH_CHAT_DEVICE
-    options = LoadOptions(args.context or CONTEXT, args.decode, draft, device=device)
+    options = LoadOptions(args.context or CONTEXT, args.decode, draft, device=device, speculate=speculate)
     loading = TerminalLoad(options, spawn=at_once, name=display_name(target)).begin(ModelSource(target, drafter))
     if loading.cause is not None:
         raise loading.cause  # as loading raised it: errors.describe words it, or it is a bug to see

@@ -85,6 +85,12 @@ def register(subparsers) -> None:
         metavar="auto|off|N",
         help="drafts each step verifies: auto, off or a number (default: the draft setting)",
     )
+    p.add_argument(
+        "--speculate",
+        type=flag("speculate"),
+        metavar="auto|dflash|mtp|lookup|none",
+        help="which method drafts: auto, dflash, mtp, lookup or none (default: the speculate setting)",
+    )
     hardware.add_choice_arguments(p)
     p.set_defaults(handler=main)
 
@@ -107,6 +113,8 @@ def main(args: argparse.Namespace) -> int:
         settings = replace(settings, decode=args.decode)
     if args.draft is not None:
         settings = replace(settings, draft=args.draft)
+    if args.speculate is not None:
+        settings = replace(settings, speculate=args.speculate)
     request = resolve(settings, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args))
     bind(args.host, args.port).close()  # a port in use is said before anything loads
     name = args.served_model_name or (served_name(request) if isinstance(request, ModelSource) else None)

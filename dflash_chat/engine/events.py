@@ -99,8 +99,6 @@ class GenerationStats(AcceptanceFigures):
     draft_histogram: list[int] = field(default_factory=list)
     draft: str = "off"  # the draft setting: "auto", "off" or a number of drafts per step
     speculate: str = "none"  # the speculate setting: "auto", "dflash", "mtp", "lookup" or "none"
-    # per method ("plain" too: the steps without drafts), in the order the answer first used them
-    methods: dict[str, MethodStats] = field(default_factory=dict)
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -108,6 +106,11 @@ class GenerationStats(AcceptanceFigures):
     verify_s: float = 0.0
     peak_memory_bytes: int = 0
     speculative: bool = False
+
+    def __post_init__(self) -> None:
+        # per method ("plain" too: the steps without drafts), in the order the answer first used them; no field,
+        # so the history keeps only the flat figures it knows
+        self.methods: dict[str, MethodStats] = {}
 
     def as_dict(self) -> dict:
         return {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflash_chat.engine.events import AcceptanceFigures, Prefilled, Step
+from dflash_chat.engine.events import AcceptanceFigures, MethodStats, Prefilled, Step
 
 RECENT_STEPS = 48  # how many acceptance lengths the sparkline keeps
 
@@ -26,6 +26,7 @@ class LiveStats(AcceptanceFigures):
     recent_lengths: list[int] = field(default_factory=list)  # tokens committed per decode step
     draft: str = ""  # the draft setting ("auto", "off", "7"); "" when not known (a server's answer)
     last_drafted: int = 0  # drafts the latest decode step verified (what `auto` uses now)
+    methods: dict[str, MethodStats] = field(default_factory=dict)  # per drafting method ("plain" too), as the engine's
 
     def on_prefilled(self, event: Prefilled) -> None:
         self.prompt_tokens = event.prompt_tokens
@@ -44,6 +45,11 @@ class LiveStats(AcceptanceFigures):
         self.decode_s = since_start_s - self.ttft_s
         self.recent_lengths.append(len(event.token_ids))
         del self.recent_lengths[:-RECENT_STEPS]
+        figures = self.methods.setdefault(event.method, MethodStats())
+        figures.steps += 1
+        figures.drafted += event.drafted
+        figures.accepted += event.accepted
 
     def snapshot(self) -> LiveStats:
-        return LiveStats(**{**self.__dict__, "recent_lengths": list(self.recent_lengths)})
+        methods = {name: MethodStats(**vars(figures)) for name, figures in self.methods.items()}
+        return LiveStats(**{**self.__dict__, "recent_lengths": list(self.recent_lengths), "methods": methods})

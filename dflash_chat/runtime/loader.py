@@ -45,16 +45,18 @@ Spawn = Callable[[Callable[[], None], str], None]  # (worker body, group): "mode
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How a model loads when its source does not say: the context to allocate, decode path, drafts."""
+    """How a model loads when its source does not say: the context to allocate, decode path, drafts, and which
+    method drafts them."""
 
     context_length: int
     decode: str = "auto"
     draft: str | int = "auto"
     device: str | None = None  # over where the source was placed (`run --device`)
+    speculate: str = "auto"
 
     @classmethod
     def of(cls, settings: Settings) -> LoadOptions:
-        return cls(settings.context_length, settings.decode, settings.draft)
+        return cls(settings.context_length, settings.decode, settings.draft, speculate=settings.speculate)
 
 
 class ModelLoader:
@@ -199,6 +201,7 @@ class ModelLoader:
                 max_context=options.context_length,
                 decode=options.decode,
                 draft=options.draft,
+                speculate=options.speculate,
                 progress=progress,
             )
         except Exception as exc:  # noqa: BLE001 - said to the user, the app carries on

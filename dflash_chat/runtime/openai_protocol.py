@@ -89,9 +89,12 @@ def speculative_decoding(stats: GenerationStats, spec_tokens: int) -> dict:
         "acceptance_histogram": histogram,
         "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
-        # ours: the draft setting, and the drafts each step verified on average (0 for plain steps)
+        # ours: the draft setting, and the drafts each step verified on average (0 for plain steps); the
+        # speculate setting, and per method ("plain" too) its steps, drafts, accepts and share of the steps
         "draft": stats.draft,
         "mean_draft_length": stats.mean_draft_length,
+        "speculate": stats.speculate,
+        "methods": {name: figures.as_dict(steps) for name, figures in stats.methods.items()},
         # the same request in the names of vLLM's Prometheus counters
         "num_drafts": drafting_steps(stats),
         "num_accepted_tokens": accepted,

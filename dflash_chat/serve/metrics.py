@@ -3,8 +3,11 @@
 Every metric carries vLLM's labels (model_name, engine="0"). The spec-decode counters count what vLLM
 counts: a verify step is a draft, its drafted and accepted tokens, and per draft position how often it
 was accepted (a plain step, which `auto` and `off` take, is no draft). vLLM has no decode-speed or
-draft-length histogram; ours are `dflash:decode_tokens_per_second` and `dflash:draft_length_per_step`.
-Each server has its own registry (tests run several in one process).
+draft-length histogram; ours are `dflash:decode_tokens_per_second` and `dflash:draft_length_per_step`,
+and per drafting method (label `method`: dflash, mtp, lookup, and plain for the steps without drafts)
+`dflash:spec_decode_method_steps`, `..._draft_tokens` and `..._accepted_tokens`: the share of the steps
+each method drafted, and each one's acceptance. Each server has its own registry (tests run several in one
+process).
 """
 
 from __future__ import annotations
@@ -83,6 +86,13 @@ class Metrics:
             "Histogram of the drafts each decode step verified (0: a plain step).",
             DRAFT_BUCKETS,
         )
+        self.method_steps = counter("dflash:spec_decode_method_steps", "Decode steps by drafting method.", ("method",))
+        self.method_drafted = counter(
+            "dflash:spec_decode_method_draft_tokens", "Draft tokens by drafting method.", ("method",)
+        )
+        self.method_accepted = counter(
+            "dflash:spec_decode_method_accepted_tokens", "Accepted draft tokens by drafting method.", ("method",)
+        )
         self.running = Gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", LABELS, registry=registry
         ).labels(*self.labels)
@@ -111,6 +121,10 @@ class Metrics:
             for drafts, steps in enumerate(stats.draft_histogram):
                 for _ in range(steps):
                     self.draft_length.observe(drafts)
+            for method, figures in stats.methods.items():
+                self.method_steps.labels(*self.labels, method).inc(figures.steps)
+                self.method_drafted.labels(*self.labels, method).inc(figures.drafted)
+                self.method_accepted.labels(*self.labels, method).inc(figures.accepted)
         self.success.labels(*self.labels, reason).inc()
         self.ttft.observe(stats.ttft_s)
         self.e2e.observe(total_s)

@@ -288,7 +288,13 @@ class ChatScreen(PlainNotices, Screen):
         self.recorder.add(self.conversation, message)
         widget = await self.chat_view.add_assistant()
         request = AnswerRequest(
-            self.conversation, turns, self.thinking, settings.sampling(), threading.Event(), draft=settings.draft
+            self.conversation,
+            turns,
+            self.thinking,
+            settings.sampling(),
+            threading.Event(),
+            draft=settings.draft,
+            speculate=settings.speculate,
         )
         self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
         self.backend.answer(request)

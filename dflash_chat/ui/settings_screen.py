@@ -26,6 +26,7 @@ TEXT_FIELDS = (
     "drafter",
     "context_length",
     "draft",
+    "speculate",
     "endpoints",
 )
 

@@ -78,7 +78,7 @@ def counters(url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             key = sample.name + "".join(
-                f"[{sample.labels[k]}]" for k in ("position", "finished_reason") if k in sample.labels
+                f"[{sample.labels[k]}]" for k in ("position", "finished_reason", "method") if k in sample.labels
             )
             found[key] = found.get(key, 0.0) + sample.value
     return found
@@ -169,6 +169,13 @@ def test_the_openai_client_gets_runs_answers_and_the_engines_figures(served_demo
     assert grew("dflash:decode_tokens_per_second_count") == len(usages)
     assert grew("dflash:draft_length_per_step_count") == sum(s["num_spec_steps"] for s in specs)
     assert grew("dflash:draft_length_per_step_sum") == sum(s["num_draft_tokens"] for s in specs)
+    methods = {name for s in specs for name in s["methods"]}
+    assert methods and sum(s["methods"].get("plain", {}).get("share", 0.0) for s in specs) < len(specs)
+    for method in methods:  # per drafting method, what each answer said of it
+        for counter, figure in (("steps", "steps"), ("draft_tokens", "drafted"), ("accepted_tokens", "accepted")):
+            assert grew(f"dflash:spec_decode_method_{counter}_total[{method}]") == sum(
+                s["methods"].get(method, {}).get(figure, 0) for s in specs
+            )
     assert "Traceback" not in "".join(lines)
 
 

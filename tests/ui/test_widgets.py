@@ -99,6 +99,34 @@ def test_panel_shows_live_then_final_figures_and_thinking_effect():
     assert (plain["drafts/step"], plain["acceptance"], plain["tokens/step"]) == ("off", "—", "1.00")
 
 
+def test_panel_says_which_methods_drafted_by_their_share_of_the_steps():
+    from dflash_chat.engine.events import MethodStats, Step
+
+    async def main():
+        app = Host()
+        async with app.run_test(size=(100, 40)) as pilot:
+            panel = app.query_one(StatsPanel)
+            live = LiveStats(draft="auto")
+            live.on_step(Step([1], 0, 0, 0.0, 0.0), 0.1)  # the prefill's token
+            for method, drafted, accepted in (("mtp", 3, 2), ("lookup", 15, 15), ("mtp", 3, 0), ("plain", 0, 0)):
+                live.on_step(Step([1] * (accepted + 1), drafted, accepted, 0.0, 0.0, method), 0.2)
+            panel.show_live(live.snapshot(), speculative=True)
+            await pilot.pause()
+            during = dict(panel.shown)
+            final = replace(STATS, steps=10)
+            final.methods = {"dflash": MethodStats(6, 60, 30), "plain": MethodStats(4)}
+            panel.show_final(final)
+            await pilot.pause()
+            after = dict(panel.shown)
+            panel.show_final(replace(STATS))  # a server's answer (or a saved one): nothing said of methods
+            await pilot.pause()
+            return during, after, dict(panel.shown)
+
+    during, after, server = run(main())
+    assert during["drafted by"] == "mtp 50% · lookup 25%"
+    assert after["drafted by"] == "dflash 60%" and "drafted by" not in server
+
+
 def test_histogram_bars_scale_to_the_tallest():
     assert histogram_bars([0, 4, 2]) == " █▄"
     assert histogram_bars([1, 100]) == "▁█"

@@ -44,6 +44,7 @@ class AnswerRequest:
     sampling: SamplingParams  # the settings' (Settings.sampling), as the engine gets it
     cancel: threading.Event
     draft: str | int = "auto"  # drafts per step, for a local engine (the draft setting)
+    speculate: str = "auto"  # which method drafts, for a local engine (the speculate setting)
 
 
 class Backend:

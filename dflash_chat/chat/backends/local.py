@@ -172,7 +172,8 @@ class LocalBackend(Backend):
     ) -> None:
         post, session = self.post, service.session
         try:
-            session.use_draft(request.draft)  # here, not on the UI thread: it rebuilds the engine's steps
+            # here, not on the UI thread: it rebuilds the engine's steps
+            session.use_draft(request.draft, request.speculate)
             prompt = session.chat_prompt(request.turns, request.thinking, previous)
             post(PromptSent(prompt))
             end = session.answer(prompt, request.sampling, request.cancel, post, memory=memory)

@@ -38,6 +38,15 @@ def format_draft(f: LiveStats | GenerationStats, live: bool) -> str:
     return f"{f.draft} · {per}" if f.draft else per
 
 
+def format_methods(f: LiveStats | GenerationStats) -> str:
+    """Which methods drafted, by their share of the steps, the largest first ("mtp 62% · lookup 30%");
+    "" when none did (plain decoding, or a server's answer)."""
+    drafting = sorted(((s.steps, name) for name, s in f.methods.items() if name != "plain"), reverse=True)
+    if not drafting or not f.steps:
+        return ""
+    return " · ".join(f"{name} {steps / f.steps:.0%}" for steps, name in drafting)
+
+
 def histogram_bars(counts: list[int]) -> str:
     """One bar per acceptance length (0..B-1), scaled to the tallest."""
     top = max(counts, default=0)
@@ -133,7 +142,9 @@ class StatsPanel(VerticalScroll):
             ("tokens/step", f"{spec.mean_acceptance_length:.2f}" if spec and spec.steps else DASH),
             ("drafts/step", format_draft(f, live) if f is not None else DASH),
         )
-        self._show_rows("draft", draft + ((("from", source),) if source else ()), layout=False)
+        methods = format_methods(spec) if spec else ""
+        extra = ((("drafted by", methods),) if methods else ()) + ((("from", source),) if source else ())
+        self._show_rows("draft", draft + extra, layout=False)
         self._show_rows(
             "tokens",
             (
