@@ -113,9 +113,10 @@ def test_pull_of_a_model_too_big_for_this_machine_fetches_its_smallest_option(ho
     monkeypatch.setattr(hardware, "probe", lambda: small)
     args = argparse.Namespace(model="qwen3.6-27b", quant=None, drafter_quant=None, context=None)
     pair, target, drafter = pull._what_to_pull(load_catalog(), args)
-    assert (pair.name, target.quant, drafter.quant) == ("qwen3.6-27b", "Q3_K_M", "Q4_K_M")  # the smallest of each
+    # the smallest: the smallest quant alone (it drafts with its own MTP layer: no drafter to fetch)
+    assert (pair.name, target.quant, drafter) == ("qwen3.6-27b", "Q3_K_M", None)
     out = capsys.readouterr().out
-    assert "will not fit" in out and "Fetching the smallest anyway: Qwen3.6-27B Q3_K_M + drafter Q4_K_M" in out
+    assert "will not fit" in out and "Fetching the smallest anyway: Qwen3.6-27B Q3_K_M (choose with --quant)" in out
 
 
 def test_pull_a_quant_the_repo_lacks(home, capsys):
@@ -197,9 +198,12 @@ def test_models_vram_plans_for_another_card_without_probing(home, capsys, monkey
     assert row(out, "qwen3.8-27b", "Q4_K_M")[5:] == ["yes", "-", "<- pick"]
     assert row(out, "qwen3.8-27b", "Q8_0")[5] == "no"
     assert row(out, "qwen3.6-27b", "Q4_K_M")[5:] == ["yes", "-"]  # it fits too, ranked below
+    assert "Drafting: drafts with the DFlash2 drafter, the target's own MTP layer and prompt lookup" in out
     _, out, _ = run(capsys, "models", "--vram", "80", "--context", "32768")
     assert "Pick: planned GPU 80 GB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (" in out
+    assert row(out, "qwen3.6-35b-a3b", "Q8_0")[3] == "MTP"  # the MoE target drafts with its MTP layer first
     # the 35B-A3B drafter's training shows where the repo holds two
+    _, out, _ = run(capsys, "models", "--vram", "80", "--context", "32768", "--drafter-quant", "Q8_0")
     assert row(out, "qwen3.6-35b-a3b", "Q8_0")[3] == "Q8_0 (2026-04)"
     code, _, err = run(capsys, "models", "--vram", "0")
     assert code == 2 and "--vram takes the GPU's size in GB" in err
@@ -389,8 +393,9 @@ def test_pull_qwen38_fetches_the_target_quant_and_the_dflash2_drafter_the_picker
         "<- pick",
     ]
     assert row(out, "qwen3.8-27b", "Q3_K_M")[5:] == ["yes", "drafter+tokenizer"]  # Q8_0 drafter cached
-    # Q8_0 fits beside no drafter here: its row shows the smallest, the Q4_K_M GGUF, not downloaded
-    assert row(out, "qwen3.8-27b", "Q8_0")[3] == "Q4_K_M (DFlash2)"
+    # Q8_0 does not fit here, not even alone: its row shows the smallest option, the target alone (its MTP
+    # layer drafts), not downloaded
+    assert row(out, "qwen3.8-27b", "Q8_0")[3] == "MTP"
     assert row(out, "qwen3.8-27b", "Q8_0")[5:] == ["no", "tokenizer"]
 
 
@@ -415,6 +420,27 @@ def test_doctor_and_models_know_the_qwen38_pair(qwen38_home, capsys):
     assert expected.startswith("RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token")
     assert expected.endswith("left for an 8k context")
     assert f"OK   model: {expected}" in doctor_out.splitlines()
-    for quant in ("Q8_0", "Q4_K_M", "Q3_K_M", "Q3_K_S"):  # every quant, with its DFlash2 drafter
+    for quant in ("Q4_K_M", "Q3_K_M", "Q3_K_S"):  # every quant that fits, with its DFlash2 drafter
         assert row(models_out, "qwen3.8-27b", quant)[3].endswith("(DFlash2)")
+    assert row(models_out, "qwen3.8-27b", "Q8_0")[3] == "MTP"  # fits nowhere: the smallest, the target alone
     assert row(models_out, "qwen3.6-27b", "Q4_K_M")[3] == "Q8_0"  # DFlash pairs as they were
+
+
+def test_models_vram_16_and_doctor_say_which_methods_the_pick_has_and_why(home, capsys, monkeypatch):
+    """16 GB: no DFlash2 drafter fits beside the 27B's best quant, so it runs alone with its own MTP layer;
+    `models` and `doctor` name the methods and the reason, and the MoE target drafts with MTP first."""
+    from dflash_chat import paths
+
+    paths.config_file().write_text("")  # the shipped pairs only
+    code, out, err = run(capsys, "models", "--vram", "16")
+    assert code == 0, err
+    assert "Qwen3.8-27B Q3_K_M alone, drafting with its own MTP layer (no drafter fits beside it)" in out
+    assert row(out, "qwen3.8-27b", "Q3_K_M")[3] == "MTP" and row(out, "qwen3.8-27b", "Q3_K_M")[-1] == "<- pick"
+    drafting = next(line for line in out.splitlines() if line.startswith("Drafting: "))
+    assert drafting.startswith("Drafting: drafts with the target's own MTP layer and prompt lookup")
+    assert "none fits beside this quant" in drafting
+    _, out, _ = run(capsys, "models", "--vram", "32", "--model", "qwen3.6-35b-a3b")
+    assert "(MoE: its MTP layer drafts faster than a DFlash drafter here)" in out
+    monkeypatch.setattr(hardware, "probe", lambda: hardware.planned(16))
+    _, doctor_out, _ = run(capsys, "doctor")
+    assert f"OK   {drafting.replace('Drafting: ', 'drafting: ')}" in doctor_out.splitlines()

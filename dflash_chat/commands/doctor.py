@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     torch = _import_torch()
     checks += torch_checks(torch)
     machine = hardware.probe()
-    checks += [ram_check(machine), choice_check(machine), *hub_checks(), *config_checks()]
+    checks += [ram_check(machine), *choice_checks(machine), *hub_checks(), *config_checks()]
     for check in checks:
         print(check.line())
     failed = sum(not c.ok for c in checks)
@@ -124,18 +124,20 @@ def ram_check(machine: hardware.Machine) -> Check:
     return Check(True, f"RAM: {size_text(machine.ram_total)} total, {size_text(machine.ram_available)} available")
 
 
-def choice_check(machine: hardware.Machine) -> Check:
-    """What the chat app would run here (the same words as the app and `dflash-chat models`)."""
+def choice_checks(machine: hardware.Machine) -> list[Check]:
+    """What the chat app would run here (the same words as the app and `dflash-chat models`), and which
+    drafting methods that pick has and why."""
     from dflash_chat.commands.models import app_choice
     from dflash_chat.models.catalog import CatalogError, load_catalog
 
     try:
-        explanation, _ = app_choice(machine, load_catalog())
+        explanation, choice = app_choice(machine, load_catalog())
     except CatalogError as exc:
-        return Check(False, f"model: {exc}", f"edit {paths.config_file()}")
+        return [Check(False, f"model: {exc}", f"edit {paths.config_file()}")]
     except UserError as exc:
-        return Check(False, f"model: {exc}", "see `dflash-chat models` and pick one with --model/--quant")
-    return Check(True, f"model: {explanation}")
+        return [Check(False, f"model: {exc}", "see `dflash-chat models` and pick one with --model/--quant")]
+    drafting = [Check(True, f"drafting: {choice.drafting}")] if choice is not None else []
+    return [Check(True, f"model: {explanation}"), *drafting]
 
 
 def hub_checks() -> list[Check]:

@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     print(verdict)
+    if pick is not None:
+        print(f"Drafting: {pick.drafting}")
     print_endpoints()
     print(f"Cache: {hub.default_cache_dir()}  (dflash-chat pull MODEL --quant Q downloads ahead of time)")
     return 0
@@ -178,9 +180,9 @@ def _rows(
 
 def _drafter_cell(pair: Pair, drafter: Source | None) -> str:
     """'Q8_0', 'Q8_0 (2026-04)' when the drafter exists in several trainings, 'Q8_0 (DFlash2)' for a
-    DFlash2 drafter."""
+    DFlash2 drafter, 'MTP' for a target that runs alone with its own MTP layer."""
     if drafter is None:
-        return "-"
+        return "MTP" if pair.has_mtp else "-"  # the target alone drafts with its own MTP layer
     if len(pair.drafter_versions) > 1 and drafter.version:
         return f"{drafter.quant} ({drafter.version})"
     if hardware.is_dflash2(drafter):

@@ -151,6 +151,12 @@ class Pair:
     tokenizer: Source
     target_repo: str | None = None
     origin: str = "catalog"
+    mtp_first: bool = False  # the target's own MTP layer drafts before a DFlash drafter is even downloaded
+
+    @property
+    def has_mtp(self) -> bool:
+        """Its target's checkpoints carry their own MTP layer (`shape.mtp`)."""
+        return self.target_shape.mtp
 
     @property
     def target_quants(self) -> tuple[str, ...]:
@@ -306,7 +312,17 @@ def _merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
 
 # --- parsing one pair ---------------------------------------------------------------------------
 
-_PAIR_KEYS = {"title", "rank", "cpu_default", "default_context", "max_context", "tokenizer", "target", "drafter"}
+_PAIR_KEYS = {
+    "title",
+    "rank",
+    "cpu_default",
+    "default_context",
+    "max_context",
+    "tokenizer",
+    "target",
+    "drafter",
+    "mtp_first",
+}
 _SOURCE_KEYS = {"repo", "revision", "pattern", "format", "size_gb", "path"}
 
 
@@ -362,7 +378,10 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
         tokenizer=_tokenizer_source(r, table.get("tokenizer")),
         target_repo=target_repo,
         origin=origin,
+        mtp_first=r.get(table, "mtp_first", bool, False),
     )
+    if pair.mtp_first and not pair.has_mtp:
+        raise r.fail("has `mtp_first = true` but its target has no MTP layer: add `mtp = true` to `target.shape`")
     if origin == "catalog":
         _check_pinned(r, pair)
     return pair
@@ -415,7 +434,7 @@ def _shape(r: _Reader, cls, table: Mapping[str, Any], at: str):
     values = {}
     for f in known:
         default = ... if f.default is MISSING else f.default
-        kind = str if f.type in (str, "str") else int
+        kind = str if f.type in (str, "str") else bool if f.type in (bool, "bool") else int
         values[f.name] = r.get(table, f.name, kind, default, at=at)
     shape = cls(**values)
     problem = shape.problem() if isinstance(shape, DrafterShape) else None

@@ -211,6 +211,46 @@ class Choice:
     def fits(self) -> bool:
         return self.budget.fits
 
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The drafting methods this pick has ("dflash" or "dflash2", "mtp", "lookup"): `speculate auto`
+        chooses among them per step. (The loader has the last word: a file without an MTP layer has no `mtp`.)"""
+        drafter = ("dflash2" if is_dflash2(self.drafter) else "dflash",) if self.drafter is not None else ()
+        return (*drafter, *(("mtp",) if self.pair.has_mtp else ()), "lookup")
+
+    @property
+    def drafting(self) -> str:
+        """Which methods the pick drafts with and why, in one line (`models` and `doctor` print it)."""
+        names = [METHOD_NAMES[m] for m in self.methods]
+        listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+        return f"drafts with {listed}, chosen per step by `speculate auto` ({drafting_why(self)})"
+
+
+METHOD_NAMES = {
+    "dflash": "the DFlash drafter",
+    "dflash2": "the DFlash2 drafter",
+    "mtp": "the target's own MTP layer",
+    "lookup": "prompt lookup",
+}
+
+
+def drafting_why(choice: Choice) -> str:
+    """Why the pick has the methods it has."""
+    pair = choice.pair
+    if choice.drafter is not None:
+        reason = "the drafter fits beside this quant"
+    elif not pair.drafters:
+        reason = f"{pair.title} has no DFlash drafter"
+    elif pair.mtp_first:
+        reason = (
+            "no drafter: on this MoE target the MTP layer drafts faster than a DFlash drafter, whose "
+            "16-token verify wakes many experts"
+        )
+    else:
+        reason = "no drafter: none fits beside this quant, and the MTP layer needs no download and almost no memory"
+    mtp = "its checkpoints carry an MTP layer" if pair.has_mtp else "its checkpoints carry no MTP layer"
+    return f"{reason}; {mtp}; prompt lookup needs no model"
+
 
 def choose(
     machine: Machine,
@@ -330,7 +370,11 @@ def _drafters(pair: Pair, drafter_quant: str | None, drafter_local: Source | Non
         return [pair.local_drafter(drafter_local.local_path)]
     if drafter_quant is not None:
         return [pair.drafter(drafter_quant)]
-    return list(pair.drafters) or [None]
+    if not pair.has_mtp:
+        return list(pair.drafters) or [None]
+    # a target with its own MTP layer can draft alone: after every drafter (where none fits beside this
+    # quant), or first where the catalog says it drafts faster (mtp_first: the MoE target)
+    return [None, *pair.drafters] if pair.mtp_first else [*pair.drafters, None]
 
 
 def _file_source(path: Path, role: str) -> Source:
@@ -345,7 +389,8 @@ def _make_choice(machine: Machine, pair: Pair, target: Source, drafter: Source |
     parts = _parts_of(pair, target, drafter)
     if b.fits:
         text = (
-            f"{machine.label}: {parts}{_why(drafter)}; {size_text(b.left_for_context)} left for {_a_ctx(ctx)} context"
+            f"{machine.label}: {parts}{_why(pair, drafter)}; {size_text(b.left_for_context)} left for "
+            f"{_a_ctx(ctx)} context"
         )
     else:
         text = (
@@ -362,7 +407,7 @@ def _parts(choice: Choice) -> str:
 def _parts_of(pair: Pair, target: Source, drafter: Source | None) -> str:
     t = f"{target.path.name} (local file)" if target.path else f"{pair.title} {target.quant}"
     if drafter is None:
-        return f"{t}, no drafter"
+        return f"{t} alone, drafting with its own MTP layer" if pair.has_mtp else f"{t}, no drafter"
     d = f"{drafter.path.name} (local)" if drafter.path else drafter.quant
     kind = "DFlash2 drafter" if is_dflash2(drafter) else "drafter"
     return f"{t} + {kind} {d}"
@@ -378,8 +423,15 @@ def _dflash2_shape(drafter: Source | None) -> DrafterShape | None:
     return shape if shape is not None and shape.kind == "dflash2" else None
 
 
-def _why(drafter: Source | None) -> str:
-    """Why a DFlash2 pair is the pick: what makes it faster than the DFlash pairs below it."""
+def _why(pair: Pair, drafter: Source | None) -> str:
+    """Why a DFlash2 pair is the pick: what makes it faster than the DFlash pairs below it; why a target with
+    a drafter in the catalog runs alone."""
+    if drafter is None and pair.has_mtp and pair.drafters:
+        return (
+            " (MoE: its MTP layer drafts faster than a DFlash drafter here)"
+            if pair.mtp_first
+            else " (no drafter fits beside it)"
+        )
     shape = _dflash2_shape(drafter)
     if shape is None:
         return ""

@@ -326,6 +326,11 @@ def test_the_27b_drafter_slides_on_four_of_five_layers(config):
             '[models.x]\nextends = "qwen3.5-4b"\ndrafter.shape = { layers = 5, kv_heads = 8, head_dim = 128, hidden = 2560, kind = 2 }\n',
             r"`drafter.shape.kind` must be str, got 2",
         ),
+        (
+            '[models.x]\nextends = "qwen3.5-4b"\nmtp_first = true\n',
+            r"has `mtp_first = true` but its target has no MTP layer: add `mtp = true` to `target.shape`",
+        ),
+        ('[models.x]\nextends = "qwen3.6-27b"\nmtp_first = 1\n', r"`mtp_first` must be bool, got 1"),
     ],
 )
 def test_config_mistakes_are_one_line_that_names_the_key(config, text, message):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import types
@@ -42,17 +43,19 @@ def catalog(tmp_path_factory):
 
 
 def search_order(catalog, m: Machine):
-    """Every (pair, target, drafter) in the order the picker prefers them."""
+    """Every (pair, target, drafter) in the order the picker prefers them (drafter None: a target with its own
+    MTP layer alone, after its drafters, or before them for the MoE target)."""
     pairs = [p for p in catalog.ranked() if p.cpu_default] if m.gpu is None else catalog.ranked()
-    return [(p, t, d) for p in pairs for t in p.targets for d in p.drafters]
+    return [(p, t, d) for p in pairs for t in p.targets for d in hardware._drafters(p, None, None)]
 
 
 # What fits where: the spec of the picker. Pairs by rank (Qwen3.8-27B, Qwen3.6-27B, 35B-A3B, 9B, 4B),
 # target Q8_0 before Q4_K_M before the 3-bit quants (Q3_K_M, then Qwen3.8's Q3_K_S), drafter Q8_0
 # before BF16 before Q4_K_M; on the CPU (16 GB RAM, the engine computing in float32 there) the
 # cpu_default pair (4B). Qwen3.8-27B + DFlash2 takes every row Qwen3.6-27B + DFlash had (same shapes,
-# files within a few percent, a smaller context cache and block), and 16 GB at 8k with its Q3_K_S;
-# QWEN36 below keeps what the Qwen3.6-27B pair does on its own.
+# files within a few percent, a smaller context cache and block). Where no drafter fits beside the best
+# target quant that fits, that quant runs alone with its own MTP layer (drafter None): 16 GB at 8k, 20 GB at
+# 8k, 24 GB at 128k. QWEN36 below keeps what the Qwen3.6-27B pair does on its own.
 TABLE = {
     # size  context: (pair, target quant, drafter quant) or None (nothing fits)
     (0, 8192): ("qwen3.5-4b", "Q8_0", "BF16"),
@@ -64,15 +67,15 @@ TABLE = {
     (12, 8192): ("qwen3.5-9b", "Q4_K_M", "BF16"),
     (12, 32768): ("qwen3.5-9b", "Q4_K_M", "BF16"),
     (12, 131072): None,
-    (16, 8192): ("qwen3.8-27b", "Q3_K_S", "Q4_K_M"),  # the 27B at 3 bits, beside the 1.1 GB drafter
+    (16, 8192): ("qwen3.8-27b", "Q3_K_M", None),  # the 27B at 3 bits alone: no drafter fits beside it
     (16, 32768): ("qwen3.5-9b", "Q8_0", "BF16"),
     (16, 131072): ("qwen3.5-4b", "Q8_0", "BF16"),
-    (20, 8192): ("qwen3.8-27b", "Q3_K_M", "Q8_0"),
+    (20, 8192): ("qwen3.8-27b", "Q4_K_M", None),  # Q4_K_M alone, before Q3_K_M with a drafter
     (20, 32768): ("qwen3.8-27b", "Q3_K_M", "Q8_0"),  # Q4_K_M does not fit beside any drafter
     (20, 131072): ("qwen3.5-9b", "Q4_K_M", "BF16"),
     (24, 8192): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
     (24, 32768): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
-    (24, 131072): ("qwen3.5-9b", "Q8_0", "BF16"),
+    (24, 131072): ("qwen3.8-27b", "Q3_K_S", None),  # the 27B alone, before the 9B with a drafter
     (32, 8192): ("qwen3.8-27b", "Q8_0", "Q4_K_M"),  # Q8_0 target first, the drafter gives way
     (32, 32768): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
     (32, 131072): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
@@ -121,7 +124,8 @@ def test_picker_table(catalog, size, context):
         assert not any(budget(p, t, d, context, m).fits for p, t, d in search_order(catalog, m))
         return
     choice = choose(m, catalog, context=context)
-    assert (choice.pair.name, choice.target.quant, choice.drafter.quant) == expected
+    drafter = choice.drafter.quant if choice.drafter else None
+    assert (choice.pair.name, choice.target.quant, drafter) == expected
     assert choice.fits and choice.budget.need <= m.available
     assert choice.device == ("cpu" if size == 0 else "cuda:0")
     # everything the picker prefers to its choice really does not fit
@@ -174,8 +178,8 @@ def test_explanation_is_one_line_like_the_issue(catalog):
         (
             16,
             8192,
-            "RTX 4080 16 GB: Qwen3.8-27B Q3_K_S + DFlash2 drafter Q4_K_M (DFlash2 drafts 8-token blocks "
-            "with ~20 % longer acceptance); 1.16 GB left for an 8k context",
+            "RTX 4080 16 GB: Qwen3.8-27B Q3_K_M alone, drafting with its own MTP layer (no drafter fits "
+            "beside it); 1.15 GB left for an 8k context",
         ),
         (
             24,
@@ -194,7 +198,8 @@ def test_explanation_is_one_line_like_the_issue(catalog):
 def test_the_qwen38_pair_and_its_reason_on_16_24_and_48_gb(catalog, size, context, expected):
     choice = choose(machine(size), catalog, context=context)
     assert choice.explanation == expected
-    assert choice.pair.name == "qwen3.8-27b" and choice.drafter.shape.kind == "dflash2"
+    assert choice.pair.name == "qwen3.8-27b"
+    assert choice.drafter.shape.kind == "dflash2" if choice.drafter else choice.methods == ("mtp", "lookup")
     # the figure is what is left once the weights, workspace and margin are placed; the state fits in it
     assert size_text(left_for_context(choice)) in expected and left_for_context(choice) >= choice.budget.state
 
@@ -335,7 +340,8 @@ DFLASH2 = memory.DrafterShape(
 
 def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
     """Every term of a DFlash2 pair at 32k, from the shapes by hand (bf16, e = 2)."""
-    target = catalog.get("qwen3.6-27b").target_shape  # Qwen3.8-27B has the same shapes
+    with_mtp = catalog.get("qwen3.6-27b").target_shape  # Qwen3.8-27B has the same shapes
+    target = dataclasses.replace(with_mtp, mtp=False)  # the MTP layer's terms are checked below
     state = memory.state_bytes(target, DFLASH2, 32768, 2)
     rows = 32768 + 8  # the verify writes up to B - 1 = 7 positions past the committed ones
     assert state.target_kv == 16 * 2 * rows * 4 * 256 * 2
@@ -373,8 +379,12 @@ def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
         state.draft_conv,
         state.mtp,
     )
-    assert state.mtp == 0  # the catalog's shape says nothing of an MTP layer here
+    assert state.mtp == 0  # a target without an MTP layer
     assert state.total == sum(parts)
+    # the catalog's target carries one: its K/V cache (one attention layer, 4 KV heads of 256) over the rows,
+    # and the newest hidden state (twice: kept and staged)
+    assert with_mtp.mtp
+    assert memory.state_bytes(with_mtp, DFLASH2, 32768, 2).mtp == (2 * rows * 4 * 256 + 2 * 5120) * 2
 
 
 def test_a_dflash2_drafters_cache_stops_growing_at_its_window(catalog):
@@ -396,7 +406,10 @@ def test_dflash_drafters_have_no_dflash2_terms(catalog):
     state = memory.state_bytes(pair.target_shape, shape, 32768, 2)
     assert state.selector == state.draft_conv == 0
     assert state.sampling == (16 + 15 + 15) * 248320 * 4 + 15 * 4
-    assert state.step_outputs == (1 + 2 + 4 + 8 + 16) * (248320 * 4 + 5 * 5120 * 2)
+    # auto verifies 1 token, 2-4 (the MTP layer 1-3 deep, lookup's shortest), 8 or 16; each row's features:
+    # the drafter's 5 taps and the last layer's output the MTP layer reads
+    assert pair.target_shape.mtp
+    assert state.step_outputs == (1 + 2 + 3 + 4 + 8 + 16) * (248320 * 4 + 6 * 5120 * 2)
 
 
 def test_the_shape_of_an_engine_config_tells_dflash2_by_its_architecture():
@@ -455,10 +468,11 @@ def test_allow_no_fit_returns_the_smallest_option(catalog):
     with pytest.raises(NoFitError):
         choose(machine(8), catalog, model="qwen3.6-27b")
     choice = choose(machine(8), catalog, model="qwen3.6-27b", allow_no_fit=True)
-    assert (choice.target.quant, choice.drafter.quant) == ("Q3_K_M", "Q4_K_M") and not choice.fits
+    # the smallest: its 3-bit quant alone (it drafts with its own MTP layer)
+    assert (choice.target.quant, choice.drafter) == ("Q3_K_M", None) and not choice.fits
     pair = catalog.get("qwen3.6-27b")
     assert choice.budget.need == min(
-        budget(pair, t, d, choice.context, machine(8)).need for t in pair.targets for d in pair.drafters
+        budget(pair, t, d, choice.context, machine(8)).need for t in pair.targets for d in (*pair.drafters, None)
     )
     assert choose(machine(80), catalog, model="qwen3.6-27b", allow_no_fit=True).fits  # the best when one fits
 
@@ -545,3 +559,41 @@ def test_probe_without_cuda_is_a_cpu_machine():
         pytest.skip("this machine has a GPU")
     assert m.gpus == () and m.device == "cpu" and m.cuda_note
     assert 0 < m.ram_available <= m.ram_total
+
+
+def test_where_no_drafter_fits_the_pick_is_the_target_alone_with_its_mtp_layer(catalog):
+    """16 GB at 8k: Qwen3.8-27B Q3_K_M fits, but no DFlash2 drafter beside it; it runs alone and drafts with its
+    own MTP layer and prompt lookup, and says so (the same words in `models` and `doctor`)."""
+    choice = choose(machine(16), catalog, context=8192)
+    assert (choice.pair.name, choice.target.quant, choice.drafter) == ("qwen3.8-27b", "Q3_K_M", None)
+    assert choice.methods == ("mtp", "lookup")
+    assert "Qwen3.8-27B Q3_K_M alone, drafting with its own MTP layer (no drafter fits beside it)" in (
+        choice.explanation
+    )
+    assert choice.drafting.startswith("drafts with the target's own MTP layer and prompt lookup")
+    assert "none fits beside this quant" in choice.drafting
+    pair = choice.pair
+    assert not any(budget(pair, choice.target, d, 8192, machine(16)).fits for d in pair.drafters)
+    # where a drafter fits, it is the pick, and the MTP layer and lookup come with it
+    roomy = choose(machine(24), catalog, context=8192)
+    assert roomy.drafter is not None and roomy.methods == ("dflash2", "mtp", "lookup")
+    assert "the drafter fits beside this quant" in roomy.drafting
+
+
+def test_the_moe_target_drafts_with_its_mtp_layer_first(catalog):
+    """Qwen3.6-35B-A3B (mtp_first): the target alone, even where its drafter fits; a drafter quant asked for
+    is still honoured."""
+    choice = choose(machine(32), catalog, model="qwen3.6-35b-a3b", context=8192)
+    assert choice.drafter is None and choice.fits and choice.methods == ("mtp", "lookup")
+    assert "(MoE: its MTP layer drafts faster than a DFlash drafter here)" in choice.explanation
+    assert "MoE target" in choice.drafting
+    assert budget(choice.pair, choice.target, choice.pair.drafters[0], 8192, machine(32)).fits
+    asked = choose(machine(32), catalog, model="qwen3.6-35b-a3b", drafter_quant="Q8_0", context=8192)
+    assert asked.drafter is not None and asked.methods == ("dflash", "mtp", "lookup")
+
+
+def test_a_pair_without_an_mtp_layer_never_runs_alone(catalog):
+    choice = choose(machine(12), catalog, context=8192)
+    assert choice.pair.name == "qwen3.5-9b" and not choice.pair.has_mtp
+    assert choice.drafter is not None and choice.methods == ("dflash", "lookup")
+    assert "carry no MTP layer" in choice.drafting
