@@ -8,14 +8,24 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
-STAGES = ("prepare", "target", "drafter", "dflash2", "finetune", "calibrate", "ship")
+STAGES = ("prepare", "target", "drafter", "dflash2", "finetune", "calibrate", "mtp", "ship")
 DEFAULT_STAGES = ("prepare", "target", "drafter", "ship")
+# the run that trained the shipped demo target's MTP layer (docs/ARCHITECTURE.md, The MTP layer)
+MTP_COMMAND = (
+    "python -m dflash_chat.train demo --device cpu --stages prepare,mtp,ship --generated 384 --max-drafter-minutes 10"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dflash_chat.train")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train the demo target and its DFlash drafter, then ship them")
+    demo = sub.add_parser(
+        "demo",
+        help="train the demo target and its DFlash drafter, then ship them",
+        epilog=f"The shipped target's own MTP layer was trained by: {MTP_COMMAND} (1500 steps; 16 min on a 2-core "
+        "CPU, most of it preparing the corpus and answering). Re-run it after retraining the target: with "
+        "`target` among the stages the layer is trained for the target this run made, otherwise for --out's.",
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
         "--minutes",
@@ -35,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of {','.join(STAGES)}; dflash2 adds DFlash2's modules to "
         "--from-drafter and trains it against the target beside it (ship then ships drafter2/); finetune "
         "trains the shipped --finetune drafter further on greedy and sampled answers; calibrate fits the DFlash2 "
-        "drafter's selector scale to sampled answers",
+        "drafter's selector scale to sampled answers; mtp trains the target's own MTP layer (the target frozen: "
+        "work/target when `target` is among the stages, else --out's) and writes the target with the layer inside "
+        "its safetensors to work/target for ship (the drafter stages' --drafter-steps, --max-drafter-minutes and "
+        "--generated apply)",
     )
     demo.add_argument(
         "--finetune",

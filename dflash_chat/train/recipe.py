@@ -9,6 +9,7 @@ from typing import TypedDict
 
 from dflash_chat.train.budget import Preset, calibrate_drafter_steps, calibrate_target_steps, preset
 from dflash_chat.train.common import Log
+from dflash_chat.train.mtp import MTP_STEPS, MTPSettings
 from dflash_chat.train.stages.drafters import DFLASH2_LR, DFLASH2_STEPS, train_dflash2_stage, train_drafter_stage
 from dflash_chat.train.stages.finetune import (
     FINETUNE_DISTILL,
@@ -17,6 +18,7 @@ from dflash_chat.train.stages.finetune import (
     calibrate_stage,
     finetune_stage,
 )
+from dflash_chat.train.stages.mtp import mtp_stage
 from dflash_chat.train.stages.prepare import prepare, train_target_stage
 from dflash_chat.train.stages.ship import ship
 
@@ -43,6 +45,7 @@ def run_stages(args: argparse.Namespace, stages: list[str], device: str, log: Lo
         ("dflash2", _dflash2),
         ("finetune", _finetune),
         ("calibrate", _calibrate),
+        ("mtp", _mtp),
     ):
         if name in stages:
             stage(args, chosen, device, log)
@@ -115,6 +118,22 @@ def _calibrate(args: argparse.Namespace, chosen: Preset, device: str, log: Log) 
     )
 
 
+def _mtp(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
+    """The target's MTP layer: for the target this run trained (work/target), else the shipped one in --out.
+    The target it ships (with the layer inside) goes to work/target, for the ship stage."""
+    mtp_stage(
+        args.work,
+        **_training("mtp", args, chosen, device, log),
+        target_dir=args.work / "target" if "target" in _named(args.stages) else args.out / "target",
+        answering=replace(chosen.answering, sampled_share=FINETUNE_SAMPLED_SHARE),
+        settings=MTPSettings(steps=0, max_seconds=chosen.drafter.max_seconds, log_every=chosen.drafter.log_every),
+    )
+
+
+def _named(stages: str) -> set[str]:
+    return {s.strip() for s in stages.split(",")}
+
+
 def _step_count(stage: str, args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> int:
     """`stage`'s step count from its flag, else its default; logged with the flag that repeats it."""
     if stage == "target":
@@ -134,4 +153,4 @@ def _default_steps(stage: str, args: argparse.Namespace, chosen: Preset, device:
         return calibrate_target_steps(args.work, TARGET_SHARE * budget, device, args.seed, chosen.target)
     if stage == "drafter":
         return calibrate_drafter_steps(args.work, DRAFTER_SHARE * budget, device, args.seed, chosen.drafter)
-    return {"dflash2": DFLASH2_STEPS, "finetune": FINETUNE_STEPS}[stage]
+    return {"dflash2": DFLASH2_STEPS, "finetune": FINETUNE_STEPS, "mtp": MTP_STEPS}[stage]

@@ -186,3 +186,70 @@ def test_trained_pair_runs_losslessly_through_the_engine(trained):
     assert report.identical
     assert report.new_tokens > 2
     assert report.mean_acceptance_length >= 1.0
+
+
+def test_the_mtp_stage_trains_the_targets_own_mtp_layer_and_ships_it_inside(trained, tmp_path):
+    """The mtp stage (the target frozen) lifts the layer's held-out teacher-forced agreement, writes the target
+    with the layer inside its safetensors (`mtp.*`, `mtp_num_hidden_layers`) to work/target, leaves the
+    target's own weights as they were, and the engine loads it as an `mtp` method that decodes losslessly."""
+    from safetensors.torch import load_file
+
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.train.mtp import MTPSettings
+    from dflash_chat.train.stages.mtp import mtp_stage
+
+    work, out, _, _, _ = trained
+    source = tmp_path / "target"
+    shutil.copytree(out / "target", source)
+    logs: list[str] = []
+    agreement = mtp_stage(
+        work,
+        target_dir=source,
+        seed=0,
+        steps=40,
+        device="cpu",
+        answering=AnswerSettings(generated=8, max_new_tokens=24, sampled_share=0.5),
+        settings=MTPSettings(steps=40, seqs_per_step=4, lr=3e-3, warmup=5),
+        log=logs.append,
+    )
+    line = next(line for line in logs if line.startswith("mtp: teacher-forced top-1 agreement"))
+    before = float(line.rsplit("before training: ", 1)[1].rstrip(")"))
+    assert agreement > before + 0.2
+    shipped = work / "target"
+    assert json.loads((shipped / "config.json").read_text())["mtp_num_hidden_layers"] == 1
+    weights = load_file(str(shipped / "model.safetensors"))
+    original = load_file(str(source / "model.safetensors"))
+    assert {k for k in weights if not k.startswith("mtp.")} == set(original)
+    assert all(torch.equal(weights[k], v) for k, v in original.items())  # the target stayed frozen
+    assert "mtp.fc.weight" in weights and "mtp.layers.0.self_attn.q_proj.weight" in weights
+    pair = load_pair(shipped, None, device="cpu", dtype=torch.float32, speculate="mtp", draft=2)
+    plain = load_pair(shipped, None, device="cpu", dtype=torch.float32, speculate="none")
+    assert pair.engine.mtp is not None
+    from dflash_chat.runtime.prompt import build_prompt
+
+    chat = json.loads((out / "heldout_prompts.json").read_text())[0]
+    prompt = build_prompt(pair.tokenizer, chat, thinking=False).ids
+    params = SamplingParams(temperature=0, max_new_tokens=24)
+    texts = [[t for e in p.engine.generate(prompt, params) for t in getattr(e, "token_ids", [])] for p in (plain, pair)]
+    assert texts[0] == texts[1] and len(texts[0]) > 2
+
+
+def test_the_mtp_stage_trains_the_target_this_run_made_else_the_shipped_one(tmp_path):
+    """`--stages target,...,mtp` trains the layer for the target the run just trained (work/target);
+    `--stages prepare,mtp,ship` for the shipped one (--out/target)."""
+    import argparse
+
+    from dflash_chat.train import recipe
+
+    calls = []
+    args = argparse.Namespace(work=tmp_path / "w", out=tmp_path / "o", seed=0, drafter_steps=5, stages="")
+    for stages, want in (("prepare, target,mtp,ship", args.work), ("prepare,mtp,ship", args.out)):
+        args.stages = stages
+        original = recipe.mtp_stage
+        recipe.mtp_stage = lambda work, **kw: calls.append(kw["target_dir"])  # type: ignore[assignment]
+        try:
+            recipe._mtp(args, recipe.preset("cpu"), "cpu", lambda *_: None)
+        finally:
+            recipe.mtp_stage = original
+        assert calls[-1] == want / "target"
