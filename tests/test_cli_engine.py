@@ -263,7 +263,7 @@ def test_run_demo_prints_the_stats_record(capsys):
 
 
 def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
-    from dflash_chat.bench.demo_pair import CLASSES, DRAFTS, draft_key
+    from dflash_chat.bench.demo_pair import CLASSES, DRAFTS, LOOKUP_DRAFTS, MTP_DEPTHS, draft_key, method_of
     from dflash_chat.models.demo import chosen_kind, demo_drafters
     from dflash_chat.settings import Settings
 
@@ -283,7 +283,16 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
         assert list(leg["classes"]) == list(CLASSES)
         for c in leg["classes"].values():
             assert c["prompts"] == 1 and c["plain"]["tokens_per_s"] > 0 and 1 <= c["plain"]["new_tokens"] <= 12
-            assert list(c["drafts"]) == [draft_key(kind, d) for kind in demo_drafters() for d in DRAFTS]
+            assert list(c["drafts"]) == [draft_key(kind, d) for kind in demo_drafters() for d in DRAFTS] + [
+                *(f"mtp/{k}" for k in MTP_DEPTHS),
+                f"lookup/{LOOKUP_DRAFTS}",
+            ]
+            # each method alone at fixed depth drafts with that method only; auto weighs them all per step
+            for key, d in c["drafts"].items():
+                if method_of(key) != "auto":
+                    method = {"mtp": "mtp", "lookup": "lookup"}.get(key.split("/")[0], "dflash")
+                    assert set(d["methods"]) <= {method, "plain"}
+                    assert sum(m["steps"] for m in d["methods"].values()) == sum(d["draft_histogram"])
             for d in c["drafts"].values():
                 assert d["tau"] >= 1.0 and 0.0 <= d["acceptance_rate"] <= 1.0 and d["mean_draft_length"] >= 0.0
                 assert d["speedup"] > 0 and d["median_speedup"] == pytest.approx(d["per_prompt_speedup"][0])
@@ -300,6 +309,21 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
     for kind in demo_drafters():
         code = greedy["classes"]["code"]["drafts"][draft_key(kind, 15)]
         assert code["tau"] > 1.0  # the drafters were trained for these
+    assert setup["mtp"] is True and greedy["classes"]["code"]["drafts"]["mtp/3"]["tau"] > 1.0  # the demo's MTP layer
+    assert list(CLASSES) == ["code", "raw_code", "prose", "copy"]
+    # the goals' summary: per leg and class, auto against plain and the best single method at fixed depth
+    goals = record["goals"]
+    assert goals["auto"] == draft_key(chosen_kind(), "auto") and list(goals["legs"]) == list(record["temperatures"])
+    for key, leg in goals["legs"].items():
+        for name, row in leg.items():
+            drafts = record["temperatures"][key]["classes"][name]["drafts"]
+            single = {k: d["speedup"] for k, d in drafts.items() if method_of(k) != "auto"}
+            assert row["best_single"] == max(single, key=single.get)
+            assert row["auto_vs_best_single"] == pytest.approx(drafts[goals["auto"]]["speedup"] / max(single.values()))
+            assert set(row["mtp"]) == {"1", "2", "3"}
+            assert ("identical" in row) is (key == "0")
+            if name == "copy":
+                assert row["lookup_vs_plain"] == drafts[f"lookup/{LOOKUP_DRAFTS}"]["speedup"]
 
 
 def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
@@ -343,7 +367,7 @@ def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
     text = format_report({"setup": setup, "temperatures": {"0": leg}, "identical": False})
     assert "temperature 0 (greedy)" in text and "2 prompts, plain decode 50.0 tok/s" in text
     assert "fixed 16" in text and "2.00x (median 2.10x)" in text and "τ  5.00" in text and "acceptance  25.0%" in text
-    assert "identical: NO" in text and text.endswith("identical greedy output: NO: DFlash changed the output (a bug)")
+    assert "identical: NO" in text and text.endswith("identical greedy output: NO: a method changed the output (a bug)")
 
 
 def test_bench_demo_sampled_leg_comes_from_the_flags_or_the_apps_defaults():

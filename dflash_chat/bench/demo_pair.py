@@ -1,24 +1,30 @@
-"""`dflash-chat bench --demo`: what a user of the demo pair gets, per kind of prompt, draft setting and temperature.
+"""`dflash-chat bench --demo`: what a user of the demo pair gets, per kind of prompt, drafting method, draft
+setting and temperature.
 
-Three classes of prompts on the embedded demo pair (a tiny target trained on the Python standard
-library, and its DFlash drafter):
+Four classes of prompts on the embedded demo pair (a tiny target trained on the Python standard
+library, its own MTP layer inside its safetensors, and its DFlash drafters):
 - code: the held-out code questions (chat template; the items they ask about were kept out of training),
 - raw_code: the start of a Python function, sent as is without the chat template (as `run --raw` does),
-- prose: plain English questions (chat template), which the demo was not trained for.
-The last two are data beside the held-out prompts (demo_data/bench_prompts.json).
+- prose: plain English questions (chat template), which the demo was not trained for,
+- copy: copy-heavy chat prompts, asking to repeat or lightly edit a given code block or paragraph.
+The last three are data beside the held-out prompts (demo_data/bench_prompts.json).
 
-Engines over the one loaded target decode every prompt: plain (draft "off": the baseline, the same
-engine code), and for each shipped drafter (DFlash, and DFlash2 when it ships) a fixed 16-token verify
-(draft 15) and `auto` (the app's default). Each prompt is decoded by all of them in turn before the next,
+Engines over the one loaded target decode every prompt: plain (speculate none: the baseline, the same
+engine code); each method alone at fixed depth: each shipped drafter (DFlash, and DFlash2 when it ships)
+at a fixed 16-token verify (draft 15, or its block), the target's MTP layer chained 1, 2 and 3 deep, and
+prompt lookup at up to 15 drafts; and `auto` (the app's defaults: speculate auto, draft auto) beside each
+drafter. Each prompt is decoded by all of them in turn before the next,
 so drift on the machine hits them alike, and that `--repeats` times (3 by default): the repeat with the
 median decode time per token counts, so one busy moment of the machine does not move a figure. Each
 prompt (and repeat) is its own conversation (its own draft memory for auto, which starts from the drafter's
 records of its earlier answers, as a new chat's does); auto's engine keeps its step costs, and its records
 last over all answers, as the app's do. The greedy leg
-(temperature 0) checks DFlash's text against plain decoding's, token for token; the sampled leg runs
+(temperature 0) checks every engine's text against plain decoding's, token for token; the sampled leg runs
 at the app's defaults (settings.py) or the given --temperature/--top-p/--top-k, with seed i for the
 i-th prompt of each class (repeatable for a fixed draft setting; auto's choices follow measured step
-times, so its draws may differ between runs).
+times, so its draws may differ between runs). `goals` sums up what the issue that added the methods asks of
+them (lossless per method and class, copy-heavy speedups, auto against plain and the best single method,
+MTP per depth).
 """
 
 from __future__ import annotations
@@ -28,11 +34,15 @@ from dataclasses import dataclass
 
 from dflash_chat.bench.comparison import Comparison, Run, Totals, _divergence, generate, median_run
 from dflash_chat.engine.draft_length import DraftMemory, Records
+from dflash_chat.engine.events import MethodStats
+from dflash_chat.models.demo import DRAFTER_DIRS
 
 PROMPTS_FILE = "bench_prompts.json"
 DRAFTS = (15, "auto")  # the DFlash settings measured against plain decoding
+MTP_DEPTHS = (1, 2, 3)  # the MTP layer chained this deep, each its own engine
+LOOKUP_DRAFTS = 15  # prompt lookup's fixed setting: up to this many drafts where a match is found
 PLAIN = "plain"  # the key of plain decoding's runs beside the draft settings'
-DRAFTER_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2"}
+DRAFTER_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2", "mtp": "MTP", "lookup": "lookup"}
 DRAFT_LABELS = {"15": "fixed 16", "auto": "auto"}  # by the setting as the engine writes it (stats.draft)
 
 
@@ -43,18 +53,34 @@ def draft_key(kind: str, draft) -> str:
 
 def draft_label(key: str) -> str:
     kind, _, draft = key.rpartition("/")
+    if kind == "mtp":
+        return f"MTP depth {draft}"
+    if kind == "lookup":
+        return f"lookup {draft}"
     label = DRAFT_LABELS.get(draft, draft)
     return f"{DRAFTER_LABELS.get(kind, kind)} {label}" if kind else label
+
+
+def method_of(key: str) -> str:
+    """The method a key's engine drafts with: "auto" for the app's setting, else the drafter or method."""
+    kind, _, draft = key.rpartition("/")
+    return "auto" if draft == "auto" else kind or "dflash"
 
 
 CLASSES = {
     "code": "held-out code questions (chat template)",
     "raw_code": "raw code, no chat template",
     "prose": "prose questions (chat template; not what the demo was trained for)",
+    "copy": "copy-heavy: repeat or lightly edit a given code block or paragraph (chat template)",
 }
 DRAFT_NOTES = {
-    "15": "fixed: 15 drafts verified per step (a 16-token verify)",
-    "auto": "chosen per step: 0 (a plain step) or one of a few block sizes, by expected tokens/s",
+    "15": "a drafter alone (speculate dflash), fixed: 15 drafts verified per step (a 16-token verify; a drafter "
+    "with a smaller block drafts its block - 1)",
+    "auto": "the app's defaults (speculate auto, draft auto): per step the method (the drafter, the MTP layer, "
+    "prompt lookup) and its drafts (0: a plain step), by expected tokens/s",
+    "mtp/N": "the target's MTP layer alone (speculate mtp), chained N deep every step",
+    "lookup/15": "prompt lookup alone (speculate lookup): up to 15 drafts where the text's end matches earlier "
+    "text, else a plain step",
 }
 
 
@@ -107,7 +133,7 @@ def bench_prompts() -> dict[str, list[str]]:
     from dflash_chat.models.demo import demo_dir
 
     data = json.loads((demo_dir() / PROMPTS_FILE).read_text())
-    return {"raw_code": list(data["raw_code"]), "prose": list(data["prose"])}
+    return {name: list(data[name]) for name in ("raw_code", "prose", "copy")}
 
 
 def prompt_classes(tokenizer, per_class: int) -> dict[str, list[list[int]]]:
@@ -116,10 +142,10 @@ def prompt_classes(tokenizer, per_class: int) -> dict[str, list[list[int]]]:
     from dflash_chat.runtime.prompt import build_prompt, encode
 
     data = bench_prompts()
-    chats = {"code": demo_heldout_prompts(), "prose": [[{"role": "user", "content": q}] for q in data["prose"]]}
+    chats = {"code": demo_heldout_prompts()}
+    chats |= {name: [[{"role": "user", "content": q}] for q in data[name]] for name in ("prose", "copy")}
     out = {
-        name: [build_prompt(tokenizer, chat, thinking=False).ids for chat in chats[name][:per_class]]
-        for name in ("code", "prose")
+        name: [build_prompt(tokenizer, chat, thinking=False).ids for chat in chats[name][:per_class]] for name in chats
     }
     out["raw_code"] = [encode(tokenizer, text) for text in data["raw_code"][:per_class]]
     return {name: out[name] for name in CLASSES}
@@ -130,7 +156,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     answer runs `repeats` times and the one with the median decode time per token counts (`median_run`)."""
     import torch
 
-    from dflash_chat.engine.load import load_drafter, load_pair
+    from dflash_chat.engine.load import load_drafter, load_mtp, load_pair
     from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.engine.spec import Engine
     from dflash_chat.models.demo import DEMO_NAME, chosen_kind, demo_drafters, demo_paths
@@ -138,17 +164,33 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
 
     target_dir, _ = demo_paths()
     plain = load_pair(
-        target_dir, None, device=device, dtype=torch.float32, draft="off"
+        target_dir, None, device=device, dtype=torch.float32, draft="off", speculate="none"
     )  # float32: greedy bit-comparable
     target, context = plain.engine.target, plain.engine.max_context
+
+    def make_engine(drafter=None, **settings) -> Engine:
+        # each engine its own drafter and MTP layer: they hold their own caches
+        return Engine(
+            target,
+            drafter,
+            mtp=load_mtp(target_dir, target),
+            max_context=context,
+            end_ids=plain.engine.end_ids,
+            **settings,
+        )
+
     drafters = demo_drafters()
     engines = {
-        draft_key(kind, draft): Engine(
-            target, load_drafter(folder, target), max_context=context, draft=draft, end_ids=plain.engine.end_ids
+        draft_key(kind, draft): make_engine(
+            load_drafter(folder, target), draft=draft, speculate="dflash" if draft != "auto" else "auto"
         )
         for kind, folder in drafters.items()
         for draft in DRAFTS
     }
+    has_mtp = plain.engine.mtp is not None
+    if has_mtp:
+        engines |= {f"mtp/{k}": make_engine(draft=k, speculate="mtp") for k in MTP_DEPTHS}
+    engines[f"lookup/{LOOKUP_DRAFTS}"] = make_engine(draft=LOOKUP_DRAFTS, speculate="lookup")
     tok = plain.tokenizer
     classes = prompt_classes(tok, prompts)
 
@@ -222,7 +264,14 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "demo_drafter": chosen_kind(),
         "classes": CLASSES,
     }
-    return {"setup": setup, "temperatures": figures, "identical": identical, "faster": faster_drafter(figures)}
+    setup["mtp"] = has_mtp
+    return {
+        "setup": setup,
+        "temperatures": figures,
+        "identical": identical,
+        "faster": faster_drafter(figures),
+        "goals": goals(figures, chosen_kind()),
+    }
 
 
 def faster_drafter(figures: dict) -> dict:
@@ -233,10 +282,43 @@ def faster_drafter(figures: dict) -> dict:
         for c in leg["classes"].values():
             for key, d in c["drafts"].items():
                 kind, _, draft = key.rpartition("/")
-                if draft == "auto":
+                if draft == "auto" and (kind or "dflash") in DRAFTER_DIRS:
                     speedups.setdefault(kind or "dflash", []).append(d["speedup"])
     means = {kind: sum(v) / len(v) for kind, v in speedups.items()}
     return {"at": "auto", "mean_speedup": means, "drafter": max(means, key=lambda kind: means[kind]) if means else None}
+
+
+def goals(figures: dict, demo_kind: str) -> dict:
+    """What the figures say of the methods' goals: per leg and class, each engine's greedy output against plain
+    decoding's, auto's speedup (the app's defaults beside the demo's drafter) against plain and against the
+    best single method at its best fixed depth, and on the copy-heavy class lookup's and auto's speedups."""
+    auto_key = draft_key(demo_kind, "auto")
+    out: dict = {"auto": auto_key, "legs": {}}
+    for leg_key, leg in figures.items():
+        per_class = {}
+        for name, c in leg["classes"].items():
+            drafts = c["drafts"]
+            single = {key: d["speedup"] for key, d in drafts.items() if method_of(key) != "auto"}
+            best = max(single, key=lambda key: single[key]) if single else None
+            auto = drafts.get(auto_key, {}).get("speedup")
+            row = {
+                "auto_vs_plain": auto,
+                "best_single": best,
+                "best_single_vs_plain": single.get(best) if best else None,
+                "auto_vs_best_single": auto / single[best] if auto and best and single[best] else None,
+            }
+            if leg["greedy"]:
+                row["identical"] = {key: d["identical"] for key, d in drafts.items()}
+            if name == "copy":
+                row["lookup_vs_plain"] = drafts.get(f"lookup/{LOOKUP_DRAFTS}", {}).get("speedup")
+            row["mtp"] = {
+                key.removeprefix("mtp/"): {"tau": d["tau"], "vs_plain": d["speedup"]}
+                for key, d in drafts.items()
+                if key.startswith("mtp/")
+            }
+            per_class[name] = row
+        out["legs"][leg_key] = per_class
+    return out
 
 
 def _answer(engine, prompt: list[int], params, memory: DraftMemory) -> Run:
@@ -263,6 +345,7 @@ def _class_figures(name: str, comparisons: dict, greedy: bool) -> dict:
             "draft_histogram": c.draft_histogram,
             "draft_ms_per_step": c.draft_ms_per_step,
             "verify_ms_per_step": c.verify_ms_per_step,
+            "methods": _methods(c.spec),
         }
     return {
         "title": CLASSES[name],
@@ -277,16 +360,30 @@ def _class_figures(name: str, comparisons: dict, greedy: bool) -> dict:
     }
 
 
+def _methods(runs: list[Run]) -> dict:
+    """Each method's steps, drafts, acceptance and share of the steps, over `runs` (plain steps as "plain")."""
+    totals: dict[str, MethodStats] = {}
+    steps = 0
+    for r in runs:
+        steps += r.stats.steps
+        for name, m in r.stats.methods.items():
+            t = totals.setdefault(name, MethodStats())
+            t.steps, t.drafted, t.accepted = t.steps + m.steps, t.drafted + m.drafted, t.accepted + m.accepted
+    return {name: t.as_dict(steps) for name, t in totals.items()}
+
+
 def format_report(f: dict) -> str:
     s = f["setup"]
     counts = ", ".join(f"{n} {name}" for name, n in s["prompts_per_class"].items())
     threads = f", {_count(s['threads'], 'CPU thread')}" if s["threads"] else ""
     lines = [
-        "embedded demo pair (real trained drafter); plain decoding and DFlash with the same engine, per prompt in turn",
+        "embedded demo pair (real trained drafters, the target's own MTP layer); plain decoding and each drafting "
+        "method with the same engine, per prompt in turn",
         f"prompts: {counts}; {s['max_new_tokens']} new tokens at most, thinking off, {s['device']} {s['dtype']}{threads}"
         + (f"; each answer the median of {s['repeats']} runs" if s.get("repeats", 1) > 1 else ""),
-        "fixed 16: 15 drafts verified per step; auto: drafts chosen per step (0 = a plain step); "
-        "τ: tokens per step; speed: decode tok/s over plain's (all prompts, and the median per prompt)",
+        "fixed 16: a drafter alone, 15 drafts verified per step; MTP depth N: the MTP layer alone, N drafts; "
+        "lookup 15: prompt lookup alone; auto: the app's defaults, method and drafts chosen per step (0 = a plain "
+        "step); τ: tokens per step; speed: decode tok/s over plain's (all prompts, and the median per prompt)",
     ]
     for leg in f["temperatures"].values():
         title = Sampling(leg["temperature"], leg["top_p"], leg["top_k"]).title
@@ -307,6 +404,8 @@ def format_report(f: dict) -> str:
                 )
                 if d["identical"] is not None:
                     row += f"  identical: {'yes' if d['identical'] else 'NO'}"
+                if method_of(key) == "auto" and d.get("methods"):
+                    row += "  steps: " + ", ".join(f"{m} {v['share']:.0%}" for m, v in d["methods"].items())
                 lines.append(row)
     faster = f.get("faster") or {}
     if len(faster.get("mean_speedup") or {}) > 1:
@@ -316,8 +415,28 @@ def format_report(f: dict) -> str:
             f"faster drafter at auto (mean speedup over every class and temperature): "
             f"{DRAFTER_LABELS.get(faster['drafter'], faster['drafter'])} ({means})",
         ]
-    lines += ["", f"identical greedy output: {'yes' if f['identical'] else 'NO: DFlash changed the output (a bug)'}"]
+    lines += _goal_lines(f.get("goals"))
+    lines += ["", f"identical greedy output: {'yes' if f['identical'] else 'NO: a method changed the output (a bug)'}"]
     return "\n".join(lines)
+
+
+def _goal_lines(g: dict | None) -> list[str]:
+    if not g:
+        return []
+    lines = ["", f"auto ({draft_label(g['auto'])}) against plain and against the best single method at fixed depth:"]
+    for leg_key, classes in g["legs"].items():
+        for name, row in classes.items():
+            if row["auto_vs_plain"] is None or row["best_single"] is None:
+                continue
+            line = (
+                f"  T={leg_key} {name:<9} auto {row['auto_vs_plain']:.2f}x plain, best single "
+                f"{draft_label(row['best_single'])} {row['best_single_vs_plain']:.2f}x -> auto "
+                f"{row['auto_vs_best_single']:.2f}x the best"
+            )
+            if row.get("lookup_vs_plain") is not None:
+                line += f"; lookup {row['lookup_vs_plain']:.2f}x plain"
+            lines.append(line)
+    return lines
 
 
 def _count(n: int, noun: str) -> str:

@@ -3,9 +3,10 @@
 One run measures, on whatever device is there: the weight bytes a decode step reads and the device's
 copy bandwidth (so the step's floor), the autoregressive step against that floor, the B-token verify
 against the autoregressive step, the draft step and the accept + commit, the host time per step, the
-kernels each entry point launches (torch profiler), and end to end tokens/s of autoregressive decoding
+kernels each entry point launches (torch profiler), end to end tokens/s of autoregressive decoding
 and of DFlash at forced acceptance lengths (the real drafter runs at its real cost; its proposals are
-replaced by an error-injecting oracle's, so the acceptance is what the run asks for). With
+replaced by an error-injecting oracle's, so the acceptance is what the run asks for), and the target's own
+MTP layer's draft step, chained 1-3 deep, as a share of a plain step. With
 --vs-transformers, transformers' own bf16 generate() (eager and static cache) on the same shapes.
 """
 
@@ -238,6 +239,7 @@ def run(setup: Setup, log=print) -> dict:
     _steps(r, ar, spec, prompt, setup, device)
     _end_to_end(r, ar_run, spec, oracle, reference, prompt, params)
     del ar, spec
+    _mtp_steps(r, target, prompt, setup, device)
     if setup.vs_transformers:
         del target, drafter
         _free(device)
@@ -301,6 +303,35 @@ def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     r["ar_over_floor"] = r["ar_step_ms"] / floor
     r["verify_over_ar"] = r["verify_ms"] / r["ar_step_ms"]
     r["draft_over_verify"] = r["draft_ms"] / r["verify_ms"]
+
+
+def _mtp_steps(r: Report, target, prompt, setup: Setup, device) -> None:
+    """The target's own MTP layer: its draft step chained 1, 2 and 3 deep (each chained forward: the
+    embedding, two norms, fc, one attention layer of the target's kind and the target's LM head), timed from a
+    state after a real prefill, as a share of a plain (AR) step."""
+    from dflash_chat.engine.spec import Engine
+    from dflash_chat.engine.speculation import MTP_AUTO
+
+    mtp = synthetic_models.build_mtp(target, setup.quant)
+    context = setup.prompt_tokens + setup.tokens + 64
+    engine = Engine(target, None, mtp=mtp, max_context=context, decode=setup.decode, draft="auto", speculate="mtp")
+    for _ in engine.generate(prompt, SamplingParams(max_new_tokens=2)):
+        pass
+    s = engine.steps
+    s.begin(1, len(engine.tokens), SamplingParams(), None)
+    s.remaining.fill_(10**6)
+    r["mtp_weight_bytes"] = synthetic_models.bytes_per_token(mtp)
+    head = sum(t.numel() * t.element_size() for t in (*target.lm_head.parameters(), *target.lm_head.buffers()))
+    # a chained draft reads the layer's weights and the target's LM head (and one embedding row)
+    r["mtp_bytes_over_ar"] = (r["mtp_weight_bytes"] + head) / r["weight_bytes_per_token"]
+    steps = {}
+    for depth in MTP_AUTO:
+        ms = 1e3 * time_call(lambda d=depth: s._run(Entry(Steps._draft_mtp, d + 1)), device, setup.repeats)
+        steps[str(depth)] = {"draft_ms": ms, "over_ar_step": ms / r["ar_step_ms"]}
+    r["mtp"] = steps
+    r["mtp_step_over_ar"] = steps["1"]["over_ar_step"]
+    del engine, mtp
+    _free(device)
 
 
 def _end_to_end(r: Report, ar_run, spec, oracle, reference, prompt, params) -> None:
@@ -426,6 +457,12 @@ def format_report(f: dict) -> str:
             f"{d['speedup_vs_ar']:.2f}x AR (measured {d['mean_acceptance_length']:.2f} tokens/step, "
             f"{d['mean_draft_length']:.1f} drafts/step{host}; "
             f"same tokens as AR: {'yes' if d['identical_to_ar'] else 'no'})"
+        )
+    if "mtp" in f:
+        lines.append(
+            f"  MTP draft, 1 deep        {f['mtp']['1']['draft_ms']:8.3f} ms   {f['mtp_step_over_ar']:.0%} of an AR step "
+            f"(its weights and the LM head: {f['mtp_bytes_over_ar']:.0%} of the AR step's bytes); 2 deep "
+            f"{f['mtp']['2']['over_ar_step']:.0%}, 3 deep {f['mtp']['3']['over_ar_step']:.0%}"
         )
     if "transformers" in f:
         t = f["transformers"]

@@ -23,6 +23,7 @@ from dflash_chat.engine.models.dflash2 import CandidateSelector
 from dflash_chat.engine.models.dflash2 import build_drafter as make_drafter
 from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Experts, Rotary
+from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
@@ -262,6 +263,20 @@ def build_drafter(name: str, target: TargetModel, mix: str = "Q8_0") -> DFlashDr
     drafter.bind(target.model.embed_tokens, target.lm_head)
     fuse_projections(drafter)
     return drafter.eval()
+
+
+def build_mtp(target: TargetModel, mix: str = "Q4_K_M") -> MTPHead:
+    """The target's own MTP layer (one decoder layer of the target's kind, fc 2H -> H, three norms) in `mix`,
+    bound to `target` (its embedding, head and RoPE)."""
+    from dflash_chat.engine.checkpoint import materialise
+
+    p = target.model.norm.weight
+    with torch.device("meta"):
+        head = MTPHead(target.cfg)
+    materialise(head, SyntheticWeights(head, mix, 1, p.device, seed=2), p.device, p.dtype, "synthetic MTP layer")
+    fuse_projections(head)
+    head.bind(target)
+    return head.eval()
 
 
 def bytes_per_token(model: nn.Module) -> int:

@@ -122,5 +122,10 @@ def test_bench_synthetic_runs_on_the_cpu(tmp_path):
     whole = {n: runs["15", n] for n in (1, 3, 6)}
     assert whole[6]["mean_acceptance_length"] > whole[3]["mean_acceptance_length"] > whole[1]["mean_acceptance_length"]
     assert runs["auto", 1]["mean_draft_length"] < whole[1]["mean_draft_length"]  # no drafts accepted: auto drafts less
+    # the target's own MTP layer: a draft step chained 1-3 deep against a plain step; deeper costs more, and one
+    # chained forward reads less than a plain step (one layer and the head against two layers and the head)
+    mtp = figures["mtp"]
+    assert list(mtp) == ["1", "2", "3"] and 0 < mtp["1"]["draft_ms"] < mtp["3"]["draft_ms"]
+    assert figures["mtp_step_over_ar"] == mtp["1"]["over_ar_step"] > 0 and 0 < figures["mtp_bytes_over_ar"] < 1
     saved = list(tmp_path.glob("*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["date"] == figures["date"]
