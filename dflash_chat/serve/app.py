@@ -165,7 +165,9 @@ class Served:
         with self._checker_lock:
             if isinstance(request, ChatRequest):
                 held = self.service.held(CLIENTS)
-                return next_prompt(self._checker, request.turns, thinking=request.thinking, previous=held)
+                return next_prompt(
+                    self._checker, request.turns, thinking=request.thinking, previous=held, tool_use=request.tools
+                )
             text = request.prompt
             assert isinstance(text, str)  # a list of ids was returned above
             return Prompt(text=text, ids=encode(self._checker, text), thinking=False)
@@ -212,7 +214,10 @@ class Served:
         queued_s = job.started_at - job.queued_at
         try:
             memory = service.memory(_conversation(request, chat))
-            end = session.answer(prompt, request.sampling, job.cancel, emit, thinking_split=chat, memory=memory)
+            tools = request.tools if isinstance(request, ChatRequest) else None
+            end = session.answer(
+                prompt, request.sampling, job.cancel, emit, thinking_split=chat, memory=memory, tools=tools
+            )
         except Exception as exc:  # noqa: BLE001 - one request fails, the server goes on
             service.keep(CLIENTS, None)
             log.error("an answer failed: %s", one_line(exc, "generation"))
@@ -458,11 +463,13 @@ async def stream(
         opening = responses.first_chunk(kind)
         if opening is not None:
             yield responses.sse(opening)
+        calls = 0  # tool calls sent so far: the next one's index
         while True:
             item = await items.get()
             if isinstance(item, StreamChunk):
-                if item.thinking or item.answer:
-                    yield responses.sse(responses.text_chunk(kind, item, continuous))
+                if item.thinking or item.answer or item.tool_calls:
+                    yield responses.sse(responses.text_chunk(kind, item, continuous, calls))
+                    calls += len(item.tool_calls)
                 continue
             if item is DRAIN:
                 job.cancel.set()

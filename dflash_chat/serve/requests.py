@@ -2,9 +2,10 @@
 
 Each field we use is checked for its type and range, and a wrong one is a 400 naming it (`param`), as
 OpenAI's API answers; the sampling fields by the same rules as the settings and the flags
-(engine/rules.py), into the one SamplingParams the engine gets. Fields we do not use (logprobs,
-penalties, tools, ...) are ignored, as clients send many of them by default. Sampling defaults are the
-user's settings (config.toml), so `serve` answers like the app does.
+(engine/rules.py), into the one SamplingParams the engine gets; the tools, the tool choice and the
+turns that call tools or answer a call into a ToolUse and template turns (serve/tools.py). Fields we do
+not use (logprobs, penalties, ...) are ignored, as clients send many of them by default. Sampling
+defaults are the user's settings (config.toml), so `serve` answers like the app does.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dflash_chat.engine import rules
+from dflash_chat.engine.rules import shown
 from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.runtime.prompt import Turn
+from dflash_chat.runtime.tool_use import ToolUse
+from dflash_chat.serve import tools as checked
 from dflash_chat.serve.errors import bad_request
 from dflash_chat.settings import Settings
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000
 MAX_DEPTH = 64  # OpenAI bodies nest a few levels; tool schemas a few more
@@ -34,10 +39,11 @@ class Streaming:
 @dataclass(frozen=True)
 class ChatRequest:
     model: str | None
-    turns: list[dict[str, str]]
+    turns: list[Turn]
     thinking: bool
     sampling: SamplingParams  # max_new_tokens None: up to the end of the context
     streaming: Streaming
+    tools: ToolUse | None = None  # None: the request offers no tools
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {role, content} objects.", "messages")
-    turns = [_turn(m, i) for i, m in enumerate(messages)]
+    turns = _turns(messages)
     kwargs = _optional(body, "chat_template_kwargs", Mapping) or {}
     thinking = kwargs.get("enable_thinking", defaults.thinking)
     if not isinstance(thinking, bool):
@@ -121,7 +127,8 @@ def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
         )
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    return ChatRequest(_model(body), turns, thinking, _sampling(body, defaults, limit, name), _streaming(body))
+    sampling = _sampling(body, defaults, limit, name)
+    return ChatRequest(_model(body), turns, thinking, sampling, _streaming(body), _tool_use(body))
 
 
 def completion_request(body: Mapping, defaults: Settings) -> CompletionRequest:
@@ -142,14 +149,99 @@ def _model(body: Mapping) -> str | None:
     return _optional(body, "model", str)
 
 
-def _turn(message, index: int) -> dict[str, str]:
+def _turns(messages: list) -> list[Turn]:
+    """The messages as template turns; a tool message must answer a call an earlier assistant turn made."""
+    turns: list[Turn] = []
+    calls: set[str] = set()
+    for index, message in enumerate(messages):
+        turn = _turn(message, index)
+        if turn["role"] == "tool" and turn["tool_call_id"] not in calls:
+            raise bad_request(
+                f"'messages[{index}].tool_call_id' is {shown(turn['tool_call_id'])}, which answers no tool call "
+                "an earlier assistant message made.",
+                f"messages[{index}].tool_call_id",
+            )
+        calls.update(call["id"] for call in turn.get("tool_calls", ()))
+        turns.append(turn)
+    return turns
+
+
+def _turn(message, index: int) -> Turn:
     where = f"messages[{index}]"
     if not isinstance(message, Mapping):
         raise bad_request(f"'{where}' must be an object with 'role' and 'content'.", where)
     role = message.get("role")
     if not isinstance(role, str) or role not in ROLES:
-        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}; got {_short(role)}.", f"{where}.role")
-    return {"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content")}
+        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}; got {shown(role)}.", f"{where}.role")
+    turn: Turn = {"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content")}
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise bad_request(
+                f"'{where}.tool_call_id' must name the call this message answers.", f"{where}.tool_call_id"
+            )
+        turn["tool_call_id"] = call_id
+    if role == "assistant" and message.get("tool_calls") is not None:
+        turn["tool_calls"] = _calls(message["tool_calls"], f"{where}.tool_calls")
+    return turn
+
+
+def _calls(calls, where: str) -> list[dict]:
+    """An assistant message's tool calls, their arguments as mappings (the template writes them)."""
+    if not isinstance(calls, list):
+        raise bad_request(f"'{where}' must be a list of tool calls.", where)
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(call.get("id"), str) or not call["id"]:
+            raise bad_request(f'\'{at}\' must be {{"id", "type": "function", "function": {{name, arguments}}}}.', at)
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"'{at}.function.name' must be the called tool's name.", f"{at}.function.name")
+        args = checked.arguments(function.get("arguments", "{}"), f"{at}.function.arguments")
+        out.append({"id": call["id"], "type": "function", "function": {"name": name, "arguments": args}})
+    return out
+
+
+def _tool_use(body: Mapping) -> ToolUse | None:
+    """`tools`, `tool_choice` and `parallel_tool_calls` (OpenAI's shapes)."""
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be a list of function tools.", "tools")
+    specs = []
+    for i, item in enumerate(tools):
+        where = f"tools[{i}]"
+        function = item.get("function") if isinstance(item, Mapping) else None
+        if (
+            not isinstance(item, Mapping)
+            or item.get("type", "function") != "function"
+            or not isinstance(function, Mapping)
+        ):
+            raise bad_request(f'\'{where}\' must be {{"type": "function", "function": {{name, parameters}}}}.', where)
+        specs.append(
+            checked.spec(
+                function.get("name"), function.get("description"), function.get("parameters"), f"{where}.function"
+            )
+        )
+    choice = body.get("tool_choice")
+    if isinstance(choice, Mapping):
+        function = choice.get("function")
+        if (
+            choice.get("type") != "function"
+            or not isinstance(function, Mapping)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise bad_request(
+                '\'tool_choice\' must be auto, none, required or {"type": "function", "function": {"name": ...}}.',
+                "tool_choice",
+            )
+        choice = function["name"]
+    elif choice is not None and choice not in ("auto", "none", "required"):
+        raise bad_request(
+            f"'tool_choice' must be auto, none, required or a named function; got {shown(choice)}.", "tool_choice"
+        )
+    return checked.tool_use(specs, choice, body.get("parallel_tool_calls", True))
 
 
 def _content(content, where: str) -> str:
@@ -230,11 +322,6 @@ def _optional(body: Mapping, name: str, kind: type):
         what = {str: "a string", bool: "true or false", Mapping: "an object"}[kind]
         raise bad_request(f"'{name}' must be {what}.", name)
     return value
-
-
-def _short(value, limit: int = 40) -> str:
-    text = repr(value) if isinstance(value, (str, int, float)) else type(value).__name__
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _is_int(value) -> bool:

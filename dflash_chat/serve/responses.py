@@ -3,7 +3,8 @@
 Beside `usage`, every finished answer carries the engine's own figures twice: vLLM's per-request
 `metrics.speculative_decoding` and llama.cpp's `timings` (runtime/openai_protocol.py), so tools made
 for either read them. Thinking goes to `reasoning_content`, as vLLM's and llama.cpp's reasoning
-parsers write it.
+parsers write it. Tool calls go to `message.tool_calls` (arguments as a JSON text), and in a stream to
+`delta.tool_calls` items by index, each call whole in one item: its id, type, name and arguments.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
 from dflash_chat.runtime.openai_protocol import llama_timings, speculative_decoding
+from dflash_chat.runtime.tool_calls import ToolCall
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
@@ -63,12 +65,22 @@ def _finished_stats(end: StreamEnd) -> GenerationStats:
 
 
 def finish_reason(end: StreamEnd) -> str:
+    if end.tool_calls and end.reason != "error":
+        return "tool_calls"
     return FINISH.get(end.reason, "stop")
+
+
+def call_body(call: ToolCall, index: int | None = None) -> dict:
+    body = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return body if index is None else {"index": index, **body}
 
 
 def completion(kind: Kind, end: StreamEnd, spec_tokens: int) -> dict:
     if kind.chat:
-        message = {"role": "assistant", "content": end.answer, "reasoning_content": end.thinking or None}
+        message: dict = {"role": "assistant", "content": end.answer, "reasoning_content": end.thinking or None}
+        if end.tool_calls:
+            message["content"] = end.answer or None
+            message["tool_calls"] = [call_body(call) for call in end.tool_calls]
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(end)}
     else:
         choice = {"index": 0, "text": end.answer, "logprobs": None, "finish_reason": finish_reason(end)}
@@ -76,7 +88,9 @@ def completion(kind: Kind, end: StreamEnd, spec_tokens: int) -> dict:
     return {**kind.head(False), "choices": [choice], "usage": usage(stats), **figures(stats, spec_tokens)}
 
 
-def _choice(kind: Kind, thinking: str, answer: str, finish: str | None, first: bool = False) -> dict:
+def _choice(
+    kind: Kind, thinking: str, answer: str, finish: str | None, first: bool = False, calls: list[dict] | None = None
+) -> dict:
     if not kind.chat:
         return {"index": 0, "text": thinking + answer, "logprobs": None, "finish_reason": finish}
     delta: dict = {"role": "assistant"} if first else {}
@@ -84,6 +98,8 @@ def _choice(kind: Kind, thinking: str, answer: str, finish: str | None, first: b
         delta["reasoning_content"] = thinking
     if answer or first:
         delta["content"] = answer
+    if calls:
+        delta["tool_calls"] = calls
     return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
 
 
@@ -92,8 +108,11 @@ def first_chunk(kind: Kind) -> dict | None:
     return {**kind.head(True), "choices": [_choice(kind, "", "", None, first=True)]} if kind.chat else None
 
 
-def text_chunk(kind: Kind, chunk: StreamChunk, prompt_tokens: int | None) -> dict:
-    body = {**kind.head(True), "choices": [_choice(kind, chunk.thinking, chunk.answer, None)]}
+def text_chunk(kind: Kind, chunk: StreamChunk, prompt_tokens: int | None, calls_before: int = 0) -> dict:
+    """A chunk of new text and the calls completed since the last; `calls_before`: calls already sent (their
+    index goes on from there)."""
+    calls = [call_body(call, calls_before + i) for i, call in enumerate(chunk.tool_calls)]
+    body = {**kind.head(True), "choices": [_choice(kind, chunk.thinking, chunk.answer, None, calls=calls)]}
     if prompt_tokens is not None:  # continuous usage stats
         new = chunk.live.new_tokens
         body["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": new, "total_tokens": prompt_tokens + new}
