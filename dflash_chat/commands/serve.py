@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     from dflash_chat import settings as settings_module
     from dflash_chat.commands.run import check_device_name
     from dflash_chat.runtime.model_source import DEVICE_ENV, ModelSource, pick_from_args, resolve
-    from dflash_chat.serve.app import Served
+    from dflash_chat.serve.served import Served
     from dflash_chat.serve.server import bind, serve_forever, served_name, start_loading
 
     check_device_name(os.environ.get(DEVICE_ENV), DEVICE_ENV)

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dflash_chat.serve.errors import error_body
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
-ALLOWED_HEADERS = "Authorization, Content-Type"
+ALLOWED_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"
 log = logging.getLogger("dflash_chat.serve")
 
 
