@@ -1,19 +1,23 @@
-"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+"""The routes: /v1/chat/completions, /v1/completions, /v1/messages (and its count_tokens), /v1/models,
+/health, /metrics.
 
-Each route reads its body in its dialect (serve/openai_chat.py) into the one internal request, and
-serve/exchange.py answers it with the route's writer. Every failure is a JSON error in the route's
-dialect's shape; the server keeps serving.
+Each route reads its body in its dialect (serve/openai_chat.py, serve/anthropic.py) into the one
+internal request, and serve/exchange.py answers it with the route's writer. Every failure is a JSON
+error in the route's dialect's shape; the server keeps serving.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_chat.errors import one_line
-from dflash_chat.serve import openai_chat
-from dflash_chat.serve.errors import SERVER_FAULT, ApiError, error_body, log, log_refusal
+from dflash_chat.serve import anthropic, openai_chat, openai_responses
+from dflash_chat.serve.errors import SERVER_FAULT, ApiError, log, log_refusal
 from dflash_chat.serve.exchange import answer, read_body
 from dflash_chat.serve.guard import Guard, host_names
 from dflash_chat.serve.metrics import CONTENT_TYPE
@@ -23,7 +27,13 @@ from dflash_chat.serve.served import Served
 
 def build_app(served: Served, host: str = "127.0.0.1"):
     """The API behind its Guard (Host, Origin, Content-Type); `host`: the address it is bound to."""
-    return Guard(build_routes(served), hosts=host_names(host, served.allow_hosts), origins=served.allow_origins)
+    hosts = host_names(host, served.allow_hosts)
+    return Guard(build_routes(served), hosts=hosts, origins=served.allow_origins, shape=error_json)
+
+
+def error_json(path: str, error: ApiError) -> dict:
+    """An error's JSON in the dialect of the route it answers: Anthropic's under /v1/messages, else OpenAI's."""
+    return anthropic.error_body(error) if path.startswith("/v1/messages") else error.body()
 
 
 def build_routes(served: Served) -> FastAPI:
@@ -33,7 +43,7 @@ def build_routes(served: Served) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         log_refusal(request.method, request.url.path, exc)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return JSONResponse(error_json(request.url.path, exc), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -42,12 +52,14 @@ def build_routes(served: Served) -> FastAPI:
             404: f"There is no {request.url.path} here: the API is under /v1 (see /v1/models).",
             405: f"{request.method} is not allowed on {request.url.path}.",
         }.get(exc.status_code, str(exc.detail))
-        return JSONResponse(error_body(message, kind), status_code=exc.status_code)
+        error = ApiError(exc.status_code, message, type=kind)
+        return JSONResponse(error_json(request.url.path, error), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
         log.error("500 %s %s: %s", request.method, request.url.path, one_line(exc, "the request"))
-        return JSONResponse(error_body(SERVER_FAULT, "server_error"), status_code=500)
+        error = ApiError(500, SERVER_FAULT, type="server_error")
+        return JSONResponse(error_json(request.url.path, error), status_code=500)
 
     @app.get("/health")
     async def health():
@@ -94,5 +106,36 @@ def build_routes(served: Served) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await openai(request, openai_chat.completion_request, chat=False)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        parsed = anthropic.messages_request(await body_of(request), served.settings)
+        parsed = replace(parsed, model=None)  # Claude Code asks for its own model names (for side tasks too)
+
+        def writer(prompt_tokens: int) -> anthropic.MessagesWriter:
+            return anthropic.MessagesWriter(served.name or "", served.spec_tokens, prompt_tokens)
+
+        return await answer(request, served, parsed, writer)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        body = await body_of(request)
+        parsed = openai_responses.responses_request(body, served.settings, served.recall)
+
+        def keep(response_id: str, end) -> None:
+            if body.get("store", True) is not False:
+                served.remember(response_id, [*parsed.turns, openai_responses.answer_turn(end)])
+
+        def writer(prompt_tokens: int) -> openai_responses.ResponsesWriter:
+            return openai_responses.ResponsesWriter(body, served.name or "", served.spec_tokens, prompt_tokens, keep)
+
+        return await answer(request, served, parsed, writer)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        parsed = anthropic.messages_request(await body_of(request), served.settings, counting=True)
+        served.check_model(None)
+        prompt = await anyio.to_thread.run_sync(served.prompt, parsed)
+        return {"input_tokens": len(prompt.ids)}
 
     return app

@@ -13,6 +13,7 @@ import copy
 import hmac
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from fastapi import Request
@@ -20,7 +21,7 @@ from fastapi import Request
 from dflash_chat.errors import one_line
 from dflash_chat.runtime.answering import AnsweringService
 from dflash_chat.runtime.bridge import StreamEnd
-from dflash_chat.runtime.prompt import Prompt, encode, next_prompt
+from dflash_chat.runtime.prompt import Prompt, Turn, encode, next_prompt
 from dflash_chat.runtime.session import EngineSession
 from dflash_chat.serve.errors import SERVER_FAULT, ApiError, bad_request, log
 from dflash_chat.serve.metrics import Metrics
@@ -33,6 +34,7 @@ MAX_BODY = 4 * 1024 * 1024  # bytes; a long chat is far smaller
 BODY_TIMEOUT_S = 10.0  # a body must have arrived whole by then (a short one would hold the connection)
 DRAIN = object()  # put in each open answer's queue when the server shuts down
 CLIENTS = "clients"  # the answering service's key for what the engine holds: one for every client
+KEPT_RESPONSES = 256  # /v1/responses answers a later request may continue (previous_response_id), in memory
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class Served:
         self.load_error: str | None = None
         self.metrics: Metrics | None = None
         self.scheduler = Scheduler(max_waiting, on_change=self._queue_changed)
+        self._responses: OrderedDict[str, list[Turn]] = OrderedDict()  # response id -> its conversation's turns
         self._checker: object = None  # a tokenizer of its own for checking requests, never the engine thread's
         self._checker_lock = threading.Lock()
 
@@ -99,6 +102,17 @@ class Served:
     def spec_tokens(self) -> int:
         """Drafts per verify step of the model served (0 before one is loaded)."""
         return self.service.session.spec_tokens if self.service is not None else 0
+
+    def remember(self, response_id: str, turns: list[Turn]) -> None:
+        """A response a later request may continue (Responses' previous_response_id): the last KEPT_RESPONSES,
+        in memory only."""
+        self._responses[response_id] = turns
+        self._responses.move_to_end(response_id)
+        while len(self._responses) > KEPT_RESPONSES:
+            self._responses.popitem(last=False)
+
+    def recall(self, response_id: str) -> list[Turn] | None:
+        return self._responses.get(response_id)
 
     def _queue_changed(self, running: int, waiting: int) -> None:
         if self.metrics is not None:
