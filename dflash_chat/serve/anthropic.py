@@ -53,7 +53,7 @@ def messages_request(body: Mapping, defaults: Settings, *, counting: bool = Fals
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {role, content} objects.", "messages")
-    turns = _system(body.get("system")) + _turns(messages)
+    turns = _system(body.get("system"), messages) + _turns([m for m in messages if not _is_system(m)])
     limit = body.get("max_tokens")
     if limit is None and not counting:
         raise bad_request("'max_tokens' is required: the most tokens the answer may have.", "max_tokens")
@@ -71,11 +71,19 @@ def messages_request(body: Mapping, defaults: Settings, *, counting: bool = Fals
     )
 
 
-def _system(system) -> list[Turn]:
-    if system is None:
-        return []
-    text = _text_blocks(system, "system")
+def _system(system, messages: list) -> list[Turn]:
+    """The system turn: `system`, then the text of any system-role messages (newer clients, Claude Code among
+    them, put some in `messages`; chat templates take one system turn, first)."""
+    texts = [_text_blocks(system, "system")] if system is not None else []
+    for index, message in enumerate(messages):
+        if _is_system(message):
+            texts.append(_text_blocks(message.get("content"), f"messages[{index}].content"))
+    text = "\n\n".join(t for t in texts if t)
     return [{"role": "system", "content": text}] if text else []
+
+
+def _is_system(message) -> bool:
+    return isinstance(message, Mapping) and message.get("role") == "system"
 
 
 def _text_blocks(content, where: str) -> str:
@@ -105,7 +113,7 @@ def _turns(messages: list) -> list[Turn]:
             raise bad_request(f"'{where}' must be an object with 'role' and 'content'.", where)
         role, content = message.get("role"), message.get("content")
         if role not in ("user", "assistant"):
-            raise bad_request(f"'{where}.role' must be user or assistant; got {shown(role)}.", f"{where}.role")
+            raise bad_request(f"'{where}.role' must be user, assistant or system; got {shown(role)}.", f"{where}.role")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise bad_request(f"'{where}.content' must be a string or a list of content blocks.", f"{where}.content")

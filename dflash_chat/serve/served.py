@@ -64,13 +64,16 @@ class Served:
         metrics_auth: bool = False,
         allow_origins: tuple[str, ...] = (),
         allow_hosts: tuple[str, ...] = (),
+        max_answer: int | None = None,
     ) -> None:
+        """`max_answer`: the most tokens one answer may have, whatever a request asks (None: the context's room)."""
         if api_key is not None and not api_key.strip():
             raise ValueError("an empty API key")  # the command refuses it in words first
         self.name = name  # None until the model manager's choice is loaded
         self.settings = settings  # the sampling defaults
         self.api_key = api_key
         self.max_body = max_body
+        self.max_answer = max_answer
         self.body_timeout_s = body_timeout_s
         self.metrics_auth = metrics_auth
         self.allow_origins = allow_origins
@@ -202,9 +205,9 @@ class Served:
     def fit(
         self, request: ChatRequest | CompletionRequest, prompt_tokens: int
     ) -> tuple[ChatRequest | CompletionRequest, int | None]:
-        """The request as it fits the model's context: an answer asked for longer than the context has room for
-        is cut to that room (returned as the second value, None when nothing was cut), as local runtimes do;
-        a prompt that fills the context alone is a 400."""
+        """The request as it fits the model's context and the server's cap: an answer asked for longer than the
+        context has room for (or than `max_answer`) is cut to that (returned as the second value, None when
+        nothing was cut), as local runtimes do; a prompt that fills the context alone is a 400."""
         assert self.session is not None
         context, asked = self.session.context, request.sampling.max_new_tokens
         if prompt_tokens + 1 > context:
@@ -214,9 +217,9 @@ class Served:
                 "messages" if isinstance(request, ChatRequest) else "prompt",
                 "context_length_exceeded",
             )
-        if asked is None or prompt_tokens + asked <= context:
+        room = min(context - prompt_tokens, self.max_answer or context)
+        if asked is not None and asked <= room or asked is None and self.max_answer is None:
             return request, None
-        room = context - prompt_tokens
         return replace(request, sampling=replace(request.sampling, max_new_tokens=room)), room
 
     # the engine thread's side

@@ -129,7 +129,7 @@ def test_thinking_on_is_the_thinking_switch(client):
             },
             "answers no tool_use",
         ),
-        ({"max_tokens": 4, "messages": [{"role": "robot", "content": "hi"}]}, "user or assistant"),
+        ({"max_tokens": 4, "messages": [{"role": "robot", "content": "hi"}]}, "user, assistant or system"),
         (
             {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "tool"}},
             "name the tool",
