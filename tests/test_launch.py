@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-
 from dflash_chat import cli
 from dflash_chat.commands.launch import KEY_ENV, agent_command
 
