@@ -84,7 +84,7 @@ async def answer(
         except RuntimeError:  # the loop is gone: the server is shutting down
             pass
 
-    job = Job(lambda job: served.work(parsed, prompt, emit, job))
+    job = Job(lambda job: served.work(parsed, prompt, emit, job, writer.route))
     try:
         served.scheduler.submit(job)
     except QueueFull as full:

@@ -224,7 +224,7 @@ class Served:
 
     # the engine thread's side
 
-    def work(self, request: ChatRequest | CompletionRequest, prompt: Prompt, emit, job: Job) -> None:
+    def work(self, request: ChatRequest | CompletionRequest, prompt: Prompt, emit, job: Job, route: str) -> None:
         service = self.service
         assert service is not None and self.metrics is not None
         assert job.started_at is not None  # the scheduler stamps a job as it starts it
@@ -248,7 +248,7 @@ class Served:
             service.keep(CLIENTS, None)  # the engine now holds a raw completion: no chat to continue
         if end.stats is not None and end.reason != "error":
             reason = "abort" if end.reason == "cancelled" else finish_reason(end)
-            self.metrics.answered(end.stats, reason, queued_s, time.monotonic() - job.queued_at)
+            self.metrics.answered(end.stats, reason, queued_s, time.monotonic() - job.queued_at, route)
         if end.reason == "error":
             log.error("an answer failed: %s", end.error or "the engine gave no reason")
         emit(Done(end, queued_s) if end.reason != "error" else Failed(SERVER_FAULT))

@@ -187,3 +187,29 @@ def test_a_wrong_key_is_an_authentication_error(server):
     with pytest.raises(anthropic.AuthenticationError) as refused:
         wrong.messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert refused.value.body["error"]["type"] == "authentication_error"
+
+
+def test_metrics_count_each_route_and_answers_carry_the_engines_figures(server, client):
+    _, url = server
+
+    def count(route: str) -> float:
+        text = httpx_module().get(f"{url}/metrics").text
+        line = next(
+            (x for x in text.splitlines() if x.startswith("dflash:route_requests_total") and f'route="{route}"' in x),
+            None,
+        )
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+    before = count("messages")
+    raw = (
+        httpx_module()
+        .post(
+            f"{url}/v1/messages",
+            headers={"x-api-key": KEY},
+            json={"max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": QUESTION}]},
+            timeout=120,
+        )
+        .json()
+    )
+    assert count("messages") == before + 1
+    assert raw["metrics"]["speculative_decoding"]["num_draft_tokens"] >= 0 and "timings" in raw
