@@ -99,6 +99,7 @@ class DFlashChatApp(App):
     def on_unmount(self) -> None:
         self.chat.action_stop()  # thread workers cannot be killed: the answer's loop must see the flag
         self.chat.backend.close()  # a remote backend's workers return now, whatever the network does
+        self.chat.servers.close()  # the tool servers are asked to stop; nothing waits for them
         self.store.close()
 
     # keymap and palette
@@ -167,6 +168,14 @@ class DFlashChatApp(App):
         await self.chat.conversation_deleted()
         if chosen is not None:
             await self.chat.open_conversation(chosen)
+
+    @work
+    async def action_open_tools(self) -> None:
+        from dflash_chat.ui.tools_screen import ToolsScreen
+
+        conversation = self.chat.conversation
+        chosen = await self.push_screen_wait(ToolsScreen(self.chat.servers, conversation.tools))
+        self.chat.tools_chosen(conversation, chosen)
 
     @work
     async def action_open_settings(self) -> None:

@@ -295,7 +295,9 @@ def test_tool_calls_and_their_results_round_trip_with_the_chats_choice_of_tools(
     store.add(cid, Message("user", "read my hosts file"))
     store.add(cid, Message("assistant", "Let me look.", tool_calls=calls))
     store.add(cid, Message("tool", "127.0.0.1 localhost", tool_call_id="call_1"))
-    store.add(cid, Message("tool", "The user declined this call; it was not run.", status=DENIED, tool_call_id="call_2"))
+    store.add(
+        cid, Message("tool", "The user declined this call; it was not run.", status=DENIED, tool_call_id="call_2")
+    )
     store.set_tools(cid, ChatTools(offered=chosen.offered, always=frozenset({"files/read"})))
     loaded = store_at(path).load(cid)
     assert loaded.messages[1].tool_calls == calls
