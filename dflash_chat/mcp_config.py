@@ -211,7 +211,10 @@ def apply(settings: McpSettings, path: str, text: str) -> McpSettings:
     elif key == "args":
         entry["args"] = _words(text)
     elif key == "enabled":
-        entry["enabled"] = _flag(text)
+        try:
+            entry["enabled"] = rules.switch(text)
+        except rules.Invalid as exc:
+            raise rules.Invalid(f"enabled {exc}") from None
     elif text.strip():
         entry[key] = text.strip()
     else:
@@ -235,15 +238,6 @@ def _words(text: str) -> list[str]:
         return shlex.split(text)
     except ValueError as exc:
         raise rules.Invalid(f"args: {exc}") from None
-
-
-def _flag(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "on", "yes", "1"):
-        return True
-    if lowered in ("false", "off", "no", "0"):
-        return False
-    raise rules.Invalid(f"enabled must be true or false, got {rules.shown(text)}")
 
 
 # writing: the smallest edits

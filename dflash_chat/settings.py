@@ -86,18 +86,6 @@ def _name(value: Any) -> str:
     return value
 
 
-def _flag(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("true", "on", "yes", "1"):
-            return True
-        if lowered in ("false", "off", "no", "0"):
-            return False
-    raise rules.Invalid(f"must be on or off (true/false), got {value!r}")
-
-
 def _typed_table(value: Any, shape: str) -> Any:
     """A table typed on one line (--set, the settings screen): "a=x;b=y" -> {"a": "x", "b": "y"}."""
     if not isinstance(value, str):
@@ -155,7 +143,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "min_p": rules.MIN_P.parse,
     "max_new_tokens": rules.MAX_NEW_TOKENS.parse,
     "system_prompt": _text,
-    "thinking": _flag,
+    "thinking": rules.switch,
     "theme": _name,
     "model": _text,
     "drafter": _text,

@@ -21,7 +21,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_chat.chat.conversation import COMPLETE, PARTIAL, Conversation, Message
+from dflash_chat.chat.conversation import (
+    CANCELLED,
+    COMPLETE,
+    DENIED,
+    ERROR,
+    PARTIAL,
+    SKIPPED,
+    TIMEOUT,
+    Conversation,
+    Message,
+)
 from dflash_chat.chat.history_search import SearchIndex
 from dflash_chat.chat.tools.choice import ChatTools
 from dflash_chat.engine.events import GenerationStats
@@ -348,11 +358,11 @@ def call_state(status: str) -> str:
     """How a tool call went, as its block in the chat and the Markdown export say it."""
     return {
         COMPLETE: "done",
-        "error": "failed",
-        "timeout": "timed out",
-        "denied": "declined",
-        "cancelled": "stopped",
-        "skipped": "not run: round limit",
+        ERROR: "failed",
+        TIMEOUT: "timed out",
+        DENIED: "declined",
+        CANCELLED: "stopped",
+        SKIPPED: "not run: round limit",
     }.get(status, status)
 
 
