@@ -18,6 +18,7 @@ from dflash_chat import settings as settings_module
 from dflash_chat.chat.backends.base import Backend
 from dflash_chat.chat.backends.local import LocalBackend
 from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.tools.servers import ToolServers
 from dflash_chat.errors import UserError, one_line
 from dflash_chat.runtime.endpoint import Endpoint
 from dflash_chat.runtime.model_source import ModelSource, Pick
@@ -64,7 +65,8 @@ class DFlashChatApp(App):
             self.register_theme(theme)
         if backend is None:
             backend = _backend_for(settings, source)
-        self.chat = ChatScreen(settings, self.store, backend, self._recent_prompts())
+        servers = ToolServers(settings.mcp, self.store.path.parent)  # their logs beside the history
+        self.chat = ChatScreen(settings, self.store, backend, self._recent_prompts(), servers)
 
     @property
     def settings(self) -> Settings:
