@@ -381,16 +381,18 @@ class ChatScreen(PlainNotices, Screen):
             )
         if end.error:
             self.notify(end.error, severity="error", timeout=15)
-        await self.calls_made(turn, end.tool_calls, end.reason in ("stop", "length"))
+        await self.calls_made(turn, end.tool_calls, end.reason)
 
     # the agent loop (chat/agent.py): calls, their results, the next answer
 
-    async def calls_made(self, turn: Turn, calls: tuple[ToolCall, ...], finished: bool) -> None:
+    async def calls_made(self, turn: Turn, calls: tuple[ToolCall, ...], reason: str) -> None:
         """After an answer: its calls run (one by one, each after the user's yes), or the loop ends."""
         loop = self.loop if self.loop is not None and self.loop.conversation is turn.conversation else None
+        finished = reason in ("stop", "length")
         if loop is None or not finished or not calls:  # stopped, failed, or answered in text: the loop ends
+            why = results.stopped() if loop is None or reason == "cancelled" else results.not_run("the answer failed.")
             for call in calls:
-                self.record_result(PendingCall(call, turn.conversation, None), results.stopped())
+                self.record_result(PendingCall(call, turn.conversation, None), why)
             if loop is not None:
                 self.loop = None
             return
