@@ -287,8 +287,9 @@ class HistoryStore:
         return row_id
 
     def update(self, message: Message) -> None:
-        """Rewrite a saved message (an answer as it streams, then as it ended)."""
-        assert message.id is not None, "update() of a message never added"
+        """Rewrite a saved message (an answer as it streams, then as it ended); one never saved: nothing."""
+        if message.id is None:
+            return
         with self._writing():
             self.db.execute(
                 "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ?, note = ?, tool_calls = ? "

@@ -222,3 +222,15 @@ def test_content_blocks_become_text_the_model_can_read():
     assert results.from_mcp(types.CallToolResult(content=[])).text == "(the tool returned nothing)"
     failed = results.from_mcp(types.CallToolResult(content=[], is_error=True))
     assert failed == results.ToolResult(ERROR, "The tool reported an error: it gave no reason")
+
+
+def test_a_data_folder_that_cannot_hold_the_log_keeps_the_servers_output_off_the_screen(tmp_path, capfd):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the log folder would be")
+    servers = ToolServers(McpSettings({"t": tool_server(None)}), blocked / "logs")
+    try:
+        assert started(servers, "t")["t"].state == READY
+        assert servers.call("t", "echo", {"text": "unseen"}, 10, NEVER).text == "echo: unseen"
+    finally:
+        servers.close()
+    assert "echo called" not in capfd.readouterr().err

@@ -212,9 +212,15 @@ class ToolServers:
 
     @contextlib.contextmanager
     def _open_log(self, name: str, server: McpServer):
+        """The server's log, for its stderr; where it cannot be written (a read-only data folder), nowhere:
+        a server's output never reaches the screen."""
         path = Path(self._log_name(name, server))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as log:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(path, "a", encoding="utf-8")
+        except OSError:
+            log = open(os.devnull, "w", encoding="utf-8")
+        with log:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {server.where()}\n")
             log.flush()
             yield log
