@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dflash_chat.chat.conversation import Conversation, Message
-from dflash_chat.chat.events import ServersWaited, ToolCallDone
 from dflash_chat.chat.tools import results
 from dflash_chat.chat.tools.choice import Offered, key
 from dflash_chat.chat.tools.results import ToolResult
@@ -25,6 +24,26 @@ from dflash_chat.chat.tools.servers import OFF, STARTING, ToolServers
 from dflash_chat.mcp_config import McpSettings
 from dflash_chat.runtime.tool_calls import ToolCall
 from dflash_chat.runtime.tool_use import ToolUse
+
+# what the loop's workers post
+
+
+@dataclass(frozen=True)
+class ServersWaited:
+    """The servers a loop's chat needs have started, or failed to, or the wait was stopped."""
+
+    loop: AgentLoop
+    names: tuple[str, ...]  # the servers waited for
+
+
+@dataclass(frozen=True)
+class ToolCallDone:
+    """A tool call ran (or was stopped): its result, for the conversation the call belongs to."""
+
+    loop: AgentLoop
+    pending: PendingCall
+    result: ToolResult
+
 
 Post = Callable[[ServersWaited | ToolCallDone], None]  # the chat screen's, for any backend event
 

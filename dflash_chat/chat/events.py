@@ -10,14 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dflash_chat.chat.tools.results import ToolResult
-from dflash_chat.chat.tools.servers import ServerChanged
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
-from dflash_chat.runtime.events import LoadEvent
 from dflash_chat.runtime.prompt import Prompt, Transcript
 
 if TYPE_CHECKING:
-    from dflash_chat.chat.agent import AgentLoop, PendingCall
     from dflash_chat.chat.conversation import Conversation
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.runtime.endpoint import ServedModel
@@ -41,23 +37,4 @@ class AnswerEnded:
     chat: Conversation | None = None
 
 
-@dataclass(frozen=True)
-class ServersWaited:
-    """The servers a loop's chat needs have started, or failed to, or the wait was stopped."""
-
-    loop: AgentLoop
-    names: tuple[str, ...]  # the servers waited for
-
-
-@dataclass(frozen=True)
-class ToolCallDone:
-    """A tool call ran (or was stopped): its result, for the conversation the call belongs to."""
-
-    loop: AgentLoop
-    pending: PendingCall
-    result: ToolResult
-
-
 AnswerEvent = PromptSent | StreamChunk | AnswerEnded
-ToolEvent = ServerChanged | ServersWaited | ToolCallDone
-BackendEvent = LoadEvent | AnswerEvent | ToolEvent

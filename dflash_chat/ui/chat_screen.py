@@ -32,9 +32,8 @@ from textual.widgets import Footer, Header, Switch
 
 from dflash_chat import paths
 from dflash_chat.chat.agent import AgentLoop, PendingCall
-from dflash_chat.chat.backends.base import AnswerRequest, Backend
+from dflash_chat.chat.backends.base import AnswerRequest, Backend, BackendEvent
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, CUT, ERROR, PARTIAL, Conversation, Message
-from dflash_chat.chat.events import BackendEvent
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.recorder import Recorder
 from dflash_chat.chat.tools import results

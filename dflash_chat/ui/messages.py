@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
+from dflash_chat.chat import agent
 from dflash_chat.chat import events as answer_events
+from dflash_chat.chat.backends.base import BackendEvent
 from dflash_chat.chat.tools.servers import ServerChanged
 from dflash_chat.runtime import events
 from dflash_chat.runtime.bridge import StreamChunk
@@ -76,12 +78,12 @@ class ToolServerChanged(Message):
 
 @dataclass
 class ServersWaited(Message):
-    event: answer_events.ServersWaited
+    event: agent.ServersWaited
 
 
 @dataclass
 class ToolCallDone(Message):
-    event: answer_events.ToolCallDone
+    event: agent.ToolCallDone
 
 
 MESSAGES: dict[type, type[Message]] = {
@@ -96,12 +98,12 @@ MESSAGES: dict[type, type[Message]] = {
     events.ModelLoaded: ModelLoaded,
     events.ModelFailed: ModelFailed,
     ServerChanged: ToolServerChanged,
-    answer_events.ServersWaited: ServersWaited,
-    answer_events.ToolCallDone: ToolCallDone,
+    agent.ServersWaited: ServersWaited,
+    agent.ToolCallDone: ToolCallDone,
 }
 
 
-def message_for(event: answer_events.BackendEvent) -> Message:
+def message_for(event: BackendEvent) -> Message:
     """The message that carries `event` to its handler."""
     kind = MESSAGES.get(type(event))
     if kind is None:

@@ -7,9 +7,8 @@ import threading
 
 import pytest
 
-from dflash_chat.chat.agent import AgentLoop
+from dflash_chat.chat.agent import AgentLoop, ServersWaited, ToolCallDone
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, ERROR, SKIPPED, Conversation
-from dflash_chat.chat.events import ServersWaited, ToolCallDone
 from dflash_chat.chat.tools.choice import ChatTools
 from dflash_chat.chat.tools.servers import ToolServers
 from dflash_chat.runtime.tool_calls import ToolCall

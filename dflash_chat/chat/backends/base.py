@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dflash_chat.chat.events import AnswerEnded, BackendEvent
+from dflash_chat.chat.agent import ServersWaited, ToolCallDone
+from dflash_chat.chat.events import AnswerEnded, AnswerEvent
+from dflash_chat.chat.tools.servers import ServerChanged
 from dflash_chat.runtime.events import LoadEvent, Status
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from dflash_chat.runtime.tool_use import ToolUse
     from dflash_chat.settings import Settings
 
+BackendEvent = LoadEvent | AnswerEvent | ServerChanged | ServersWaited | ToolCallDone  # what a backend posts
 Post = Callable[[BackendEvent], None]
 Spawn = Callable[[Callable[[], None], str], None]  # (worker body, group: "model" | "generate")
 
