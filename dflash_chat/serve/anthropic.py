@@ -17,17 +17,16 @@ import json
 import uuid
 from collections.abc import Mapping
 
-from dflash_chat.engine import rules
 from dflash_chat.engine.rules import shown
-from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
 from dflash_chat.runtime.prompt import Turn
-from dflash_chat.runtime.tool_calls import ToolCall
+from dflash_chat.runtime.tool_calls import ToolCall, ToolSpec
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import ApiError, bad_request
 from dflash_chat.serve.openai_chat import figures
-from dflash_chat.serve.requests import ChatRequest, Streaming, checked, optional, ruled, stops
+from dflash_chat.serve.requests import ChatRequest, Streaming, optional
+from dflash_chat.serve.requests import sampling as checked_sampling
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
 
@@ -57,14 +56,7 @@ def messages_request(body: Mapping, defaults: Settings, *, counting: bool = Fals
     limit = body.get("max_tokens")
     if limit is None and not counting:
         raise bad_request("'max_tokens' is required: the most tokens the answer may have.", "max_tokens")
-    sampling = SamplingParams(
-        temperature=ruled(body, "temperature", rules.TEMPERATURE, defaults.temperature),
-        top_p=ruled(body, "top_p", rules.TOP_P, defaults.top_p),
-        top_k=ruled(body, "top_k", rules.TOP_K, defaults.top_k),
-        min_p=defaults.min_p,
-        max_new_tokens=None if limit is None else checked("max_tokens", rules.MAX_NEW_TOKENS, limit),
-        stop=stops(body.get("stop_sequences"), "stop_sequences"),
-    )
+    sampling = checked_sampling(body, defaults.sampling(), "max_tokens", "stop_sequences")
     stream = optional(body, "stream", bool) or False
     return ChatRequest(
         optional(body, "model", str), turns, _thinking(body), sampling, Streaming(stream), _tool_use(body)
@@ -199,18 +191,16 @@ def _thinking(body: Mapping) -> bool:
     return kind != "disabled"
 
 
+def _tool(tool, where: str) -> ToolSpec | None:
+    if not isinstance(tool, Mapping):
+        raise bad_request(f"'{where}' must be a tool ({{name, description, input_schema}}).", where)
+    if tool.get("type", "custom") != "custom":
+        return None  # a tool Anthropic's servers run (web search, ...): not one the model can call here
+    return checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("input_schema"), where)
+
+
 def _tool_use(body: Mapping) -> ToolUse | None:
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise bad_request("'tools' must be a list of tools.", "tools")
-    specs = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, Mapping):
-            raise bad_request(f"'{where}' must be a tool ({{name, description, input_schema}}).", where)
-        if tool.get("type", "custom") != "custom":
-            continue  # a tool Anthropic's servers run (web search, ...): not one the model can call here
-        specs.append(checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("input_schema"), where))
+    specs = checked_tools.specs(body, "tools", _tool)
     choice = optional(body, "tool_choice", Mapping) or {}
     kind = choice.get("type", "auto")
     if kind not in ("auto", "any", "tool", "none"):

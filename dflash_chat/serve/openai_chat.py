@@ -20,27 +20,27 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dflash_chat.engine import rules
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.engine.rules import shown
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
 from dflash_chat.runtime.openai_protocol import llama_timings, speculative_decoding
 from dflash_chat.runtime.prompt import Turn
-from dflash_chat.runtime.tool_calls import ToolCall
+from dflash_chat.runtime.tool_calls import ToolCall, ToolSpec
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import bad_request, error_body
 from dflash_chat.serve.requests import (
+    KNOBS,
     ChatRequest,
     CompletionRequest,
     Streaming,
-    checked,
     is_int,
     optional,
-    ruled,
-    stops,
     text_content,
+)
+from dflash_chat.serve.requests import (
+    sampling as checked_sampling,
 )
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
@@ -61,9 +61,8 @@ def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
         raise bad_request(
             "'chat_template_kwargs.enable_thinking' must be true or false.", "chat_template_kwargs.enable_thinking"
         )
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    sampling = _sampling(body, defaults, limit, name)
+    sampling = _sampling(body, defaults, name)
     return ChatRequest(_model(body), turns, thinking, sampling, _streaming(body), _tool_use(body))
 
 
@@ -77,8 +76,8 @@ def completion_request(body: Mapping, defaults: Settings) -> CompletionRequest:
         raise bad_request(
             "'prompt' must be a non-empty string (or one list of token ids); batches are not supported.", "prompt"
         )
-    limit = body.get("max_tokens", 16)  # OpenAI's default for completions
-    return CompletionRequest(_model(body), prompt, _sampling(body, defaults, limit, "max_tokens"), _streaming(body))
+    sampling = _sampling(body, defaults, "max_tokens", default_limit=16)  # OpenAI's default for completions
+    return CompletionRequest(_model(body), prompt, sampling, _streaming(body))
 
 
 def _model(body: Mapping) -> str | None:
@@ -140,43 +139,23 @@ def _calls(calls, where: str) -> list[dict]:
     return out
 
 
+def _tool(item, where: str) -> ToolSpec:
+    function = item.get("function") if isinstance(item, Mapping) else None
+    if not isinstance(item, Mapping) or item.get("type", "function") != "function" or not isinstance(function, Mapping):
+        raise bad_request(f'\'{where}\' must be {{"type": "function", "function": {{name, parameters}}}}.', where)
+    return checked_tools.spec(
+        function.get("name"), function.get("description"), function.get("parameters"), f"{where}.function"
+    )
+
+
 def _tool_use(body: Mapping) -> ToolUse | None:
     """`tools`, `tool_choice` and `parallel_tool_calls` (OpenAI's shapes)."""
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise bad_request("'tools' must be a list of function tools.", "tools")
-    specs = []
-    for i, item in enumerate(tools):
-        where = f"tools[{i}]"
-        function = item.get("function") if isinstance(item, Mapping) else None
-        if (
-            not isinstance(item, Mapping)
-            or item.get("type", "function") != "function"
-            or not isinstance(function, Mapping)
-        ):
-            raise bad_request(f'\'{where}\' must be {{"type": "function", "function": {{name, parameters}}}}.', where)
-        specs.append(
-            checked_tools.spec(
-                function.get("name"), function.get("description"), function.get("parameters"), f"{where}.function"
-            )
-        )
-    choice = body.get("tool_choice")
-    if isinstance(choice, Mapping):
-        function = choice.get("function")
-        if (
-            choice.get("type") != "function"
-            or not isinstance(function, Mapping)
-            or not isinstance(function.get("name"), str)
-        ):
-            raise bad_request(
-                '\'tool_choice\' must be auto, none, required or {"type": "function", "function": {"name": ...}}.',
-                "tool_choice",
-            )
-        choice = function["name"]
-    elif choice is not None and choice not in ("auto", "none", "required"):
-        raise bad_request(
-            f"'tool_choice' must be auto, none, required or a named function; got {shown(choice)}.", "tool_choice"
-        )
+    specs = checked_tools.specs(body, "function tools", _tool)
+    choice = checked_tools.openai_choice(
+        body.get("tool_choice"),
+        lambda choice: choice["function"].get("name") if isinstance(choice.get("function"), Mapping) else None,
+        '{"type": "function", "function": {"name": ...}}',
+    )
     return checked_tools.tool_use(specs, choice, body.get("parallel_tool_calls", True))
 
 
@@ -191,19 +170,11 @@ def _streaming(body: Mapping) -> Streaming:
     return Streaming(stream, include, continuous)
 
 
-def _sampling(body: Mapping, defaults: Settings, limit, limit_name: str) -> SamplingParams:
+def _sampling(body: Mapping, defaults: Settings, limit_name: str, default_limit: int | None = None) -> SamplingParams:
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise bad_request("Only one choice per request is supported ('n' must be 1).", "n")
-    return SamplingParams(
-        temperature=ruled(body, "temperature", rules.TEMPERATURE, defaults.temperature),
-        top_p=ruled(body, "top_p", rules.TOP_P, defaults.top_p),
-        top_k=ruled(body, "top_k", rules.TOP_K, defaults.top_k),
-        min_p=ruled(body, "min_p", rules.MIN_P, defaults.min_p),
-        max_new_tokens=None if limit is None else checked(limit_name, rules.MAX_NEW_TOKENS, limit),
-        seed=ruled(body, "seed", rules.SEED, None),
-        stop=stops(body.get("stop")),
-    )
+    return checked_sampling(body, defaults.sampling(), limit_name, "stop", tuple(KNOBS), default_limit)
 
 
 # writing

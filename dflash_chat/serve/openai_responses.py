@@ -17,17 +17,16 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 
-from dflash_chat.engine import rules
 from dflash_chat.engine.rules import shown
-from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
 from dflash_chat.runtime.prompt import Turn
-from dflash_chat.runtime.tool_calls import ToolCall
+from dflash_chat.runtime.tool_calls import ToolCall, ToolSpec
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import bad_request
 from dflash_chat.serve.openai_chat import figures
-from dflash_chat.serve.requests import ChatRequest, Streaming, checked, optional, ruled, text_content
+from dflash_chat.serve.requests import ChatRequest, Streaming, optional, text_content
+from dflash_chat.serve.requests import sampling as checked_sampling
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
 
@@ -55,14 +54,7 @@ def responses_request(body: Mapping, defaults: Settings, previous: Callable[[str
     if instructions:
         turns = [{"role": "system", "content": instructions}] + [t for t in turns if t["role"] != "system"]
     turns += _input(body.get("input"), {c["id"] for t in turns for c in t.get("tool_calls", ())})
-    limit = body.get("max_output_tokens")
-    sampling = SamplingParams(
-        temperature=ruled(body, "temperature", rules.TEMPERATURE, defaults.temperature),
-        top_p=ruled(body, "top_p", rules.TOP_P, defaults.top_p),
-        top_k=ruled(body, "top_k", rules.TOP_K, defaults.top_k),
-        min_p=defaults.min_p,
-        max_new_tokens=None if limit is None else checked("max_output_tokens", rules.MAX_NEW_TOKENS, limit),
-    )
+    sampling = checked_sampling(body, defaults.sampling(), "max_output_tokens", None)
     stream = optional(body, "stream", bool) or False
     return ChatRequest(
         optional(body, "model", str), turns, _thinking(body, defaults), sampling, Streaming(stream), _tool_use(body)
@@ -135,29 +127,19 @@ def _thinking(body: Mapping, defaults: Settings) -> bool:
     return effort not in ("none", "minimal")
 
 
+def _tool(tool, where: str) -> ToolSpec | None:
+    if not isinstance(tool, Mapping):
+        raise bad_request(f"'{where}' must be a tool object.", where)
+    if tool.get("type") != "function":
+        return None  # a built-in tool (web search, file search, ...): not one the model can call here
+    return checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("parameters"), where)
+
+
 def _tool_use(body: Mapping) -> ToolUse | None:
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise bad_request("'tools' must be a list of tools.", "tools")
-    specs = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, Mapping):
-            raise bad_request(f"'{where}' must be a tool object.", where)
-        if tool.get("type") != "function":
-            continue  # a built-in tool (web search, file search, ...): not one the model can call here
-        specs.append(checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("parameters"), where))
-    choice = body.get("tool_choice")
-    if isinstance(choice, Mapping):
-        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-            raise bad_request(
-                '\'tool_choice\' must be auto, none, required or {"type": "function", "name": ...}.', "tool_choice"
-            )
-        choice = choice["name"]
-    elif choice is not None and choice not in ("auto", "none", "required"):
-        raise bad_request(
-            f"'tool_choice' must be auto, none, required or a function; got {shown(choice)}.", "tool_choice"
-        )
+    specs = checked_tools.specs(body, "tools", _tool)
+    choice = checked_tools.openai_choice(
+        body.get("tool_choice"), lambda choice: choice.get("name"), '{"type": "function", "name": ...}'
+    )
     return checked_tools.tool_use(specs, choice, body.get("parallel_tool_calls", True))
 
 

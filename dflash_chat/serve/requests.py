@@ -122,6 +122,39 @@ def checked(name: str, rule: rules.Number, value):
         raise bad_request(f"'{name}' {exc}.", name) from None
 
 
+KNOBS: dict[str, rules.Number] = {
+    "temperature": rules.TEMPERATURE,
+    "top_p": rules.TOP_P,
+    "top_k": rules.TOP_K,
+    "min_p": rules.MIN_P,
+    "seed": rules.SEED,
+}
+
+
+def sampling(
+    body: Mapping,
+    defaults: SamplingParams,
+    limit_name: str,
+    stop_name: str | None,
+    knobs: tuple[str, ...] = ("temperature", "top_p", "top_k"),
+    default_limit: int | None = None,
+) -> SamplingParams:
+    """The one sampling value of a body: the dialect's `knobs` by their rules over the server's `defaults`, the
+    answer's limit from `limit_name` (absent: `default_limit`; None: up to the context's end), the stop strings from `stop_name` (None: the dialect has none)."""
+    limit = body.get(limit_name, default_limit)
+    return SamplingParams(
+        **{
+            "temperature": defaults.temperature,
+            "top_p": defaults.top_p,
+            "top_k": defaults.top_k,
+            "min_p": defaults.min_p,
+            **{name: ruled(body, name, KNOBS[name], getattr(defaults, name)) for name in knobs},
+        },
+        max_new_tokens=None if limit is None else checked(limit_name, rules.MAX_NEW_TOKENS, limit),
+        stop=() if stop_name is None else stops(body.get(stop_name), stop_name),
+    )
+
+
 def stops(stop, field: str = "stop") -> tuple[str, ...]:
     """A string or a list of strings that end the answer's text."""
     if stop is None:
