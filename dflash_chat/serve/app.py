@@ -18,8 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dflash_chat.errors import one_line
 from dflash_chat.serve import anthropic, openai_chat, openai_responses
 from dflash_chat.serve.errors import SERVER_FAULT, ApiError, log, log_refusal
-from dflash_chat.serve.exchange import answer, read_body
-from dflash_chat.serve.guard import Guard, host_names
+from dflash_chat.serve.exchange import ClientGone, answer, read_body
+from dflash_chat.serve.guard import LOGGED, Guard, host_names
 from dflash_chat.serve.metrics import CONTENT_TYPE
 from dflash_chat.serve.requests import parse_json
 from dflash_chat.serve.served import Served
@@ -45,6 +45,11 @@ def build_routes(served: Served) -> FastAPI:
         log_refusal(request.method, request.url.path, exc)
         return JSONResponse(error_json(request.url.path, exc), status_code=exc.status, headers=exc.headers)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        log.warning("499 %s %s: the client hung up before its request was whole", request.method, request.url.path)
+        return Response(status_code=499)  # nobody reads it
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
@@ -58,6 +63,7 @@ def build_routes(served: Served) -> FastAPI:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
         log.error("500 %s %s: %s", request.method, request.url.path, one_line(exc, "the request"))
+        request.scope[LOGGED] = True
         error = ApiError(500, SERVER_FAULT, type="server_error")
         return JSONResponse(error_json(request.url.path, error), status_code=500)
 

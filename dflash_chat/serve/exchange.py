@@ -15,6 +15,7 @@ from collections.abc import Callable
 import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from dflash_chat.runtime.bridge import StreamChunk
 from dflash_chat.serve.errors import SHUTTING_DOWN, ApiError
@@ -27,7 +28,8 @@ PING_S = 10.0  # a stream with nothing to send for this long sends its dialect's
 
 
 class ClientGone(Exception):
-    """The client left while it waited for a whole answer: there is no one to answer."""
+    """The client left before its body arrived whole, or while it waited for a whole answer: there is no one
+    to answer."""
 
 
 async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
@@ -53,11 +55,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_big
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise too_big
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise too_big
+            parts.append(part)
+    except ClientDisconnect:
+        raise ClientGone from None
     return b"".join(parts)
 
 
