@@ -112,3 +112,16 @@ def speculate(value: Any) -> str:
     if isinstance(value, str) and value.strip().lower() in SPECULATE_WORDS:
         return value.strip().lower()
     raise Invalid(f"must be {SPECULATE_WHAT}, got {shown(value)}")
+
+
+def switch(value: Any) -> bool:
+    """A switch: true or false (TOML), or typed as on/off, true/false, yes/no, 1/0."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "on", "yes", "1"):
+            return True
+        if lowered in ("false", "off", "no", "0"):
+            return False
+    raise Invalid(f"must be on or off (true/false), got {value!r}")

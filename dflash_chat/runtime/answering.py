@@ -24,7 +24,8 @@ from dflash_chat.runtime.session import EngineSession
 if TYPE_CHECKING:
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.runtime.bridge import StreamEnd
-    from dflash_chat.runtime.prompt import Prompt, Transcript
+    from dflash_chat.runtime.prompt import Prompt, Transcript, Turn
+    from dflash_chat.runtime.tool_use import ToolUse
 
 MEMORIES = 64  # conversations whose draft memory is kept (the least recently used goes first)
 
@@ -60,11 +61,11 @@ class AnsweringService:
             self._memories.popitem(last=False)
         return memory
 
-    def chat_prompt(self, chat: Hashable, turns: list[dict[str, str]], thinking: bool) -> Prompt:
+    def chat_prompt(self, chat: Hashable, turns: list[Turn], thinking: bool, tools: ToolUse | None = None) -> Prompt:
         """The prompt for the next answer of `chat`, starting with what the engine holds of it."""
-        return self.session.chat_prompt(turns, thinking, self.held(chat))
+        return self.session.chat_prompt(turns, thinking, self.held(chat), tools)
 
-    def answered(self, chat: Hashable, turns: list[dict[str, str]], prompt: Prompt, end: StreamEnd) -> None:
+    def answered(self, chat: Hashable, turns: list[Turn], prompt: Prompt, end: StreamEnd) -> None:
         """`chat`'s answer to `prompt` ended: the engine now holds it (or nothing a next prompt can use)."""
         self.keep(chat, self.session.held(turns, prompt, end))
 

@@ -4,17 +4,28 @@ thinking and answer text.
 The chat template comes with the tokenizer (transformers' apply_chat_template);
 `enable_thinking` is the template flag Qwen3.x uses. With thinking on, Qwen3.6's
 generation prompt already opens `<think>`, so the model's first words are
-thinking; with it off the prompt carries an empty think block.
+thinking; with it off the prompt carries an empty think block. Tools go to the
+template as `tools=` (OpenAI's shape), as transformers passes them; a forced
+call's first words (runtime/tool_use.py) end the prompt.
+
+A turn is a message dict as the template reads it: `role` and `content`, and for
+tool use an assistant's `tool_calls` (arguments as a mapping) or a `tool` turn's
+`tool_call_id`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dflash_chat.engine.end_tokens import token_id
 from dflash_chat.errors import UserError
+from dflash_chat.runtime.tool_use import ToolUse
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CLOSE_THINKING = "\n</think>\n\n"  # what the template writes after an empty think block's opening
+
+Turn = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -22,6 +33,8 @@ class Prompt:
     text: str
     ids: list[int]
     thinking: bool  # the flag passed to the template
+    tools: tuple[str, ...] = ()  # the names of the tools the template was given
+    opening: str = ""  # the assistant's first words, written into the prompt (a forced tool call)
 
     @property
     def opens_thinking(self) -> bool:
@@ -29,20 +42,39 @@ class Prompt:
         return self.text.rfind(THINK_OPEN) > self.text.rfind(THINK_CLOSE)
 
 
-def build_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool) -> Prompt:
-    """The chat rendered by the model's template, and its token ids."""
-    text = render_prompt(tokenizer, turns, thinking=thinking)
-    return Prompt(text=text, ids=encode(tokenizer, text), thinking=thinking)
+def build_prompt(tokenizer, turns: list[Turn], *, thinking: bool, tool_use: ToolUse | None = None) -> Prompt:
+    """The chat rendered by the model's template (with the tools offered, and a forced call's opening after
+    it), and its token ids."""
+    tools, opening = _tool_args(tool_use)
+    text = render_prompt(tokenizer, turns, thinking=thinking, tools=tools, opening=opening)
+    return Prompt(text, encode(tokenizer, text), thinking, _names(tools), opening)
 
 
-def render_prompt(tokenizer, turns: list[dict[str, str]], *, thinking: bool) -> str:
-    """The chat as the template writes it, ending with the generation prompt (no tokenizing)."""
+def _tool_args(tool_use: ToolUse | None) -> tuple[list[dict] | None, str]:
+    """(the tools as the template takes them, the opening) of a ToolUse."""
+    return (tool_use.template_tools(), tool_use.opening()) if tool_use is not None else (None, "")
+
+
+def render_prompt(
+    tokenizer, turns: list[Turn], *, thinking: bool, tools: list[dict] | None = None, opening: str = ""
+) -> str:
+    """The chat as the template writes it, ending with the generation prompt and `opening` (no tokenizing).
+    An opening after an open think block closes it first: a forced call is written without thinking."""
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(
             "the model's tokenizer has no chat template; use a target directory whose "
             "tokenizer_config.json (or chat_template.jinja) has one"
         )
-    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
+    text = tokenizer.apply_chat_template(
+        turns, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+    )
+    if opening and text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE):
+        text = text.rstrip("\n") + CLOSE_THINKING
+    return text + opening
+
+
+def _names(tools: list[dict] | None) -> tuple[str, ...]:
+    return tuple(str(tool.get("function", tool).get("name", "")) for tool in tools or ())
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -123,7 +155,7 @@ def _partial_tag_suffix(text: str, tag: str) -> int:
 class Transcript:
     """What the engine holds after an answer: the prompt it got and the tokens it wrote."""
 
-    turns: list[dict[str, str]]  # the turns the prompt was built from
+    turns: list[Turn]  # the turns the prompt was built from
     prompt: Prompt
     answer_ids: list[int]
     answer: str
@@ -135,7 +167,12 @@ class Transcript:
 
 
 def next_prompt(
-    tokenizer, turns: list[dict[str, str]], *, thinking: bool, previous: Transcript | None = None
+    tokenizer,
+    turns: list[Turn],
+    *,
+    thinking: bool,
+    previous: Transcript | None = None,
+    tool_use: ToolUse | None = None,
 ) -> Prompt:
     """The prompt for the next answer, built so the engine can reuse its state.
 
@@ -148,19 +185,28 @@ def next_prompt(
       renders it;
     - anything else: the whole chat rendered afresh.
     Answers that thought are re-rendered, so their reasoning leaves the context
-    as the template intends.
+    as the template intends. Tools and a forced opening are part of what must
+    match: the tools render into the system turn.
     """
-    if previous is not None and turns == previous.turns and thinking == previous.prompt.thinking:
+    tools, opening = _tool_args(tool_use)
+    if (
+        previous is not None
+        and turns == previous.turns
+        and (thinking, _names(tools), opening)
+        == (previous.prompt.thinking, previous.prompt.tools, previous.prompt.opening)
+    ):
         return previous.prompt
-    text = render_prompt(tokenizer, turns, thinking=thinking)
-    if previous is not None and not previous.thinking_text:
-        continued = _continue(tokenizer, turns, text, thinking, previous)
+    text = render_prompt(tokenizer, turns, thinking=thinking, tools=tools, opening=opening)
+    if previous is not None and not previous.thinking_text and not opening and not previous.prompt.opening:
+        continued = _continue(tokenizer, turns, text, thinking, previous, tools)
         if continued is not None:
             return continued
-    return Prompt(text=text, ids=encode(tokenizer, text), thinking=thinking)
+    return Prompt(text, encode(tokenizer, text), thinking, _names(tools), opening)
 
 
-def _continue(tokenizer, turns, text: str, thinking: bool, previous: Transcript) -> Prompt | None:
+def _continue(
+    tokenizer, turns, text: str, thinking: bool, previous: Transcript, tools: list[dict] | None
+) -> Prompt | None:
     """The held tokens + the rest of `text` (the whole chat, rendered) after the answer they end with,
     or None when `text` does not hold that chat. Templates like Qwen's write an empty think block into
     the newest answer only, so the answer's own rendering is found between its header and its end."""
@@ -170,7 +216,9 @@ def _continue(tokenizer, turns, text: str, thinking: bool, previous: Transcript)
     im_end = token_id(tokenizer, "<|im_end|>")
     if im_end is None:
         return None
-    head = tokenizer.apply_chat_template(previous.turns, tokenize=False, add_generation_prompt=False)
+    if _names(tools) != previous.prompt.tools:
+        return None
+    head = tokenizer.apply_chat_template(previous.turns, tools=tools, tokenize=False, add_generation_prompt=False)
     opening, closing_tag = "<|im_start|>assistant\n", "<|im_end|>\n"
     if not text.startswith(head + opening):
         return None
@@ -181,7 +229,8 @@ def _continue(tokenizer, turns, text: str, thinking: bool, previous: Transcript)
     held = previous.ids
     closing = "\n" if held and held[-1] == im_end else closing_tag
     return Prompt(
-        text=previous.prompt.text + previous.answer + closing + rest,
-        ids=held + encode(tokenizer, closing + rest),
-        thinking=thinking,
+        previous.prompt.text + previous.answer + closing + rest,
+        held + encode(tokenizer, closing + rest),
+        thinking,
+        previous.prompt.tools,
     )

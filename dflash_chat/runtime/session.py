@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING
 
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd, stream_answer
 from dflash_chat.runtime.detokenize import IncrementalDecoder
-from dflash_chat.runtime.prompt import Prompt, ThinkingSplitter, Transcript, encode, next_prompt
+from dflash_chat.runtime.prompt import Prompt, ThinkingSplitter, Transcript, Turn, encode, next_prompt
 from dflash_chat.runtime.stops import StopStrings
+from dflash_chat.runtime.tool_calls import CallStream
 
 if TYPE_CHECKING:
     from dflash_chat.engine.draft_length import DraftMemory
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.runtime.tool_use import ToolUse
 
 
 class EngineSession:
@@ -57,8 +59,11 @@ class EngineSession:
         if engine.draft != draft:
             engine.set_draft(draft)
 
-    def chat_prompt(self, turns: list[dict[str, str]], thinking: bool, previous: Transcript | None) -> Prompt:
-        return next_prompt(self.tokenizer, turns, thinking=thinking, previous=previous)
+    def chat_prompt(
+        self, turns: list[Turn], thinking: bool, previous: Transcript | None, tools: ToolUse | None = None
+    ) -> Prompt:
+        """The chat's next prompt, with the tools offered and a forced call's opening (runtime/tool_use.py)."""
+        return next_prompt(self.tokenizer, turns, thinking=thinking, previous=previous, tool_use=tools)
 
     def text_prompt(self, text: str) -> Prompt:
         """A prompt sent as it is (completions): no chat template."""
@@ -74,10 +79,12 @@ class EngineSession:
         thinking_split: bool = True,
         tap: Callable[[object], None] | None = None,
         memory: DraftMemory | None = None,
+        tools: ToolUse | None = None,
     ) -> StreamEnd:
         """Generate for `prompt`, posting batched chunks; the params' stop strings end the text before them.
         `thinking_split` False: every word is answer text (a raw completion). `tap` sees every engine event.
-        `memory`: what the `auto` draft length has learned of this conversation (runtime/answering.py)."""
+        `memory`: what the `auto` draft length has learned of this conversation (runtime/answering.py).
+        `tools`: the calls the answer makes are parsed out of its text (the prompt was built with them)."""
         engine = self.pair.engine
         splitter = ThinkingSplitter(thinking=prompt.opens_thinking) if thinking_split else _NoSplit()
         events = engine.generate(prompt.ids, params, cancel, memory=memory)
@@ -89,15 +96,28 @@ class EngineSession:
             stops=StopStrings(params.stop) if params.stop else None,
             cancel=cancel,
             draft=self.draft,
+            calls=_calls(prompt, tools),
+            one_call=tools is not None and not tools.parallel,
         )
 
     @staticmethod
-    def held(turns: list[dict[str, str]], prompt: Prompt, end: StreamEnd) -> Transcript | None:
+    def held(turns: list[Turn], prompt: Prompt, end: StreamEnd) -> Transcript | None:
         """What the engine holds after `end`, as a chat a next prompt can continue; None when it is not
-        one (an error may have dropped the state; after a stop string the tokens go past the answer)."""
-        if end.reason == "error" or end.stopped_by_text:
+        one (an error may have dropped the state; after a stop string the tokens go past the answer; a
+        tool call's turn is written back by the template in its own form)."""
+        if end.reason == "error" or end.stopped_by_text or end.tool_calls or prompt.opening:
             return None
         return Transcript(turns, prompt, list(end.token_ids), end.answer, end.thinking)
+
+
+def _calls(prompt: Prompt, tools: ToolUse | None) -> CallStream | None:
+    """The parser of the answer's calls, already past a forced call's opening (it is prompt text)."""
+    if tools is None or not tools.offered:
+        return None
+    calls = CallStream(tools.tools)
+    if prompt.opening:
+        calls.feed(prompt.opening)
+    return calls
 
 
 def _tapped(events, tap):

@@ -6,8 +6,9 @@ was accepted (a plain step, which `auto` and `off` take, is no draft). vLLM has 
 draft-length histogram; ours are `dflash:decode_tokens_per_second` and `dflash:draft_length_per_step`,
 and per drafting method (label `method`: dflash, mtp, lookup, and plain for the steps without drafts)
 `dflash:spec_decode_method_steps`, `..._draft_tokens` and `..._accepted_tokens`: the share of the steps
-each method drafted, and each one's acceptance. Each server has its own registry (tests run several in one
-process).
+each method drafted, and each one's acceptance. Each API dialect's share is counted by route
+(`dflash:route_requests`, `..._draft_tokens`, `..._accepted_tokens`, route = chat.completions, completions,
+messages or responses). Each server has its own registry (tests run several in one process).
 """
 
 from __future__ import annotations
@@ -93,6 +94,14 @@ class Metrics:
         self.method_accepted = counter(
             "dflash:spec_decode_method_accepted_tokens", "Accepted draft tokens by drafting method.", ("method",)
         )
+        self.by_route = {
+            name: counter(f"dflash:route_{name}", doc, ("route",))
+            for name, doc in (
+                ("requests", "Answered requests by API route."),
+                ("draft_tokens", "Draft tokens verified for each API route's answers."),
+                ("accepted_tokens", "Draft tokens accepted in each API route's answers."),
+            )
+        }
         self.running = Gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", LABELS, registry=registry
         ).labels(*self.labels)
@@ -104,8 +113,12 @@ class Metrics:
         self.running.set(running)
         self.waiting.set(waiting)
 
-    def answered(self, stats: GenerationStats, reason: str, queued_s: float, total_s: float) -> None:
-        """One finished answer (its engine stats; `reason` as the API reports it)."""
+    def answered(
+        self, stats: GenerationStats, reason: str, queued_s: float, total_s: float, route: str = "chat.completions"
+    ) -> None:
+        """One finished answer (its engine stats; `reason` as the API reports it; `route`: the API's)."""
+        for name, count in (("requests", 1), ("draft_tokens", stats.drafted), ("accepted_tokens", stats.accepted)):
+            self.by_route[name].labels(*self.labels, route).inc(count)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cache_queries.inc(stats.prompt_tokens)
         self.cache_hits.inc(stats.reused_tokens)

@@ -14,12 +14,26 @@ MASK_TOKEN = "<|mask|>"
 # Our own template with the structure of Qwen3.6's: ChatML turns; thinking is on unless the caller
 # passes enable_thinking=False, in which case the generation prompt closes an empty think block.
 # Past assistant turns drop their reasoning; the last one (after the last user turn) keeps it.
+# With `tools`, the system turn lists them (one JSON object a line in <tools>) and says how to call one;
+# an assistant's calls are written in the Qwen3-Coder form (runtime/tool_calls.py reads them back), and
+# the tools' answers go back in one user turn of <tool_response> blocks, as Qwen3.6's template does.
 CHAT_TEMPLATE = """\
-{%- set ns = namespace(last_user=-1) -%}
+{%- set ns = namespace(last_user=-1, system='') -%}
 {%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- if messages and messages[0].role == 'system' -%}{%- set ns.system = messages[0].content -%}{%- endif -%}
+{%- if tools -%}
+{{- '<|im_start|>system\\n# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' -}}
+{%- for tool in tools -%}{{- '\\n' + (tool.function if tool.function is defined else tool) | tojson -}}{%- endfor -%}
+{{- '\\n</tools>\\n\\nIf you choose to call a function ONLY reply in the following format with NO suffix:\\n\\n' -}}
+{{- '<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>\\nvalue_1\\n</parameter>\\n' -}}
+{{- '</function>\\n</tool_call>' -}}
+{%- if ns.system -%}{{- '\\n\\n' + ns.system -}}{%- endif -%}
+{{- '<|im_end|>\\n' -}}
+{%- endif -%}
 {%- for m in messages -%}
 {%- set content = m.content if m.content is string else '' -%}
-{%- if m.role == 'assistant' -%}
+{%- if m.role == 'system' and loop.first and tools -%}
+{%- elif m.role == 'assistant' -%}
 {%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}
 {%- if '</think>' in content -%}
 {%- set reasoning = content.split('</think>')[0].split('<think>')[-1] -%}
@@ -31,7 +45,23 @@ CHAT_TEMPLATE = """\
 {%- if loop.index0 > ns.last_user -%}
 {{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' -}}
 {%- endif -%}
-{{- content + '<|im_end|>\\n' -}}
+{{- content -}}
+{%- for call in m.tool_calls or [] -%}
+{%- set call = call.function if call.function is defined else call -%}
+{%- if loop.first and content.strip() -%}{{- '\\n\\n' -}}{%- elif not loop.first -%}{{- '\\n' -}}{%- endif -%}
+{{- '<tool_call>\\n<function=' + call.name + '>\\n' -}}
+{%- for name, value in (call.arguments or {}) | items -%}
+{{- '<parameter=' + name + '>\\n' -}}
+{{- value if value is string else value | tojson -}}
+{{- '\\n</parameter>\\n' -}}
+{%- endfor -%}
+{{- '</function>\\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\\n' -}}
+{%- elif m.role == 'tool' -%}
+{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}
+{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
 {%- else -%}
 {{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' -}}
 {%- endif -%}

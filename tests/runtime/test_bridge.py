@@ -138,3 +138,35 @@ def test_out_of_memory_is_recognised_however_torch_words_it():
     for exc in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), cpu, MemoryError()):
         assert one_line(exc, "loading the model") == OUT_OF_MEMORY
     assert "generating" not in OUT_OF_MEMORY  # the same words fit a load and an answer
+
+
+def test_tool_calls_come_out_of_the_answer_text_whole_and_in_order(tokenizer):
+    """With a CallStream the answer's calls leave its text: chunks carry the content and each call once it is
+    whole (never a partial tag), and the end holds the content and the calls as parse_calls reads them."""
+    import threading
+
+    from dflash_chat.runtime.tool_calls import CallStream, ToolSpec, parse_calls, render_call
+
+    tools = [ToolSpec("lookup", parameters={"type": "object", "properties": {"n": {"type": "integer"}}})]
+    text = "Let me look.\n\n" + render_call("lookup", {"n": 3}) + "\n" + render_call("lookup", {"n": 4})
+    for one_call in (False, True):
+        cancel = threading.Event()
+        posted: list = []
+        end = stream_answer(
+            events_for(tokenizer, text, block=2),
+            IncrementalDecoder(tokenizer),
+            ThinkingSplitter(thinking=False),
+            posted.append,
+            clock=Clock(0.001),
+            cancel=cancel,
+            calls=CallStream(tools),
+            one_call=one_call,
+        )
+        content, calls = parse_calls(text, tools)
+        assert end.answer == "".join(c.answer for c in posted) == content == "Let me look."
+        assert "<" not in end.answer and all("<tool" not in c.answer for c in posted)
+        streamed = [call for c in posted for call in c.tool_calls]
+        assert [(c.name, c.args()) for c in streamed] == [(c.name, c.args()) for c in end.tool_calls]
+        assert [c.args() for c in end.tool_calls] == [c.args() for c in calls] == [{"n": 3}, {"n": 4}]
+        # one call at most: the engine is told to stop after the first (these events ignore it), the end is "stop"
+        assert cancel.is_set() == one_call and end.reason == "stop"

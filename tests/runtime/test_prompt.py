@@ -195,3 +195,41 @@ def test_incremental_decoder_matches_a_full_decode_on_byte_soup(tokenizer):
             pieces.append(decoder.push(ids[at : at + size]))
             at += size
         assert "".join(pieces) + decoder.flush() == tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_tools_render_through_the_models_own_template_and_a_forced_call_opens_the_answer():
+    """The demo's template (Qwen3.6's shape) lists the tools in the system turn and writes past calls and tool
+    answers; a forced call's first words end the prompt, after a closed think block even with thinking on."""
+    from transformers import AutoTokenizer
+
+    from dflash_chat.models.demo import demo_dir
+    from dflash_chat.runtime.prompt import Transcript, next_prompt
+    from dflash_chat.runtime.tool_calls import ToolSpec, call_opening
+    from dflash_chat.runtime.tool_use import ToolUse
+
+    demo = AutoTokenizer.from_pretrained(demo_dir() / "target")
+    spec = ToolSpec("get_weather", "Weather now", {"type": "object", "properties": {"city": {"type": "string"}}})
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    chat = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+    ]
+    auto = build_prompt(demo, chat, thinking=False, tool_use=ToolUse((spec,)))
+    assert '<tools>\n{"name": "get_weather"' in auto.text and auto.tools == ("get_weather",)
+    assert "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>" in auto.text
+    assert "<tool_response>\nsunny\n</tool_response>" in auto.text and auto.opening == ""
+    assert build_prompt(demo, chat, thinking=False, tool_use=ToolUse((spec,), "none")).text.count("<tools>") == 0
+    for thinking in (False, True):
+        forced = build_prompt(demo, chat, thinking=thinking, tool_use=ToolUse((spec,), "get_weather"))
+        assert forced.text.endswith("</think>\n\n" + call_opening("get_weather")) and not forced.opens_thinking
+        assert forced.ids == demo.encode(forced.text, add_special_tokens=False)
+    # the same chat and tools again is the very same prompt; other tools render afresh
+    again = next_prompt(
+        demo, chat, thinking=False, previous=Transcript(chat, auto, [], "", ""), tool_use=ToolUse((spec,))
+    )
+    assert again is auto
+    other = ToolSpec("get_time")
+    assert next_prompt(
+        demo, chat, thinking=False, previous=Transcript(chat, auto, [], "", ""), tool_use=ToolUse((other,))
+    ).tools == ("get_time",)
