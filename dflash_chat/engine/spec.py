@@ -184,6 +184,14 @@ class Engine:
         rings = self.drafter.save_rings() if self.drafter else []
         return Checkpoint(len(self.tokens), self.state.save_recurrent(), rings, logits, marked)
 
+    def _keep_checkpoint(self, marked: bool) -> None:
+        """A checkpoint of the tokens held so far into the cache; none, and the cache emptied, when the device has
+        no room for one (the budget is the user's: the model's own memory comes first)."""
+        try:
+            self.checkpoints.add(self._checkpoint(marked=marked))
+        except torch.OutOfMemoryError:
+            self.checkpoints.clear()
+
     def _needs_checkpoints(self) -> bool:
         """Whether truncating alone loses something: GDN state, or a drafter's rings."""
         return bool(self.state.gdn_layers() or (self.drafter and self.drafter.ring_windows))
@@ -324,7 +332,7 @@ class Engine:
                 logits = self.steps.prefill(chunk, final=end == len(prompt))
                 self.tokens.extend(chunk)
                 if end in saves:
-                    self.checkpoints.add(self._checkpoint(marked=saves[end]))
+                    self._keep_checkpoint(saves[end])
                 begin = end
             assert logits is not None, "the last chunk is final: it has logits"
             self.snapshot = self._checkpoint(logits)

@@ -164,3 +164,22 @@ def test_the_demo_pair_answers_a_branch_as_a_cold_prefill_does():
     assert got == want
     assert steps == cold_steps  # the same drafts accepted: the drafter's context is the cold one's
     assert sum(accepted for _, accepted in steps) > 0
+
+
+def test_a_device_without_room_for_a_checkpoint_answers_without_one(pairs, monkeypatch):
+    engine, cold = _engine(pairs["qwen3_5", "dflash"], checkpoint_every=8), _engine(pairs["qwen3_5", "dflash"])
+    _answer(engine, SYSTEM + [11, 12])
+    assert engine.checkpoints.lengths == [8, 16, 24]
+
+    real = engine._checkpoint
+
+    def full(logits=None, marked=False):
+        if logits is None:  # the cache's checkpoints; the prompt's end (the snapshot) is the engine's own memory
+            raise torch.OutOfMemoryError("no room")
+        return real(logits, marked)
+
+    monkeypatch.setattr(engine, "_checkpoint", full)
+    prompt = SYSTEM + [21, 22] + [23] * 12  # past 32: a new checkpoint is due, and there is no room for it
+    got, reused, _ = _answer(engine, prompt)
+    assert reused == 24 and len(engine.checkpoints) == 0
+    assert got == _answer(cold, prompt)[0]
