@@ -70,7 +70,9 @@ def ask(client, url: str, dialect: str, system: str, turns: list[dict]) -> dict:
     """One streamed request: {first_token_s, total_s, text, prompt_tokens, cached_tokens}."""
     path, body = _body(dialect, system, turns)
     sent = time.perf_counter()
-    first, text, usage = None, [], {}
+    first: float | None = None
+    text: list[str] = []
+    usage: dict = {}
     with client.stream("POST", url + path, json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
