@@ -13,7 +13,8 @@ exactly what a cold prefill of the first L tokens leaves, and the rest of the pr
 
 The positions (engine/spec.py): the end of the system and tools block (the caller marks it: the first
 user turn's start, where agents' side requests and edited chats branch), every `every` tokens, and the
-end of each prompt. Like SGLang's MambaRadixCache (state kept only at chosen nodes, the KV for any prefix)
+end of each prompt (the engine's snapshot, with the last logits; it joins the cache when the next prompt
+extends past it: an edit of what followed resumes there). Like SGLang's MambaRadixCache (state kept only at chosen nodes, the KV for any prefix)
 and vLLM's mamba_cache_mode="align" (state kept at block-aligned positions), but for one static sequence:
 a checkpoint holds no KV, so it is usable only while the KV cache still holds its tokens. The engine keeps
 that true (every checkpoint here is a prefix of the tokens its state holds) by dropping the checkpoints

@@ -221,7 +221,8 @@ class Engine:
 
     def _rings_stale(self, length: int) -> int:
         """How far before `length` a truncation to it must refill the drafter's rings (0: they still hold the
-        window before it). A ring of window w holds positions from (held + B - 1) - (w + B) + 1 on."""
+        window before it). A ring of window w has room for w + B rows: once the held tokens pass w, the rows
+        of the positions a window before any shorter length were overwritten by later ones."""
         held = len(self.tokens)
         windows = self.drafter.ring_windows if self.drafter else []
         if length >= held or not windows or held <= min(windows):
@@ -335,7 +336,9 @@ class Engine:
                     self._keep_checkpoint(saves[end])
                 begin = end
             assert logits is not None, "the last chunk is final: it has logits"
-            self.snapshot = self._checkpoint(logits)
+            old, self.snapshot = self.snapshot, self._checkpoint(logits)
+            if old is not None and old.length < len(self.tokens) and self.checkpoints.budget:
+                self.checkpoints.add(old)  # the last prompt's end: where an edit of what followed resumes
         return logits
 
     def _generate(self, prompt, params, cancel, generator, stats, t0, memory, limit, marks) -> Iterator[Event]:

@@ -183,3 +183,20 @@ def test_a_device_without_room_for_a_checkpoint_answers_without_one(pairs, monke
     got, reused, _ = _answer(engine, prompt)
     assert reused == 24 and len(engine.checkpoints) == 0
     assert got == _answer(cold, prompt)[0]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3"])
+def test_an_edit_after_an_earlier_turn_resumes_at_that_turns_prompt(arch, pairs):
+    """A conversation's earlier prompt ends are kept: editing what followed one resumes there."""
+    engine, cold = _engine(pairs[arch, "dflash"]), _engine(pairs[arch, "dflash"])
+    turn1 = SYSTEM + [11, 12, 13]
+    answer, _, _ = _answer(engine, turn1, marks=[len(SYSTEM)])
+    turn2 = turn1 + answer + [21, 22]
+    assert _answer(engine, turn2, marks=[len(SYSTEM)])[1] == len(turn1) + len(answer) - 1
+    assert len(turn1) in engine.checkpoints.lengths  # turn 1's prompt end, with its logits
+    edited = turn1 + [31, 32, 33]  # turn 1's answer replaced by hand
+    got, reused, _ = _answer(engine, edited, marks=[len(SYSTEM)])
+    assert reused == len(turn1)
+    assert got == _answer(cold, edited)[0]
+    again, reused, _ = _answer(engine, turn1, marks=[len(SYSTEM)])  # turn 1 again: its logits, no forward
+    assert reused == len(turn1) and again == answer
