@@ -418,3 +418,26 @@ def test_doctor_and_models_know_the_qwen38_pair(qwen38_home, capsys):
     for quant in ("Q8_0", "Q4_K_M", "Q3_K_M", "Q3_K_S"):  # every quant, with its DFlash2 drafter
         assert row(models_out, "qwen3.8-27b", quant)[3].endswith("(DFlash2)")
     assert row(models_out, "qwen3.6-27b", "Q4_K_M")[3] == "Q8_0"  # DFlash pairs as they were
+
+
+def test_doctor_counts_the_prefix_cache_in_checkpoints_of_the_pick(home, capsys, monkeypatch):
+    from dflash_chat import paths
+    from dflash_chat.commands.models import app_choice
+    from dflash_chat.engine import memory
+
+    monkeypatch.setattr(hardware, "probe", lambda: RTX_3090)
+    _, choice = app_choice(RTX_3090, load_catalog())
+    shape = choice.drafter.shape if choice.drafter else None
+    one = memory.checkpoint_bytes(choice.pair.target_shape, shape, choice.context, RTX_3090.compute_bytes)
+    assert one > 0  # a GDN hybrid: its state cannot be truncated
+    _, out, _ = run(capsys, "doctor")
+    assert (
+        "OK   prefix cache: prefix_cache_mib = 1024 MiB of prompt checkpoints on the model's device besides the "
+        f"model: {1024 * 2**20 // one} of {choice.pair.title} ({size_text(one)} each)"
+    ) in out.splitlines()
+    config = paths.config_file()
+    config.write_text("prefix_cache_mib = 0\n" + config.read_text())  # a top-level key: before the tables
+    _, out, _ = run(capsys, "doctor")
+    assert any(
+        line.startswith("OK   prefix cache: prefix_cache_mib = 0 MiB") and "off" in line for line in out.splitlines()
+    )

@@ -30,6 +30,7 @@ from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.placement import Placement, Progress
+from dflash_chat.engine.prefix_cache import DEFAULT_BUDGET
 from dflash_chat.engine.quantized import QuantEmbedding
 from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights import names
@@ -372,12 +373,14 @@ def load_pair(
     drafter_quant: str | None = None,
     decode: str = "auto",
     draft: str | int = "auto",
+    checkpoint_budget: int = DEFAULT_BUDGET,
     progress: Progress | None = None,
 ) -> LoadedPair:
     """Target (+ drafter) and tokenizer, ready to chat. `tokenizer`: a folder with the official
     tokenizer/chat-template files; without it the target folder's own, or the target GGUF's metadata.
     `decode`: the decode path (see spec.decode_mode); on CUDA the default captures the steps as graphs here.
     `draft`: drafts per step, "auto" or "off" (see engine/draft_length.py).
+    `checkpoint_budget`: bytes of prompt checkpoints kept for branching prompts (engine/prefix_cache.py).
     `progress(bytes placed, bytes in all)` is called as the weights reach the device."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
@@ -393,7 +396,15 @@ def load_pair(
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     ends = end_token_ids(tok, model.cfg.eos_token_id)
-    engine = Engine(model, drafter_model, max_context=context, decode=decode, draft=draft, end_ids=ends)
+    engine = Engine(
+        model,
+        drafter_model,
+        max_context=context,
+        decode=decode,
+        draft=draft,
+        end_ids=ends,
+        checkpoint_budget=checkpoint_budget,
+    )
     engine.warm_up()
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
 

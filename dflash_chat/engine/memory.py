@@ -26,6 +26,8 @@ What the engine holds for a whole conversation (`state_bytes`):
   C + B rows for a full-attention layer; a sliding-window layer only ever reads its last `window`
   context positions plus the block, so it needs min(C + B, window + B);
 - drafter RoPE table: cos and sin, [C + B, head_dim] in e;
+- the prefill snapshot's copy of the drafter's sliding rings (the layers whose window + B rows are fewer
+  than C + B), so a prompt that branches can draft from the snapshot's length again;
 - the decode steps' outputs, kept per verify size T in use (engine/steps; `auto`'s sizes, the most
   any draft setting uses): the verify's logits [T, vocab] float32 and, with a drafter, its context
   features [T, taps * H] in e;
@@ -39,6 +41,10 @@ What the engine holds for a whole conversation (`state_bytes`):
   H / conv_group_size), which a captured draft graph keeps in its pool. Both are small (~0.3 MB for
   Qwen3.8-27B's drafter); its larger cost is its weights, which come from the file size as for any
   drafter. Its context cache follows the same sliding-window rule as a DFlash drafter's.
+
+On top of that, the prompt checkpoints that let a branching prompt resume (engine/prefix_cache.py) take at
+most the `prefix_cache_mib` budget, in checkpoints of `checkpoint_bytes` each: the GDN states (recurrent and
+conv, as one copy of the live ones) and a copy of the drafter's rings.
 
 What a step or a prefill chunk needs on top, for a moment (`workspace_bytes`): see there.
 Weights are the files' bytes (`weight_bytes`): GGUF tensors stay packed; a BF16 safetensors
@@ -217,6 +223,7 @@ class StateBytes:
     snapshot_logits: int = 0
     drafter_kv: int = 0
     drafter_rope: int = 0
+    snapshot_rings: int = 0  # the prefill snapshot's copy of the drafter's sliding rings
     step_outputs: int = 0
     sampling: int = 0
     selector: int = 0  # DFlash2: the candidate selector's buffers
@@ -233,6 +240,7 @@ class StateBytes:
             + self.snapshot_logits
             + self.drafter_kv
             + self.drafter_rope
+            + self.snapshot_rings
             + self.step_outputs
             + self.sampling
             + self.selector
@@ -264,12 +272,28 @@ def state_bytes(target: TargetShape, drafter: DrafterShape | None, context: int,
             **state.__dict__,
             "drafter_kv": sum(drafter_cache_rows(drafter, context)) * per_row,
             "drafter_rope": 2 * rows * drafter.head_dim * e,
+            "snapshot_rings": ring_bytes(drafter, context, e),
             "step_outputs": verified * (target.vocab * LOGIT_BYTES + drafter.taps * target.hidden * e),
             "sampling": (3 * block - 2) * target.vocab * LOGIT_BYTES + (block - 1) * LOGIT_BYTES,
             "selector": selector_bytes(drafter, e),
             "draft_conv": draft_conv_bytes(drafter, e),
         },
     )
+
+
+def ring_bytes(drafter: DrafterShape, context: int, e: int) -> int:
+    """One copy of the drafter's sliding rings: its layers whose window + B rows are fewer than C + B."""
+    full = cache_rows(context, drafter.block_size)
+    per_row = 2 * drafter.kv_heads * drafter.head_dim * e
+    return sum(rows for rows in drafter_cache_rows(drafter, context) if rows < full) * per_row
+
+
+def checkpoint_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> int:
+    """One prompt checkpoint (engine/prefix_cache.py): every GDN layer's recurrent state (float32) and conv
+    state, and a copy of the drafter's rings."""
+    recurrent = target.linear_value_heads * target.linear_key_dim * target.linear_value_dim * STATE_BYTES
+    conv = (target.conv_kernel - 1) * target.conv_channels * e
+    return target.linear_layers * (recurrent + conv) + (ring_bytes(drafter, context, e) if drafter else 0)
 
 
 CANDIDATE_ID_BYTES = 8  # int64 token ids

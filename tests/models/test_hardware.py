@@ -348,6 +348,8 @@ def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
     # five sliding layers hold their 2048-position window and the block: K and V x 8 heads x 128
     assert state.drafter_kv == 5 * (2048 + 8) * 2 * 8 * 128 * 2
     assert state.drafter_rope == 2 * rows * 128 * 2
+    # the prefill snapshot keeps a copy of those five rings (a branching prompt drafts from it again)
+    assert state.snapshot_rings == 5 * (2048 + 8) * 2 * 8 * 128 * 2
     # `auto` verifies 1, 4 or 8 tokens: logits in float32 and the 5 taps' features per row
     assert state.step_outputs == (1 + 4 + 8) * (248320 * 4 + 5 * 5120 * 2)
     assert state.sampling == (8 + 7 + 7) * 248320 * 4 + 7 * 4
@@ -366,6 +368,7 @@ def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
         state.snapshot_logits,
         state.drafter_kv,
         state.drafter_rope,
+        state.snapshot_rings,
         state.step_outputs,
         state.sampling,
         state.selector,
