@@ -5,12 +5,13 @@ The held-out tool chats ship beside the demo pair (demo_data/tool_prompts.json, 
 recipe's tools stage): random tools whose names were drawn from words no training chat uses, with a seed
 apart from training's (train/tool_corpus.py). Four classes of turns, each with the chat template and the
 tools offered, thinking off:
-- call: a request that names a tool's words and its arguments' values; right when the answer is exactly
-  one call, to that tool, with arguments its schema accepts (bench/tool_checks.py); exact when they are
-  the values the request named;
+- call: a request that names a tool's words and its arguments' values (a fifth of those offered two or more
+  tools ask for a second tool too); right when the answer holds exactly the calls asked for, to those tools
+  in order, with arguments their schemas accept (bench/tool_checks.py); exact when they are the values the
+  request named;
 - no_tool: a held-out code question of the demo's corpus with tools offered that do not fit it; right when
   it is answered in text, without a call;
-- result: the request, its call and the tool's result; right when the text answer quotes each of the
+- result: a one-call request, its call and the tool's result; right when the text answer quotes each of the
   result's values;
 - prose: the plain English questions of `bench --demo` without tools, for DFlash2's acceptance beside
   the tool turns'.
@@ -39,7 +40,7 @@ from dflash_chat.train.tool_corpus import ToolChat, call_turns, chat_of_record, 
 
 KIND = "dflash2"  # the demo's drafter (demo.json), the one measured here
 CLASSES = {
-    "call": "requests for a held-out tool: right = one call, the right tool, arguments its schema accepts",
+    "call": "requests for held-out tools: right = the calls asked for, the right tools, arguments their schemas accept",
     "no_tool": "held-out code questions with tools offered that do not fit: right = a text answer, no call",
     "result": "the answer after a tool's result: right = text that quotes each of the result's values",
     "prose": "prose questions without tools (as in bench --demo)",
@@ -62,7 +63,7 @@ def tool_turns(chats: list[ToolChat], per_class: int) -> dict[str, Turns]:
     return {
         "call": [(call_turns(c), c) for c in calls],
         "no_tool": [(call_turns(c), c) for c in chats if c.call is None][:per_class],
-        "result": [(result_turns(c), c) for c in calls],
+        "result": [(result_turns(c), c) for c in calls if not c.more],
     }
 
 

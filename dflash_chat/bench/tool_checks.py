@@ -1,5 +1,5 @@
-"""Whether an answer to a tool request is right: one call, to the tool the request asked for, with arguments
-its schema accepts; whether a request no tool fits is answered in text; whether the answer after a tool's
+"""Whether an answer to a tool request is right: the calls the request asked for (one, or two in order), to
+those tools, with arguments their schemas accept; whether a request no tool fits is answered in text; whether the answer after a tool's
 result quotes it. The calls are read as the app reads them (runtime/tool_calls.py: `parse_calls`)."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ _TYPES: dict[str, tuple[type, ...]] = {
 
 
 class Verdict(NamedTuple):
-    """An answer to a request that asks for a call."""
+    """An answer to a request that asks for calls."""
 
     calls: int  # the calls in the answer
-    right_tool: bool  # exactly one call, to the tool asked for
-    valid: bool  # that, and its arguments pass the tool's schema
-    exact: bool  # that, and its arguments are the ones the request named
+    right_tool: bool  # the calls asked for and no other, to the tools asked for, in order
+    valid: bool  # that, and their arguments pass the tools' schemas
+    exact: bool  # that, and their arguments are the ones the request named
 
 
 def schema_errors(parameters: Mapping, args: Mapping) -> list[str]:
@@ -56,18 +56,21 @@ def _fits(value: Any, schema: Mapping) -> bool:
 
 
 def judge_call(text: str, chat: ToolChat) -> Verdict:
-    """The answer `text` to `chat`'s request, which asks for `chat.call`."""
+    """The answer `text` to `chat`'s request, which asks for `chat.calls`."""
     assert chat.call is not None, "judge_call reads answers to requests that ask for a call"
     _, calls = parse_calls(text, chat.tools)
-    if len(calls) != 1 or calls[0].name != chat.call.name:
+    if [c.name for c in calls] != [c.name for c in chat.calls]:
         return Verdict(len(calls), False, False, False)
-    tool = next(t for t in chat.tools if t.name == chat.call.name)
-    try:
-        args = calls[0].args()
-    except ValueError:
-        return Verdict(1, True, False, False)
-    valid = not schema_errors(tool.parameters, args)
-    return Verdict(1, True, valid, valid and args == chat.call.arguments)
+    valid = exact = True
+    for made, asked in zip(calls, chat.calls, strict=True):
+        tool = next(t for t in chat.tools if t.name == asked.name)
+        try:
+            args = made.args()
+        except ValueError:
+            return Verdict(len(calls), True, False, False)
+        valid &= not schema_errors(tool.parameters, args)
+        exact &= args == asked.arguments
+    return Verdict(len(calls), True, valid, valid and exact)
 
 
 def answered_in_text(text: str, chat: ToolChat) -> bool:

@@ -10,6 +10,8 @@ copy names from the tools it is given rather than recall them. A tool is a verb 
 the others required or optional at random). 1-3 tools are offered: the one asked for and decoys, which
 often share its verb or a word. A request names the tool's words and every required parameter with its
 value, and some of the optional ones; the call holds exactly those, in the order the request names them.
+A share of the requests (PARALLEL_SHARE, when two or more tools are offered) asks for a second tool too:
+answered with both calls, one after the other (parallel calls).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dflash_chat.train.corpus import SKIP_DIRS, Conversation, stdlib_root
 
 HELDOUT_SEED = 104_729  # the held-out chats' seed: far from the recipe's small --seed values
 HELDOUT_SHARE = 5  # one word in HELDOUT_SHARE (by hash) is kept for held-out names
+PARALLEL_SHARE = 0.2  # of the requests with two or more tools offered, those that ask for two calls
 
 VERBS = (
     "get", "set", "find", "list", "create", "delete", "update", "send", "fetch", "search", "convert",
@@ -54,6 +57,7 @@ REQUESTS = (
     "{Intent}, {args}.",
     "Could you {intent} for me with {args}?",
 )
+SECOND_REQUESTS = (" Then {intent} with {args}.", " Also {intent}: {args}.", " And {intent} ({args}).")
 ARGUMENT_FORMS = ("{p} {v}", "{p} = {v}", "{p} set to {v}", "{p}: {v}", "{p} of {v}")
 OBJECT_ANSWERS = ("Done. {pairs}.", "{name} returned {pairs}.", "The result: {pairs}.", "Here is what I got: {raw}")
 TEXT_ANSWERS = ("The tool says: {text}", "Result: {text}", '{name} returned "{text}".')
@@ -84,6 +88,12 @@ class ToolChat:
     answer: str = ""
     reasoning: str | None = None
     intent: str = field(default="", compare=False)  # the tool's words as the request says them
+    more: tuple[Call, ...] = ()  # the calls the request asks for after `call` (parallel calls)
+
+    @property
+    def calls(self) -> tuple[Call, ...]:
+        """Every call the request asks for, in order."""
+        return () if self.call is None else (self.call, *self.more)
 
 
 def word_pools(max_files: int | None = None, min_count: int = 3) -> Words:
@@ -130,20 +140,34 @@ def no_tool_chat(rng: random.Random, words: list[str], conversation: Conversatio
 
 
 def random_chat(rng: random.Random, words: list[str]) -> ToolChat:
-    """A request for one of 1-3 random tools, its call, a result and the answer quoting it."""
+    """A request for one of 1-3 random tools (and now and then a second one), its calls, a result and the
+    answer quoting it."""
     tools = _tools(rng, words, rng.randint(1, 3))
     tool = rng.choice(tools)
-    verb_and_words = tool.name.split("_")
-    intent = " ".join(verb_and_words[:1] + (["the"] if rng.random() < 0.5 else []) + verb_and_words[1:])
+    intent = _intent(rng, tool)
     args = _arguments(rng, words, tool)
     request = rng.choice(REQUESTS).format(
         intent=intent, Intent=intent[0].upper() + intent[1:], args=_argument_text(rng, args)
     )
+    more: tuple[Call, ...] = ()
+    if len(tools) > 1 and rng.random() < PARALLEL_SHARE:
+        second = rng.choice([t for t in tools if t.name != tool.name])
+        second_args = _arguments(rng, words, second)
+        request += rng.choice(SECOND_REQUESTS).format(
+            intent=_intent(rng, second), args=_argument_text(rng, second_args)
+        )
+        more = (Call(second.name, second_args),)
     result = _result(rng, words)
     reasoning = REASONING.format(intent=intent, name=tool.name) if rng.random() < 0.15 else None
     return ToolChat(
-        tools, request, Call(tool.name, args), result, quoting_answer(rng, tool.name, result), reasoning, intent
+        tools, request, Call(tool.name, args), result, quoting_answer(rng, tool.name, result), reasoning, intent, more
     )
+
+
+def _intent(rng: random.Random, tool: ToolSpec) -> str:
+    """The tool's words as a request says them: its verb, now and then "the", its other words."""
+    verb_and_words = tool.name.split("_")
+    return " ".join(verb_and_words[:1] + (["the"] if rng.random() < 0.5 else []) + verb_and_words[1:])
 
 
 def _tools(rng: random.Random, words: list[str], count: int) -> tuple[ToolSpec, ...]:
@@ -307,7 +331,7 @@ def call_turns(chat: ToolChat) -> list[dict]:
 
 
 def result_turns(chat: ToolChat) -> list[dict]:
-    """The turns before the answer that quotes the result: the request, the call, the tool's result."""
+    """The turns before the answer that quotes the result: the request, the (first) call, the tool's result."""
     assert chat.call is not None, "only a chat with a call has a result"
     call = {"type": "function", "function": {"name": chat.call.name, "arguments": chat.call.arguments}}
     return [
@@ -317,9 +341,14 @@ def result_turns(chat: ToolChat) -> list[dict]:
     ]
 
 
+def calls_text(calls: Sequence[Call]) -> str:
+    """Calls as the model writes them, one after the other (as the chat template joins them)."""
+    return "\n".join(render_call(*call) for call in calls)
+
+
 def call_conversation(chat: ToolChat) -> Conversation:
-    """The request answered with its call (or in text, when no tool fits), as a training conversation."""
-    answer = render_call(*chat.call) if chat.call is not None else chat.answer
+    """The request answered with its calls (or in text, when no tool fits), as a training conversation."""
+    answer = calls_text(chat.calls) if chat.call is not None else chat.answer
     tag = "tool_call" if chat.call is not None else "no_tool"
     messages = [*call_turns(chat), {"role": "assistant", "content": answer}]
     return Conversation(messages, chat.reasoning, {tag}, tools=template_tools(chat))
@@ -337,7 +366,8 @@ def result_conversation(chat: ToolChat) -> Conversation:
 def chat_record(chat: ToolChat) -> dict:
     """A held-out chat as the shipped JSON holds it (`chat_of_record` reads it back)."""
     call = None if chat.call is None else {"name": chat.call.name, "arguments": chat.call.arguments}
-    return {"tools": template_tools(chat), "request": chat.request, "call": call, "result": chat.result}
+    more = [{"name": c.name, "arguments": c.arguments} for c in chat.more]
+    return {"tools": template_tools(chat), "request": chat.request, "call": call, "more": more, "result": chat.result}
 
 
 def chat_of_record(record: dict) -> ToolChat:
@@ -347,4 +377,5 @@ def chat_of_record(record: dict) -> ToolChat:
         record["request"],
         None if call is None else Call(call["name"], dict(call["arguments"])),
         record.get("result", ""),
+        more=tuple(Call(c["name"], dict(c["arguments"])) for c in record.get("more", ())),
     )

@@ -12,6 +12,7 @@ from dflash_chat.runtime.tool_calls import parse_calls, render_call
 from dflash_chat.train.corpus import Conversation
 from dflash_chat.train.tool_corpus import (
     Call,
+    calls_text,
     chat_of_record,
     chat_record,
     heldout_chats,
@@ -83,14 +84,25 @@ def test_chats_offer_one_to_three_tools_of_one_to_three_parameters_of_every_type
 
 def test_calls_parse_back_to_their_values_with_the_schemas_types(chats):
     for chat in chats:
-        content, calls = parse_calls(render_call(*chat.call), chat.tools)
-        assert content == "" and len(calls) == 1 and calls[0].name == chat.call.name
-        args = calls[0].args()
-        assert args == chat.call.arguments
-        assert [type(v) for v in args.values()] == [type(v) for v in chat.call.arguments.values()]
-        tool = next(t for t in chat.tools if t.name == chat.call.name)
-        assert schema_errors(tool.parameters, args) == []
-        assert judge_call(render_call(*chat.call), chat).exact
+        content, calls = parse_calls(calls_text(chat.calls), chat.tools)
+        assert content == "" and [c.name for c in calls] == [c.name for c in chat.calls]
+        for made, asked in zip(calls, chat.calls, strict=True):
+            args = made.args()
+            assert args == asked.arguments
+            assert [type(v) for v in args.values()] == [type(v) for v in asked.arguments.values()]
+            tool = next(t for t in chat.tools if t.name == asked.name)
+            assert schema_errors(tool.parameters, args) == []
+        assert judge_call(calls_text(chat.calls), chat).exact
+
+
+def test_some_requests_ask_for_two_calls_and_only_both_in_order_are_right(chats):
+    two = [c for c in chats if c.more]
+    assert 0.05 * len(chats) < len(two) < 0.3 * len(chats)
+    for chat in two:
+        assert len(chat.calls) == 2 and chat.calls[0].name != chat.calls[1].name
+        assert all(c.name in {t.name for t in chat.tools} for c in chat.calls)
+        assert not judge_call(render_call(*chat.call), chat).right_tool  # one of the two is not enough
+        assert not judge_call(calls_text(chat.calls[::-1]), chat).right_tool
 
 
 def test_the_request_names_the_tool_and_every_value(chats):
@@ -98,9 +110,10 @@ def test_the_request_names_the_tool_and_every_value(chats):
         verb, _, rest = chat.call.name.replace("_", " ").partition(" ")
         assert chat.intent in (f"{verb} {rest}", f"{verb} the {rest}")
         assert chat.intent in chat.request or chat.intent[0].upper() + chat.intent[1:] in chat.request
-        for value in chat.call.arguments.values():
-            said = value if isinstance(value, str) else json.dumps(value)
-            assert said in chat.request
+        for call in chat.calls:
+            for value in call.arguments.values():
+                said = value if isinstance(value, str) else json.dumps(value)
+                assert said in chat.request
 
 
 def test_answers_after_the_result_quote_it(chats):
@@ -130,7 +143,7 @@ def test_schema_errors_name_what_is_wrong():
 
 
 def test_a_wrong_tool_or_a_text_answer_is_not_a_right_call(chats):
-    chat = next(c for c in chats if len(c.tools) > 1)
+    chat = next(c for c in chats if len(c.tools) > 1 and not c.more)
     other = next(t for t in chat.tools if t.name != chat.call.name)
     assert not judge_call(render_call(other.name, chat.call.arguments), chat).right_tool
     assert judge_call("I cannot.", chat).calls == 0
@@ -139,11 +152,12 @@ def test_a_wrong_tool_or_a_text_answer_is_not_a_right_call(chats):
 
 
 def test_held_out_chats_survive_their_record(words):
-    chats = heldout_chats(words, 4, [QUESTION])
+    chats = heldout_chats(words, 40, [QUESTION])
+    assert any(c.more for c in chats)
     assert chats[-1].call is None and chats[-1].request == QUESTION.messages[0]["content"]
     back = [chat_of_record(json.loads(json.dumps(chat_record(c)))) for c in chats]
-    assert [(c.tools, c.request, c.call, c.result) for c in back] == [
-        (c.tools, c.request, c.call, c.result) for c in chats
+    assert [(c.tools, c.request, c.call, c.more, c.result) for c in back] == [
+        (c.tools, c.request, c.call, c.more, c.result) for c in chats
     ]
     assert isinstance(back[0].call, Call)
 
@@ -167,7 +181,7 @@ def test_chats_are_tokenized_as_the_engine_meets_them(chats):
     from dflash_chat.train.tool_corpus import call_conversation, result_conversation, result_turns
 
     tokenizer = AutoTokenizer.from_pretrained(demo_dir() / "target")
-    for chat in chats[:20]:
+    for chat in [c for c in chats if not c.more][:20]:
         ids, labels = chat_tokens(tokenizer, result_conversation(chat))
         prompt = build_prompt(tokenizer, result_turns(chat), thinking=False, tool_use=ToolUse(chat.tools)).ids
         assert ids[: len(prompt)].tolist() == prompt
@@ -180,4 +194,4 @@ def test_chats_are_tokenized_as_the_engine_meets_them(chats):
     ).ids
     assert ids[: len(prompt)].tolist() == prompt and (labels[: len(prompt)] == -100).all()
     said = tokenizer.decode(ids[labels != -100])
-    assert said == f"{thinking.reasoning}\n</think>\n\n{render_call(*thinking.call)}<|im_end|>"
+    assert said == f"{thinking.reasoning}\n</think>\n\n{calls_text(thinking.calls)}<|im_end|>"

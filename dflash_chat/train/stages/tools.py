@@ -90,8 +90,8 @@ def tools_stage(
 def tool_sequences(
     tokenizer, corpus: Corpus, words: Words, count: int, seed: int, *, forbidden: AbstractSet[str] = frozenset()
 ) -> list[Chat]:
-    """`count` tool chats, each answered with its call and, for a RESULT_SHARE of them, the tool's result
-    and the answer that quotes it; and NO_TOOL_SHARE * count corpus questions with tools offered, answered
+    """`count` tool chats, each answered with its calls and, for a RESULT_SHARE of those with one call, the
+    tool's result and the answer that quotes it; and NO_TOOL_SHARE * count corpus questions with tools offered, answered
     in text (the first NO_TOOL_TOKENS tokens): as the engine meets them (data.chat_tokens). ValueError when
     a name is in `forbidden`."""
     from dflash_chat.train.data import chat_tokens
@@ -101,7 +101,9 @@ def tool_sequences(
     if clash:
         raise ValueError(f"training tool names {sorted(clash)[:5]} are held out")
     rng = random.Random(seed)
-    conversations = [result_conversation(c) if rng.random() < RESULT_SHARE else call_conversation(c) for c in chats]
+    conversations = [
+        result_conversation(c) if rng.random() < RESULT_SHARE and not c.more else call_conversation(c) for c in chats
+    ]
     out = [chat_tokens(tokenizer, c) for c in conversations]
     questions = rng.sample(corpus.train, min(len(corpus.train), round(NO_TOOL_SHARE * count)))
     for question in questions:
