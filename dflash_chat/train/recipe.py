@@ -19,8 +19,7 @@ from dflash_chat.train.stages.finetune import (
 )
 from dflash_chat.train.stages.prepare import prepare, train_target_stage
 from dflash_chat.train.stages.ship import ship
-from dflash_chat.train.stages.tools import TOOLS_LR, TOOLS_STEPS, tools_stage
-from dflash_chat.train.target import MixedSettings
+from dflash_chat.train.stages.tools import TOOLS_STEPS, tools_settings, tools_stage
 
 TARGET_SHARE = 0.55  # of the time budget, for the target stage
 DRAFTER_SHARE = 0.35  # for the drafter stage, its data included
@@ -73,9 +72,11 @@ def _target(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> 
 
 
 def _tools(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
-    settings = MixedSettings(**{**vars(chosen.target), "lr": TOOLS_LR})
     tools_stage(
-        args.work, **_training("tools", args, chosen, device, log), source=args.out / "target", settings=settings
+        args.work,
+        **_training("tools", args, chosen, device, log),
+        source=args.out / "target",
+        settings=tools_settings(chosen.target),
     )
 
 

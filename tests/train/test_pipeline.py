@@ -84,7 +84,7 @@ def trained(tmp_path_factory):
         seed=0,
         steps=30,
         device="cpu",
-        answering=AnswerSettings(generated=8, max_new_tokens=24, sampled_share=0.5),
+        answering=AnswerSettings(generated=8, max_new_tokens=24, sampled_share=0.5, tool_share=0.25),
         settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5, distill=1.0),
         hard_anchors=0.5,
         log=logs.append,
@@ -129,7 +129,7 @@ def test_dflash2_stage_trains_and_ships_a_dflash2_drafter(trained):
 
 def test_finetune_trains_a_shipped_drafter_on_greedy_and_sampled_answers(trained):
     """The finetune stage starts from a shipped DFlash2 drafter, answers half its prompts by sampling at the
-    app's settings, draws half its blocks where the engine's steps start, trains with the distillation term
+    app's settings (a quarter of them tool chats: requests, and tool results to answer), draws half its blocks where the engine's steps start, trains with the distillation term
     (its loss goes down) and ships a drafter the engine runs losslessly."""
     from dflash_chat.train.evaluate import measure_pair
 
@@ -137,7 +137,7 @@ def test_finetune_trains_a_shipped_drafter_on_greedy_and_sampled_answers(trained
     finetuned, losses = logs[-1]
     assert _mean(losses[-8:]) < _mean(losses[:8])
     data = [line for line in logs if isinstance(line, str) and "of them sampled" in line]
-    assert "0 of them sampled" in data[0] and "4 of them sampled" in data[-1]
+    assert "0 of them sampled, 0 to tool chats" in data[0] and "4 of them sampled, 2 to tool chats" in data[-1]
     assert any(isinstance(line, str) and "on sampled ones" in line for line in logs)
     assert any(isinstance(line, str) and "0.5 of the anchors where the engine's steps start" in line for line in logs)
     prompts = json.loads((finetuned / "heldout_prompts.json").read_text())[:2]

@@ -16,7 +16,7 @@ from dflash_chat.models.demo import TOOL_PROMPTS_FILE
 from dflash_chat.train.common import Log
 from dflash_chat.train.corpus import Conversation, Corpus
 from dflash_chat.train.stages.prepare import load_corpus
-from dflash_chat.train.target import Chat, MixedSettings, save_target, train_target_mixed
+from dflash_chat.train.target import Chat, MixedSettings, TrainSettings, save_target, train_target_mixed
 from dflash_chat.train.tool_corpus import (
     Words,
     call_conversation,
@@ -30,8 +30,10 @@ from dflash_chat.train.tool_corpus import (
 )
 
 TOOLS_STEPS = 600
-TOOLS_LR = 1e-3  # half the target's first training: the corpus windows beside the chats hold what it knew
-TOOL_CHATS = 3000  # training chats with a call
+TOOLS_LR = 1.5e-3  # below the target's first training (2e-3): the corpus windows beside the chats hold what it knew
+TOOLS_WARMUP = 20
+CHAT_BATCH = 8  # whole tool chats a step, beside half the target stage's batch of corpus windows
+TOOL_CHATS = 4000  # training chats with a call
 RESULT_SHARE = 0.5  # of them, also trained on the tool's result and the answer after it
 NO_TOOL_SHARE = 0.2  # corpus questions with tools offered, answered in text: this share of the calls' count
 NO_TOOL_TOKENS = 48  # of their answers trained on: enough to start in text, not with a call
@@ -39,6 +41,13 @@ HELDOUT_CALLS = 48  # held-out chats with a call
 HELDOUT_NO_TOOL = 16  # held-out corpus questions with tools offered
 CHECKED = 16  # held-out chat answers compared before and after, and held-out turns of each class checked
 CHECK_TOKENS = 48
+
+
+def tools_settings(target: TrainSettings) -> MixedSettings:
+    """The tools stage's settings from the target stage's (`target`, the device's preset): its window length,
+    half its batch of windows, CHAT_BATCH chats, TOOLS_LR."""
+    fields = {**vars(target), "lr": TOOLS_LR, "warmup": TOOLS_WARMUP, "batch_size": max(1, target.batch_size // 2)}
+    return MixedSettings(**fields, chat_batch=CHAT_BATCH)
 
 
 def tools_stage(
