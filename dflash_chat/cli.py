@@ -13,7 +13,8 @@ import sys
 
 from dflash_chat import __version__
 
-SUBCOMMANDS = ("run", "serve", "bench", "models", "pull", "doctor")
+SUBCOMMANDS = ("run", "serve", "launch", "bench", "models", "pull", "doctor")
+PASSTHROUGH = ("launch",)  # commands that hand the arguments after `--` to a program they run
 
 
 class Parser(argparse.ArgumentParser):
@@ -43,10 +44,25 @@ class Commands(argparse._SubParsersAction):
             )
         command = self._name_parser_map.get(name)
         if command is not None:
-            command.parse_args(values[1:], namespace)  # errors name the command, not the chat
+            own, passthrough = _split_passthrough(values[1:])
+            if passthrough and name not in PASSTHROUGH:
+                parser.exit(
+                    2,
+                    f"{parser.prog} {name}: arguments after -- go only to `launch` (see `{parser.prog} {name} --help`)\n",
+                )
+            command.parse_args(own, namespace)  # errors name the command, not the chat
+            namespace.passthrough = passthrough
             setattr(namespace, self.dest, name)
             return
         super().__call__(parser, namespace, values, option_string)  # an unknown command: argparse says so
+
+
+def _split_passthrough(values: list[str]) -> tuple[list[str], list[str]]:
+    """(a command's own arguments, those after the first `--`)."""
+    if "--" not in values:
+        return values, []
+    at = values.index("--")
+    return values[:at], values[at + 1 :]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from dflash_chat import paths
+from dflash_chat import mcp_config, paths
 from dflash_chat.engine import rules
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.errors import UserError
@@ -61,6 +61,8 @@ class Settings:
     keymap: dict[str, str] = field(default_factory=dict)
     # name -> URL of an OpenAI-compatible server, for `dflash-chat --endpoint NAME`
     endpoints: dict[str, str] = field(default_factory=dict)
+    # the MCP servers chats may use, the rounds of tool calls per message, the time one call may run
+    mcp: mcp_config.McpSettings = field(default_factory=mcp_config.McpSettings)
 
     def sampling(self) -> SamplingParams:
         """How the app's answers are sampled: the one value that goes down to the engine's step."""
@@ -82,18 +84,6 @@ def _name(value: Any) -> str:
     if not value:
         raise rules.Invalid("cannot be empty")
     return value
-
-
-def _flag(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("true", "on", "yes", "1"):
-            return True
-        if lowered in ("false", "off", "no", "0"):
-            return False
-    raise rules.Invalid(f"must be on or off (true/false), got {value!r}")
 
 
 def _typed_table(value: Any, shape: str) -> Any:
@@ -153,7 +143,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "min_p": rules.MIN_P.parse,
     "max_new_tokens": rules.MAX_NEW_TOKENS.parse,
     "system_prompt": _text,
-    "thinking": _flag,
+    "thinking": rules.switch,
     "theme": _name,
     "model": _text,
     "drafter": _text,
@@ -162,6 +152,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "draft": rules.draft,
     "keymap": _keymap,
     "endpoints": _endpoints,
+    "mcp": mcp_config.check_table,
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -182,6 +173,7 @@ DESCRIPTIONS: dict[str, str] = {
     f"1-{rules.MAX_DRAFT} (at most the drafter's block - 1)",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
     "endpoints": "named OpenAI-compatible servers: name=URL;other=URL (dflash-chat --endpoint NAME)",
+    "mcp": "MCP tool servers ([mcp.servers.NAME] with command/args/env or url, enabled), rounds and timeout",
 }
 
 KEYS = tuple(f.name for f in fields(Settings))
@@ -195,7 +187,7 @@ def parse_value(key: str, value: Any) -> Any:
     try:
         return VALIDATORS[key](value)
     except rules.Invalid as exc:
-        raise SettingsError(f"{key} {exc}") from None
+        raise SettingsError(str(exc) if key == "mcp" else f"{key} {exc}") from None
 
 
 def as_text(key: str, value: Any) -> str:
@@ -206,16 +198,24 @@ def as_text(key: str, value: Any) -> str:
 
 
 def parse_assignment(
-    text: str, keymap: Mapping[str, str] | None = None, endpoints: Mapping[str, str] | None = None
+    text: str,
+    keymap: Mapping[str, str] | None = None,
+    endpoints: Mapping[str, str] | None = None,
+    mcp: mcp_config.McpSettings | None = None,
 ) -> tuple[str, Any]:
     """'key=value' (as given to --set) -> (key, typed value). 'keymap.ID=KEYS' changes one entry of
     `keymap` (the current one) and returns the whole table; 'keymap.ID=' removes that entry. The same
-    for 'endpoints.NAME=URL'."""
+    for 'endpoints.NAME=URL', and 'mcp.…' edits one value of `mcp` (mcp_config.apply)."""
     key, sep, value = text.partition("=")
     if not sep:
         raise SettingsError(f"--set takes key=value, got {text!r} (e.g. --set temperature=0.2)")
     key = key.strip()
     table, dot, entry = key.partition(".")
+    if table == "mcp":
+        try:
+            return "mcp", mcp_config.apply(mcp or mcp_config.McpSettings(), entry.strip(), value)
+        except rules.Invalid as exc:
+            raise SettingsError(f"--set {key}: {exc}") from None
     if dot and table in TABLES and entry.strip():
         entries = dict({"keymap": keymap, "endpoints": endpoints}[table] or {})
         entries.pop(entry.strip(), None)
@@ -297,16 +297,22 @@ def _from_file(key: str, value: Any) -> Any:
 
 def read(path: Path | None = None) -> tuple[Settings, list[str]]:
     """Settings for the app and what in the file cannot be used: each such value is left at its
-    default meanwhile, and stays in the file for the user to fix. Never raises for the file's content."""
+    default meanwhile, and stays in the file for the user to fix; a bad entry of [mcp] is skipped alone.
+    Never raises for the file's content."""
     path = path or paths.config_file()
     try:
         document = _document(path)
     except SettingsError as exc:
         return Settings(), [f"{exc}. Using the default settings meanwhile."]
-    values, problems = {}, []
+    values: dict[str, Any] = {}
+    problems: list[str] = []
     defaults = Settings()
     for key, value in document.items():
         if key in OTHER_TABLES:
+            continue
+        if key == "mcp":
+            values[key], skipped = mcp_config.read_table(value)
+            problems += [f"{path}: {problem}" for problem in skipped]
             continue
         if key not in VALIDATORS:
             problems.append(f"{path}: unknown setting {key!r} is ignored (known: {', '.join(KEYS)})")
@@ -353,7 +359,9 @@ def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
         raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
     for key, value in changes.items():
         parse_value(key, value)
-        if key in TABLES:
+        if key == "mcp":
+            _set_mcp(document, value)
+        elif key in TABLES:
             _set_table(document, key, value)
         elif not _same(_held(document, key), value):  # an equal value keeps the user's spelling of it
             document[key] = value
@@ -387,6 +395,58 @@ def _set_table(document: Any, key: str, entries: Mapping[str, str]) -> None:
     for name, value in entries.items():
         if table.get(name) != value:
             table[name] = value
+
+
+def _set_mcp(document: Any, new: mcp_config.McpSettings) -> None:
+    """Edit only the values of [mcp] that differ from what the file holds (read as the app reads it: an entry
+    it skips is never touched, unless `new` sets it); tables are made where a value needs one."""
+    old, _ = mcp_config.read_table(_held(document, "mcp") or {})
+    for path, value in mcp_config.edits(old, new):
+        *tables, leaf = ("mcp", *path)
+        parent = document
+        for name in tables:
+            child = parent.get(name)
+            if not isinstance(child, MutableMapping):
+                if value is mcp_config.DELETE:
+                    break
+                child = parent[name] = tomlkit.table(is_super_table=name in ("mcp", "servers"))
+            parent = child
+        else:
+            if value is mcp_config.DELETE:
+                parent.pop(leaf, None)
+            elif isinstance(value, Mapping):
+                _set_entries(parent, leaf, value)
+            else:
+                parent[leaf] = value
+    _drop_empty(document, ("mcp", "servers"))
+
+
+def _set_entries(parent: Any, key: str, entries: Mapping[str, str]) -> None:
+    """A small table (a server's env) edited entry by entry where the file has it, else written inline."""
+    held = parent.get(key)
+    if not isinstance(held, MutableMapping):
+        inline = tomlkit.inline_table()
+        inline.update(entries)
+        parent[key] = inline
+        return
+    for name in [name for name in held if name not in entries]:
+        del held[name]
+    for name, value in entries.items():
+        if held.get(name) != value:
+            held[name] = value
+
+
+def _drop_empty(document: Any, path: tuple[str, ...]) -> None:
+    """Remove the tables along `path` that an edit left empty (deepest first)."""
+    tables = [document]
+    for name in path:
+        child = tables[-1].get(name)
+        if not isinstance(child, MutableMapping):
+            break
+        tables.append(child)
+    for depth in range(len(tables) - 1, 0, -1):
+        if not tables[depth]:
+            tables[depth - 1].pop(path[depth - 1], None)
 
 
 def _write_atomically(path: Path, text: str) -> None:

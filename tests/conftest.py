@@ -41,3 +41,20 @@ def _kernel_modules_built_for_a_gpu():
         from dflash_chat.engine.kernels import triton_attention, triton_gdn, triton_glue, triton_quant  # noqa: F401
     except ImportError:  # no triton: the kernels are never used
         pass
+
+
+@pytest.fixture(scope="session")
+def tool_pair(tmp_path_factory):
+    """A tiny pair whose greedy answers are scripted (tests/engine/scripted.py): it closes a forced tool call,
+    and otherwise answers `Done.`."""
+    from tests.engine.scripted import write_scripted_pair
+
+    return write_scripted_pair(tmp_path_factory.mktemp("tool-pair"))
+
+
+@pytest.fixture(scope="session")
+def calling_pair(tmp_path_factory):
+    """The scripted pair that calls `echo` in every answer, on its own."""
+    from tests.engine.scripted import write_scripted_pair
+
+    return write_scripted_pair(tmp_path_factory.mktemp("calling-pair"), calls=True)

@@ -8,7 +8,7 @@ from dflash_chat.engine import rules
 from dflash_chat.engine.draft_length import parse_draft
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.serve.errors import ApiError
-from dflash_chat.serve.requests import chat_request
+from dflash_chat.serve.openai_chat import chat_request
 from dflash_chat.settings import Settings
 
 MESSAGES = [{"role": "user", "content": "hi"}]

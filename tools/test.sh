@@ -17,6 +17,21 @@ cd "$(dirname "$0")/.."
 . .venv/bin/activate
 python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
 pip install -q -e ".[test]"
+# The coding agents tests/serve/test_agents.py drives, pinned, from npm into a cache folder (when npm is here;
+# without them those tests skip): installed once per set of pins.
+AGENTS="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
+AGENTS_DIR="${DFLASH_CHAT_AGENTS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash-chat-test-agents}"
+if command -v npm >/dev/null && command -v node >/dev/null; then
+  if [ "$(cat "$AGENTS_DIR/pins" 2>/dev/null)" != "$AGENTS" ]; then
+    # shellcheck disable=SC2086 # the pins are words
+    if timeout 300 npm install --prefix "$AGENTS_DIR" --no-audit --no-fund --loglevel=error $AGENTS >/dev/null; then
+      echo "$AGENTS" > "$AGENTS_DIR/pins"
+    else
+      echo "note: the coding agents did not install from npm; their tests skip" >&2
+    fi
+  fi
+  export DFLASH_CHAT_AGENTS_BIN="$AGENTS_DIR/node_modules/.bin"
+fi
 ruff check dflash_chat tests tools
 ruff format --check dflash_chat tests tools
 mypy  # the package, as [tool.mypy] in pyproject.toml says

@@ -100,7 +100,7 @@ def run(pair, chats: list[list[dict]], tokens: int) -> dict:
     """Both series on `pair` (a LoadedPair); the figures as a dict."""
     from dflash_chat.runtime.endpoint import httpx_module
     from dflash_chat.runtime.session import EngineSession
-    from dflash_chat.serve.app import Served
+    from dflash_chat.serve.served import Served
     from dflash_chat.serve.server import Running
 
     session = EngineSession(pair)

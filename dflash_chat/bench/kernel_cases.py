@@ -16,6 +16,7 @@ import torch
 
 from dflash_chat.engine.ggml.formats import FORMATS
 from dflash_chat.engine.kernels import configs
+from dflash_chat.engine.kernels.pairs import Pairs
 
 # Qwen3.6-35B-A3B's routed layer (docs/ARCHITECTURE.md, Targets and rollback)
 MOE_35B = dict(experts=256, top_k=8, hidden=2048, width=512)
@@ -49,18 +50,9 @@ def experts_case(label: str, fmt_name: str, experts: int, n: int, k: int, tokens
             fmt.row_bytes(k) if fmt.quantized else k,
             dtype=torch.uint8 if fmt.quantized else fmt.float_dtype,
         )
-        ints = [meta(pairs, dtype=torch.int32) for _ in range(3)]
-        tq.moe_matmul(
-            meta(tokens, k),
-            packed,
-            fmt,
-            n,
-            ints[0],
-            ints[1],
-            meta(experts + 1, dtype=torch.int32),
-            ints[2],
-            tokens=tokens,
-        )
+        src, dst, expert_of = (meta(pairs, dtype=torch.int32) for _ in range(3))
+        routed = Pairs(src, dst, meta(experts + 1, dtype=torch.int32), expert_of)
+        tq.moe_matmul(meta(tokens, k), packed, fmt, n, routed, tokens=tokens)
 
     return (f"{label} {fmt_name} tokens={tokens}", run)
 

@@ -1,4 +1,5 @@
-"""What a backend reports while it writes an answer, beside the loading events (runtime/events.py).
+"""What a backend reports while it writes an answer, beside the loading events (runtime/events.py), and what
+the agent loop's workers report (chat/agent.py, chat/tools/servers.py).
 
 A backend posts PromptSent, then the answer's StreamChunks (runtime/bridge.py), then AnswerEnded; the
 chat screen turns each into a Textual message (ui/messages.py).
@@ -10,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
-from dflash_chat.runtime.events import LoadEvent
 from dflash_chat.runtime.prompt import Prompt, Transcript
 
 if TYPE_CHECKING:
@@ -38,4 +38,3 @@ class AnswerEnded:
 
 
 AnswerEvent = PromptSent | StreamChunk | AnswerEnded
-BackendEvent = LoadEvent | AnswerEvent

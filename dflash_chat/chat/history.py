@@ -21,17 +21,31 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_chat.chat.conversation import COMPLETE, PARTIAL, Conversation, Message
+from dflash_chat.chat.conversation import (
+    CANCELLED,
+    COMPLETE,
+    DENIED,
+    ERROR,
+    PARTIAL,
+    SKIPPED,
+    TIMEOUT,
+    Conversation,
+    Message,
+)
+from dflash_chat.chat.history_search import SearchIndex
+from dflash_chat.chat.tools.choice import ChatTools
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.errors import UserError
+from dflash_chat.runtime.tool_calls import ToolCall
 
-SCHEMA_VERSION = 2  # 2: messages.note (why an answer ended early)
+SCHEMA_VERSION = 3  # 2: messages.note (why an answer ended early); 3: tool calls, each chat's tools, search
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
     title TEXT NOT NULL,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    tools TEXT
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
@@ -42,10 +56,17 @@ CREATE TABLE IF NOT EXISTS messages (
     status TEXT NOT NULL,
     stats TEXT,
     created REAL NOT NULL,
-    note TEXT NOT NULL DEFAULT ''
+    note TEXT NOT NULL DEFAULT '',
+    tool_calls TEXT,
+    tool_call_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
+UPGRADES = {  # from a version to the next: columns added, nothing else touched
+    1: "ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT '';",
+    2: "ALTER TABLE conversations ADD COLUMN tools TEXT; ALTER TABLE messages ADD COLUMN tool_calls TEXT; "
+    "ALTER TABLE messages ADD COLUMN tool_call_id TEXT NOT NULL DEFAULT '';",
+}
 
 
 BUSY_TIMEOUT_S = 1.0  # how long a write waits for another program's lock (on the UI thread: keep it short)
@@ -105,14 +126,13 @@ class HistoryStore:
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise HistoryUnavailable(f"{path} was written by a newer dflash-chat; upgrade, or move the file away")
-            if version == 1:  # a history from before notes: the column added, nothing else touched
-                self.db.executescript(
-                    "BEGIN; ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT ''; "
-                    f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-                )
-            elif version < SCHEMA_VERSION:  # a new file: the only write an open makes
+            if 0 < version < SCHEMA_VERSION:  # an older history: its columns added in one transaction
+                steps = " ".join(UPGRADES[v] for v in range(version, SCHEMA_VERSION))
+                self.db.executescript(f"BEGIN; {steps} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+            elif version == 0:  # a new file: the only write an open makes, besides the search index
                 self.db.executescript(SCHEMA)
                 self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self.search_index = SearchIndex.open(self.db)
         except (OSError, sqlite3.OperationalError) as exc:  # read-only, locked, cannot be opened: the file is fine
             raise HistoryUnavailable(explain(exc, path)) from None
         except sqlite3.DatabaseError as exc:
@@ -148,6 +168,18 @@ class HistoryStore:
         except sqlite3.Error as exc:
             raise HistoryUnavailable(explain(exc, self.path)) from None
 
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write, whole or not at all: the rows and their search index in one transaction."""
+        with self._using():
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
     def close(self) -> None:
         try:
             self.db.close()
@@ -156,28 +188,40 @@ class HistoryStore:
 
     # conversations
 
-    def create(self, title: str) -> int:
-        with self._using():
+    def create(self, title: str, tools: ChatTools | None = None) -> int:
+        with self._writing():
             now = self.clock()
             cursor = self.db.execute(
-                "INSERT INTO conversations (title, created, updated) VALUES (?, ?, ?)",
-                (title, now, now),
+                "INSERT INTO conversations (title, created, updated, tools) VALUES (?, ?, ?, ?)",
+                (title, now, now, tools.to_json() if tools is not None else None),
             )
-            return _row_id(cursor)
+            conversation_id = _row_id(cursor)
+            self.search_index.title(conversation_id, title)
+            return conversation_id
 
     def rename(self, conversation_id: int, title: str) -> None:
-        with self._using():
-            title = title.strip()
-            if not title:
-                raise UserError("a conversation title cannot be empty")
+        title = title.strip()
+        if not title:
+            raise UserError("a conversation title cannot be empty")
+        with self._writing():
             self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+            self.search_index.title(conversation_id, title)
+
+    def set_tools(self, conversation_id: int, tools: ChatTools) -> None:
+        """Save which tools the chat offers (and which run without asking)."""
+        with self._writing():
+            self.db.execute("UPDATE conversations SET tools = ? WHERE id = ?", (tools.to_json(), conversation_id))
 
     def delete(self, conversation_id: int) -> None:
-        with self._using():
+        with self._writing():
+            self.search_index.conversation_removed(conversation_id)
             self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
-    def summaries(self) -> list[ConversationSummary]:
+    def summaries(self, search: str = "") -> list[ConversationSummary]:
+        """Every saved chat, the latest first; with `search`, those whose title or one of whose messages
+        holds every word of it (chat/history_search.py)."""
         with self._using():
+            found = self.search_index.matching(search) if search.strip() else None
             rows = self.db.execute(
                 "SELECT c.id, c.title, c.created, c.updated, COUNT(m.id) FROM conversations c "
                 "LEFT JOIN messages m ON m.conversation_id = c.id "
@@ -186,11 +230,12 @@ class HistoryStore:
             return [
                 ConversationSummary(cid, _text(title), _time(created), _time(updated), count)
                 for cid, title, created, updated, count in rows
+                if found is None or cid in found
             ]
 
     def load(self, conversation_id: int) -> Conversation:
         with self._using():
-            row = self.db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+            row = self.db.execute("SELECT title, tools FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
             if row is None:
                 raise UserError(f"conversation {conversation_id} is not in the history")
             messages = [
@@ -202,23 +247,26 @@ class HistoryStore:
                     stats=_stats_from_json(stats if isinstance(stats, str) else None),
                     id=message_id,
                     note=_text(note),
+                    tool_calls=_calls_from_json(calls if isinstance(calls, str) else None),
+                    tool_call_id=_text(call_id),
                 )
-                for message_id, role, content, thinking, status, stats, note in self.db.execute(
-                    "SELECT id, role, content, thinking, status, stats, note FROM messages "
+                for message_id, role, content, thinking, status, stats, note, calls, call_id in self.db.execute(
+                    "SELECT id, role, content, thinking, status, stats, note, tool_calls, tool_call_id FROM messages "
                     "WHERE conversation_id = ? ORDER BY id",
                     (conversation_id,),
                 )
             ]
-            return Conversation(title=_text(row[0]), messages=messages, id=conversation_id)
+            tools = ChatTools.from_json(row[1] if isinstance(row[1], str) else None)
+            return Conversation(title=_text(row[0]), messages=messages, id=conversation_id, tools=tools)
 
     # messages
 
     def add(self, conversation_id: int, message: Message) -> int:
-        with self._using():
+        with self._writing():
             now = self.clock()
             cursor = self.db.execute(
-                "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created, note) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created, note, "
+                "tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     message.role,
@@ -228,29 +276,39 @@ class HistoryStore:
                     _stats_to_json(message.stats),
                     now,
                     message.note,
+                    _calls_to_json(message.tool_calls),
+                    message.tool_call_id,
                 ),
             )
             self._touch(conversation_id, now)
-            message.id = row_id = _row_id(cursor)
-            return row_id
+            row_id = _row_id(cursor)
+            self.search_index.message(row_id, message.content)
+        message.id = row_id
+        return row_id
 
     def update(self, message: Message) -> None:
-        """Rewrite a saved message (an answer as it streams, then as it ended)."""
-        with self._using():
+        """Rewrite a saved message (an answer as it streams, then as it ended); one never saved: nothing."""
+        if message.id is None:
+            return
+        with self._writing():
             self.db.execute(
-                "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ?, note = ? WHERE id = ?",
+                "UPDATE messages SET content = ?, thinking = ?, status = ?, stats = ?, note = ?, tool_calls = ? "
+                "WHERE id = ?",
                 (
                     message.content,
                     message.thinking,
                     message.status,
                     _stats_to_json(message.stats),
                     message.note,
+                    _calls_to_json(message.tool_calls),
                     message.id,
                 ),
             )
+            self.search_index.message(message.id, message.content)
 
     def remove_message(self, message_id: int) -> None:
-        with self._using():
+        with self._writing():
+            self.search_index.message_removed(message_id)
             self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def recent_prompts(self, limit: int = 200) -> list[str]:
@@ -269,9 +327,12 @@ _MEMORY_NOTE = "This session's chats are kept until you quit, and not saved."
 
 
 def to_markdown(conversation: Conversation) -> str:
-    """A conversation as a Markdown document (thinking kept in a collapsed <details>)."""
+    """A conversation as a Markdown document (thinking, and each tool call with its result, kept in a
+    collapsed <details>)."""
     lines = [f"# {conversation.title}", ""]
     for message in conversation.messages:
+        if message.role == "tool":
+            continue  # shown with the call it answers
         lines.append("## You" if message.role == "user" else "## Assistant")
         lines.append("")
         if message.thinking:
@@ -280,8 +341,30 @@ def to_markdown(conversation: Conversation) -> str:
         if message.role == "assistant" and message.status != COMPLETE:
             why = f": {message.note}" if message.note else ""
             lines += ["", f"*({status_note(message.status)}{why})*"]
+        for call in message.tool_calls:
+            lines += ["", *_call_markdown(call, conversation.result(call.id))]
         lines.append("")
     return "\n".join(lines)
+
+
+def _call_markdown(call: ToolCall, result: Message | None) -> list[str]:
+    how = call_state(result.status) if result is not None else "no result"
+    lines = [f"<details><summary>Tool call: {call.name} ({how})</summary>", "", "```json", call.arguments, "```"]
+    if result is not None:
+        lines += ["", "```", result.content, "```"]
+    return [*lines, "", "</details>"]
+
+
+def call_state(status: str) -> str:
+    """How a tool call went, as its block in the chat and the Markdown export say it."""
+    return {
+        COMPLETE: "done",
+        ERROR: "failed",
+        TIMEOUT: "timed out",
+        DENIED: "declined",
+        CANCELLED: "stopped",
+        SKIPPED: "not run: round limit",
+    }.get(status, status)
 
 
 def status_note(status: str) -> str:
@@ -311,6 +394,25 @@ def _row_id(cursor: sqlite3.Cursor) -> int:
     row_id = cursor.lastrowid
     assert row_id is not None
     return row_id
+
+
+def _calls_to_json(calls: tuple[ToolCall, ...]) -> str | None:
+    if not calls:
+        return None
+    return json.dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
+
+
+def _calls_from_json(text: str | None) -> tuple[ToolCall, ...]:
+    """An answer's saved calls; those that cannot be read back (hand-edited) are left out, the message kept."""
+    try:
+        items = json.loads(text) if text else []
+    except (ValueError, RecursionError):
+        return ()
+    calls = []
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("id", "name", "arguments")):
+            calls.append(ToolCall(item["id"], item["name"], item["arguments"]))
+    return tuple(calls)
 
 
 def _stats_to_json(stats: GenerationStats | None) -> str | None:

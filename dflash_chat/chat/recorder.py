@@ -32,7 +32,7 @@ class Recorder:
     def start(self, conversation: Conversation, first_prompt: str) -> None:
         """Name a new chat after its first prompt and give it a row (its id) in the history."""
         conversation.title = title_from(first_prompt)
-        conversation.id = self._write(conversation, self.store.create, conversation.title)
+        conversation.id = self._write(conversation, self.store.create, conversation.title, conversation.tools)
 
     def add(self, conversation: Conversation, message: Message) -> None:
         self._write(conversation, self.store.add, conversation.id, message)
@@ -43,3 +43,8 @@ class Recorder:
     def remove(self, conversation: Conversation, message: Message) -> None:
         if message.id is not None:
             self._write(conversation, self.store.remove_message, message.id)
+
+    def save_tools(self, conversation: Conversation) -> None:
+        """The chat's choice of tools (a chat not saved yet gets it when it is: `start`)."""
+        if conversation.id is not None:
+            self._write(conversation, self.store.set_tools, conversation.id, conversation.tools)

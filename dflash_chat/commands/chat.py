@@ -127,9 +127,13 @@ def save_assignments(assignments: list[str]) -> int:
 
     current, _ = settings_module.read()
     changes: dict = {}
+    said: dict[str, str] = {}  # how each change is said back: its value, or the assignments to [mcp]
     for text in assignments:
         key, value = settings_module.parse_assignment(
-            text, keymap=changes.get("keymap", current.keymap), endpoints=changes.get("endpoints", current.endpoints)
+            text,
+            keymap=changes.get("keymap", current.keymap),
+            endpoints=changes.get("endpoints", current.endpoints),
+            mcp=changes.get("mcp", current.mcp),
         )
         if key == "model":
             value = model_value(value)
@@ -140,9 +144,10 @@ def save_assignments(assignments: list[str]) -> int:
         elif key == "keymap":
             check_keymap(value)
         changes[key] = value
+        said[key] = f"{key} = {value!r}" if key != "mcp" else "; ".join(filter(None, (said.get(key), text.strip())))
     path = settings_module.update(changes)
-    for key, value in changes.items():
-        print(f"{key} = {value!r}")
+    for line in said.values():
+        print(line)
     print(f"saved to {path}")
     for problem in settings_module.read(path)[1]:  # what else in the file the app cannot use
         print(f"note: {problem}", file=sys.stderr)

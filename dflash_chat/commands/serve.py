@@ -26,9 +26,6 @@ def register(subparsers) -> None:
         "metric names). One answer runs at a time; the rest wait in a queue. Binds 127.0.0.1 unless "
         "--host says otherwise.",
     )
-    p.add_argument("--demo", action="store_true", help="serve the tiny built-in demo model pair")
-    p.add_argument("--target", metavar="PATH", help="target model: a folder or a GGUF file")
-    p.add_argument("--drafter", metavar="PATH", help="DFlash drafter folder or GGUF for --target")
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -73,6 +70,21 @@ def register(subparsers) -> None:
         help="largest request body taken (default 4 MiB); past it, 413",
     )
     p.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: its own)")
+    add_model_arguments(p)
+    p.set_defaults(handler=main)
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that choose and load the model and bound its answers, as serve takes them (`launch` too)."""
+    p.add_argument(
+        "--max-tokens",
+        type=flag("max_new_tokens"),
+        metavar="N",
+        help="the most tokens one answer may have, whatever a request asks (default: the context's room)",
+    )
+    p.add_argument("--demo", action="store_true", help="serve the tiny built-in demo model pair")
+    p.add_argument("--target", metavar="PATH", help="target model: a folder or a GGUF file")
+    p.add_argument("--drafter", metavar="PATH", help="DFlash drafter folder or GGUF for --target")
     p.add_argument(
         "--decode",
         type=flag("decode"),
@@ -86,16 +98,28 @@ def register(subparsers) -> None:
         help="drafts each step verifies: auto, off or a number (default: the draft setting)",
     )
     hardware.add_choice_arguments(p)
-    p.set_defaults(handler=main)
+
+
+def model_request(args: argparse.Namespace, settings):
+    """(the settings with the flags' decode, draft and context, what to load) for the model flags."""
+    from dataclasses import replace
+
+    from dflash_chat.runtime.model_source import pick_from_args, resolve
+
+    if args.decode:
+        settings = replace(settings, decode=args.decode)
+    if args.draft is not None:
+        settings = replace(settings, draft=args.draft)
+    return settings, resolve(
+        settings, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args)
+    )
 
 
 def main(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from dflash_chat import settings as settings_module
     from dflash_chat.commands.run import check_device_name
-    from dflash_chat.runtime.model_source import DEVICE_ENV, ModelSource, pick_from_args, resolve
-    from dflash_chat.serve.app import Served
+    from dflash_chat.runtime.model_source import DEVICE_ENV, ModelSource
+    from dflash_chat.serve.served import Served
     from dflash_chat.serve.server import bind, serve_forever, served_name, start_loading
 
     check_device_name(os.environ.get(DEVICE_ENV), DEVICE_ENV)
@@ -103,11 +127,7 @@ def main(args: argparse.Namespace) -> int:
     settings, problems = settings_module.read()
     for problem in problems:
         print(f"note: {problem}")
-    if args.decode:
-        settings = replace(settings, decode=args.decode)
-    if args.draft is not None:
-        settings = replace(settings, draft=args.draft)
-    request = resolve(settings, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args))
+    settings, request = model_request(args, settings)
     bind(args.host, args.port).close()  # a port in use is said before anything loads
     name = args.served_model_name or (served_name(request) if isinstance(request, ModelSource) else None)
     # name None: the model manager chooses, and the model is named once its files are known
@@ -120,6 +140,7 @@ def main(args: argparse.Namespace) -> int:
         metrics_auth=args.metrics_auth,
         allow_origins=tuple(args.allow_origin),
         allow_hosts=tuple(args.allow_host),
+        max_answer=args.max_tokens,
     )
     loader = start_loading(served, request, settings)
     return serve_forever(served, loader, args.host, args.port)

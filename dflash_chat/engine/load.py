@@ -270,6 +270,8 @@ def load_drafter(
 
 # --- tokenizer and pair ------------------------------------------------------------------------
 
+UNBOUNDED = int(1e30)  # transformers' own "no limit" for a tokenizer's model_max_length
+
 
 def load_tokenizer(directory: str | Path):
     from transformers import AutoTokenizer
@@ -316,10 +318,15 @@ def _check_json(path: Path) -> None:
 
 
 def _pair_tokenizer(target: str | Path, tokenizer: str | Path | None):
+    """The pair's tokenizer. Its model_max_length is lifted: the engine's context is what bounds a prompt,
+    and transformers would warn of any text longer than the length the model was trained at."""
     if tokenizer is not None:
-        return load_tokenizer(tokenizer)
-    kind, path = resolve_model_path(target, "target")
-    return tokenizer_from_gguf(path) if kind == "gguf" else load_tokenizer(path)
+        tok = load_tokenizer(tokenizer)
+    else:
+        kind, path = resolve_model_path(target, "target")
+        tok = tokenizer_from_gguf(path) if kind == "gguf" else load_tokenizer(path)
+    tok.model_max_length = UNBOUNDED
+    return tok
 
 
 def _check_drafter_tokenizer(drafter: str | Path, tokenizer, samples: int = 256) -> None:

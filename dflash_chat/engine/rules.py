@@ -101,3 +101,16 @@ def draft(value: Any) -> str | int:
         return Number(int, 1, MAX_DRAFT).parse(value)
     except Invalid:
         raise Invalid(f"must be {DRAFT_WHAT}, got {shown(value)}") from None
+
+
+def switch(value: Any) -> bool:
+    """A switch: true or false (TOML), or typed as on/off, true/false, yes/no, 1/0."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "on", "yes", "1"):
+            return True
+        if lowered in ("false", "off", "no", "0"):
+            return False
+    raise Invalid(f"must be on or off (true/false), got {value!r}")

@@ -56,6 +56,7 @@ class StreamEnd:
     error: str | None = None
     token_ids: tuple[int, ...] = ()  # every token the engine wrote, stop token included
     stopped_by_text: bool = False  # a stop string ended it (the engine holds tokens past the answer)
+    stop_text: str | None = None  # that stop string
     acceptance_source: str | None = None  # a remote answer: which report its draft figures came from
     tool_calls: tuple[ToolCall, ...] = ()  # the calls the answer made (its text is `answer` without them)
 
@@ -160,5 +161,6 @@ def stream_answer(
         error,
         tuple(written),
         stopped_by_text=matched,
+        stop_text=stops.which if stops is not None else None,
         tool_calls=tuple(made),
     )

@@ -1,7 +1,9 @@
-"""What the OpenAI-compatible wire protocol says of sampling and of draft acceptance, both ways.
+"""What the OpenAI-compatible wire protocol says of sampling, tools and draft acceptance, both ways.
 
 A request's sampling fields are `sampling_fields` (the remote backend sends them; serve/requests.py
-reads them back into the same SamplingParams). The draft-acceptance figures come in three shapes exist in the field, and `serve` writes the first two:
+reads them back into the same SamplingParams). Its tools are `tool_fields`, its messages `message_body`
+(a call's arguments as JSON text), and the calls a stream sends back, in pieces by index, are put together
+by `StreamedCalls`. The draft-acceptance figures come in three shapes exist in the field, and `serve` writes the first two:
 - vLLM's per-request `metrics.speculative_decoding` object (its `--per-request-spec-decode-metrics`
   summary): `num_spec_steps`, `num_draft_tokens`, `num_accepted_draft_tokens`, `num_spec_tokens`,
   `acceptance_histogram` (index j: verify steps that accepted exactly j drafts; dense list, or a
@@ -20,11 +22,15 @@ No torch, no HTTP here: plain dicts in, plain figures out.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.runtime.tool_calls import ToolCall, new_call_id
+from dflash_chat.runtime.tool_use import ToolUse
 
 PER_REQUEST = "server per-request metrics"
 TIMINGS = "llama.cpp timings"
@@ -64,6 +70,75 @@ class Acceptance:
     histogram: tuple[int, ...] = ()  # index j: verify steps that accepted exactly j drafts
     source: str = PER_REQUEST
     draft: str = ""  # the server's draft setting ("auto", "7"), when it says (ours does)
+
+
+def tool_fields(tools: ToolUse) -> dict:
+    """A chat request's `tools`, `tool_choice` and `parallel_tool_calls` for `tools` (offered ones)."""
+    choice: Any = tools.choice
+    if choice not in ("auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
+    return {
+        "tools": [tool.as_openai() for tool in tools.tools],
+        "tool_choice": choice,
+        "parallel_tool_calls": tools.parallel,
+    }
+
+
+def message_body(turn: Mapping[str, Any]) -> dict:
+    """A template turn (runtime/prompt.py) as an OpenAI chat message: a call's arguments as JSON text."""
+    message = dict(turn)
+    calls = turn.get("tool_calls")
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": json.dumps(call["function"].get("arguments") or {}, ensure_ascii=False),
+                },
+            }
+            for call in calls
+        ]
+    return message
+
+
+@dataclass
+class StreamedCalls:
+    """The calls of a streamed answer, put together from `delta.tool_calls` items: each item names its call
+    by `index` and carries a piece of it (the id, type and name come first, the arguments' text in pieces),
+    or the whole call (our serve, llama.cpp). An item without an index is a new call when it has an id (a
+    whole message's list), else it continues the latest."""
+
+    parts: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def take(self, items: Any) -> None:
+        for item in items if isinstance(items, list) else ():
+            if not isinstance(item, Mapping):
+                continue
+            index = item.get("index")
+            if not isinstance(index, int) or isinstance(index, bool):  # a whole message's calls have no index
+                index = len(self.parts) if item.get("id") or not self.parts else max(self.parts)
+            part = self.parts.setdefault(index, {"id": "", "name": "", "arguments": ""})
+            if isinstance(item.get("id"), str) and item["id"]:
+                part["id"] = item["id"]
+            function = item.get("function")
+            if isinstance(function, Mapping):
+                if isinstance(function.get("name"), str) and function["name"]:
+                    part["name"] = function["name"]
+                arguments = function.get("arguments")
+                if isinstance(arguments, str):
+                    part["arguments"] += arguments
+                elif isinstance(arguments, Mapping):  # a server that sends them as an object
+                    part["arguments"] = json.dumps(arguments, ensure_ascii=False)
+
+    def calls(self) -> tuple[ToolCall, ...]:
+        """The calls in index order (those without a name are no calls); arguments as sent ('{}' when none)."""
+        return tuple(
+            ToolCall(part["id"] or new_call_id(), part["name"], part["arguments"].strip() or "{}")
+            for _, part in sorted(self.parts.items())
+            if part["name"]
+        )
 
 
 def accepted_per_position(histogram: list[int] | tuple[int, ...]) -> list[int]:

@@ -11,6 +11,7 @@ class StopStrings:
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
         self.stops = tuple(s for s in stops if s)
         self.matched = False
+        self.which: str | None = None  # the stop string that ended the text (the earliest in it)
         self._held = ""
 
     def feed(self, text: str) -> str:
@@ -18,8 +19,9 @@ class StopStrings:
         if self.matched:
             return ""
         text = self._held + text
-        cut = min((at for at in (text.find(s) for s in self.stops) if at >= 0), default=-1)
-        if cut >= 0:
+        found = [(at, s) for s in self.stops if (at := text.find(s)) >= 0]
+        if found:
+            cut, self.which = min(found, key=lambda pair: pair[0])
             self.matched, self._held = True, ""
             return text[:cut]
         keep = max((_partial_suffix(text, s) for s in self.stops), default=0)

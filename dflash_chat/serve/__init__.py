@@ -1,10 +1,15 @@
 """`dflash-chat serve`: the engine behind an OpenAI-compatible HTTP API (FastAPI + uvicorn).
 
-requests.py   request bodies read and checked (OpenAI-shaped errors for what is wrong)
-errors.py     the error type and its JSON
-queue.py      one answer at a time on the engine; the rest wait in a bounded queue
-responses.py  completion objects, stream chunks, usage and the DFlash figures
-metrics.py    Prometheus metrics under vLLM's names
-app.py        the routes
-server.py     loading the model (through runtime/loader.py) and running uvicorn
+app.py          the routes
+openai_chat.py  /v1/chat/completions and /v1/completions: bodies read, answers written in OpenAI's shape
+requests.py     the internal request every dialect becomes, and the body checks they share
+tools.py        the tools a request offers, checked the same way in every dialect
+exchange.py     one request's exchange: body limits, queue, answer, written back whole or streamed
+writer.py       what a dialect's writer does; server-sent events
+served.py       what is served: the model, its name, the queue, the rules; the engine thread's side
+scheduler.py    one answer at a time on the engine; the rest wait in a bounded queue
+guard.py        Host, Origin and Content-Type checked before any route runs
+errors.py       the error type and its JSON
+metrics.py      Prometheus metrics under vLLM's names
+server.py       loading the model (through runtime/loader.py) and running uvicorn
 """

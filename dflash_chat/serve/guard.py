@@ -18,13 +18,15 @@ import ipaddress
 import json
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from dflash_chat.serve.errors import error_body
+from dflash_chat.errors import one_line
+from dflash_chat.serve.errors import ApiError
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
-ALLOWED_HEADERS = "Authorization, Content-Type"
+ALLOWED_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"
 log = logging.getLogger("dflash_chat.serve")
+LOGGED = "dflash_chat.logged"  # set in a request's scope once its failure has its line in the log
 
 
 def host_names(host: str, extra: Iterable[str] = ()) -> set[str]:
@@ -56,9 +58,15 @@ def _is_ip(name: str) -> bool:
     return True
 
 
+ErrorShape = Callable[[str, ApiError], dict]  # (path, error) -> the error's JSON in the path's dialect
+
+
 class Guard:
-    def __init__(self, app, *, hosts: set[str], origins: Iterable[str] = ()) -> None:
+    def __init__(
+        self, app, *, hosts: set[str], origins: Iterable[str] = (), shape: ErrorShape = lambda path, e: e.body()
+    ) -> None:
         self.app = app
+        self.shape = shape
         self.hosts = hosts
         self.origins = {origin.rstrip("/").lower() for origin in origins}
 
@@ -67,6 +75,13 @@ class Guard:
         return bool(name) and (name in self.hosts or _is_ip(name) or name.endswith(".localhost"))
 
     async def __call__(self, scope, receive, send):
+        try:
+            await self._guarded(scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - Starlette re-raises for the server to print a traceback
+            if not scope.get(LOGGED):  # mid-answer, where no handler runs: its one line is ours to write
+                log.error("500 %s %s: %s", scope.get("method"), scope.get("path"), one_line(exc, "the answer"))
+
+    async def _guarded(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
@@ -75,7 +90,9 @@ class Guard:
         if refusal is not None:
             status, message, code = refusal
             log.warning("%s %s %s: %s", status, method, path, message)
-            return await _send_error(send, status, message, code)
+            kind = "invalid_request_error" if status != 403 else "permission_error"
+            body = self.shape(path, ApiError(status, message, type=kind, code=code))
+            return await _send_error(send, status, body)
         origin = headers.get("origin")
         if origin is None:
             return await self.app(scope, receive, send)
@@ -133,9 +150,8 @@ async def _send_preflight(send, origin: str) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _send_error(send, status: int, message: str, code: str) -> None:
-    kind = "invalid_request_error" if status != 403 else "permission_error"
-    body = json.dumps(error_body(message, kind, None, code)).encode()
+async def _send_error(send, status: int, error: dict) -> None:
+    body = json.dumps(error).encode()
     await send(
         {
             "type": "http.response.start",

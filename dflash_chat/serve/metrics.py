@@ -3,7 +3,9 @@
 Every metric carries vLLM's labels (model_name, engine="0"). The spec-decode counters count what vLLM
 counts: a verify step is a draft, its drafted and accepted tokens, and per draft position how often it
 was accepted (a plain step, which `auto` and `off` take, is no draft). vLLM has no decode-speed or
-draft-length histogram; ours are `dflash:decode_tokens_per_second` and `dflash:draft_length_per_step`.
+draft-length histogram; ours are `dflash:decode_tokens_per_second` and `dflash:draft_length_per_step`. Each
+API dialect's share is counted by route (`dflash:route_requests`, `..._draft_tokens`, `..._accepted_tokens`,
+route = chat.completions, completions, messages or responses).
 Each server has its own registry (tests run several in one process).
 """
 
@@ -83,6 +85,14 @@ class Metrics:
             "Histogram of the drafts each decode step verified (0: a plain step).",
             DRAFT_BUCKETS,
         )
+        self.by_route = {
+            name: counter(f"dflash:route_{name}", doc, ("route",))
+            for name, doc in (
+                ("requests", "Answered requests by API route."),
+                ("draft_tokens", "Draft tokens verified for each API route's answers."),
+                ("accepted_tokens", "Draft tokens accepted in each API route's answers."),
+            )
+        }
         self.running = Gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", LABELS, registry=registry
         ).labels(*self.labels)
@@ -94,8 +104,12 @@ class Metrics:
         self.running.set(running)
         self.waiting.set(waiting)
 
-    def answered(self, stats: GenerationStats, reason: str, queued_s: float, total_s: float) -> None:
-        """One finished answer (its engine stats; `reason` as the API reports it)."""
+    def answered(
+        self, stats: GenerationStats, reason: str, queued_s: float, total_s: float, route: str = "chat.completions"
+    ) -> None:
+        """One finished answer (its engine stats; `reason` as the API reports it; `route`: the API's)."""
+        for name, count in (("requests", 1), ("draft_tokens", stats.drafted), ("accepted_tokens", stats.accepted)):
+            self.by_route[name].labels(*self.labels, route).inc(count)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cache_queries.inc(stats.prompt_tokens)
         self.cache_hits.inc(stats.reused_tokens)

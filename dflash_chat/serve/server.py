@@ -22,7 +22,8 @@ from dflash_chat.runtime.loader import LoadOptions, ModelLoader
 from dflash_chat.runtime.model_source import ModelSource, Pick
 from dflash_chat.runtime.session import EngineSession
 from dflash_chat.runtime.terminal_load import TerminalLoad
-from dflash_chat.serve.app import Served, build_app
+from dflash_chat.serve.app import build_app
+from dflash_chat.serve.served import Served
 from dflash_chat.settings import Settings
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dflash_chat.engine.rules import shown
 from dflash_chat.runtime.tool_calls import ToolSpec
@@ -37,6 +37,31 @@ def spec(name, description, parameters, where: str) -> ToolSpec:
     if not isinstance(properties, Mapping) or not all(isinstance(p, Mapping) for p in properties.values()):
         raise bad_request(f"'{where}' parameters' 'properties' must map names to JSON schemas.", where)
     return ToolSpec(name, description or "", dict(parameters))
+
+
+def specs(body: Mapping, shape: str, read: Callable[[object, str], ToolSpec | None]) -> list[ToolSpec]:
+    """The request's `tools` list, each item read by the dialect's `read(item, where)` (None: a tool kind the model
+    cannot call here, skipped); `shape` says what the list must hold."""
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise bad_request(f"'tools' must be a list of {shape}.", "tools")
+    read_ = (read(tool, f"tools[{i}]") for i, tool in enumerate(tools))
+    return [tool for tool in read_ if tool is not None]
+
+
+def openai_choice(choice, named: Callable[[Mapping], object], shape: str):
+    """OpenAI's `tool_choice`: "auto", "none", "required", or a function object whose name `named` reads
+    (`shape` shows that object in the error); the name, or the word, or None when absent."""
+    if isinstance(choice, Mapping):
+        name = named(choice) if choice.get("type") == "function" else None
+        if not isinstance(name, str):
+            raise bad_request(f"'tool_choice' must be auto, none, required or {shape}.", "tool_choice")
+        return name
+    if choice is not None and choice not in ("auto", "none", "required"):
+        raise bad_request(
+            f"'tool_choice' must be auto, none, required or a named function; got {shown(choice)}.", "tool_choice"
+        )
+    return choice
 
 
 def tool_use(tools: list[ToolSpec], choice, parallel, field: str = "tool_choice") -> ToolUse | None:

@@ -18,6 +18,7 @@ from dflash_chat import settings as settings_module
 from dflash_chat.chat.backends.base import Backend
 from dflash_chat.chat.backends.local import LocalBackend
 from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.tools.servers import ToolServers
 from dflash_chat.errors import UserError, one_line
 from dflash_chat.runtime.endpoint import Endpoint
 from dflash_chat.runtime.model_source import ModelSource, Pick
@@ -64,7 +65,8 @@ class DFlashChatApp(App):
             self.register_theme(theme)
         if backend is None:
             backend = _backend_for(settings, source)
-        self.chat = ChatScreen(settings, self.store, backend, self._recent_prompts())
+        servers = ToolServers(settings.mcp, self.store.path.parent)  # their logs beside the history
+        self.chat = ChatScreen(settings, self.store, backend, self._recent_prompts(), servers)
 
     @property
     def settings(self) -> Settings:
@@ -99,6 +101,7 @@ class DFlashChatApp(App):
     def on_unmount(self) -> None:
         self.chat.action_stop()  # thread workers cannot be killed: the answer's loop must see the flag
         self.chat.backend.close()  # a remote backend's workers return now, whatever the network does
+        self.chat.servers.close()  # the tool servers are asked to stop; nothing waits for them
         self.store.close()
 
     # keymap and palette
@@ -167,6 +170,14 @@ class DFlashChatApp(App):
         await self.chat.conversation_deleted()
         if chosen is not None:
             await self.chat.open_conversation(chosen)
+
+    @work
+    async def action_open_tools(self) -> None:
+        from dflash_chat.ui.tools_screen import ToolsScreen
+
+        conversation = self.chat.conversation
+        chosen = await self.push_screen_wait(ToolsScreen(self.chat.servers, conversation.tools))
+        self.chat.tools_chosen(conversation, chosen)
 
     @work
     async def action_open_settings(self) -> None:

@@ -6,6 +6,11 @@ bodies run here as thread workers and post events; each arrives as a message of 
 (ui/messages.py), goes to the backend first (is it still current?), then is shown, worded by
 ui/status_text.py. torch is imported only inside those workers, never when this module loads. Chats
 are saved as they grow (chat/recorder.py).
+
+A message to a chat that offers tools runs as an agent loop (chat/agent.py): the screen starts the tool
+servers the chat needs (chat/tools/servers.py), shows each call the model makes as a block, asks before
+it runs (ui/confirm_call_screen.py), and answers again once the calls have their results. Esc stops all
+of it; what was written is kept.
 """
 
 from __future__ import annotations
@@ -25,24 +30,31 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Switch
 
-from dflash_chat.chat.backends.base import AnswerRequest, Backend
+from dflash_chat import paths
+from dflash_chat.chat.agent import AgentLoop, PendingCall
+from dflash_chat.chat.backends.base import AnswerRequest, Backend, BackendEvent
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, CUT, ERROR, PARTIAL, Conversation, Message
-from dflash_chat.chat.events import BackendEvent
 from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.recorder import Recorder
+from dflash_chat.chat.tools import results
+from dflash_chat.chat.tools.results import ToolResult
+from dflash_chat.chat.tools.servers import READY, ToolServers
 from dflash_chat.errors import UserError
 from dflash_chat.runtime.bridge import StreamEnd
 from dflash_chat.runtime.endpoint import ServedModel
 from dflash_chat.runtime.model_source import Pick
 from dflash_chat.runtime.prompt import Prompt
+from dflash_chat.runtime.tool_calls import ToolCall
 from dflash_chat.settings import Settings
 from dflash_chat.ui import messages, status_text
+from dflash_chat.ui.confirm_call_screen import ALWAYS, NO, STOP, YES, ConfirmCallScreen
 from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.notices import PlainNotices
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
 from dflash_chat.ui.widgets.load_bar import LoadBar
 from dflash_chat.ui.widgets.prompt_input import PromptInput
 from dflash_chat.ui.widgets.stats_panel import StatsPanel
+from dflash_chat.ui.widgets.tool_call_block import RUNNING, WAITING, ToolCallBlock
 
 if TYPE_CHECKING:
     from dflash_chat.engine.load import LoadedPair
@@ -88,16 +100,21 @@ class ChatScreen(PlainNotices, Screen):
         store: HistoryStore,
         backend: Backend,
         prompts: list[str] | None = None,
+        servers: ToolServers | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
         self.store = store
         self.backend = backend
         self.backend.attach(self._post, self._spawn)
+        self.servers = servers or ToolServers(settings.mcp, paths.data_dir())
+        self.servers.attach(self._post)
         self.recorder = Recorder(store, self._warn_unsaved)
         self.conversation = Conversation()
         self.backend.open_chat(self.conversation)
         self.turn: Turn | None = None
+        self.loop: AgentLoop | None = None  # the message's agent loop, while it runs
+        self.asking: ConfirmCallScreen | None = None  # the question about a call, while it is open
         self.last_prompt: Prompt | None = None
         self.last_end: StreamEnd | None = None
         self._prompts = prompts or []
@@ -153,7 +170,7 @@ class ChatScreen(PlainNotices, Screen):
 
     @property
     def generating(self) -> bool:
-        return self.turn is not None
+        return self.turn is not None or self.loop is not None
 
     def notice(self) -> str:
         """The line shown in an empty chat: what the backend is doing, or what to do."""
@@ -278,17 +295,48 @@ class ChatScreen(PlainNotices, Screen):
         self.conversation.messages.append(message)
         self.recorder.add(self.conversation, message)
         await self.chat_view.add_user(text)
+        await self.start_loop()
+
+    async def start_loop(self) -> None:
+        """Answer the message as an agent loop: first the tool servers the chat needs, then the answer."""
+        messages = self.conversation.messages
+        first = bool(messages) and messages[-1].role == "user"  # else it goes on from tool results
+        loop = self.loop = AgentLoop(self.conversation, self.servers, self.settings.mcp, first=first)
+        starting = loop.servers_to_start()
+        if not starting:
+            await self.answer()
+            return
+        self.servers.start(starting)
+        self.notify(f"Starting the tool server{'s' if len(starting) > 1 else ''} {', '.join(starting)}…")
+        self.run_worker(partial(loop.wait_for_servers, starting, self._post), thread=True, group="tools")
+
+    async def on_servers_waited(self, message: messages.ServersWaited) -> None:
+        loop = message.event.loop
+        if loop is not self.loop or loop.stopped:
+            return
+        states = self.servers.states()
+        for name in message.event.names:
+            if states[name].state != READY:
+                why = states[name].error or "it did not start in time"
+                self.notify(f"Tool server {name}: {why}. Its tools are left out.", severity="warning", timeout=20)
         await self.answer()
 
     async def answer(self) -> None:
         settings = self.settings
         turns = self.conversation.chat_turns(settings.system_prompt)
+        tools = self.loop.tool_use() if self.loop is not None else None
         message = Message("assistant", status=PARTIAL)
         self.conversation.messages.append(message)
         self.recorder.add(self.conversation, message)
         widget = await self.chat_view.add_assistant()
         request = AnswerRequest(
-            self.conversation, turns, self.thinking, settings.sampling(), threading.Event(), draft=settings.draft
+            self.conversation,
+            turns,
+            self.thinking,
+            settings.sampling(),
+            threading.Event(),
+            draft=settings.draft,
+            tools=tools,
         )
         self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
         self.backend.answer(request)
@@ -321,15 +369,121 @@ class ChatScreen(PlainNotices, Screen):
         turn.message.status = END_STATUS.get(end.reason, ERROR)
         turn.message.note = (end.error or "") if turn.message.status != COMPLETE else ""
         turn.message.stats = end.stats
+        turn.message.tool_calls = end.tool_calls
         self.recorder.update(turn.conversation, turn.message)
         if turn.widget.is_attached:
             await turn.widget.finish(turn.message, end.error)
+            await turn.widget.show_calls(end.tool_calls)
         if end.stats is not None:
             self.panel.show_final(
                 end.stats, thinking=turn.thinking, remote=self.backend.remote, source=end.acceptance_source
             )
         if end.error:
             self.notify(end.error, severity="error", timeout=15)
+        await self.calls_made(turn, end.tool_calls, end.reason)
+
+    # the agent loop (chat/agent.py): calls, their results, the next answer
+
+    async def calls_made(self, turn: Turn, calls: tuple[ToolCall, ...], reason: str) -> None:
+        """After an answer: its calls run (one by one, each after the user's yes), or the loop ends."""
+        loop = self.loop if self.loop is not None and self.loop.conversation is turn.conversation else None
+        finished = reason in ("stop", "length")
+        if loop is None or not finished or not calls:  # stopped, failed, or answered in text: the loop ends
+            why = results.stopped() if loop is None or reason == "cancelled" else results.not_run("the answer failed.")
+            for call in calls:
+                self.record_result(PendingCall(call, turn.conversation, None), why)
+            if loop is not None:
+                self.loop = None
+            return
+        over = loop.answered(calls)
+        for pending, result in over:
+            self.record_result(pending, result)
+        if over:
+            self.loop = None
+            self.notify(
+                f"This message used its {loop.limit} rounds of tool calls, so the latest calls were not run "
+                "(the mcp.rounds setting).",
+                severity="warning",
+                timeout=20,
+            )
+            return
+        await self.next_call(loop)
+
+    async def next_call(self, loop: AgentLoop) -> None:
+        """The next call of the round: refused at once, asked about, or run; none left: the next answer."""
+        if loop is not self.loop or loop.stopped:
+            return
+        pending = loop.next_call()
+        if pending is None:
+            await self.answer()
+            return
+        refused = loop.refused(pending)
+        if refused is not None:
+            self.record_result(pending, refused)
+            await self.next_call(loop)
+        elif loop.asks(pending):
+            loop.asking = pending
+            self.show_call_state(pending, WAITING)
+            assert pending.route is not None
+            self.asking = ConfirmCallScreen(pending.call, *pending.route)
+            self.app.push_screen(self.asking, callback=partial(self.decided, loop, pending))
+        else:
+            self.run_call(loop, pending)
+
+    async def decided(self, loop: AgentLoop, pending: PendingCall, answer: str | None) -> None:
+        """The user's answer about a call: yes, always (for that tool in this chat), no, or stop (Esc)."""
+        self.asking = None
+        loop.asking = None
+        if loop is not self.loop or loop.stopped or answer not in (YES, NO, ALWAYS):
+            self.record_result(pending, results.stopped())
+            self.action_stop()
+        elif answer == NO:
+            self.record_result(pending, results.denied())
+            await self.next_call(loop)
+        elif answer in (YES, ALWAYS):
+            if answer == ALWAYS:
+                loop.always(pending)
+                self.recorder.save_tools(pending.conversation)
+            self.run_call(loop, pending)
+
+    def run_call(self, loop: AgentLoop, pending: PendingCall) -> None:
+        loop.running = pending
+        self.show_call_state(pending, RUNNING)
+        self.run_worker(partial(loop.run, pending, self._post), thread=True, group="tools")
+
+    async def on_tool_call_done(self, message: messages.ToolCallDone) -> None:
+        loop, pending = message.event.loop, message.event.pending
+        loop.running = None
+        self.record_result(pending, message.event.result)  # kept even when the loop was stopped meanwhile
+        await self.next_call(loop)
+
+    def record_result(self, pending: PendingCall, result: ToolResult) -> None:
+        """The call's result as a tool message of its chat (saved), and in its block if that chat is shown."""
+        conversation = pending.conversation
+        if conversation.result(pending.call.id) is not None:
+            return
+        message = AgentLoop.result_message(pending, result)
+        conversation.messages.append(message)
+        self.recorder.add(conversation, message)
+        block = self.call_block(pending.call.id) if conversation is self.conversation else None
+        if block is not None:
+            block.show_result(message)
+
+    def show_call_state(self, pending: PendingCall, state: str) -> None:
+        block = self.call_block(pending.call.id)
+        if block is not None:
+            block.show_state(state)
+
+    def call_block(self, call_id: str) -> ToolCallBlock | None:
+        """The call's block in the chat shown (None once the screen is gone: the app quits)."""
+        views = self.query(ChatView)
+        return views.first().call_block(call_id) if views else None
+
+    async def on_tool_server_changed(self, message: messages.ToolServerChanged) -> None:
+        from dflash_chat.ui.tools_screen import ToolsScreen
+
+        if isinstance(self.app.screen, ToolsScreen):
+            await self.app.screen.show_servers()
 
     # actions (each also in the command palette, see app.py)
 
@@ -346,8 +500,18 @@ class ChatScreen(PlainNotices, Screen):
         self.thinking = event.value
 
     def action_stop(self) -> None:
+        """Esc: the answer being written stops (what was written is kept), and so does the agent loop: a call
+        running is cut, the calls not yet run are answered as not run."""
         if self.turn is not None:
             self.backend.stop(self.turn.request)
+        loop, self.loop = self.loop, None
+        if loop is None:
+            return
+        for pending, result in loop.stop():
+            self.record_result(pending, result)
+        asking, self.asking = self.asking, None
+        if asking is not None and self.app.screen is asking:
+            asking.dismiss(STOP)
 
     async def action_new_chat(self) -> None:
         self.action_stop()
@@ -391,12 +555,12 @@ class ChatScreen(PlainNotices, Screen):
         if not messages:
             self.notify("Nothing to regenerate yet.", severity="warning")
             return
-        if messages[-1].role == "assistant":
+        if messages[-1].role == "assistant" and not messages[-1].tool_calls:
             self.recorder.remove(self.conversation, messages.pop())
             widgets = self.chat_view.query(AssistantMessage)
             if widgets:
                 await widgets.last().remove()
-        await self.answer()
+        await self.start_loop()
 
     def _last_answer(self) -> str | None:
         message = self.conversation.last("assistant")
@@ -428,6 +592,15 @@ class ChatScreen(PlainNotices, Screen):
 
     async def action_settings(self) -> None:
         await self.app.run_action("open_settings")
+
+    async def action_tools(self) -> None:
+        await self.app.run_action("open_tools")
+
+    def tools_chosen(self, conversation: Conversation, tools) -> None:
+        """After the tools screen: the chat's new choice of tools, saved with it."""
+        if tools is not None and tools != conversation.tools:
+            conversation.tools = tools
+            self.recorder.save_tools(conversation)
 
     def apply_settings(self, new: Settings) -> None:
         """The one way settings change: this screen's, then the backend's (which may load another model)."""

@@ -1,4 +1,9 @@
-"""The saved conversations: open, rename, delete, export to Markdown."""
+"""The saved conversations: search, open, rename, delete, export to Markdown.
+
+The search field (/ moves to it) filters the list as you type: chats whose title, or one of whose messages,
+holds every word typed (chat/history_search.py: SQLite FTS5, or LIKE where FTS5 is missing). Enter or Down
+goes from the field to the list.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.text import Text
-from textual import work
+from textual import events, on, work
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label
+from textual.widgets import DataTable, Footer, Input, Label
 from textual.widgets.data_table import RowKey
 
 from dflash_chat.chat.conversation import Conversation
@@ -38,6 +43,7 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
         Binding("r", "rename", "Rename", id="history-rename"),
         Binding("d,delete", "delete", "Delete", id="history-delete"),
         Binding("e", "export", "Export", id="history-export"),
+        Binding("slash", "search", "Search", id="history-search"),
         Binding("escape", "close", "Back", id="history-close"),
     ]
 
@@ -48,6 +54,7 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
 
     def compose(self):
         yield Label("History", id="history-title")
+        yield Input(placeholder="Search titles and messages (/)", id="history-search")
         yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
         yield Label("", id="history-empty")
         yield Footer()
@@ -60,19 +67,41 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
         self.refresh_rows()
         table.focus()
 
+    @property
+    def search(self) -> str:
+        return self.query_one("#history-search", Input).value
+
     def refresh_rows(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
         try:
-            summaries = self.store.summaries()
+            summaries = self.store.summaries(self.search)
         except UserError as exc:  # the history cannot be read just now
             self.notify(f"Could not read the history: {exc}", severity="error", timeout=20)
             summaries = []
         for s in summaries:
             table.add_row(Text(s.title), str(s.messages), when(s.updated), key=str(s.id))  # a title is never markup
         empty = self.query_one("#history-empty", Label)
-        empty.update("" if summaries else "No saved conversations yet.")
+        found = "No saved conversation holds every word of that search." if self.search.strip() else ""
+        empty.update("" if summaries else found or "No saved conversations yet.")
         empty.display = not summaries
+
+    @on(Input.Changed, "#history-search")
+    def searched(self) -> None:
+        self.refresh_rows()
+
+    @on(Input.Submitted, "#history-search")
+    def search_done(self) -> None:
+        self.query_one(DataTable).focus()
+
+    def on_key(self, event: events.Key) -> None:
+        """Down in the search field goes to the list."""
+        if event.key == "down" and self.query_one("#history-search", Input).has_focus:
+            event.stop()
+            self.query_one(DataTable).focus()
+
+    def action_search(self) -> None:
+        self.query_one("#history-search", Input).focus()
 
     def selected(self) -> int | None:
         table = self.query_one(DataTable)

@@ -32,6 +32,7 @@ COMMANDS = (
     Command("stop", "escape", "stop", "Stop generation", "Stop the answer being written (it is kept)", True),
     Command("new-chat", "ctrl+n", "new_chat", "New chat", "Start a new conversation", True),
     Command("history", "ctrl+o", "history", "History", "Open, rename, delete or export saved chats", True),
+    Command("tools", "f3", "tools", "Tools", "MCP servers, and the tools this chat offers", True),
     Command("regenerate", "ctrl+r", "regenerate", "Regenerate", "Write the last answer again"),
     Command("copy-answer", "ctrl+l", "copy_answer", "Copy last answer", "Copy the last answer to the clipboard"),
     Command("copy-code", "ctrl+b", "copy_code", "Copy last code block", "Copy the last code block of the last answer"),

@@ -1,5 +1,5 @@
-"""One Textual message per kind of backend event (runtime/events.py, chat/events.py), posted from
-worker threads.
+"""One Textual message per kind of backend event (runtime/events.py, chat/events.py) and tool event (the
+servers' state, the agent loop's workers), posted from worker threads.
 
 A backend posts plain event data through a `post` callback (post_message never blocks the worker);
 `message_for` gives each event its own message, so Textual delivers it on the UI thread to the chat
@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
+from dflash_chat.chat import agent
 from dflash_chat.chat import events as answer_events
+from dflash_chat.chat.backends.base import BackendEvent
+from dflash_chat.chat.tools.servers import ServerChanged
 from dflash_chat.runtime import events
 from dflash_chat.runtime.bridge import StreamChunk
 
@@ -68,6 +71,21 @@ class AnswerEnded(Message):
     event: answer_events.AnswerEnded
 
 
+@dataclass
+class ToolServerChanged(Message):
+    event: ServerChanged
+
+
+@dataclass
+class ServersWaited(Message):
+    event: agent.ServersWaited
+
+
+@dataclass
+class ToolCallDone(Message):
+    event: agent.ToolCallDone
+
+
 MESSAGES: dict[type, type[Message]] = {
     StreamChunk: AnswerChunk,
     answer_events.PromptSent: PromptSent,
@@ -79,10 +97,13 @@ MESSAGES: dict[type, type[Message]] = {
     events.LoadProgress: LoadProgress,
     events.ModelLoaded: ModelLoaded,
     events.ModelFailed: ModelFailed,
+    ServerChanged: ToolServerChanged,
+    agent.ServersWaited: ServersWaited,
+    agent.ToolCallDone: ToolCallDone,
 }
 
 
-def message_for(event: answer_events.BackendEvent) -> Message:
+def message_for(event: BackendEvent) -> Message:
     """The message that carries `event` to its handler."""
     kind = MESSAGES.get(type(event))
     if kind is None:

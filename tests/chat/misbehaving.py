@@ -65,6 +65,7 @@ class Misbehaving:
         }
         self.released = threading.Event()
         self.seen: list[str] = []
+        self.bodies: list[bytes] = []  # each request's body, in order
         owner = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -90,6 +91,7 @@ class Misbehaving:
         while len(body) < length:
             body += sock.recv(65536)
         self.seen.append(path)
+        self.bodies.append(body)
         reply = self.replies.get(path, Reply(whole(404, "text/plain", b"nothing here")))
         reply = reply() if callable(reply) else reply
         for part in reply.parts:

@@ -6,6 +6,7 @@ import pytest
 
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, PARTIAL, Message
 from dflash_chat.chat.history import (
+    SCHEMA_VERSION,
     HistoryCorruptError,
     HistoryStore,
     HistoryUnavailable,
@@ -275,4 +276,182 @@ def test_a_history_from_before_notes_gains_the_column_and_keeps_every_message(tm
     ]
     store.add(1, Message("assistant", "x", status=CANCELLED, note="stopped"))
     assert store_at(path).load(1).messages[-1].note == "stopped"
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+# tool calls, each chat's tools, and search (schema 3)
+
+
+def test_tool_calls_and_their_results_round_trip_with_the_chats_choice_of_tools(tmp_path):
+    from dflash_chat.chat.conversation import DENIED
+    from dflash_chat.chat.tools.choice import ChatTools
+    from dflash_chat.runtime.tool_calls import ToolCall
+
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    chosen = ChatTools(offered=frozenset({"files/read"}), choice="files/read")
+    cid = store.create("tools", chosen)
+    calls = (ToolCall("call_1", "read", '{"path": "/etc/hosts"}'), ToolCall("call_2", "read", '{"path": "~"}'))
+    store.add(cid, Message("user", "read my hosts file"))
+    store.add(cid, Message("assistant", "Let me look.", tool_calls=calls))
+    store.add(cid, Message("tool", "127.0.0.1 localhost", tool_call_id="call_1"))
+    store.add(
+        cid, Message("tool", "The user declined this call; it was not run.", status=DENIED, tool_call_id="call_2")
+    )
+    store.set_tools(cid, ChatTools(offered=chosen.offered, always=frozenset({"files/read"})))
+    loaded = store_at(path).load(cid)
+    assert loaded.messages[1].tool_calls == calls
+    assert [(m.role, m.tool_call_id, m.status) for m in loaded.messages[2:]] == [
+        ("tool", "call_1", COMPLETE),
+        ("tool", "call_2", DENIED),
+    ]
+    assert loaded.tools == ChatTools(offered=frozenset({"files/read"}), always=frozenset({"files/read"}))
+    assert loaded.chat_turns()[1]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": {"path": "/etc/hosts"}}},
+        {"id": "call_2", "type": "function", "function": {"name": "read", "arguments": {"path": "~"}}},
+    ]
+    assert loaded.chat_turns()[2] == {"role": "tool", "content": "127.0.0.1 localhost", "tool_call_id": "call_1"}
+    markdown = to_markdown(loaded)
+    assert "<details><summary>Tool call: read (done)</summary>" in markdown and "127.0.0.1 localhost" in markdown
+    assert "Tool call: read (declined)" in markdown and "## You" in markdown and markdown.count("## Assistant") == 1
+
+
+def test_hand_edited_tool_columns_read_back_as_no_calls_and_the_default_choice(tmp_path):
+    import sqlite3
+
+    from dflash_chat.chat.tools.choice import ChatTools
+
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    cid = store.create("edited", ChatTools(choice="a/b"))
+    store.add(cid, Message("assistant", "answer"))
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("""UPDATE messages SET tool_calls = '[{"id": 1}, "x", {"id": "c", "name": "n", "arguments": "{}"}]'""")
+    db.execute("UPDATE conversations SET tools = '{not json'")
+    db.commit()
+    db.close()
+    loaded = store_at(path).load(cid)
+    assert [c.id for c in loaded.messages[0].tool_calls] == ["c"] and loaded.tools == ChatTools()
+
+
+@pytest.fixture(params=["fts5", "like"])
+def search_mode(request, monkeypatch):
+    """Search by FTS5, and by LIKE as on a SQLite built without FTS5."""
+    if request.param == "like":
+        monkeypatch.setattr("dflash_chat.chat.history_search.fts5_available", lambda db: False)
+    return request.param
+
+
+def searched(store, text: str) -> list[str]:
+    return [s.title for s in store.summaries(text)]
+
+
+def test_search_finds_chats_by_title_or_by_one_messages_words(tmp_path, search_mode):
+    store = store_at(tmp_path / "h.sqlite3")
+    assert store.search_index.fts == (search_mode == "fts5")
+    sorting = store.create("Sorting a dict by value")
+    store.add(sorting, Message("user", "How do I sort a dictionary?"))
+    store.add(sorting, Message("assistant", "Use sorted() with a key function."))
+    cafe = store.create("Café menu")
+    store.add(cafe, Message("user", "Translate the Menu into French"))
+    other = store.create("Rust lifetimes")
+    store.add(other, Message("assistant", "A lifetime says how long a borrow lives; SORTED is unrelated here."))
+    assert searched(store, "") == ["Rust lifetimes", "Café menu", "Sorting a dict by value"]
+    assert searched(store, "sort") == ["Rust lifetimes", "Sorting a dict by value"]  # a word's start, any case
+    assert searched(store, "dict value") == ["Sorting a dict by value"]  # every word, in one title
+    assert searched(store, "key function") == ["Sorting a dict by value"]  # ... or in one message
+    assert searched(store, "sort french") == []  # never across two messages
+    assert searched(store, "menu") == ["Café menu"]
+    assert searched(store, "nothing-like-this") == []
+    for odd in ['"', "AND", "*", "-x", "(", "a'b", "NEAR(", "%", "_"]:
+        store.summaries(odd)  # any text is a search, never an error
+
+
+def test_search_follows_every_change_to_the_history(tmp_path, search_mode):
+    store = store_at(tmp_path / "h.sqlite3")
+    cid = store.create("first title")
+    answer = Message("assistant", "", status=PARTIAL)
+    store.add(cid, answer)
+    answer.content = "streamed words arrive"
+    store.update(answer)
+    assert searched(store, "arrive") == ["first title"]
+    store.rename(cid, "renamed chat")
+    assert searched(store, "renamed") == ["renamed chat"] and searched(store, "first") == []
+    store.remove_message(answer.id)
+    assert searched(store, "arrive") == []
+    store.delete(cid)
+    assert searched(store, "renamed") == []
+
+
+def test_the_index_misses_nothing_written_by_a_sqlite_without_fts5(tmp_path, monkeypatch):
+    path = tmp_path / "h.sqlite3"
+    store = store_at(path)
+    store.add(store.create("indexed"), Message("user", "alpha"))
+    store.close()
+    monkeypatch.setattr("dflash_chat.chat.history_search.fts5_available", lambda db: False)
+    store = store_at(path)
+    store.add(store.create("written without fts5"), Message("user", "beta"))
+    assert searched(store, "beta") == ["written without fts5"]  # by LIKE meanwhile
+    store.close()
+    monkeypatch.undo()
+    store = store_at(path)
+    assert store.search_index.fts and searched(store, "beta") == ["written without fts5"]  # the index was rebuilt
+    assert searched(store, "alpha") == ["indexed"]
+
+
+V2_SCHEMA = """
+CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL);
+CREATE TABLE messages (id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE, role TEXT NOT NULL,
+    content TEXT NOT NULL, thinking TEXT NOT NULL DEFAULT '', status TEXT NOT NULL, stats TEXT,
+    created REAL NOT NULL, note TEXT NOT NULL DEFAULT '');
+CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+"""
+
+
+def test_a_history_written_by_the_previous_schema_loads_searches_and_takes_tool_calls(tmp_path):
+    """A file exactly as schema 2 (the one before tools) wrote it: its CREATE statements, its rows."""
+    import sqlite3
+
+    from dflash_chat.runtime.tool_calls import ToolCall
+
+    path = tmp_path / "v2.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(V2_SCHEMA)
+    db.executescript("""
+        INSERT INTO conversations VALUES (1, 'Old chat about kettles', 1.0, 3.0);
+        INSERT INTO messages VALUES (1, 1, 'user', 'Why does my kettle whistle?', '', 'complete', NULL, 1.0, '');
+        INSERT INTO messages VALUES (2, 1, 'assistant', 'Steam through a narrow opening.', '', 'cut', NULL, 2.0,
+                                     'the connection was lost');
+        PRAGMA user_version = 2;
+    """)
+    db.close()
+    store = store_at(path)
+    loaded = store.load(1)
+    assert [(m.role, m.content, m.status, m.note, m.tool_calls) for m in loaded.messages] == [
+        ("user", "Why does my kettle whistle?", COMPLETE, "", ()),
+        ("assistant", "Steam through a narrow opening.", "cut", "the connection was lost", ()),
+    ]
+    assert searched(store, "steam") == ["Old chat about kettles"] and searched(store, "kettles") == [
+        "Old chat about kettles"
+    ]
+    store.add(1, Message("assistant", "", tool_calls=(ToolCall("c1", "weather", "{}"),)))
+    store.add(1, Message("tool", "sunny", tool_call_id="c1"))
+    again = store_at(path).load(1)
+    assert again.messages[2].tool_calls[0].name == "weather" and again.messages[3].tool_call_id == "c1"
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+
+
+def test_a_read_only_history_of_the_previous_schema_is_kept_as_it_is(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "v2.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(V2_SCHEMA + "INSERT INTO conversations VALUES (1, 'kept', 1.0, 1.0); PRAGMA user_version = 2;")
+    db.close()
+    make_read_only(path)
+    before = path.read_bytes()
+    store, note = HistoryStore.open_or_recover(path)
+    assert store.in_memory and "read-only" in note
+    assert path.read_bytes() == before

@@ -89,11 +89,11 @@ def check_experts(name: str) -> None:
         r = kernels.route(idx, e)  # expert 1: no pairs
         for dtype in (torch.float32, torch.bfloat16 if tokens == 1 else torch.float16):  # (interpreter: no bf16 tl.dot)
             x = _x(tokens, k, dtype, seed=tokens)
-            y = triton_quant.moe_matmul(x, packed, fmt, n, r.token_of, r.order, r.offsets, r.expert_of)
+            y = triton_quant.moe_matmul(x, packed, fmt, n, kernels.Pairs(r.token_of, r.order, r.offsets, r.expert_of))
             want = torch.stack([x[p // top_k].float() @ ref[int(idx.reshape(-1)[p])].T for p in range(tokens * top_k)])
             _check(f"{name} experts tokens={tokens} {dtype}", y, want, TOL[dtype])
     # without expert_of: found from the offsets
-    y = triton_quant.moe_matmul(x, packed, fmt, n, r.token_of, r.order, r.offsets)
+    y = triton_quant.moe_matmul(x, packed, fmt, n, kernels.Pairs(r.token_of, r.order, r.offsets))
     _check(f"{name} experts (searchsorted)", y, want, TOL[dtype])
 
 

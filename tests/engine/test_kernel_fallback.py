@@ -66,7 +66,7 @@ def test_broken_experts_kernel_falls_back_to_torch(monkeypatch, interpreter, q8_
     x = torch.randn(3, 256)
     r = kernels.Routes(*reference.route(torch.tensor([[1, 0], [0, 1], [1, 0]]), 2))
     with pytest.warns(UserWarning, match="Triton experts Q8_0 kernel disabled"):
-        y = kernels.moe_matmul(x, experts, fmt, 64, r.token_of, r.order, r.offsets)
+        y = kernels.moe_matmul(x, experts, fmt, 64, kernels.Pairs(r.token_of, r.order, r.offsets))
     want = torch.stack(
         [
             x[t] @ reference.dequantize_rows(experts[e], fmt, torch.float32).T

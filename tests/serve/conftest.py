@@ -36,7 +36,7 @@ def demo_pair():
 def serving(pair, **rules):
     """A server for `pair` (a fresh engine session on it) on a loopback port; yields (served, url)."""
     from dflash_chat.runtime.session import EngineSession
-    from dflash_chat.serve.app import Served
+    from dflash_chat.serve.served import Served
     from dflash_chat.serve.server import Running
 
     served = Served("dflash-chat-demo", replace(GREEDY, **rules.pop("settings", {})), **rules)

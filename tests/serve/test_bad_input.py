@@ -99,8 +99,20 @@ def test_a_prompt_over_the_context_is_400(server, stream):
     long = " ".join(["with open(path) as handle: text = handle.read()"] * 200)
     error = openai_error(post(url, {**GOOD, "messages": [{"role": "user", "content": long}], "stream": stream}), 400)
     assert error["code"] == "context_length_exceeded" and f"{CONTEXT} tokens" in error["message"]
-    error = openai_error(post(url, {**GOOD, "max_tokens": CONTEXT}), 400)  # a short prompt, too long an answer
-    assert error["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_asked_longer_than_the_context_has_room_for_is_cut_to_that_room(server, stream):
+    """As local runtimes do (agents ask for max_tokens 32000 whatever the context): a header says so."""
+    _, url = server
+    response = post(url, {**GOOD, "max_tokens": CONTEXT, "stream": stream, "temperature": 0})
+    assert response.status_code == 200, response.text
+    room = int(response.headers["x-max-tokens-clamped"])
+    assert 0 < room < CONTEXT
+    if not stream:
+        usage = response.json()["usage"]
+        assert usage["prompt_tokens"] + room == CONTEXT and usage["completion_tokens"] <= room
+    assert "x-max-tokens-clamped" not in post(url, {**GOOD, "max_tokens": 2}).headers
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])

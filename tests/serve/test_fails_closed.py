@@ -159,7 +159,7 @@ def test_a_dropped_answer_counts_as_abort(demo_pair, monkeypatch):
 
 
 def test_stopping_ends_open_streams_with_an_error_and_done_at_once(demo_pair, monkeypatch):
-    from dflash_chat.serve.app import Served
+    from dflash_chat.serve.served import Served
     from dflash_chat.serve.server import Running
 
     from .conftest import GREEDY
@@ -237,7 +237,7 @@ def test_serve_with_an_empty_key_stops_before_loading(capsys):
 
 SERVE_NO_MODEL = r"""
 import sys, threading
-from dflash_chat.serve.app import Served
+from dflash_chat.serve.served import Served
 from dflash_chat.serve.server import serve_forever
 from dflash_chat.settings import Settings
 

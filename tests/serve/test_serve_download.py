@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dflash_chat.chat.backends.remote import httpx_module
 from dflash_chat.runtime.model_source import Pick
-from dflash_chat.serve.app import Served
+from dflash_chat.serve.served import Served
 from dflash_chat.serve.server import Running, start_loading
 from tests.ui.conftest import fast_settings, home  # noqa: F401 - fixtures
 from tests.ui.test_first_run import first_run, repo_files, server  # noqa: F401 - fixtures

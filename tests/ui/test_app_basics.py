@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 
-from textual.widgets import DataTable, Input, Switch
+from textual.widgets import DataTable, Input, Label, Switch
 
 from dflash_chat import paths
 from dflash_chat import settings as settings_module
@@ -136,6 +136,52 @@ def test_history_open_rename_delete_export(home, tmp_path):
     assert shown["acceptance"] == "26.7 %" and shown["tokens/step"] == "5.00"  # from the saved stats
     assert shown["prompt"] == "42 (17 reused)"
     assert [s.title for s in HistoryStore(paths.history_db()).summaries()] == ["Context managers"]
+
+
+def test_history_search_finds_chats_by_title_and_by_message_text_as_you_type(home):
+    seed_history(paths.history_db())
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
+            screen = app.screen
+            table = screen.query_one(DataTable)
+
+            def titles() -> list[str]:
+                return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+
+            async def search(text: str) -> list[str]:
+                field = screen.query_one("#history-search", Input)
+                field.value = ""
+                await pilot.press(*text)
+                await pilot.pause()
+                return titles()
+
+            seen = {"all": titles()}
+            await pilot.press("slash")  # / moves to the search field
+            seen["context"] = await search("context")  # in the answer's text only
+            seen["dict value"] = await search("dict value")  # typed letters never act as keys (d deletes)
+            seen["nothing"] = await search("zzz")
+            empty = str(screen.query_one("#history-empty", Label).render())
+            seen["sort"] = await search("sort")
+            await pilot.press("enter")  # to the list
+            await pilot.press("enter")  # open the one found
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
+            return seen, empty, app.chat.conversation.title
+
+    seen, empty, opened = run(main())
+    assert seen == {
+        "all": ["What does with do?", "Sorting a dict by value"],
+        "context": ["What does with do?"],
+        "dict value": ["Sorting a dict by value"],
+        "nothing": [],
+        "sort": ["Sorting a dict by value"],
+    }
+    assert empty == "No saved conversation holds every word of that search."
+    assert opened == "Sorting a dict by value"
+    assert len(HistoryStore(paths.history_db()).summaries()) == 2  # nothing was deleted on the way
 
 
 def test_copy_last_answer_and_last_code_block(home):

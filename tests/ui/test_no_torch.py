@@ -1,4 +1,5 @@
-"""The UI starts without torch: it is imported only in the worker that loads a model."""
+"""The UI starts without torch: it is imported only in the worker that loads a model (and without the MCP
+SDK, imported only on the thread of the tool servers, once one starts)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ CHECK = textwrap.dedent(
     import dflash_chat.commands.chat
     from dflash_chat.settings import Settings
     after_import = "torch" in sys.modules
+    mcp_after_import = "mcp" in sys.modules
 
     async def main():
         app = dflash_chat.ui.app.DFlashChatApp(Settings())
@@ -23,9 +25,13 @@ CHECK = textwrap.dedent(
             await pilot.pause()
             await pilot.press("escape")
             await pilot.pause()
+            await pilot.press("f3")
+            await pilot.pause()
+            await pilot.press("escape")
+            await pilot.pause()
 
     asyncio.run(main())
-    print(after_import, "torch" in sys.modules)
+    print(after_import, "torch" in sys.modules, mcp_after_import, "mcp" in sys.modules)
     """
 )
 
@@ -34,7 +40,7 @@ def test_importing_and_starting_the_ui_does_not_import_torch(tmp_path):
     env = {**os.environ, "DFLASH_CHAT_HOME": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "False"]
+    assert result.stdout.split() == ["False", "False", "False", "False"]  # nor the MCP SDK, with no servers
 
 
 def test_commands_import_no_hub_client_until_they_run():

@@ -80,3 +80,76 @@ def test_chat_on_a_narrow_terminal_with_the_panel_below(snap_compare, home):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 30), run_before=run_before)
+
+
+def test_chat_with_tool_calls(snap_compare, home):
+    """An answer's calls as blocks: tool and state in the title, the arguments, then the result."""
+    from dflash_chat.chat.conversation import DENIED, Message
+    from dflash_chat.chat.history import HistoryStore
+    from dflash_chat.runtime.tool_calls import ToolCall
+
+    store = HistoryStore(paths.history_db(), clock=lambda: 1_767_225_600.0)
+    cid = store.create("Notes about kettles")
+    store.add(cid, Message("user", "What do my notes say about kettles?"))
+    calls = (
+        ToolCall("call_1", "search_notes", '{"query": "kettle", "limit": 3}'),
+        ToolCall("call_2", "delete_note", '{"path": "notes/kettle.md"}'),
+    )
+    store.add(cid, Message("assistant", "Let me look through your notes.", tool_calls=calls))
+    store.add(cid, Message("tool", "notes/kettle.md: descale it every month", tool_call_id="call_1"))
+    store.add(
+        cid, Message("tool", "The user declined this call; it was not run.", status=DENIED, tool_call_id="call_2")
+    )
+    store.add(cid, Message("assistant", "Your notes say to descale the kettle every month."))
+    store.close()
+    app = DFlashChatApp(Settings())
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: app.chat.is_mounted and app.chat.query("ChatView"), 30, "chat screen")
+        await app.chat.open_conversation(cid)
+        for block in app.chat.query("ToolCallBlock"):
+            block.collapsed = False
+        steady(app.screen)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_tools_screen(snap_compare, home):
+    """Servers that failed to start (and say why) and one turned off; the tools screen starts nothing else."""
+    from dflash_chat.mcp_config import McpServer, McpSettings
+    from dflash_chat.ui.tools_screen import ToolsScreen
+
+    servers = {
+        "notes": McpServer(command="no-such-mcp-server-here", args=("--root", "~/notes")),
+        "everything": McpServer(command="npx", args=("-y", "@modelcontextprotocol/server-everything"), enabled=False),
+    }
+    app = DFlashChatApp(Settings(mcp=McpSettings(servers)))
+
+    async def run_before(pilot):
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolsScreen), 30, "tools screen")
+        await wait_for(pilot, lambda: app.chat.servers.states()["notes"].state == "failed", 30, "the failure")
+        await pilot.pause()
+        await app.screen.show_servers()
+        steady(app.screen)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_the_question_before_a_call_runs(snap_compare, home):
+    from dflash_chat.runtime.tool_calls import ToolCall
+    from dflash_chat.ui.confirm_call_screen import ConfirmCallScreen
+
+    app = DFlashChatApp(Settings())
+    call = ToolCall("call_1", "delete_note", '{"path": "notes/kettle.md", "backup": true}')
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: app.chat.is_mounted, 30, "chat screen")
+        app.push_screen(ConfirmCallScreen(call, "notes", "delete_note"))
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmCallScreen), 30, "the question")
+        steady(app.screen)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from dflash_chat.chat.events import AnswerEnded, BackendEvent
+from dflash_chat.chat.agent import ServersWaited, ToolCallDone
+from dflash_chat.chat.events import AnswerEnded, AnswerEvent
+from dflash_chat.chat.tools.servers import ServerChanged
 from dflash_chat.runtime.events import LoadEvent, Status
 
 if TYPE_CHECKING:
@@ -28,8 +30,10 @@ if TYPE_CHECKING:
     from dflash_chat.models.hub import ModelFiles
     from dflash_chat.runtime.endpoint import Endpoint, ServedModel
     from dflash_chat.runtime.model_source import ModelSource, Pick
+    from dflash_chat.runtime.tool_use import ToolUse
     from dflash_chat.settings import Settings
 
+BackendEvent = LoadEvent | AnswerEvent | ServerChanged | ServersWaited | ToolCallDone  # what a backend posts
 Post = Callable[[BackendEvent], None]
 Spawn = Callable[[Callable[[], None], str], None]  # (worker body, group: "model" | "generate")
 
@@ -39,11 +43,12 @@ class AnswerRequest:
     """One answer to write: the chat so far, and the settings it is written with."""
 
     chat: Conversation  # the Conversation it answers (what the engine holds is kept per chat)
-    turns: list[dict[str, str]]
+    turns: list[dict[str, Any]]  # Conversation.chat_turns: tool calls' arguments as mappings
     thinking: bool
     sampling: SamplingParams  # the settings' (Settings.sampling), as the engine gets it
     cancel: threading.Event
     draft: str | int = "auto"  # drafts per step, for a local engine (the draft setting)
+    tools: ToolUse | None = None  # the tools the answer may call (their calls come back in StreamEnd.tool_calls)
 
 
 class Backend:

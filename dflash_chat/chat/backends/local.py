@@ -173,9 +173,9 @@ class LocalBackend(Backend):
         post, session = self.post, service.session
         try:
             session.use_draft(request.draft)  # here, not on the UI thread: it rebuilds the engine's steps
-            prompt = session.chat_prompt(request.turns, request.thinking, previous)
+            prompt = session.chat_prompt(request.turns, request.thinking, previous, request.tools)
             post(PromptSent(prompt))
-            end = session.answer(prompt, request.sampling, request.cancel, post, memory=memory)
+            end = session.answer(prompt, request.sampling, request.cancel, post, memory=memory, tools=request.tools)
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
             error = StreamEnd("error", "", "", None, one_line(exc, "generation"))
             post(AnswerEnded(error, None, session.pair, request.chat))

@@ -198,14 +198,17 @@ class HttpBackend(Backend):
         self.spawn(lambda: self._detached(lambda: self._answer(served, request)), "generate")
 
     def _body(self, served: ServedModel, request: AnswerRequest) -> dict:
-        return {
+        body = {
             "model": served.id,
-            "messages": request.turns,
+            "messages": [openai_protocol.message_body(turn) for turn in request.turns],
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "chat_template_kwargs": {"enable_thinking": request.thinking},
             **openai_protocol.sampling_fields(request.sampling),
         }
+        if request.tools is not None and request.tools.offered:
+            body.update(openai_protocol.tool_fields(request.tools))
+        return body
 
     def stop(self, request: AnswerRequest) -> None:
         """Cancel, and cut the connection at once: a read blocked waiting for the server returns, and

@@ -1,5 +1,6 @@
 """One streamed answer from an OpenAI-compatible server: SSE lines in, batched chunks out, the figures
-at the end (a whole JSON completion too, from a server that ignored "stream").
+at the end (a whole JSON completion too, from a server that ignored "stream"). The answer's tool calls,
+streamed in pieces (`delta.tool_calls`), come whole in the last chunk and in StreamEnd.tool_calls.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dflash_chat.runtime.bridge import POST_INTERVAL_S, StreamChunk, StreamEnd
 from dflash_chat.runtime.endpoint import Endpoint, ServerError, error_text, short_line, tokens_text
 from dflash_chat.runtime.live_stats import LiveStats
 from dflash_chat.runtime.prompt import ThinkingSplitter
+from dflash_chat.runtime.tool_calls import ToolCall
 
 MAX_ERROR_BODY = 64 * 1024  # of a refusal's body, read to quote its message
 MAX_WHOLE_BODY = 16 * 1024 * 1024  # of a reply that is one JSON object instead of a stream
@@ -48,6 +50,7 @@ class Reader:
         self.finish: str | None = None
         self.usage: dict = {}
         self.acceptance: openai_protocol.Acceptance | None = None
+        self.calls = openai_protocol.StreamedCalls()
         self.error: str | None = None
         self.host = ""
         self.started = time.monotonic()
@@ -134,16 +137,23 @@ class Reader:
         return self.end("cut" if self.has_text() else "error")
 
     def has_text(self) -> bool:
-        return bool(self.thinking or self.answer)
+        return bool(self.thinking or self.answer or self.calls.parts)
 
     def end(self, reason: str) -> StreamEnd:
         self._feed(*self.splitter.flush())
-        if any(self.pending):
-            self.send()
+        calls = self.calls.calls() if reason in ("stop", "length") else ()  # a call cut mid-way is no call
+        if any(self.pending) or calls:
+            self.send(calls)
         stats = self.stats(time.monotonic())
         source = self.acceptance.source if self.acceptance is not None else None
         return StreamEnd(
-            reason, "".join(self.thinking), "".join(self.answer), stats, self.error, acceptance_source=source
+            reason,
+            "".join(self.thinking),
+            "".join(self.answer),
+            stats,
+            self.error,
+            acceptance_source=source,
+            tool_calls=calls,
         )
 
     def take(self, chunk: dict, now: float) -> None:
@@ -170,7 +180,8 @@ class Reader:
             delta = delta if isinstance(delta, dict) else {}
             reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
             content = _text(delta.get("content"))
-            if reasoning or content:
+            self.calls.take(delta.get("tool_calls"))
+            if reasoning or content or delta.get("tool_calls"):
                 self.deltas += 1
                 if self.first is None:
                     self.first = now
@@ -192,14 +203,14 @@ class Reader:
         count = self.usage.get("completion_tokens")
         return count if isinstance(count, int) else self.deltas
 
-    def send(self) -> None:
+    def send(self, calls: tuple[ToolCall, ...] = ()) -> None:
         live = self.live
         live.new_tokens = self.new_tokens()
         live.prompt_tokens = self.usage.get("prompt_tokens") or 0
         if self.first is not None:
             live.ttft_s = self.first - self.started
             live.decode_s = self.last - self.first
-        self.post(StreamChunk(self.pending[0], self.pending[1], live.snapshot()))
+        self.post(StreamChunk(self.pending[0], self.pending[1], live.snapshot(), calls))
         self.pending = ["", ""]
 
     def stats(self, now: float) -> GenerationStats:

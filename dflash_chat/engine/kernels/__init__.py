@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dflash_chat.engine.kernels.experts import Routes, grouped_experts, moe_combine, moe_matmul, route, top_k_softmax
 from dflash_chat.engine.kernels.glue import add_rms_norm, conv_block, conv_step, gated_rms_norm, rms_norm, silu_mul
+from dflash_chat.engine.kernels.pairs import Pairs
 from dflash_chat.engine.kernels.quant import dequantize, matmul
 from dflash_chat.engine.kernels.switches import kernel_wanted, triton_available, use_triton
 
@@ -16,6 +17,7 @@ __all__ = [
     "matmul",
     "dequantize",
     "moe_matmul",
+    "Pairs",
     "route",
     "Routes",
     "grouped_experts",

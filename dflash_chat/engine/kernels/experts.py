@@ -13,6 +13,7 @@ from dflash_chat.engine.ggml.formats import FORMATS, Format
 from dflash_chat.engine.kernels import first_use, lazy, reference
 from dflash_chat.engine.kernels.configs import kernel_supports
 from dflash_chat.engine.kernels.glue import silu_mul
+from dflash_chat.engine.kernels.pairs import Pairs
 from dflash_chat.engine.kernels.switches import use_triton
 
 
@@ -60,8 +61,9 @@ def _probe_experts(packed: torch.Tensor, fmt: Format, dtype: torch.dtype) -> boo
     for tokens, picks in ((1, [[1, 0]]), (3, [[0, 1], [1, 0], [0, 1]])):
         r = route(torch.tensor(picks, device=packed.device), experts.shape[0])
         x = first_use.probe_input(tokens, k, dtype, packed.device)
-        args = (x, experts, fmt, n, r.token_of, r.order, r.offsets)
-        if not first_use.close(tq.moe_matmul(*args, expert_of=r.expert_of), reference.moe_matmul(*args)):
+        pairs = Pairs(r.token_of, r.order, r.offsets)
+        kernel = tq.moe_matmul(x, experts, fmt, n, Pairs(r.token_of, r.order, r.offsets, r.expert_of))
+        if not first_use.close(kernel, reference.moe_matmul(x, experts, fmt, n, pairs)):
             return False
     return True
 
@@ -77,23 +79,14 @@ def _experts_kernel_ok(packed: torch.Tensor, fmt: Format, k: int, dtype: torch.d
 
 
 def moe_matmul(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    fmt: Format,
-    n: int,
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    offsets: torch.Tensor,
-    expert_of: torch.Tensor | None = None,
-    tokens: int | None = None,
+    x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, routed: Pairs, tokens: int | None = None
 ) -> torch.Tensor:
     """Routed experts in one call: y [P, n], y[dst[i]] = x[src[i]] @ W[e].T for the sorted positions i of
-    expert e (offsets[e] <= i < offsets[e + 1]); packed [E, N, row_bytes] (or float [E, N, K]); P = len(src),
-    dst a permutation. `expert_of` (Routes.expert_of) saves the kernel path a searchsorted; `tokens` (the layer's,
-    default: rows of x) picks the kernel: one token's pairs go through the FMA kernel, also for the down projection."""
+    expert e (kernels/pairs.py); packed [E, N, row_bytes] (or float [E, N, K]). `tokens` (the layer's, default:
+    rows of x) picks the kernel: one token's pairs go through the FMA kernel, also for the down projection."""
     if _experts_kernel_ok(packed, fmt, x.shape[-1], x.dtype):
-        return lazy.quant().moe_matmul(x, packed, fmt, n, src, dst, offsets, expert_of, tokens)
-    return reference.moe_matmul(x, packed, fmt, n, src, dst, offsets)
+        return lazy.quant().moe_matmul(x, packed, fmt, n, routed, tokens)
+    return reference.moe_matmul(x, packed, fmt, n, routed)
 
 
 def _float_format(t: torch.Tensor) -> Format:
@@ -121,7 +114,7 @@ def grouped_experts(
     def project(inputs, src, weights):
         packed, fmt = weights
         fmt = fmt or _float_format(packed)
-        return moe_matmul(inputs, packed, fmt, packed.shape[1], src, r.order, r.offsets, r.expert_of, tokens)
+        return moe_matmul(inputs, packed, fmt, packed.shape[1], Pairs(src, r.order, r.offsets, r.expert_of), tokens)
 
     if len(gate_up) == 1:
         both = project(x, r.token_of, gate_up[0])

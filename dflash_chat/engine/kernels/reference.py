@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_chat.engine.ggml.formats import Format, dequantize
+from dflash_chat.engine.kernels.pairs import Pairs
 
 # Dequantize at most this many weight values at once (bounds the float scratch to ~64 MB in fp32).
 _TILE_VALUES = 16 * 1024 * 1024
@@ -31,21 +32,14 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, out_features: int
     return out
 
 
-def moe_matmul(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    fmt: Format,
-    n: int,
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    offsets: torch.Tensor,
-) -> torch.Tensor:
+def moe_matmul(x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, routed: Pairs) -> torch.Tensor:
     """y [P, n] with y[dst[i]] = x[src[i]] @ W[e].T for offsets[e] <= i < offsets[e + 1]; packed [E, N, row_bytes].
 
-    P = len(src) and dst is a permutation of 0..P-1, so every row of y is written once.
+    P is the number of pairs and dst a permutation of 0..P-1, so every row of y is written once.
     """
-    out = torch.empty(src.numel(), n, dtype=x.dtype, device=x.device)
-    bounds = offsets.tolist()
+    src, dst = routed.src, routed.dst
+    out = torch.empty(len(routed), n, dtype=x.dtype, device=x.device)
+    bounds = routed.offsets.tolist()
     for e in range(packed.shape[0]):
         lo, hi = bounds[e], bounds[e + 1]
         if hi > lo:

@@ -39,6 +39,7 @@ import triton.language as tl
 
 from dflash_chat.engine.ggml.formats import IQ4_LEVELS, Format
 from dflash_chat.engine.kernels import configs
+from dflash_chat.engine.kernels.pairs import Pairs
 
 FMT_IDS = {
     "Q8_0": 0,
@@ -961,29 +962,20 @@ def expert_of_position(offsets: torch.Tensor, pairs: int) -> torch.Tensor:
 
 
 def moe_matmul(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    fmt: Format,
-    n: int,
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    offsets: torch.Tensor,
-    expert_of: torch.Tensor | None = None,
-    tokens: int | None = None,
+    x: torch.Tensor, packed: torch.Tensor, fmt: Format, n: int, routed: Pairs, tokens: int | None = None
 ) -> torch.Tensor:
     """y [P, n]: y[dst[i]] = x[src[i]] @ W[e].T for every sorted pair i of expert e (see reference.moe_matmul).
 
     One launch for all experts; packed [E, n, row_bytes] (or a float [E, n, K]). `tokens` (default: rows of x)
-    picks the FMA kernel for a single token. `expert_of` (the expert of each sorted pair) saves a searchsorted.
+    picks the FMA kernel for a single token. The pairs' `expert_of`, when known, saves a searchsorted.
     """
     k = x.shape[-1]
-    pairs = src.numel()
+    src, dst, pairs = routed.src, routed.dst, len(routed)
     x = x.contiguous()
     out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # every row written (dst: a permutation)
     if pairs == 0:
         return out
-    if expert_of is None:
-        expert_of = expert_of_position(offsets, pairs)
+    expert_of = routed.expert_of if routed.expert_of is not None else expert_of_position(routed.offsets, pairs)
     launch = configs.pick_experts_launch(fmt.name, x.shape[0] if tokens is None else tokens, _family(x.device))
     w = _words(packed) if fmt.quantized else packed.contiguous()
     row_bytes, expert_stride = packed.shape[-1], w[0].numel()
@@ -1024,7 +1016,7 @@ def moe_matmul(
             src,
             dst,
             expert_of,
-            offsets,
+            routed.offsets,
             n,
             k,
             row_bytes,

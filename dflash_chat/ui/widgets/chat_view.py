@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.chat.conversation import COMPLETE, Conversation, Message
 from dflash_chat.chat.history import status_note
+from dflash_chat.runtime.tool_calls import ToolCall
+from dflash_chat.ui.widgets.tool_call_block import ToolCallBlock
 
 
 class UserMessage(Vertical):
@@ -21,12 +25,14 @@ class UserMessage(Vertical):
 
 
 class AssistantMessage(Vertical):
-    """Thinking (collapsible, collapsed once the answer starts) above the answer."""
+    """Thinking (collapsible, collapsed once the answer starts) above the answer, then a block for each
+    tool call it made (with the call's result, from `results`: the tool messages by call id)."""
 
-    def __init__(self, message: Message | None = None) -> None:
+    def __init__(self, message: Message | None = None, results: Mapping[str, Message] | None = None) -> None:
         super().__init__(classes="message assistant")
         self.border_title = "assistant"
         self._initial = message
+        self._results = results or {}
         self._thinking_stream: MarkdownStream | None = None
         self._answer_stream: MarkdownStream | None = None
 
@@ -37,6 +43,9 @@ class AssistantMessage(Vertical):
             box.display = bool(thinking)
             yield Markdown(thinking, classes="thinking-text")
         yield Markdown(message.content if message else "", classes="answer")
+        with Vertical(classes="tool-calls"):
+            for call in message.tool_calls if message else ():
+                yield ToolCallBlock(call, self._results.get(call.id), collapsed=True)
         yield Static("", classes="status", markup=False)  # holds error text
 
     def on_mount(self) -> None:
@@ -77,6 +86,11 @@ class AssistantMessage(Vertical):
         await self.answer.update(message.content)
         self.show_status(message, error)
 
+    async def show_calls(self, calls: tuple[ToolCall, ...]) -> None:
+        """A block for each call the answer made, waiting for the user's answer."""
+        if calls:
+            await self.query_one(".tool-calls", Vertical).mount_all([ToolCallBlock(call) for call in calls])
+
     def show_status(self, message: Message, error: str | None = None) -> None:
         status = self.query_one(".status", Static)
         if message.status == COMPLETE:
@@ -100,7 +114,8 @@ class ChatView(VerticalScroll):
 
     async def show(self, conversation: Conversation, notice: str = "") -> None:
         await self.remove_children()
-        widgets = [self._widget_for(m) for m in conversation.messages]
+        results = {m.tool_call_id: m for m in conversation.messages if m.role == "tool"}
+        widgets = [self._widget_for(m, results) for m in conversation.messages if m.role != "tool"]
         if notice and not widgets:
             widgets.append(Notice(notice, classes="notice", markup=False))  # paths, model errors
         if widgets:
@@ -120,8 +135,12 @@ class ChatView(VerticalScroll):
         self.anchor()
         return widget
 
+    def call_block(self, call_id: str) -> ToolCallBlock | None:
+        """The block of a call shown in this chat (None: not shown, e.g. another chat is open)."""
+        return next((b for b in self.query(ToolCallBlock) if b.call.id == call_id), None)
+
     @staticmethod
-    def _widget_for(message: Message):
+    def _widget_for(message: Message, results: Mapping[str, Message]):
         if message.role == "user":
             return UserMessage(message.content)
-        return AssistantMessage(message)
+        return AssistantMessage(message, results)
