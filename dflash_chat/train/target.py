@@ -4,6 +4,7 @@ transformers' own `Qwen3_5ForCausalLM` and saved as a standard HF checkpoint."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -118,16 +119,24 @@ def train_target_mixed(
     seed: int,
     device: str = "cpu",
     log: Log = print,
+    checked: Sequence[Chat] = (),
+    check_every: int = 0,
 ) -> list[float]:
     """Next-token training on two batches a step, their losses added: `chat_batch` whole chats (right-padded),
     the loss on their answers alone, and random windows of the packed stream
-    `tokens`, the loss on every token (what the target first trained on, so it keeps it). Returns the loss
-    per step."""
+    `tokens`, the loss on every token (what the target first trained on, so it keeps it). Every `check_every`
+    steps (0: never), logs `answers_right` on the `checked` chats. Returns the loss per step."""
     model.to(device).train()
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
 
-    def step(_: int):
+    def step(done: int):
+        if check_every and checked and done and done % check_every == 0:
+            tokens_right, whole = answers_right(model, checked, pad_id, device)
+            log(
+                f"target step {done}: held-out answers, teacher-forced: {tokens_right:.1%} of tokens, {whole:.0%} whole"
+            )
+            model.train()
         picked = [chats[i] for i in rng.sample(range(len(chats)), min(settings.chat_batch, len(chats)))]
         ids, labels = answer_batch(picked, pad_id)
         windows = random_windows(tokens, settings.batch_size, settings.seq_len, gen).to(device)
@@ -141,7 +150,20 @@ def train_target_mixed(
     return losses
 
 
-def answer_batch(chats: list[Chat], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+@torch.no_grad()
+def answers_right(model, chats: Sequence[Chat], pad_id: int, device: str = "cpu") -> tuple[float, float]:
+    """Teacher-forced, on `chats`' answers: the share of their tokens the model ranks first, and the share of
+    chats whose every answer token it ranks first (those its greedy decoding writes exactly)."""
+    model.eval()
+    ids, labels = answer_batch(chats, pad_id)
+    logits = model(input_ids=ids.to(device)).logits[:, :-1].float().cpu()
+    wanted = labels[:, 1:]
+    scored = wanted != -100
+    hit = (logits.argmax(-1) == wanted) | ~scored
+    return float(hit[scored].float().mean()), float(hit.all(-1).float().mean())
+
+
+def answer_batch(chats: Sequence[Chat], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, labels) [N, longest]: the chats right-padded with `pad_id` (labels -100 there); the model
     shifts the labels itself."""
     width = max(len(c.ids) for c in chats)

@@ -224,6 +224,7 @@ def test_tools_stage_trains_the_target_on_tool_chats_and_ships_the_held_out_ones
     assert any(line.startswith("tools: 48 tool chats") for line in logs)  # 40 with a call, 8 corpus questions
     assert any("held-out chat answers the same (greedy, 48 tokens):" in line and "of 2" in line for line in logs)
     assert any(line.startswith("tools: held-out turns right (greedy): call") for line in logs)
+    assert any(line.startswith("target step 25: held-out answers, teacher-forced:") for line in logs)
     records = json.loads((folder / "tool_prompts.json").read_text())["chats"]
     heldout = [chat_of_record(r) for r in records]
     assert len(heldout) == 48 + 16 and [c.call is None for c in heldout].count(True) == 16

@@ -195,3 +195,29 @@ def test_chats_are_tokenized_as_the_engine_meets_them(chats):
     assert ids[: len(prompt)].tolist() == prompt and (labels[: len(prompt)] == -100).all()
     said = tokenizer.decode(ids[labels != -100])
     assert said == f"{thinking.reasoning}\n</think>\n\n{calls_text(thinking.calls)}<|im_end|>"
+
+
+def test_answers_right_counts_teacher_forced_tokens_and_whole_answers():
+    """On answers' labels alone: the share of tokens ranked first, and of answers whose every token is."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dflash_chat.train.target import Chat, answers_right
+
+    class NextButEight:
+        """Ranks first the token that comes next, except 8 (it ranks 0 first there)."""
+
+        def eval(self):
+            return self
+
+        def __call__(self, input_ids):
+            nxt = torch.roll(input_ids, -1, dims=1)
+            nxt[nxt == 8] = 0
+            return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, 10).float())
+
+    chats = [
+        Chat(torch.tensor([5, 6, 7, 8]), torch.tensor([-100, -100, 7, 8])),
+        Chat(torch.tensor([5, 6, 7]), torch.tensor([-100, 6, 7])),
+    ]
+    assert answers_right(NextButEight(), chats, pad_id=0) == (0.75, 0.5)

@@ -41,6 +41,7 @@ HELDOUT_CALLS = 48  # held-out chats with a call
 HELDOUT_NO_TOOL = 16  # held-out corpus questions with tools offered
 CHECKED = 16  # held-out chat answers compared before and after, and held-out turns of each class checked
 CHECK_TOKENS = 48
+CHECK_EVERY = 25  # steps between the teacher-forced checks on held-out calls while training
 
 
 def tools_settings(target: TrainSettings) -> MixedSettings:
@@ -65,10 +66,11 @@ def tools_stage(
     """The target in `source` trained on `chats` tool chats (and their share of results and of corpus
     questions no tool fits) beside its corpus; written to work/target, with the held-out tool chats in
     work/TOOL_PROMPTS_FILE. Logs how many of `checked` held-out chat answers stayed the same, and the
-    bench's checks on `checked` held-out turns of each tool class."""
+    bench's checks on `checked` held-out turns of each tool class; while training, every CHECK_EVERY steps,
+    how much of `checked` held-out calls it predicts teacher-forced."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_chat.train.data import packed_tokens
+    from dflash_chat.train.data import chat_tokens, packed_tokens
 
     tokenizer = AutoTokenizer.from_pretrained(source)
     target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
@@ -86,8 +88,18 @@ def tools_stage(
     questions = corpus.heldout[:checked]
     before = greedy_answers(target, tokenizer, questions, device)
     settings.steps = steps
+    calls = [chat_tokens(tokenizer, call_conversation(c)) for c in heldout if c.call is not None][:checked]
     losses = train_target_mixed(
-        target, sequences, tokens, settings, pad_id=tokenizer.pad_token_id, seed=seed, device=device, log=log
+        target,
+        sequences,
+        tokens,
+        settings,
+        pad_id=tokenizer.pad_token_id,
+        seed=seed,
+        device=device,
+        log=log,
+        checked=calls,
+        check_every=CHECK_EVERY,
     )
     same = sum(a == b for a, b in zip(before, greedy_answers(target, tokenizer, questions, device), strict=True))
     log(f"tools: held-out chat answers the same (greedy, {CHECK_TOKENS} tokens): {same} of {len(questions)}")
