@@ -6,7 +6,8 @@ must assemble to the non-streamed one.
 
 The tests of calls need a demo target that calls tools (the recipe's tools stage, train/stages/tools.py). The
 `calling` fixture asks once, through serve, whether the shipped one calls the held-out tool a request asks for,
-and skips them with its answer until it does; the tests of text answers run on any target."""
+and skips them with its answer until it does; the tests of text answers run on any target, and the same
+client code reads the calls of a scripted pair that calls on cue (tests/engine/scripted.py)."""
 
 from __future__ import annotations
 
@@ -195,3 +196,32 @@ def test_a_tool_result_goes_back_and_the_answer_quotes_it(client, chats, calling
     assert answer["tool_calls"] == [] and finish == streamed_finish == "stop"
     assert all(value in answer["content"] for value in result_values(chat.result)), (chat.result, answer)
     same_answer(answer, streamed)
+
+
+@pytest.fixture(scope="module")
+def scripted_client(calling_pair):
+    """The client against serve running the scripted pair that calls `echo` in every answer, on its own."""
+    from dflash_chat.engine.load import load_pair
+
+    with serving(load_pair(*calling_pair, device="cpu", max_context=1024), api_key=KEY) as (_, url):
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_a_call_the_engine_writes_reaches_the_client_whole_streamed_or_not(scripted_client):
+    """Whatever the demo target can do: a call the engine writes is a tool call to the client, with an id and
+    JSON arguments, finish_reason tool_calls, and the streamed items assemble to the non-streamed call."""
+    from dflash_chat.runtime.tool_calls import ToolSpec
+    from dflash_chat.train.tool_corpus import ToolChat
+
+    echo = ToolSpec("echo", "Say the text back.", {"type": "object", "properties": {"text": {"type": "string"}}})
+    chat = ToolChat((echo,), "Say hello.", None)
+    whole, finish, streamed, streamed_finish = ask(scripted_client, chat)
+    assert finish == streamed_finish == "tool_calls"
+    assert [c["name"] for c in whole["tool_calls"]] == ["echo"] and json.loads(
+        whole["tool_calls"][0]["arguments"]
+    ) == {}
+    assert whole["tool_calls"][0]["id"].startswith("call_") and whole["content"] == ""
+    same_answer(whole, streamed)
+    text, finish, streamed, _ = ask(scripted_client, chat, tool_choice="none")
+    assert text["tool_calls"] == [] and finish != "tool_calls"
+    same_answer(text, streamed)
