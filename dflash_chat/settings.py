@@ -58,6 +58,8 @@ class Settings:
     decode: str = "auto"  # the decode path: auto (CUDA graphs on a GPU), graphs or fixed (engine/spec.py)
     draft: str | int = "auto"  # drafts each step verifies: "auto", "off" or a number (engine/draft_length.py)
     speculate: str = "auto"  # which method drafts: "auto", "dflash", "mtp", "lookup" or "none" (engine/speculation.py)
+    # MiB of prompt checkpoints kept so a branching request resumes near the branch (engine/prefix_cache.py)
+    prefix_cache_mib: int = rules.PREFIX_CACHE_MIB_DEFAULT
     # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; the ids are in ui/keymap.py
     keymap: dict[str, str] = field(default_factory=dict)
     # name -> URL of an OpenAI-compatible server, for `dflash-chat --endpoint NAME`
@@ -152,6 +154,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "decode": _decode,
     "draft": rules.draft,
     "speculate": rules.speculate,
+    "prefix_cache_mib": rules.PREFIX_CACHE_MIB.parse,
     "keymap": _keymap,
     "endpoints": _endpoints,
     "mcp": mcp_config.check_table,
@@ -175,6 +178,8 @@ DESCRIPTIONS: dict[str, str] = {
     f"1-{rules.MAX_DRAFT} (at most the drafter's block - 1)",
     "speculate": "which method drafts: auto (chosen per step among those the model has, for speed), dflash (the "
     "drafter), mtp (the model's own MTP layer), lookup (copied from the chat), none (plain decoding)",
+    "prefix_cache_mib": "MiB of prompt checkpoints kept on the model's device so a request that shares only the start of "
+    "an earlier one (the same system prompt and tools) resumes there instead of prefilling it again (0 = off)",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
     "endpoints": "named OpenAI-compatible servers: name=URL;other=URL (dflash-chat --endpoint NAME)",
     "mcp": "MCP tool servers ([mcp.servers.NAME] with command/args/env or url, enabled), rounds and timeout",

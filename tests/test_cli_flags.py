@@ -60,7 +60,12 @@ def test_run_refuses_bad_values_like_the_settings_file_before_loading(capsys, fl
         ),
         (["bench", "--demo", "--top-k", "-2"], "argument --top-k: must be a whole number from -1 or 0 to 2147483647"),
         (["bench", "--top-k", "5"], "--top-k go with --demo"),
-        (["bench", "--demo", "--http", "--temperature", "0.5"], "--temperature go with --demo (its sampled leg"),
+        (
+            ["bench", "--demo", "--http", "--temperature", "0.5"],
+            "--temperature go with --demo or --tools (their sampled",
+        ),
+        (["bench", "--tools", "--demo"], "--tools measures the demo pair on its own: leave out --demo"),
+        (["bench", "--tools", "--http"], "--tools measures the demo pair on its own"),
         (["bench", "--demo", "--temperature", "0", "--top-p", "0.9"], "--temperature 0 runs the greedy leg only"),
         (["--context", "0"], "argument --context: must be a whole number from 256 to 1048576, got 0"),
         (["--context", "-5"], "argument --context: must be a whole number from 256 to 1048576, got -5"),

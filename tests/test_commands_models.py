@@ -444,3 +444,26 @@ def test_models_vram_16_and_doctor_say_which_methods_the_pick_has_and_why(home, 
     monkeypatch.setattr(hardware, "probe", lambda: hardware.planned(16))
     _, doctor_out, _ = run(capsys, "doctor")
     assert f"OK   {drafting.replace('Drafting: ', 'drafting: ')}" in doctor_out.splitlines()
+
+
+def test_doctor_counts_the_prefix_cache_in_checkpoints_of_the_pick(home, capsys, monkeypatch):
+    from dflash_chat import paths
+    from dflash_chat.commands.models import app_choice
+    from dflash_chat.engine import memory
+
+    monkeypatch.setattr(hardware, "probe", lambda: RTX_3090)
+    _, choice = app_choice(RTX_3090, load_catalog())
+    shape = choice.drafter.shape if choice.drafter else None
+    one = memory.checkpoint_bytes(choice.pair.target_shape, shape, choice.context, RTX_3090.compute_bytes)
+    assert one > 0  # a GDN hybrid: its state cannot be truncated
+    _, out, _ = run(capsys, "doctor")
+    assert (
+        "OK   prefix cache: prefix_cache_mib = 1024 MiB of prompt checkpoints on the model's device besides the "
+        f"model: {1024 * 2**20 // one} of {choice.pair.title} ({size_text(one)} each)"
+    ) in out.splitlines()
+    config = paths.config_file()
+    config.write_text("prefix_cache_mib = 0\n" + config.read_text())  # a top-level key: before the tables
+    _, out, _ = run(capsys, "doctor")
+    assert any(
+        line.startswith("OK   prefix cache: prefix_cache_mib = 0 MiB") and "off" in line for line in out.splitlines()
+    )

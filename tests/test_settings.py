@@ -75,6 +75,9 @@ def test_only_changed_values_are_written(home):
         ("decode", "fast", "must be one of auto, graphs, fixed"),
         ("speculate", "eagle", r"speculate must be auto, dflash, mtp, lookup or none, got 'eagle'"),
         ("speculate", 3, "auto, dflash, mtp, lookup or none"),
+        ("prefix_cache_mib", "-1", "prefix_cache_mib must be a whole number from 0 to 1048576"),
+        ("prefix_cache_mib", "lots", "prefix_cache_mib must be a whole number"),
+        ("prefix_cache_mib", 1.5, "whole number"),
     ],
 )
 def test_invalid_values_are_refused_with_a_message(key, text, fragment):
@@ -109,6 +112,20 @@ def test_invalid_file_value_names_the_file(home):
     path.write_text('top_p = "lots"\n')
     with pytest.raises(SettingsError, match="config.toml: top_p must be a number"):
         settings.load()
+
+
+def test_the_prefix_cache_budget_goes_to_the_engine_and_a_bad_one_is_one_line(home):
+    from dflash_chat.runtime.loader import LoadOptions
+
+    assert LoadOptions.of(Settings()).prefix_cache_mib == 1024
+    assert LoadOptions.of(Settings(prefix_cache_mib=0)).prefix_cache_mib == 0
+    path = paths.config_file()
+    path.parent.mkdir(parents=True)
+    path.write_text("prefix_cache_mib = -5\n")
+    with pytest.raises(SettingsError) as caught:
+        settings.load()
+    assert str(caught.value).count("\n") == 0
+    assert "prefix_cache_mib must be a whole number from 0 to 1048576" in str(caught.value)
 
 
 def test_broken_toml_is_a_user_error(home):

@@ -327,6 +327,11 @@ def _answer(engine, prompt: list[int], params, memory: DraftMemory) -> Run:
 
 
 def _class_figures(name: str, comparisons: dict, greedy: bool) -> dict:
+    return {"title": CLASSES[name], "chat_template": name != "raw_code", **class_figures(comparisons, greedy)}
+
+
+def class_figures(comparisons: dict, greedy: bool) -> dict:
+    """One class's figures: plain decoding's, and each draft setting's against it (`comparisons` by key)."""
     any_c = next(iter(comparisons.values()))
     drafts = {}
     for draft, c in comparisons.items():
@@ -348,8 +353,6 @@ def _class_figures(name: str, comparisons: dict, greedy: bool) -> dict:
             "methods": _methods(c.spec),
         }
     return {
-        "title": CLASSES[name],
-        "chat_template": name != "raw_code",
         "prompts": len(any_c.ar),
         "plain": {
             "tokens_per_s": any_c.ar_tokens_per_s,

@@ -80,6 +80,14 @@ class OracleDrafter:
     def append_context(self, features, start: int) -> None:
         self.ctx_len = start  # it reads no target features
 
+    ring_windows: list[int] = []  # it keeps no context rows
+
+    def save_rings(self) -> list:
+        return []
+
+    def restore_rings(self, saved: list, length: int) -> None:
+        self.ctx_len = length
+
     def store_context(self, features, positions) -> None:
         pass
 

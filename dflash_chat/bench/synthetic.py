@@ -94,6 +94,17 @@ class InjectedDrafter:
     def store_context(self, features, positions) -> None:
         self.real.store_context(features, positions)
 
+    @property
+    def ring_windows(self) -> list[int]:
+        return self.real.ring_windows
+
+    def save_rings(self) -> list:
+        return self.real.save_rings()
+
+    def restore_rings(self, saved: list, length: int) -> None:
+        self.real.restore_rings(saved, length)
+        self.oracle.restore_rings([], length)
+
     def block_ids(self, device):
         return self.real.block_ids(device)
 

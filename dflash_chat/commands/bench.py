@@ -14,6 +14,7 @@ from dflash_chat.settings import flag, ranged
 PROMPTS = 4
 DEMO_PROMPTS = 8  # per class
 DEMO_REPEATS = 3  # runs of each answer, the median counts (bench/demo_pair.py)
+TOOLS_PROMPTS = 48  # per class of `--tools`: every held-out chat with a call (16 without, 12 prose questions)
 SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.8-27b")  # bench/synthetic_models.py holds their shapes
 
 
@@ -29,6 +30,15 @@ def register(subparsers) -> None:
         "code questions, raw code (no chat template) and prose questions; plain decoding, a fixed 16-token "
         "verify and auto, greedy (DFlash's text must equal plain decoding's, else the exit status is 1) "
         "and sampled (seed i for a class's i-th prompt)",
+    )
+    p.add_argument(
+        "--tools",
+        action="store_true",
+        help="the demo pair on held-out tool chats (tool names never trained on): the share of requests "
+        "answered with one call to the right tool with arguments its schema accepts, of questions no tool fits "
+        "answered in text, and of answers after a tool's result that quote it; plain decoding and the DFlash2 "
+        "drafter (a fixed 16-token verify and auto), its τ on these turns beside prose questions', greedy "
+        "(DFlash2's text must equal plain decoding's, else the exit status is 1) and sampled",
     )
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
     p.add_argument("--drafter")
@@ -57,7 +67,7 @@ def register(subparsers) -> None:
         default=None,
         help=f"prompts (default {PROMPTS}; with --demo per class, at most as many as the class has, default "
         f"{DEMO_PROMPTS}: the sampled leg's answers differ from plain decoding's, and four a class left its "
-        "ratios 10-40%% apart between runs)",
+        f"ratios 10-40%% apart between runs; with --tools per class, default {TOOLS_PROMPTS})",
     )
     p.add_argument(
         "--repeats",
@@ -65,7 +75,7 @@ def register(subparsers) -> None:
         default=None,
         help=f"--demo: runs of each answer, in turn with the other settings' (default {DEMO_REPEATS}); the one "
         "with the median decode time per token counts (one busy moment of the machine moved a class's figures "
-        "by 5-10%% between runs)",
+        "by 5-10%% between runs); --tools: the same (default 1: its figures are shares over many turns)",
     )
     p.add_argument("--tokens", type=flag("max_new_tokens"), default=128, help="new tokens per prompt")
     # --demo's sampled leg; None: the app's default (settings.py)
@@ -182,6 +192,21 @@ def _demo(args) -> int:
     return 0 if figures["identical"] else 1
 
 
+def _tools(args) -> int:
+    """The demo pair on held-out tool chats, per class and temperature (dflash_chat/bench/demo_tools.py)."""
+    from dflash_chat.bench import demo_pair, demo_tools
+
+    figures = demo_tools.run(
+        prompts=args.prompts,
+        max_new_tokens=args.tokens,
+        legs=demo_pair.sampling_legs(args.temperature, args.top_p, args.top_k),
+        device=args.device or "cpu",
+        repeats=args.repeats or 1,
+    )
+    print(json.dumps(figures) if args.json else demo_tools.format_report(figures))
+    return 0 if figures["identical"] else 1
+
+
 def _http(args) -> int:
     """The same greedy answers in-process and through `serve` on loopback (dflash_chat/bench/http_overhead.py)."""
     from dflash_chat.bench import http_overhead
@@ -228,6 +253,11 @@ def _check(args) -> None:
     ]
     if synthetic_only and not args.synthetic:
         raise UserError(f"{', '.join(synthetic_only)} go with --synthetic MODEL")
+    if args.tools and (args.demo or args.target or args.synthetic or args.http or args.vs_transformers):
+        raise UserError(
+            "--tools measures the demo pair on its own: leave out --demo, --target, --synthetic, --http "
+            "and --vs-transformers"
+        )
     if args.synthetic and (args.demo or args.target):
         raise UserError("--synthetic measures random weights at a model's shapes: leave out --demo and --target")
     if args.http and not (args.demo or args.target):
@@ -243,14 +273,18 @@ def _check(args) -> None:
         for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p), ("--top-k", args.top_k))
         if value is not None
     ]
-    if sampling and (not args.demo or args.http):
-        raise UserError(f"{', '.join(sampling)} go with --demo (its sampled leg; --http measures greedy answers)")
-    if args.demo:
+    if sampling and (not (args.demo or args.tools) or args.http):
+        raise UserError(
+            f"{', '.join(sampling)} go with --demo or --tools (their sampled leg; --http measures greedy answers)"
+        )
+    if args.demo or args.tools:
         from dflash_chat.bench.demo_pair import sampling_legs
 
         sampling_legs(args.temperature, args.top_p, args.top_k)  # refuses what does not go together
-    if args.repeats and (not args.demo or args.http):
-        raise UserError("--repeats goes with --demo (its answers are run that many times, the median counts)")
+    if args.repeats and (not (args.demo or args.tools) or args.http):
+        raise UserError(
+            "--repeats goes with --demo or --tools (their answers are run that many times, the median counts)"
+        )
     if args.target and not args.drafter:
         raise UserError("give --drafter DIR with --target DIR")
     if args.drafter and not args.target:
@@ -261,13 +295,15 @@ def main(args: argparse.Namespace) -> int:
     _check(args)
     check_device(args.device)
     if args.prompts is None:
-        args.prompts = DEMO_PROMPTS if args.demo and not args.http else PROMPTS
+        args.prompts = TOOLS_PROMPTS if args.tools else DEMO_PROMPTS if args.demo and not args.http else PROMPTS
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.http:
         return _http(args)
+    if args.tools:
+        return _tools(args)
     if args.demo:
         return _demo(args)
     if args.synthetic:

@@ -48,7 +48,13 @@ def run(args: argparse.Namespace) -> int:
     torch = _import_torch()
     checks += torch_checks(torch)
     machine = hardware.probe()
-    checks += [ram_check(machine), *choice_checks(machine), *hub_checks(), *config_checks()]
+    checks += [
+        ram_check(machine),
+        *choice_checks(machine),
+        prefix_cache_check(machine),
+        *hub_checks(),
+        *config_checks(),
+    ]
     for check in checks:
         print(check.line())
     failed = sum(not c.ok for c in checks)
@@ -138,6 +144,35 @@ def choice_checks(machine: hardware.Machine) -> list[Check]:
         return [Check(False, f"model: {exc}", "see `dflash-chat models` and pick one with --model/--quant")]
     drafting = [Check(True, f"drafting: {choice.drafting}")] if choice is not None else []
     return [Check(True, f"model: {explanation}"), *drafting]
+
+
+def prefix_cache_check(machine: hardware.Machine) -> Check:
+    """The prompt checkpoints' budget (engine/prefix_cache.py), and how many of the chosen pair's fit in it."""
+    from dflash_chat import settings as settings_module
+    from dflash_chat.commands.models import app_choice
+    from dflash_chat.engine import memory
+    from dflash_chat.models.catalog import load_catalog
+
+    try:
+        settings = settings_module.load()
+        _, choice = app_choice(machine, load_catalog())
+    except UserError:  # said by the model and config lines
+        return Check(True, "prefix cache: see the config line")
+    budget = settings.prefix_cache_mib * 2**20
+    head = f"prefix cache: prefix_cache_mib = {settings.prefix_cache_mib} MiB of prompt checkpoints"
+    if not budget:
+        return Check(True, f"{head}: off (a request that branches from an earlier one prefills again)")
+    if choice is None:
+        return Check(True, f"{head}, on the model's device, besides the model")
+    shape = choice.drafter.shape if choice.drafter else None
+    one = memory.checkpoint_bytes(choice.pair.target_shape, shape, choice.context, machine.compute_bytes)
+    if not one:
+        return Check(True, f"{head}: {choice.pair.title} truncates its caches and needs none")
+    return Check(
+        True,
+        f"{head} on the model's device besides the model: {budget // one} of {choice.pair.title} "
+        f"({size_text(one)} each)",
+    )
 
 
 def hub_checks() -> list[Check]:

@@ -29,6 +29,8 @@ What the engine holds for a whole conversation (`state_bytes`):
 - drafter RoPE table: cos and sin, [C + B, head_dim] in e;
 - the target's MTP layer, when it has one: its K and V of C + B positions, [rows, kv_heads, head_dim] in
   e, and its newest hidden state [H] in e (live, and in the prefill snapshot);
+- the prefill snapshot's copy of the drafter's sliding rings (the layers whose window + B rows are fewer
+  than C + B), so a prompt that branches can draft from the snapshot's length again;
 - the decode steps' outputs, kept per verify size T in use (engine/steps; `auto`'s sizes, the most
   any draft setting uses): the verify's logits [T, vocab] float32 and, with a drafter or an MTP layer,
   the target features they read [T, (taps + 1 for the MTP layer) * H] in e;
@@ -42,6 +44,10 @@ What the engine holds for a whole conversation (`state_bytes`):
   H / conv_group_size), which a captured draft graph keeps in its pool. Both are small (~0.3 MB for
   Qwen3.8-27B's drafter); its larger cost is its weights, which come from the file size as for any
   drafter. Its context cache follows the same sliding-window rule as a DFlash drafter's.
+
+On top of that, the prompt checkpoints that let a branching prompt resume (engine/prefix_cache.py) take at
+most the `prefix_cache_mib` budget, in checkpoints of `checkpoint_bytes` each: the GDN states (recurrent and
+conv, as one copy of the live ones) and a copy of the drafter's rings.
 
 What a step or a prefill chunk needs on top, for a moment (`workspace_bytes`): see there.
 Weights are the files' bytes (`weight_bytes`): GGUF tensors stay packed; a BF16 safetensors
@@ -234,6 +240,7 @@ class StateBytes:
     snapshot_logits: int = 0
     drafter_kv: int = 0
     drafter_rope: int = 0
+    snapshot_rings: int = 0  # the prefill snapshot's copy of the drafter's sliding rings
     step_outputs: int = 0
     sampling: int = 0
     selector: int = 0  # DFlash2: the candidate selector's buffers
@@ -251,6 +258,7 @@ class StateBytes:
             + self.snapshot_logits
             + self.drafter_kv
             + self.drafter_rope
+            + self.snapshot_rings
             + self.step_outputs
             + self.sampling
             + self.selector
@@ -286,10 +294,29 @@ def state_bytes(
             **state.__dict__,
             "drafter_kv": sum(drafter_cache_rows(drafter, context, block)) * per_row,
             "drafter_rope": 2 * rows * drafter.head_dim * e,
+            "snapshot_rings": ring_bytes(drafter, context, e, block),
             "selector": selector_bytes(drafter, e),
             "draft_conv": draft_conv_bytes(drafter, e),
         },
     )
+
+
+def ring_bytes(drafter: DrafterShape, context: int, e: int, block: int | None = None) -> int:
+    """One copy of the drafter's sliding rings: its layers whose window + B rows are fewer than C + B (B: the
+    engine's widest verify, `block`, the drafter's own block by default)."""
+    block = block or drafter.block_size
+    full = cache_rows(context, block)
+    per_row = 2 * drafter.kv_heads * drafter.head_dim * e
+    return sum(rows for rows in drafter_cache_rows(drafter, context, block) if rows < full) * per_row
+
+
+def checkpoint_bytes(target: TargetShape, drafter: DrafterShape | None, context: int, e: int) -> int:
+    """One prompt checkpoint (engine/prefix_cache.py): every GDN layer's recurrent state (float32) and conv
+    state, a copy of the drafter's rings, and the MTP layer's newest hidden state when the target has one."""
+    recurrent = target.linear_value_heads * target.linear_key_dim * target.linear_value_dim * STATE_BYTES
+    conv = (target.conv_kernel - 1) * target.conv_channels * e
+    mtp = target.hidden * e if target.mtp else 0
+    return target.linear_layers * (recurrent + conv) + (ring_bytes(drafter, context, e) if drafter else 0) + mtp
 
 
 CANDIDATE_ID_BYTES = 8  # int64 token ids

@@ -87,6 +87,8 @@ TOP_K = Number(int, 0, 2**31 - 1, off=-1, note="0 = off")
 MIN_P = Number(float, 0.0, 1.0, note="0 = off")
 MAX_NEW_TOKENS = Number(int, 1, 1_000_000)
 SEED = Number(int, 0, 2**63 - 1)
+PREFIX_CACHE_MIB = Number(int, 0, 1_048_576, note="0 = off")  # MiB of prompt checkpoints (engine/prefix_cache.py)
+PREFIX_CACHE_MIB_DEFAULT = 1024
 
 MAX_DRAFT = 64
 DRAFT_WORDS = ("auto", "off")

@@ -11,17 +11,21 @@ steps uncaptured; "eager" is an older name for it). This module keeps the loop, 
 statistics.
 
 The engine remembers which tokens its state holds: a prompt that starts with them (the next chat
-turn) prefills only the new suffix. At the end of each prefill it keeps a snapshot of the state
-(recurrent state, last logits, the MTP layer's newest hidden state) so a prompt that diverges after that
-point (a regenerated answer, a chat template that re-renders the last answer) restarts from the snapshot;
-attention-only targets simply truncate to the shared prefix.
+turn) prefills only the new suffix. A prompt that shares only part of them (a branch: the same system
+prompt and tools with another user message, a regenerated answer, an edited tail) resumes from the
+nearest checkpoint at or before the point where they differ (engine/prefix_cache.py): each prefill saves
+the state that cannot be truncated (GDN state, the drafter's sliding rings, the MTP layer's
+newest hidden state) at the end of the system
+block (the caller's `marks`), every `checkpoint_every` tokens and at the prompt's end (with the last
+logits: the same prompt again needs no forward). Attention-only targets truncate to the shared prefix
+(from a little earlier when the drafter's rings must be refilled).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Iterator, Protocol
 
 import torch
@@ -34,6 +38,7 @@ from dflash_chat.engine.lookup import PromptLookup
 from dflash_chat.engine.memory import PREFILL_CHUNK
 from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.prefix_cache import CHECKPOINT_EVERY, DEFAULT_BUDGET, Checkpoint, CheckpointCache
 from dflash_chat.engine.sampling import Draws, first_token, noise_columns
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.speculation import Chooser, Plan, parse_speculate
@@ -72,13 +77,12 @@ class Drafter(Protocol):
     def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Context from the target features [n, K*H] at device positions [n]."""
 
+    @property
+    def ring_windows(self) -> list[int]:
+        """The windows of the layers that keep their context in a ring (engine/models/dflash.py)."""
 
-@dataclass
-class _Snapshot:
-    length: int
-    logits: torch.Tensor
-    recurrent: list
-    mtp_last: torch.Tensor | None  # the MTP layer's newest hidden state at `length`
+    def save_rings(self) -> list: ...
+    def restore_rings(self, saved: list, length: int) -> None: ...
 
 
 def _sync(device: torch.device) -> None:
@@ -109,10 +113,18 @@ class Engine:
         draft: str | int = "auto",
         speculate: str = "auto",
         end_ids: tuple[int, ...] = (),
+        checkpoint_budget: int = DEFAULT_BUDGET,
+        checkpoint_every: int = CHECKPOINT_EVERY,
     ):
         """`drafter`: a DFlash(2) drafter; `mtp`: the target's MTP layer (load.load_mtp); `speculate`: which of
         these and prompt lookup draft (engine/speculation.py); `end_ids`: the model's own end-of-turn ids, at
-        which every answer stops (and at its params')."""
+        which every answer stops (and at its params').
+        `checkpoint_budget`: bytes of prompt checkpoints kept for branches (0: none but the last prompt's);
+        `checkpoint_every`: tokens between two of them along a prompt (engine/prefix_cache.py)."""
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be at least 1 token, not {checkpoint_every}")
+        self.checkpoints = CheckpointCache(checkpoint_budget)
+        self.checkpoint_every = checkpoint_every
         self.target = target
         self.end_ids = tuple(end_ids)
         self.drafter = drafter
@@ -123,7 +135,7 @@ class Engine:
         self.device = target.model.norm.weight.device
         self.lookup = PromptLookup()  # the held tokens (and the newest), indexed for prompt lookup
         self.tokens: list[int] = []  # exactly the tokens the target state (and the drafters' context) holds
-        self.snapshot: _Snapshot | None = None
+        self.snapshot: Checkpoint | None = None  # the end of the last prompt, with its logits
         self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
         self.block_size = 0
@@ -221,28 +233,60 @@ class Engine:
         self.tokens = []
         self.lookup.truncate(0)
         self.snapshot = None
+        self.checkpoints.clear()
 
-    def _take_snapshot(self, logits: torch.Tensor) -> None:
+    def _checkpoint(self, logits: torch.Tensor | None = None, marked: bool = False) -> Checkpoint:
+        """What a prefill of the tokens held so far leaves that truncating the caches cannot bring back."""
+        rings = self.drafter.save_rings() if self.drafter else []
         mtp_last = self.mtp.last.clone() if self.mtp is not None else None
-        self.snapshot = _Snapshot(len(self.tokens), logits, self.state.save_recurrent(), mtp_last)
+        return Checkpoint(len(self.tokens), self.state.save_recurrent(), rings, logits, marked, mtp_last)
 
-    def _restore_snapshot(self, snap: _Snapshot) -> torch.Tensor:
-        self.state.load_recurrent(snap.recurrent, snap.length)
-        self.tokens = self.tokens[: snap.length]
+    def _keep_checkpoint(self, marked: bool) -> None:
+        """A checkpoint of the tokens held so far into the cache; none, and the cache emptied, when the device has
+        no room for one (the budget is the user's: the model's own memory comes first)."""
+        try:
+            self.checkpoints.add(self._checkpoint(marked=marked))
+        except torch.OutOfMemoryError:
+            self.checkpoints.clear()
+
+    def _needs_checkpoints(self) -> bool:
+        """Whether truncating alone loses something: GDN state, a drafter's rings, or the MTP layer's hidden state."""
+        return bool(self.state.gdn_layers() or (self.drafter and self.drafter.ring_windows) or self.mtp is not None)
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        length = checkpoint.length
+        self.state.load_recurrent(checkpoint.recurrent, length)
+        self.tokens = self.tokens[:length]
         if self.drafter:
-            self.drafter.truncate(snap.length)
-        if self.mtp is not None and snap.mtp_last is not None:
-            self.mtp.last.copy_(snap.mtp_last)
-        return snap.logits
+            self.drafter.truncate(length)
+            self.drafter.restore_rings(checkpoint.rings, length)
+        if self.mtp is not None and checkpoint.mtp_last is not None:
+            self.mtp.last.copy_(checkpoint.mtp_last)
+        self._forget_past(length)
+
+    def _forget_past(self, length: int) -> None:
+        """The rows past `length` are about to be overwritten: the checkpoints past it no longer hold."""
+        self.checkpoints.drop_past(length)
+        if self.snapshot is not None and self.snapshot.length > length:
+            self.snapshot = None
 
     def _truncate_attention_only(self, length: int) -> None:
         """Attention-only targets roll back to any length: drop committed positions >= length."""
-        if self.snapshot is not None and self.snapshot.length > length:
-            self.snapshot = None
+        self._forget_past(length)
         if self.drafter:
             self.drafter.truncate(length)
         self.state.length = length
         self.tokens = self.tokens[:length]
+
+    def _rings_stale(self, length: int) -> int:
+        """How far before `length` a truncation to it must refill the drafter's rings (0: they still hold the
+        window before it). A ring of window w has room for w + B rows: once the held tokens pass w, the rows
+        of the positions a window before any shorter length were overwritten by later ones."""
+        held = len(self.tokens)
+        windows = self.drafter.ring_windows if self.drafter else []
+        if length >= held or not windows or held <= min(windows):
+            return 0
+        return max(windows)
 
     def _reuse(self, prompt: list[int]) -> tuple[int, torch.Tensor | None]:
         """Bring the state to the longest reusable prefix of `prompt`: (reused tokens, logits if complete)."""
@@ -253,19 +297,34 @@ class Engine:
             common += 1
         if common == len(self.tokens) and common < len(prompt):
             return common, None
-        # attention-only targets can truncate to any length (not the MTP layer: it needs the hidden state there);
-        # the last prompt's snapshot serves when it keeps at least as much (it holds the logits when it is the
-        # whole prompt)
-        keep = 0 if self.state.gdn_layers() or self.mtp is not None else min(common, len(prompt) - 1)
+        whole = len(prompt)
+        # every checkpoint is a prefix of the held tokens: those within the common prefix serve this prompt
+        best = self.checkpoints.best(min(common, whole), with_logits_at=whole)
         snap = self.snapshot
-        if snap is not None and keep <= snap.length <= min(common, len(prompt)):
-            logits = self._restore_snapshot(snap)
-            return snap.length, (logits if snap.length == len(prompt) else None)
-        if keep:
-            self._truncate_attention_only(keep)
-            return keep, None
-        self.reset()
-        return 0, None
+        if snap is not None and snap.length <= min(common, whole) and (best is None or snap.length > best.length):
+            best = snap
+        if not self.state.gdn_layers() and self.mtp is None:  # (the MTP layer needs the hidden state there)
+            keep = min(common, whole - 1)  # attention-only: any length truncates
+            refill = self._rings_stale(keep)
+            if best is None or best.length < keep - refill or (best.length < keep and not refill):
+                keep = max(0, keep - refill)
+                self._truncate_attention_only(keep)
+                return keep, None
+        if best is None:
+            self.reset()
+            return 0, None
+        self._restore(best)
+        return best.length, (best.logits if best.length == whole else None)
+
+    def _marks(self, prompt: list[int], reused: int, marks: Sequence[int]) -> dict[int, bool]:
+        """Where this prefill saves checkpoints: position -> marked (the caller's marks, every
+        `checkpoint_every` tokens), strictly inside the part it runs."""
+        if not self.checkpoints.budget or not self._needs_checkpoints():
+            return {}
+        every = self.checkpoint_every
+        at = {p: False for p in range((reused // every + 1) * every, len(prompt), every)}
+        at.update({int(p): True for p in marks if reused < int(p) < len(prompt)})
+        return at
 
     # -- generation ---------------------------------------------------------------
     def stop_ids(self, params: SamplingParams) -> tuple[int, ...]:
@@ -279,9 +338,12 @@ class Engine:
         cancel: threading.Event | None = None,
         *,
         memory: DraftMemory | None = None,
+        marks: Sequence[int] = (),
     ) -> Iterator[Event]:
         """Answer `prompt_ids`. `memory`: what `auto` has learned of the conversation this answer belongs to
-        (draft_length.py), which it goes on learning; without one, the answer starts from the fixed priors."""
+        (draft_length.py), which it goes on learning; without one, the answer starts from the fixed priors.
+        `marks`: prompt positions where later prompts are likely to branch (the end of the system block):
+        the prefill keeps a checkpoint there (engine/prefix_cache.py)."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -308,7 +370,9 @@ class Engine:
         t0 = time.perf_counter()
         try:
             limit = asked or self.max_context - len(prompt)
-            yield from self._generate(prompt, params, cancel, generator, stats, t0, memory or DraftMemory(), limit)
+            yield from self._generate(
+                prompt, params, cancel, generator, stats, t0, memory or DraftMemory(), limit, marks
+            )
         except torch.OutOfMemoryError:
             self.reset()
             stats.peak_memory_bytes = self._peak_memory()
@@ -316,21 +380,30 @@ class Engine:
                 "error", stats, "out of GPU memory: use a shorter context, a smaller quant or a smaller model"
             )
 
-    def _prefill(self, prompt: list[int], stats: GenerationStats) -> torch.Tensor:
+    def _prefill(self, prompt: list[int], stats: GenerationStats, marks: Sequence[int] = ()) -> torch.Tensor:
         reused, logits = self._reuse(prompt)
         stats.reused_tokens = reused
         if logits is None:
-            # in chunks: attention masks and context features stay small for long prompts
-            for begin in range(reused, len(prompt), PREFILL_CHUNK):
-                chunk = prompt[begin : begin + PREFILL_CHUNK]
-                logits = self.steps.prefill(chunk, final=begin + PREFILL_CHUNK >= len(prompt))
+            saves = self._marks(prompt, reused, marks)
+            stops = sorted(saves)
+            begin = reused
+            while begin < len(prompt):
+                # in chunks (attention masks and context features stay small), cut at each checkpoint
+                end = min([begin + PREFILL_CHUNK, len(prompt), *(p for p in stops if p > begin)])
+                chunk = prompt[begin:end]
+                logits = self.steps.prefill(chunk, final=end == len(prompt))
                 self.tokens.extend(chunk)
+                if end in saves:
+                    self._keep_checkpoint(saves[end])
+                begin = end
             assert logits is not None, "the last chunk is final: it has logits"
-            self._take_snapshot(logits)
+            old, self.snapshot = self.snapshot, self._checkpoint(logits)
+            if old is not None and old.length < len(self.tokens) and self.checkpoints.budget:
+                self.checkpoints.add(old)  # the last prompt's end: where an edit of what followed resumes
         return logits
 
-    def _generate(self, prompt, params, cancel, generator, stats, t0, memory, limit) -> Iterator[Event]:
-        logits = self._prefill(prompt, stats)
+    def _generate(self, prompt, params, cancel, generator, stats, t0, memory, limit, marks) -> Iterator[Event]:
+        logits = self._prefill(prompt, stats, marks)
         _sync(self.device)
         stats.prefill_s = time.perf_counter() - t0
         yield Prefilled(len(prompt), stats.reused_tokens, stats.prefill_s)

@@ -72,4 +72,7 @@ class ModelState:
         for cache, (rec, conv) in zip(self.gdn_layers(), saved, strict=True):
             cache.recurrent.copy_(rec)
             cache.conv.copy_(conv)
+            cache.pending = 0
+            cache.solved = None
         self.length = length
+        self.pending = 0

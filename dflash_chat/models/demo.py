@@ -23,11 +23,18 @@ def demo_dir() -> Path:
 DRAFTER_DIRS = {"dflash": "drafter", "dflash2": "drafter2"}  # kind -> folder in demo_data
 CHOICE_FILE = "demo.json"
 HELDOUT_FILE = "heldout_prompts.json"  # written beside a shipped pair by the training recipe's ship stage
+TOOL_PROMPTS_FILE = "tool_prompts.json"  # the held-out tool chats, written by the recipe's tools stage
 
 
 def demo_heldout_prompts() -> list[list[dict]]:
     """The held-out chats shipped beside the demo pair (never seen in training)."""
     return json.loads((demo_dir() / HELDOUT_FILE).read_text())
+
+
+def demo_tool_chats() -> list[dict]:
+    """The held-out tool chats shipped beside the demo pair (their tools' names never trained on), as
+    records: tools (OpenAI's shape), request, call (name and arguments, or None), result."""
+    return json.loads((demo_dir() / TOOL_PROMPTS_FILE).read_text())["chats"]
 
 
 def demo_paths(kind: str | None = None) -> tuple[Path, Path]:

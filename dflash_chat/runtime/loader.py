@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from dflash_chat.engine.rules import PREFIX_CACHE_MIB_DEFAULT
 from dflash_chat.errors import one_line
 from dflash_chat.runtime.events import (
     DownloadNeeded,
@@ -53,10 +54,19 @@ class LoadOptions:
     draft: str | int = "auto"
     device: str | None = None  # over where the source was placed (`run --device`)
     speculate: str = "auto"
+    prefix_cache_mib: int = (
+        PREFIX_CACHE_MIB_DEFAULT  # MiB of prompt checkpoints for branching requests (engine/prefix_cache.py)
+    )
 
     @classmethod
     def of(cls, settings: Settings) -> LoadOptions:
-        return cls(settings.context_length, settings.decode, settings.draft, speculate=settings.speculate)
+        return cls(
+            settings.context_length,
+            settings.decode,
+            settings.draft,
+            speculate=settings.speculate,
+            prefix_cache_mib=settings.prefix_cache_mib,
+        )
 
 
 class ModelLoader:
@@ -202,6 +212,7 @@ class ModelLoader:
                 decode=options.decode,
                 draft=options.draft,
                 speculate=options.speculate,
+                checkpoint_budget=options.prefix_cache_mib * 2**20,
                 progress=progress,
             )
         except Exception as exc:  # noqa: BLE001 - said to the user, the app carries on

@@ -77,6 +77,25 @@ def _names(tools: list[dict] | None) -> tuple[str, ...]:
     return tuple(str(tool.get("function", tool).get("name", "")) for tool in tools or ())
 
 
+def branch_marks(tokenizer, ids: list[int]) -> tuple[int, ...]:
+    """Where later prompts are likely to branch from this one: the start of its first user turn, the end of the
+    system prompt and tools that agents resend with every side request (the engine keeps a checkpoint there,
+    engine/prefix_cache.py). None when the prompt starts with the user's turn or the template writes no
+    `<|im_start|>user`."""
+    start = token_id(tokenizer, "<|im_start|>")
+    if start is None:
+        return ()
+    user = encode(tokenizer, "user")
+    at = 0
+    while True:
+        try:
+            at = ids.index(start, at + 1)
+        except ValueError:
+            return ()
+        if ids[at + 1 : at + 1 + len(user)] == user:
+            return (at,)
+
+
 def encode(tokenizer, text: str) -> list[int]:
     """Token ids of rendered text (the template writes the special tokens itself)."""
     return list(tokenizer.encode(text, add_special_tokens=False))

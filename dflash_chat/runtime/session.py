@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING
 
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd, stream_answer
 from dflash_chat.runtime.detokenize import IncrementalDecoder
-from dflash_chat.runtime.prompt import Prompt, ThinkingSplitter, Transcript, Turn, encode, next_prompt
+from dflash_chat.runtime.prompt import (
+    Prompt,
+    ThinkingSplitter,
+    Transcript,
+    Turn,
+    branch_marks,
+    encode,
+    next_prompt,
+)
 from dflash_chat.runtime.stops import StopStrings
 from dflash_chat.runtime.tool_calls import CallStream
 
@@ -87,7 +95,8 @@ class EngineSession:
         `tools`: the calls the answer makes are parsed out of its text (the prompt was built with them)."""
         engine = self.pair.engine
         splitter = ThinkingSplitter(thinking=prompt.opens_thinking) if thinking_split else _NoSplit()
-        events = engine.generate(prompt.ids, params, cancel, memory=memory)
+        marks = branch_marks(self.tokenizer, prompt.ids)
+        events = engine.generate(prompt.ids, params, cancel, memory=memory, marks=marks)
         return stream_answer(
             events if tap is None else _tapped(events, tap),
             IncrementalDecoder(self.tokenizer, engine.stop_ids(params)),

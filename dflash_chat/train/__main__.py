@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
-STAGES = ("prepare", "target", "drafter", "dflash2", "finetune", "calibrate", "mtp", "ship")
+STAGES = ("prepare", "target", "tools", "drafter", "dflash2", "finetune", "calibrate", "mtp", "ship")
 DEFAULT_STAGES = ("prepare", "target", "drafter", "ship")
 # the run that trained the shipped demo target's MTP layer (docs/ARCHITECTURE.md, The MTP layer)
 MTP_COMMAND = (
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--stages",
         default=",".join(DEFAULT_STAGES),
-        help=f"comma-separated subset of {','.join(STAGES)}; dflash2 adds DFlash2's modules to "
+        help=f"comma-separated subset of {','.join(STAGES)}; tools trains the target in --out further to call "
+        "tools (synthetic tool chats beside its corpus; --target-steps) and writes the held-out tool chats; dflash2 adds DFlash2's modules to "
         "--from-drafter and trains it against the target beside it (ship then ships drafter2/); finetune "
         "trains the shipped --finetune drafter further on greedy and sampled answers; calibrate fits the DFlash2 "
         "drafter's selector scale to sampled answers; mtp trains the target's own MTP layer (the target frozen: "
@@ -61,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="finetune: the share of training prompts answered by sampling at the app's settings",
+    )
+    demo.add_argument(
+        "--tool-share",
+        type=float,
+        default=None,
+        help="finetune: the share of training prompts that are tool chats (a request, or a tool's result to "
+        "answer) (default 0.25)",
     )
     demo.add_argument(
         "--distill", type=float, default=None, help="finetune: the weight of the distillation term KL(p || q)"

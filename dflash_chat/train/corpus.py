@@ -48,6 +48,7 @@ class Conversation:
     tags: set[str] = field(default_factory=set)
     subject: tuple[str, str] | None = None  # (module, name) asked about; ("pydoc", topic) for a topic
     summary: str | None = None  # the first sentence of the subject's docstring, lower-cased, if short
+    tools: list[dict] | None = None  # the tools offered (OpenAI's shape), as the template takes them
 
     @property
     def prompt_messages(self) -> list[dict]:

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 import torch
 
 from dflash_chat.engine.end_tokens import end_token_ids
-from dflash_chat.runtime.prompt import build_prompt
+from dflash_chat.runtime.prompt import build_prompt, encode, render_prompt
+from dflash_chat.runtime.tool_calls import ToolSpec, render_call
+from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.train.corpus import Conversation
 from dflash_chat.train.drafter import Sequence
+from dflash_chat.train.target import Chat
 from dflash_chat.train.tokenizer import training_text
 
 
@@ -22,8 +25,38 @@ def packed_tokens(tokenizer, conversations: list[Conversation]) -> torch.Tensor:
 
 
 def prompt_ids(tokenizer, conversation: Conversation, enable_thinking: bool) -> list[int]:
-    """The prompt as the app builds it for this conversation."""
-    return build_prompt(tokenizer, conversation.prompt_messages, thinking=enable_thinking).ids
+    """The prompt as the app builds it for this conversation (with its tools offered, if any)."""
+    tool_use = None
+    if conversation.tools:
+        tool_use = ToolUse(tuple(ToolSpec.of_openai(tool) for tool in conversation.tools))
+    return build_prompt(tokenizer, conversation.prompt_messages, thinking=enable_thinking, tool_use=tool_use).ids
+
+
+def chat_tokens(tokenizer, conversation: Conversation) -> Chat:
+    """A chat's ids as the engine meets them, turn by turn (each prompt as the app builds it, each answer
+    tokenized alone), and labels on its assistant answers: a call (`tool_calls`) as the model writes it, the
+    last answer after its thinking when `conversation.reasoning` is set."""
+    tools = conversation.tools
+    ids: list[int] = []
+    labels: list[int] = []
+    done = ""
+    last = len(conversation.messages) - 1
+    for k, message in enumerate(conversation.messages):
+        if message["role"] != "assistant":
+            continue
+        thinking = k == last and conversation.reasoning is not None
+        prompt = render_prompt(tokenizer, conversation.messages[:k], thinking=thinking, tools=tools)
+        if not prompt.startswith(done):
+            raise ValueError("the template renders the chat's earlier turns differently from their prompts")
+        head = f"{conversation.reasoning}\n</think>\n\n" if thinking else ""
+        calls = [c.get("function", c) for c in message.get("tool_calls") or ()]
+        answer = head + message["content"] + "\n".join(render_call(c["name"], c["arguments"]) for c in calls)
+        asked = encode(tokenizer, prompt[len(done) :])
+        said = encode(tokenizer, answer + "<|im_end|>")
+        ids += asked + said
+        labels += [-100] * len(asked) + said
+        done = prompt + answer + "<|im_end|>"
+    return Chat(torch.tensor(ids), torch.tensor(labels))
 
 
 def corpus_sequences(tokenizer, conversations: list[Conversation], max_len: int = 512) -> list[Sequence]:

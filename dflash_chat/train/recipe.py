@@ -21,10 +21,12 @@ from dflash_chat.train.stages.finetune import (
 from dflash_chat.train.stages.mtp import mtp_stage
 from dflash_chat.train.stages.prepare import prepare, train_target_stage
 from dflash_chat.train.stages.ship import ship
+from dflash_chat.train.stages.tools import TOOLS_STEPS, tools_settings, tools_stage
 
 TARGET_SHARE = 0.55  # of the time budget, for the target stage
 DRAFTER_SHARE = 0.35  # for the drafter stage, its data included
 FINETUNE_SAMPLED_SHARE = 0.5  # of the finetune's training prompts answered by sampling at the app's settings
+FINETUNE_TOOL_SHARE = 0.25  # of the finetune's training prompts tool chats (the demo target calls tools)
 
 
 def run_stages(args: argparse.Namespace, stages: list[str], device: str, log: Log) -> None:
@@ -41,6 +43,7 @@ def run_stages(args: argparse.Namespace, stages: list[str], device: str, log: Lo
     log(f"device {device}, seed {args.seed}, work folder {args.work}")
     for name, stage in (
         ("target", _target),
+        ("tools", _tools),
         ("drafter", _drafter),
         ("dflash2", _dflash2),
         ("finetune", _finetune),
@@ -71,6 +74,15 @@ def _target(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> 
     train_target_stage(args.work, **_training("target", args, chosen, device, log), settings=chosen.target)
 
 
+def _tools(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
+    tools_stage(
+        args.work,
+        **_training("tools", args, chosen, device, log),
+        source=args.out / "target",
+        settings=tools_settings(chosen.target),
+    )
+
+
 def _drafter(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
     train_drafter_stage(
         args.work,
@@ -94,13 +106,14 @@ def _dflash2(args: argparse.Namespace, chosen: Preset, device: str, log: Log) ->
 def _finetune(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
     distill = FINETUNE_DISTILL if args.distill is None else args.distill
     sampled_share = FINETUNE_SAMPLED_SHARE if args.sampled_share is None else args.sampled_share
+    tool_share = FINETUNE_TOOL_SHARE if args.tool_share is None else args.tool_share
     finetune_stage(
         args.work,
         **_training("finetune", args, chosen, device, log),
         kind=args.finetune,
         source=args.out / ("drafter2" if args.finetune == "dflash2" else "drafter"),
         target_dir=args.out / "target",
-        answering=replace(chosen.answering, sampled_share=sampled_share),
+        answering=replace(chosen.answering, sampled_share=sampled_share, tool_share=tool_share),
         settings=replace(chosen.drafter, lr=FINETUNE_LR, distill=distill, accept=args.accept_weight or 0.0),
         hard_anchors=args.hard_anchors,
     )
@@ -136,7 +149,7 @@ def _named(stages: str) -> set[str]:
 
 def _step_count(stage: str, args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> int:
     """`stage`'s step count from its flag, else its default; logged with the flag that repeats it."""
-    if stage == "target":
+    if stage in ("target", "tools"):  # both train the target
         given, flag = args.target_steps, "--target-steps"
     else:  # the drafter stages share one flag
         given, flag = args.drafter_steps, "--drafter-steps"
@@ -153,4 +166,4 @@ def _default_steps(stage: str, args: argparse.Namespace, chosen: Preset, device:
         return calibrate_target_steps(args.work, TARGET_SHARE * budget, device, args.seed, chosen.target)
     if stage == "drafter":
         return calibrate_drafter_steps(args.work, DRAFTER_SHARE * budget, device, args.seed, chosen.drafter)
-    return {"dflash2": DFLASH2_STEPS, "finetune": FINETUNE_STEPS, "mtp": MTP_STEPS}[stage]
+    return {"tools": TOOLS_STEPS, "dflash2": DFLASH2_STEPS, "finetune": FINETUNE_STEPS, "mtp": MTP_STEPS}[stage]

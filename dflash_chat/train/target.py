@@ -3,8 +3,11 @@ transformers' own `Qwen3_5ForCausalLM` and saved as a standard HF checkpoint."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -89,6 +92,87 @@ def train_target(
     losses = run_steps("target", model.parameters(), settings, step, log)
     model.eval()
     return losses
+
+
+class Chat(NamedTuple):
+    """A chat's token ids, and what the target learns of it: the ids on its answers, -100 elsewhere."""
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclass
+class MixedSettings(TrainSettings):
+    """`train_target_mixed`'s: `batch_size` windows of `seq_len` tokens of the packed stream and `chat_batch`
+    whole chats each step."""
+
+    chat_batch: int = 4
+
+
+def train_target_mixed(
+    model,
+    chats: list[Chat],
+    tokens: torch.Tensor,
+    settings: MixedSettings,
+    *,
+    pad_id: int,
+    seed: int,
+    device: str = "cpu",
+    log: Log = print,
+    checked: Sequence[Chat] = (),
+    check_every: int = 0,
+) -> list[float]:
+    """Next-token training on two batches a step, their losses added: `chat_batch` whole chats (right-padded),
+    the loss on their answers alone, and random windows of the packed stream
+    `tokens`, the loss on every token (what the target first trained on, so it keeps it). Every `check_every`
+    steps (0: never), logs `answers_right` on the `checked` chats. Returns the loss per step."""
+    model.to(device).train()
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+
+    def step(done: int):
+        if check_every and checked and done and done % check_every == 0:
+            tokens_right, whole = answers_right(model, checked, pad_id, device)
+            log(
+                f"target step {done}: held-out answers, teacher-forced: {tokens_right:.1%} of tokens, {whole:.0%} whole"
+            )
+            model.train()
+        picked = [chats[i] for i in rng.sample(range(len(chats)), min(settings.chat_batch, len(chats)))]
+        ids, labels = answer_batch(picked, pad_id)
+        windows = random_windows(tokens, settings.batch_size, settings.seq_len, gen).to(device)
+        with autocast_for(device):
+            on_chats = model(input_ids=ids.to(device), labels=labels.to(device)).loss
+            on_text = model(input_ids=windows, labels=windows).loss
+        return on_chats + on_text, {"chats": on_chats.detach(), "text": on_text.detach()}
+
+    losses = run_steps("target", model.parameters(), settings, step, log)
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def answers_right(model, chats: Sequence[Chat], pad_id: int, device: str = "cpu") -> tuple[float, float]:
+    """Teacher-forced, on `chats`' answers: the share of their tokens the model ranks first, and the share of
+    chats whose every answer token it ranks first (those its greedy decoding writes exactly)."""
+    model.eval()
+    ids, labels = answer_batch(chats, pad_id)
+    logits = model(input_ids=ids.to(device)).logits[:, :-1].float().cpu()
+    wanted = labels[:, 1:]
+    scored = wanted != -100
+    hit = (logits.argmax(-1) == wanted) | ~scored
+    return float(hit[scored].float().mean()), float(hit.all(-1).float().mean())
+
+
+def answer_batch(chats: Sequence[Chat], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, labels) [N, longest]: the chats right-padded with `pad_id` (labels -100 there); the model
+    shifts the labels itself."""
+    width = max(len(c.ids) for c in chats)
+    ids = torch.full((len(chats), width), pad_id, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    for row, chat in enumerate(chats):
+        ids[row, : len(chat.ids)] = chat.ids
+        labels[row, : len(chat.labels)] = chat.labels
+    return ids, labels
 
 
 def random_windows(tokens: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:

@@ -138,3 +138,16 @@ def test_the_compute_dtype_is_the_loaders():
     for device in ("cpu", "cuda"):
         dtype = default_dtype(torch.device(device))
         assert memory.compute_bytes(device) == torch.tensor([], dtype=dtype).element_size()
+
+
+def test_a_checkpoint_holds_what_the_memory_model_says(tiny_dirs):
+    """engine/prefix_cache.py's checkpoints, as `checkpoint_bytes` counts them (doctor divides the budget by it)."""
+    engine = load_pair(tiny_dirs["qwen3_5"][0], tiny_dirs["qwen3_5"][1], device="cpu", max_context=CONTEXTS[1]).engine
+    for _ in engine.generate(PROMPT, SamplingParams(max_new_tokens=4), marks=[12]):
+        pass
+    assert engine.checkpoints.lengths == [12]
+    drafter = DrafterShape.of(engine.drafter.cfg)
+    e = memory.compute_bytes(str(engine.device))
+    one = memory.checkpoint_bytes(TargetShape.of(engine.target.cfg), drafter, engine.max_context, e)
+    assert engine.checkpoints.best(12).nbytes == one
+    assert engine.snapshot.nbytes == one + TargetShape.of(engine.target.cfg).vocab * memory.LOGIT_BYTES

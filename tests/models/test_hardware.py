@@ -76,7 +76,7 @@ TABLE = {
     (24, 8192): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
     (24, 32768): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
     (24, 131072): ("qwen3.8-27b", "Q3_K_S", None),  # the 27B alone, before the 9B with a drafter
-    (32, 8192): ("qwen3.8-27b", "Q8_0", "Q4_K_M"),  # Q8_0 target first, the drafter gives way
+    (32, 8192): ("qwen3.8-27b", "Q8_0", None),  # Q8_0 target first: beside its MTP cache no drafter fits, so alone
     (32, 32768): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
     (32, 131072): ("qwen3.8-27b", "Q4_K_M", "Q8_0"),
     (48, 8192): ("qwen3.8-27b", "Q8_0", "Q8_0"),
@@ -354,6 +354,8 @@ def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
     # five sliding layers hold their 2048-position window and the block: K and V x 8 heads x 128
     assert state.drafter_kv == 5 * (2048 + 8) * 2 * 8 * 128 * 2
     assert state.drafter_rope == 2 * rows * 128 * 2
+    # the prefill snapshot keeps a copy of those five rings (a branching prompt drafts from it again)
+    assert state.snapshot_rings == 5 * (2048 + 8) * 2 * 8 * 128 * 2
     # `auto` verifies 1, 4 or 8 tokens (and 2, prompt lookup's shortest): logits in float32 and the 5 taps'
     # features per row
     assert state.step_outputs == (1 + 2 + 4 + 8) * (248320 * 4 + 5 * 5120 * 2)
@@ -373,6 +375,7 @@ def test_a_dflash2_drafters_terms_from_its_shapes(catalog):
         state.snapshot_logits,
         state.drafter_kv,
         state.drafter_rope,
+        state.snapshot_rings,
         state.step_outputs,
         state.sampling,
         state.selector,

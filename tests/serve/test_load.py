@@ -156,9 +156,9 @@ def test_clients_share_one_draft_memory_per_kind_of_text(demo_pair, monkeypatch)
     memories = []
     real = demo_pair.engine.generate
 
-    def generate(prompt_ids, params, cancel=None, *, memory=None):
+    def generate(prompt_ids, params, cancel=None, *, memory=None, **keys):
         memories.append(memory)
-        return real(prompt_ids, params, cancel, memory=memory)
+        return real(prompt_ids, params, cancel, memory=memory, **keys)
 
     monkeypatch.setattr(demo_pair.engine, "generate", generate)
     httpx = httpx_module()

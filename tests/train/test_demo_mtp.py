@@ -127,3 +127,52 @@ def _tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(_target())
+
+
+def test_a_branching_prompt_resumes_the_mtp_layer_from_its_checkpoint():
+    """Prefix reuse with the MTP layer: a prompt that shares only the start of the last one resumes from a
+    checkpoint (the GDN state and the MTP layer's newest hidden state there): its MTP-drafted answer is a fresh
+    engine's, token for token and draft for draft, and it reuses part of the prompt."""
+    from dflash_chat.engine.spec import Engine
+
+    pair = load_pair(_target(), None, device="cpu", dtype=torch.float32, speculate="none")
+    target = pair.engine.target
+
+    def engine() -> Engine:
+        return Engine(
+            target,
+            None,
+            mtp=load_mtp(_target(), target),
+            max_context=512,
+            draft=2,
+            speculate="mtp",
+            end_ids=pair.engine.end_ids,
+        )
+
+    first, second = _first_prompts(pair.tokenizer, 2)
+    shared = first[: len(first) // 2]
+    branch = shared + second[len(second) // 2 :]
+    params = SamplingParams(temperature=0, max_new_tokens=24)
+    reusing = engine()
+    reusing.checkpoint_every = 8
+    list(reusing.generate(first, params))
+    events = list(reusing.generate(branch, params))
+    got = [t for e in events for t in getattr(e, "token_ids", [])]
+    reused = next(e for e in events if hasattr(e, "reused_tokens")).reused_tokens
+    fresh_events = list(engine().generate(branch, params))
+    fresh = [t for e in fresh_events for t in getattr(e, "token_ids", [])]
+    assert 0 < reused <= len(shared) and got == fresh
+    # the same drafts landed, and the layer holds what a fresh prefill of the branch gives it: the pairs stored
+    # for every position and the newest hidden state (it resumed from the checkpoint's, not the last answer's)
+    accepted = [e.accepted for e in events if hasattr(e, "accepted")]
+    assert accepted == [e.accepted for e in fresh_events if hasattr(e, "accepted")] and sum(accepted) > 0
+    one = SamplingParams(temperature=0, max_new_tokens=1)
+    resumed, again = engine(), engine()
+    resumed.checkpoint_every = 8
+    list(resumed.generate(first, params))
+    list(resumed.generate(branch, one))
+    list(again.generate(branch, one))
+    n = len(branch) - 1
+    for a, b in ((resumed.mtp.cache.k, again.mtp.cache.k), (resumed.mtp.cache.v, again.mtp.cache.v)):
+        torch.testing.assert_close(a[:n], b[:n], rtol=0, atol=1e-5)
+    torch.testing.assert_close(resumed.mtp.last, again.mtp.last, rtol=0, atol=1e-5)

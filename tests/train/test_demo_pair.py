@@ -92,3 +92,47 @@ def test_demo_runs_the_drafter_its_bench_measured_faster():
     result = json.loads((Path(__file__).resolve().parents[2] / cited).read_text())["bench"]
     assert result["faster"]["drafter"] == choice["drafter"] and result["identical"] is True
     assert set(result["setup"]["drafters"]) == set(demo_drafters())
+
+
+@pytest.fixture(scope="module")
+def tool_chats():
+    from dflash_chat.bench.demo_tools import heldout_chats
+
+    return [c for c in heldout_chats() if c.call is not None and not c.more][:4]
+
+
+def test_greedy_dflash2_decoding_of_tool_turns_equals_plain_decoding(tool_chats):
+    """A request for a call and the answer after the tool's result: DFlash2's greedy tokens are plain
+    decoding's, and its drafts land."""
+    from dflash_chat.bench.comparison import compare
+    from dflash_chat.bench.demo_tools import prompt_ids
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.train.tool_corpus import call_turns, result_turns
+
+    target, drafter = demo_paths("dflash2")
+    spec = load_pair(target, drafter, device="cpu", dtype=torch.float32)
+    plain = load_pair(target, None, device="cpu", dtype=torch.float32)
+    chat = tool_chats[0]
+    ids = [prompt_ids(spec.tokenizer, turns, chat) for turns in (call_turns(chat), result_turns(chat))]
+    report = compare(plain.engine, lambda *_: spec.engine, ids, SamplingParams(temperature=0.0, max_new_tokens=96))
+    assert report.identical and report.new_tokens >= 2 * 8
+    assert report.mean_acceptance_length > 2.0
+
+
+def test_bench_tools_judges_every_class_and_finds_greedy_output_identical(capsys):
+    """`bench --tools` on one held-out turn of each class: the checks' shares, DFlash2's τ per class, the goals,
+    and DFlash2's greedy text equal to plain decoding's (else its exit status is 1)."""
+    from dflash_chat.cli import main
+
+    rc = main(["bench", "--tools", "--prompts", "1", "--tokens", "8", "--temperature", "0", "--threads", "1", "--json"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and figures["identical"] is True
+    classes = figures["temperatures"]["0"]["classes"]
+    assert set(classes) == {"call", "no_tool", "result", "prose"}
+    assert set(classes["call"]["checks"]) == {"right", "right_tool", "exact"}
+    for name in ("call", "no_tool", "result"):
+        shares = classes[name]["checks"]["right"]
+        assert set(shares) == {"all", "plain", "dflash2/15", "dflash2/auto"} and 0 <= shares["all"] <= 1
+    assert classes["prose"]["checks"] == {} and classes["call"]["drafts"]["dflash2/15"]["tau"] >= 1.0
+    assert set(figures["goals"]["0"]) == {"right_calls", "right_calls_met", "tau_call", "tau_prose", "tau_met"}

@@ -14,7 +14,8 @@ from dflash_chat.train.stages.drafters import train_dflash2_stage, train_drafter
 from dflash_chat.train.stages.finetune import finetune_stage
 from dflash_chat.train.stages.prepare import load_corpus, prepare, train_target_stage
 from dflash_chat.train.stages.ship import ship
-from dflash_chat.train.target import TargetShape, TrainSettings
+from dflash_chat.train.stages.tools import tools_stage
+from dflash_chat.train.target import MixedSettings, TargetShape, TrainSettings
 
 TINY_TARGET = TargetShape(
     hidden_size=64,
@@ -26,7 +27,7 @@ TINY_TARGET = TargetShape(
     linear_num_key_heads=1,
     linear_num_value_heads=2,
     linear_head_dim=32,
-    max_position_embeddings=1024,
+    max_position_embeddings=2048,  # the tools stage's prompts: a tools block in a 400-token vocabulary
 )
 TINY_DRAFTER = DrafterShape(
     num_layers=1, intermediate_size=128, num_heads=2, num_kv_heads=1, head_dim=32, target_layer_ids=(0, 1), block_size=8
@@ -83,7 +84,7 @@ def trained(tmp_path_factory):
         seed=0,
         steps=30,
         device="cpu",
-        answering=AnswerSettings(generated=8, max_new_tokens=24, sampled_share=0.5),
+        answering=AnswerSettings(generated=8, max_new_tokens=24, sampled_share=0.5, tool_share=0.25),
         settings=DrafterSettings(steps=30, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=5, distill=1.0),
         hard_anchors=0.5,
         log=logs.append,
@@ -128,7 +129,7 @@ def test_dflash2_stage_trains_and_ships_a_dflash2_drafter(trained):
 
 def test_finetune_trains_a_shipped_drafter_on_greedy_and_sampled_answers(trained):
     """The finetune stage starts from a shipped DFlash2 drafter, answers half its prompts by sampling at the
-    app's settings, draws half its blocks where the engine's steps start, trains with the distillation term
+    app's settings (a quarter of them tool chats: requests, and tool results to answer), draws half its blocks where the engine's steps start, trains with the distillation term
     (its loss goes down) and ships a drafter the engine runs losslessly."""
     from dflash_chat.train.evaluate import measure_pair
 
@@ -136,7 +137,7 @@ def test_finetune_trains_a_shipped_drafter_on_greedy_and_sampled_answers(trained
     finetuned, losses = logs[-1]
     assert _mean(losses[-8:]) < _mean(losses[:8])
     data = [line for line in logs if isinstance(line, str) and "of them sampled" in line]
-    assert "0 of them sampled" in data[0] and "4 of them sampled" in data[-1]
+    assert "0 of them sampled, 0 to tool chats" in data[0] and "4 of them sampled, 2 to tool chats" in data[-1]
     assert any(isinstance(line, str) and "on sampled ones" in line for line in logs)
     assert any(isinstance(line, str) and "0.5 of the anchors where the engine's steps start" in line for line in logs)
     prompts = json.loads((finetuned / "heldout_prompts.json").read_text())[:2]
@@ -253,3 +254,56 @@ def test_the_mtp_stage_trains_the_target_this_run_made_else_the_shipped_one(tmp_
         finally:
             recipe.mtp_stage = original
         assert calls[-1] == want / "target"
+
+
+@pytest.fixture(scope="module")
+def tooled(trained, tmp_path_factory):
+    """The tools stage on a copy of the shipped tiny pair: its target trained further on tool chats, shipped."""
+    work, out, _, _, _ = trained
+    tooled = tmp_path_factory.mktemp("tooled")
+    shutil.copytree(out, tooled, dirs_exist_ok=True)
+    logs: list[str] = []
+    losses = tools_stage(
+        work,
+        source=tooled / "target",
+        seed=0,
+        steps=30,
+        device="cpu",
+        settings=MixedSettings(steps=30, batch_size=2, seq_len=64, lr=3e-3, warmup=5, chat_batch=2),
+        chats=40,
+        checked=2,
+        log=logs.append,
+    )
+    ship(work, tooled, log=logs.append)
+    return tooled, losses, logs
+
+
+def test_tools_stage_trains_the_target_on_tool_chats_and_ships_the_held_out_ones(trained, tooled):
+    """The tools stage lowers the target's loss on tool chats beside its corpus, checks what it kept and what
+    it learnt, and ships a target the engine loads, with held-out tool chats whose names it never trained on."""
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.train.tool_corpus import chat_of_record, names, training_chats, word_pools
+
+    work, out, _, _, _ = trained
+    folder, losses, logs = tooled
+    assert len(losses) == 30 and _mean(losses[-8:]) < _mean(losses[:8]) - 0.3
+    assert any(line.startswith("tools: 48 tool chats") for line in logs)  # 40 with a call, 8 corpus questions
+    assert any("held-out chat answers the same (greedy, 48 tokens):" in line and "of 2" in line for line in logs)
+    assert any(line.startswith("tools: held-out turns right (greedy): call") for line in logs)
+    assert any(line.startswith("target step 25: held-out answers, teacher-forced:") for line in logs)
+    records = json.loads((folder / "tool_prompts.json").read_text())["chats"]
+    heldout = [chat_of_record(r) for r in records]
+    assert len(heldout) == 48 + 16 and [c.call is None for c in heldout].count(True) == 16
+    assert not names(heldout) & names(training_chats(word_pools(), 40, 0))
+    assert (folder / "target" / "model.safetensors").read_bytes() != (out / "target" / "model.safetensors").read_bytes()
+    pair = load_pair(folder / "target", None, device="cpu", dtype=torch.float32)
+    from dflash_chat.bench.comparison import generate
+    from dflash_chat.bench.demo_tools import prompt_ids
+
+    run = generate(
+        pair.engine,
+        prompt_ids(pair.tokenizer, [{"role": "user", "content": heldout[0].request}], heldout[0]),
+        SamplingParams(temperature=0.0, max_new_tokens=8),
+    )
+    assert 1 <= len(run.tokens) <= 8

@@ -194,9 +194,9 @@ def test_each_chat_and_thinking_setting_keeps_its_own_draft_memory(home, tiny_pa
             engine = app.chat.backend.pair.engine
             real = engine.generate
 
-            def generate(prompt_ids, params, cancel=None, *, memory=None):
+            def generate(prompt_ids, params, cancel=None, *, memory=None, **keys):
                 memories.append(memory)
-                return real(prompt_ids, params, cancel, memory=memory)
+                return real(prompt_ids, params, cancel, memory=memory, **keys)
 
             engine.generate = generate
             await ask(pilot, app, "one", 1)

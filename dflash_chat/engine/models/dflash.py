@@ -138,6 +138,7 @@ class DFlashDrafter(nn.Module):
         self._normed_slice: slice | None = None
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: K and V [rows, kv_heads, head_dim]
         self.ctx_len = 0
+        self.context_rows = 0
 
     @property
     def draft_layers(self) -> Sequence[DraftLayer]:
@@ -181,11 +182,37 @@ class DFlashDrafter(nn.Module):
                 (torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device))
             )
         self.rotary.allocate(max_context, p.dtype)
+        self.context_rows = max_context  # a full layer's rows; a sliding layer's ring has fewer
         self.ctx_len = 0
 
     def truncate(self, length: int) -> None:
-        """Forget context positions >= length (prefix reuse after the prompt diverged)."""
+        """Forget context positions >= length (prefix reuse after the prompt diverged). A sliding layer's ring
+        may no longer hold the window before `length` (see `ring_window`): restore its rings with it."""
         self.ctx_len = min(self.ctx_len, length)
+
+    @property
+    def ring_windows(self) -> list[int]:
+        """The windows of the layers that keep their context in a ring (a sliding layer whose window + B rows
+        are fewer than the context). Truncating from a length past a window to a shorter one leaves stale
+        rows in its ring (later positions overwrote them): restore the rings saved at the shorter length."""
+        return [
+            layer.self_attn.window or 0
+            for layer, (k, _) in zip(self.draft_layers, self.cache, strict=True)
+            if layer.self_attn.window and k.shape[0] < self.context_rows
+        ]
+
+    def save_rings(self) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """Copies of the sliding layers' rings (None for a layer that keeps every row): with the context
+        length they belong to, what `restore_rings` needs to draft from that length again."""
+        return [(k.clone(), v.clone()) if k.shape[0] < self.context_rows else None for k, v in self.cache]
+
+    def restore_rings(self, saved: list[tuple[torch.Tensor, torch.Tensor] | None], length: int) -> None:
+        """Back to the context of `length` positions whose rings `save_rings` copied."""
+        for (k, v), ring in zip(self.cache, saved, strict=True):
+            if ring is not None:
+                k.copy_(ring[0])
+                v.copy_(ring[1])
+        self.ctx_len = length
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         if self._final_norm is not None:

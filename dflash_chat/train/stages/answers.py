@@ -17,6 +17,7 @@ from dflash_chat.train.drafter import Sequence, load_for_training
 from dflash_chat.train.stages.prepare import load_corpus
 
 HELD_OUT = 32  # held-out prompts the stages check on
+TOOL_SEED_OFFSET = 1000  # the tool chats answered for a drafter: other than those the target trained on (same seed)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class AnswerSettings:
     gen_batch: int = 64
     free_share: float = 0.5  # of the prompts asked in other words (corpus.free_form_prompts)
     sampled_share: float = 0.0  # of the answers drawn at the app's sampling settings, the rest greedy
+    tool_share: float = 0.0  # of the prompts tool chats (train/tool_corpus.py): half calls, half after a result
 
 
 class Answers(NamedTuple):
@@ -80,8 +82,10 @@ def _target_answers(
     corpus = load_corpus(work / "corpus.json")
     rng = random.Random(seed)
     free = round(answering.free_share * answering.generated)
-    prompts = rng.sample(corpus.train, min(answering.generated - free, len(corpus.train)))
+    tools = round(answering.tool_share * answering.generated)
+    prompts = rng.sample(corpus.train, min(answering.generated - free - tools, len(corpus.train)))
     prompts += free_form_prompts(corpus.train, rng, free)
+    prompts += tool_prompts(tools, seed)
     rng.shuffle(prompts)
     drawn = round(answering.sampled_share * len(prompts))
     started = time.perf_counter()
@@ -107,10 +111,21 @@ def _target_answers(
         own += answers(prompts[:drawn], app)
         held_sampled = answers(corpus.heldout[:HELD_OUT], app, thinking_share=0.0)
     log(
-        f"drafter data: {len(own)} target answers, {drawn} of them sampled ({sum(len(q.ids) for q in own)} tokens, "
+        f"drafter data: {len(own)} target answers, {drawn} of them sampled, {tools} to tool chats ({sum(len(q.ids) for q in own)} tokens, "
         f"{time.perf_counter() - started:.0f}s)"
     )
     return Answers(own, held, held_sampled)
+
+
+def tool_prompts(count: int, seed: int) -> list[Conversation]:
+    """`count` tool chats of the training words (train/tool_corpus.py) for the target to answer: every other
+    one its request (the target answers with a call), the others after the call's result (it answers in text)."""
+    from dflash_chat.train.tool_corpus import call_conversation, result_conversation, training_chats, word_pools
+
+    if not count:
+        return []
+    chats = training_chats(word_pools(), count, seed + TOOL_SEED_OFFSET)
+    return [result_conversation(c) if i % 2 else call_conversation(c) for i, c in enumerate(chats)]
 
 
 def app_sampling():

@@ -6,14 +6,15 @@ import json
 import shutil
 from pathlib import Path
 
-from dflash_chat.models.demo import HELDOUT_FILE
+from dflash_chat.models.demo import HELDOUT_FILE, TOOL_PROMPTS_FILE
 from dflash_chat.models.sizes import size_text
 from dflash_chat.train.common import Log
 from dflash_chat.train.stages.prepare import load_corpus
 
 
 def ship(work: Path, out: Path, log: Log = print) -> None:
-    """Copy what the stages made into `out` (target/ with tokenizer files, drafter/, drafter2/)."""
+    """Copy what the stages made into `out` (target/ with tokenizer files, drafter/, drafter2/, the held-out
+    tool chats)."""
     for name in ("target", "drafter", "drafter2"):
         if not (work / name).is_dir():
             continue
@@ -21,6 +22,8 @@ def ship(work: Path, out: Path, log: Log = print) -> None:
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(work / name, dest)
+    if (work / TOOL_PROMPTS_FILE).is_file():
+        shutil.copyfile(work / TOOL_PROMPTS_FILE, out / TOOL_PROMPTS_FILE)
     prompts = [c.prompt_messages for c in load_corpus(work / "corpus.json").heldout]
     (out / HELDOUT_FILE).write_text(json.dumps(prompts, indent=1) + "\n")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

@@ -1,0 +1,223 @@
+"""The coding agents people run, driven for real against `serve --demo`: Claude Code (Anthropic Messages),
+Codex CLI (Responses) and opencode (chat completions), each one-shot with its default settings and an
+isolated HOME, and each once through `dflash-chat launch`. Each must exit 0 with the model's text, and serve
+must log no refusal (4xx) or failure (5xx) for their requests.
+
+The agents are the pinned npm packages tools/test.sh installs into a cache folder when npm is present
+(DFLASH_CHAT_AGENTS_BIN names their bin folder; without it, the cache folder tools/test.sh uses); without them
+these tests skip, saying why.
+
+What makes them deterministic: the tiny demo pair, far past its training length under an agent's 8-16k-token
+system prompt and tools, loops ("the number of the number of ...") at any temperature, greedy included, and
+Claude Code and Codex take an answer cut at its length as an error. So the server these tests drive answers
+greedily, with thinking off, and ends each answer at the end of its first line of text (`brief_answers`: the
+answering session's sampling and stop strings, set for the test, server-side). Every answer then ends as a
+finished turn, the same way on every run. The agents' own settings stay their defaults (no limits written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dflash_chat.runtime.stops import StopStrings
+
+from .conftest import serving
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash-chat-test-agents"
+BIN = Path(os.environ.get("DFLASH_CHAT_AGENTS_BIN") or CACHE / "node_modules" / ".bin")
+CONTEXT = 65536  # Claude Code's system prompt and tools alone are ~16k tokens
+KEY = "sk-agents"
+TASK = "Say hello in one short sentence."
+TIMEOUT_S = 300
+
+pytestmark = [
+    pytest.mark.slow(seconds=150),
+    pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: the agents are node programs"),
+]
+
+
+def agent(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed in {BIN} (tools/test.sh installs the pinned agents when npm is present)")
+    return str(path)
+
+
+class FirstLine(StopStrings):
+    """The request's stop strings, and the end of the first line that holds some text."""
+
+    def __init__(self, stops) -> None:
+        super().__init__([s for s in stops if s != "\n"])
+        self.said = False
+
+    def feed(self, text: str) -> str:
+        out = super().feed(text)
+        for at, char in enumerate(out):
+            if char == "\n" and self.said:
+                self.matched, self._held = True, ""  # `which` stays None: the turn ended, no stop sequence
+                return out[:at]
+            self.said = self.said or not char.isspace()
+        return out
+
+
+@pytest.fixture
+def brief_answers(monkeypatch):
+    """Every answer serve gives in this process greedy, thinking off, ended after its first line of text; yields
+    the answers' texts."""
+    from dflash_chat.runtime import session
+    from dflash_chat.serve import served
+
+    answer, next_prompt = session.EngineSession.answer, served.next_prompt
+    texts: list[str] = []
+
+    def brief(self, prompt, params, *args, **kwargs):
+        params = dataclasses.replace(params, temperature=0.0, stop=(*params.stop, "\n"))
+        end = answer(self, prompt, params, *args, **kwargs)
+        texts.append(end.answer)
+        return end
+
+    def unthinking(tokenizer, turns, *, thinking, **kwargs):
+        return next_prompt(tokenizer, turns, thinking=False, **kwargs)
+
+    monkeypatch.setattr(session, "StopStrings", FirstLine)
+    monkeypatch.setattr(session.EngineSession, "answer", brief)
+    monkeypatch.setattr(served, "next_prompt", unthinking)
+    return texts
+
+
+def said(out: str, answers: list[str]) -> bool:
+    """Whether the agent printed one of the model's answers."""
+    return any(text.strip() and text.strip() in out for text in answers)
+
+
+@pytest.fixture(scope="module")
+def long_pair():
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.models.demo import demo_paths
+
+    return load_pair(*demo_paths(), device="cpu", max_context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def server(long_pair):
+    with serving(long_pair, api_key=KEY) as running:
+        yield running
+
+
+@pytest.fixture
+def refusals():
+    """serve's refusals and failures during the test: its log's warnings and errors (one per 4xx/5xx), taken
+    from its logger itself (launch's log file may have stopped it passing records on)."""
+    handler = _Kept(logging.WARNING)
+    logger = logging.getLogger("dflash_chat.serve")
+    logger.addHandler(handler)
+    yield lambda: [r.getMessage() for r in handler.records]
+    logger.removeHandler(handler)
+
+
+class _Kept(logging.Handler):
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def isolated(tmp_path: Path, **env: str) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    names = ("PATH", "LANG", "TERM", "SYSTEMROOT", "TMPDIR")
+    keep = {k: v for k, v in os.environ.items() if k in names}
+    return {**keep, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "NO_COLOR": "1", **env}
+
+
+def run_agent(argv: list[str], env: dict[str, str], cwd: Path) -> str:
+    done = subprocess.run(
+        argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done.stdout
+
+
+def test_claude_code_speaks_anthropic_messages(server, tmp_path, refusals, brief_answers):
+    served, url = server
+    env = isolated(tmp_path, ANTHROPIC_BASE_URL=url, ANTHROPIC_AUTH_TOKEN=KEY, ANTHROPIC_MODEL=served.name)
+    out = run_agent([agent("claude"), "-p", TASK], env, tmp_path)
+    assert said(out, brief_answers)
+    assert refusals() == []
+
+
+def test_codex_speaks_responses(server, tmp_path, refusals, brief_answers):
+    served, url = server
+    provider = f'{{name="dflash-chat", base_url="{url}/v1", env_key="DFC_KEY", wire_api="responses"}}'
+    config = ["-c", "model_provider=dfc", "-c", f"model_providers.dfc={provider}", "-c", f'model="{served.name}"']
+    env = isolated(tmp_path, DFC_KEY=KEY)
+    out = run_agent([agent("codex"), *config, "exec", "--skip-git-repo-check", TASK], env, tmp_path)
+    assert said(out, brief_answers)
+    assert refusals() == []
+
+
+def test_opencode_speaks_chat_completions(server, tmp_path, refusals, brief_answers):
+    served, url = server
+    provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{url}/v1", "apiKey": KEY}}
+    provider["models"] = {served.name: {"name": served.name}}  # no limits written by hand: its defaults
+    (tmp_path / "opencode.json").write_text(json.dumps({"provider": {"dfc": provider}}))
+    out = run_agent([agent("opencode"), "run", "-m", f"dfc/{served.name}", TASK], isolated(tmp_path), tmp_path)
+    assert said(out, brief_answers)
+    assert refusals() == []
+
+
+@pytest.fixture
+def serve_log():
+    """launch sends serve's log to a file (and off the logger's parents): put the logger back afterwards."""
+    logger = logging.getLogger("dflash_chat.serve")
+    saved = logger.handlers[:], logger.propagate, logger.level
+    yield
+    for handler in logger.handlers:
+        if handler not in saved[0]:
+            handler.close()
+    logger.handlers, logger.propagate = saved[0], saved[1]
+    logger.setLevel(saved[2])
+
+
+# each agent takes 10-35 s on two cores: the suite runs every agent one-shot and launches Claude Code (the one
+# that needs the most: a 64k context); DFLASH_CHAT_AGENTS_ALL=1 launches the other two as well
+ALL = os.environ.get("DFLASH_CHAT_AGENTS_ALL") == "1"
+ONLY_WITH_ALL = pytest.mark.skipif(not ALL, reason="launched only with DFLASH_CHAT_AGENTS_ALL=1 (the suite's time)")
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("claude", ["-p", TASK]),
+        pytest.param("codex", ["exec", "--skip-git-repo-check", TASK], marks=ONLY_WITH_ALL),
+        pytest.param("opencode", ["run", TASK], marks=ONLY_WITH_ALL),
+    ],
+)
+def test_launch_runs_each_agent_on_the_demo(tmp_path, monkeypatch, capfd, brief_answers, serve_log, name, args):
+    """`dflash-chat launch NAME --demo -- ARGS`, in this process (so the answers are brief as above): it serves,
+    runs the agent with its own settings pointed there, and stops serve when the agent exits."""
+    from dflash_chat import cli
+
+    binary = Path(agent(name))
+    for key, value in isolated(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", f"{binary.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path / "dfc"))
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["launch", name, "--demo", "--", *args])
+    out, err = capfd.readouterr()
+    assert code == 0, (out + err)[-3000:]
+    assert said(out, brief_answers)
+    log = (tmp_path / "dfc" / "data" / "launch-serve.log").read_text()
+    assert not re.search(r"serve: [45]\d\d ", log), log  # no refusal (4xx) and no failure (5xx) in serve's log

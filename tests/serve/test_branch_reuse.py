@@ -1,0 +1,69 @@
+"""A branch reuses the shared system prompt through every dialect: a second request with the same system prompt
+and another user message resumes from the engine's checkpoint at the end of the system block
+(engine/prefix_cache.py), and each dialect's usage says how many prompt tokens it reused."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_chat.runtime.endpoint import httpx_module
+
+from .conftest import serving
+
+httpx = httpx_module()
+
+# about 300 tokens of system prompt, the same for both requests of a dialect (and different between dialects, so
+# each dialect's first request starts cold)
+SYSTEM = "You are a careful coding assistant. Answer in one short sentence. " * 20
+
+
+@pytest.fixture(scope="module")
+def server(demo_pair):
+    with serving(demo_pair) as running:
+        yield running
+
+
+def _chat(url: str, system: str, user: str) -> tuple[int, int]:
+    body = {
+        "model": "dflash-chat-demo",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    usage = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).raise_for_status().json()["usage"]
+    return usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
+
+
+def _messages(url: str, system: str, user: str) -> tuple[int, int]:
+    body = {
+        "model": "dflash-chat-demo",
+        "system": system,
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    usage = httpx.post(f"{url}/v1/messages", json=body, timeout=120).raise_for_status().json()["usage"]
+    return usage["cache_read_input_tokens"], usage["input_tokens"] + usage["cache_read_input_tokens"]
+
+
+def _responses(url: str, system: str, user: str) -> tuple[int, int]:
+    body = {
+        "model": "dflash-chat-demo",
+        "instructions": system,
+        "input": user,
+        "max_output_tokens": 16,
+        "temperature": 0,
+    }
+    usage = httpx.post(f"{url}/v1/responses", json=body, timeout=120).raise_for_status().json()["usage"]
+    return usage["input_tokens_details"]["cached_tokens"], usage["input_tokens"]
+
+
+@pytest.mark.parametrize("ask", [_chat, _messages, _responses], ids=["chat", "messages", "responses"])
+def test_a_branch_from_the_same_system_prompt_reuses_it(server, ask):
+    _, url = server
+    system = f"[{ask.__name__}] {SYSTEM}"
+    cached, prompt = ask(url, system, "How do I reverse a list in Python?")
+    assert cached < 10  # this system prompt is new: at most the template's first tokens were held
+    system_tokens = prompt - 40  # the system block is all of the prompt but the user turn and the generation prompt
+    cached, prompt = ask(url, system, "What does a dict comprehension look like?")
+    assert system_tokens < cached < prompt
