@@ -193,17 +193,18 @@ def _demo(args) -> int:
 
 
 def _tools(args) -> int:
-    """The demo pair on held-out tool chats, per class and temperature (dflash_chat/bench/demo_tools.py)."""
-    from dflash_chat.bench import demo_pair, demo_tools
+    """The demo pair on held-out tool chats, per class and temperature (dflash_chat/train/tool_bench.py)."""
+    from dflash_chat.bench import demo_pair
+    from dflash_chat.train import tool_bench
 
-    figures = demo_tools.run(
+    figures = tool_bench.run(
         prompts=args.prompts,
         max_new_tokens=args.tokens,
         legs=demo_pair.sampling_legs(args.temperature, args.top_p, args.top_k),
         device=args.device or "cpu",
         repeats=args.repeats or 1,
     )
-    print(json.dumps(figures) if args.json else demo_tools.format_report(figures))
+    print(json.dumps(figures) if args.json else tool_bench.format_report(figures))
     return 0 if figures["identical"] else 1
 
 

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from dflash_chat.bench.tool_checks import schema_errors
+from dflash_chat.train.tool_checks import schema_errors
 
 from .conftest import serving
 
@@ -37,7 +37,7 @@ def client(demo_pair):
 def chats():
     """Held-out chats: a one-call request among several tools, the first two-call request, the first question
     no tool fits."""
-    from dflash_chat.bench.demo_tools import heldout_chats
+    from dflash_chat.train.tool_bench import heldout_chats
 
     every = heldout_chats()
     one = [c for c in every if c.call is not None and not c.more and len(c.tools) > 1]

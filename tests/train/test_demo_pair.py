@@ -96,7 +96,7 @@ def test_demo_runs_the_drafter_its_bench_measured_faster():
 
 @pytest.fixture(scope="module")
 def tool_chats():
-    from dflash_chat.bench.demo_tools import heldout_chats
+    from dflash_chat.train.tool_bench import heldout_chats
 
     return [c for c in heldout_chats() if c.call is not None and not c.more][:4]
 
@@ -105,9 +105,9 @@ def test_greedy_dflash2_decoding_of_tool_turns_equals_plain_decoding(tool_chats)
     """A request for a call and the answer after the tool's result: DFlash2's greedy tokens are plain
     decoding's, and its drafts land."""
     from dflash_chat.bench.comparison import compare
-    from dflash_chat.bench.demo_tools import prompt_ids
     from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.train.tool_bench import prompt_ids
     from dflash_chat.train.tool_corpus import call_turns, result_turns
 
     target, drafter = demo_paths("dflash2")

@@ -299,7 +299,7 @@ def test_tools_stage_trains_the_target_on_tool_chats_and_ships_the_held_out_ones
     assert (folder / "target" / "model.safetensors").read_bytes() != (out / "target" / "model.safetensors").read_bytes()
     pair = load_pair(folder / "target", None, device="cpu", dtype=torch.float32)
     from dflash_chat.bench.comparison import generate
-    from dflash_chat.bench.demo_tools import prompt_ids
+    from dflash_chat.train.tool_bench import prompt_ids
 
     run = generate(
         pair.engine,

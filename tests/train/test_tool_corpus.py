@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from dflash_chat.bench.tool_checks import answered_in_text, judge_call, quotes_result, schema_errors
 from dflash_chat.runtime.tool_calls import parse_calls, render_call
 from dflash_chat.train.corpus import Conversation
+from dflash_chat.train.tool_checks import answered_in_text, judge_call, quotes_result, schema_errors
 from dflash_chat.train.tool_corpus import (
     Call,
     calls_text,

@@ -167,7 +167,7 @@ def greedy_answers(target, tokenizer, conversations: list[Conversation], device:
 
 def _log_heldout_checks(target_dir: Path, heldout: Path, checked: int, device: str, log: Log) -> None:
     """The bench's checks on `checked` held-out turns of each tool class, greedy, by the saved target."""
-    from dflash_chat.bench.demo_tools import right_shares
+    from dflash_chat.train.tool_bench import right_shares
     from dflash_chat.train.tool_corpus import chat_of_record
 
     chats = [chat_of_record(r) for r in json.loads(heldout.read_text())["chats"]]

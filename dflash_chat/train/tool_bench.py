@@ -7,7 +7,7 @@ apart from training's (train/tool_corpus.py). Four classes of turns, each with t
 tools offered, thinking off:
 - call: a request that names a tool's words and its arguments' values (a fifth of those offered two or more
   tools ask for a second tool too); right when the answer holds exactly the calls asked for, to those tools
-  in order, with arguments their schemas accept (bench/tool_checks.py); exact when they are the values the
+  in order, with arguments their schemas accept (train/tool_checks.py); exact when they are the values the
   request named;
 - no_tool: a held-out code question of the demo's corpus with tools offered that do not fit it; right when
   it is answered in text, without a call;
@@ -107,7 +107,7 @@ def right_shares(
 
 def judge(name: str, text: str, chat: ToolChat | None) -> dict[str, bool]:
     """What a class checks of one answer."""
-    from dflash_chat.bench.tool_checks import answered_in_text, judge_call, quotes_result
+    from dflash_chat.train.tool_checks import answered_in_text, judge_call, quotes_result
 
     if chat is None:
         return {}
