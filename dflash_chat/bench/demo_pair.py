@@ -99,6 +99,18 @@ class Sampling:
         """The leg's key in the JSON: the temperature as written ("0", "0.7")."""
         return format(self.temperature, "g")
 
+    def params(self, max_new_tokens: int, seed: int | None):
+        """The engine's SamplingParams for one answer of this leg (`seed`: its draws, when sampled)."""
+        from dflash_chat.engine.sampling_params import SamplingParams
+
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=max_new_tokens,
+            seed=None if self.greedy else seed,
+        )
+
     @property
     def title(self) -> str:
         if self.greedy:
@@ -157,9 +169,8 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     import torch
 
     from dflash_chat.engine.load import load_drafter, load_mtp, load_pair
-    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.engine.spec import Engine
-    from dflash_chat.models.demo import DEMO_NAME, chosen_kind, demo_drafters, demo_paths
+    from dflash_chat.models.demo import chosen_kind, demo_drafters, demo_paths
     from dflash_chat.settings import Settings
 
     target_dir, _ = demo_paths()
@@ -194,22 +205,13 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     tok = plain.tokenizer
     classes = prompt_classes(tok, prompts)
 
-    def params(leg: Sampling, seed: int | None) -> SamplingParams:
-        return SamplingParams(
-            temperature=leg.temperature,
-            top_p=leg.top_p,
-            top_k=leg.top_k,
-            max_new_tokens=max_new_tokens,
-            seed=None if leg.greedy else seed,
-        )
-
     records = {key: Records() for key in (PLAIN, *engines)}  # each engine's, as the app's answering service keeps
 
     # first calls pay for allocations (and auto for measuring its step costs): one answer per leg, untimed
     first = classes["code"][0]
     for leg in legs:
         for key, engine in ((PLAIN, plain.engine), *engines.items()):
-            _answer(engine, first, params(leg, 0), DraftMemory(records[key]))
+            _answer(engine, first, leg.params(max_new_tokens, 0), DraftMemory(records[key]))
 
     app = Settings()
     figures = {}
@@ -222,7 +224,9 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
                 runs: dict = {key: [] for key in (PLAIN, *engines)}
                 for _ in range(repeats):  # interleaved: a busy stretch of the machine hits every setting alike
                     for key, engine in ((PLAIN, plain.engine), *engines.items()):  # each a new chat
-                        runs[key].append(_answer(engine, prompt, params(leg, i), DraftMemory(records[key])))
+                        runs[key].append(
+                            _answer(engine, prompt, leg.params(max_new_tokens, i), DraftMemory(records[key]))
+                        )
                 ar = median_run(runs[PLAIN])
                 for draft in engines:
                     c = comparisons[draft]
@@ -236,25 +240,14 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
                 identical &= all(c.identical for c in comparisons.values())
             per_class[name] = _class_figures(name, comparisons, leg.greedy)
         figures[leg.key] = {
-            "temperature": leg.temperature,
-            "top_p": leg.top_p,
-            "top_k": leg.top_k,
-            "greedy": leg.greedy,
-            "seeds": None if leg.greedy else "prompt index within its class",
+            **leg_header(leg),
             "app_defaults": not leg.greedy and leg == Sampling(app.temperature, app.top_p, app.top_k),
             "classes": per_class,
         }
     setup = {
-        "pair": DEMO_NAME,
-        "device": str(plain.device),
-        "dtype": "float32",
-        "threads": torch.get_num_threads() if plain.device.type == "cpu" else None,
-        "prompts_per_class": {name: len(ids) for name, ids in classes.items()},
-        "max_new_tokens": max_new_tokens,
-        "thinking": False,
+        **run_setup(plain.device, classes, max_new_tokens, repeats),
         "baseline": "plain decoding: the same engine with draft off, on the same loaded target",
         "order": "per prompt: plain, then each draft setting, before the next prompt",
-        "repeats": repeats,
         "timing": "each answer run `repeats` times (plain and every draft setting in turn, then again); the one "
         "with the median decode seconds per token counts",
         "conversation": "each prompt, and each repeat, its own conversation (auto's draft memory starts "
@@ -444,3 +437,32 @@ def _goal_lines(g: dict | None) -> list[str]:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def leg_header(leg: Sampling) -> dict:
+    """How one temperature leg of a bench samples, as its JSON says it."""
+    return {
+        "temperature": leg.temperature,
+        "top_p": leg.top_p,
+        "top_k": leg.top_k,
+        "greedy": leg.greedy,
+        "seeds": None if leg.greedy else "prompt index within its class",
+    }
+
+
+def run_setup(device, classes: dict, max_new_tokens: int, repeats: int) -> dict:
+    """Where and how a demo bench ran (`device`: a torch device): the pair, the threads, each class's prompts."""
+    import torch
+
+    from dflash_chat.models.demo import DEMO_NAME
+
+    return {
+        "pair": DEMO_NAME,
+        "device": str(device),
+        "dtype": "float32",
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "prompts_per_class": {name: len(items) for name, items in classes.items()},
+        "max_new_tokens": max_new_tokens,
+        "thinking": False,
+        "repeats": repeats,
+    }

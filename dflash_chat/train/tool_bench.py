@@ -35,6 +35,8 @@ from dflash_chat.bench.demo_pair import (
     class_figures,
     draft_key,
     draft_label,
+    leg_header,
+    run_setup,
 )
 from dflash_chat.train.tool_corpus import ToolChat, call_turns, chat_of_record, result_turns
 
@@ -127,9 +129,8 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     from dflash_chat.bench.comparison import Comparison, _divergence, median_run
     from dflash_chat.engine.draft_length import DraftMemory, Records
     from dflash_chat.engine.load import load_drafter, load_pair
-    from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.engine.spec import Engine
-    from dflash_chat.models.demo import DEMO_NAME, demo_paths
+    from dflash_chat.models.demo import demo_paths
 
     target_dir, drafter_dir = demo_paths(KIND)
     plain = load_pair(target_dir, None, device=device, dtype=torch.float32, draft="off")
@@ -148,21 +149,12 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     classes = tool_turns(heldout_chats(), prompts)
     classes["prose"] = [([{"role": "user", "content": q}], None) for q in bench_prompts()["prose"][:prompts]]
 
-    def params(leg: Sampling, seed: int) -> SamplingParams:
-        return SamplingParams(
-            temperature=leg.temperature,
-            top_p=leg.top_p,
-            top_k=leg.top_k,
-            max_new_tokens=max_new_tokens,
-            seed=None if leg.greedy else seed,
-        )
-
     every = ((PLAIN, plain.engine), *engines.items())
     records = {key: Records() for key, _ in every}
     first = prompt_ids(tok, *classes["call"][0])
     for leg in legs:  # first calls pay for allocations (and auto for measuring its step costs): untimed
         for key, engine in every:
-            _answer(engine, first, params(leg, 0), DraftMemory(records[key]))
+            _answer(engine, first, leg.params(max_new_tokens, 0), DraftMemory(records[key]))
 
     figures = {}
     identical = True
@@ -176,7 +168,9 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
                 runs: dict = {key: [] for key, _ in every}
                 for _ in range(repeats):
                     for key, engine in every:
-                        runs[key].append(_answer(engine, prompt, params(leg, i), DraftMemory(records[key])))
+                        runs[key].append(
+                            _answer(engine, prompt, leg.params(max_new_tokens, i), DraftMemory(records[key]))
+                        )
                 chosen = {key: median_run(r) for key, r in runs.items()}
                 for key, run in chosen.items():
                     checks[key].append(judge(name, answer_text(tok, run.tokens), chat))
@@ -194,24 +188,10 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
                 **class_figures(comparisons, leg.greedy),
                 "checks": check_shares(checks),
             }
-        figures[leg.key] = {
-            "temperature": leg.temperature,
-            "top_p": leg.top_p,
-            "top_k": leg.top_k,
-            "greedy": leg.greedy,
-            "seeds": None if leg.greedy else "prompt index within its class",
-            "classes": per_class,
-        }
+        figures[leg.key] = {**leg_header(leg), "classes": per_class}
     setup = {
-        "pair": DEMO_NAME,
+        **run_setup(plain.device, classes, max_new_tokens, repeats),
         "drafter": KIND,
-        "device": str(plain.device),
-        "dtype": "float32",
-        "threads": torch.get_num_threads() if plain.device.type == "cpu" else None,
-        "prompts_per_class": {name: len(items) for name, items in classes.items()},
-        "max_new_tokens": max_new_tokens,
-        "thinking": False,
-        "repeats": repeats,
         "tool_names": "held out: drawn from words no training chat's names use (train/tool_corpus.py)",
         "shares": "over every engine's answers (plain and DFlash2's, each drawn from the target's distribution)",
         "classes": CLASSES,
