@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dflash_chat.engine import rules
 from dflash_chat.engine.sampling_params import SamplingParams
@@ -140,16 +140,12 @@ def sampling(
     default_limit: int | None = None,
 ) -> SamplingParams:
     """The one sampling value of a body: the dialect's `knobs` by their rules over the server's `defaults`, the
-    answer's limit from `limit_name` (absent: `default_limit`; None: up to the context's end), the stop strings from `stop_name` (None: the dialect has none)."""
+    answer's limit from `limit_name` (absent: `default_limit`; None: up to the context's end), the stop
+    strings from `stop_name` (None: the dialect has none)."""
     limit = body.get(limit_name, default_limit)
-    return SamplingParams(
-        **{
-            "temperature": defaults.temperature,
-            "top_p": defaults.top_p,
-            "top_k": defaults.top_k,
-            "min_p": defaults.min_p,
-            **{name: ruled(body, name, KNOBS[name], getattr(defaults, name)) for name in knobs},
-        },
+    return replace(
+        defaults,
+        **{name: ruled(body, name, KNOBS[name], getattr(defaults, name)) for name in knobs},
         max_new_tokens=None if limit is None else checked(limit_name, rules.MAX_NEW_TOKENS, limit),
         stop=() if stop_name is None else stops(body.get(stop_name), stop_name),
     )
