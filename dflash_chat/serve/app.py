@@ -17,9 +17,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_chat.errors import one_line
 from dflash_chat.serve import anthropic, openai_chat, openai_responses
-from dflash_chat.serve.errors import SERVER_FAULT, ApiError, log, log_refusal
+from dflash_chat.serve.errors import LOGGED, SERVER_FAULT, ApiError, log, log_refusal, one_line_failures
 from dflash_chat.serve.exchange import ClientGone, answer, read_body
-from dflash_chat.serve.guard import LOGGED, Guard, host_names
+from dflash_chat.serve.guard import Guard, host_names
 from dflash_chat.serve.metrics import CONTENT_TYPE
 from dflash_chat.serve.requests import parse_json
 from dflash_chat.serve.served import Served
@@ -28,7 +28,7 @@ from dflash_chat.serve.served import Served
 def build_app(served: Served, host: str = "127.0.0.1"):
     """The API behind its Guard (Host, Origin, Content-Type); `host`: the address it is bound to."""
     hosts = host_names(host, served.allow_hosts)
-    return Guard(build_routes(served), hosts=hosts, origins=served.allow_origins, shape=error_json)
+    return Guard(one_line_failures(build_routes(served)), hosts=hosts, origins=served.allow_origins, shape=error_json)
 
 
 def error_json(path: str, error: ApiError) -> dict:

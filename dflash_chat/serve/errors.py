@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from dflash_chat.errors import one_line
+
 log = logging.getLogger("dflash_chat.serve")
 
 
@@ -45,3 +47,21 @@ SHUTTING_DOWN = "The server is shutting down; this answer was cut short. Try aga
 def log_refusal(method: str, path: str, error: ApiError) -> None:
     """A client's error: one line in the server's log, never a traceback."""
     log.warning("%s %s %s: %s", error.status, method, path, error.message)
+
+
+LOGGED = "dflash_chat.logged"  # set in a request's scope once its failure has its line in the log
+
+
+def one_line_failures(app):
+    """`app` (FastAPI) with no failure left for the server to print as a traceback: Starlette answers an
+    unexpected error with a 500 through the app's handler (which logs its one line and sets LOGGED), then
+    re-raises it; mid-answer no handler runs, and the one line is written here."""
+
+    async def wrapped(scope, receive, send):
+        try:
+            await app(scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - see above: logged once, never a traceback
+            if not scope.get(LOGGED):
+                log.error("500 %s %s: %s", scope.get("method"), scope.get("path"), one_line(exc, "the answer"))
+
+    return wrapped

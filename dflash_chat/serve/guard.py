@@ -20,13 +20,11 @@ import logging
 import socket
 from collections.abc import Callable, Iterable
 
-from dflash_chat.errors import one_line
 from dflash_chat.serve.errors import ApiError
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 ALLOWED_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"
 log = logging.getLogger("dflash_chat.serve")
-LOGGED = "dflash_chat.logged"  # set in a request's scope once its failure has its line in the log
 
 
 def host_names(host: str, extra: Iterable[str] = ()) -> set[str]:
@@ -75,13 +73,6 @@ class Guard:
         return bool(name) and (name in self.hosts or _is_ip(name) or name.endswith(".localhost"))
 
     async def __call__(self, scope, receive, send):
-        try:
-            await self._guarded(scope, receive, send)
-        except Exception as exc:  # noqa: BLE001 - Starlette re-raises for the server to print a traceback
-            if not scope.get(LOGGED):  # mid-answer, where no handler runs: its one line is ours to write
-                log.error("500 %s %s: %s", scope.get("method"), scope.get("path"), one_line(exc, "the answer"))
-
-    async def _guarded(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
