@@ -108,3 +108,19 @@ class Answers(list):
                 yield event
 
         monkeypatch.setattr(pair.engine, "generate", generate)
+
+
+def request(
+    path: str = "/v1/chat/completions",
+    *,
+    host: str = "127.0.0.1",
+    kind: str = "application/json",
+    body: bytes = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}',
+    length: int | None = None,
+    extra: str = "",
+) -> bytes:
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {kind}\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\n{extra}\r\n"
+    )
+    return head.encode() + body

@@ -14,7 +14,7 @@ from dflash_chat import cli
 from dflash_chat.chat.backends.remote import httpx_module
 from dflash_chat.commands.serve import api_key_from
 
-from .conftest import Answers, Paced, serving, wait_until
+from .conftest import Answers, Paced, request, serving, wait_until
 
 KEY = "sk-test-key"
 GOOD = {"model": "dflash-chat-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -58,22 +58,6 @@ def _whole(reply: bytes) -> bool:
         if line.lower().startswith(b"content-length:"):
             return len(body) >= int(line.split(b":")[1])
     return False
-
-
-def request(
-    path: str = "/v1/chat/completions",
-    *,
-    host: str = "127.0.0.1",
-    kind: str = "application/json",
-    body: bytes = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}',
-    length: int | None = None,
-    extra: str = "",
-) -> bytes:
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {kind}\r\n"
-        f"Content-Length: {len(body) if length is None else length}\r\n{extra}\r\n"
-    )
-    return head.encode() + body
 
 
 def status(reply: bytes) -> int:

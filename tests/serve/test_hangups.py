@@ -9,7 +9,7 @@ import pytest
 
 from dflash_chat.runtime.endpoint import httpx_module
 
-from .conftest import Answers, Paced, serving
+from .conftest import Answers, Paced, request, serving
 
 QUESTION = "Show the function `dedent` from module `textwrap`."
 ROUTES = {
@@ -55,10 +55,7 @@ def test_a_client_gone_mid_body_is_dropped_and_serve_goes_on(demo_pair, capfd, c
     with caplog.at_level("WARNING", logger="dflash_chat.serve"), serving(demo_pair, body_timeout_s=5) as (_, url):
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=5) as sock:
-            head = (
-                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
-            )
-            sock.sendall(head.encode() + b'{"messages": [{"role": "user", "con')
+            sock.sendall(request(path, host=host, body=b'{"messages": [{"role": "user", "con', length=400))
         with httpx.Client(timeout=30) as client:
             assert client.post(url + path, json=SHORT[path]).status_code == 200
     printed = capfd.readouterr()
