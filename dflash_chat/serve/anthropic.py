@@ -25,7 +25,7 @@ from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import ApiError, bad_request
 from dflash_chat.serve.openai_chat import figures
-from dflash_chat.serve.requests import ChatRequest, Streaming, optional
+from dflash_chat.serve.requests import ChatRequest, Streaming, optional, text_content
 from dflash_chat.serve.requests import sampling as checked_sampling
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
@@ -79,21 +79,15 @@ def _is_system(message) -> bool:
 
 
 def _text_blocks(content, where: str) -> str:
-    """A string, or a list of text blocks (their cache_control ignored)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
+    """A string, or a list of text blocks (their cache_control ignored; the system's joined by blank lines)."""
+    if content is None:
         raise bad_request(f"'{where}' must be a string or a list of text blocks.", where)
-    texts = []
-    for i, block in enumerate(content):
-        at = f"{where}[{i}]"
+    for i, block in enumerate(content if isinstance(content, list) else ()):
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind in UNSUPPORTED:
+            at = f"{where}[{i}]"
             raise bad_request(f"'{at}' is a {kind} block: only text is supported here for now.", f"{at}.type")
-        if kind != "text" or not isinstance(block.get("text"), str):
-            raise bad_request(f'\'{at}\' must be a text block ({{"type": "text", "text": ...}}).', at)
-        texts.append(block["text"])
-    return "\n\n".join(texts) if where == "system" else "".join(texts)
+    return text_content(content, where, separator="\n\n" if where == "system" else "")
 
 
 def _turns(messages: list) -> list[Turn]:

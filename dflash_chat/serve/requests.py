@@ -169,9 +169,9 @@ def stops(stop, field: str = "stop") -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
-def text_content(content, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
-    """Text, or a list of text parts (`kinds`: the part types that hold text in this dialect); images and
-    audio are refused."""
+def text_content(content, where: str, kinds: tuple[str, ...] = ("text",), separator: str = "") -> str:
+    """Text, or a list of text parts (`kinds`: the part types that hold text in this dialect) joined by
+    `separator`; images and audio are refused."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -184,7 +184,7 @@ def text_content(content, where: str, kinds: tuple[str, ...] = ("text",)) -> str
                     f'\'{where}\' may only hold text parts ({{"type": "{kinds[0]}", "text": ...}}).', where
                 )
             texts.append(part["text"])
-        return "".join(texts)
+        return separator.join(texts)
     raise bad_request(f"'{where}' must be a string or a list of text parts.", where)
 
 
