@@ -159,11 +159,20 @@ def test_the_demo_pair_answers_a_branch_as_a_cold_prefill_does():
     branch, marks = prompt("Write a function that reverses a string.")
     got, reused, steps = _answer(pair.engine, branch, marks, params)
     assert reused == marks[0]
-    want, cold_reused, cold_steps = _answer(cold, branch, marks, params)
+    want, cold_reused, _ = _answer(cold, branch, marks, params)
     assert cold_reused == 0
     assert got == want
-    assert steps == cold_steps  # the same drafts accepted: the drafter's context is the cold one's
     assert sum(accepted for _, accepted in steps) > 0
+    # the drafter's context and the GDN states are the cold prefill's, to float rounding: a resumed prefill runs
+    # other matmul shapes than a whole one, so on trained weights a near-tie draft may flip between machines, and
+    # the accepted counts per step are compared only on the tiny random pairs above
+    _answer(pair.engine, first, marks, params)
+    reused, drafted, states = _prefilled_view(pair.engine, branch, marks)
+    assert reused == marks[0]
+    _, cold_drafted, cold_states = _prefilled_view(cold, branch, marks)
+    torch.testing.assert_close(drafted, cold_drafted, rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(states, cold_states, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)  # the states are ~1e-3 in size
 
 
 def test_a_device_without_room_for_a_checkpoint_answers_without_one(pairs, monkeypatch):
