@@ -25,7 +25,9 @@ The estimates belong to a conversation, not to the engine: a `DraftMemory` holds
 whoever keeps the conversation (runtime/answering.py) hands it to `Engine.generate` with each answer. A
 new conversation's estimate starts from the engine's `Records`, shared by the conversations of one engine:
 P blended with how the first drafts of the last few answers landed (a drafter that lands nothing on what
-this user asks starts plain), and the tries of a short draft spaced as the last answer left them.
+this user asks starts plain). Its tries of a short draft start PROBE_FIRST steps apart whatever the last
+answers left: a new conversation is new text (after raw code that the drafter missed, a prose question it
+drafts well waited 32 plain steps for its first try), and a try costs a fraction of one step.
 """
 
 from __future__ import annotations
@@ -124,7 +126,6 @@ class Record:
     base: float  # the fixed prior: PRIORS[estimate][0 greedy, 1 sampled]
     answers: float = 0.0  # decayed count of answers that drafted
     landed: float = 0.0  # decayed sum of their first position's acceptance
-    probe_every: int = PROBE_FIRST  # other steps before a new conversation's first try of a short draft
 
     @classmethod
     def of(cls, greedy: bool, estimate: str = "dflash") -> Record:
@@ -135,13 +136,10 @@ class Record:
 
     def fresh(self, positions: int) -> Acceptance:
         """A new conversation's estimate."""
-        return Acceptance([0.0] * positions, [0.0] * positions, self.prior(), probe_every=self.probe_every)
+        return Acceptance([0.0] * positions, [0.0] * positions, self.prior())
 
-    def learn(self, accepted: list[int], spacing: int | None) -> None:
-        """An answer ended: `accepted[k]` of its steps with drafts accepted exactly k (a stats histogram);
-        `spacing` is its conversation's plain steps between tries as `auto` left them (None: not auto's)."""
-        if spacing is not None:
-            self.probe_every = max(PROBE_FIRST, spacing // 2)
+    def learn(self, accepted: list[int]) -> None:
+        """An answer ended: `accepted[k]` of its steps with drafts accepted exactly k (a stats histogram)."""
         steps = sum(accepted)
         if steps:
             self.answers = self.answers * RECORD_DECAY + 1.0
@@ -175,9 +173,9 @@ class DraftMemory:
             self.estimates[estimate, greedy] = self.records.of(greedy, estimate).fresh(positions)
         return self.estimates[estimate, greedy]
 
-    def learn(self, greedy: bool, accepted: list[int], spacing: int | None, estimate: str = "dflash") -> None:
+    def learn(self, greedy: bool, accepted: list[int], estimate: str = "dflash") -> None:
         """An answer ended: the record of its decoding and estimate learns it (Record.learn)."""
-        self.records.of(greedy, estimate).learn(accepted, spacing)
+        self.records.of(greedy, estimate).learn(accepted)
 
 
 @dataclass

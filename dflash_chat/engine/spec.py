@@ -430,7 +430,7 @@ class Engine:
         learned: dict[str, list[int]] = {key: [0] * self.block_size for key in self._estimates()}
 
         def finish(reason: str) -> Finished:
-            return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, chooser, learned)
+            return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, learned)
 
         steps, clock = self.steps, self.clock
         steps.begin(last, len(self.tokens), params, generator, stops)
@@ -534,7 +534,6 @@ class Engine:
         decode_t0: float,
         memory: DraftMemory,
         greedy: bool,
-        chooser: Chooser,
         learned: dict[str, list[int]],
     ) -> Finished:
         """End after decoding: the queued work is waited for and counted (the last, unused draft is not); the
@@ -545,8 +544,7 @@ class Engine:
         self._count(self.clock.ended(wait=True), stats)
         stats.decode_s = time.perf_counter() - decode_t0
         for key, histogram in learned.items():
-            spacing = None if chooser.fixed else self._estimate(memory, greedy, key).probe_every  # fixed: no tries
-            memory.learn(greedy, histogram, spacing, key)
+            memory.learn(greedy, histogram, key)
         return self._finish(reason, stats)
 
     def _estimate(self, memory: DraftMemory, greedy: bool, key: str):
