@@ -60,6 +60,8 @@ class Settings:
     speculate: str = "auto"  # which method drafts: "auto", "dflash", "mtp", "lookup" or "none" (engine/speculation.py)
     # MiB of prompt checkpoints kept so a branching request resumes near the branch (engine/prefix_cache.py)
     prefix_cache_mib: int = rules.PREFIX_CACHE_MIB_DEFAULT
+    # MiB of host memory for conversations another request displaced, so they resume later (engine/parked.py)
+    prefix_cache_ram_mib: int = rules.PREFIX_CACHE_RAM_MIB_DEFAULT
     # binding id -> keys, e.g. {"toggle-thinking": "ctrl+t"}; the ids are in ui/keymap.py
     keymap: dict[str, str] = field(default_factory=dict)
     # name -> URL of an OpenAI-compatible server, for `dflash-chat --endpoint NAME`
@@ -155,6 +157,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "draft": rules.draft,
     "speculate": rules.speculate,
     "prefix_cache_mib": rules.PREFIX_CACHE_MIB.parse,
+    "prefix_cache_ram_mib": rules.PREFIX_CACHE_RAM_MIB.parse,
     "keymap": _keymap,
     "endpoints": _endpoints,
     "mcp": mcp_config.check_table,
@@ -180,6 +183,9 @@ DESCRIPTIONS: dict[str, str] = {
     "drafter), mtp (the model's own MTP layer), lookup (copied from the chat), none (plain decoding)",
     "prefix_cache_mib": "MiB of prompt checkpoints kept on the model's device so a request that shares only the start of "
     "an earlier one (the same system prompt and tools) resumes there instead of prefilling it again (0 = off)",
+    "prefix_cache_ram_mib": "MiB of host memory for whole conversations set aside while another one (a second chat, "
+    "an agent's side request with its own system prompt) holds the model, so each resumes where it left off "
+    "(0 = off)",
     "keymap": "key overrides: binding-id=keys;other-id=keys",
     "endpoints": "named OpenAI-compatible servers: name=URL;other=URL (dflash-chat --endpoint NAME)",
     "mcp": "MCP tool servers ([mcp.servers.NAME] with command/args/env or url, enabled), rounds and timeout",

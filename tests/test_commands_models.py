@@ -461,9 +461,25 @@ def test_doctor_counts_the_prefix_cache_in_checkpoints_of_the_pick(home, capsys,
         "OK   prefix cache: prefix_cache_mib = 1024 MiB of prompt checkpoints on the model's device besides the "
         f"model: {1024 * 2**20 // one} of {choice.pair.title} ({size_text(one)} each)"
     ) in out.splitlines()
+    rows = memory.row_bytes(choice.pair.target_shape, shape, RTX_3090.compute_bytes)
+    assert (
+        "OK   parked conversations: prefix_cache_ram_mib = 4096 MiB of host memory for conversations another "
+        f"request displaced: about {4096 * 2**20 // rows:,} tokens of {choice.pair.title} "
+        f"({size_text(rows * 1000)} per 1000 tokens)"
+    ) in out.splitlines()
     config = paths.config_file()
-    config.write_text("prefix_cache_mib = 0\n" + config.read_text())  # a top-level key: before the tables
+    config.write_text("prefix_cache_mib = 0\nprefix_cache_ram_mib = 0\n" + config.read_text())  # before the tables
+    _, out, _ = run(capsys, "doctor")
+    lines = out.splitlines()
+    assert any(line.startswith("OK   prefix cache: prefix_cache_mib = 0 MiB") and "off" in line for line in lines)
+    assert any(
+        line.startswith("OK   parked conversations: prefix_cache_ram_mib = 0 MiB") and "off" in line for line in lines
+    )
+    config.write_text(config.read_text().replace("prefix_cache_ram_mib = 0", "prefix_cache_ram_mib = 40000"))
     _, out, _ = run(capsys, "doctor")
     assert any(
-        line.startswith("OK   prefix cache: prefix_cache_mib = 0 MiB") and "off" in line for line in out.splitlines()
+        line.startswith("FIX  parked conversations: prefix_cache_ram_mib = 40000 MiB")
+        and f"more than half of this machine's {size_text(64 * 2**30)} of RAM" in line
+        and "prefix_cache_ram_mib lower" in line
+        for line in out.splitlines()
     )

@@ -88,6 +88,9 @@ class OracleDrafter:
     def restore_rings(self, saved: list, length: int) -> None:
         self.ctx_len = length
 
+    def row_caches(self) -> list:
+        return []
+
     def store_context(self, features, positions) -> None:
         pass
 

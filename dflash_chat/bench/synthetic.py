@@ -105,6 +105,9 @@ class InjectedDrafter:
         self.real.restore_rings(saved, length)
         self.oracle.restore_rings([], length)
 
+    def row_caches(self) -> list:
+        return self.real.row_caches()
+
     def block_ids(self, device):
         return self.real.block_ids(device)
 

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     checks += [
         ram_check(machine),
         *choice_checks(machine),
-        prefix_cache_check(machine),
+        *prefix_cache_checks(machine),
         *hub_checks(),
         *config_checks(),
     ]
@@ -146,18 +146,24 @@ def choice_checks(machine: hardware.Machine) -> list[Check]:
     return [Check(True, f"model: {explanation}"), *drafting]
 
 
-def prefix_cache_check(machine: hardware.Machine) -> Check:
-    """The prompt checkpoints' budget (engine/prefix_cache.py), and how many of the chosen pair's fit in it."""
+def prefix_cache_checks(machine: hardware.Machine) -> list[Check]:
+    """The prompt checkpoints' and the parked conversations' budgets, and what of the chosen pair fits."""
     from dflash_chat import settings as settings_module
     from dflash_chat.commands.models import app_choice
-    from dflash_chat.engine import memory
     from dflash_chat.models.catalog import load_catalog
 
     try:
         settings = settings_module.load()
         _, choice = app_choice(machine, load_catalog())
     except UserError:  # said by the model and config lines
-        return Check(True, "prefix cache: see the config line")
+        return [Check(True, "prefix cache: see the config line")]
+    return [prefix_cache_check(machine, settings, choice), parked_check(machine, settings, choice)]
+
+
+def prefix_cache_check(machine: hardware.Machine, settings, choice) -> Check:
+    """The prompt checkpoints' budget (engine/prefix_cache.py), and how many of the chosen pair's fit in it."""
+    from dflash_chat.engine import memory
+
     budget = settings.prefix_cache_mib * 2**20
     head = f"prefix cache: prefix_cache_mib = {settings.prefix_cache_mib} MiB of prompt checkpoints"
     if not budget:
@@ -172,6 +178,32 @@ def prefix_cache_check(machine: hardware.Machine) -> Check:
         True,
         f"{head} on the model's device besides the model: {budget // one} of {choice.pair.title} "
         f"({size_text(one)} each)",
+    )
+
+
+def parked_check(machine: hardware.Machine, settings, choice) -> Check:
+    """The parked conversations' budget (engine/parked.py) against the RAM, and how many tokens of the chosen
+    pair's conversations fit in it."""
+    from dflash_chat.engine import memory
+
+    budget = settings.prefix_cache_ram_mib * 2**20
+    head = f"parked conversations: prefix_cache_ram_mib = {settings.prefix_cache_ram_mib} MiB of host memory"
+    if not budget:
+        return Check(True, f"{head}: off (a second chat or an agent's side request makes the first prefill again)")
+    if machine.ram_total and budget > machine.ram_total // 2:
+        return Check(
+            False,
+            f"{head}: more than half of this machine's {size_text(machine.ram_total)} of RAM",
+            f"set prefix_cache_ram_mib lower in {paths.config_file()}",
+        )
+    if choice is None:
+        return Check(True, f"{head}, for conversations another request displaced")
+    shape = choice.drafter.shape if choice.drafter else None
+    one = memory.row_bytes(choice.pair.target_shape, shape, machine.compute_bytes)
+    return Check(
+        True,
+        f"{head} for conversations another request displaced: about {budget // one:,} tokens of "
+        f"{choice.pair.title} ({size_text(one * 1000)} per 1000 tokens)",
     )
 
 

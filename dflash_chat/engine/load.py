@@ -30,6 +30,7 @@ from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.parked import DEFAULT_PARK_BUDGET
 from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.prefix_cache import DEFAULT_BUDGET
 from dflash_chat.engine.quantized import QuantEmbedding
@@ -402,6 +403,7 @@ def load_pair(
     draft: str | int = "auto",
     speculate: str = "auto",
     checkpoint_budget: int = DEFAULT_BUDGET,
+    park_budget: int = DEFAULT_PARK_BUDGET,
     progress: Progress | None = None,
 ) -> LoadedPair:
     """Target (+ drafter, + the target's own MTP layer when its checkpoint has one) and tokenizer, ready to
@@ -409,7 +411,8 @@ def load_pair(
     folder's own, or the target GGUF's metadata. `decode`: the decode path (see spec.decode_mode); on CUDA the
     default captures the steps as graphs here. `draft`: drafts per step, "auto" or "off" (see
     engine/draft_length.py); `speculate`: which method drafts (engine/speculation.py).
-    `checkpoint_budget`: bytes of prompt checkpoints kept for branching prompts (engine/prefix_cache.py).
+    `checkpoint_budget`: bytes of prompt checkpoints kept for branching prompts (engine/prefix_cache.py);
+    `park_budget`: bytes of host memory for conversations another prompt displaced (engine/parked.py).
     `progress(bytes placed, bytes in all)` is called as the weights reach the device."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
@@ -436,6 +439,7 @@ def load_pair(
         speculate=speculate,
         end_ids=ends,
         checkpoint_budget=checkpoint_budget,
+        park_budget=park_budget,
     )
     engine.warm_up()
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)

@@ -47,7 +47,9 @@ What the engine holds for a whole conversation (`state_bytes`):
 
 On top of that, the prompt checkpoints that let a branching prompt resume (engine/prefix_cache.py) take at
 most the `prefix_cache_mib` budget, in checkpoints of `checkpoint_bytes` each: the GDN states (recurrent and
-conv, as one copy of the live ones) and a copy of the drafter's rings.
+conv, as one copy of the live ones) and a copy of the drafter's rings. Parked conversations (engine/parked.py)
+take host memory, not the device's: at most the `prefix_cache_ram_mib` budget, `row_bytes` a token plus their
+checkpoints.
 
 What a step or a prefill chunk needs on top, for a moment (`workspace_bytes`): see there.
 Weights are the files' bytes (`weight_bytes`): GGUF tensors stay packed; a BF16 safetensors
@@ -317,6 +319,16 @@ def checkpoint_bytes(target: TargetShape, drafter: DrafterShape | None, context:
     conv = (target.conv_kernel - 1) * target.conv_channels * e
     mtp = target.hidden * e if target.mtp else 0
     return target.linear_layers * (recurrent + conv) + (ring_bytes(drafter, context, e) if drafter else 0) + mtp
+
+
+def row_bytes(target: TargetShape, drafter: DrafterShape | None, e: int) -> int:
+    """One token of a parked conversation (engine/parked.py): its rows in every cache whose row j holds
+    position j (the target's KV, the drafter's full-attention layers', the MTP layer's KV)."""
+    per_row = 2 * target.kv_heads * target.head_dim * e
+    rows = target.attention_layers * per_row + (per_row if target.mtp else 0)
+    if drafter is not None:
+        rows += (drafter.layers - drafter.sliding_layers) * 2 * drafter.kv_heads * drafter.head_dim * e
+    return rows
 
 
 CANDIDATE_ID_BYTES = 8  # int64 token ids

@@ -18,7 +18,8 @@ extends past it: an edit of what followed resumes there). Like SGLang's MambaRad
 and vLLM's mamba_cache_mode="align" (state kept at block-aligned positions), but for one static sequence:
 a checkpoint holds no KV, so it is usable only while the KV cache still holds its tokens. The engine keeps
 that true (every checkpoint here is a prefix of the tokens its state holds) by dropping the checkpoints
-past a position whenever it overwrites the rows from there on.
+past a position whenever it overwrites the rows from there on; a conversation that another prompt is about
+to overwrite goes, checkpoints and all, to engine/parked.py's shelf.
 
 They are kept least recently used first out, under a byte budget; marked ones (the system block's end)
 go after every unmarked one.
@@ -27,6 +28,7 @@ go after every unmarked one.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +68,10 @@ class CheckpointCache:
 
     def __len__(self) -> int:
         return len(self._by_length)
+
+    def __iter__(self) -> Iterator[Checkpoint]:
+        """The checkpoints, least recently used first."""
+        return iter(list(self._by_length.values()))
 
     @property
     def nbytes(self) -> int:

@@ -89,6 +89,8 @@ MAX_NEW_TOKENS = Number(int, 1, 1_000_000)
 SEED = Number(int, 0, 2**63 - 1)
 PREFIX_CACHE_MIB = Number(int, 0, 1_048_576, note="0 = off")  # MiB of prompt checkpoints (engine/prefix_cache.py)
 PREFIX_CACHE_MIB_DEFAULT = 1024
+PREFIX_CACHE_RAM_MIB = Number(int, 0, 16_777_216, note="0 = off")  # MiB of parked conversations (engine/parked.py)
+PREFIX_CACHE_RAM_MIB_DEFAULT = 4096
 
 MAX_DRAFT = 64
 DRAFT_WORDS = ("auto", "off")

@@ -38,6 +38,15 @@ from dflash_chat.engine.lookup import PromptLookup
 from dflash_chat.engine.memory import PREFILL_CHUNK
 from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.parked import (
+    DEFAULT_PARK_BUDGET,
+    Parked,
+    Shelf,
+    checkpoint_to,
+    common_prefix,
+    reusable,
+    to_host,
+)
 from dflash_chat.engine.prefix_cache import CHECKPOINT_EVERY, DEFAULT_BUDGET, Checkpoint, CheckpointCache
 from dflash_chat.engine.sampling import Draws, first_token, noise_columns
 from dflash_chat.engine.sampling_params import SamplingParams
@@ -83,6 +92,8 @@ class Drafter(Protocol):
 
     def save_rings(self) -> list: ...
     def restore_rings(self, saved: list, length: int) -> None: ...
+    def row_caches(self) -> list[torch.Tensor]:
+        """Its context caches whose row j holds position j (what a parked conversation copies)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -115,15 +126,18 @@ class Engine:
         end_ids: tuple[int, ...] = (),
         checkpoint_budget: int = DEFAULT_BUDGET,
         checkpoint_every: int = CHECKPOINT_EVERY,
+        park_budget: int = DEFAULT_PARK_BUDGET,
     ):
         """`drafter`: a DFlash(2) drafter; `mtp`: the target's MTP layer (load.load_mtp); `speculate`: which of
         these and prompt lookup draft (engine/speculation.py); `end_ids`: the model's own end-of-turn ids, at
         which every answer stops (and at its params').
         `checkpoint_budget`: bytes of prompt checkpoints kept for branches (0: none but the last prompt's);
-        `checkpoint_every`: tokens between two of them along a prompt (engine/prefix_cache.py)."""
+        `checkpoint_every`: tokens between two of them along a prompt (engine/prefix_cache.py);
+        `park_budget`: bytes of host memory for conversations another prompt displaced (engine/parked.py)."""
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1 token, not {checkpoint_every}")
         self.checkpoints = CheckpointCache(checkpoint_budget)
+        self.shelf = Shelf(park_budget)
         self.checkpoint_every = checkpoint_every
         self.target = target
         self.end_ids = tuple(end_ids)
@@ -227,6 +241,11 @@ class Engine:
 
     # -- state bookkeeping --------------------------------------------------------
     def reset(self) -> None:
+        """Forget every conversation: the one held and the parked ones."""
+        self._drop_held()
+        self.shelf.clear()
+
+    def _drop_held(self) -> None:
         self.state.reset()
         if self.drafter:
             self.drafter.truncate(0)
@@ -288,13 +307,70 @@ class Engine:
             return 0
         return max(windows)
 
+    def _held(self) -> list[Checkpoint]:
+        """The held conversation's checkpoints and its last prompt's snapshot."""
+        return [*self.checkpoints, *([self.snapshot] if self.snapshot is not None else [])]
+
+    def _row_caches(self) -> list[torch.Tensor]:
+        """Every cache whose row j holds position j: the target's KV, the drafter's full layers, the MTP layer's."""
+        rows = self.state.row_caches() + (self.drafter.row_caches() if self.drafter else [])
+        if self.mtp is not None and self.mtp.cache is not None:
+            rows += [self.mtp.cache.k, self.mtp.cache.v]
+        return rows
+
+    def _switch(self, prompt: list[int]) -> None:
+        """Before `prompt` overwrites the held conversation: park it when the prompt breaks into what its last
+        prompt held (another conversation, a side request; not the next turn of this one, even one that
+        drops the last answer's thinking) and would lose the shelf's `min_tokens` or more; and bring back the parked
+        conversation that serves more of the prompt than the held one (engine/parked.py)."""
+        if not self.shelf.budget:
+            return
+        any_length = not self._needs_checkpoints()
+        held = reusable(self.tokens, [c.length for c in self._held()], prompt, any_length)
+        found = self.shelf.take(prompt, better_than=held)
+        breaks = self.snapshot is not None and held < self.snapshot.length
+        if len(self.tokens) - held >= self.shelf.min_tokens and (breaks or found is not None):
+            self._park(any_length)
+        if found is not None:
+            self._unpark(found)
+
+    def _park(self, any_length: bool) -> None:
+        """The held conversation onto the shelf, in host memory (nothing when it alone is over the budget or the
+        host has no room for it)."""
+        n = len(self.tokens)
+        rows = [t[:n] for t in self._row_caches()]
+        if sum(t.numel() * t.element_size() for t in rows) > self.shelf.budget:
+            return
+        try:
+            parked = Parked(
+                list(self.tokens),
+                [to_host(t) for t in rows],
+                checkpoint_to(self._checkpoint(), to_host),
+                [checkpoint_to(c, to_host) for c in self.checkpoints],
+                None if self.snapshot is None else checkpoint_to(self.snapshot, to_host),
+                any_length,
+            )
+        except (torch.OutOfMemoryError, MemoryError):
+            return
+        self.shelf.add(parked)
+
+    def _unpark(self, parked: Parked) -> None:
+        """A parked conversation back into the caches: exactly the state it left with, and its checkpoints."""
+        n = len(parked.tokens)
+        for cache, saved in zip(self._row_caches(), parked.rows, strict=True):
+            cache[:n].copy_(saved)
+        on_device = lambda t: t.to(self.device)  # noqa: E731
+        self.checkpoints.clear()
+        for checkpoint in parked.checkpoints:
+            self.checkpoints.add(checkpoint_to(checkpoint, on_device))
+        self.snapshot = None if parked.snapshot is None else checkpoint_to(parked.snapshot, on_device)
+        self.tokens = list(parked.tokens)
+        self._restore(checkpoint_to(parked.end, on_device))
+
     def _reuse(self, prompt: list[int]) -> tuple[int, torch.Tensor | None]:
         """Bring the state to the longest reusable prefix of `prompt`: (reused tokens, logits if complete)."""
-        common = 0
-        for a, b in zip(self.tokens, prompt, strict=False):
-            if a != b:
-                break
-            common += 1
+        self._switch(prompt)
+        common = common_prefix(self.tokens, prompt)
         if common == len(self.tokens) and common < len(prompt):
             return common, None
         whole = len(prompt)
@@ -311,7 +387,7 @@ class Engine:
                 self._truncate_attention_only(keep)
                 return keep, None
         if best is None:
-            self.reset()
+            self._drop_held()
             return 0, None
         self._restore(best)
         return best.length, (best.logits if best.length == whole else None)
@@ -470,7 +546,7 @@ class Engine:
 
     def _lookup_tokens(self, last: int) -> PromptLookup:
         """Prompt lookup's index brought to the held tokens and the newest one (it kept the last answer's)."""
-        common = _common_prefix(self.lookup.tokens, self.tokens)
+        common = common_prefix(self.lookup.tokens, self.tokens)
         self.lookup.truncate(common)
         self.lookup.extend(self.tokens[common:] + [last])
         return self.lookup
@@ -553,10 +629,3 @@ class Engine:
     def _finish(self, reason: str, stats: GenerationStats) -> Finished:
         stats.peak_memory_bytes = self._peak_memory()
         return Finished(reason, stats)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return next(i for i in range(n) if a[i] != b[i])

@@ -63,6 +63,10 @@ class ModelState:
     def gdn_layers(self) -> list[GDNCache]:
         return [c for c in self.layers if isinstance(c, GDNCache)]
 
+    def row_caches(self) -> list[torch.Tensor]:
+        """The attention layers' K and V, whose row j holds position j."""
+        return [t for c in self.layers if isinstance(c, AttentionCache) for t in (c.k, c.v)]
+
     def save_recurrent(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of every GDN layer's recurrent and conv state (attention needs none: it truncates)."""
         return [(c.recurrent.clone(), c.conv.clone()) for c in self.gdn_layers()]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from dflash_chat.engine.rules import PREFIX_CACHE_MIB_DEFAULT
+from dflash_chat.engine.rules import PREFIX_CACHE_MIB_DEFAULT, PREFIX_CACHE_RAM_MIB_DEFAULT
 from dflash_chat.errors import one_line
 from dflash_chat.runtime.events import (
     DownloadNeeded,
@@ -57,6 +57,7 @@ class LoadOptions:
     prefix_cache_mib: int = (
         PREFIX_CACHE_MIB_DEFAULT  # MiB of prompt checkpoints for branching requests (engine/prefix_cache.py)
     )
+    prefix_cache_ram_mib: int = PREFIX_CACHE_RAM_MIB_DEFAULT  # MiB of parked conversations (engine/parked.py)
 
     @classmethod
     def of(cls, settings: Settings) -> LoadOptions:
@@ -66,6 +67,7 @@ class LoadOptions:
             settings.draft,
             speculate=settings.speculate,
             prefix_cache_mib=settings.prefix_cache_mib,
+            prefix_cache_ram_mib=settings.prefix_cache_ram_mib,
         )
 
 
@@ -213,6 +215,7 @@ class ModelLoader:
                 draft=options.draft,
                 speculate=options.speculate,
                 checkpoint_budget=options.prefix_cache_mib * 2**20,
+                park_budget=options.prefix_cache_ram_mib * 2**20,
                 progress=progress,
             )
         except Exception as exc:  # noqa: BLE001 - said to the user, the app carries on

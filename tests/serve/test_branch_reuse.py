@@ -67,3 +67,29 @@ def test_a_branch_from_the_same_system_prompt_reuses_it(server, ask):
     system_tokens = prompt - 40  # the system block is all of the prompt but the user turn and the generation prompt
     cached, prompt = ask(url, system, "What does a dict comprehension look like?")
     assert system_tokens < cached < prompt
+
+
+def test_two_conversations_at_once_each_resume_where_they_left_off(server):
+    """Two chats (or an agent's side requests with a system prompt of their own) take turns: each comes back to
+    its own state, parked in host memory while the other held the model (engine/parked.py)."""
+    _, url = server
+
+    def turn(system: str, history: list[dict], user: str) -> tuple[int, int]:
+        history.append({"role": "user", "content": user})
+        body = {"model": "dflash-chat-demo", "messages": [{"role": "system", "content": system}, *history]}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body | {"max_tokens": 4, "temperature": 0}, timeout=120)
+        answer = reply.raise_for_status().json()
+        history.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        return answer["usage"]["prompt_tokens_details"]["cached_tokens"], answer["usage"]["prompt_tokens"]
+
+    first, second = [], []
+    cached_a, prompt_a = turn(f"[first] {SYSTEM}{SYSTEM}", first, "How do I sort a dict by value?")
+    cached_b, prompt_b = turn(f"[second] {SYSTEM}{SYSTEM}", second, "How do I read a CSV file?")
+    assert cached_a < 10 and cached_b < 10 and min(prompt_a, prompt_b) > 512  # long enough to be parked
+    cached, _ = turn(f"[first] {SYSTEM}{SYSTEM}", first, "And in reverse order?")
+    # all its first prompt but where the template renders the answer otherwise than it was generated (the
+    # system block's end, or the whole first turn): the second chat shares nothing with it, and without the
+    # parked state this would be a cold prefill
+    assert cached > prompt_a - 40
+    cached, _ = turn(f"[second] {SYSTEM}{SYSTEM}", second, "And write one?")
+    assert cached > prompt_b - 40

@@ -206,6 +206,10 @@ class DFlashDrafter(nn.Module):
         length they belong to, what `restore_rings` needs to draft from that length again."""
         return [(k.clone(), v.clone()) if k.shape[0] < self.context_rows else None for k, v in self.cache]
 
+    def row_caches(self) -> list[torch.Tensor]:
+        """The full layers' K and V (row j: position j); the rings are the checkpoints' (`save_rings`)."""
+        return [t for k, v in self.cache if k.shape[0] >= self.context_rows for t in (k, v)]
+
     def restore_rings(self, saved: list[tuple[torch.Tensor, torch.Tensor] | None], length: int) -> None:
         """Back to the context of `length` positions whose rings `save_rings` copied."""
         for (k, v), ring in zip(self.cache, saved, strict=True):

@@ -1,0 +1,150 @@
+"""Parked conversations (engine/parked.py): two conversations at once, each with its own system prompt, each
+resume where it left off when it comes back, and answer exactly what a cold prefill answers."""
+
+import pytest
+import torch
+
+from dflash_chat.engine.load import load_drafter, load_mtp, load_target
+from dflash_chat.engine.parked import Parked, Shelf, reusable
+from dflash_chat.engine.prefix_cache import Checkpoint
+from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.engine.spec import Engine
+from tests.engine.conftest import ARCHS
+from tests.engine.helpers import prefilled
+from tests.engine.tiny import write_drafter, write_target
+
+PARAMS = SamplingParams(max_new_tokens=12)  # greedy
+A = [(7 * i + 3) % 90 + 10 for i in range(24)] + [11, 12, 13]  # one conversation: its system block and a question
+B = [(5 * i + 1) % 80 + 20 for i in range(20)] + [14, 15]  # another, with another system block
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """arch -> (target dir, DFlash2 drafter dir with a sliding layer of window 8)."""
+    out = {}
+    for i, arch in enumerate(ARCHS):
+        root = tmp_path_factory.mktemp(f"park-{arch}")
+        write_target(root / "target", arch, seed=110 + i, mtp=arch != "qwen3")
+        write_drafter(root / "drafter", root / "target", seed=120 + i, block_size=8, dflash2=True)
+        out[arch] = (root / "target", root / "drafter")
+    return out
+
+
+def _engine(dirs, speculate="auto", **kwargs) -> Engine:
+    target = load_target(dirs[0], "cpu", torch.float32)
+    engine = Engine(
+        target,
+        load_drafter(dirs[1], target),
+        mtp=load_mtp(dirs[0], target),
+        max_context=256,
+        draft=5,
+        speculate=speculate,
+        **kwargs,
+    )
+    engine.shelf.min_tokens = 8  # tiny conversations are worth parking here
+    return engine
+
+
+def _answer(engine: Engine, prompt: list[int]) -> tuple[list[int], int, list[tuple[str, int, int]]]:
+    """(tokens, reused tokens, (method, drafted, accepted) per step)."""
+    events = list(engine.generate(prompt, PARAMS))
+    tokens = [t for e in events for t in getattr(e, "token_ids", [])]
+    steps = [(e.method, e.drafted, e.accepted) for e in events if hasattr(e, "drafted")]
+    return tokens, prefilled(events).reused_tokens, steps
+
+
+@pytest.mark.parametrize("speculate", ["dflash", "mtp"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_two_conversations_at_once_each_resume_where_they_left_off(arch, speculate, pairs):
+    if speculate == "mtp" and arch == "qwen3":
+        pytest.skip("the tiny qwen3 target carries no MTP layer")
+    engine = _engine(pairs[arch], speculate)
+    _answer(engine, A)
+    held_a = list(engine.tokens)
+    _, reused, _ = _answer(engine, B)  # B shares nothing with A: A is parked, not lost
+    assert reused == 0 and len(engine.shelf) == 1
+    held_b = list(engine.tokens)
+    next_a = held_a + [50, 51]  # A's next turn: its answer and a new question
+    got, reused, steps = _answer(engine, next_a)
+    assert reused == len(held_a) and len(engine.shelf) == 1  # A came back; B went onto the shelf
+    want, cold_reused, cold_steps = _answer(_engine(pairs[arch], speculate), next_a)
+    assert cold_reused == 0 and got == want and steps == cold_steps  # the same drafts landed: the same state
+    next_b = held_b + [60, 61]
+    got, reused, steps = _answer(engine, next_b)
+    assert reused == len(held_b)
+    want, _, cold_steps = _answer(_engine(pairs[arch], speculate), next_b)
+    assert got == want and steps == cold_steps
+
+
+def test_a_parked_conversation_brings_back_its_checkpoints(pairs):
+    """A's system block checkpoint goes onto the shelf with it: after B, a branch of A (same system block,
+    another question) resumes at the block's end."""
+    engine = _engine(pairs["qwen3_5"], "dflash")
+    list(engine.generate(A, PARAMS, marks=[24]))
+    _answer(engine, B)
+    branch = A[:24] + [70, 71, 72]
+    got, reused, steps = _answer(engine, branch)
+    assert reused == 24
+    want, _, cold_steps = _answer(_engine(pairs["qwen3_5"], "dflash"), branch)
+    assert got == want and steps == cold_steps
+
+
+def test_the_next_turn_of_the_same_conversation_parks_nothing(pairs):
+    """A turn that drops the last answer (as Qwen's template drops the last answer's thinking) resumes at the
+    last prompt's end and parks no copy of what it drops; without a budget nothing is ever parked."""
+    engine = _engine(pairs["qwen3_5"], "dflash")
+    _answer(engine, A)
+    _, reused, _ = _answer(engine, A + [80, 81, 82])
+    assert reused == len(A) and len(engine.shelf) == 0
+    off = _engine(pairs["qwen3_5"], "dflash", park_budget=0)
+    _answer(off, A)
+    held_a = list(off.tokens)
+    _answer(off, B)
+    assert len(off.shelf) == 0 and _answer(off, held_a + [50])[1] == 0
+
+
+def _parked(tokens: list[int], nbytes: int, checkpoints=()) -> Parked:
+    end = Checkpoint(len(tokens), [], [])
+    return Parked(tokens, [torch.zeros(nbytes // 4)], end, [Checkpoint(n, [], []) for n in checkpoints])
+
+
+def test_the_shelf_keeps_the_newest_under_its_budget_and_gives_back_the_best_match():
+    shelf = Shelf(300, min_tokens=4)
+    one, two, three = _parked([1] * 10, 100), _parked([2] * 10, 100, checkpoints=[5]), _parked([3] * 10, 100)
+    for parked in (one, two, three):
+        assert shelf.add(parked)
+    assert shelf.add(_parked([4] * 10, 100)) and shelf.evicted == 1 and len(shelf) == 3  # `one` went
+    assert shelf.take([1] * 12, better_than=0) is None
+    assert not shelf.add(_parked([5] * 10, 400))  # over the whole budget: not kept, nothing evicted
+    assert shelf.take([2] * 7 + [9], better_than=5) is None  # its checkpoint at 5 is no better than 5
+    assert shelf.take([2] * 7 + [9], better_than=0) is two and len(shelf) == 2  # taken off the shelf
+    assert shelf.take([3] * 2, better_than=0) is None  # fewer than min_tokens shared
+    assert shelf.take([3] * 10 + [1], better_than=0) is three  # it extends all three holds
+    with pytest.raises(ValueError, match="0 or more bytes"):
+        Shelf(-1)
+
+
+def test_what_a_state_can_serve_of_a_prompt():
+    held = [1, 2, 3, 4, 5, 6]
+    assert reusable(held, [2, 4], held + [7]) == 6  # it extends the held tokens
+    assert reusable(held, [2, 4], [1, 2, 3, 4, 5, 9]) == 4  # it branches at 5: the checkpoint at 4
+    assert reusable(held, [2, 4], [1, 2, 3, 4, 5, 9], any_length=True) == 5  # attention-only: truncate at 5
+    assert reusable(held, [2, 4, 6], held) == 4  # the same prompt: the last token runs again
+    assert reusable(held, [2, 4], [9]) == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_parked_token_costs_what_doctor_counts(arch, pairs):
+    """memory.row_bytes (doctor's figure for the `prefix_cache_ram_mib` budget) is what a parked conversation's
+    rows take a token, in the target's KV, the drafter's full layers and the MTP layer's KV."""
+    from dflash_chat.engine.memory import DrafterShape, TargetShape, row_bytes
+
+    engine = _engine(pairs[arch], "dflash")
+    _answer(engine, A)
+    held = len(engine.tokens)
+    _answer(engine, B)
+    (parked,) = engine.shelf._parked
+    assert len(parked.tokens) == held
+    rows = sum(t.numel() * t.element_size() for t in parked.rows)
+    shapes = TargetShape.of(engine.target.cfg), DrafterShape.of(engine.drafter.cfg)
+    assert rows == held * row_bytes(*shapes, 4) and all(t.device.type == "cpu" for t in parked.rows)
