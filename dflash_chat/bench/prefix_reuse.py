@@ -9,9 +9,13 @@ a system prompt of its own (so its first long request starts cold):
 - `second_turn`: that conversation with its answer and one more question (the prompt extends what the engine
   holds exactly);
 - `branch`: the same system prompt and another question (it shares only the system block: the engine resumes
-  from its checkpoint there, engine/prefix_cache.py).
+  from its checkpoint there, engine/prefix_cache.py);
+- `after_other`: the conversation's third turn after another conversation (a ~1k-token prompt with a system
+  prompt of its own) ran in between: the engine parked the long one in host memory and brings it back
+  (engine/parked.py).
 Each time is from sending the streamed request to the first event that carries a generated token; each
-request's reused prompt tokens come from its usage. The goal: second_turn and branch within 2x of short.
+request's reused prompt tokens come from its usage. The goal: second_turn, branch and after_other within 2x
+of short.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ def _usage(dialect: str, event: dict) -> dict | None:
     return None
 
 
-def run(pair, *, short: int = 1000, long: int = 25000) -> dict:
+def run(pair, *, short: int = 1000, long: int = 25000, dialects: tuple[str, ...] = DIALECTS) -> dict:
     """The figures for a LoadedPair, by dialect."""
     from dflash_chat.runtime.endpoint import httpx_module
     from dflash_chat.runtime.session import EngineSession
@@ -137,7 +141,7 @@ def run(pair, *, short: int = 1000, long: int = 25000) -> dict:
     with Running(served) as running, httpx.Client(timeout=900) as client:
         url = running.url
         ask(client, url, "chat", "warm up", [{"role": "user", "content": "hi"}])
-        for dialect in DIALECTS:
+        for dialect in dialects:
             tok = pair.tokenizer
             row = {"short": ask(client, url, dialect, system_prompt(tok, short, f"{dialect} short"), [_user(q1)])}
             system = system_prompt(tok, long, dialect)
@@ -145,8 +149,11 @@ def run(pair, *, short: int = 1000, long: int = 25000) -> dict:
             turns = [_user(q1), {"role": "assistant", "content": first["text"]}, _user(q2)]
             row["second_turn"] = ask(client, url, dialect, system, turns)
             row["branch"] = ask(client, url, dialect, system, [_user(q3)])
+            ask(client, url, dialect, system_prompt(tok, short, f"{dialect} other"), [_user(q1)])
+            turns = [_user(q3), {"role": "assistant", "content": row["branch"]["text"]}, _user(q2)]
+            row["after_other"] = ask(client, url, dialect, system, turns)
             short_s = row["short"]["first_token_s"]
-            for name in ("second_turn", "branch"):
+            for name in ("second_turn", "branch", "after_other"):
                 row[name]["vs_short"] = row[name]["first_token_s"] / short_s
             figures[dialect] = row
     return figures
@@ -157,7 +164,9 @@ def _user(text: str) -> dict:
 
 
 def report(figures: dict) -> str:
-    lines = ["dialect    short  long_cold  second_turn  branch   (first-token seconds; reused/prompt tokens)"]
+    lines = [
+        "dialect    short  long_cold  second_turn  branch  after_other   (first-token seconds; reused/prompt tokens)"
+    ]
     for dialect, row in figures.items():
         cells = [
             f"{row[k]['first_token_s']:.2f}s ({row[k].get('cached_tokens')}/{row[k].get('prompt_tokens')})" for k in row
@@ -194,7 +203,8 @@ def main() -> None:
     result = {
         "what": "first-token time through serve's three dialects on the demo pair (DFlash2 drafter, greedy), "
         f"context {args.context}: a {args.short}-token prompt, a {args.long}-token system prompt cold, that "
-        "conversation's second turn, and a branch sharing only the system prompt",
+        "conversation's second turn, a branch sharing only the system prompt, and the branch's next turn after "
+        "another conversation ran in between",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": commit,
         "machine": {
