@@ -45,6 +45,15 @@ def _engine(dirs, speculate="auto", **kwargs) -> Engine:
     return engine
 
 
+def _state(engine: Engine) -> list[torch.Tensor]:
+    """Everything the engine holds of its conversation: the rows of its KV caches up to its tokens, the GDN
+    states, the drafter's rings and the MTP layer's newest hidden state."""
+    n = len(engine.tokens)
+    held = [t[:n] for t in engine._row_caches()] + [t for pair in engine.state.save_recurrent() for t in pair]
+    held += [t for ring in engine.drafter.save_rings() if ring is not None for t in ring]
+    return held + ([engine.mtp.last] if engine.mtp is not None else [])
+
+
 def _answer(engine: Engine, prompt: list[int]) -> tuple[list[int], int, list[tuple[str, int, int]]]:
     """(tokens, reused tokens, (method, drafted, accepted) per step)."""
     events = list(engine.generate(prompt, PARAMS))
@@ -56,6 +65,9 @@ def _answer(engine: Engine, prompt: list[int]) -> tuple[list[int], int, list[tup
 @pytest.mark.parametrize("speculate", ["dflash", "mtp"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_two_conversations_at_once_each_resume_where_they_left_off(arch, speculate, pairs):
+    """Each conversation's next turn, after the other one held the model, answers exactly as it does when
+    nothing ran in between (the same tokens, the same drafts landing: the same state, bit for bit), and
+    resumes all it held."""
     if speculate == "mtp" and arch == "qwen3":
         pytest.skip("the tiny qwen3 target carries no MTP layer")
     engine = _engine(pairs[arch], speculate)
@@ -64,29 +76,30 @@ def test_two_conversations_at_once_each_resume_where_they_left_off(arch, specula
     _, reused, _ = _answer(engine, B)  # B shares nothing with A: A is parked, not lost
     assert reused == 0 and len(engine.shelf) == 1
     held_b = list(engine.tokens)
-    next_a = held_a + [50, 51]  # A's next turn: its answer and a new question
-    got, reused, steps = _answer(engine, next_a)
-    assert reused == len(held_a) and len(engine.shelf) == 1  # A came back; B went onto the shelf
-    want, cold_reused, cold_steps = _answer(_engine(pairs[arch], speculate), next_a)
-    assert cold_reused == 0 and got == want and steps == cold_steps  # the same drafts landed: the same state
-    next_b = held_b + [60, 61]
-    got, reused, steps = _answer(engine, next_b)
-    assert reused == len(held_b)
-    want, _, cold_steps = _answer(_engine(pairs[arch], speculate), next_b)
-    assert got == want and steps == cold_steps
+    for prompt, held, next_turn in ((A, held_a, held_a + [50, 51]), (B, held_b, held_b + [60, 61])):
+        got, reused, steps = _answer(engine, next_turn)
+        assert reused == len(held) and len(engine.shelf) == 1  # it came back; the other went onto the shelf
+        alone = _engine(pairs[arch], speculate)  # the same turns with nothing in between
+        _answer(alone, prompt)
+        assert _answer(alone, next_turn) == (got, reused, steps)
+        assert engine.tokens == alone.tokens
+        for mine, theirs in zip(_state(engine), _state(alone), strict=True):
+            assert torch.equal(mine, theirs)
+    cold, cold_reused, _ = _answer(_engine(pairs[arch], speculate), held_b + [60, 61])
+    assert cold_reused == 0 and cold == got  # and greedy text is a cold prefill's
 
 
 def test_a_parked_conversation_brings_back_its_checkpoints(pairs):
     """A's system block checkpoint goes onto the shelf with it: after B, a branch of A (same system block,
-    another question) resumes at the block's end."""
-    engine = _engine(pairs["qwen3_5"], "dflash")
+    another question) resumes at the block's end, as it does when nothing ran in between."""
+    engine, alone = _engine(pairs["qwen3_5"], "dflash"), _engine(pairs["qwen3_5"], "dflash")
+    branch = A[:24] + [70, 71, 72]
     list(engine.generate(A, PARAMS, marks=[24]))
     _answer(engine, B)
-    branch = A[:24] + [70, 71, 72]
-    got, reused, steps = _answer(engine, branch)
-    assert reused == 24
-    want, _, cold_steps = _answer(_engine(pairs["qwen3_5"], "dflash"), branch)
-    assert got == want and steps == cold_steps
+    got = _answer(engine, branch)
+    assert got[1] == 24
+    list(alone.generate(A, PARAMS, marks=[24]))
+    assert _answer(alone, branch) == got
 
 
 def test_the_next_turn_of_the_same_conversation_parks_nothing(pairs):
