@@ -38,7 +38,6 @@ class Parked:
     end: Checkpoint  # the state at len(tokens), on the host
     checkpoints: list[Checkpoint]  # its checkpoints along its prompts (every one a prefix of tokens)
     snapshot: Checkpoint | None = None  # its last prompt's end, with the logits there
-    any_length: bool = False  # an attention-only target: its caches truncate to any length
 
     @property
     def nbytes(self) -> int:
@@ -48,11 +47,10 @@ class Parked:
     def _snapshot(self) -> list[Checkpoint]:
         return [self.snapshot] if self.snapshot is not None else []
 
-    def reusable(self, prompt: list[int]) -> int:
-        """Tokens of `prompt` this conversation's state can serve: all it holds when the prompt extends it, else
-        its longest checkpoint within the shared prefix."""
+    def reusable(self, prompt: list[int], any_length: bool) -> int:
+        """Tokens of `prompt` this conversation's state can serve (`reusable`)."""
         lengths = [c.length for c in (*self.checkpoints, *self._snapshot())]
-        return reusable(self.tokens, lengths, prompt, self.any_length)
+        return reusable(self.tokens, lengths, prompt, any_length)
 
 
 def reusable(tokens: list[int], checkpoints: Iterable[int], prompt: list[int], any_length: bool = False) -> int:
@@ -105,12 +103,12 @@ class Shelf:
         self._parked.append(parked)
         return True
 
-    def take(self, prompt: list[int], better_than: int) -> Parked | None:
+    def take(self, prompt: list[int], better_than: int, any_length: bool = False) -> Parked | None:
         """The parked conversation that serves the most of `prompt`, if more than `better_than` tokens (and at
-        least `min_tokens`), off the shelf."""
+        least `min_tokens`), off the shelf; `any_length`: the engine's caches truncate to any length."""
         best, found = max(better_than, self.min_tokens - 1), None
         for parked in self._parked:
-            n = parked.reusable(prompt)
+            n = parked.reusable(prompt, any_length)
             if n > best:
                 best, found = n, parked
         if found is not None:
@@ -122,15 +120,22 @@ class Shelf:
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` in host memory (pinned when it comes from a GPU, so the copies run at full speed)."""
+    """A copy of `t` in host memory (pinned when it comes from a GPU, so the copies run at full speed): for
+    the rows of live caches, which later positions overwrite."""
     if t.device.type == "cpu":
         return t.clone()
     out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     return out.copy_(t)
 
 
+def on_host(t: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's tensor in host memory: itself when it is there already (a checkpoint's tensors are copies
+    that nothing writes in place, so the shelf may share them), else a pinned copy."""
+    return t if t.device.type == "cpu" else to_host(t)
+
+
 def checkpoint_to(checkpoint: Checkpoint, move) -> Checkpoint:
-    """`checkpoint` with every tensor passed through `move` (to_host, or back to the device)."""
+    """`checkpoint` with every tensor passed through `move` (on_host, or back to the device)."""
     return replace(
         checkpoint,
         recurrent=[(move(r), move(c)) for r, c in checkpoint.recurrent],

@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Iterator, Protocol
 
 import torch
@@ -44,6 +45,7 @@ from dflash_chat.engine.parked import (
     Shelf,
     checkpoint_to,
     common_prefix,
+    on_host,
     reusable,
     to_host,
 )
@@ -327,14 +329,14 @@ class Engine:
             return
         any_length = not self._needs_checkpoints()
         held = reusable(self.tokens, [c.length for c in self._held()], prompt, any_length)
-        found = self.shelf.take(prompt, better_than=held)
+        found = self.shelf.take(prompt, better_than=held, any_length=any_length)
         breaks = self.snapshot is not None and held < self.snapshot.length
         if len(self.tokens) - held >= self.shelf.min_tokens and (breaks or found is not None):
-            self._park(any_length)
+            self._park()
         if found is not None:
             self._unpark(found)
 
-    def _park(self, any_length: bool) -> None:
+    def _park(self) -> None:
         """The held conversation onto the shelf, in host memory (nothing when it alone is over the budget or the
         host has no room for it)."""
         n = len(self.tokens)
@@ -345,10 +347,9 @@ class Engine:
             parked = Parked(
                 list(self.tokens),
                 [to_host(t) for t in rows],
-                checkpoint_to(self._checkpoint(), to_host),
-                [checkpoint_to(c, to_host) for c in self.checkpoints],
-                None if self.snapshot is None else checkpoint_to(self.snapshot, to_host),
-                any_length,
+                checkpoint_to(self._checkpoint(), on_host),
+                [checkpoint_to(c, on_host) for c in self.checkpoints],
+                None if self.snapshot is None else checkpoint_to(self.snapshot, on_host),
             )
         except (torch.OutOfMemoryError, MemoryError):
             return
@@ -359,7 +360,7 @@ class Engine:
         n = len(parked.tokens)
         for cache, saved in zip(self._row_caches(), parked.rows, strict=True):
             cache[:n].copy_(saved)
-        on_device = lambda t: t.to(self.device)  # noqa: E731
+        on_device = partial(torch.Tensor.to, device=self.device)
         self.checkpoints.clear()
         for checkpoint in parked.checkpoints:
             self.checkpoints.add(checkpoint_to(checkpoint, on_device))
