@@ -205,13 +205,9 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     tok = plain.tokenizer
     classes = prompt_classes(tok, prompts)
 
-    records = {key: Records() for key in (PLAIN, *engines)}  # each engine's, as the app's answering service keeps
-
-    # first calls pay for allocations (and auto for measuring its step costs): one answer per leg, untimed
-    first = classes["code"][0]
-    for leg in legs:
-        for key, engine in ((PLAIN, plain.engine), *engines.items()):
-            _answer(engine, first, leg.params(max_new_tokens, 0), DraftMemory(records[key]))
+    every = ((PLAIN, plain.engine), *engines.items())
+    records = {key: Records() for key, _ in every}  # each engine's, as the app's answering service keeps
+    warm_up(every, classes["code"][0], legs, max_new_tokens, records)
 
     app = Settings()
     figures = {}
@@ -221,12 +217,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         for name, ids in classes.items():
             comparisons = {key: Comparison() for key in engines}
             for i, prompt in enumerate(ids):
-                runs: dict = {key: [] for key in (PLAIN, *engines)}
-                for _ in range(repeats):  # interleaved: a busy stretch of the machine hits every setting alike
-                    for key, engine in ((PLAIN, plain.engine), *engines.items()):  # each a new chat
-                        runs[key].append(
-                            _answer(engine, prompt, leg.params(max_new_tokens, i), DraftMemory(records[key]))
-                        )
+                runs = interleaved_runs(every, prompt, leg.params(max_new_tokens, i), records, repeats)
                 ar = median_run(runs[PLAIN])
                 for draft in engines:
                     c = comparisons[draft]
@@ -312,6 +303,24 @@ def goals(figures: dict, demo_kind: str) -> dict:
             per_class[name] = row
         out["legs"][leg_key] = per_class
     return out
+
+
+def warm_up(every, first: list[int], legs: list[Sampling], max_new_tokens: int, records: dict) -> None:
+    """First calls pay for allocations (and auto for measuring its step costs): one untimed answer to `first`
+    per leg from each (key, engine) of `every`."""
+    for leg in legs:
+        for key, engine in every:
+            _answer(engine, first, leg.params(max_new_tokens, 0), DraftMemory(records[key]))
+
+
+def interleaved_runs(every, prompt: list[int], params, records: dict, repeats: int) -> dict[str, list[Run]]:
+    """Each (key, engine) of `every` answers `prompt` `repeats` times, each answer a new chat, the engines in
+    turn (a busy stretch of the machine hits every setting alike): key -> its runs."""
+    runs: dict[str, list[Run]] = {key: [] for key, _ in every}
+    for _ in range(repeats):
+        for key, engine in every:
+            runs[key].append(_answer(engine, prompt, params, DraftMemory(records[key])))
+    return runs
 
 
 def _answer(engine, prompt: list[int], params, memory: DraftMemory) -> Run:

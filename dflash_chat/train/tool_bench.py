@@ -30,13 +30,14 @@ from dflash_chat.bench.demo_pair import (
     DRAFTS,
     PLAIN,
     Sampling,
-    _answer,
     bench_prompts,
     class_figures,
     draft_key,
     draft_label,
+    interleaved_runs,
     leg_header,
     run_setup,
+    warm_up,
 )
 from dflash_chat.train.tool_corpus import ToolChat, call_turns, chat_of_record, result_turns
 
@@ -127,7 +128,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
     import torch
 
     from dflash_chat.bench.comparison import Comparison, _divergence, median_run
-    from dflash_chat.engine.draft_length import DraftMemory, Records
+    from dflash_chat.engine.draft_length import Records
     from dflash_chat.engine.load import load_drafter, load_pair
     from dflash_chat.engine.spec import Engine
     from dflash_chat.models.demo import demo_paths
@@ -151,10 +152,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
 
     every = ((PLAIN, plain.engine), *engines.items())
     records = {key: Records() for key, _ in every}
-    first = prompt_ids(tok, *classes["call"][0])
-    for leg in legs:  # first calls pay for allocations (and auto for measuring its step costs): untimed
-        for key, engine in every:
-            _answer(engine, first, leg.params(max_new_tokens, 0), DraftMemory(records[key]))
+    warm_up(every, prompt_ids(tok, *classes["call"][0]), legs, max_new_tokens, records)
 
     figures = {}
     identical = True
@@ -165,12 +163,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
             checks: dict[str, list[dict[str, bool]]] = {key: [] for key, _ in every}
             for i, (chat_turns, chat) in enumerate(items):
                 prompt = prompt_ids(tok, chat_turns, chat)
-                runs: dict = {key: [] for key, _ in every}
-                for _ in range(repeats):
-                    for key, engine in every:
-                        runs[key].append(
-                            _answer(engine, prompt, leg.params(max_new_tokens, i), DraftMemory(records[key]))
-                        )
+                runs = interleaved_runs(every, prompt, leg.params(max_new_tokens, i), records, repeats)
                 chosen = {key: median_run(r) for key, r in runs.items()}
                 for key, run in chosen.items():
                     checks[key].append(judge(name, answer_text(tok, run.tokens), chat))
