@@ -101,9 +101,7 @@ async def answer(
             code="rate_limit_exceeded",
             headers={"Retry-After": str(full.retry_after)},
         ) from None
-    served._open.add((loop, items))
-    if served.draining:
-        items.put_nowait(DRAIN)
+    served.opened(loop, items)
     if parsed.streaming.stream:
         return StreamingResponse(
             stream(request, served, writer, items, job),
@@ -131,7 +129,7 @@ async def whole(request: Request, served: Served, writer: Writer, items: asyncio
         done, _ = await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-        served._open.discard((asyncio.get_running_loop(), items))
+        served.closed(items)
     if result not in done:
         job.cancel.set()
         result.cancel()
@@ -199,4 +197,4 @@ async def stream(request: Request, served: Served, writer: Writer, items: asynci
     finally:
         watcher.cancel()
         job.cancel.set()  # the client left (or the answer is over: then it changes nothing)
-        served._open.discard((asyncio.get_running_loop(), items))
+        served.closed(items)

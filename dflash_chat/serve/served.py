@@ -125,6 +125,16 @@ class Served:
         self.drain()
         self.scheduler.close()
 
+    def opened(self, loop: asyncio.AbstractEventLoop, items: asyncio.Queue) -> None:
+        """An answer is being sent through `items` (on `loop`): a shutdown ends it (`drain`)."""
+        self._open.add((loop, items))
+        if self.draining:
+            items.put_nowait(DRAIN)
+
+    def closed(self, items: asyncio.Queue) -> None:
+        """The answer sent through `items` is over (on the running loop)."""
+        self._open.discard((asyncio.get_running_loop(), items))
+
     def drain(self) -> int:
         """Shutting down: every answer still being sent ends now (its stream with an error event and
         [DONE]); returns how many there were. Safe from any thread."""
