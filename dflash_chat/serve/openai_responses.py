@@ -33,6 +33,7 @@ from dflash_chat.settings import Settings
 TEXT_PARTS = ("input_text", "output_text", "text")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 IGNORED_ITEMS = ("reasoning", "item_reference")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # none and minimal: thinking off
 
 # reading
 
@@ -120,9 +121,10 @@ def _thinking(body: Mapping, defaults: Settings) -> bool:
     effort = reasoning.get("effort") if reasoning is not None else None
     if effort is None:
         return defaults.thinking
-    if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
+    if effort not in EFFORTS:
         raise bad_request(
-            f"'reasoning.effort' must be none, minimal, low, medium or high; got {shown(effort)}.", "reasoning.effort"
+            f"'reasoning.effort' must be {', '.join(EFFORTS[:-1])} or {EFFORTS[-1]}; got {shown(effort)}.",
+            "reasoning.effort",
         )
     return effort not in ("none", "minimal")
 
@@ -167,13 +169,8 @@ class ResponsesWriter:
         self, body: Mapping, model: str, spec_tokens: int, prompt_tokens: int, keep: Callable[[str, StreamEnd], None]
     ) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
-        self.body, self.model, self.spec_tokens, self.prompt_tokens, self.keep = (
-            body,
-            model,
-            spec_tokens,
-            prompt_tokens,
-            keep,
-        )
+        self.body, self.model, self.keep = body, model, keep
+        self.spec_tokens, self.prompt_tokens = spec_tokens, prompt_tokens
         self.created = int(time.time())
         self.sequence = 0
         self.items: list[dict] = []  # output items so far, as they will stand in the response

@@ -79,7 +79,7 @@ def tool_use(tools: list[ToolSpec], choice, parallel, field: str = "tool_choice"
     if choice not in CHOICES and choice not in names:
         known = ", ".join(names) if names else "none: the request offers no tools"
         raise bad_request(f"'{field}' names {shown(choice)}, which is not among the tools ({known}).", field)
-    if choice in ("required",) and not tools:
+    if choice == "required" and not tools:
         raise bad_request(f"'{field}' is 'required' but the request offers no tools.", field)
     return ToolUse(tuple(tools), choice, parallel) if tools else None
 
