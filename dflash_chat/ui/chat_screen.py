@@ -441,7 +441,7 @@ class ChatScreen(PlainNotices, Screen):
         elif answer == NO:
             self.record_result(pending, results.denied())
             await self.next_call(loop)
-        elif answer in (YES, ALWAYS):
+        else:  # YES or ALWAYS
             if answer == ALWAYS:
                 loop.always(pending)
                 self.recorder.save_tools(pending.conversation)
