@@ -25,6 +25,7 @@ import time
 
 DIALECTS = ("chat", "messages", "responses")
 ANSWER_TOKENS = 8
+RESPONSES_TOKENS = 16  # OpenAI's Responses API takes no fewer max_output_tokens, so its clients send at least this
 
 
 def system_prompt(tokenizer, tokens: int, tag: str) -> str:
@@ -64,7 +65,7 @@ def _body(dialect: str, system: str, turns: list[dict]) -> tuple[str, dict]:
         "model": "bench",
         "instructions": system,
         "input": [{"type": "message", "role": t["role"], "content": t["content"]} for t in turns],
-        "max_output_tokens": 16,
+        "max_output_tokens": RESPONSES_TOKENS,
         "temperature": 0,
         "stream": True,
     }
