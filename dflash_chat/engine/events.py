@@ -106,6 +106,8 @@ class GenerationStats(AcceptanceFigures):
     verify_s: float = 0.0
     peak_memory_bytes: int = 0
     speculative: bool = False
+    constraint_s: float = 0.0  # host seconds in the answer's grammar (masks, walking drafts); 0 when unconstrained
+    forced_drafts: int = 0  # drafts the grammar forced (its only allowed token), free to verify
 
     def __post_init__(self) -> None:
         # per method ("plain" too: the steps without drafts), in the order the answer first used them; no field,
@@ -126,6 +128,8 @@ class GenerationStats(AcceptanceFigures):
             "draft": self.draft,
             "mean_draft_length": self.mean_draft_length,
             "draft_histogram": list(self.draft_histogram),
+            "constraint_s": self.constraint_s,
+            "forced_drafts": self.forced_drafts,
             "prefill_s": self.prefill_s,
             "ttft_s": self.ttft_s,
             "decode_s": self.decode_s,

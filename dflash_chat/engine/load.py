@@ -35,6 +35,7 @@ from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.prefix_cache import DEFAULT_BUDGET
 from dflash_chat.engine.quantized import QuantEmbedding
 from dflash_chat.engine.spec import Engine
+from dflash_chat.engine.structured import Grammars
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf
 from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
@@ -49,6 +50,14 @@ class LoadedPair:
     drafter_name: str | None
     device: torch.device
     dtype: torch.dtype
+    _grammars: Grammars | None = None
+
+    @property
+    def grammars(self) -> Grammars:
+        """The grammar engine for this pair's tokenizer (made at the first constrained answer)."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.engine.target.cfg.vocab_size, self.engine.end_ids)
+        return self._grammars
 
 
 def default_device() -> torch.device:

@@ -54,6 +54,7 @@ from dflash_chat.engine.sampling import Draws, first_token, noise_columns
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.speculation import Chooser, Plan, parse_speculate
 from dflash_chat.engine.steps import Clock, Steps
+from dflash_chat.engine.structured import Matcher
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
 COST_ROUNDS = 4  # timed warm-up rounds of every verify size (the first is not counted; the fastest of the rest is)
@@ -416,11 +417,13 @@ class Engine:
         *,
         memory: DraftMemory | None = None,
         marks: Sequence[int] = (),
+        grammar: Matcher | None = None,
     ) -> Iterator[Event]:
         """Answer `prompt_ids`. `memory`: what `auto` has learned of the conversation this answer belongs to
         (draft_length.py), which it goes on learning; without one, the answer starts from the fixed priors.
         `marks`: prompt positions where later prompts are likely to branch (the end of the system block):
-        the prefill keeps a checkpoint there (engine/prefix_cache.py)."""
+        the prefill keeps a checkpoint there (engine/prefix_cache.py). `grammar`: the answer is held to it
+        (engine/structured.py), exactly as plain constrained decoding would write it."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -448,7 +451,7 @@ class Engine:
         try:
             limit = asked or self.max_context - len(prompt)
             yield from self._generate(
-                prompt, params, cancel, generator, stats, t0, memory or DraftMemory(), limit, marks
+                prompt, params, cancel, generator, stats, t0, memory or DraftMemory(), limit, marks, grammar
             )
         except torch.OutOfMemoryError:
             self.reset()
@@ -479,7 +482,7 @@ class Engine:
                 self.checkpoints.add(old)  # the last prompt's end: where an edit of what followed resumes
         return logits
 
-    def _generate(self, prompt, params, cancel, generator, stats, t0, memory, limit, marks) -> Iterator[Event]:
+    def _generate(self, prompt, params, cancel, generator, stats, t0, memory, limit, marks, grammar) -> Iterator[Event]:
         logits = self._prefill(prompt, stats, marks)
         _sync(self.device)
         stats.prefill_s = time.perf_counter() - t0
@@ -488,7 +491,13 @@ class Engine:
         V = self.target.cfg.vocab_size
         draws = None if params.greedy else Draws.empty(1, V, self.device).fill(generator, 1, noise_columns(params, V))
         stops = self.stop_ids(params)
+        if grammar is not None:
+            held = time.perf_counter()
+            logits = grammar.first(logits)
+            stats.constraint_s += time.perf_counter() - held
         last = int(first_token(logits, params, draws).item())
+        if grammar is not None:
+            grammar.advance([last])
         stats.ttft_s = time.perf_counter() - t0
         stats.new_tokens = 1
         yield Step([last], 0, 0, 0.0, 0.0)
@@ -510,7 +519,7 @@ class Engine:
             return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, learned)
 
         steps, clock = self.steps, self.clock
-        steps.begin(last, len(self.tokens), params, generator, stops)
+        steps.begin(last, len(self.tokens), params, generator, stops, grammar.words if grammar is not None else 0)
         queued = chooser.before_read(False)
         self._queue(queued)
         plan = self._settle(chooser, queued, lookup)
@@ -522,16 +531,22 @@ class Engine:
             if remaining <= 0:
                 yield finish("length")
                 return
+            if grammar is not None:
+                plan = self._constrain(plan, grammar, stats)
             clock.timed("verify", plan.T, self._verify, plan.T, remaining)
             ended = clock.ended()  # before the next draft is queued: it belongs to the next step
             queued = chooser.before_read(plan.method == "lookup")
             self._queue(queued)  # before the read: the device drafts while the host reads
             out = steps.read()
+            if grammar is not None:
+                held = time.perf_counter()
+                grammar.settle(out.tokens, out.accepted)
+                stats.constraint_s += time.perf_counter() - held
             self.tokens.append(last)
             self.tokens.extend(out.tokens[:-1])
             if lookup is not None:
                 lookup.extend(out.tokens)
-            if plan.T > 1:
+            if plan.T > 1 and plan.method != speculation.GRAMMAR:
                 self._estimate(memory, params.greedy, plan.estimate).observe(plan.drafts, out.accepted)
                 learned[plan.estimate][min(out.accepted, plan.drafts)] += 1
             draft_s, verify_s = self._count(ended, stats)
@@ -544,6 +559,23 @@ class Engine:
                 yield finish("stop")
                 return
             plan = self._settle(chooser, queued, lookup)
+
+    def _constrain(self, plan: Plan, grammar: Matcher, stats: GenerationStats) -> Plan:
+        """The step's masks (engine/structured.py), its drafts' forced tokens put in place; a plain step where the
+        grammar forces the next tokens verifies them instead, as free drafts."""
+        held = time.perf_counter()
+        if plan.T == 1:
+            forced = grammar.forced_run(self.block_size - 1)
+            T = max((T for T in self.sizes if T <= len(forced) + 1), default=1)
+            if T > 1:
+                plan = Plan(speculation.GRAMMAR, T, speculation.GRAMMAR, tuple(forced[: T - 1]))
+                self.steps.place(list(plan.tokens))
+        drafts = self.steps.drafted(plan.T)
+        filled = grammar.fill(self.steps.bitmask, drafts)
+        self.steps.rewrite(filled.drafts, filled.forced)
+        stats.constraint_s += time.perf_counter() - held
+        stats.forced_drafts += len(filled.forced) + (plan.T - 1 if plan.method == speculation.GRAMMAR else 0)
+        return plan
 
     def _lookup_tokens(self, last: int) -> PromptLookup:
         """Prompt lookup's index brought to the held tokens and the newest one (it kept the last answer's)."""

@@ -31,6 +31,7 @@ from dflash_chat.engine.lookup import Match
 METHODS = ("dflash", "mtp", "lookup")  # the drafting methods, in the order a tie goes
 MODELS = ("dflash", "mtp")  # the methods whose drafts a model computes on the device
 PLAIN = "plain"
+GRAMMAR = "grammar"  # drafts a grammar forces (engine/structured.py): no model, accepted with certainty
 MTP_MOST = 7  # most drafts the MTP layer chains (a fixed draft setting)
 MTP_AUTO = (1, 2, 3)  # the MTP depths `auto` chooses among: chained drafts land less often the further they go
 LOOKUP_MOST = 15  # most drafts a lookup proposes

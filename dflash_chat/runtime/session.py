@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd, stream_answer
+from dflash_chat.runtime.constraint import OutputFormat, answer_constraint
 from dflash_chat.runtime.detokenize import IncrementalDecoder
 from dflash_chat.runtime.prompt import (
     Prompt,
@@ -28,6 +29,7 @@ from dflash_chat.runtime.stops import StopStrings
 from dflash_chat.runtime.tool_calls import CallStream
 
 if TYPE_CHECKING:
+    from dflash_chat.engine.constraint import Constraint
     from dflash_chat.engine.draft_length import DraftMemory
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.engine.sampling_params import SamplingParams
@@ -88,15 +90,20 @@ class EngineSession:
         tap: Callable[[object], None] | None = None,
         memory: DraftMemory | None = None,
         tools: ToolUse | None = None,
+        output: OutputFormat | None = None,
     ) -> StreamEnd:
         """Generate for `prompt`, posting batched chunks; the params' stop strings end the text before them.
         `thinking_split` False: every word is answer text (a raw completion). `tap` sees every engine event.
         `memory`: what the `auto` draft length has learned of this conversation (runtime/answering.py).
-        `tools`: the calls the answer makes are parsed out of its text (the prompt was built with them)."""
+        `tools`: the calls the answer makes are parsed out of its text (the prompt was built with them), and
+        held to the tools' grammar as `output` holds the answer to its JSON (runtime/constraint.py; a grammar
+        the engine cannot compile is a GrammarError, before anything is generated)."""
         engine = self.pair.engine
+        constraint = self.constraint(prompt, tools, output)
+        grammar = self.pair.grammars.matcher(constraint) if constraint is not None else None
         splitter = ThinkingSplitter(thinking=prompt.opens_thinking) if thinking_split else _NoSplit()
         marks = branch_marks(self.tokenizer, prompt.ids)
-        events = engine.generate(prompt.ids, params, cancel, memory=memory, marks=marks)
+        events = engine.generate(prompt.ids, params, cancel, memory=memory, marks=marks, grammar=grammar)
         return stream_answer(
             events if tap is None else _tapped(events, tap),
             IncrementalDecoder(self.tokenizer, engine.stop_ids(params)),
@@ -108,6 +115,13 @@ class EngineSession:
             calls=_calls(prompt, tools),
             one_call=tools is not None and not tools.parallel,
         )
+
+    def constraint(self, prompt: Prompt, tools: ToolUse | None, output: OutputFormat | None) -> Constraint | None:
+        """The answer's constraint, compiled (cached): a GrammarError here says what is wrong with it."""
+        constraint = answer_constraint(prompt, tools, output)
+        if constraint is not None:
+            self.pair.grammars.compile(constraint)
+        return constraint
 
     @staticmethod
     def held(turns: list[Turn], prompt: Prompt, end: StreamEnd) -> Transcript | None:

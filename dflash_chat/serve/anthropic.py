@@ -25,7 +25,7 @@ from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import ApiError, bad_request
 from dflash_chat.serve.openai_chat import figures
-from dflash_chat.serve.requests import ChatRequest, Streaming, optional, text_content
+from dflash_chat.serve.requests import ChatRequest, Streaming, optional, output_format, text_content
 from dflash_chat.serve.requests import sampling as checked_sampling
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
@@ -59,8 +59,22 @@ def messages_request(body: Mapping, defaults: Settings, *, counting: bool = Fals
     sampling = checked_sampling(body, defaults.sampling(), "max_tokens", "stop_sequences")
     stream = optional(body, "stream", bool) or False
     return ChatRequest(
-        optional(body, "model", str), turns, _thinking(body), sampling, Streaming(stream), _tool_use(body)
+        optional(body, "model", str),
+        turns,
+        _thinking(body),
+        sampling,
+        Streaming(stream),
+        _tool_use(body),
+        _output(body),
     )
+
+
+def _output(body: Mapping):
+    """`output_config.format` (or the beta's `output_format`): a json_schema the answer is held to."""
+    config = optional(body, "output_config", Mapping)
+    if config is not None and config.get("format") is not None:
+        return output_format(config.get("format"), "output_config.format", "schema")
+    return output_format(body.get("output_format"), "output_format", "schema")
 
 
 def _system(system, messages: list) -> list[Turn]:

@@ -76,6 +76,7 @@ async def answer(
     if served.draining:
         raise ApiError(503, SHUTTING_DOWN, type="service_unavailable", code="shutting_down")
     prompt = await anyio.to_thread.run_sync(served.prompt, parsed)
+    await anyio.to_thread.run_sync(served.check_constraint, parsed, prompt)
     prompt_tokens = len(prompt.ids)
     parsed, room = served.fit(parsed, prompt_tokens)
     headers = {"X-Max-Tokens-Clamped": str(room)} if room is not None else {}

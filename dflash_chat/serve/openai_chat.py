@@ -37,6 +37,7 @@ from dflash_chat.serve.requests import (
     Streaming,
     is_int,
     optional,
+    output_format,
     text_content,
 )
 from dflash_chat.serve.requests import (
@@ -63,7 +64,8 @@ def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
         )
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     sampling = _sampling(body, defaults, name)
-    return ChatRequest(_model(body), turns, thinking, sampling, _streaming(body), _tool_use(body))
+    output = output_format(body.get("response_format"), "response_format", "json_schema.schema")
+    return ChatRequest(_model(body), turns, thinking, sampling, _streaming(body), _tool_use(body), output)
 
 
 def completion_request(body: Mapping, defaults: Settings) -> CompletionRequest:

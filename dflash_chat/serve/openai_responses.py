@@ -25,7 +25,7 @@ from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import bad_request
 from dflash_chat.serve.openai_chat import figures
-from dflash_chat.serve.requests import ChatRequest, Streaming, optional, text_content
+from dflash_chat.serve.requests import ChatRequest, Streaming, optional, output_format, text_content
 from dflash_chat.serve.requests import sampling as checked_sampling
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
@@ -57,8 +57,15 @@ def responses_request(body: Mapping, defaults: Settings, previous: Callable[[str
     turns += _input(body.get("input"), {c["id"] for t in turns for c in t.get("tool_calls", ())})
     sampling = checked_sampling(body, defaults.sampling(), "max_output_tokens", None)
     stream = optional(body, "stream", bool) or False
+    text = optional(body, "text", Mapping) or {}
     return ChatRequest(
-        optional(body, "model", str), turns, _thinking(body, defaults), sampling, Streaming(stream), _tool_use(body)
+        optional(body, "model", str),
+        turns,
+        _thinking(body, defaults),
+        sampling,
+        Streaming(stream),
+        _tool_use(body),
+        output_format(text.get("format"), "text.format", "schema"),
     )
 
 

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from dflash_chat.engine import rules
+from dflash_chat.engine.rules import shown
 from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.runtime.constraint import OutputFormat
 from dflash_chat.runtime.prompt import Turn
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve.errors import bad_request
@@ -39,6 +41,7 @@ class ChatRequest:
     sampling: SamplingParams  # max_new_tokens None: up to the end of the context
     streaming: Streaming
     tools: ToolUse | None = None  # None: the request offers no tools
+    output: OutputFormat | None = None  # the answer must be JSON (runtime/constraint.py); None: free text
 
 
 @dataclass(frozen=True)
@@ -198,3 +201,46 @@ def optional(body: Mapping, name: str, kind: type):
 
 def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def output_format(value, where: str, schema_at: str) -> OutputFormat | None:
+    """An output format as OpenAI's `response_format` and Responses' `text.format` write it (`schema_at`: the
+    schema's key within it, "json_schema.schema" or "schema"): text (None), any JSON object, or JSON valid for a
+    schema, which is checked here (a 400 naming what is wrong). Anthropic's `output_config.format` is the
+    json_schema kind with the schema at "schema"."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise bad_request(f"'{where}' must be an object with a 'type'.", where)
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputFormat(None, where)
+    if kind != "json_schema":
+        raise bad_request(
+            f"'{where}.type' must be text, json_object or json_schema; got {shown(kind)}.", f"{where}.type"
+        )
+    holder, key = value, schema_at
+    if "." in schema_at:
+        outer, key = schema_at.split(".", 1)
+        holder = value.get(outer)
+        if not isinstance(holder, Mapping):
+            raise bad_request(f"'{where}.{outer}' must be an object with the 'schema'.", f"{where}.{outer}")
+    at = f"{where}.{schema_at}"
+    schema = holder.get(key)
+    if not isinstance(schema, Mapping):
+        raise bad_request(f"'{at}' must be a JSON schema (an object).", at)
+    check_schema(dict(schema), at)
+    return OutputFormat(dict(schema), at)
+
+
+def check_schema(schema: dict, at: str) -> None:
+    """A 400 naming the first thing wrong with `schema` as a JSON schema (its own dialect's metaschema)."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        path = "".join(f"[{part!r}]" for part in exc.path)
+        raise bad_request(f"'{at}{path}' is not a valid JSON schema: {exc.message[:300]}", at) from None

@@ -21,6 +21,7 @@ from fastapi import Request
 from dflash_chat.errors import one_line
 from dflash_chat.runtime.answering import AnsweringService
 from dflash_chat.runtime.bridge import StreamEnd
+from dflash_chat.runtime.constraint import GrammarError
 from dflash_chat.runtime.prompt import Prompt, Turn, encode, next_prompt
 from dflash_chat.runtime.session import EngineSession
 from dflash_chat.serve.errors import SERVER_FAULT, ApiError, bad_request, log
@@ -198,6 +199,17 @@ class Served:
             assert isinstance(text, str)  # a list of ids was returned above
             return Prompt(text=text, ids=encode(self._checker, text), thinking=False)
 
+    def check_constraint(self, request: ChatRequest | CompletionRequest, prompt: Prompt) -> None:
+        """Compile the grammar the answer will be held to (cached for the answer): one it cannot be is a 400 that
+        names the part (runtime/constraint.py)."""
+        if not isinstance(request, ChatRequest) or (request.tools is None and request.output is None):
+            return
+        assert self.service is not None
+        try:
+            self.service.session.constraint(prompt, request.tools, request.output)
+        except GrammarError as exc:
+            raise bad_request(f"{exc} (the answer could not be held to it).", "response_format") from None
+
     def check_tokens(self, request: ChatRequest | CompletionRequest) -> None:
         """Token ids the model has no row for would reach the device (on CUDA, an assert that poisons the
         context for every later request): refused here."""
@@ -244,8 +256,16 @@ class Served:
         try:
             memory = service.memory(_conversation(request, chat))
             tools = request.tools if isinstance(request, ChatRequest) else None
+            output = request.output if isinstance(request, ChatRequest) else None
             end = session.answer(
-                prompt, request.sampling, job.cancel, emit, thinking_split=chat, memory=memory, tools=tools
+                prompt,
+                request.sampling,
+                job.cancel,
+                emit,
+                thinking_split=chat,
+                memory=memory,
+                tools=tools,
+                output=output,
             )
         except Exception as exc:  # noqa: BLE001 - one request fails, the server goes on
             service.keep(CLIENTS, None)

@@ -12,6 +12,7 @@ import torch
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling import Draws, accept, noise_columns
 from dflash_chat.engine.sampling_params import SamplingParams
+from dflash_chat.engine.structured import apply as apply_mask
 
 MAX_STOPS = 16  # stop ids a step checks on the device (the chat templates use 2-3)
 DEFERRED_ROWS = 64  # plain steps whose drafter context an uncaptured step stores at once
@@ -90,6 +91,8 @@ class Steps:
         self.q: torch.Tensor | None = None  # [B-1, V]: the drafts' processed distributions (sampling)
         self.draws: Draws | None = None
         self.params = SamplingParams()
+        self.masked = False  # the answer is held to a grammar: the verify reads `bitmask`
+        self.bitmask: torch.Tensor | None = None  # [B, words]: the allowed tokens of each verify row
         self.generator: torch.Generator | None = None
         self.length = 0  # committed positions, on the host (known after each read)
         self.host_s = 0.0  # host time in the decode entry points: issuing them and reading results (not the wait)
@@ -156,6 +159,9 @@ class Steps:
 
     def _accept(self, T: int) -> None:
         logits = self.outputs[T][0]
+        if self.masked:
+            assert self.bitmask is not None, "a masked answer has its bitmask"
+            logits = apply_mask(logits, self.bitmask[:T])
         out = accept(logits, self.ids[1:T], self.params, self.draws, self.remaining, self.stop_ids, self.q)
         self.result[:T].copy_(out[:T])
         self.result[self.B :].copy_(out[T:])
@@ -209,7 +215,11 @@ class Steps:
         """A step of size T in order: its model drafts (each method's that drafts at T), verify, accept, commit."""
         sampling = self._sampling()
         drafts = [Entry(DRAFT_STEPS[method], T, sampling) for method, Ts in self.drafts.items() if T in Ts]
-        return drafts + [Entry(Steps._verify, T), Entry(Steps._accept, T, sampling), Entry(Steps._commit, T)]
+        return drafts + [Entry(Steps._verify, T), Entry(Steps._accept, T, self._accepting()), Entry(Steps._commit, T)]
+
+    def _accepting(self) -> tuple:
+        """What an accept's graph bakes in: the sampling settings, and whether a grammar's mask is read."""
+        return self._sampling() + (("masked",) if self.masked else ())
 
     @torch.no_grad()
     def _capture_all(self) -> None:
@@ -265,9 +275,11 @@ class Steps:
         params: SamplingParams,
         generator: torch.Generator | None,
         stop_ids: tuple[int, ...] = (),
+        mask_words: int = 0,
     ) -> None:
         """Start decoding after a prefill: the state holds `length` tokens, `last` is the newest token, the answer
-        ends at `stop_ids` (a greedy answer needs no generator)."""
+        ends at `stop_ids` (a greedy answer needs no generator). `mask_words` > 0: the answer is held to a grammar
+        whose masks (`bitmask`, that many words a row) the loop writes before each verify."""
         stops = list(stop_ids)[:MAX_STOPS]
         self.stop_ids.fill_(-1)
         if stops:
@@ -276,6 +288,9 @@ class Steps:
         self.start.fill_(length)
         self.ids[:1].fill_(last)
         self.params, self.generator = params, generator
+        self.masked = mask_words > 0
+        if self.masked and (self.bitmask is None or self.bitmask.shape[1] != mask_words):
+            self.bitmask = torch.full((self.B, mask_words), -1, dtype=torch.int32, device=self.device)
         self.columns = noise_columns(params, self.target.cfg.vocab_size)
         self.draft_columns = self.drafter_columns if self.drafter_columns is not None else self.columns
         if not params.greedy and self.draws is None:
@@ -306,6 +321,24 @@ class Steps:
             self.q[:k].zero_().scatter_(1, self.ids[1 : k + 1, None], 1.0)
         self.host_s += time.perf_counter() - issued
 
+    def drafted(self, T: int) -> list[int]:
+        """The drafts a verify of T reads, on the host (waits for the queued draft)."""
+        return self.ids[1:T].tolist() if T > 1 else []
+
+    def rewrite(self, drafts: list[int], rows: list[int]) -> None:
+        """Replace the drafts at `rows` (0-based among the drafts) by `drafts`' tokens there, as fixed proposals
+        (a one-hot q, as `place`): the grammar's forced tokens."""
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        values = torch.tensor([drafts[r] for r in rows], dtype=torch.long)
+        self.ids[1:].index_copy_(0, index.to(self.device), values.to(self.device))
+        if not self.params.greedy:
+            assert self.q is not None, "sampled drafts need their q"
+            at = index.to(self.device)
+            self.q.index_fill_(0, at, 0.0)
+            self.q.index_put_((at, values.to(self.device)), torch.ones(len(rows), device=self.device))
+
     def verify(self, T: int, remaining: int) -> None:
         """Verify [last, d1..d(T-1)]: the target's forward and the verify rule; `remaining` >= 1 tokens may come."""
         issued = time.perf_counter()
@@ -314,7 +347,7 @@ class Steps:
             draws, generator = self._randomness()
             draws.fill(generator, T, self.columns)
         self._run(Entry(Steps._verify, T))
-        self._run(Entry(Steps._accept, T, self._sampling()))
+        self._run(Entry(Steps._accept, T, self._accepting()))
         self.host_s += time.perf_counter() - issued
 
     def _randomness(self) -> tuple[Draws, torch.Generator]:

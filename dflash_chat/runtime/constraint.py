@@ -1,0 +1,56 @@
+"""The one constraint an answer is held to, made from what was asked: the tools offered (runtime/tool_use.py)
+and the output format (a JSON schema, or any JSON object), for serve's three dialects, `run` and the chat.
+
+- Tools offered, choice "auto": free text (and thinking) until the model opens a call; from there the call is
+  held to the offered tools: a name among them, its parameters typed by the schema, required ones present,
+  the closing tags. `required` or a named tool: the call from the answer's first token (the prompt already
+  holds its opening, `call_opening`, which the grammar starts after). "none" offers nothing: no call.
+- An output format: the answer is one JSON value valid for the schema; with thinking on, the think block is
+  free and the JSON starts after it. A forced call wins over an output format (the call is the answer).
+
+The grammar itself is the engine's (engine/structured.py); a constraint the engine cannot compile is a
+GrammarError whose message names the part (serve answers it with a 400).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dflash_chat.engine.constraint import Constraint, GrammarError, json_tag, tool_calls_tag
+
+if TYPE_CHECKING:
+    from dflash_chat.runtime.prompt import Prompt
+    from dflash_chat.runtime.tool_use import ToolUse
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """The answer's text must be JSON: valid for `schema`, or any JSON object when `schema` is None."""
+
+    schema: dict | None = None
+    name: str = "response_format"  # where the request gave it, for messages
+
+    @property
+    def label(self) -> str:
+        return f"'{self.name}'"
+
+
+def answer_constraint(prompt: Prompt, tools: ToolUse | None, output: OutputFormat | None) -> Constraint | None:
+    """The constraint of an answer to `prompt` (None: the answer is free)."""
+    thinking = prompt.opens_thinking
+    if tools is not None and tools.offered and (tools.forced or output is None):
+        constraint = tool_calls_tag(
+            [tool.as_openai() for tool in tools.tools],
+            tools.choice,
+            thinking=thinking and not tools.forced,
+            parallel=tools.parallel,
+            label="'tools'",
+        )
+        return Constraint(constraint.kind, constraint.spec, prefix=prompt.opening, label=constraint.label)
+    if output is not None:
+        return json_tag(output.schema if output.schema is not None else True, thinking=thinking, label=output.label)
+    return None
+
+
+__all__ = ["GrammarError", "OutputFormat", "answer_constraint"]
