@@ -402,3 +402,38 @@ def test_disk_read_rate_reads_the_file(tmp_path):
     rate, _ = disk.read_rate(path, limit=1 << 20)
     assert rate > 0
     assert disk.largest_file(tmp_path) == path
+
+
+def test_run_json_schema_holds_the_answer_to_the_schema(pair, capsys, tmp_path):
+    """Inline or from a file: the tiny random target writes one JSON value valid for the schema, and ends."""
+    import jsonschema
+
+    target, drafter = pair
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2]}},
+        "required": ["ok", "n"],
+    }
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    for given in (json.dumps(schema), str(path)):
+        assert main(run_argv(target, drafter, "hi", "--max-tokens", "40", "--json", "--json-schema", given)) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(record["answer"]), schema)
+
+
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        ("missing.json", "cannot read"),
+        ('{"type": "object", "properties": 3}', "not a valid JSON schema"),
+        ("{not json", "not JSON"),
+        ("[1, 2]", "cannot read"),
+    ],
+)
+def test_run_json_schema_refuses_what_is_not_a_schema_in_one_line_before_loading(pair, capsys, given, words):
+    target, drafter = pair
+    assert main(run_argv(target, drafter, "hi", "--json-schema", given)) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1 and "Traceback" not in err

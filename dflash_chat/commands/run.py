@@ -71,6 +71,11 @@ def register(subparsers) -> None:
         "--no-drafter), dflash the drafter, mtp the target's own MTP layer, lookup copies from the prompt, "
         "none decodes plainly",
     )
+    p.add_argument(
+        "--json-schema",
+        metavar="FILE|JSON",
+        help="hold the answer to a JSON schema (a file, or the schema itself): it is one JSON value valid for it",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON record with the answer and the statistics")
     p.set_defaults(handler=main)
 
@@ -160,6 +165,30 @@ def load(args: argparse.Namespace, target: str, drafter: str | None):
     return loading.loader.pair
 
 
+def _output(given: str | None):
+    """--json-schema's schema, checked (a UserError in one line when it is not one)."""
+    if given is None:
+        return None
+    from dflash_chat.runtime.constraint import GrammarError, read_schema
+
+    try:
+        return read_schema(given)
+    except GrammarError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _grammar(pair, output, *, thinking: bool):
+    """The matcher holding the answer to `output` (None: a free answer)."""
+    if output is None:
+        return None
+    from dflash_chat.runtime.constraint import GrammarError, json_tag
+
+    try:
+        return pair.grammars.matcher(json_tag(output.schema, thinking=thinking, label=output.label))
+    except GrammarError as exc:
+        raise UserError(str(exc)) from None
+
+
 def main(args: argparse.Namespace) -> int:
     from dflash_chat.engine.events import Finished, Step
     from dflash_chat.engine.sampling_params import SamplingParams
@@ -167,6 +196,7 @@ def main(args: argparse.Namespace) -> int:
 
     target, drafter = resolve_paths(args)
     check_device(args.device)
+    output = _output(args.json_schema)  # before loading: a bad schema costs no load
     pair = load(args, target, drafter)
     tok = pair.tokenizer
     prompt = prompt_ids(tok, args.prompt, system=args.system, think=args.think, raw=args.raw)
@@ -175,7 +205,8 @@ def main(args: argparse.Namespace) -> int:
     decoder = IncrementalDecoder(tok, stops)
     tokens: list[int] = []
     finished: Finished | None = None
-    for event in pair.engine.generate(prompt, params):
+    grammar = _grammar(pair, output, thinking=args.think and not args.raw)
+    for event in pair.engine.generate(prompt, params, grammar=grammar):
         if isinstance(event, Step):
             tokens.extend(event.token_ids)
             if not args.json:

@@ -531,9 +531,12 @@ class Engine:
             if remaining <= 0:
                 yield finish("length")
                 return
+            masks = None
             if grammar is not None:
-                plan = self._constrain(plan, grammar, stats)
-            clock.timed("verify", plan.T, self._verify, plan.T, remaining)
+                plan = self._force(plan, grammar, stats)
+                steps.stage_drafts(plan.T)
+                masks = partial(self._mask, plan.T, grammar, stats)
+            clock.timed("verify", plan.T, self._verify, plan.T, remaining, masks)
             ended = clock.ended()  # before the next draft is queued: it belongs to the next step
             queued = chooser.before_read(plan.method == "lookup")
             self._queue(queued)  # before the read: the device drafts while the host reads
@@ -560,22 +563,30 @@ class Engine:
                 return
             plan = self._settle(chooser, queued, lookup)
 
-    def _constrain(self, plan: Plan, grammar: Matcher, stats: GenerationStats) -> Plan:
-        """The step's masks (engine/structured.py), its drafts' forced tokens put in place; a plain step where the
-        grammar forces the next tokens verifies them instead, as free drafts."""
+    def _force(self, plan: Plan, grammar: Matcher, stats: GenerationStats) -> Plan:
+        """Where the grammar forces the next tokens (engine/structured.py), they are the step's first drafts, free
+        to verify: a plain step verifies them instead, a model's first drafts are replaced by them."""
         held = time.perf_counter()
-        if plan.T == 1:
-            forced = grammar.forced_run(self.block_size - 1)
+        forced = grammar.forced_run(self.block_size - 1)
+        if forced and plan.T == 1:
             T = max((T for T in self.sizes if T <= len(forced) + 1), default=1)
             if T > 1:
                 plan = Plan(speculation.GRAMMAR, T, speculation.GRAMMAR, tuple(forced[: T - 1]))
                 self.steps.place(list(plan.tokens))
-        drafts = self.steps.drafted(plan.T)
-        filled = grammar.fill(self.steps.bitmask, drafts)
-        self.steps.rewrite(filled.drafts, filled.forced)
+                stats.forced_drafts += T - 1
+        elif forced:
+            k = min(len(forced), plan.T - 1)
+            self.steps.rewrite(forced[:k], list(range(k)))
+            stats.forced_drafts += k
         stats.constraint_s += time.perf_counter() - held
-        stats.forced_drafts += len(filled.forced) + (plan.T - 1 if plan.method == speculation.GRAMMAR else 0)
         return plan
+
+    def _mask(self, T: int, grammar: Matcher, stats: GenerationStats) -> None:
+        """The verify's masks, computed on the host while the device runs its forward."""
+        held = time.perf_counter()
+        assert self.steps.bitmask is not None, "a constrained answer's steps have a bitmask"
+        grammar.fill(self.steps.bitmask, self.steps.staged_drafts(T))
+        stats.constraint_s += time.perf_counter() - held
 
     def _lookup_tokens(self, last: int) -> PromptLookup:
         """Prompt lookup's index brought to the held tokens and the newest one (it kept the last answer's)."""
@@ -612,8 +623,8 @@ class Engine:
         else:
             self.steps.draft(plan.T, plan.method)
 
-    def _verify(self, T: int, remaining: int) -> None:
-        self.steps.verify(T, remaining)
+    def _verify(self, T: int, remaining: int, between=None) -> None:
+        self.steps.verify(T, remaining, between)
         self.steps.commit(T)
 
     def _count(self, ended, stats: GenerationStats) -> tuple[float, float]:

@@ -1,17 +1,17 @@
 """Answers held to a grammar (structured output): what the decode loop asks of a grammar, over xgrammar.
 
-A `Constraint` (torch-free, made by runtime/constraint.py from a request) says what the answer must be: a
-JSON schema, or a structural tag (xgrammar's: free text with tool calls in Qwen's XML form, a reasoning
-block before them). `Grammars` compiles one per tokenizer, with a cache (an agent resends the same tools
-every turn) and a bound on compile time; its `matcher` is the one object the loop holds per answer:
+A `Constraint` (engine/constraint.py, torch-free, made by runtime/constraint.py from a request) says what the
+answer must be: a JSON schema, or a structural tag (xgrammar's: free text with tool calls in Qwen's XML form,
+a reasoning block before them). `Grammars` compiles one per tokenizer, with a cache (an agent resends the same
+tools every turn) and a bound on compile time; its `matcher` is the one object the loop holds per answer:
 
+- `forced_run(k)`: the tokens the grammar forces next (the closing tags, a required key): the loop makes them
+  the step's first drafts, free to verify (a plain step verifies them instead), before the forward;
 - `fill(bitmask, drafts)`: the allowed tokens at the answer's next position and after each draft in turn,
   into rows of a bitmask (32 tokens a word, as xgrammar writes it), up to the first draft the grammar
-  refuses; rows past it allow everything (the verify stops at that draft whatever they say, see below).
-  Where the grammar allows one token only, that token replaces the draft (`Filled.drafts`): a forced
-  token is a free draft, which the verify accepts with probability 1.
-- `settle(advanced, kept)`: after the verify, the drafts the matcher walked and the tokens the step kept:
-  what was rejected is rolled back, the target's own token accepted.
+  refuses; rows past it allow everything (the verify stops at that draft whatever they say). The loop runs it
+  on the host while the device runs the verify's forward; the rule that reads it runs after;
+- `settle(kept, accepted)`: after the verify, what was rejected is rolled back, the target's own token taken.
 
 Why this stays exact (engine/sampling.py): the verify masks the target's logits at each row with the
 grammar's mask after the tokens before it, so p is the constrained distribution. Drafts are proposals
@@ -42,14 +42,10 @@ CACHE_SIZE = 64  # compiled grammars kept per tokenizer
 
 @dataclass
 class Filled:
-    """What `Matcher.fill` found: the rows it wrote (drafts walked + 1), the drafts it walked (each allowed, or
-    the first refused one last), the drafts as the verify must read them (forced tokens in place) and which
-    of them were replaced."""
+    """What `Matcher.fill` wrote: its rows (the drafts walked + 1) and the drafts it walked (each allowed)."""
 
     rows: int
     advanced: int
-    drafts: list[int]
-    forced: list[int]
 
 
 class Grammars:
@@ -148,30 +144,25 @@ class Matcher:
     def fill(self, bitmask: torch.Tensor, drafts: list[int]) -> Filled:
         """Rows 0..len(drafts) of `bitmask` (on any device): the allowed tokens at the next position and after
         each allowed draft; the drafts walked are accepted into the matcher (`settle` rolls back what the verify
-        rejects). Past the first refused draft the rows allow everything."""
+        rejects). Past the first refused draft, or a drafted end of the answer, the rows allow everything (the
+        verify stops there whatever they say)."""
         T = len(drafts) + 1
         self._rows(T)
-        host, out, forced = self.host, list(drafts), []
-        walked = 0
+        host = self.host
+        walked = rows = 0
         for i in range(T):
             self.raw.fill_next_token_bitmask(host, i)
             self.masks += 1
-            if i == T - 1:
-                break
-            only = _single(host[i], self.grammars.vocab_size)
-            if only is not None and out[i] != only:
-                out[i] = only
-                forced.append(i)
-            if not self.raw.accept_token(out[i]):
-                host[i + 1 : T].fill_(-1)
+            rows = i + 1
+            if i == T - 1 or not self.raw.accept_token(drafts[i]):
                 break
             walked += 1
-            if self.raw.is_terminated():  # a drafted end of the answer: the verify cuts the step there
-                host[i + 1 : T].fill_(-1)
+            if self.raw.is_terminated():
                 break
-        bitmask[:T].copy_(self.host[:T], non_blocking=True)
+        host[rows:T].fill_(-1)
+        bitmask[:T].copy_(host[:T], non_blocking=True)
         self.walked = walked
-        return Filled(min(walked + 1, T), walked, out, forced)
+        return Filled(rows, walked)
 
     def forced_run(self, most: int) -> list[int]:
         """The tokens the grammar forces from here, up to `most` (the matcher is left where it was): the text it

@@ -14,7 +14,9 @@ GrammarError whose message names the part (serve answers it with a 400).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_chat.engine.constraint import Constraint, GrammarError, json_tag, tool_calls_tag
@@ -53,4 +55,36 @@ def answer_constraint(prompt: Prompt, tools: ToolUse | None, output: OutputForma
     return None
 
 
-__all__ = ["GrammarError", "OutputFormat", "answer_constraint"]
+def check_schema(schema: dict, at: str) -> None:
+    """A GrammarError naming the first thing wrong with `schema` as a JSON schema (by its own dialect's
+    metaschema, draft 2020-12 when it names none); `at` is where it was given."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        path = "".join(f"[{part!r}]" for part in exc.path)
+        raise GrammarError(f"'{at}{path}' is not a valid JSON schema: {exc.message[:300]}") from None
+
+
+def read_schema(given: str, at: str = "--json-schema") -> OutputFormat:
+    """A JSON schema given inline (it starts with "{") or as a file's path, checked (GrammarError in words)."""
+    text = given
+    if not given.lstrip().startswith("{"):
+        try:
+            text = Path(given).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise GrammarError(
+                f"{at}: cannot read {given!r} ({exc.__class__.__name__}): give a JSON schema or its file"
+            ) from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GrammarError(f"{at}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(schema, dict):
+        raise GrammarError(f"{at}: a JSON schema is an object, not {type(schema).__name__}")
+    check_schema(schema, at)
+    return OutputFormat(schema, at)
+
+
+__all__ = ["GrammarError", "OutputFormat", "answer_constraint", "check_schema", "json_tag", "read_schema"]

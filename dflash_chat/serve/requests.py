@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from dflash_chat.engine import rules
 from dflash_chat.engine.rules import shown
 from dflash_chat.engine.sampling_params import SamplingParams
-from dflash_chat.runtime.constraint import OutputFormat
+from dflash_chat.runtime.constraint import GrammarError, OutputFormat, check_schema
 from dflash_chat.runtime.prompt import Turn
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve.errors import bad_request
@@ -231,16 +231,8 @@ def output_format(value, where: str, schema_at: str) -> OutputFormat | None:
     schema = holder.get(key)
     if not isinstance(schema, Mapping):
         raise bad_request(f"'{at}' must be a JSON schema (an object).", at)
-    check_schema(dict(schema), at)
-    return OutputFormat(dict(schema), at)
-
-
-def check_schema(schema: dict, at: str) -> None:
-    """A 400 naming the first thing wrong with `schema` as a JSON schema (its own dialect's metaschema)."""
-    import jsonschema
-
     try:
-        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        path = "".join(f"[{part!r}]" for part in exc.path)
-        raise bad_request(f"'{at}{path}' is not a valid JSON schema: {exc.message[:300]}", at) from None
+        check_schema(dict(schema), at)
+    except GrammarError as exc:
+        raise bad_request(str(exc), at) from None
+    return OutputFormat(dict(schema), at)

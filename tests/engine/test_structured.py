@@ -182,23 +182,33 @@ def test_sampled_constrained_speculative_output_has_the_constrained_distribution
     assert drafted > 0
 
 
-def test_a_refused_draft_ends_the_walk_and_a_forced_token_replaces_a_draft(tiny):
+def test_a_refused_draft_ends_the_walk_and_the_forced_tokens_are_proposed(tiny):
     _, grammars = tiny
-    matcher = grammars.matcher(Constraint("ebnf", 'root ::= ("a" | "b") "e" ("g" | "h")'))
+    matcher = grammars.matcher(Constraint("ebnf", 'root ::= ("a" | "b") "e" "f" ("g" | "h")'))
+    assert matcher.forced_run(3) == []  # "a" or "b": nothing forced yet
     bitmask = torch.zeros(4, grammars.words, dtype=torch.int32)
-    # drafts: "a" allowed, "c" wrong where only "e" fits (forced: replaced), then "k" refused
-    filled = matcher.fill(bitmask, [1, 3, 11])
-    assert filled.drafts[:2] == [1, 5] and filled.forced == [1]
-    assert filled.advanced == 2  # "a" and the forced "e"; "k" refused
+    # drafts: "a" allowed, "e" allowed, "k" refused where only "f" fits
+    filled = matcher.fill(bitmask, [1, 5, 11])
+    assert (filled.rows, filled.advanced) == (3, 2)
     allowed = allowed_tokens(bitmask, V)
     assert allowed[0].nonzero().flatten().tolist() == [1, 2]
     assert allowed[1].nonzero().flatten().tolist() == [5]
-    assert allowed[2].nonzero().flatten().tolist() == [7, 8]
+    assert allowed[2].nonzero().flatten().tolist() == [6]
     assert allowed[3].all()  # past the refused draft: anything (the verify stops at it)
-    # the verify kept "a" and its own "e": the matcher is back after them, then takes "h" and ends
+    # the verify kept "a" and its own "e": the matcher is back after them; "f" is forced from there
     matcher.settle([1, 5], accepted=1)
-    matcher.advance([8])
+    assert matcher.forced_run(3) == [6]
+    matcher.advance([6, 8])
     assert matcher.raw.accept_token(0) and matcher.done
+
+
+def test_a_drafted_end_stops_the_walk_without_asking_past_it(tiny):
+    _, grammars = tiny
+    matcher = grammars.matcher(Constraint("ebnf", 'root ::= "a"'))
+    bitmask = torch.zeros(4, grammars.words, dtype=torch.int32)
+    filled = matcher.fill(bitmask, [1, 0, 3])  # "a", the end, then a draft after the end
+    assert (filled.rows, filled.advanced) == (2, 2)
+    assert allowed_tokens(bitmask, V)[1].nonzero().flatten().tolist() == [0] and allowed_tokens(bitmask, V)[2].all()
 
 
 def test_a_schema_that_allows_nothing_or_cannot_compile_is_a_grammar_error(tiny):

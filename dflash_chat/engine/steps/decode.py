@@ -86,6 +86,8 @@ class Steps:
         self.proposed = torch.zeros(self.B, dtype=torch.long, pin_memory=dev.type == "cuda")  # lookup's, on the host
         self.result = torch.zeros(self.B + 2, **long)  # [tokens (first T), ..., n, accepted]
         self.host = torch.zeros(self.B + 2, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.staged = torch.zeros(self.B, dtype=torch.long, pin_memory=dev.type == "cuda")  # drafts, for a grammar
+        self.staged_ready: torch.cuda.Event | None = None
         self.ready: torch.cuda.Event | None = None  # the event after the result's copy to the host (CUDA)
         self.outputs: dict[int, tuple] = {}  # T -> (logits, feats) of the last verify of that size
         self.q: torch.Tensor | None = None  # [B-1, V]: the drafts' processed distributions (sampling)
@@ -321,17 +323,13 @@ class Steps:
             self.q[:k].zero_().scatter_(1, self.ids[1 : k + 1, None], 1.0)
         self.host_s += time.perf_counter() - issued
 
-    def drafted(self, T: int) -> list[int]:
-        """The drafts a verify of T reads, on the host (waits for the queued draft)."""
-        return self.ids[1:T].tolist() if T > 1 else []
-
-    def rewrite(self, drafts: list[int], rows: list[int]) -> None:
-        """Replace the drafts at `rows` (0-based among the drafts) by `drafts`' tokens there, as fixed proposals
-        (a one-hot q, as `place`): the grammar's forced tokens."""
+    def rewrite(self, tokens: list[int], rows: list[int]) -> None:
+        """Replace the drafts at `rows` (0-based among the drafts) by `tokens`, as fixed proposals (a one-hot q, as
+        `place`): the grammar's forced tokens."""
         if not rows:
             return
         index = torch.tensor(rows, dtype=torch.long)
-        values = torch.tensor([drafts[r] for r in rows], dtype=torch.long)
+        values = torch.tensor(tokens, dtype=torch.long)
         self.ids[1:].index_copy_(0, index.to(self.device), values.to(self.device))
         if not self.params.greedy:
             assert self.q is not None, "sampled drafts need their q"
@@ -339,16 +337,39 @@ class Steps:
             self.q.index_fill_(0, at, 0.0)
             self.q.index_put_((at, values.to(self.device)), torch.ones(len(rows), device=self.device))
 
-    def verify(self, T: int, remaining: int) -> None:
-        """Verify [last, d1..d(T-1)]: the target's forward and the verify rule; `remaining` >= 1 tokens may come."""
+    def verify(self, T: int, remaining: int, between: Callable[[], None] | None = None) -> None:
+        """Verify [last, d1..d(T-1)]: the target's forward and the verify rule; `remaining` >= 1 tokens may come.
+        `between` runs on the host once the forward is queued, before the rule is: a grammar's masks are
+        computed there while the device runs the forward (its time is not counted as the steps' host time)."""
         issued = time.perf_counter()
         self.remaining.fill_(remaining)
         if not self.params.greedy:
             draws, generator = self._randomness()
             draws.fill(generator, T, self.columns)
         self._run(Entry(Steps._verify, T))
+        self.host_s += time.perf_counter() - issued
+        if between is not None:
+            between()
+        issued = time.perf_counter()
         self._run(Entry(Steps._accept, T, self._accepting()))
         self.host_s += time.perf_counter() - issued
+
+    def stage_drafts(self, T: int) -> None:
+        """Queue the copy of the drafts a verify of T reads to the host (`staged_drafts` reads it), so that reading
+        them waits for the draft only, not for work queued after it."""
+        if T > 1:
+            self.staged[: T - 1].copy_(self.ids[1:T], non_blocking=True)
+            if self.device.type == "cuda":
+                self.staged_ready = torch.cuda.Event()
+                self.staged_ready.record()
+
+    def staged_drafts(self, T: int) -> list[int]:
+        if T == 1:
+            return []
+        if self.staged_ready is not None:
+            self.staged_ready.synchronize()
+            self.staged_ready = None
+        return self.staged[: T - 1].tolist()
 
     def _randomness(self) -> tuple[Draws, torch.Generator]:
         """A sampled step's draws and generator (`begin` sets them)."""
