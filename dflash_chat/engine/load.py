@@ -30,6 +30,7 @@ from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.models.vision import VisionConfig, VisionTower
 from dflash_chat.engine.parked import DEFAULT_PARK_BUDGET
 from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.prefix_cache import DEFAULT_BUDGET
@@ -38,6 +39,7 @@ from dflash_chat.engine.spec import Engine
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf
 from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
+from dflash_chat.engine.weights.mmproj import read_mmproj
 from dflash_chat.engine.weights.safetensors import read_safetensors
 
 
@@ -196,6 +198,42 @@ def load_mtp(path: str | Path, target: TargetModel, placement: Placement | None 
     fuse_projections(head)
     head.bind(target)
     return head.eval()
+
+
+VISUAL_PREFIX = "model.visual."
+
+
+def load_vision(path: str | Path, device=None, dtype=None, placement: Placement | None = None) -> VisionTower:
+    """The vision tower from a Hugging Face folder (`vision_config`, `model.visual.*`) or an mmproj GGUF."""
+    device = torch.device(device) if device else default_device()
+    dtype = dtype or default_dtype(device)
+    kind, path = resolve_model_path(path, "vision tower")
+    tensors: Mapping[str, Any]
+    config: Any
+    if kind == "gguf":
+        mmproj = read_mmproj(path)
+        config, tensors = mmproj.vision_config, mmproj.tensors
+    else:
+        config = read_config(path, "target").get("vision_config")
+        if not isinstance(config, dict):
+            raise ModelFormatError(f"{path} has no vision_config: this model reads no images")
+        raw = read_safetensors(path).tensors
+        tensors = LazyTensors(
+            {
+                name.removeprefix(VISUAL_PREFIX): partial(raw.__getitem__, name)
+                for name in raw
+                if name.startswith(VISUAL_PREFIX)
+            }
+        )
+    try:
+        cfg = VisionConfig.from_dict(config)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path}: {exc}") from None
+    with torch.device("meta"):
+        tower = VisionTower(cfg)
+    materialise(tower, tensors, device, dtype, "vision tower", placement=placement)
+    _check_materialised(tower, "vision tower")
+    return tower.eval()
 
 
 def _tie_lm_head(model: TargetModel) -> None:
