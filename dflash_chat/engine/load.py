@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
 from dflash_chat.engine.models.vision import VisionConfig, VisionTower
+from dflash_chat.engine.models.vision_input import ImageConfig
 from dflash_chat.engine.parked import DEFAULT_PARK_BUDGET
 from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.prefix_cache import DEFAULT_BUDGET
@@ -204,7 +205,8 @@ VISUAL_PREFIX = "model.visual."
 
 
 def load_vision(path: str | Path, device=None, dtype=None, placement: Placement | None = None) -> VisionTower:
-    """The vision tower from a Hugging Face folder (`vision_config`, `model.visual.*`) or an mmproj GGUF."""
+    """The vision tower from a Hugging Face folder (`vision_config`, `model.visual.*`, `preprocessor_config.json`)
+    or an mmproj GGUF (its image mean and std; the pixel budget Qwen3.5's own processor declares)."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     kind, path = resolve_model_path(path, "vision tower")
@@ -213,6 +215,7 @@ def load_vision(path: str | Path, device=None, dtype=None, placement: Placement 
     if kind == "gguf":
         mmproj = read_mmproj(path)
         config, tensors = mmproj.vision_config, mmproj.tensors
+        images = ImageConfig(image_mean=mmproj.image_mean, image_std=mmproj.image_std)
     else:
         config = read_config(path, "target").get("vision_config")
         if not isinstance(config, dict):
@@ -225,6 +228,7 @@ def load_vision(path: str | Path, device=None, dtype=None, placement: Placement 
                 if name.startswith(VISUAL_PREFIX)
             }
         )
+        images = ImageConfig.from_folder(path) or ImageConfig()
     try:
         cfg = VisionConfig.from_dict(config)
     except ModelFormatError as exc:
@@ -233,6 +237,10 @@ def load_vision(path: str | Path, device=None, dtype=None, placement: Placement 
         tower = VisionTower(cfg)
     materialise(tower, tensors, device, dtype, "vision tower", placement=placement)
     _check_materialised(tower, "vision tower")
+    # the tower's own patch and merge sizes; the budget, mean and std from the files
+    tower.images = replace(
+        images, **{f: getattr(tower.images, f) for f in ("patch_size", "merge_size", "temporal_patch_size")}
+    )
     return tower.eval()
 
 

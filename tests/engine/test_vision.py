@@ -211,6 +211,29 @@ def test_mmproj_gguf_loads_the_same_tower(vlm, tmp_path, ftype):
         assert all(torch.equal(ours[k], v) for k, v in from_hf.state_dict().items())
 
 
+def test_the_loaded_tower_preprocesses_as_its_files_say(vlm, tmp_path):
+    """The folder's preprocessor_config.json (pixel budget, mean, std), and an mmproj's mean and std; patch and merge
+    sizes are always the tower's own."""
+    import json
+    import shutil
+
+    model, folder = vlm
+    local = tmp_path / "with-processor"
+    shutil.copytree(folder, local)
+    declared = {"size": {"shortest_edge": 256, "longest_edge": 2048}, "patch_size": 4, "merge_size": 2}
+    (local / "preprocessor_config.json").write_text(json.dumps({**declared, "image_mean": [0.25] * 3}))
+    images = load_vision(local, "cpu", torch.float32).images
+    assert (images.min_pixels, images.max_pixels, images.image_mean, images.patch_size) == (256, 2048, (0.25,) * 3, 4)
+    visual = {
+        k.removeprefix("model.visual."): v for k, v in model.state_dict().items() if k.startswith("model.visual.")
+    }
+    clip_mean, clip_std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+    path = write_mmproj_gguf(tmp_path / "mmproj.gguf", visual, VISION, 64, "F32", clip_mean, clip_std)
+    images = load_vision(path, "cpu", torch.float32).images
+    np.testing.assert_allclose(images.image_mean + images.image_std, clip_mean + clip_std, rtol=1e-6)
+    assert (images.patch_size, images.merge_size, images.max_pixels) == (4, 2, 16777216)
+
+
 def test_mmproj_of_another_projector_is_refused(tmp_path):
     import gguf
 

@@ -29,8 +29,7 @@ from torch import nn
 
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.limits import DEFAULT_LIMIT, LIMITS
-
-Grid = tuple[int, int, int]  # (t, h, w) in patches, as transformers' image_grid_thw
+from dflash_chat.engine.models.vision_input import Grid, ImageConfig
 
 
 @dataclass(frozen=True)
@@ -190,6 +189,8 @@ class VisionTower(nn.Module):
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg)
+        # how images are made into this tower's input (the loader sets the checkpoint's budget, mean and std)
+        self.images = ImageConfig(cfg.patch_size, cfg.spatial_merge_size, cfg.temporal_patch_size)
 
     @property
     def vision_blocks(self) -> Sequence[VisionBlock]:

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash_chat.engine.models.vision import Grid
+from dflash_chat.engine.errors import ModelFormatError
 
+Grid = tuple[int, int, int]  # an image's (t, h, w) in patches, as transformers' image_grid_thw
 MAX_ASPECT = 200  # the reference refuses images longer than this many times their width (or the other way)
 
 
@@ -55,9 +56,17 @@ class ImageConfig:
         )
 
     @classmethod
-    def from_folder(cls, folder: Path) -> ImageConfig:
+    def from_folder(cls, folder: Path) -> ImageConfig | None:
+        """A folder's `preprocessor_config.json`, or None when it has none."""
         path = Path(folder) / "preprocessor_config.json"
-        return cls.from_dict(json.loads(path.read_text())) if path.is_file() else cls()
+        if not path.is_file():
+            return None
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ModelFormatError(
+                f"{path} is not a valid preprocessor config ({exc}): re-download the model"
+            ) from None
 
 
 def smart_resize(height: int, width: int, cfg: ImageConfig) -> tuple[int, int]:
