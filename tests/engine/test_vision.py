@@ -18,9 +18,9 @@ from dflash_chat.bench.tiny_target import _randomise, target_config
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.load import load_target, load_vision
 from dflash_chat.engine.models.image_prompt import rope_positions, splice
-from dflash_chat.engine.models.vision import merged_tokens
+from dflash_chat.engine.models.vision import VisionConfig, merged_tokens
 from dflash_chat.engine.models.vision_input import ImageConfig, preprocess
-from tests.engine.gguf_write import write_mmproj_gguf
+from tests.engine.gguf_write import write_mmproj_gguf, write_target_gguf
 
 IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 390, 391, 392, 393
 VISION = {
@@ -93,14 +93,10 @@ def _prompt(grids) -> torch.Tensor:
     """Text, then each image's placeholders between vision start and end, then more text."""
     ids = [5, 17, 3]
     for grid in grids:
-        ids += [VISION_START] + [IMAGE_TOKEN] * merged_tokens(load_vision_cfg(), grid) + [VISION_END, 44, 9]
+        ids += (
+            [VISION_START] + [IMAGE_TOKEN] * merged_tokens(VisionConfig.from_dict(VISION), grid) + [VISION_END, 44, 9]
+        )
     return torch.tensor(ids + [7, 8, 100])
-
-
-def load_vision_cfg():
-    from dflash_chat.engine.models.vision import VisionConfig
-
-    return VisionConfig.from_dict(VISION)
 
 
 def _reference(model, ids, pixels, grids, **kwargs):
@@ -143,6 +139,27 @@ def test_image_prompt_logits_match_transformers(vlm, count):
     ours_next, _ = target(nxt, state, logits="all", rope_positions=torch.full((3, 1), n + rope.delta))
     assert rope.delta < 0  # an image of N tokens takes fewer than N positions
     torch.testing.assert_close(ours_next.double(), ref_next, atol=1e-4, rtol=0)
+
+
+def test_gguf_pair_matches_transformers(vlm, tmp_path):
+    """A target GGUF and an mmproj GGUF (F32, as llama.cpp's converter writes them) answer an image prompt as the
+    reference does: the text model's M-RoPE sections come from `rope.dimension_sections`."""
+    model, _ = vlm
+    state = model.state_dict()
+    text = {"model." + k.removeprefix("model.language_model."): v for k, v in state.items() if "language_model." in k}
+    text["lm_head.weight"] = state["lm_head.weight"]
+    visual = {k.removeprefix("model.visual."): v for k, v in state.items() if k.startswith("model.visual.")}
+    target_path = write_target_gguf(tmp_path / "target.gguf", text, model.config.text_config.to_dict(), "F32")
+    mmproj_path = write_mmproj_gguf(tmp_path / "mmproj.gguf", visual, VISION, 64, "F32")
+    images = _images()
+    pixels, grids = preprocess(images, IMAGES)
+    ids = _prompt(grids)
+    with torch.no_grad():
+        ref = _reference(model, ids, pixels, grids).logits[0]
+    target = load_target(target_path, "cpu", torch.float32)
+    assert target.cfg.mrope_section == (2, 1, 1)
+    logits, _, _ = _ours(target, load_vision(mmproj_path, "cpu", torch.float32), ids, images)
+    torch.testing.assert_close(logits.double(), ref, atol=1e-4, rtol=0)
 
 
 def test_text_prompt_still_rotates_by_position(vlm):
