@@ -3,9 +3,9 @@
 Qwen3_5ForConditionalGeneration (and its MoE twin) is the reference: our target (float32), with the tower's features
 spliced into its embeddings and M-RoPE positions, must give its logits within 1e-4 for prompts with one image and
 with two of different sizes. The reference runs the same float32 weights in float64: its own float32 run carries
-about 6e-5 of rounding on these prompts (its chunked Gated DeltaNet), ours about as much, so against each other
-the two float32 runs differ by up to twice that; our preprocessing must give its image processor's pixels; a tower loaded from an mmproj GGUF
-in llama.cpp's converter layout must equal the one loaded from the HF folder.
+about 6e-5 of rounding on these prompts (its chunked Gated DeltaNet), ours about as much, so against each other the
+two float32 runs differ by up to twice that. Our preprocessing must give its image processor's pixels, and a tower
+loaded from an mmproj GGUF in llama.cpp's converter layout must equal the one loaded from the HF folder.
 """
 
 from __future__ import annotations
@@ -175,29 +175,54 @@ def test_text_prompt_still_rotates_by_position(vlm):
     assert rope.delta == 0 and torch.equal(rope.positions, torch.arange(10).expand(3, -1))
 
 
+def _processor(cfg: ImageConfig):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        patch_size=cfg.patch_size,
+        merge_size=cfg.merge_size,
+        temporal_patch_size=cfg.temporal_patch_size,
+        image_mean=list(cfg.image_mean),
+        image_std=list(cfg.image_std),
+        size={"shortest_edge": cfg.min_pixels, "longest_edge": cfg.max_pixels},
+    )
+
+
+def _assert_preprocessed_alike(images, cfg: ImageConfig) -> None:
+    reference = _processor(cfg)
+    for image in images:
+        want = reference(images=[image], return_tensors="np")
+        pixels, grids = preprocess([image], cfg)
+        assert grids == [tuple(int(v) for v in want["image_grid_thw"][0])]
+        np.testing.assert_array_equal(pixels.numpy(), want["pixel_values"])
+
+
 def test_preprocessing_equals_the_image_processor():
     """Pixels and grids as transformers' Qwen2VLImageProcessor (Pillow) makes them, for RGB, RGBA, grey and
     palette images, one scaled up to the budget's floor and one down into its ceiling."""
     from PIL import Image
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    reference = Qwen2VLImageProcessorPil(
-        patch_size=4,
-        merge_size=2,
-        temporal_patch_size=2,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-        size={"shortest_edge": IMAGES.min_pixels, "longest_edge": IMAGES.max_pixels},
-    )
     gen = np.random.default_rng(3)
     grey = Image.fromarray(gen.integers(0, 256, (33, 17), dtype=np.uint8), mode="L")
     palette = Image.fromarray(gen.integers(0, 256, (50, 70, 3), dtype=np.uint8)).convert("P")
-    images = [*_images(), grey, palette, Image.fromarray(gen.integers(0, 256, (9, 12, 3), dtype=np.uint8))]
-    for image in images:
-        want = reference(images=[image], return_tensors="np")
-        pixels, grids = preprocess([image], IMAGES)
-        assert grids == [tuple(int(v) for v in want["image_grid_thw"][0])]
-        np.testing.assert_array_equal(pixels.numpy(), want["pixel_values"])
+    tiny = Image.fromarray(gen.integers(0, 256, (9, 12, 3), dtype=np.uint8))
+    _assert_preprocessed_alike([*_images(), grey, palette, tiny], IMAGES)
+
+
+def test_preprocessing_with_qwen35s_own_config():
+    """Qwen3.5's published preprocessor_config.json (patch 16, merge 2, 256^2 to 4096^2 px, mean and std 0.5): a
+    photo-sized image resized to multiples of 32 and a small one scaled up to the budget's floor."""
+    from PIL import Image
+
+    gen = np.random.default_rng(4)
+    photo = Image.fromarray(gen.integers(0, 256, (700, 1000, 3), dtype=np.uint8))
+    small = Image.fromarray(gen.integers(0, 256, (80, 100, 3), dtype=np.uint8))
+    cfg = ImageConfig.from_dict(
+        {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "merge_size": 2}
+    )
+    assert cfg == ImageConfig()
+    _assert_preprocessed_alike([photo, small], cfg)
+    assert preprocess([photo], cfg)[1] == [(1, 44, 62)]  # 704 x 992 px
 
 
 @pytest.mark.parametrize("ftype", ["F32", "F16", "BF16", "Q8_0"])
