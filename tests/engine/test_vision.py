@@ -17,7 +17,7 @@ import torch
 from dflash_chat.bench.tiny_target import _randomise, target_config
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.load import load_target, load_vision
-from dflash_chat.engine.models.image_prompt import rope_positions, splice
+from dflash_chat.engine.models.image_prompt import build, expand, rope_positions
 from dflash_chat.engine.models.vision import VisionConfig, merged_tokens
 from dflash_chat.engine.models.vision_input import ImageConfig, preprocess
 from tests.engine.gguf_write import write_mmproj_gguf, write_target_gguf
@@ -89,14 +89,17 @@ def _images():
     return [wide, tall]
 
 
-def _prompt(grids) -> torch.Tensor:
-    """Text, then each image's placeholders between vision start and end, then more text."""
+def _prompt(counts) -> list[int]:
+    """Text, then each image's placeholders (counts[i] of them) between vision start and end, then more text."""
     ids = [5, 17, 3]
-    for grid in grids:
-        ids += (
-            [VISION_START] + [IMAGE_TOKEN] * merged_tokens(VisionConfig.from_dict(VISION), grid) + [VISION_END, 44, 9]
-        )
-    return torch.tensor(ids + [7, 8, 100])
+    for count in counts:
+        ids += [VISION_START] + [IMAGE_TOKEN] * count + [VISION_END, 44, 9]
+    return ids + [7, 8, 100]
+
+
+def _expanded(grids) -> torch.Tensor:
+    """The prompt as transformers' processor expands it for images of `grids`."""
+    return torch.tensor(_prompt([merged_tokens(VisionConfig.from_dict(VISION), g) for g in grids]))
 
 
 def _reference(model, ids, pixels, grids, **kwargs):
@@ -109,13 +112,14 @@ def _reference(model, ids, pixels, grids, **kwargs):
     )
 
 
-def _ours(target, tower, ids, images):
-    pixels, grids = preprocess(images, IMAGES)
-    embeds = splice(target.model.embed_tokens(ids), ids, IMAGE_TOKEN, tower(pixels, grids))
-    rope = rope_positions(ids, IMAGE_TOKEN, grids, tower.cfg.spatial_merge_size)
+def _ours(target, tower, images):
+    """Our logits for the prompt with one placeholder per image (as the chat template writes it), the rope
+    positions and the state after it."""
+    tower.images = IMAGES
+    prompt = build(_prompt([1] * len(images)), images, tower, target.model.embed_tokens, IMAGE_TOKEN)
     state = target.new_state(256)
-    logits, _ = target(ids, state, logits="all", embeds=embeds, rope_positions=rope.positions)
-    return logits, rope, state
+    logits, _ = target(prompt.ids, state, logits="all", embeds=prompt.embeds, rope_positions=prompt.rope.positions)
+    return logits, prompt, state
 
 
 @pytest.mark.parametrize("count", [1, 2])
@@ -123,13 +127,14 @@ def test_image_prompt_logits_match_transformers(vlm, count):
     model, folder = vlm
     images = _images()[:count]
     pixels, grids = preprocess(images, IMAGES)
-    ids = _prompt(grids)
+    ids = _expanded(grids)
     with torch.no_grad():
         ref = _reference(model, ids, pixels, grids, use_cache=True)
     target = load_target(folder, "cpu", torch.float32)
-    tower = load_vision(folder, "cpu", torch.float32)
-    logits, rope, state = _ours(target, tower, ids, images)
+    logits, prompt, state = _ours(target, load_vision(folder, "cpu", torch.float32), images)
+    assert torch.equal(prompt.ids, ids)  # each placeholder expanded as the processor does
     torch.testing.assert_close(logits.double(), ref.logits[0], atol=1e-4, rtol=0)
+    rope = prompt.rope
 
     # the next token rotates at its sequence index plus the prompt's delta, as generate() does
     nxt = torch.tensor([int(ref.logits[0, -1].argmax())])
@@ -153,12 +158,11 @@ def test_gguf_pair_matches_transformers(vlm, tmp_path):
     mmproj_path = write_mmproj_gguf(tmp_path / "mmproj.gguf", visual, VISION, 64, "F32")
     images = _images()
     pixels, grids = preprocess(images, IMAGES)
-    ids = _prompt(grids)
     with torch.no_grad():
-        ref = _reference(model, ids, pixels, grids).logits[0]
+        ref = _reference(model, _expanded(grids), pixels, grids).logits[0]
     target = load_target(target_path, "cpu", torch.float32)
     assert target.cfg.mrope_section == (2, 1, 1)
-    logits, _, _ = _ours(target, load_vision(mmproj_path, "cpu", torch.float32), ids, images)
+    logits, _, _ = _ours(target, load_vision(mmproj_path, "cpu", torch.float32), images)
     torch.testing.assert_close(logits.double(), ref, atol=1e-4, rtol=0)
 
 
@@ -292,6 +296,8 @@ def test_mmproj_of_another_projector_is_refused(tmp_path):
 
 
 def test_placeholders_that_do_not_fit_the_images_are_refused():
+    with pytest.raises(ValueError, match="2 image placeholders for 1 images"):
+        expand([IMAGE_TOKEN, 1, IMAGE_TOKEN], IMAGE_TOKEN, [4])
     grids = [(1, 4, 4)]  # 4 tokens
     with pytest.raises(ValueError, match="fewer placeholders"):
         rope_positions([1, IMAGE_TOKEN, IMAGE_TOKEN, 2], IMAGE_TOKEN, grids, 2)

@@ -6,7 +6,11 @@ rotate by (the Gated DeltaNet layers take no positions). Written from the facts 
 Text tokens have all three positions equal, so a prompt without images rotates exactly as plain RoPE does. An image
 of llm grid (t, gh, gw) (its patch grid over the merge size) starting at position s puts token (i, j, k) at
 (s + i, s + j, s + k); the text after it continues at s + max(gh, gw). So a prompt's last position is below its
-length, and a token at sequence index n past the prompt rotates at n + `delta` in all three (delta <= 0).
+length, and a token at sequence index n past the prompt rotates at n + `delta` in all three (delta <= 0): plain
+RoPE at n + delta.
+
+The chat template writes one placeholder per image (`<|vision_start|><|image_pad|><|vision_end|>`); `expand` repeats
+each to its image's token count, as transformers' Qwen3VLProcessor does, and `build` makes the whole input.
 """
 
 from __future__ import annotations
@@ -15,18 +19,50 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from dflash_chat.engine.models.layers import Rotary
-from dflash_chat.engine.models.vision import Grid
-
-# transformers' default `mrope_section` for Qwen3.5 (rotary half-width 32 = 11 + 11 + 10)
-DEFAULT_MROPE_SECTION = (11, 11, 10)
+from dflash_chat.engine.models.vision import VisionTower, merged_tokens
+from dflash_chat.engine.models.vision_input import Grid, preprocess
 
 
 @dataclass(frozen=True)
 class RopePositions:
     positions: torch.Tensor  # [3, T] int64: temporal, height, width
     delta: int  # a token at sequence index n after these rotates at n + delta
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    """What the target runs for a prompt with images: `TargetModel.forward(ids, state, embeds=, rope_positions=)`."""
+
+    ids: torch.Tensor  # [T], each image's placeholders expanded
+    embeds: torch.Tensor  # [T, H], the placeholders' rows the tower's features
+    rope: RopePositions
+
+
+def build(
+    ids: Sequence[int], images: Sequence, tower: VisionTower, embed_tokens: nn.Module, image_token_id: int
+) -> ImagePrompt:
+    """The input of a prompt rendered with one placeholder per image, for Pillow `images` in their order."""
+    pixels, grids = preprocess(images, tower.images)
+    expanded = torch.tensor(expand(ids, image_token_id, [merged_tokens(tower.cfg, g) for g in grids]))
+    weight = next(embed_tokens.parameters())
+    expanded = expanded.to(weight.device)
+    embeds = splice(embed_tokens(expanded), expanded, image_token_id, tower(pixels, grids))
+    return ImagePrompt(expanded, embeds, rope_positions(expanded, image_token_id, grids, tower.cfg.spatial_merge_size))
+
+
+def expand(ids: Sequence[int], image_token_id: int, counts: Sequence[int]) -> list[int]:
+    """`ids` with the i-th image placeholder repeated counts[i] times."""
+    placeholders = sum(1 for t in ids if t == image_token_id)
+    if placeholders != len(counts):
+        raise ValueError(f"the prompt holds {placeholders} image placeholders for {len(counts)} images")
+    out: list[int] = []
+    images = iter(counts)
+    for t in ids:
+        out.extend([t] * next(images) if t == image_token_id else [t])
+    return out
 
 
 def rope_positions(
