@@ -146,6 +146,33 @@ def test_image_prompt_logits_match_transformers(vlm, count):
     torch.testing.assert_close(ours_next.double(), ref_next, atol=1e-4, rtol=0)
 
 
+def test_a_prompt_continued_in_parts_answers_as_in_one(vlm):
+    """The held tokens' delta carries over: a prompt run as two forwards, an image in each, gives the logits of one
+    forward over the whole (what prefix reuse relies on)."""
+    _, folder = vlm
+    target = load_target(folder, "cpu", torch.float32)
+    tower = load_vision(folder, "cpu", torch.float32)
+    tower.images = IMAGES
+    wide, tall = _images()
+    whole = build(_prompt([1, 1]), [wide, tall], tower, target.model.embed_tokens, IMAGE_TOKEN)
+    first_ids = _prompt([1])[:-3]  # up to the text after the first image
+    first = build(first_ids, [wide], tower, target.model.embed_tokens, IMAGE_TOKEN)
+    rest_ids = [VISION_START, IMAGE_TOKEN, VISION_END, 44, 9, 7, 8, 100]
+    n = first.ids.shape[0]
+    rest = build(rest_ids, [tall], tower, target.model.embed_tokens, IMAGE_TOKEN, start=n, delta=first.rope.delta)
+    assert torch.equal(torch.cat([first.ids, rest.ids]), whole.ids)
+    assert torch.equal(torch.cat([first.rope.positions, rest.rope.positions], dim=1), whole.rope.positions)
+    assert rest.rope.delta == whole.rope.delta
+    state = target.new_state(256)
+    parts = [
+        target(p.ids, state, logits="all", embeds=p.embeds, rope_positions=p.rope.positions)[0] for p in (first, rest)
+    ]
+    at_once = target(
+        whole.ids, target.new_state(256), logits="all", embeds=whole.embeds, rope_positions=whole.rope.positions
+    )[0]
+    torch.testing.assert_close(torch.cat(parts), at_once, atol=1e-4, rtol=0)  # as test_parity's incremental runs
+
+
 def test_gguf_pair_matches_transformers(vlm, tmp_path):
     """A target GGUF and an mmproj GGUF (F32, as llama.cpp's converter writes them) answer an image prompt as the
     reference does: the text model's M-RoPE sections come from `rope.dimension_sections`."""

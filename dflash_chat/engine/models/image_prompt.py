@@ -42,15 +42,23 @@ class ImagePrompt:
 
 
 def build(
-    ids: Sequence[int], images: Sequence, tower: VisionTower, embed_tokens: nn.Module, image_token_id: int
+    ids: Sequence[int],
+    images: Sequence,
+    tower: VisionTower,
+    embed_tokens: nn.Module,
+    image_token_id: int,
+    start: int = 0,
+    delta: int = 0,
 ) -> ImagePrompt:
-    """The input of a prompt rendered with one placeholder per image, for Pillow `images` in their order."""
+    """The input of a prompt rendered with one placeholder per image, for Pillow `images` in their order; `start`
+    and `delta` as `rope_positions` takes them, for a prompt that continues held tokens."""
     pixels, grids = preprocess(images, tower.images)
     expanded = torch.tensor(expand(ids, image_token_id, [merged_tokens(tower.cfg, g) for g in grids]))
     weight = next(embed_tokens.parameters())
     expanded = expanded.to(weight.device)
     embeds = splice(embed_tokens(expanded), expanded, image_token_id, tower(pixels, grids))
-    return ImagePrompt(expanded, embeds, rope_positions(expanded, image_token_id, grids, tower.cfg.spatial_merge_size))
+    rope = rope_positions(expanded, image_token_id, grids, tower.cfg.spatial_merge_size, start, delta)
+    return ImagePrompt(expanded, embeds, rope)
 
 
 def expand(ids: Sequence[int], image_token_id: int, counts: Sequence[int]) -> list[int]:
