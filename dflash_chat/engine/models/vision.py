@@ -246,7 +246,7 @@ class VisionTower(nn.Module):
         rows = torch.arange(h, device=device)[:, None].expand(h, w)
         cols = torch.arange(w, device=device)[None, :].expand(h, w)
         blocks = (h // m, m, w // m, m)
-        return tuple(a.reshape(blocks).transpose(1, 2).reshape(-1) for a in (rows, cols))  # type: ignore[return-value]
+        return rows.reshape(blocks).transpose(1, 2).reshape(-1), cols.reshape(blocks).transpose(1, 2).reshape(-1)
 
 
 def _taps(index: torch.Tensor, size: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from dflash_chat.engine.errors import ModelFormatError
-from dflash_chat.engine.weights.gguf import LazyTensors, _check_types, _raw
+from dflash_chat.engine.weights.gguf import LazyTensors, check_types, raw_tensor
 from dflash_chat.engine.weights.gguf_file import read_header
 from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
@@ -67,7 +67,7 @@ def gguf_names(depth: int) -> dict[str, str]:
 
 def _float(record) -> torch.Tensor:
     """A tensor record as floats of its own shape (ne reversed; F32/F16/BF16 as stored, blocks decoded)."""
-    t = _raw(record)
+    t = raw_tensor(record)
     t = t.dequantize() if isinstance(t, QuantTensor) else t
     return t.reshape(tuple(int(d) for d in reversed(record.shape.tolist())))
 
@@ -89,7 +89,7 @@ def read_mmproj(path: str | Path) -> Mmproj:
         )
     if not kv.get("clip.has_vision_encoder", True):
         raise ModelFormatError(f"{path} has no vision encoder: pass the mmproj file made for this model")
-    _check_types(path, header)
+    check_types(path, header)
     by_name = {t.name: t for t in header.tensors}
     try:
         cfg = _vision_config(kv, by_name)
