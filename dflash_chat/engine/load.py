@@ -201,12 +201,23 @@ def load_mtp(path: str | Path, target: TargetModel, placement: Placement | None 
     return head.eval()
 
 
-VISUAL_PREFIX = "model.visual."
+VISUAL_PREFIXES = ("model.visual.", "visual.")
 
 
-def load_vision(path: str | Path, device=None, dtype=None, placement: Placement | None = None) -> VisionTower:
+def load_vision(
+    path: str | Path,
+    device=None,
+    dtype=None,
+    placement: Placement | None = None,
+    *,
+    target: TargetModel | None = None,
+) -> VisionTower:
     """The vision tower from a Hugging Face folder (`vision_config`, `model.visual.*`, `preprocessor_config.json`)
-    or an mmproj GGUF (its image mean and std; the pixel budget Qwen3.5's own processor declares)."""
+    or an mmproj GGUF (its image mean and std; the pixel budget Qwen3.5's own processor declares). With `target`,
+    on its device and dtype, and refused when its features are not the target's width."""
+    if target is not None:
+        param = target.model.norm.weight
+        device, dtype = device or param.device, dtype or param.dtype
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     kind, path = resolve_model_path(path, "vision tower")
@@ -217,22 +228,16 @@ def load_vision(path: str | Path, device=None, dtype=None, placement: Placement 
         config, tensors = mmproj.vision_config, mmproj.tensors
         images = ImageConfig(image_mean=mmproj.image_mean, image_std=mmproj.image_std)
     else:
-        config = read_config(path, "target").get("vision_config")
-        if not isinstance(config, dict):
-            raise ModelFormatError(f"{path} has no vision_config: this model reads no images")
-        raw = read_safetensors(path).tensors
-        tensors = LazyTensors(
-            {
-                name.removeprefix(VISUAL_PREFIX): partial(raw.__getitem__, name)
-                for name in raw
-                if name.startswith(VISUAL_PREFIX)
-            }
-        )
-        images = ImageConfig.from_folder(path) or ImageConfig()
+        config, tensors, images = _folder_vision(path)
     try:
         cfg = VisionConfig.from_dict(config)
     except ModelFormatError as exc:
         raise ModelFormatError(f"{path}: {exc}") from None
+    if target is not None and cfg.out_hidden_size != target.cfg.hidden_size:
+        raise ModelFormatError(
+            f"{path}: the vision tower gives {cfg.out_hidden_size}-wide features, the target's hidden size is "
+            f"{target.cfg.hidden_size}: it belongs to another model; use the mmproj file made for this one"
+        )
     with torch.device("meta"):
         tower = VisionTower(cfg)
     materialise(tower, tensors, device, dtype, "vision tower", placement=placement)
@@ -242,6 +247,20 @@ def load_vision(path: str | Path, device=None, dtype=None, placement: Placement 
         images, **{f: getattr(tower.images, f) for f in ("patch_size", "merge_size", "temporal_patch_size")}
     )
     return tower.eval()
+
+
+def _folder_vision(path: Path) -> tuple[dict, LazyTensors, ImageConfig]:
+    """(vision_config, the tower's tensors named as ours, its preprocessing) of a Hugging Face folder."""
+    config = read_config(path, "target").get("vision_config")
+    if not isinstance(config, dict):
+        raise ModelFormatError(f"{path} has no vision_config: this model reads no images")
+    raw = read_safetensors(path).tensors
+    ours = {}
+    for name in raw:
+        prefix = next((p for p in VISUAL_PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+            ours[name.removeprefix(prefix)] = partial(raw.__getitem__, name)
+    return config, LazyTensors(ours), ImageConfig.from_folder(path) or ImageConfig()
 
 
 def _tie_lm_head(model: TargetModel) -> None:

@@ -429,8 +429,10 @@ def write_mmproj_gguf(
     ftype: str = "F16",
     image_mean=(0.5, 0.5, 0.5),
     image_std=(0.5, 0.5, 0.5),
+    deepstack: list[bool] | None = None,
 ) -> Path:
-    """An mmproj GGUF from a Qwen3.5 tower's HF tensors (names after `model.visual.`) and its vision_config."""
+    """An mmproj GGUF from a Qwen3.5 tower's HF tensors (names after `model.visual.`) and its vision_config;
+    `deepstack` marks layers as Qwen3-VL's converter does (Qwen3.5's: none)."""
     writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_type(gguf.GGUFType.MMPROJ)
     writer.add_file_type(_FILE_TYPE[ftype])
@@ -449,7 +451,7 @@ def write_mmproj_gguf(
     writer.add_vision_use_gelu(True)
     writer.add_vision_spatial_merge_size(vision_cfg["spatial_merge_size"])
     writer.add_vision_attention_layernorm_eps(1e-6)
-    writer.add_vision_is_deepstack_layers([False] * vision_cfg["depth"])
+    writer.add_vision_is_deepstack_layers(deepstack or [False] * vision_cfg["depth"])
     for hf, t in visual.items():
         names_out = _mmproj_name(hf)
         parts = [t[:, :, 0], t[:, :, 1]] if len(names_out) == 2 else [t]

@@ -89,6 +89,11 @@ def _images():
     return [wide, tall]
 
 
+def _visual(model) -> dict[str, torch.Tensor]:
+    """The tower's tensors as the mmproj writer takes them (`model.visual.` taken off)."""
+    return {k.removeprefix("model.visual."): v for k, v in model.state_dict().items() if k.startswith("model.visual.")}
+
+
 def _prompt(counts) -> list[int]:
     """Text, then each image's placeholders (counts[i] of them) between vision start and end, then more text."""
     ids = [5, 17, 3]
@@ -263,9 +268,7 @@ def test_mmproj_gguf_loads_the_same_tower(vlm, tmp_path, ftype):
     import gguf
 
     model, folder = vlm
-    visual = {
-        k.removeprefix("model.visual."): v for k, v in model.state_dict().items() if k.startswith("model.visual.")
-    }
+    visual = _visual(model)
     path = write_mmproj_gguf(tmp_path / f"mmproj-{ftype}.gguf", visual, VISION, 64, ftype)
     from_hf = load_vision(folder, "cpu", torch.float32)
     from_gguf = load_vision(path, "cpu", torch.float32)
@@ -297,14 +300,31 @@ def test_the_loaded_tower_preprocesses_as_its_files_say(vlm, tmp_path):
     (local / "preprocessor_config.json").write_text(json.dumps({**declared, "image_mean": [0.25] * 3}))
     images = load_vision(local, "cpu", torch.float32).images
     assert (images.min_pixels, images.max_pixels, images.image_mean, images.patch_size) == (256, 2048, (0.25,) * 3, 4)
-    visual = {
-        k.removeprefix("model.visual."): v for k, v in model.state_dict().items() if k.startswith("model.visual.")
-    }
+    visual = _visual(model)
     clip_mean, clip_std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
     path = write_mmproj_gguf(tmp_path / "mmproj.gguf", visual, VISION, 64, "F32", clip_mean, clip_std)
     images = load_vision(path, "cpu", torch.float32).images
     np.testing.assert_allclose(images.image_mean + images.image_std, clip_mean + clip_std, rtol=1e-6)
     assert (images.patch_size, images.merge_size, images.max_pixels) == (4, 2, 16777216)
+
+
+def test_bad_vision_files_are_refused_in_one_line(vlm, tiny_dirs, tmp_path):
+    model, folder = vlm
+    with pytest.raises(ModelFormatError, match="has no vision_config: this model reads no images"):
+        load_vision(tiny_dirs["qwen3_5"][0], "cpu", torch.float32)
+    partial = {k: v for k, v in _visual(model).items() if k != "blocks.1.attn.qkv.weight"}
+    path = write_mmproj_gguf(tmp_path / "partial.gguf", partial, VISION, 64, "F32")
+    with pytest.raises(ModelFormatError, match="lacks tensors v.blk.1.attn_qkv.weight: the file is incomplete"):
+        load_vision(path, "cpu", torch.float32)
+    path = write_mmproj_gguf(tmp_path / "deepstack.gguf", _visual(model), VISION, 64, "F32", deepstack=[True, False])
+    with pytest.raises(ModelFormatError, match="deepstack layers"):
+        load_vision(path, "cpu", torch.float32)
+    other = tmp_path / "other-width.gguf"
+    write_mmproj_gguf(other, _visual(model), {**VISION, "out_hidden_size": 128}, 128, "F32")
+    target = load_target(folder, "cpu", torch.float32)
+    with pytest.raises(ModelFormatError, match="128-wide features, the target's hidden size is 64"):
+        load_vision(other, target=target)
+    assert load_vision(folder, target=target).merger.linear_fc2.weight.dtype == torch.float32
 
 
 def test_mmproj_of_another_projector_is_refused(tmp_path):

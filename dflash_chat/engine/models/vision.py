@@ -81,6 +81,10 @@ class VisionConfig:
                 "num_position_embeddings",
             )
         }
+        if d.get("deepstack_visual_indexes"):
+            raise ModelFormatError(
+                "vision_config has deepstack layers (Qwen3-VL's tower); dflash-chat runs Qwen3.5/3.6's, which has none"
+            )
         rope = d.get("rope_parameters") or {}
         cfg = cls(**sizes, rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))))
         if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 4:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.limits import LIMITS
 from dflash_chat.engine.weights.gguf import LazyTensors, check_types, raw_tensor
 from dflash_chat.engine.weights.gguf_file import read_header
 from dflash_chat.engine.weights.quant_tensor import QuantTensor
@@ -93,15 +94,24 @@ def read_mmproj(path: str | Path) -> Mmproj:
     by_name = {t.name: t for t in header.tensors}
     try:
         cfg = _vision_config(kv, by_name)
-        loaders = _loaders(cfg["depth"], by_name)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ModelFormatError(f"{path}: mmproj GGUF is missing hyperparameters or tensors ({exc})") from None
+        raise ModelFormatError(f"{path}: mmproj GGUF lacks {exc}: the file is incomplete; download it again") from None
+    if not 1 <= cfg["depth"] <= LIMITS["num_hidden_layers"]:
+        raise ModelFormatError(
+            f"{path}: mmproj GGUF has clip.vision.block_count {cfg['depth']}: the file is damaged; download it again"
+        )
+    missing = [g for g in (*gguf_names(cfg["depth"]).values(), *PATCH_HALVES) if g not in by_name]
+    if missing:
+        raise ModelFormatError(
+            f"{path}: mmproj GGUF lacks tensors {', '.join(missing[:3])}: the file is incomplete or not Qwen3.5's "
+            "tower; download it again"
+        )
     return Mmproj(
         path,
         cfg,
         tuple(float(v) for v in kv.get("clip.vision.image_mean", (0.5, 0.5, 0.5))),
         tuple(float(v) for v in kv.get("clip.vision.image_std", (0.5, 0.5, 0.5))),
-        LazyTensors(loaders),
+        LazyTensors(_loaders(cfg["depth"], by_name)),
     )
 
 
@@ -120,13 +130,11 @@ def _vision_config(kv: dict, by_name: dict) -> dict:
         "in_channels": int(patch.shape[2]),  # ne: [P, P, C, hidden]
         "out_hidden_size": int(kv["clip.vision.projection_dim"]),
         "num_position_embeddings": int(pos.shape[1]),
+        "deepstack_visual_indexes": [i for i, on in enumerate(kv.get("clip.vision.is_deepstack_layers") or []) if on],
     }
 
 
 def _loaders(depth: int, by_name: dict) -> dict[str, Callable[[], Any]]:
-    missing = [g for g in (*gguf_names(depth).values(), *PATCH_HALVES) if g not in by_name]
-    if missing:
-        raise KeyError(", ".join(missing[:3]))
     loaders: dict[str, Callable[[], Any]] = {hf: partial(_float, by_name[g]) for hf, g in gguf_names(depth).items()}
     halves = [by_name[g] for g in PATCH_HALVES]
     # [hidden, C, P, P] each -> the Conv3d's [hidden, C, 2, P, P]
