@@ -11,7 +11,7 @@ downloads the official one), else from the target folder or the target GGUF's me
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -255,7 +255,7 @@ def _folder_vision(path: Path) -> tuple[dict, LazyTensors, ImageConfig]:
     if not isinstance(config, dict):
         raise ModelFormatError(f"{path} has no vision_config: this model reads no images")
     raw = read_safetensors(path).tensors
-    ours = {}
+    ours: dict[str, Callable[[], Any]] = {}
     for name in raw:
         prefix = next((p for p in VISUAL_PREFIXES if name.startswith(p)), None)
         if prefix is not None:
