@@ -225,7 +225,7 @@ class VisionTower(nn.Module):
             c_taps, c_weights = _taps(cols, w, side)
             index = (r_taps[:, :, None] * side + c_taps[:, None, :]).reshape(-1, 4)
             weight = (r_weights[:, :, None] * c_weights[:, None, :]).reshape(-1, 4)
-            embedded = (table[index] * weight[:, :, None].to(table.dtype)).sum(1)
+            embedded = (table[index] * weight[:, :, None]).sum(1)  # in float32 (the weights'), as the reference
             out.append(embedded.repeat(t, 1))
         return torch.cat(out)
 
