@@ -185,9 +185,8 @@ def test_gguf_pair_matches_transformers(vlm, tmp_path):
     state = model.state_dict()
     text = {"model." + k.removeprefix("model.language_model."): v for k, v in state.items() if "language_model." in k}
     text["lm_head.weight"] = state["lm_head.weight"]
-    visual = {k.removeprefix("model.visual."): v for k, v in state.items() if k.startswith("model.visual.")}
     target_path = write_target_gguf(tmp_path / "target.gguf", text, model.config.text_config.to_dict(), "F32")
-    mmproj_path = write_mmproj_gguf(tmp_path / "mmproj.gguf", visual, VISION, 64, "F32")
+    mmproj_path = write_mmproj_gguf(tmp_path / "mmproj.gguf", _visual(model), VISION, 64, "F32")
     images = _images()
     pixels, grids = preprocess(images, IMAGES)
     with torch.no_grad():
