@@ -11,8 +11,8 @@ downloads the official one), else from the target folder or the target GGUF's me
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Rotary
 from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.models.vision import VisionConfig, VisionTower
+from dflash_chat.engine.models.vision_input import ImageConfig
 from dflash_chat.engine.parked import DEFAULT_PARK_BUDGET
 from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.prefix_cache import DEFAULT_BUDGET
@@ -39,6 +41,7 @@ from dflash_chat.engine.structured import Grammars
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf
 from dflash_chat.engine.weights.gguf_tokenizer import tokenizer_from_gguf
+from dflash_chat.engine.weights.mmproj import read_mmproj
 from dflash_chat.engine.weights.safetensors import read_safetensors
 
 
@@ -205,6 +208,68 @@ def load_mtp(path: str | Path, target: TargetModel, placement: Placement | None 
     fuse_projections(head)
     head.bind(target)
     return head.eval()
+
+
+VISUAL_PREFIXES = ("model.visual.", "visual.")
+
+
+def load_vision(
+    path: str | Path,
+    device=None,
+    dtype=None,
+    placement: Placement | None = None,
+    *,
+    target: TargetModel | None = None,
+) -> VisionTower:
+    """The vision tower from a Hugging Face folder (`vision_config`, `model.visual.*`, `preprocessor_config.json`)
+    or an mmproj GGUF (its image mean and std; the pixel budget Qwen3.5's own processor declares). With `target`,
+    on its device and dtype, and refused when its features are not the target's width."""
+    if target is not None:
+        param = target.model.norm.weight
+        device, dtype = device or param.device, dtype or param.dtype
+    device = torch.device(device) if device else default_device()
+    dtype = dtype or default_dtype(device)
+    kind, path = resolve_model_path(path, "vision tower")
+    tensors: Mapping[str, Any]
+    config: Any
+    if kind == "gguf":
+        mmproj = read_mmproj(path)
+        config, tensors = mmproj.vision_config, mmproj.tensors
+        images = ImageConfig(image_mean=mmproj.image_mean, image_std=mmproj.image_std)
+    else:
+        config, tensors, images = _folder_vision(path)
+    try:
+        cfg = VisionConfig.from_dict(config)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path}: {exc}") from None
+    if target is not None and cfg.out_hidden_size != target.cfg.hidden_size:
+        raise ModelFormatError(
+            f"{path}: the vision tower gives {cfg.out_hidden_size}-wide features, the target's hidden size is "
+            f"{target.cfg.hidden_size}: it belongs to another model; use the mmproj file made for this one"
+        )
+    with torch.device("meta"):
+        tower = VisionTower(cfg)
+    materialise(tower, tensors, device, dtype, "vision tower", placement=placement)
+    _check_materialised(tower, "vision tower")
+    # the tower's own patch and merge sizes; the budget, mean and std from the files
+    tower.images = replace(
+        images, **{f: getattr(tower.images, f) for f in ("patch_size", "merge_size", "temporal_patch_size")}
+    )
+    return tower.eval()
+
+
+def _folder_vision(path: Path) -> tuple[dict, LazyTensors, ImageConfig]:
+    """(vision_config, the tower's tensors named as ours, its preprocessing) of a Hugging Face folder."""
+    config = read_config(path, "target").get("vision_config")
+    if not isinstance(config, dict):
+        raise ModelFormatError(f"{path} has no vision_config: this model reads no images")
+    raw = read_safetensors(path).tensors
+    ours: dict[str, Callable[[], Any]] = {}
+    for name in raw:
+        prefix = next((p for p in VISUAL_PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+            ours[name.removeprefix(prefix)] = partial(raw.__getitem__, name)
+    return config, LazyTensors(ours), ImageConfig.from_folder(path) or ImageConfig()
 
 
 def _tie_lm_head(model: TargetModel) -> None:

@@ -381,3 +381,81 @@ def quantize_like_llama(src: str | Path, dst: str | Path, mix: str) -> Path:
         _add_tensor(writer, t.name, values.reshape(shape), fmt)
     _finish(writer)
     return Path(dst)
+
+
+# --- the vision tower as `convert_hf_to_gguf.py --mmproj` writes it (Qwen3VLVisionModel, projector qwen3vl_merger)
+
+_MMPROJ_BLOCK = {
+    "norm1": "ln1",
+    "norm2": "ln2",
+    "attn.qkv": "attn_qkv",
+    "attn.proj": "attn_out",
+    "mlp.linear_fc1": "ffn_up",
+    "mlp.linear_fc2": "ffn_down",
+}
+_MMPROJ_MERGER = {"norm": "v.post_ln", "linear_fc1": "mm.0", "linear_fc2": "mm.2"}
+
+
+def _mmproj_name(hf: str) -> list[str]:
+    """The converter's GGUF name(s) for an HF `model.visual.` tensor name (the prefix taken off)."""
+    if hf == "patch_embed.proj.weight":
+        return ["v.patch_embd.weight", "v.patch_embd.weight.1"]  # the Conv3d's two temporal halves
+    if hf == "patch_embed.proj.bias":
+        return ["v.patch_embd.bias"]
+    if hf == "pos_embed.weight":
+        return ["v.position_embd.weight"]
+    module, _, part = hf.rpartition(".")
+    if module.startswith("merger."):
+        return [f"{_MMPROJ_MERGER[module.removeprefix('merger.')]}.{part}"]
+    _, bid, rest = module.split(".", 2)
+    return [f"v.blk.{bid}.{_MMPROJ_BLOCK[rest]}.{part}"]
+
+
+def _mmproj_format(name: str, shape: tuple[int, ...], ftype: str) -> Format:
+    """The converter's choice: 1-D tensors, names not ending in .weight (biases, the second patch-embed half) and
+    the position table F32; Q8_0 falls back to F16 where a row is not whole blocks."""
+    if len(shape) <= 1 or not name.endswith(".weight") or name == "v.position_embd.weight" or ftype == "F32":
+        return FORMATS["F32"]
+    if ftype == "Q8_0" and shape[-1] % FORMATS["Q8_0"].block_size:
+        return FORMATS["F16"]
+    return FORMATS[ftype]
+
+
+def write_mmproj_gguf(
+    path: str | Path,
+    visual: dict[str, torch.Tensor],
+    vision_cfg: dict,
+    text_hidden: int,
+    ftype: str = "F16",
+    image_mean=(0.5, 0.5, 0.5),
+    image_std=(0.5, 0.5, 0.5),
+    deepstack: list[bool] | None = None,
+) -> Path:
+    """An mmproj GGUF from a Qwen3.5 tower's HF tensors (names after `model.visual.`) and its vision_config;
+    `deepstack` marks layers as Qwen3-VL's converter does (Qwen3.5's: none)."""
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    writer.add_file_type(_FILE_TYPE[ftype])
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_vision_projection_dim(text_hidden)
+    side = int(vision_cfg["num_position_embeddings"] ** 0.5)
+    writer.add_vision_image_size(side * vision_cfg["patch_size"])
+    writer.add_vision_patch_size(vision_cfg["patch_size"])
+    writer.add_vision_embedding_length(vision_cfg["hidden_size"])
+    writer.add_vision_feed_forward_length(vision_cfg["intermediate_size"])
+    writer.add_vision_block_count(vision_cfg["depth"])
+    writer.add_vision_head_count(vision_cfg["num_heads"])
+    writer.add_vision_image_mean(list(image_mean))
+    writer.add_vision_image_std(list(image_std))
+    writer.add_clip_projector_type(gguf.VisionProjectorType.QWEN3VL)
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_spatial_merge_size(vision_cfg["spatial_merge_size"])
+    writer.add_vision_attention_layernorm_eps(1e-6)
+    writer.add_vision_is_deepstack_layers(deepstack or [False] * vision_cfg["depth"])
+    for hf, t in visual.items():
+        names_out = _mmproj_name(hf)
+        parts = [t[:, :, 0], t[:, :, 1]] if len(names_out) == 2 else [t]
+        for name, part in zip(names_out, parts, strict=True):
+            _add_tensor(writer, name, part, _mmproj_format(name, tuple(part.shape), ftype))
+    _finish(writer)
+    return Path(path)

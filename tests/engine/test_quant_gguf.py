@@ -386,7 +386,7 @@ def test_unsupported_quant_type(tmp_path):
 def test_low_bit_types_read_as_gguf_decodes_them(tmp_path, name):
     """Blocks written as llama-quantize lays them out come back packed, and decode as gguf's numpy reference does."""
     from dflash_chat.engine.ggml.formats import FORMATS
-    from dflash_chat.engine.weights.gguf import _raw
+    from dflash_chat.engine.weights.gguf import raw_tensor
     from tests.engine.quant_helpers import random_rows
 
     fmt = FORMATS[name]
@@ -400,7 +400,7 @@ def test_low_bit_types_read_as_gguf_decodes_them(tmp_path, name):
     w.write_tensors_to_file()
     w.close()
     tensor = gguf.GGUFReader(path).tensors[0]
-    packed = _raw(tensor)
+    packed = raw_tensor(tensor)
     assert isinstance(packed, QuantTensor) and packed.fmt is fmt and packed.shape == (3, 512)
     want = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
     np.testing.assert_array_equal(packed.dequantize().numpy(), want)

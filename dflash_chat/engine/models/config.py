@@ -132,6 +132,9 @@ class TargetConfig:
     max_position_embeddings: int = 32768
     # multi-token prediction layers the checkpoint declares (`mtp_num_hidden_layers`; Qwen3.5/3.6 only)
     mtp_layers: int = 0
+    # how many rotary frequency pairs read the temporal, height and width positions of a prompt with images
+    # (`rope_parameters.mrope_section`, interleaved; transformers' default when absent)
+    mrope_section: tuple[int, int, int] = (11, 11, 10)
 
     @property
     def zero_centred_norm(self) -> bool:
@@ -209,12 +212,23 @@ class TargetConfig:
             eos_token_id=eos,
             max_position_embeddings=_count(d, "max_position_embeddings", what, 32768),
             mtp_layers=0 if arch == "qwen3" else _count(d, "mtp_num_hidden_layers", what, 0, minimum=0),
+            mrope_section=_mrope_section(d, what),
         )
         if arch == "qwen3_5_moe" and not (cfg.num_experts and cfg.num_experts_per_tok and cfg.moe_intermediate_size):
             raise ModelFormatError(f"{what}: num_experts, num_experts_per_tok and moe_intermediate_size are required")
         if "linear_attention" in cfg.layer_types and not (cfg.linear_num_key_heads and cfg.linear_num_value_heads):
             raise ModelFormatError(f"{what}: linear attention layers need linear_num_key_heads/linear_num_value_heads")
         return cfg
+
+
+def _mrope_section(d: dict, what: str) -> tuple[int, int, int]:
+    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    section = params.get("mrope_section", [11, 11, 10])
+    if isinstance(section, list) and len(section) == 4 and section[3] == 0:  # llama.cpp's four, the last unused
+        section = section[:3]
+    if not (isinstance(section, list) and len(section) == 3 and all(isinstance(s, int) and s >= 0 for s in section)):
+        raise ModelFormatError(f"{what}: rope mrope_section is {section!r}, expected three whole numbers")
+    return (section[0], section[1], section[2])
 
 
 @dataclass

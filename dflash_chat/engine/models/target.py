@@ -6,7 +6,8 @@ One file, read top to bottom. Parameter names follow the HF checkpoints (`model.
 `forward(ids, state, ...)` runs new tokens at positions state.length.. (or at a `Span` of device
 positions, for fixed-shape steps) against the preallocated state, returns logits for the positions
 asked for and the context features (hidden states after the given 0-based layers, concatenated) that
-the DFlash drafter reads.
+the DFlash drafter reads. A prompt with images comes with its input embeddings (the image features spliced in)
+and its M-RoPE positions (engine/models/image_prompt.py); a prompt without them rotates by its cache positions.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.models.attention import Projections, attend_cache
 from dflash_chat.engine.models.config import TargetConfig
 from dflash_chat.engine.models.gdn import GatedDeltaNet
+from dflash_chat.engine.models.image_prompt import mrope_axes, mrope_cos_sin
 from dflash_chat.engine.models.layers import MLP, RMSNorm, Rotary, SparseMoE, ops
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.state import AttentionCache, GDNCache, ModelState
@@ -140,6 +142,8 @@ class TargetModel(nn.Module):
         taps: list[int] | None = None,
         speculative: bool = False,
         span: Span | None = None,
+        embeds: torch.Tensor | None = None,
+        rope_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Run `ids` [T] at positions state.length..; advance the state by T.
 
@@ -148,6 +152,9 @@ class TargetModel(nn.Module):
         speculative: keep what `rollback` needs to keep only part of this forward (GDN state stays as it was).
         span: device positions for a fixed-shape step; then the caller keeps the length (state.length is
         neither read nor changed) and no host value is read.
+        embeds: the input embeddings [T, H] to run instead of `ids`' own (a prompt with images).
+        rope_positions: [3, T] M-RoPE positions (temporal, height, width) the attention layers rotate by instead of
+        the cache positions (a prompt with images, or a token after one).
         """
         T = ids.shape[0]
         eager = span is None
@@ -159,8 +166,12 @@ class TargetModel(nn.Module):
                 )
             span = Span.eager(start, T, ids.device)
         dtype = self.model.norm.weight.dtype
-        x = self.model.embed_tokens(ids).to(dtype)
-        cos, sin = self.rotary.at(span.pos, dtype)
+        x = (self.model.embed_tokens(ids) if embeds is None else embeds).to(dtype)
+        if rope_positions is None:
+            cos, sin = self.rotary.at(span.pos, dtype)
+        else:
+            axes = mrope_axes(self.cfg.rotary_dim, self.cfg.mrope_section)
+            cos, sin = mrope_cos_sin(self.rotary, rope_positions, axes, dtype)
         wanted = set(taps or ())
         tapped: dict[int, torch.Tensor] = {}
         pending: torch.Tensor | None = None

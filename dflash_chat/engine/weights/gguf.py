@@ -76,7 +76,7 @@ def _fields(header: Header) -> dict[str, Any]:
     }
 
 
-def _check_types(path: Path, header: Header) -> None:
+def check_types(path: Path, header: Header) -> None:
     for t in header.tensors:
         if int(t.tensor_type) not in BY_GGML_TYPE:
             known = ", ".join(FORMATS)
@@ -89,7 +89,7 @@ def _check_types(path: Path, header: Header) -> None:
 # --- raw tensors ---------------------------------------------------------------------
 
 
-def _raw(t) -> torch.Tensor | QuantTensor:
+def raw_tensor(t) -> torch.Tensor | QuantTensor:
     """A tensor record as a torch tensor sharing the file's memory (float) or a packed QuantTensor."""
     fmt = BY_GGML_TYPE[int(t.tensor_type)]
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
@@ -331,7 +331,7 @@ def _target_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]
     def plan(hf: str, gname: str, transform: str | None) -> None:
         if gname in by_name:
             t = by_name[gname]
-            loaders[hf] = lambda: _undo(_raw(t), transform, dims)
+            loaders[hf] = lambda: _undo(raw_tensor(t), transform, dims)
             used.add(gname)
 
     def plan_experts(hf: str, bid: int) -> None:
@@ -341,7 +341,7 @@ def _target_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str]
             plan(hf, fused, None)
         elif gate in by_name and up in by_name:
             g, u = by_name[gate], by_name[up]
-            loaders[hf] = lambda g=g, u=u: _concat_rows(_raw(g), _raw(u))
+            loaders[hf] = lambda g=g, u=u: _concat_rows(raw_tensor(g), raw_tensor(u))
             used.update((gate, up))
 
     glob, layer = names.target_rules(arch)
@@ -381,7 +381,7 @@ def _drafter_loaders(arch: str, cfg: dict, by_name: dict) -> tuple[dict, set[str
     for hf, candidates in wanted.items():
         gname = next((g for g in candidates if g in by_name), None)
         if gname is not None:
-            loaders[hf] = lambda t=by_name[gname]: _raw(t)
+            loaders[hf] = lambda t=by_name[gname]: raw_tensor(t)
             used.add(gname)
     return loaders, used
 
@@ -426,7 +426,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
     if arch not in supported:
         raise ModelFormatError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(supported)}).")
     for part_path, part in parts:
-        _check_types(part_path, part)
+        check_types(part_path, part)
     by_name = {t.name: t for _, part in parts for t in part.tensors}
     try:
         if arch in names.TARGET_ARCHS:
