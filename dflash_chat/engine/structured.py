@@ -36,7 +36,7 @@ import torch
 
 from dflash_chat.engine.constraint import Constraint, GrammarError, first_line
 
-COMPILE_SECONDS = 10.0  # past this a grammar is refused (a 400 in serve): a schema that big is not an answer's
+COMPILE_SECONDS = 30.0  # past this a grammar is refused (a 400 in serve); an agent's dozen tools take 1-3 s, once (cached)
 CACHE_SIZE = 64  # compiled grammars kept per tokenizer
 
 
@@ -72,6 +72,7 @@ class Grammars:
         self._cache: OrderedDict[tuple[str, str], object] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        self._controls: torch.Tensor | None = None
 
     def compile(self, constraint: Constraint, timeout: float = COMPILE_SECONDS):
         """The compiled grammar of `constraint` (GrammarError when it cannot be one)."""
@@ -99,7 +100,7 @@ class Grammars:
     def _compile(self, constraint: Constraint):
         try:
             if constraint.kind == "json_schema":
-                return self.compiler.compile_json_schema(constraint.spec, any_whitespace=False, strict_mode=True)
+                return self.compiler.compile_json_schema(constraint.spec, any_whitespace=False, strict_mode=False)
             if constraint.kind == "structural_tag":
                 return self.compiler.compile_structural_tag(constraint.spec)
             if constraint.kind == "ebnf":
@@ -108,9 +109,23 @@ class Grammars:
             raise GrammarError(f"{constraint.label}: {first_line(exc)}") from None
         raise GrammarError(f"unknown constraint kind {constraint.kind!r}")
 
+    def controls(self) -> torch.Tensor:
+        """The tokens that hold a control character (a byte below 0x20), as a bitmask row: a one-line JSON answer
+        holds none (its strings escape them), though xgrammar's JSON strings take them raw."""
+        if self._controls is None:
+            banned = torch.zeros(self.words * 32, dtype=torch.bool)
+            for token, text in enumerate(self.info.decoded_vocab[: self.vocab_size]):
+                if any(byte < 0x20 for byte in text) and token not in self.stop_ids:
+                    banned[token] = True
+            weights = (1 << torch.arange(32, dtype=torch.int64)).reshape(1, 32)
+            words = (banned.reshape(-1, 32).long() * weights).sum(1)
+            self._controls = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+        return self._controls
+
     def matcher(self, constraint: Constraint) -> Matcher:
         """A matcher at the start of an answer held to `constraint` (past its prefix)."""
-        matcher = Matcher(self, self._xgr.GrammarMatcher(self.compile(constraint), terminate_without_stop_token=False))
+        raw = self._xgr.GrammarMatcher(self.compile(constraint), terminate_without_stop_token=False)
+        matcher = Matcher(self, raw, self.controls() if constraint.kind == "json_schema" else None)
         if constraint.prefix and not matcher.raw.accept_string(constraint.prefix):
             raise GrammarError(f"{constraint.label}: the answer's opening {constraint.prefix!r} breaks its grammar")
         matcher.check_satisfiable(constraint.label)
@@ -120,9 +135,11 @@ class Grammars:
 class Matcher:
     """One answer's place in its grammar (see the module docstring)."""
 
-    def __init__(self, grammars: Grammars, raw) -> None:
+    def __init__(self, grammars: Grammars, raw, banned: torch.Tensor | None = None) -> None:
+        """`banned`: a bitmask row of tokens refused everywhere, beside what the grammar refuses."""
         self.grammars = grammars
         self.raw = raw
+        self.keep = None if banned is None else ~banned
         self.words = grammars.words
         self.host = torch.empty((1, self.words), dtype=torch.int32)  # grown to the verify's rows
         self.masks = 0  # masks computed (the cost figure's count)
@@ -130,15 +147,14 @@ class Matcher:
 
     def check_satisfiable(self, label: str) -> None:
         row = torch.empty((1, self.words), dtype=torch.int32)
-        self.raw.fill_next_token_bitmask(row, 0)
+        self.fill_row(row, 0)
         if not _allowed(row[0], self.grammars.vocab_size):
             raise GrammarError(f"{label}: its schema allows no answer at all; check it")
 
     def first(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits [V] of the answer's first token with what the grammar refuses at -inf."""
         self._rows(1)
-        self.raw.fill_next_token_bitmask(self.host, 0)
-        self.masks += 1
+        self.fill_row(self.host, 0)
         return apply(logits[None], self.host.to(logits.device))[0]
 
     def fill(self, bitmask: torch.Tensor, drafts: list[int]) -> Filled:
@@ -151,8 +167,7 @@ class Matcher:
         host = self.host
         walked = rows = 0
         for i in range(T):
-            self.raw.fill_next_token_bitmask(host, i)
-            self.masks += 1
+            self.fill_row(host, i)
             rows = i + 1
             if i == T - 1 or not self.raw.accept_token(drafts[i]):
                 break
@@ -180,8 +195,7 @@ class Matcher:
             row = torch.empty((1, self.words), dtype=torch.int32)
             run = []
             while len(run) < most:
-                self.raw.fill_next_token_bitmask(row, 0)
-                self.masks += 1
+                self.fill_row(row, 0)
                 only = _single(row[0], self.grammars.vocab_size)
                 if only is None or only in self.grammars.stop_ids or not self.raw.accept_token(only):
                     break
@@ -205,6 +219,13 @@ class Matcher:
         for token in tokens:
             if not self.raw.accept_token(token):
                 raise AssertionError(f"token {token} was masked in, yet the grammar refuses it")
+
+    def fill_row(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` of a host bitmask: what the grammar allows next, less the banned tokens."""
+        self.raw.fill_next_token_bitmask(bitmask, row)
+        self.masks += 1
+        if self.keep is not None:
+            bitmask[row] &= self.keep
 
     @property
     def done(self) -> bool:

@@ -67,6 +67,75 @@ def check_schema(schema: dict, at: str) -> None:
         raise GrammarError(f"'{at}{path}' is not a valid JSON schema: {exc.message[:300]}") from None
 
 
+# keywords the grammar engine would not hold an answer to (xgrammar reads past them): an answer could break them,
+# so a schema that uses them is refused in words instead (unevaluated*: what they allow depends on the rest)
+UNHELD = {
+    "not": "'not'",
+    "if": "'if'/'then'/'else'",
+    "dependentRequired": "'dependentRequired'",
+    "dependentSchemas": "'dependentSchemas'",
+    "dependencies": "'dependencies'",
+    "contains": "'contains'",
+    "patternProperties": "'patternProperties'",
+    "unevaluatedProperties": "'unevaluatedProperties'",
+    "unevaluatedItems": "'unevaluatedItems'",
+}
+
+
+def held_schema(schema: dict, at: str) -> dict:
+    """`schema` as the grammar engine holds it: an `allOf` of objects merged into one (their properties and
+    required keys together), a one-element `allOf` inlined; a GrammarError names a keyword it cannot hold (UNHELD,
+    `uniqueItems`, an `allOf` whose parts disagree), with where it is."""
+    return _held(schema, at)
+
+
+def _held(node, at: str):
+    if isinstance(node, list):
+        return [_held(item, f"{at}[{i}]") for i, item in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    for key, words in UNHELD.items():
+        if key in node:
+            raise GrammarError(f"'{at}' uses {words}, which an answer cannot be held to here: leave it out")
+    if node.get("uniqueItems") is True:
+        raise GrammarError(f"'{at}' uses 'uniqueItems', which an answer cannot be held to here: leave it out")
+    out = {}
+    for key, value in node.items():
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {name: _held(part, f"{at}.{key}.{name}") for name, part in value.items()}
+        elif key in ("enum", "const", "default", "examples", "required"):
+            out[key] = value  # values, not schemas
+        else:
+            out[key] = _held(value, f"{at}.{key}")
+    parts = out.pop("allOf", None)
+    return out if parts is None else _merged(out, parts, f"{at}.allOf")
+
+
+def _merged(base: dict, parts, at: str) -> dict:
+    """`base` with each `allOf` part folded in, where they combine without conflict."""
+    if not isinstance(parts, list):
+        raise GrammarError(f"'{at}' must be a list of schemas")
+    merged = dict(base)
+    for i, part in enumerate(parts):
+        if not isinstance(part, dict) or "$ref" in part and len(parts) > 1:
+            raise GrammarError(f"'{at}[{i}]': an allOf of references cannot be held to here: write the schema out")
+        for key, value in part.items():
+            if key == "properties":
+                props = dict(merged.get("properties", {}))
+                for name, sub in value.items():
+                    if name in props and props[name] != sub:
+                        raise GrammarError(f"'{at}[{i}].properties.{name}' differs from another part's: merge them")
+                    props[name] = sub
+                merged["properties"] = props
+            elif key == "required":
+                merged["required"] = list(dict.fromkeys([*merged.get("required", []), *value]))
+            elif key in merged and merged[key] != value and key not in ("description", "title"):
+                raise GrammarError(f"'{at}[{i}].{key}' differs from another part's: merge them")
+            else:
+                merged.setdefault(key, value)
+    return merged
+
+
 def read_schema(given: str, at: str = "--json-schema") -> OutputFormat:
     """A JSON schema given inline (it starts with "{") or as a file's path, checked (GrammarError in words)."""
     text = given
@@ -84,7 +153,15 @@ def read_schema(given: str, at: str = "--json-schema") -> OutputFormat:
     if not isinstance(schema, dict):
         raise GrammarError(f"{at}: a JSON schema is an object, not {type(schema).__name__}")
     check_schema(schema, at)
-    return OutputFormat(schema, at)
+    return OutputFormat(held_schema(schema, at), at)
 
 
-__all__ = ["GrammarError", "OutputFormat", "answer_constraint", "check_schema", "json_tag", "read_schema"]
+__all__ = [
+    "GrammarError",
+    "OutputFormat",
+    "answer_constraint",
+    "check_schema",
+    "held_schema",
+    "json_tag",
+    "read_schema",
+]

@@ -76,9 +76,9 @@ async def answer(
     if served.draining:
         raise ApiError(503, SHUTTING_DOWN, type="service_unavailable", code="shutting_down")
     prompt = await anyio.to_thread.run_sync(served.prompt, parsed)
-    await anyio.to_thread.run_sync(served.check_constraint, parsed, prompt)
     prompt_tokens = len(prompt.ids)
     parsed, room = served.fit(parsed, prompt_tokens)
+    await anyio.to_thread.run_sync(served.check_constraint, parsed, prompt)
     headers = {"X-Max-Tokens-Clamped": str(room)} if room is not None else {}
     writer = writer_for(prompt_tokens)
     loop = asyncio.get_running_loop()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from dflash_chat.engine import rules
 from dflash_chat.engine.rules import shown
 from dflash_chat.engine.sampling_params import SamplingParams
-from dflash_chat.runtime.constraint import GrammarError, OutputFormat, check_schema
+from dflash_chat.runtime.constraint import GrammarError, OutputFormat, check_schema, held_schema
 from dflash_chat.runtime.prompt import Turn
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve.errors import bad_request
@@ -233,6 +233,7 @@ def output_format(value, where: str, schema_at: str) -> OutputFormat | None:
         raise bad_request(f"'{at}' must be a JSON schema (an object).", at)
     try:
         check_schema(dict(schema), at)
+        held = held_schema(dict(schema), at)
     except GrammarError as exc:
         raise bad_request(str(exc), at) from None
-    return OutputFormat(dict(schema), at)
+    return OutputFormat(held, at)

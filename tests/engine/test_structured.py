@@ -246,13 +246,13 @@ def test_masks_on_qwens_real_vocabulary_allow_exactly_the_schemas_text(qwen3):
     row = torch.zeros(1, grammars.words, dtype=torch.int32)
     end = grammars.stop_ids[0]
     for i, token in enumerate(ids):
-        matcher.raw.fill_next_token_bitmask(row, 0)
+        matcher.fill_row(row, 0)
         allowed = allowed_tokens(row, grammars.vocab_size)[0]
         assert allowed[token], (i, tokenizer.decode([token]))
         assert not allowed[end]
         assert not allowed[tokenizer.encode("hello")[0]]
         matcher.advance([token])
-    matcher.raw.fill_next_token_bitmask(row, 0)
+    matcher.fill_row(row, 0)
     assert allowed_tokens(row, grammars.vocab_size)[0][end]
 
 
