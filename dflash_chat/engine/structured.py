@@ -36,7 +36,7 @@ import torch
 
 from dflash_chat.engine.constraint import Constraint, GrammarError, first_line
 
-COMPILE_SECONDS = 30.0  # past this a grammar is refused (a 400 in serve); an agent's dozen tools take 1-3 s, once (cached)
+COMPILE_SECONDS = 30.0  # past this a grammar is refused (a 400 in serve); an agent's tools: 1-3 s, once
 CACHE_SIZE = 64  # compiled grammars kept per tokenizer
 
 
