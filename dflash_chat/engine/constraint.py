@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 MAX_WHITESPACE = 2  # whitespace a JSON value may hold between its tokens (unbounded lets a model pad forever)
 
@@ -45,8 +46,9 @@ def tool_calls_tag(
 
     try:
         tags = {tool["function"]["name"]: _call_tag(tool["function"]) for tool in tools}
+        body: Any
         if choice not in ("auto", "required"):
-            body: object = tags[choice]
+            body = tags[choice]
         else:
             body = TriggeredTagsFormat(
                 triggers=[CALL_TRIGGER],

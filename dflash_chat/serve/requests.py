@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dflash_chat.engine import rules
 from dflash_chat.engine.rules import shown
@@ -221,7 +222,8 @@ def output_format(value, where: str, schema_at: str) -> OutputFormat | None:
         raise bad_request(
             f"'{where}.type' must be text, json_object or json_schema; got {shown(kind)}.", f"{where}.type"
         )
-    holder, key = value, schema_at
+    holder: Any = value
+    key = schema_at
     if "." in schema_at:
         outer, key = schema_at.split(".", 1)
         holder = value.get(outer)
