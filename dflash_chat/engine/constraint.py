@@ -50,10 +50,11 @@ def tool_calls_tag(
         if choice not in ("auto", "required"):
             body = tags[choice]
         else:
+            # any "<tool_call>" opens a call held to the tools; the call's other tags never stand alone in text
             body = TriggeredTagsFormat(
                 triggers=[CALL_TRIGGER],
                 tags=list(tags.values()),
-                excludes=list(THINK_TAGS),
+                excludes=[*THINK_TAGS, "</tool_call>", "<function=", "</function>"],
                 at_least_one=choice == "required",
                 stop_after_first=not parallel,
             )
@@ -65,7 +66,7 @@ def tool_calls_tag(
     return Constraint("structural_tag", tag.model_dump_json(), label=label)
 
 
-CALL_TRIGGER = "<tool_call>\n<function="
+CALL_TRIGGER = "<tool_call>"
 THINK_TAGS = ("<think>", "</think>")
 
 

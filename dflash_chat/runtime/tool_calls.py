@@ -17,7 +17,8 @@ calls may follow each other, with whitespace between them.
 
 How the text is read:
 - A value is the text between `<parameter=ARG>` and its `</parameter>`, less exactly one leading and one
-  trailing newline (the format's own); the rest is kept as written: no unescaping (`&amp;` stays as is),
+  trailing newline (the format's own; a model that writes a space or a tab there instead has it taken as the
+  format's too, as the call grammar reads it, engine/constraint.py); the rest is kept as written: no unescaping (`&amp;` stays as is),
   lines and indentation whole. The `</parameter>` that ends a value is the first one followed, after
   whitespace, by `<parameter=`, `</function>` or `</tool_call>`; so code that holds `</parameter>` or
   `</tool_call>` as text does not end the value or the call early.
@@ -59,6 +60,7 @@ _FUNC, _FUNC_END = "<function=", "</function>"
 _PARAM, _PARAM_END = "<parameter=", "</parameter>"
 _THINK, _THINK_END = "<think>", "</think>"
 
+_EDGE = ("\n", " ", "\t", "\r")  # one of these at each end of a value is the format's (as the call grammar has it)
 _MAX_NAME = 256  # a function or parameter name longer than this is not one (so garbage is not held long)
 _BAD_NAME = set("<>{}\"'") | {" ", "\t", "\n", "\r"}
 _INT = re.compile(r"[+-]?\d+")
@@ -382,8 +384,8 @@ def _value(text: str, at: int, base: int, block: _Block) -> tuple[str, int] | No
             return None
         if follows is not _MALFORMED:
             value = text[at:end]
-            value = value[1:] if value.startswith("\n") else value
-            value = value[:-1] if value.endswith("\n") else value
+            value = value[1:] if value[:1] in _EDGE else value
+            value = value[:-1] if value[-1:] in _EDGE else value
             return value, after
         search = after
 

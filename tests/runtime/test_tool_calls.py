@@ -369,3 +369,14 @@ def test_a_call_id_and_arguments():
     assert ToolCall("call_1", "t", '{"a": 1}').args() == {"a": 1}
     with pytest.raises(ValueError):
         ToolCall("call_1", "t", "[1]").args()
+
+
+def test_one_blank_at_each_end_of_a_value_is_the_formats_as_the_call_grammar_reads_it():
+    """The grammar (engine/constraint.py) takes one whitespace character of any kind on each side of a value as
+    the format's: a value written with spaces instead of the newlines reads the same, and only one goes."""
+    tools = [ToolSpec("f", "", {"type": "object", "properties": {"a": {"type": "string"}}})]
+    for written, value in (("\nhi\n", "hi"), (" hi ", "hi"), ("\thi\n", "hi"), ("\n  hi\n\n", "  hi\n"), ("hi", "hi")):
+        _, calls = parse_calls(
+            f"<tool_call>\n<function=f>\n<parameter=a>{written}</parameter>\n</function>\n</tool_call>", tools
+        )
+        assert calls and calls[0].args() == {"a": value}, written

@@ -87,3 +87,35 @@ def test_the_demo_calls_a_tool_on_its_own_and_answers_from_the_result(home, demo
     first = next(m for m in messages if m.role == "tool")
     assert first.status == COMPLETE and calls_made(calls)[0].startswith(demo_calls[0].name)
     assert messages[-1].role in ("assistant", "tool")
+
+
+def test_call_first_makes_the_demo_call_the_chosen_tool_and_the_user_is_asked(home, tmp_path):
+    """F3's *Call first* on an MCP tool: held to the call's grammar, the demo (which never finishes a call on its
+    own) calls it, the user is asked, and the result goes back; no call markup is left in the answer's text."""
+    if not demo_available():
+        pytest.skip("the demo pair is not in dflash_chat/demo_data")
+    calls = tmp_path / "calls.txt"
+
+    async def main():
+        settings = fast_settings(max_new_tokens=48, context_length=CONTEXT, mcp=mcp_settings(calls))
+        app = DFlashChatApp(settings, demo_source())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await loaded(pilot, app)
+            app.chat.conversation.tools = ChatTools(choice="test/echo")
+            await send(pilot, "Say hello through the echo tool.")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmCallScreen), 180, "the question")
+            asked = (app.screen.tool, app.screen.server, calls_made(calls))
+            await pilot.press("y")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmCallScreen) or not app.chat.generating, 180)
+            while isinstance(app.screen, ConfirmCallScreen):  # a later call of the loop: no
+                await pilot.press("n")
+                await wait_for(pilot, lambda: isinstance(app.screen, ConfirmCallScreen) or not app.chat.generating, 180)
+            return asked, app.chat.conversation.messages
+
+    asked, messages = run(main())
+    assert asked == ("echo", "test", [])
+    tool = next(m for m in messages if m.role == "tool")
+    assert tool.status == COMPLETE and calls_made(calls)[0].startswith("echo")
+    first = next(m for m in messages if m.role == "assistant")
+    assert first.tool_calls and first.tool_calls[0].name == "echo"
+    assert all("<tool_call>" not in (m.content or "") for m in messages if m.role == "assistant")
