@@ -167,6 +167,29 @@ def test_codex_speaks_responses(server, tmp_path, refusals, brief_answers):
     assert refusals() == []
 
 
+def test_codex_exec_output_schema_gets_json_valid_for_it(server, tmp_path, refusals, brief_answers):
+    """`codex exec --output-schema FILE` sends the schema as Responses' `text.format`: the demo's answer, held to
+    it, is JSON valid for it, and codex prints it as the last message."""
+    import jsonschema
+
+    served, url = server
+    schema = {
+        "type": "object",
+        "properties": {"greeting": {"type": "string", "maxLength": 40}, "friendly": {"type": "boolean"}},
+        "required": ["greeting", "friendly"],
+        "additionalProperties": False,
+    }
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    provider = f'{{name="dflash-chat", base_url="{url}/v1", env_key="DFC_KEY", wire_api="responses"}}'
+    config = ["-c", "model_provider=dfc", "-c", f"model_providers.dfc={provider}", "-c", f'model="{served.name}"']
+    last = tmp_path / "last.txt"
+    argv = [agent("codex"), *config, "exec", "--skip-git-repo-check", "--output-schema", str(path)]
+    run_agent([*argv, "--output-last-message", str(last), TASK], isolated(tmp_path, DFC_KEY=KEY), tmp_path)
+    jsonschema.validate(json.loads(last.read_text()), schema)
+    assert refusals() == []
+
+
 def test_opencode_speaks_chat_completions(server, tmp_path, refusals, brief_answers):
     served, url = server
     provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{url}/v1", "apiKey": KEY}}
