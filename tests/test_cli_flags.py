@@ -210,6 +210,13 @@ def test_dflash_chat_home_holds_the_apps_files_and_models_stay_in_the_hf_cache(m
         ),
         (["bench", "--device", "gpu0"], None, "--device 'gpu0' is not a device"),
         (["--demo"], "tpu", "DFLASH_CHAT_DEVICE 'tpu' is not a device"),
+        (
+            ["run", "--demo", "--prompt", "hi"],
+            "tpu",
+            "DFLASH_CHAT_DEVICE 'tpu' is not a device: use cpu, cuda or cuda:N",
+        ),
+        (["run", "--demo", "--prompt", "hi"], "gpu9", "DFLASH_CHAT_DEVICE 'gpu9' is not a device: use cpu, cuda"),
+        (["bench", "--demo"], "tpu", "DFLASH_CHAT_DEVICE 'tpu' is not a device"),
     ],
 )
 def test_a_device_name_is_checked_before_anything_loads(capsys, monkeypatch, argv, env, fragment):
@@ -226,3 +233,21 @@ def test_a_cuda_device_on_a_machine_without_one_says_so(capsys):
         pytest.skip("this machine has a CUDA GPU")
     assert main(["run", "--demo", "--prompt", "hi", "--device", "cuda:1"]) == 2
     assert "--device cuda:1: this machine has no usable CUDA GPU" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_run_refuses_an_empty_prompt_before_loading(capsys, prompt):
+    assert main(["run", "--target", MISSING, "--no-drafter", "--prompt", prompt]) == 2
+    assert "--prompt is empty: give the message to answer" in one_line_error(capsys)
+
+
+def test_a_ctrl_c_while_the_commands_import_ends_in_one_line(capsys, monkeypatch):
+    """The first second of any command is spent importing; a Ctrl+C there is no traceback."""
+    import dflash_chat.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["run", "--demo", "--prompt", "hi"]) == 130
+    assert one_line_error(capsys) == "dflash-chat: interrupted"

@@ -257,6 +257,8 @@ class ChatScreen(PlainNotices, Screen):
         self.show_status()
         await self.show_notice()
         self.notify(status_text.ready_text(self.backend, message.event.seconds))
+        for note in getattr(message.event.model, "notes", ()):  # what was fitted to the pair (engine/load.py)
+            self.notify(note, severity="warning", timeout=15)
 
     async def on_model_failed(self, message: messages.ModelFailed) -> None:
         if not self.backend.handle(message.event):
