@@ -295,9 +295,17 @@ def _read_text(path: Path) -> str:
         raise SettingsError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); fix or delete it") from None
 
 
+BOM = "\ufeff"  # some editors (Notepad) begin a UTF-8 file with it: read past it, and a write keeps it
+
+
 def _document(path: Path) -> dict[str, Any]:
+    return _parsed(path, _read_text(path).removeprefix(BOM))
+
+
+def _parsed(path: Path, text: str) -> dict[str, Any]:
+    """The file's content; SettingsError in the one wording every reader and writer of it uses."""
     try:
-        return tomllib.loads(_read_text(path))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
 
@@ -368,9 +376,11 @@ def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
     if not changes:
         return path
     text = _read_text(path)
+    bom = BOM if text.startswith(BOM) else ""
+    _parsed(path, text[len(bom) :])  # a broken file is refused in the words the app and doctor use
     try:
-        document = tomlkit.parse(text)
-    except TOMLKitError as exc:
+        document = tomlkit.parse(text[len(bom) :])
+    except TOMLKitError as exc:  # what tomllib takes and tomlkit does not
         raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
     for key, value in changes.items():
         parse_value(key, value)
@@ -380,7 +390,7 @@ def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
             _set_table(document, key, value)
         elif not _same(_held(document, key), value):  # an equal value keeps the user's spelling of it
             document[key] = value
-    new_text = document.as_string()
+    new_text = bom + document.as_string()
     if new_text != text:
         _write_atomically(path, new_text)
     return path
