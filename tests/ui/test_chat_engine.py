@@ -21,7 +21,7 @@ from dflash_chat.ui import chat_screen
 from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
-from dflash_chat.ui.widgets.stats_panel import format_rate, format_speed
+from dflash_chat.ui.widgets.stats_panel import format_rate, format_seconds, format_speed
 from tests.pacing import after_each_step
 
 from .conftest import answered, ask, fast_settings, loaded, run, send, wait_for
@@ -332,13 +332,20 @@ def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
             await wait_for(pilot, lambda: "tiny built-in demo model" in notice(), 30, "the demo notice")
             said = notice()
             await ask(pilot, app, "What does the with statement do?", 1)
-            return said, app.chat.last_end.stats, dict(app.chat.panel.shown)
+            first = app.chat.last_end.stats, dict(app.chat.panel.shown)
+            await pilot.press("ctrl+r")  # the same prompt again: the engine holds all of it
+            await wait_for(pilot, lambda: app.chat.last_end.stats is not first[0], 60, "the regenerated answer")
+            await answered(pilot, app, 1)
+            return said, first, (app.chat.last_end.stats, dict(app.chat.panel.shown))
 
-    notice, stats, shown = run(main())
+    notice, (stats, shown), (again, regenerated) = run(main())
     assert "tiny built-in demo model" in notice
     assert stats.accepted > 0
     assert shown["acceptance"] == format_rate(stats.acceptance_rate)
     assert shown["tokens/step"] == f"{stats.mean_acceptance_length:.2f}"
+    assert (shown["target"], shown["drafter"]) == ("tiny demo model", "DFlash2 (demo)")  # not the folders' names
+    # a first token from a prompt held whole takes well under 10 ms: said as such, not as "0.00 s"
+    assert regenerated["first token"] == format_seconds(again.ttft_s) and regenerated["first token"] != "0.00 s"
 
 
 def test_an_engine_error_is_a_notification_and_the_chat_goes_on(home, tiny_pair):

@@ -205,7 +205,7 @@ def test_first_run_explains_downloads_loads_and_answers(first_run, server):
     assert (source.title, source.target_quant, source.drafter_quant) == ("Tiny", "Q8_0", "Q8_0")
     assert source.device == "cuda:0"  # where the choice placed it; DFLASH_CHAT_DEVICE moved it
     assert subtitle == "Tiny Q8_0 · drafter Q8_0"
-    assert panel["target"] == "Tiny" and panel["quant"] == "Q8_0 · drafter Q8_0"
+    assert panel["target"] == "Tiny" and panel["quant"] == panel["drafter quant"] == "Q8_0"
     assert panel["device"].startswith("cpu") and panel["drafter"] == "Tiny-DFlash-q8_0"
     assert "Tiny Q8_0 · drafter Q8_0 is ready" in messages[-1]
     # ... and it chats, drafting with the downloaded drafter
