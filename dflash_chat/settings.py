@@ -173,7 +173,7 @@ DESCRIPTIONS: dict[str, str] = {
     "thinking": "let the model think before answering (on/off)",
     "theme": "colour theme name",
     "model": "pair name (dflash-chat models) or model folder/GGUF; empty: pick for this GPU",
-    "drafter": "DFlash drafter directory (empty = plain decoding)",
+    "drafter": "DFlash drafter folder/GGUF (empty: the pair's or demo's own; else MTP and lookup draft)",
     "context_length": "tokens of context the model keeps",
     "decode": "decode path: auto (CUDA graphs on a GPU, the same steps uncaptured elsewhere), graphs, or fixed "
     "(uncaptured; eager is an older name for it)",

@@ -291,3 +291,14 @@ def test_an_equal_value_keeps_the_users_spelling(home):
     path = write_config("thinking = 1\n")
     settings.update({"thinking": True})
     assert path.read_text() == "thinking = true\n"
+
+
+def test_the_drafter_settings_hint_says_what_an_empty_one_does():
+    """The settings screen shows it: the demo with the field empty drafts with its DFlash2 drafter, and a model
+    without a drafter still drafts with its MTP layer and prompt lookup, so "empty = plain decoding" was untrue."""
+    from dflash_chat.runtime.model_source import resolve
+
+    hint = settings.DESCRIPTIONS["drafter"]
+    assert "plain decoding" not in hint
+    assert resolve(Settings(drafter=""), demo=True).drafter is not None and "empty: the pair's or demo's own" in hint
+    assert "else MTP and lookup draft" in hint

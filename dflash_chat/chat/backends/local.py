@@ -189,7 +189,7 @@ def drafter_name(pair, *, demo: bool) -> str:
     """The drafter as the panel names it: the demo's by what it is ("DFlash2 (demo)", not its folder drafter2),
     another by its file's or repo's name."""
     if not pair.drafter_name:
-        return "none (plain decoding)"
+        return "none"  # the MTP layer and prompt lookup may still draft
     if demo:
         kind = "DFlash2" if type(pair.engine.drafter).__name__ == "DFlash2Drafter" else "DFlash"
         return f"{kind} (demo)"
