@@ -298,14 +298,10 @@ def _read_text(path: Path) -> str:
 BOM = "\ufeff"  # some editors (Notepad) begin a UTF-8 file with it: read past it, and a write keeps it
 
 
-def _document(path: Path) -> dict[str, Any]:
-    return _parsed(path, _read_text(path).removeprefix(BOM))
-
-
-def _parsed(path: Path, text: str) -> dict[str, Any]:
-    """The file's content; SettingsError in the one wording every reader and writer of it uses."""
+def _document(path: Path, text: str | None = None) -> dict[str, Any]:
+    """The file's content (`text`: as already read); SettingsError in the one wording its readers and writers use."""
     try:
-        return tomllib.loads(text)
+        return tomllib.loads((_read_text(path) if text is None else text).removeprefix(BOM))
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
 
@@ -377,7 +373,7 @@ def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
         return path
     text = _read_text(path)
     bom = BOM if text.startswith(BOM) else ""
-    _parsed(path, text[len(bom) :])  # a broken file is refused in the words the app and doctor use
+    _document(path, text)  # a broken file is refused in the words the app and doctor use
     try:
         document = tomlkit.parse(text[len(bom) :])
     except TOMLKitError as exc:  # what tomllib takes and tomlkit does not

@@ -251,3 +251,21 @@ def test_a_ctrl_c_while_the_commands_import_ends_in_one_line(capsys, monkeypatch
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert main(["run", "--demo", "--prompt", "hi"]) == 130
     assert one_line_error(capsys) == "dflash-chat: interrupted"
+
+
+def test_bench_help_says_what_demo_measures_every_class_and_method(capsys):
+    assert main(["bench", "--help"]) == 0
+    demo = " ".join(capsys.readouterr().out.split())
+    demo = demo[demo.index("--demo ") : demo.index("--tools ")]
+    for words in ("prose questions", "copy-heavy prompts", "DFlash and DFlash2", "MTP layer 1, 2 and 3 deep"):
+        assert words in demo, words
+    assert "prompt lookup up to 15" in demo and "auto beside each drafter" in demo
+
+
+def test_readme_says_each_sentence_once():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert readme.count("the selector drew sampled drafts from a sharper distribution than the target's") == 1
+    lines = [line.strip() for line in readme.splitlines() if len(line.strip()) > 40]
+    assert not [line for line in set(lines) if lines.count(line) > 1 and not line.startswith(("|", "```"))]

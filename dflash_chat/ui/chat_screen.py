@@ -1,4 +1,5 @@
 """The main screen: conversation, message box and side panel; it renders and routes keys.
+One file past 500 lines: its handlers all act on one screen's state (the chat, its answer, its agent loop).
 
 What answers sits behind the backend the app gives it (chat/backends/): the engine in this process
 (choose, download, load, answer, reuse prefixes) or an OpenAI-compatible server. The backend's worker
