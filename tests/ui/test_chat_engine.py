@@ -348,6 +348,35 @@ def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
     assert regenerated["first token"] == format_seconds(again.ttft_s) and regenerated["first token"] != "0.00 s"
 
 
+@pytest.mark.skipif(not demo_available(), reason="the trained demo pair is not in dflash_chat/demo_data yet")
+def test_a_message_sent_while_the_model_loads_is_shown_at_once_and_answered_once_it_is_ready(home):
+    """A new user's first message, typed while the demo loads, beside the notice of a value in config.toml the
+    app cannot use: it was kept in the box under a toast that read like progress, and never shown."""
+    from dflash_chat import settings as settings_module
+
+    from .conftest import write_config
+
+    write_config('temperature = "hot"\nmax_new_tokens = 8\n')
+    current, problems = settings_module.read()
+
+    async def main():
+        app = DFlashChatApp(current, demo_source(), problems=problems)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.chat.backend.status.stage == "loading", 30, "the load to start")
+            await send(pilot, "hello")
+            await pilot.pause()
+            shown = [str(w.render()) for w in app.chat.query(UserMessage)], app.chat.backend.model is None
+            await answered(pilot, app, 1)
+            notes = [n.message for n in app._notifications]
+            return shown, [(m.role, m.status) for m in app.chat.conversation.messages], notes
+
+    (users, while_loading), turns, notes = run(main())
+    assert while_loading and len(users) == 1  # shown at once, before the model was ready
+    assert turns == [("user", COMPLETE), ("assistant", COMPLETE)]
+    assert any(n.startswith("Sent once the model is ready.") for n in notes)
+    assert any("temperature must be a number" in n for n in notes)
+
+
 def test_an_engine_error_is_a_notification_and_the_chat_goes_on(home, tiny_pair):
     async def main():
         app = make_app(tiny_pair, context_length=256, max_new_tokens=250)
