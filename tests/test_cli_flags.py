@@ -269,3 +269,25 @@ def test_readme_says_each_sentence_once():
     assert readme.count("the selector drew sampled drafts from a sharper distribution than the target's") == 1
     lines = [line.strip() for line in readme.splitlines() if len(line.strip()) > 40]
     assert not [line for line in set(lines) if lines.count(line) > 1 and not line.startswith(("|", "```"))]
+
+
+def test_serve_says_what_in_the_settings_file_it_cannot_use_on_stderr(capsys, monkeypatch, tmp_path):
+    """As run does: one line per problem, on stderr (stdout is for what serve answers), before anything loads."""
+    import socket
+
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path))
+    config = tmp_path / "config" / "config.toml"
+    config.parent.mkdir()
+    config.write_text('temperature = "hot"\n')
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:  # a port in use stops serve before the model loads, after the settings were read
+        assert main(["serve", "--demo", "--port", str(taken.getsockname()[1])]) == 2
+    finally:
+        taken.close()
+    out, err = capsys.readouterr()
+    assert out == ""
+    note, refusal = err.splitlines()
+    assert note.startswith(f"note: {config}: temperature must be a number from 0 to 2") and "fix or remove" in note
+    assert refusal.startswith("dflash-chat: ") and "Traceback" not in err
