@@ -291,3 +291,24 @@ def test_serve_says_what_in_the_settings_file_it_cannot_use_on_stderr(capsys, mo
     note, refusal = err.splitlines()
     assert note.startswith(f"note: {config}: temperature must be a number from 0 to 2") and "fix or remove" in note
     assert refusal.startswith("dflash-chat: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("after", [0.25, 0.5])
+def test_a_real_ctrl_c_in_runs_first_second_is_one_line(after):
+    """SIGINT while `run` imports its modules (before the model loads): no traceback, at any moment."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dflash_chat.cli", "run", "--demo", "--prompt", "hi", "--device", "cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal starts it
+    )
+    time.sleep(after)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    assert "Traceback" not in err.decode(), err.decode()[-2000:]
+    assert child.returncode in (130, 0, -signal.SIGINT)  # 0: it had already answered; -2: before Python's handler
