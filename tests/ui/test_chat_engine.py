@@ -349,15 +349,23 @@ def test_the_demo_pair_drafts_tokens_that_are_accepted(home):
 
 
 @pytest.mark.skipif(not demo_available(), reason="the trained demo pair is not in dflash_chat/demo_data yet")
-def test_a_message_sent_while_the_model_loads_is_shown_at_once_and_answered_once_it_is_ready(home):
+def test_a_message_sent_while_the_model_loads_is_shown_at_once_and_answered_once_it_is_ready(home, monkeypatch):
     """A new user's first message, typed while the demo loads, beside the notice of a value in config.toml the
     app cannot use: it was kept in the box under a toast that read like progress, and never shown."""
     from dflash_chat import settings as settings_module
+    from dflash_chat.engine import load
 
     from .conftest import write_config
 
     write_config('temperature = "hot"\nmax_new_tokens = 8\n')
     current, problems = settings_module.read()
+    typed, real_load = threading.Event(), load.load_pair
+
+    def load_after_typing(*args, **kwargs):  # the real load, once the message is in: a load as slow as a user's
+        typed.wait(60)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(load, "load_pair", load_after_typing)
 
     async def main():
         app = DFlashChatApp(current, demo_source(), problems=problems)
@@ -366,8 +374,9 @@ def test_a_message_sent_while_the_model_loads_is_shown_at_once_and_answered_once
             await send(pilot, "hello")
             await pilot.pause()
             shown = [str(w.render()) for w in app.chat.query(UserMessage)], app.chat.backend.model is None
-            await answered(pilot, app, 1)
             notes = [n.message for n in app._notifications]
+            typed.set()
+            await answered(pilot, app, 1)
             return shown, [(m.role, m.status) for m in app.chat.conversation.messages], notes
 
     (users, while_loading), turns, notes = run(main())

@@ -274,7 +274,7 @@ def test_offline_with_nothing_cached_says_what_is_missing(first_run, server, mon
     ]
     assert error.endswith(f"For this model: `{PULL}`.")
     assert error in messages and notice == f"No model yet: {error}"
-    assert usable and messages[-1] == f"No model yet: {error}"  # the reply to sending without a model
+    assert usable and messages[-1] == f"Not sent: No model yet: {error}"  # the reply to sending without a model
     assert server.requests == []
 
 
