@@ -83,6 +83,14 @@ def _command(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:  # a Ctrl+C while the commands' modules import (the first second) ends as quietly as a later one
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("dflash-chat: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -90,10 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     handler = getattr(args, "handler", None) or _command("chat").main
     try:
+        _check_environment()
         return int(handler(args) or 0)
-    except KeyboardInterrupt:
-        print("dflash-chat: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:  # noqa: BLE001 - the one place errors become one line
         from dflash_chat.errors import describe
 
@@ -102,6 +108,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"dflash-chat: {message}", file=sys.stderr)
         return 2
+
+
+def _check_environment() -> None:
+    """The variables every command reads are spelled as they must be: $DFLASH_CHAT_DEVICE=tpu is refused,
+    not run on the CPU in silence."""
+    import os
+
+    from dflash_chat.commands.run import check_device_name
+    from dflash_chat.runtime.model_source import DEVICE_ENV
+
+    check_device_name(os.environ.get(DEVICE_ENV), DEVICE_ENV)
 
 
 if __name__ == "__main__":

@@ -173,7 +173,7 @@ DESCRIPTIONS: dict[str, str] = {
     "thinking": "let the model think before answering (on/off)",
     "theme": "colour theme name",
     "model": "pair name (dflash-chat models) or model folder/GGUF; empty: pick for this GPU",
-    "drafter": "DFlash drafter directory (empty = plain decoding)",
+    "drafter": "DFlash drafter folder/GGUF (empty: the pair's or demo's own; else MTP and lookup draft)",
     "context_length": "tokens of context the model keeps",
     "decode": "decode path: auto (CUDA graphs on a GPU, the same steps uncaptured elsewhere), graphs, or fixed "
     "(uncaptured; eager is an older name for it)",
@@ -295,9 +295,13 @@ def _read_text(path: Path) -> str:
         raise SettingsError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); fix or delete it") from None
 
 
-def _document(path: Path) -> dict[str, Any]:
+BOM = "\ufeff"  # some editors (Notepad) begin a UTF-8 file with it: read past it, and a write keeps it
+
+
+def _document(path: Path, text: str | None = None) -> dict[str, Any]:
+    """The file's content (`text`: as already read); SettingsError in the one wording its readers and writers use."""
     try:
-        return tomllib.loads(_read_text(path))
+        return tomllib.loads((_read_text(path) if text is None else text).removeprefix(BOM))
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
 
@@ -368,9 +372,11 @@ def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
     if not changes:
         return path
     text = _read_text(path)
+    bom = BOM if text.startswith(BOM) else ""
+    _document(path, text)  # a broken file is refused in the words the app and doctor use
     try:
-        document = tomlkit.parse(text)
-    except TOMLKitError as exc:
+        document = tomlkit.parse(text[len(bom) :])
+    except TOMLKitError as exc:  # what tomllib takes and tomlkit does not
         raise SettingsError(f"{path} is not valid TOML ({exc}); fix or delete it") from None
     for key, value in changes.items():
         parse_value(key, value)
@@ -380,7 +386,7 @@ def update(changes: Mapping[str, Any], path: Path | None = None) -> Path:
             _set_table(document, key, value)
         elif not _same(_held(document, key), value):  # an equal value keeps the user's spelling of it
             document[key] = value
-    new_text = document.as_string()
+    new_text = bom + document.as_string()
     if new_text != text:
         _write_atomically(path, new_text)
     return path

@@ -55,6 +55,37 @@ def test_run_draft_sets_how_many_drafts_each_step_verifies(pair, capsys):
     assert off["answer"] == three["answer"]  # greedy: the same tokens, however many drafts
 
 
+def test_run_lowers_a_draft_above_the_drafters_block_and_says_so_in_the_rules_words(pair, capsys):
+    """The tiny drafter's block is 16: a verify step takes at most 15 drafts; 20 is fitted, not shown as given."""
+    from dflash_chat.engine import rules
+
+    target, drafter = pair
+    assert main(run_argv(target, drafter, "hi", "--max-tokens", "10", "--json", "--draft", "20")) == 0
+    out = capsys.readouterr()
+    record = json.loads(out.out)
+    assert record["draft"] == "15" and max(k for k, n in enumerate(record["draft_histogram"]) if n) <= 15
+    assert f"note: {rules.fit_draft(20, 15)[1]}" in out.err.splitlines()
+    assert "draft 20 is more drafts per step than this model pair makes (at most 15); drafting 15" in out.err
+
+
+def test_run_takes_the_settings_files_draft_and_says_what_in_it_cannot_be_used(pair, capsys, monkeypatch, tmp_path):
+    target, drafter = pair
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path))
+    config = tmp_path / "config" / "config.toml"
+    config.parent.mkdir()
+    config.write_text('draft = 4\ntemperature = "hot"\n')
+    assert main(run_argv(target, drafter, "hi", "--max-tokens", "8", "--json")) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["draft"] == "4"
+    assert out.err.count("temperature must be a number") == 1 and "fix or remove that line" in out.err
+    config.write_text("draft = = 4\n")  # not TOML at all: the defaults, and the file's problem in one line
+    assert main(run_argv(target, drafter, "hi", "--max-tokens", "8", "--json")) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["draft"] == "auto"
+    problem = [line for line in out.err.splitlines() if "config.toml" in line]
+    assert len(problem) == 1 and problem[0].startswith("note: ") and "is not valid TOML" in problem[0]
+
+
 def test_run_streams_the_same_answer_the_json_record_holds(pair, capsys):
     target, drafter = pair
     common = run_argv(target, drafter, "hello", "--max-tokens", "12")
@@ -413,6 +444,7 @@ def test_run_json_schema_holds_the_answer_to_the_schema(pair, capsys, tmp_path):
         "type": "object",
         "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2]}},
         "required": ["ok", "n"],
+        "additionalProperties": False,  # (as JSON schema has it, other keys are allowed otherwise)
     }
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))

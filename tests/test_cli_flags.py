@@ -210,6 +210,13 @@ def test_dflash_chat_home_holds_the_apps_files_and_models_stay_in_the_hf_cache(m
         ),
         (["bench", "--device", "gpu0"], None, "--device 'gpu0' is not a device"),
         (["--demo"], "tpu", "DFLASH_CHAT_DEVICE 'tpu' is not a device"),
+        (
+            ["run", "--demo", "--prompt", "hi"],
+            "tpu",
+            "DFLASH_CHAT_DEVICE 'tpu' is not a device: use cpu, cuda or cuda:N",
+        ),
+        (["run", "--demo", "--prompt", "hi"], "gpu9", "DFLASH_CHAT_DEVICE 'gpu9' is not a device: use cpu, cuda"),
+        (["bench", "--demo"], "tpu", "DFLASH_CHAT_DEVICE 'tpu' is not a device"),
     ],
 )
 def test_a_device_name_is_checked_before_anything_loads(capsys, monkeypatch, argv, env, fragment):
@@ -226,3 +233,82 @@ def test_a_cuda_device_on_a_machine_without_one_says_so(capsys):
         pytest.skip("this machine has a CUDA GPU")
     assert main(["run", "--demo", "--prompt", "hi", "--device", "cuda:1"]) == 2
     assert "--device cuda:1: this machine has no usable CUDA GPU" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_run_refuses_an_empty_prompt_before_loading(capsys, prompt):
+    assert main(["run", "--target", MISSING, "--no-drafter", "--prompt", prompt]) == 2
+    assert "--prompt is empty: give the message to answer" in one_line_error(capsys)
+
+
+def test_a_ctrl_c_while_the_commands_import_ends_in_one_line(capsys, monkeypatch):
+    """The first second of any command is spent importing; a Ctrl+C there is no traceback."""
+    import dflash_chat.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["run", "--demo", "--prompt", "hi"]) == 130
+    assert one_line_error(capsys) == "dflash-chat: interrupted"
+
+
+def test_bench_help_says_what_demo_measures_every_class_and_method(capsys):
+    assert main(["bench", "--help"]) == 0
+    demo = " ".join(capsys.readouterr().out.split())
+    demo = demo[demo.index("--demo ") : demo.index("--tools ")]
+    for words in ("prose questions", "copy-heavy prompts", "DFlash and DFlash2", "MTP layer 1, 2 and 3 deep"):
+        assert words in demo, words
+    assert "prompt lookup up to 15" in demo and "auto beside each drafter" in demo
+
+
+def test_readme_says_each_sentence_once():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert readme.count("the selector drew sampled drafts from a sharper distribution than the target's") == 1
+    lines = [line.strip() for line in readme.splitlines() if len(line.strip()) > 40]
+    assert not [line for line in set(lines) if lines.count(line) > 1 and not line.startswith(("|", "```"))]
+
+
+def test_serve_says_what_in_the_settings_file_it_cannot_use_on_stderr(capsys, monkeypatch, tmp_path):
+    """As run does: one line per problem, on stderr (stdout is for what serve answers), before anything loads."""
+    import socket
+
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path))
+    config = tmp_path / "config" / "config.toml"
+    config.parent.mkdir()
+    config.write_text('temperature = "hot"\n')
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:  # a port in use stops serve before the model loads, after the settings were read
+        assert main(["serve", "--demo", "--port", str(taken.getsockname()[1])]) == 2
+    finally:
+        taken.close()
+    out, err = capsys.readouterr()
+    assert out == ""
+    note, refusal = err.splitlines()
+    assert note.startswith(f"note: {config}: temperature must be a number from 0 to 2") and "fix or remove" in note
+    assert refusal.startswith("dflash-chat: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("after", [0.25, 0.5])
+def test_a_real_ctrl_c_in_runs_first_second_is_one_line(after):
+    """SIGINT while `run` imports its modules (before the model loads): no traceback, at any moment."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dflash_chat.cli", "run", "--demo", "--prompt", "hi", "--device", "cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal starts it
+    )
+    time.sleep(after)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    assert "Traceback" not in err.decode(), err.decode()[-2000:]
+    assert child.returncode in (130, 0, -signal.SIGINT)  # 0: it had already answered; -2: before Python's handler

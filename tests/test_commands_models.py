@@ -86,19 +86,19 @@ def test_pull_then_models_shows_it_cached(home, capsys):
 
     code, out, err = run(capsys, "models")
     assert code == 0, err
-    assert out.splitlines()[0] == f"This machine: RTX 3090 24 GB, {size_text(RTX_3090.available)} free"
+    assert out.splitlines()[0] == f"This machine: RTX 3090 24 GiB, {size_text(RTX_3090.available)} free"
     tiny = load_catalog().get("tiny")
     need = hardware.budget(tiny, tiny.target("Q4_K_M"), tiny.drafter("BF16"), 8192, RTX_3090).need
     assert row(out, "tiny", "Q4_K_M") == ["tiny", "Q4_K_M", "40 kB", "BF16", f"{size_text(need)} @8k", "yes", "yes"]
     assert row(out, "tiny", "Q8_0")[5:] == ["yes", "drafter+tokenizer", "<- pick"]  # rank 99, Q8_0 fits
     assert row(out, "qwen3.6-27b", "Q4_K_M")[6] == "-"
-    assert "Pick: RTX 3090 24 GB: Tiny Q8_0 + drafter BF16;" in out
+    assert "Pick: RTX 3090 24 GiB: Tiny Q8_0 + drafter BF16;" in out
 
 
 def test_pull_without_a_model_fetches_the_pick(home, capsys, server):
     code, out, err = run(capsys, "pull")
     assert code == 0, err
-    assert out.splitlines()[0].startswith("RTX 3090 24 GB: Tiny Q8_0 + drafter BF16;")
+    assert out.splitlines()[0].startswith("RTX 3090 24 GiB: Tiny Q8_0 + drafter BF16;")
     assert server.gets("/cdn/")  # it really downloaded
     code, out, _ = run(capsys, "pull")
     assert "all cached" in out.splitlines()[1]
@@ -140,8 +140,8 @@ def test_models_on_a_cpu_only_machine(home, capsys, monkeypatch):
     monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
     code, out, err = run(capsys, "models", "--context", "8192")
     assert code == 0, err
-    assert out.splitlines()[0] == f"This machine: CPU, 16 GB RAM, {size_text(12 * GIB)} free (CPU-only build of torch)"
-    assert "Pick: CPU, 16 GB RAM: no GPU (CPU-only build of torch), so the tiny built-in demo model;" in out
+    assert out.splitlines()[0] == f"This machine: CPU, 16 GiB RAM, {size_text(12 * GIB)} free (CPU-only build of torch)"
+    assert "Pick: CPU, 16 GiB RAM: no GPU (CPU-only build of torch), so the tiny built-in demo model;" in out
     assert row(out, "qwen3.6-27b", "Q8_0")[5] == "no"
     four_b = row(out, "qwen3.5-4b", "Q8_0")
     assert (four_b[3], four_b[5:]) == ("BF16", ["yes", "-"])  # fits, but the app runs the demo pair
@@ -190,9 +190,9 @@ def test_models_vram_plans_for_another_card_without_probing(home, capsys, monkey
     monkeypatch.setattr(hardware, "probe", no_probe)
     code, out, err = run(capsys, "models", "--vram", "24", "--context", "32768")
     assert code == 0, err
-    assert out.splitlines()[0] == "Planning for a 24 GB GPU (--vram), all of it free"
+    assert out.splitlines()[0] == "Planning for a 24 GiB GPU (--vram: 25.8 GB), all of it free"
     assert (
-        "Pick: planned GPU 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+        "Pick: planned GPU 24 GiB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
         "with ~20 % longer acceptance);"
     ) in out
     assert row(out, "qwen3.8-27b", "Q4_K_M")[5:] == ["yes", "-", "<- pick"]
@@ -200,13 +200,13 @@ def test_models_vram_plans_for_another_card_without_probing(home, capsys, monkey
     assert row(out, "qwen3.6-27b", "Q4_K_M")[5:] == ["yes", "-"]  # it fits too, ranked below
     assert "Drafting: drafts with the DFlash2 drafter, the target's own MTP layer and prompt lookup" in out
     _, out, _ = run(capsys, "models", "--vram", "80", "--context", "32768")
-    assert "Pick: planned GPU 80 GB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (" in out
+    assert "Pick: planned GPU 80 GiB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (" in out
     assert row(out, "qwen3.6-35b-a3b", "Q8_0")[3] == "MTP"  # the MoE target drafts with its MTP layer first
     # the 35B-A3B drafter's training shows where the repo holds two
     _, out, _ = run(capsys, "models", "--vram", "80", "--context", "32768", "--drafter-quant", "Q8_0")
     assert row(out, "qwen3.6-35b-a3b", "Q8_0")[3] == "Q8_0 (2026-04)"
     code, _, err = run(capsys, "models", "--vram", "0")
-    assert code == 2 and "--vram takes the GPU's size in GB" in err
+    assert code == 2 and "--vram takes the GPU's size in GiB" in err
 
 
 def test_unknown_model_is_one_line(home, capsys):
@@ -222,7 +222,7 @@ def test_doctor_reports_each_line_ok_or_what_to_do(home, capsys):
     assert any(line.startswith("OK   torch ") for line in lines)
     assert any("kernels: " in line for line in lines)
     assert any(line.startswith(f"OK   HF cache {home}") for line in lines)
-    assert any(line.startswith("OK   model: RTX 3090 24 GB: Tiny Q8_0") for line in lines)
+    assert any(line.startswith("OK   model: RTX 3090 24 GiB: Tiny Q8_0") for line in lines)
     assert f"OK   Hub: {hub.default_endpoint()} reachable (" in out  # the test Hub answered
     assert any("1 model pair(s) of your own" in line for line in lines)
     fixes = [line for line in lines if line.startswith("FIX")]
@@ -363,7 +363,7 @@ def test_pull_qwen38_fetches_the_target_quant_and_the_dflash2_drafter_the_picker
     lines = out.splitlines()
     # the picker's line for this machine (the 3090 double, the app's 8k context), then the plan
     assert lines[0].startswith(
-        "RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token "
+        "RTX 3090 24 GiB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token "
         "blocks with ~20 % longer acceptance);"
     )
     size = size_text(4_000 + 2_000 + 20 + 50 + 10 + 30)  # target, drafter, the tokenizer repo's files
@@ -417,7 +417,7 @@ def test_doctor_and_models_know_the_qwen38_pair(qwen38_home, capsys):
     pick = next(line for line in models_out.splitlines() if line.startswith("Pick: "))
     expected = app_explanation(RTX_3090)
     assert pick == f"Pick: {expected}"
-    assert expected.startswith("RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token")
+    assert expected.startswith("RTX 3090 24 GiB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token")
     assert expected.endswith("left for an 8k context")
     assert f"OK   model: {expected}" in doctor_out.splitlines()
     for quant in ("Q4_K_M", "Q3_K_M", "Q3_K_S"):  # every quant that fits, with its DFlash2 drafter
@@ -483,3 +483,43 @@ def test_doctor_counts_the_prefix_cache_in_checkpoints_of_the_pick(home, capsys,
         and "prefix_cache_ram_mib lower" in line
         for line in out.splitlines()
     )
+
+
+def test_over_the_catalog_the_pick_is_the_tables_first_row_that_fits_and_readme_says_so(home, capsys):
+    """One rule, one story: on every card size the pick is the first row of `models` marked to fit (pairs by
+    rank, a pair's largest target quant first), and README's 16 GiB pick is the one `models --vram 16` makes."""
+    from pathlib import Path
+
+    from dflash_chat import paths
+    from dflash_chat.models.catalog import load_catalog
+
+    paths.config_file().write_text("")  # the shipped pairs only
+    for vram in (8, 12, 16, 20, 24, 32, 48, 80):
+        code, out, err = run(capsys, "models", "--vram", str(vram))
+        assert code == 0, err
+        rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()[2:] if line.startswith("qwen")]
+        fitting = [i for i, cells in enumerate(rows) if cells[5] == "yes"]
+        assert [i for i, cells in enumerate(rows) if cells[-1] == "<- pick"] == fitting[:1], (vram, out)
+        assert out.splitlines()[0] == f"Planning for a {vram} GiB GPU (--vram: {size_text(vram * GIB)}), all of it free"
+    sixteen = hardware.choose(hardware.planned(16), load_catalog(), context=8192)  # the app's context_length
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    alone = "alone with its MTP layer" if sixteen.drafter is None else f"beside the {sixteen.drafter.quant} drafter"
+    assert f"the pick from 16 GiB cards ({sixteen.target.quant} {alone}, at an 8k context)" in readme
+    assert sixteen.pair.name == "qwen3.8-27b" and "Q3_K_S at an 8k context" not in readme
+
+
+def test_doctor_on_a_cpu_only_machine_with_a_cpu_torch_has_nothing_to_fix_there(monkeypatch):
+    """README recommends the CPU build of torch where there is no GPU: that is right, not a FIX (exit 1). FIX
+    belongs where the driver has a GPU that this torch cannot use (the GPU is the one double here)."""
+    import torch
+
+    from dflash_chat.commands import doctor
+
+    if torch.version.cuda is not None or doctor.nvidia_gpu_present():
+        pytest.skip("this machine has a CUDA build of torch or an NVIDIA GPU")
+    cuda = next(c for c in doctor.torch_checks(torch) if c.text.startswith("CUDA"))
+    assert cuda.ok and cuda.line() == "OK   CUDA: none (a CPU-only torch, and no NVIDIA GPU here: it runs on the CPU)"
+    monkeypatch.setattr(doctor, "nvidia_gpu_present", lambda: True)
+    cuda = next(c for c in doctor.torch_checks(torch) if c.text.startswith("CUDA"))
+    assert not cuda.ok and cuda.line().startswith("FIX  CUDA: this torch is a CPU-only build, and this machine has")
+    assert "--force-reinstall torch --index-url https://download.pytorch.org/whl/cu128" in cuda.fix

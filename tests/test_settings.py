@@ -136,6 +136,30 @@ def test_broken_toml_is_a_user_error(home):
         settings.load()
 
 
+def test_a_broken_file_is_said_in_one_wording_by_the_app_doctor_and_set(home, capsys):
+    from dflash_chat.cli import main
+
+    path = write_config("temperature = = 1\n")
+    with pytest.raises(SettingsError) as loaded:
+        settings.load()
+    with pytest.raises(SettingsError) as updated:
+        settings.update({"top_k": 5})
+    (read,) = settings.read()[1]
+    assert str(loaded.value) == str(updated.value) and read.startswith(str(loaded.value))
+    assert main(["--set", "top_k=5"]) == 2
+    assert capsys.readouterr().err == f"dflash-chat: {loaded.value}\n"
+    assert path.read_text() == "temperature = = 1\n"
+
+
+def test_a_file_that_begins_with_a_utf8_bom_is_read_and_an_edit_keeps_the_bom(home):
+    """Notepad writes one: the file is as valid as without it, and an edit changes only its line."""
+    path = write_config("\ufeff" + USER_FILE)
+    assert settings.read() == (settings.load(), [])
+    assert settings.load().temperature == 0.5 and settings.load().keymap == {"stop": "ctrl+g"}
+    settings.update({"temperature": 0.2})
+    assert path.read_bytes() == ("\ufeff" + USER_FILE.replace("temperature   = 0.5 ", "temperature   = 0.2 ")).encode()
+
+
 def test_failed_write_leaves_old_file_whole(home, monkeypatch):
     settings.update({"top_k": 7})
     before = paths.config_file().read_bytes()
@@ -267,3 +291,14 @@ def test_an_equal_value_keeps_the_users_spelling(home):
     path = write_config("thinking = 1\n")
     settings.update({"thinking": True})
     assert path.read_text() == "thinking = true\n"
+
+
+def test_the_drafter_settings_hint_says_what_an_empty_one_does():
+    """The settings screen shows it: the demo with the field empty drafts with its DFlash2 drafter, and a model
+    without a drafter still drafts with its MTP layer and prompt lookup, so "empty = plain decoding" was untrue."""
+    from dflash_chat.runtime.model_source import resolve
+
+    hint = settings.DESCRIPTIONS["drafter"]
+    assert "plain decoding" not in hint
+    assert resolve(Settings(drafter=""), demo=True).drafter is not None and "empty: the pair's or demo's own" in hint
+    assert "else MTP and lookup draft" in hint

@@ -1,4 +1,5 @@
 """`dflash-chat bench --synthetic MODEL`: the engine at a real model's shapes, with random packed weights.
+One file past 500 lines: every figure is measured on the one random-weight pair it builds, into one report.
 
 One run measures, on whatever device is there: the weight bytes a decode step reads and the device's
 copy bandwidth (so the step's floor), the autoregressive step against that floor, the B-token verify

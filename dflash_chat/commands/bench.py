@@ -26,10 +26,12 @@ def register(subparsers) -> None:
     p.add_argument(
         "--demo",
         action="store_true",
-        help="the embedded trained demo pair with its real drafter: held-out "
-        "code questions, raw code (no chat template) and prose questions; plain decoding, a fixed 16-token "
-        "verify and auto, greedy (DFlash's text must equal plain decoding's, else the exit status is 1) "
-        "and sampled (seed i for a class's i-th prompt)",
+        help="the embedded trained demo pair: held-out code questions, raw code (no chat template), prose "
+        "questions and copy-heavy prompts (repeat or lightly edit a given code block or paragraph); plain "
+        "decoding, each method alone at a fixed depth (each shipped drafter, DFlash and DFlash2, at a 16-token "
+        "verify; the target's MTP layer 1, 2 and 3 deep; prompt lookup up to 15) and auto beside each drafter, "
+        "greedy (every method's text must equal plain decoding's, else the exit status is 1) and sampled (seed "
+        "i for a class's i-th prompt)",
     )
     p.add_argument(
         "--tools",

@@ -75,12 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from dflash_chat.commands.run import check_device_name
-    from dflash_chat.runtime.model_source import DEVICE_ENV
-
     if args.assignments:
         return save_assignments(args.assignments)
-    check_device_name(os.environ.get(DEVICE_ENV), DEVICE_ENV)  # spelling only: torch loads in the worker
     current, problems = settings_module.read()  # what cannot be used is shown in the app, never rewritten
     build_app(args, current, problems).run()
     return 0

@@ -95,9 +95,11 @@ def torch_checks(torch) -> list[Check]:
         )
         return [Check(False, "torch is not installed", fix)]
     checks = [Check(True, f"torch {torch.__version__}")]
-    if torch.version.cuda is None:
-        fix = f"for an NVIDIA GPU: {install_command(f'--force-reinstall torch {CUDA_TORCH}')}"
-        checks.append(Check(False, "CUDA: this torch is a CPU-only build", fix))
+    if torch.version.cuda is None and not nvidia_gpu_present():  # the build README recommends without a GPU
+        checks.append(Check(True, "CUDA: none (a CPU-only torch, and no NVIDIA GPU here: it runs on the CPU)"))
+    elif torch.version.cuda is None:
+        fix = f"for the NVIDIA GPU here: {install_command(f'--force-reinstall torch {CUDA_TORCH}')}"
+        checks.append(Check(False, "CUDA: this torch is a CPU-only build, and this machine has an NVIDIA GPU", fix))
     elif not torch.cuda.is_available():
         checks.append(
             Check(False, f"CUDA {torch.version.cuda}: no GPU visible", "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
@@ -110,6 +112,15 @@ def torch_checks(torch) -> list[Check]:
             checks.append(Check(True, f"GPU {index}: {name}, {size_text(total)} total, {size_text(free)} free"))
     checks.append(kernel_check(torch))
     return checks
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether an NVIDIA GPU is installed, asked of the driver, not of torch (a CPU build of torch sees none):
+    the driver's device list, its device files, or its nvidia-smi."""
+    import shutil
+
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists() or bool(shutil.which("nvidia-smi"))
 
 
 def kernel_check(torch) -> Check:

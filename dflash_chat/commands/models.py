@@ -17,15 +17,16 @@ def register(subparsers) -> None:
         "models",
         help="list the model pairs, what fits this machine and what is cached",
         description="List the model pairs dflash-chat knows (shipped and from config.toml), "
-        "whether each quant fits this machine's free memory (or a GPU of --vram GB), and what is "
+        "whether each quant fits this machine's free memory (or a GPU of --vram GiB), and what is "
         "already downloaded. The pick is what the chat app runs.",
     )
     hardware.add_choice_arguments(parser, files=False)  # --model, --quant, --drafter-quant: rows for those only
     parser.add_argument(
         "--vram",
         type=float,
-        metavar="GB",
-        help="plan for a GPU of this size (as sold, e.g. 24) instead of this machine",
+        metavar="GiB",
+        help="plan for a GPU of this size as sold (e.g. 24 for a 24 GiB card, which holds 25.8 GB) instead of "
+        "this machine",
     )
     parser.set_defaults(handler=run)
 
@@ -60,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     if args.vram is not None:
         if args.vram <= 0:
-            raise UserError(f"--vram takes the GPU's size in GB, e.g. --vram 24 (got {args.vram:g})")
+            raise UserError(f"--vram takes the GPU's size in GiB, e.g. --vram 24 (got {args.vram:g})")
         machine = hardware.planned(args.vram)
-        print(f"Planning for a {args.vram:g} GB GPU (--vram), all of it free")
+        print(f"Planning for a {args.vram:g} GiB GPU (--vram: {size_text(machine.total)}), all of it free")
     else:
         machine = hardware.probe()
         free = f"{size_text(machine.available)} free"

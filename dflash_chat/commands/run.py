@@ -38,7 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=rule_flag(rules.SEED), help="sampling seed (whole number)")
     # --context and --draft take no default here: the chat's own (None) is in the namespace first, and argparse keeps it
     p.add_argument(
-        "--context", type=flag("context_length"), help=f"context length to allocate (256-1048576, default {CONTEXT})"
+        "--context",
+        type=flag("context_length"),
+        help=f"context length to allocate (256-1048576; default: the context_length setting, {CONTEXT})",
     )
     p.add_argument(
         "--think",
@@ -51,17 +53,17 @@ def register(subparsers) -> None:
     p.add_argument(
         "--decode",
         type=flag("decode"),
-        default="auto",
         metavar="auto|graphs|fixed",
-        help="decode path: CUDA graphs on a GPU, the same steps uncaptured elsewhere (auto, the default); "
-        "fixed never captures (eager is an older name for it)",
+        help="decode path: CUDA graphs on a GPU, the same steps uncaptured elsewhere (auto); fixed never "
+        "captures (eager is an older name for it); default: the decode setting",
     )
     p.add_argument(
         "--draft",
         type=flag("draft"),
         metavar="auto|off|N",
-        help="drafts each step verifies: auto picks per step by speed (default), off decodes plainly "
-        "with the drafter loaded, N drafts N tokens (at most the drafter's block - 1)",
+        help="drafts each step verifies: auto picks per step by speed, off decodes plainly with the drafter "
+        "loaded, N drafts N tokens (more than the pair drafts per step, the drafter's block - 1, is lowered to "
+        "that, with a note); default: the draft setting",
     )
     p.add_argument(
         "--speculate",
@@ -69,7 +71,7 @@ def register(subparsers) -> None:
         metavar="auto|dflash|mtp|lookup|none",
         help="which method drafts: auto chooses per step among those the pair has (default; plain with "
         "--no-drafter), dflash the drafter, mtp the target's own MTP layer, lookup copies from the prompt, "
-        "none decodes plainly",
+        "none decodes plainly; a speculate setting other than auto is the default",
     )
     p.add_argument(
         "--json-schema",
@@ -81,6 +83,31 @@ def register(subparsers) -> None:
 
 
 DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def check_prompt(text: str) -> None:
+    """The message to answer has some text: an empty one would be answered as if it were a question."""
+    if not text.strip():
+        raise UserError('--prompt is empty: give the message to answer, e.g. --prompt "Explain this error"')
+
+
+def with_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags, with config.toml's draft, decode, context_length and (when not auto) speculate where no flag
+    gives them; what in the file cannot be used is said on stderr, one line each, as serve says it."""
+    from dflash_chat import settings as settings_module
+
+    current, problems = settings_module.read()
+    for problem in problems:
+        print(f"note: {problem}", file=sys.stderr)
+    if args.draft is None:
+        args.draft = current.draft
+    if args.decode is None:
+        args.decode = current.decode
+    if args.context is None:
+        args.context = current.context_length
+    if args.speculate is None and current.speculate != "auto" and not args.no_drafter:
+        args.speculate = current.speculate
+    return args
 
 
 def check_device_name(device: str | None, name: str = "--device") -> None:
@@ -156,7 +183,7 @@ def load(args: argparse.Namespace, target: str, drafter: str | None):
     # --no-drafter is the plain baseline unless --speculate says otherwise
     speculate = args.speculate or ("none" if args.no_drafter else "auto")
     device = args.device or str(default_device())  # --device or the default: never $DFLASH_CHAT_DEVICE
-    options = LoadOptions(args.context or CONTEXT, args.decode, draft, device=device, speculate=speculate)
+    options = LoadOptions(args.context or CONTEXT, args.decode or "auto", draft, device=device, speculate=speculate)
     loading = TerminalLoad(options, spawn=at_once, name=display_name(target)).begin(ModelSource(target, drafter))
     if loading.cause is not None:
         raise loading.cause  # as loading raised it: errors.describe words it, or it is a bug to see
@@ -194,6 +221,8 @@ def main(args: argparse.Namespace) -> int:
     from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.runtime.detokenize import IncrementalDecoder
 
+    check_prompt(args.prompt)
+    args = with_settings(args)
     target, drafter = resolve_paths(args)
     check_device(args.device)
     output = _output(args.json_schema)  # before loading: a bad schema costs no load

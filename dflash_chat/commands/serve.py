@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from dflash_chat.models import hardware
 from dflash_chat.settings import flag, ranged
@@ -125,16 +126,14 @@ def model_request(args: argparse.Namespace, settings):
 
 def main(args: argparse.Namespace) -> int:
     from dflash_chat import settings as settings_module
-    from dflash_chat.commands.run import check_device_name
-    from dflash_chat.runtime.model_source import DEVICE_ENV, ModelSource
+    from dflash_chat.runtime.model_source import ModelSource
     from dflash_chat.serve.served import Served
     from dflash_chat.serve.server import bind, serve_forever, served_name, start_loading
 
-    check_device_name(os.environ.get(DEVICE_ENV), DEVICE_ENV)
     api_key = api_key_from(args, os.environ)
     settings, problems = settings_module.read()
     for problem in problems:
-        print(f"note: {problem}")
+        print(f"note: {problem}", file=sys.stderr)
     settings, request = model_request(args, settings)
     bind(args.host, args.port).close()  # a port in use is said before anything loads
     name = args.served_model_name or (served_name(request) if isinstance(request, ModelSource) else None)

@@ -1,4 +1,5 @@
 """Resolved model files -> (engine, tokenizer): the one place that turns files into a running pair.
+One file past 500 lines: every kind of file (folders, GGUFs, drafters, MTP layers, vision towers) ends in the same checks of the pair it makes.
 
 A target is a Hugging Face folder (config.json + safetensors) or a llama.cpp GGUF file; a drafter is
 a z-lab folder (BF16 safetensors, optionally quantized as it loads) or a DFlash GGUF in either
@@ -19,7 +20,9 @@ from typing import Any
 
 import torch
 
+from dflash_chat.engine import rules, speculation
 from dflash_chat.engine.checkpoint import check_layers, materialise, normalise_target_names, read_config
+from dflash_chat.engine.draft_length import parse_draft
 from dflash_chat.engine.end_tokens import end_token_ids
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.layout import lay_out_for_cpu
@@ -37,6 +40,7 @@ from dflash_chat.engine.placement import Placement, Progress
 from dflash_chat.engine.prefix_cache import DEFAULT_BUDGET
 from dflash_chat.engine.quantized import QuantEmbedding
 from dflash_chat.engine.spec import Engine
+from dflash_chat.engine.speculation import parse_speculate
 from dflash_chat.engine.structured import Grammars
 from dflash_chat.engine.weights import names
 from dflash_chat.engine.weights.gguf import SPLIT_PART, GGUFModel, LazyTensors, read_gguf
@@ -53,6 +57,7 @@ class LoadedPair:
     drafter_name: str | None
     device: torch.device
     dtype: torch.dtype
+    notes: tuple[str, ...] = ()  # what was fitted to the pair as it loaded (a draft setting above its most)
     _grammars: Grammars | None = None
 
     @property
@@ -502,6 +507,7 @@ def load_pair(
     )
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
+    draft, note = fit_draft(draft, drafter_model, mtp is not None, speculate)
     ends = end_token_ids(tok, model.cfg.eos_token_id)
     engine = Engine(
         model,
@@ -516,7 +522,14 @@ def load_pair(
         park_budget=park_budget,
     )
     engine.warm_up()
-    return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
+    names = display_name(target), display_name(drafter) if drafter else None
+    return LoadedPair(engine, tok, *names, device, dtype, notes=(note,) if note else ())
+
+
+def fit_draft(draft: str | int, drafter, mtp: bool, speculate: str) -> tuple[str | int, str]:
+    """The draft setting fitted to this pair's methods (rules.fit_draft), with what to tell the user."""
+    most = speculation.available(drafter.block_size if drafter else None, mtp)
+    return rules.fit_draft(parse_draft(draft), speculation.width(parse_speculate(speculate, most), most) - 1)
 
 
 def load_files(files, **kwargs) -> LoadedPair:

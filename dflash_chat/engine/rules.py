@@ -107,6 +107,17 @@ def draft(value: Any) -> str | int:
         raise Invalid(f"must be {DRAFT_WHAT}, got {shown(value)}") from None
 
 
+def fit_draft(value: str | int, most: int) -> tuple[str | int, str]:
+    """A draft setting fitted to the pair that runs it: a number above `most` (the most drafts a verify step of
+    this pair takes: a DFlash drafter's block - 1, else the most its other methods draft) is lowered to `most`,
+    and the note says so, in the words the flags, the settings file and serve share. The limit is known only
+    once the pair is loaded, so this runs there (engine/load.py) and where the setting changes after
+    (runtime/session.py); before that, rules.draft checks only 1-MAX_DRAFT."""
+    if isinstance(value, str) or value <= most or most < 1:
+        return value, ""
+    return most, f"draft {value} is more drafts per step than this model pair makes (at most {most}); drafting {most}"
+
+
 SPECULATE_WORDS = ("auto", "dflash", "mtp", "lookup", "none")
 SPECULATE_WHAT = "auto, dflash, mtp, lookup or none"
 

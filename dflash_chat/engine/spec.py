@@ -1,4 +1,5 @@
 """The generation loop: prefill -> draft -> verify -> accept -> commit, as a stream of events.
+One file past 500 lines: the loop, prefix reuse and parking all read and move the one state the engine holds.
 
 Each step verifies [last, d1..dk] in one target forward, keeps the accepted prefix plus the target's own
 next token, and commits the target state to the kept length (see state.py). The drafts come from one of

@@ -1,4 +1,5 @@
 """The model pairs dflash-chat knows: the shipped catalog.toml plus the user's own.
+One file past 500 lines: one schema's checks, for catalog.toml and the user's pairs; split, each half needs the other.
 
 A pair is a target model, the DFlash drafter trained for it and the official
 repo holding the tokenizer and chat template. Each part comes from a `Source`:
@@ -25,8 +26,8 @@ A drafter repo can hold several trainings of the drafter (z-lab retrained the 35
 drafter section names each under `versions` with its shape, and each quant says which `version`
 its file is. A local drafter file of a pair with several versions is sized as the largest.
 
-One module past 500 lines on purpose: the reader of catalog.toml and the user's file is one set of
-checks (every key's type, range and one-line error) over one schema; split, each half would need the other's.
+The reader of catalog.toml and of the user's file is one set of checks (every key's type, range and one-line
+error) over one schema.
 """
 
 from __future__ import annotations

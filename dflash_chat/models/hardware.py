@@ -4,9 +4,9 @@
 start first and probe in a worker. `choose()` is pure: it takes a `Machine`
 (a probe double in tests) and the catalog, and returns a `Choice` with a
 one-line explanation, e.g.
-"RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; 4.2 GB left for a 32k context", or, for a
+"RTX 3090 24 GiB: Qwen3.6-27B Q4_K_M + drafter Q8_0; 4.2 GB left for a 32k context", or, for a
 DFlash2 drafter, with why it is the faster pair:
-"RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks with ~20 %
+"RTX 3090 24 GiB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks with ~20 %
 longer acceptance); 3.69 GB left for a 32k context".
 
 Pairs are tried by rank: the catalog ranks a pair above another where it runs faster when both fit
@@ -54,7 +54,7 @@ class Gpu:
 
     @property
     def label(self) -> str:
-        return f"{short_gpu_name(self.name)} {nominal_gb(self.total)} GB"
+        return f"{short_gpu_name(self.name)} {nominal_gib(self.total)} GiB"
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Machine:
     @property
     def label(self) -> str:
         gpu = self.gpu
-        return gpu.label if gpu else f"CPU, {nominal_gb(self.ram_total)} GB RAM"
+        return gpu.label if gpu else f"CPU, {nominal_gib(self.ram_total)} GiB RAM"
 
     @property
     def total(self) -> int:
@@ -95,9 +95,9 @@ class Machine:
         return memory.compute_bytes(self.device)
 
 
-def nominal_gb(total: int) -> int:
-    """The size a card or a RAM kit is sold as ('24' for an RTX 3090): a name, not a measurement;
-    measured figures go through sizes.size_text."""
+def nominal_gib(total: int) -> int:
+    """The size a card or a RAM kit is sold as, in GiB, the unit it is sold in ('24' for an RTX 3090, which
+    holds 24 GiB = 25.8 GB); measured figures go through sizes.size_text, in GB."""
     return round(total / GIB)
 
 

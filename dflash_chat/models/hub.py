@@ -1,4 +1,5 @@
 """Downloads and the cache: model files from the Hugging Face Hub into its standard cache.
+One file past 500 lines: planning, sizing, resuming and verifying a download are steps of one path.
 
 Files live where every Hugging Face tool looks for them (HF_HUB_CACHE, by default
 ~/.cache/huggingface/hub), so a model fetched here is shared with transformers,
@@ -25,8 +26,8 @@ Typical use:
     files = hub.download(plan, progress=callback, cancel=event)
     files.target, files.drafter, files.tokenizer   # local paths
 
-One module past 500 lines on purpose: planning, sizing, resuming and verifying a download share the
-plan's file list and huggingface_hub's cache layout; every function here is one step of that one path.
+Every function here is one step of that one path: they share the plan's file list and huggingface_hub's cache
+layout.
 """
 
 from __future__ import annotations

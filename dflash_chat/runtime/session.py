@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from dflash_chat.engine import rules, speculation
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd, stream_answer
 from dflash_chat.runtime.constraint import OutputFormat, answer_constraint
 from dflash_chat.runtime.detokenize import IncrementalDecoder
@@ -66,6 +67,7 @@ class EngineSession:
         engine = self.pair.engine
         if speculate is not None and engine.speculate != speculate:
             engine.set_speculate(speculate)
+        draft, _ = rules.fit_draft(draft, speculation.width(engine.speculate, engine.most) - 1)  # as it loaded
         if engine.draft != draft:
             engine.set_draft(draft)
 

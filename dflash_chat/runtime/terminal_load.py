@@ -70,6 +70,8 @@ class TerminalLoad:
             case events.ModelLoaded():
                 if self._line is not None:
                     self._line.close(self._total)
+                for note in getattr(event.model, "notes", ()):  # a loaded pair's (engine/load.py)
+                    self.say(f"note: {note}")
                 self.loaded(self.loader, event.seconds)
                 self.done.set()
             case events.ModelFailed():

@@ -1,4 +1,5 @@
 """The tool calls Qwen3.6/3.8 write, read out of the answer text: for `serve` (OpenAI's `tool_calls`) and
+One file past 500 lines: the writer and the streamed and whole-text readers share one grammar of a call.
 the chat app's agent loop. Pure Python and json, so the UI and serve import it before anything loads.
 
 The models write a call in the Qwen3-Coder form (`render_call` writes one the same way):

@@ -1,4 +1,5 @@
 """The main screen: conversation, message box and side panel; it renders and routes keys.
+One file past 500 lines: its handlers all act on one screen's state (the chat, its answer, its agent loop).
 
 What answers sits behind the backend the app gives it (chat/backends/): the engine in this process
 (choose, download, load, answer, reuse prefixes) or an OpenAI-compatible server. The backend's worker
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from dflash_chat.models.hub import ModelFiles
 
 SAVE_EVERY_S = 1.0  # how often a streaming answer is written to the history
+ON_THE_WAY = ("choosing", "checking", "downloading", "loading", "connecting")  # a model will be ready: a message waits
 NARROW_WIDTH = 100  # below this many columns the panel moves under the chat, hidden until asked for
 CODE_BLOCK = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 END_STATUS = {"stop": COMPLETE, "length": COMPLETE, "cancelled": CANCELLED, "error": ERROR, "cut": CUT}
@@ -115,6 +117,7 @@ class ChatScreen(PlainNotices, Screen):
         self.turn: Turn | None = None
         self.loop: AgentLoop | None = None  # the message's agent loop, while it runs
         self.asking: ConfirmCallScreen | None = None  # the question about a call, while it is open
+        self.waiting: Conversation | None = None  # a chat whose last message waits for the model to be ready
         self.last_prompt: Prompt | None = None
         self.last_end: StreamEnd | None = None
         self._prompts = prompts or []
@@ -241,6 +244,7 @@ class ChatScreen(PlainNotices, Screen):
     async def on_model_unavailable(self, message: messages.ModelUnavailable) -> None:
         if not self.backend.handle(message.event):
             return
+        self.waiting = None
         self.show_status()
         self.notify(message.event.error, title="No model", severity="error", timeout=30)
         await self.show_notice()
@@ -257,10 +261,16 @@ class ChatScreen(PlainNotices, Screen):
         self.show_status()
         await self.show_notice()
         self.notify(status_text.ready_text(self.backend, message.event.seconds))
+        waiting, self.waiting = self.waiting, None
+        if waiting is self.conversation and waiting.messages and waiting.messages[-1].role == "user":
+            await self.start_loop()  # the message sent while the model loaded
+        for note in getattr(message.event.model, "notes", ()):  # what was fitted to the pair (engine/load.py)
+            self.notify(note, severity="warning", timeout=15)
 
     async def on_model_failed(self, message: messages.ModelFailed) -> None:
         if not self.backend.handle(message.event):
             return
+        self.waiting = None  # the message stays in the chat: Ctrl+R answers it once a model runs
         error = message.event.error
         self.query_one(LoadBar).hide()
         self.show_status()
@@ -270,13 +280,17 @@ class ChatScreen(PlainNotices, Screen):
 
     # sending and generating
 
-    def _can_answer(self) -> bool:
-        """Whether a new answer can start now; if not, the user is told why."""
+    def _can_answer(self, *, or_wait: bool = False) -> bool:
+        """Whether a new answer can start now (`or_wait`: or once the model on its way is ready); if not, the user
+        is told why."""
         if self.generating:
             self.notify("An answer is still being written: Esc stops it.", severity="warning")
             return False
-        if self.backend.model is None:
-            self.notify(status_text.no_model_yet(self.backend.status), severity="warning")
+        if self.waiting is not None and self.waiting is self.conversation:
+            self.notify("Your last message waits for the model; this one stays in the box.", severity="warning")
+            return False
+        if self.backend.model is None and not (or_wait and self.backend.status.stage in ON_THE_WAY):
+            self.notify(f"Not sent: {status_text.no_model_yet(self.backend.status)}", severity="warning")
             return False
         return True
 
@@ -285,7 +299,7 @@ class ChatScreen(PlainNotices, Screen):
         text = event.text.strip()
         if not text:
             return
-        if not self._can_answer():
+        if not self._can_answer(or_wait=True):
             return
         event.input.clear()
         event.input.remember(text)
@@ -295,6 +309,10 @@ class ChatScreen(PlainNotices, Screen):
         self.conversation.messages.append(message)
         self.recorder.add(self.conversation, message)
         await self.chat_view.add_user(text)
+        if self.backend.model is None:  # shown and saved now, answered once the model is ready
+            self.waiting = self.conversation
+            self.notify(f"Sent once the model is ready. {status_text.no_model_yet(self.backend.status)}")
+            return
         await self.start_loop()
 
     async def start_loop(self) -> None:

@@ -85,6 +85,7 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
         found = "No saved conversation holds every word of that search." if self.search.strip() else ""
         empty.update("" if summaries else found or "No saved conversations yet.")
         empty.display = not summaries
+        table.display = bool(summaries)  # else the table fills the screen and the line is far below, unseen
 
     @on(Input.Changed, "#history-search")
     def searched(self) -> None:

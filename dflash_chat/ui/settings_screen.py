@@ -113,18 +113,30 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
 
     def action_save(self) -> None:
         new, errors = self.collect()
-        box = self.query_one("#settings-errors", Static)
         if errors:
-            box.update("\n".join(errors))
-            box.display = True
-            self.notify("Not saved: " + errors[0], severity="error")
+            self._not_saved(errors)
             return
         try:
             settings_module.update(settings_module.changes(self.current, new))  # only what was edited here
         except (OSError, SettingsError) as exc:
-            self.notify(f"Could not save the settings: {one_line(exc, 'saving config.toml')}", severity="error")
+            # the file is the problem, not a field: the edits stay on screen, and the focus leaves the fields so
+            # that keys typed next (meant for the chat) change nothing here
+            self._not_saved(
+                [
+                    f"{one_line(exc, 'saving config.toml')}. Your edits are kept here: fix the file and "
+                    "press ctrl+s again, or esc to leave without saving"
+                ]
+            )
+            self.query_one("#save", Button).focus()
             return
         self.dismiss(new)
+
+    def _not_saved(self, errors: list[str]) -> None:
+        """Why nothing was saved: every reason under the form, the first in a notice, each saying "Not saved"."""
+        box = self.query_one("#settings-errors", Static)
+        box.update("\n".join(f"Not saved: {error}" for error in errors))
+        box.display = True
+        self.notify("Not saved: " + errors[0], severity="error")
 
     def action_close(self) -> None:
         self.dismiss(None)

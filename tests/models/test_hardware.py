@@ -51,7 +51,7 @@ def search_order(catalog, m: Machine):
 
 # What fits where: the spec of the picker. Pairs by rank (Qwen3.8-27B, Qwen3.6-27B, 35B-A3B, 9B, 4B),
 # target Q8_0 before Q4_K_M before the 3-bit quants (Q3_K_M, then Qwen3.8's Q3_K_S), drafter Q8_0
-# before BF16 before Q4_K_M; on the CPU (16 GB RAM, the engine computing in float32 there) the
+# before BF16 before Q4_K_M; on the CPU (16 GiB RAM, the engine computing in float32 there) the
 # cpu_default pair (4B). Qwen3.8-27B + DFlash2 takes every row Qwen3.6-27B + DFlash had (same shapes,
 # files within a few percent, a smaller context cache and block). Where no drafter fits beside the best
 # target quant that fits, that quant runs alone with its own MTP layer (drafter None): 16 GB at 8k, 20 GB at
@@ -161,13 +161,13 @@ def test_explanation_is_one_line_like_the_issue(catalog):
     choice = choose(machine(24), catalog, context=32768)
     left = left_for_context(choice)
     assert choice.explanation == (
-        f"RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks with "
+        f"RTX 3090 24 GiB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks with "
         f"~20 % longer acceptance); {size_text(left)} left for a 32k context"
     )
     assert size_text(left) == "3.69 GB" and left >= choice.budget.state
     dflash = choose(machine(24), catalog, model="qwen3.6-27b", context=32768)
     assert dflash.explanation == (
-        f"RTX 3090 24 GB: Qwen3.6-27B Q4_K_M + drafter Q8_0; {size_text(left_for_context(dflash))} left for a 32k context"
+        f"RTX 3090 24 GiB: Qwen3.6-27B Q4_K_M + drafter Q8_0; {size_text(left_for_context(dflash))} left for a 32k context"
     )
     assert choose(machine(8), catalog, context=8192).explanation.endswith("left for an 8k context")
 
@@ -178,19 +178,19 @@ def test_explanation_is_one_line_like_the_issue(catalog):
         (
             16,
             8192,
-            "RTX 4080 16 GB: Qwen3.8-27B Q3_K_M alone, drafting with its own MTP layer (no drafter fits "
+            "RTX 4080 16 GiB: Qwen3.8-27B Q3_K_M alone, drafting with its own MTP layer (no drafter fits "
             "beside it); 1.15 GB left for an 8k context",
         ),
         (
             24,
             32768,
-            "RTX 3090 24 GB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+            "RTX 3090 24 GiB: Qwen3.8-27B Q4_K_M + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
             "with ~20 % longer acceptance); 3.69 GB left for a 32k context",
         ),
         (
             48,
             32768,
-            "RTX A6000 48 GB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
+            "RTX A6000 48 GiB: Qwen3.8-27B Q8_0 + DFlash2 drafter Q8_0 (DFlash2 drafts 8-token blocks "
             "with ~20 % longer acceptance); 16.2 GB left for a 32k context",
         ),
     ],
@@ -207,7 +207,7 @@ def test_the_qwen38_pair_and_its_reason_on_16_24_and_48_gb(catalog, size, contex
 def test_cpu_takes_the_cpu_default_pair_when_asked_to_choose(catalog):
     choice = choose(machine(0), catalog, context=8192)
     assert choice.pair.cpu_default and choice.device == "cpu"
-    assert choice.explanation.startswith("CPU, 16 GB RAM: Qwen3.5-4B Q8_0 + drafter BF16;")
+    assert choice.explanation.startswith("CPU, 16 GiB RAM: Qwen3.5-4B Q8_0 + drafter BF16;")
 
 
 def test_nothing_fits_says_what_the_smallest_needs(catalog):
@@ -223,7 +223,7 @@ def test_nothing_fits_says_what_the_smallest_needs(catalog):
     )
     message = str(err.value)
     assert message.startswith(
-        f"GTX 1650 4 GB: nothing fits in the {size_text(tiny.available)} free; the smallest option, "
+        f"GTX 1650 4 GiB: nothing fits in the {size_text(tiny.available)} free; the smallest option, "
     )
     assert f"Qwen3.5-4B Q4_K_M + drafter BF16 with a 32k context, needs {size_text(smallest.need)}" in message
     assert "--context" in message and "\n" not in message
@@ -464,7 +464,7 @@ def test_a_drafter_quant_alone_skips_the_pairs_without_it(catalog):
 def test_a_pinned_choice_that_does_not_fit_is_returned_with_a_warning(catalog):
     choice = choose(machine(8), catalog, model="qwen3.6-27b", quant="Q8_0", drafter_quant="Q8_0")
     assert not choice.fits
-    assert "will not fit" in choice.explanation and choice.explanation.startswith("RTX 4060 8 GB: Qwen3.6-27B Q8_0")
+    assert "will not fit" in choice.explanation and choice.explanation.startswith("RTX 4060 8 GiB: Qwen3.6-27B Q8_0")
 
 
 def test_allow_no_fit_returns_the_smallest_option(catalog):
@@ -550,7 +550,7 @@ def test_probe_reads_gpus_from_torch_cuda(monkeypatch):
     monkeypatch.setattr(torch, "cuda", fake)
     m = hardware.probe()
     assert [g.name for g in m.gpus] == ["NVIDIA GeForce RTX 3090", "NVIDIA RTX A6000"]
-    assert m.gpu.index == 1 and m.device == "cuda:1" and m.gpu.label == "RTX A6000 48 GB"
+    assert m.gpu.index == 1 and m.device == "cuda:1" and m.gpu.label == "RTX A6000 48 GiB"
     assert m.ram_total > 0
 
 

@@ -53,3 +53,25 @@ def test_a_load_asked_for_before_the_last_one_finished_is_dropped(tiny_pair, tmp
     event, fresh, status = owner.seen[-1]
     assert isinstance(event, ModelFailed) and fresh and status.stage == "failed"
     assert "gone" in status.error and owner.loader.pair is None
+
+
+def test_a_draft_above_the_pairs_most_is_fitted_as_it_loads_and_when_the_setting_changes(tiny_pair):  # noqa: F811
+    """The limit (a drafter's block - 1) is known once the pair is loaded: the load fits the setting and notes
+    it (run, serve and the chat show the note), and a later change of the setting is fitted alike."""
+    from dataclasses import replace
+
+    from dflash_chat.engine import rules
+    from dflash_chat.runtime.session import EngineSession
+
+    target, drafter = tiny_pair
+    owner = Owner(lambda body, group: body())
+    owner.loader.options = replace(OPTIONS, draft=40)
+    owner.loader.begin(ModelSource(str(target), str(drafter)))
+    pair = owner.loader.pair
+    most = pair.engine.block_size - 1
+    assert pair.engine.draft == most and pair.notes == (rules.fit_draft(40, most)[1],)
+    session = EngineSession(pair)
+    session.use_draft(3)
+    assert pair.engine.draft == 3
+    session.use_draft(most + 5)
+    assert pair.engine.draft == most

@@ -133,7 +133,7 @@ def test_without_a_gpu_the_demo_pair_unless_a_model_is_named(home, monkeypatch):
     monkeypatch.setattr(model_source, "demo_source", lambda: demo)
     chosen = model_manager.choose(Pick(context=2048), 8192, machine=NO_GPU)
     assert chosen.demo == dataclasses.replace(demo, context=2048) and chosen.choice is None
-    assert chosen.explanation.startswith("CPU, 64 GB RAM: no GPU (no CUDA device visible), so the tiny built-in demo")
+    assert chosen.explanation.startswith("CPU, 64 GiB RAM: no GPU (no CUDA device visible), so the tiny built-in demo")
     on_cpu = model_manager.choose(Pick(model="qwen3.5-4b"), 8192, machine=NO_GPU)
     assert on_cpu.choice.pair.name == "qwen3.5-4b" and on_cpu.choice.device == "cpu"
 

@@ -172,7 +172,7 @@ def test_against_a_vllm_stand_in_the_panel_shows_what_the_server_reports(
         assert shown["tokens/step"] == f"{per_step:.2f}"
     assert shown["drafts/step"] == drafts  # from its figures; vLLM does not say a draft setting
     if mode == "counters":  # per-position counters give the whole histogram
-        assert histogram.startswith("accepted/step ") and len(histogram) == len("accepted/step ") + 16
+        assert histogram.startswith("accepted/step\n") and len(histogram) == len("accepted/step\n") + 16
     assert shown["new"] == str(stub_vllm.COMPLETION_TOKENS) and shown["model"] == stub_vllm.MODEL
     assert shown["runs"] == "vllm"
     assert end.answer == "".join(stub_vllm.ANSWER) and end.thinking == "".join(stub_vllm.THINKING)

@@ -126,3 +126,53 @@ def write_config(text: str):
     config.write_text(text)
     config.chmod(0o644)
     return config
+
+
+CELL_WIDTH = 12.2  # pixels of a terminal column in Textual's SVG screenshots
+
+
+def screen_lines(app) -> list[str]:
+    """The screen as text, a line per terminal row (from the SVG screenshot: a text element per styled run)."""
+    import html
+    import re
+    from collections import defaultdict
+
+    svg = app.export_screenshot()
+    rows: dict[float, list[tuple[float, str]]] = defaultdict(list)
+    for x, y, text in re.findall(r'<text[^>]*?x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg):
+        rows[float(y)].append((float(x), html.unescape(text).replace("\xa0", " ")))
+    lines = []
+    for y in sorted(rows):
+        line = ""
+        for x, text in sorted(rows[y]):
+            line = line.ljust(round(x / CELL_WIDTH)) + text
+        lines.append(line)
+    return lines
+
+
+def answer_ended(panel) -> None:
+    """The panel as an answer with every drafting method leaves it, after one answer with thinking off and one
+    with it on, beside a catalog pair's model rows (the longest the panel shows)."""
+    from dflash_chat.engine.events import MethodStats
+
+    def stats(accepted: int):
+        figures = replace(STATS, accepted=accepted)
+        figures.methods = {
+            "dflash": MethodStats(10, 150, 40),
+            "mtp": MethodStats(1, 3, 1),
+            "lookup": MethodStats(1, 15, 7),
+        }
+        return figures
+
+    panel.show_final(stats(48), thinking=False)
+    panel.show_final(stats(90), thinking=True)
+    panel.show_model(
+        (
+            ("target", "Qwen3.6-27B"),
+            ("drafter", "Qwen3.6-27B-DFlash"),
+            ("quant", "Q4_K_M"),
+            ("drafter quant", "Q8_0"),
+            ("device", "cuda:0 · bfloat16"),
+            ("VRAM", "21.3 GB / 24.0 GB"),
+        )
+    )

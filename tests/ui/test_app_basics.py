@@ -20,7 +20,7 @@ from dflash_chat.ui.settings_screen import SettingsScreen
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, Notice, UserMessage
 from dflash_chat.ui.widgets.prompt_input import PromptInput
 
-from .conftest import ANSWER, run, seed_history, wait_for
+from .conftest import ANSWER, run, screen_lines, seed_history, wait_for
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -165,13 +165,14 @@ def test_history_search_finds_chats_by_title_and_by_message_text_as_you_type(hom
             seen["dict value"] = await search("dict value")  # typed letters never act as keys (d deletes)
             seen["nothing"] = await search("zzz")
             empty = str(screen.query_one("#history-empty", Label).render())
+            lines = [line for line in screen_lines(app) if line.strip()]
             seen["sort"] = await search("sort")
             await pilot.press("enter")  # to the list
             await pilot.press("enter")  # open the one found
             await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
-            return seen, empty, app.chat.conversation.title
+            return seen, empty, lines, app.chat.conversation.title
 
-    seen, empty, opened = run(main())
+    seen, empty, lines, opened = run(main())
     assert seen == {
         "all": ["What does with do?", "Sorting a dict by value"],
         "context": ["What does with do?"],
@@ -180,6 +181,10 @@ def test_history_search_finds_chats_by_title_and_by_message_text_as_you_type(hom
         "sort": ["Sorting a dict by value"],
     }
     assert empty == "No saved conversation holds every word of that search."
+    # said where the list was, right under the search field, not past an empty table's screenful
+    field = next(i for i, line in enumerate(lines) if "zzz" in line)
+    said = next(i for i, line in enumerate(lines) if empty in line)
+    assert 0 < said - field <= 2 and not any("Messages" in line for line in lines)
     assert opened == "Sorting a dict by value"
     assert len(HistoryStore(paths.history_db()).summaries()) == 2  # nothing was deleted on the way
 

@@ -91,6 +91,31 @@ def test_the_settings_screen_edits_only_what_was_changed(home):
     assert config.read_text() == COMMENTED.replace("temperature = 0.5\n", "temperature = 0.5\ntop_k = 7\n")
 
 
+def test_saving_the_settings_into_a_broken_file_says_not_saved_and_keys_typed_next_change_no_field(home):
+    broken = "temperature = = 1\n"
+    config = write_config(broken)
+
+    async def main():
+        app = DFlashChatApp(settings_module.read()[0])
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
+            screen = app.screen
+            screen.query_one("#field-top_k", Input).value = "7"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            said = [m for m, _ in notices(app) if m.startswith("Not saved: ")]
+            await pilot.press(*"hello")
+            await pilot.pause()
+            fields = {i.id: i.value for i in screen.query(Input)}
+            return app.screen is screen, said, fields
+
+    still_open, said, fields = run(main())
+    assert still_open and len(said) == 1 and "is not valid TOML" in said[0] and "Your edits are kept here" in said[0]
+    assert fields["field-top_k"] == "7" and fields["field-temperature"] == "0.7"  # "hello" went to no field
+    assert config.read_text() == broken
+
+
 @pytest.mark.parametrize(
     "content, said",
     [

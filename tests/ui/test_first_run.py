@@ -185,7 +185,7 @@ def test_first_run_explains_downloads_loads_and_answers(first_run, server):
     (source, subtitle, panel, messages), end, after = run(main())
     # the choice, explained in one line, before anything was fetched
     assert expected.pair.name == "tiny"
-    assert expected.explanation.startswith("RTX 4090 24 GB: Tiny Q8_0 + drafter Q8_0; ")
+    assert expected.explanation.startswith("RTX 4090 24 GiB: Tiny Q8_0 + drafter Q8_0; ")
     assert messages[0] == expected.explanation
     # the download screen fetched every file of the plan into the standard cache
     [needed] = hook.of(DownloadNeeded)
@@ -205,7 +205,7 @@ def test_first_run_explains_downloads_loads_and_answers(first_run, server):
     assert (source.title, source.target_quant, source.drafter_quant) == ("Tiny", "Q8_0", "Q8_0")
     assert source.device == "cuda:0"  # where the choice placed it; DFLASH_CHAT_DEVICE moved it
     assert subtitle == "Tiny Q8_0 · drafter Q8_0"
-    assert panel["target"] == "Tiny" and panel["quant"] == "Q8_0 · drafter Q8_0"
+    assert panel["target"] == "Tiny" and panel["quant"] == panel["drafter quant"] == "Q8_0"
     assert panel["device"].startswith("cpu") and panel["drafter"] == "Tiny-DFlash-q8_0"
     assert "Tiny Q8_0 · drafter Q8_0 is ready" in messages[-1]
     # ... and it chats, drafting with the downloaded drafter
@@ -239,7 +239,7 @@ def test_a_second_start_finds_everything_cached(first_run, server, monkeypatch, 
     assert transfers(server, before) == []
     if network == "offline":
         assert len(server.requests) == before  # not even the listing
-    assert messages[0].startswith("RTX 4090 24 GB: Tiny Q8_0 + drafter Q8_0")
+    assert messages[0].startswith("RTX 4090 24 GiB: Tiny Q8_0 + drafter Q8_0")
 
 
 @pytest.mark.parametrize("network", ["HF_HUB_OFFLINE", "unreachable"])
@@ -274,7 +274,7 @@ def test_offline_with_nothing_cached_says_what_is_missing(first_run, server, mon
     ]
     assert error.endswith(f"For this model: `{PULL}`.")
     assert error in messages and notice == f"No model yet: {error}"
-    assert usable and messages[-1] == f"No model yet: {error}"  # the reply to sending without a model
+    assert usable and messages[-1] == f"Not sent: No model yet: {error}"  # the reply to sending without a model
     assert server.requests == []
 
 
@@ -347,7 +347,7 @@ def test_without_a_gpu_and_without_the_demo_files_the_app_says_what_to_pass(home
 
     subtitle, usable = run(main())
     error = hook.messages[0].error
-    assert error.startswith("CPU, 16 GB RAM: no GPU (CPU-only build of torch), and the tiny demo model is not part")
+    assert error.startswith("CPU, 16 GiB RAM: no GPU (CPU-only build of torch), and the tiny demo model is not part")
     assert "--target DIR --drafter DIR" in error and "--model NAME" in error
     assert subtitle == "no model" and usable
 
@@ -367,7 +367,7 @@ def test_without_a_gpu_the_demo_pair_runs_and_the_app_says_so(home, monkeypatch,
 
     source, notice, subtitle, messages = run(main())
     assert source.demo and source.target == str(target)
-    assert messages[0].startswith("CPU, 16 GB RAM: no GPU (CPU-only build of torch), so the tiny built-in demo model")
+    assert messages[0].startswith("CPU, 16 GiB RAM: no GPU (CPU-only build of torch), so the tiny built-in demo model")
     assert "tiny built-in demo model" in notice and subtitle == "tiny demo model"
     assert messages[-1].startswith("tiny demo model is ready")
 

@@ -14,7 +14,7 @@ from dflash_chat.ui.app import DFlashChatApp
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.settings_screen import SettingsScreen
 
-from .conftest import seed_history, wait_for
+from .conftest import answer_ended, seed_history, wait_for
 
 SIZE = (120, 36)
 THEMES = ["dflash-dark", "dflash-light"]
@@ -153,3 +153,19 @@ def test_the_question_before_a_call_runs(snap_compare, home):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 30), (120, 36)], ids=["80-columns", "120-columns"])
+def test_the_panel_once_an_answer_ends(snap_compare, home, size):
+    """Every row whole at both widths: under the chat in three columns at 80 (F2), beside it at 120."""
+    app = DFlashChatApp(Settings())
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: app.chat.is_mounted and app.chat.query("ChatView"), 30, "chat screen")
+        if size[0] < 100:
+            await pilot.press("f2")
+        answer_ended(app.chat.panel)
+        steady(app.screen)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

@@ -68,7 +68,7 @@ def test_a_typed_value_and_a_model_path_that_look_like_markup_are_shown_as_they_
 
     notice, errors = run(main())
     assert "[/x]" in notice and "did not load" in notice
-    assert errors == "temperature must be a number from 0 to 2 (0 = greedy), got '[/x]'"
+    assert errors == "Not saved: temperature must be a number from 0 to 2 (0 = greedy), got '[/x]'"
 
 
 def test_an_error_status_under_an_answer_is_plain_text(home):

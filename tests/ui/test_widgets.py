@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from textual.app import App
 
 from dflash_chat.chat.conversation import CANCELLED, Message
@@ -11,7 +12,7 @@ from dflash_chat.runtime.live_stats import LiveStats
 from dflash_chat.ui.widgets.chat_view import ChatView
 from dflash_chat.ui.widgets.stats_panel import StatsPanel, histogram_bars
 
-from .conftest import STATS, run
+from .conftest import STATS, answer_ended, run, screen_lines, wait_for
 
 
 class Host(App):
@@ -72,7 +73,7 @@ def test_panel_shows_live_then_final_figures_and_thinking_effect():
             during = dict(panel.shown)
             panel.show_final(STATS, thinking=False)
             await pilot.pause()
-            effect = str(panel.query_one("#thinking-effect").render())
+            effect = dict(panel.shown)
             after = dict(panel.shown)
             plain = replace(
                 STATS,
@@ -94,7 +95,7 @@ def test_panel_shows_live_then_final_figures_and_thinking_effect():
     assert after["tok/s (last)"] == "120.0" and "tok/s (live)" not in after
     assert after["acceptance"] == "26.7 %" and after["new"] == "61"
     assert after["drafts/step"] == "auto · 15.0"  # the answer's mean
-    assert "off: 26.7 %" in effect
+    assert effect["acceptance off"] == "26.7 %" and "acceptance on" not in effect
     # the drafter loaded, the draft setting off: plain steps, no acceptance to speak of
     assert (plain["drafts/step"], plain["acceptance"], plain["tokens/step"]) == ("off", "—", "1.00")
 
@@ -123,11 +124,51 @@ def test_panel_says_which_methods_drafted_by_their_share_of_the_steps():
             return during, after, dict(panel.shown)
 
     during, after, server = run(main())
-    assert during["drafted by"] == "mtp 50% · lookup 25%"
-    assert after["drafted by"] == "dflash 60%" and "drafted by" not in server
+    assert (during["drafted by mtp"], during["drafted by lookup"]) == ("50%", "25%")
+    assert list(during).index("drafted by mtp") < list(during).index("drafted by lookup")  # the largest first
+    assert after["drafted by dflash"] == "60%" and "drafted by mtp" not in after
+    assert not any(name.startswith("drafted by") for name in server)
 
 
 def test_histogram_bars_scale_to_the_tallest():
     assert histogram_bars([0, 4, 2]) == " █▄"
     assert histogram_bars([1, 100]) == "▁█"
     assert histogram_bars([]) == "" and histogram_bars([0, 0]) == ""
+
+
+@pytest.mark.parametrize("size", [(80, 30), (120, 36)])
+def test_once_an_answer_ends_every_panel_row_fits_on_one_line_uncut(home, size):
+    """At 80 columns the panel sits under the chat in three columns (F2), at 120 beside it: each row's name and
+    value are on one line, whole (no "acce… 29.3 %", no thinking row wrapped)."""
+    import re
+
+    from dflash_chat.settings import Settings
+    from dflash_chat.ui.app import DFlashChatApp
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=size) as pilot:
+            await wait_for(pilot, lambda: app.chat.is_mounted, 30, "chat screen")
+            if size[0] < 100:
+                await pilot.press("f2")
+            answer_ended(app.chat.panel)
+            await pilot.pause()
+            top = screen_lines(app)
+            app.chat.panel.scroll_end(animate=False)  # at 80 columns the panel scrolls to its last rows
+            await pilot.pause()
+            return dict(app.chat.panel.shown), top + screen_lines(app)
+
+    shown, lines = run(main())
+    assert {"drafted by dflash", "acceptance off", "acceptance on", "drafter quant", "VRAM"} <= set(shown)
+    assert not any("…" in line for line in lines)
+
+    def whole(name: str, value: str) -> bool:
+        """On one line, or the value on the line under its name (a long one in a narrow column)."""
+        name, value = re.escape(name), re.escape(value)
+        return any(re.search(rf"(^|\s){name}\s+{value}(\s|$)", line) for line in lines) or any(
+            re.search(rf"(^|\s){name}\s", line) and re.search(rf"\s{value}(\s|$)", below)
+            for line, below in zip(lines, lines[1:], strict=False)
+        )
+
+    for name, value in shown.items():
+        assert whole(name, value), (name, value)

@@ -102,11 +102,12 @@ class LocalBackend(Backend):
         pair, source = self.pair, self.source
         if pair is None:
             return ()
-        title = source.title if source is not None else ""
-        drafter = pair.drafter_name.rsplit("/", 1)[-1] if pair.drafter_name else "none (plain decoding)"
-        rows = [("target", title or pair.target_name), ("drafter", drafter)]
-        if quant := (source.quant_label if source is not None else ""):
-            rows.append(("quant", quant))
+        rows = [("target", self.loader.name() if source is None or source.demo else source.title or pair.target_name)]
+        rows.append(("drafter", drafter_name(pair, demo=source is not None and source.demo)))
+        if source is not None and source.target_quant:  # a row each: both on one are wider than the panel at 80
+            rows.append(("quant", source.target_quant))
+        if source is not None and source.drafter and source.drafter_quant:
+            rows.append(("drafter quant", source.drafter_quant))
         rows.append(("device", f"{pair.device} · {str(pair.dtype).removeprefix('torch.')}"))
         memory = memory_use(str(pair.device))
         if memory is not None:
@@ -182,3 +183,14 @@ class LocalBackend(Backend):
             post(AnswerEnded(error, None, session.pair, request.chat))
             return
         post(AnswerEnded(end, session.held(request.turns, prompt, end), session.pair, request.chat))
+
+
+def drafter_name(pair, *, demo: bool) -> str:
+    """The drafter as the panel names it: the demo's by what it is ("DFlash2 (demo)", not its folder drafter2),
+    another by its file's or repo's name."""
+    if not pair.drafter_name:
+        return "none"  # the MTP layer and prompt lookup may still draft
+    if demo:
+        kind = "DFlash2" if type(pair.engine.drafter).__name__ == "DFlash2Drafter" else "DFlash"
+        return f"{kind} (demo)"
+    return pair.drafter_name.rsplit("/", 1)[-1]

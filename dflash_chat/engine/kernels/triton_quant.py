@@ -1,4 +1,5 @@
 """Triton kernels that read GGML blocks as int32 words straight from the packed rows.
+One file past 500 lines: the GEMV, GEMM, expert and dequantize kernels inline one set of per-format decoders.
 
 - `gemv`: y = x @ W.T for one row of x (decode). FMA, no tensor cores: a program owns BLOCK_N weight rows
   and a range of 256-value units of K; per unit it loads the packed words (128-bit loads where the format's
@@ -23,9 +24,8 @@ TRITON_INTERPRET=1. All loads in a loop body have the same tile shape (per-row a
 read through broadcast pointers), so Triton gives them one register layout and never stages the tile
 through shared memory (checked by `bench/compile_check.py`).
 
-One module past 500 lines on purpose: the GEMV, GEMM, expert and dequantize kernels all inline the same
-per-format block decoders (@triton.jit helpers); kept together, each format's decode is written once, beside
-every kernel that reads it, and a change to one is checked against all of them by the same tests.
+The per-format block decoders are @triton.jit helpers: kept beside every kernel that reads them, each format's
+decode is written once, and a change to one is checked against all of them by the same tests.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ thinking switch."""
 
 from __future__ import annotations
 
-from rich.table import Table
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widget import Widget
@@ -38,13 +39,22 @@ def format_draft(f: LiveStats | GenerationStats, live: bool) -> str:
     return f"{f.draft} · {per}" if f.draft else per
 
 
-def format_methods(f: LiveStats | GenerationStats) -> str:
-    """Which methods drafted, by their share of the steps, the largest first ("mtp 62% · lookup 30%");
-    "" when none did (plain decoding, or a server's answer)."""
+def format_seconds(seconds: float) -> str:
+    """A short time as people read it: "0.84 s", "12 ms", and "< 1 ms" (a first token from a prompt the engine
+    already held, as after Ctrl+R), never "0.00 s"."""
+    if seconds >= 0.1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.0f} ms" if seconds >= 0.0005 else "< 1 ms"
+
+
+def method_rows(f: LiveStats | GenerationStats) -> tuple[tuple[str, str], ...]:
+    """Which methods drafted, a row each, by their share of the steps, the largest first
+    (("drafted by mtp", "62%"), ("drafted by lookup", "30%")); none when none did (plain decoding, or a
+    server's answer). A row each, so that no value is wider than the narrowest panel's column."""
     drafting = sorted(((s.steps, name) for name, s in f.methods.items() if name != "plain"), reverse=True)
     if not drafting or not f.steps:
-        return ""
-    return " · ".join(f"{name} {steps / f.steps:.0%}" for steps, name in drafting)
+        return ()
+    return tuple((f"drafted by {name}", f"{steps / f.steps:.0%}") for steps, name in drafting)
 
 
 def histogram_bars(counts: list[int]) -> str:
@@ -56,13 +66,23 @@ def histogram_bars(counts: list[int]) -> str:
     return "".join(BARS[max(1, round(c / top * (len(BARS) - 1)))] if c else BARS[0] for c in counts)
 
 
-def _table(rows: tuple[tuple[str, str], ...]) -> Table:
-    table = Table.grid(expand=True)
-    table.add_column(style="dim", no_wrap=True)
-    table.add_column(justify="right", no_wrap=True)
-    for name, value in rows:
-        table.add_row(Text(name), Text(value))  # values hold model names and paths: never markup
-    return table
+class Rows:
+    """(name, value) rows, each on one line with the name at the left and the value at the right where both fit
+    the column, else the value on a line of its own under its name (a long model name at 80 columns): never cut,
+    whatever the panel's width. Values hold model names and paths: plain text, never markup."""
+
+    def __init__(self, rows: tuple[tuple[str, str], ...]) -> None:
+        self.rows = rows
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        for name, value in self.rows:
+            gap = width - cell_len(name) - cell_len(value)
+            if gap >= 1:
+                yield Text.assemble((name, "dim"), " " * gap, value, no_wrap=True)
+            else:
+                yield Text(name, style="dim", no_wrap=True, overflow="fold")
+                yield Text(value, justify="right", overflow="fold")
 
 
 def _section(title: str, *figures: Widget) -> Vertical:
@@ -132,7 +152,7 @@ class StatsPanel(VerticalScroll):
             "speed",
             (
                 ("tok/s (live)" if live else "tok/s (last)", format_speed(f.decode_tokens_per_s) if f else DASH),
-                ("first token", f"{f.ttft_s:.2f} s" if f and f.ttft_s is not None else DASH),
+                ("first token", format_seconds(f.ttft_s) if f and f.ttft_s is not None else DASH),
             ),
             layout=False,
         )
@@ -142,8 +162,7 @@ class StatsPanel(VerticalScroll):
             ("tokens/step", f"{spec.mean_acceptance_length:.2f}" if spec and spec.steps else DASH),
             ("drafts/step", format_draft(f, live) if f is not None else DASH),
         )
-        methods = format_methods(spec) if spec else ""
-        extra = ((("drafted by", methods),) if methods else ()) + ((("from", source),) if source else ())
+        extra = (method_rows(spec) if spec else ()) + ((("from", source),) if source else ())
         self._show_rows("draft", draft + extra, layout=False)
         self._show_rows(
             "tokens",
@@ -164,7 +183,7 @@ class StatsPanel(VerticalScroll):
             return
         self._rows[section] = rows
         resized = before is None or len(before) != len(rows)
-        self.query_one(f"#{section}", Static).update(_table(rows), layout=layout or resized)
+        self.query_one(f"#{section}", Static).update(Rows(rows), layout=layout or resized)
 
     def _show_sparkline(self, lengths: list[int]) -> None:
         sparkline = self.query_one(Sparkline)
@@ -174,8 +193,8 @@ class StatsPanel(VerticalScroll):
     def _show_histogram(self) -> None:
         bars = histogram_bars(self.histogram)
         text = Text()
-        if bars:
-            text.append("accepted/step ", style="dim")
+        if bars:  # the label over its bars: one row of both is wider than the panel's column at 80 columns
+            text.append("accepted/step\n", style="dim")
             text.append(bars)
         self.query_one("#histogram", Static).update(text)
 
@@ -196,10 +215,13 @@ class StatsPanel(VerticalScroll):
                 switch.value = on
 
     def _show_thinking_effect(self) -> None:
-        parts = []
-        for mode, label in ((False, "off"), (True, "on")):
-            rates = self.by_thinking[mode]
-            if rates:
-                parts.append(f"{label}: {format_rate(sum(rates) / len(rates))}")
-        text = "acceptance " + " · ".join(parts) if parts else "applies to the next answer"
-        self.query_one("#thinking-effect", Static).update(Text(text, style="dim"))
+        rows = tuple(
+            (f"acceptance {label}", format_rate(sum(rates) / len(rates)))
+            for mode, label in ((False, "off"), (True, "on"))
+            if (rates := self.by_thinking[mode])
+        )
+        if rows:
+            self._show_rows("thinking-effect", rows)
+        else:
+            self._rows.pop("thinking-effect", None)
+            self.query_one("#thinking-effect", Static).update(Text("from the next answer", style="dim"))
