@@ -45,6 +45,7 @@ from dflash_chat.engine.parked import (
     Shelf,
     checkpoint_to,
     common_prefix,
+    ends_of,
     on_host,
     reusable,
     to_host,
@@ -328,7 +329,8 @@ class Engine:
         if not self.shelf.budget:
             return
         any_length = not self._needs_checkpoints()
-        held = reusable(self.tokens, [c.length for c in self._held()], prompt, any_length)
+        kept = self._held()
+        held = reusable(self.tokens, [c.length for c in kept], prompt, any_length, ends_of(kept))
         found = self.shelf.take(prompt, better_than=held, any_length=any_length)
         breaks = self.snapshot is not None and held < self.snapshot.length
         if len(self.tokens) - held >= self.shelf.min_tokens and (breaks or found is not None):

@@ -116,6 +116,24 @@ def test_the_next_turn_of_the_same_conversation_parks_nothing(pairs):
     assert len(off.shelf) == 0 and _answer(off, held_a + [50])[1] == 0
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_same_prompt_sent_again_parks_no_copy_of_itself(arch, pairs):
+    """A prompt sent again (a client retrying, a benchmark) resumes at its end-of-prompt snapshot: nothing is
+    parked, the shelf's bytes stay flat however often it comes, and the conversation parked before it is still
+    the one that comes back."""
+    engine = _engine(pairs[arch], "dflash")
+    _answer(engine, A)
+    held_a = list(engine.tokens)
+    first = _answer(engine, B)
+    assert len(engine.shelf) == 1
+    size = engine.shelf.nbytes
+    for _ in range(6):
+        again = _answer(engine, B)
+        assert again[:2] == (first[0], len(B))  # the same answer, the whole prompt reused
+        assert len(engine.shelf) == 1 and engine.shelf.nbytes == size and engine.shelf.evicted == 0
+    assert _answer(engine, held_a + [50, 51])[1] == len(held_a)
+
+
 def _parked(tokens: list[int], nbytes: int, checkpoints=()) -> Parked:
     end = Checkpoint(len(tokens), [], [])
     return Parked(tokens, [torch.zeros(nbytes // 4)], end, [Checkpoint(n, [], []) for n in checkpoints])
@@ -142,7 +160,10 @@ def test_what_a_state_can_serve_of_a_prompt():
     assert reusable(held, [2, 4], held + [7]) == 6  # it extends the held tokens
     assert reusable(held, [2, 4], [1, 2, 3, 4, 5, 9]) == 4  # it branches at 5: the checkpoint at 4
     assert reusable(held, [2, 4], [1, 2, 3, 4, 5, 9], any_length=True) == 5  # attention-only: truncate at 5
-    assert reusable(held, [2, 4, 6], held) == 4  # the same prompt: the last token runs again
+    assert reusable(held, [2, 4, 6], held) == 4  # the same prompt, with no logits kept: the last token runs again
+    assert reusable(held, [2, 4, 6], held, ends=[6]) == 6  # its end-of-prompt snapshot: nothing runs
+    assert reusable(held, [2, 4], held[:4], ends=[4]) == 4  # an earlier prompt of this conversation, sent again
+    assert reusable(held, [2, 4], held[:5], ends=[4]) == 4  # one that ended elsewhere: no logits at 5
     assert reusable(held, [2, 4], [9]) == 0
 
 
