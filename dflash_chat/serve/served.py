@@ -21,7 +21,7 @@ from fastapi import Request
 from dflash_chat.errors import one_line
 from dflash_chat.runtime.answering import AnsweringService
 from dflash_chat.runtime.bridge import StreamEnd
-from dflash_chat.runtime.prompt import Prompt, Turn, encode, next_prompt
+from dflash_chat.runtime.prompt import Prompt, Turn, continuing_prompt, encode
 from dflash_chat.runtime.session import EngineSession
 from dflash_chat.serve.errors import SERVER_FAULT, ApiError, bad_request, log
 from dflash_chat.serve.metrics import Metrics
@@ -190,9 +190,9 @@ class Served:
         assert self.service is not None
         with self._checker_lock:
             if isinstance(request, ChatRequest):
-                held = self.service.held(CLIENTS)
-                return next_prompt(
-                    self._checker, request.turns, thinking=request.thinking, previous=held, tool_use=request.tools
+                held = self.service.candidates(CLIENTS)
+                return continuing_prompt(
+                    self._checker, request.turns, thinking=request.thinking, held=held, tool_use=request.tools
                 )
             text = request.prompt
             assert isinstance(text, str)  # a list of ids was returned above

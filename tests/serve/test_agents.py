@@ -76,7 +76,7 @@ def brief_answers(monkeypatch):
     from dflash_chat.runtime import session
     from dflash_chat.serve import served
 
-    answer, next_prompt = session.EngineSession.answer, served.next_prompt
+    answer, continuing_prompt = session.EngineSession.answer, served.continuing_prompt
     texts: list[str] = []
 
     def brief(self, prompt, params, *args, **kwargs):
@@ -86,11 +86,11 @@ def brief_answers(monkeypatch):
         return end
 
     def unthinking(tokenizer, turns, *, thinking, **kwargs):
-        return next_prompt(tokenizer, turns, thinking=False, **kwargs)
+        return continuing_prompt(tokenizer, turns, thinking=False, **kwargs)
 
     monkeypatch.setattr(session, "StopStrings", FirstLine)
     monkeypatch.setattr(session.EngineSession, "answer", brief)
-    monkeypatch.setattr(served, "next_prompt", unthinking)
+    monkeypatch.setattr(served, "continuing_prompt", unthinking)
     return texts
 
 
