@@ -55,6 +55,12 @@ def responses_request(body: Mapping, defaults: Settings, previous: Callable[[str
     if instructions:
         turns = [{"role": "system", "content": instructions}] + [t for t in turns if t["role"] != "system"]
     turns += _input(body.get("input"), {c["id"] for t in turns for c in t.get("tool_calls", ())})
+    if all(turn["role"] == "system" for turn in turns):
+        raise bad_request(
+            "'input' holds no message to answer ('reasoning' and 'item_reference' items are not read): "
+            "send at least one message or function_call_output item.",
+            "input",
+        )
     sampling = checked_sampling(body, defaults.sampling(), "max_output_tokens", None)
     stream = optional(body, "stream", bool) or False
     return ChatRequest(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from fastapi import Request
 
-from dflash_chat.errors import one_line
+from dflash_chat.errors import UserError, one_line
 from dflash_chat.runtime.answering import AnsweringService
 from dflash_chat.runtime.bridge import StreamEnd
 from dflash_chat.runtime.prompt import Prompt, Turn, continuing_prompt, encode
@@ -190,13 +190,29 @@ class Served:
         assert self.service is not None
         with self._checker_lock:
             if isinstance(request, ChatRequest):
-                held = self.service.candidates(CLIENTS)
-                return continuing_prompt(
-                    self._checker, request.turns, thinking=request.thinking, held=held, tool_use=request.tools
-                )
+                return self._chat_prompt(request)
             text = request.prompt
             assert isinstance(text, str)  # a list of ids was returned above
             return Prompt(text=text, ids=encode(self._checker, text), thinking=False)
+
+    def _chat_prompt(self, request: ChatRequest) -> Prompt:
+        """The chat's prompt; an error the model's template raises on the client's messages (a shape it does not
+        take, an empty conversation) is the client's: a 400 that says what the template refused."""
+        assert self.service is not None
+        held = self.service.candidates(CLIENTS)
+        try:
+            return continuing_prompt(
+                self._checker, request.turns, thinking=request.thinking, held=held, tool_use=request.tools
+            )
+        except UserError:
+            raise  # the model has no template: the server's, not the client's
+        except Exception as exc:  # noqa: BLE001 - a template raises what it likes (jinja2's, transformers')
+            raise bad_request(
+                f"The model's chat template cannot render these messages: {_first_line(exc)}. "
+                "Change the messages it names (their order, roles or content).",
+                "messages",
+                "invalid_messages",
+            ) from None
 
     def check_tokens(self, request: ChatRequest | CompletionRequest) -> None:
         """Token ids the model has no row for would reach the device (on CUDA, an assert that poisons the
@@ -276,6 +292,12 @@ def _vocabulary(session) -> int | None:
     if isinstance(vocab_size, int):
         sizes.append(vocab_size)
     return min(sizes) if sizes else None
+
+
+def _first_line(exc: Exception) -> str:
+    """What an exception says, in one line without its end's period (its type's name when it says nothing)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 def _conversation(request, chat: bool) -> tuple:
