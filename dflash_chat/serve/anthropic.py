@@ -189,12 +189,12 @@ def _tool(tool, where: str) -> ToolSpec | None:
     if not isinstance(tool, Mapping):
         raise bad_request(f"'{where}' must be a tool ({{name, description, input_schema}}).", where)
     if tool.get("type", "custom") != "custom":
-        return None  # a tool Anthropic's servers run (web search, ...): not one the model can call here
+        return None  # a server tool (web search, code execution, ...): refused, as nothing runs it here
     return checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("input_schema"), where)
 
 
 def _tool_use(body: Mapping) -> ToolUse | None:
-    specs = checked_tools.specs(body, "tools", _tool)
+    specs = checked_tools.specs(body, "custom tools", _tool)
     choice = optional(body, "tool_choice", Mapping) or {}
     kind = choice.get("type", "auto")
     if kind not in ("auto", "any", "tool", "none"):

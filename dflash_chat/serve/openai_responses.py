@@ -5,10 +5,10 @@ or items: `message` with text parts, `function_call`, `function_call_output`) th
 function `tools` and `tool_choice` a ToolUse, `reasoning.effort` the thinking switch (none or minimal:
 off). `previous_response_id` continues a stored response's conversation, kept in memory only
 (Served.remember: a bounded store, never on disk), an unknown one is a 400. Items and fields we do not
-use (reasoning items, `include`, `text`, `prompt_cache_key`, tools of other types) are accepted and
-ignored; images are a 400 until they are supported. The answer is written as a response object with
-`message` and `function_call` output items, and when streamed as its typed events, each with its
-`sequence_number`.
+use (reasoning items, `include`, `text`, `prompt_cache_key`) are accepted and ignored; built-in tools
+(`web_search`, `file_search`, ...: OpenAI's servers run them, nothing here does) and images are a 400.
+The answer is written as a response object with `message` and `function_call` output items, and when
+streamed as its typed events, each with its `sequence_number`.
 """
 
 from __future__ import annotations
@@ -139,12 +139,12 @@ def _tool(tool, where: str) -> ToolSpec | None:
     if not isinstance(tool, Mapping):
         raise bad_request(f"'{where}' must be a tool object.", where)
     if tool.get("type") != "function":
-        return None  # a built-in tool (web search, file search, ...): not one the model can call here
+        return None  # a built-in tool (web search, file search, ...): refused, as nothing runs it here
     return checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("parameters"), where)
 
 
 def _tool_use(body: Mapping) -> ToolUse | None:
-    specs = checked_tools.specs(body, "tools", _tool)
+    specs = checked_tools.specs(body, "function tools", _tool)
     choice = checked_tools.openai_choice(
         body.get("tool_choice"), lambda choice: choice.get("name"), '{"type": "function", "name": ...}'
     )

@@ -109,3 +109,41 @@ def test_a_tool_round_trip_is_a_valid_conversation(server):
     response = post(url, content=json.dumps(body).encode())
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+
+
+RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+ANTHROPIC_TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
+
+
+@pytest.mark.parametrize(
+    "path, body, named",
+    [
+        (
+            "/v1/responses",
+            {"input": "hi", "tools": [{"type": "web_search"}, RESPONSES_TOOL, {"type": "file_search"}]},
+            ["web_search (tools[0])", "file_search (tools[2])"],
+        ),
+        (
+            "/v1/messages",
+            {
+                "messages": [USER],
+                "max_tokens": 2,
+                "tools": [ANTHROPIC_TOOL, {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+            },
+            ["web_search_20250305 'web_search' (tools[1])"],
+        ),
+    ],
+    ids=["responses", "messages"],
+)
+def test_tools_another_server_runs_are_refused_by_name(server, path, body, named):
+    """Built-in tools (Responses) and server tools (Anthropic) run on their makers' servers: nothing here runs
+    them, so the request is a 400 in the route's shape naming each one, not an answer that drops them."""
+    _, url = server
+    response = post(url, {"model": "dflash-chat-demo", **body}, path=path)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert all(words in error["message"] for words in named) and "get_weather" not in error["message"]
+    if path == "/v1/messages":
+        assert response.json()["type"] == "error" and error["type"] == "invalid_request_error"
+    else:
+        assert error["param"] == "tools" and error["code"] == "unsupported_tool"
