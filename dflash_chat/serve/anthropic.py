@@ -42,6 +42,7 @@ ERROR_TYPES = {
 }
 KIND_TYPES = {"server_error": "api_error", "service_unavailable": "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens"}
+MIN_THINKING_BUDGET = 1024  # tokens: the least `thinking.budget_tokens` Anthropic's API takes
 UNSUPPORTED = ("image", "document", "search_result", "container_upload")
 
 # reading
@@ -58,9 +59,8 @@ def messages_request(body: Mapping, defaults: Settings, *, counting: bool = Fals
         raise bad_request("'max_tokens' is required: the most tokens the answer may have.", "max_tokens")
     sampling = checked_sampling(body, defaults.sampling(), "max_tokens", "stop_sequences")
     stream = optional(body, "stream", bool) or False
-    return ChatRequest(
-        optional(body, "model", str), turns, _thinking(body), sampling, Streaming(stream), _tool_use(body)
-    )
+    thinking = _thinking(body, sampling.max_new_tokens)
+    return ChatRequest(optional(body, "model", str), turns, thinking, sampling, Streaming(stream), _tool_use(body))
 
 
 def _system(system, messages: list) -> list[Turn]:
@@ -175,14 +175,32 @@ def _string(block: Mapping, field: str, at: str) -> str:
     return value
 
 
-def _thinking(body: Mapping) -> bool:
+def _thinking(body: Mapping, max_tokens: int | None) -> bool:
     thinking = optional(body, "thinking", Mapping)
     if thinking is None:
         return False
     kind = thinking.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
         raise bad_request("'thinking.type' must be enabled, disabled or adaptive.", "thinking.type")
+    if kind == "enabled" and "budget_tokens" in thinking:
+        _check_budget(thinking["budget_tokens"], max_tokens)
     return kind != "disabled"
+
+
+def _check_budget(budget, max_tokens: int | None) -> None:
+    """`thinking.budget_tokens` as Anthropic's API takes it: a whole number of at least MIN_THINKING_BUDGET, below
+    `max_tokens` (the thinking is part of the answer). The engine does not cut thinking at it."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
+        raise bad_request(
+            f"'thinking.budget_tokens' must be a whole number of at least {MIN_THINKING_BUDGET}; got {shown(budget)}.",
+            "thinking.budget_tokens",
+        )
+    if max_tokens is not None and budget >= max_tokens:
+        raise bad_request(
+            f"'max_tokens' must be greater than 'thinking.budget_tokens' ({budget}): the thinking is part of the "
+            f"answer; got max_tokens {max_tokens}.",
+            "thinking.budget_tokens",
+        )
 
 
 def _tool(tool, where: str) -> ToolSpec | None:

@@ -107,7 +107,7 @@ def test_tools_a_forced_call_and_a_tool_result_round_trip(client):
 
 
 def test_thinking_on_is_the_thinking_switch(client):
-    thought = ask(client, thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=40)
+    thought = ask(client, thinking={"type": "adaptive"}, max_tokens=40)
     plain = ask(client, thinking={"type": "disabled"}, max_tokens=40)
     kinds = [block.type for block in thought.content]
     assert kinds[0] == "thinking" or thought.stop_reason == "max_tokens"  # the demo thinks first, if it can finish
@@ -137,6 +137,30 @@ def test_thinking_on_is_the_thinking_switch(client):
         (
             {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "lots"}},
             "thinking.type",
+        ),
+        (
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled", "budget_tokens": -5},
+            },
+            "at least 1024; got -5",
+        ),
+        (
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled", "budget_tokens": "lots"},
+            },
+            "whole number of at least 1024; got 'lots'",
+        ),
+        (
+            {
+                "max_tokens": 2048,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled", "budget_tokens": 2048},
+            },
+            "'max_tokens' must be greater than 'thinking.budget_tokens' (2048)",
         ),
         (
             {
