@@ -2,7 +2,8 @@
 
 A body is read into the internal ChatRequest: `system` becomes the system turn, text blocks text, an
 assistant's `tool_use` blocks its tool calls and its `thinking` blocks its reasoning, a user's
-`tool_result` blocks tool turns (before the user's own text, as Anthropic orders them); `tools`
+`tool_result` blocks tool turns (before the user's own text, as Anthropic orders them), a last assistant
+message of text the answer's beginning (a prefill: the model goes on from it); `tools`
 (`input_schema`) and `tool_choice` (auto, any, tool, none) a ToolUse; `thinking` the thinking switch.
 Fields Anthropic lets clients send that we do not use (`metadata`, `cache_control`, `anthropic-beta`
 headers) are accepted and ignored; an image or a document is a 400 until they are supported. The answer
@@ -59,8 +60,26 @@ def messages_request(body: Mapping, defaults: Settings, *, counting: bool = Fals
         raise bad_request("'max_tokens' is required: the most tokens the answer may have.", "max_tokens")
     sampling = checked_sampling(body, defaults.sampling(), "max_tokens", "stop_sequences")
     stream = optional(body, "stream", bool) or False
-    thinking = _thinking(body, sampling.max_new_tokens)
-    return ChatRequest(optional(body, "model", str), turns, thinking, sampling, Streaming(stream), _tool_use(body))
+    thinking, tools = _thinking(body, sampling.max_new_tokens), _tool_use(body)
+    turns, prefill = _prefill(turns, tools)
+    return ChatRequest(optional(body, "model", str), turns, thinking, sampling, Streaming(stream), tools, prefill)
+
+
+def _prefill(turns: list[Turn], tools: ToolUse | None) -> tuple[list[Turn], str]:
+    """(the turns, the prefill): a last assistant message of text is the answer's beginning, which the model goes
+    on from, as Anthropic's API does (a prefill steers the format); its answer is only what follows."""
+    last = turns[-1] if turns else {}
+    if last.get("role") != "assistant" or last.get("tool_calls") or last.get("reasoning_content"):
+        return turns, ""
+    text = last["content"]
+    if text != text.rstrip():
+        raise bad_request("The final assistant message (a prefill) cannot end with whitespace.", "messages")
+    if text and tools is not None and tools.opening():
+        raise bad_request(
+            "A final assistant message (a prefill) cannot be used when 'tool_choice' forces a tool call.",
+            "tool_choice",
+        )
+    return turns[:-1], text
 
 
 def _system(system, messages: list) -> list[Turn]:

@@ -39,6 +39,7 @@ class ChatRequest:
     sampling: SamplingParams  # max_new_tokens None: up to the end of the context
     streaming: Streaming
     tools: ToolUse | None = None  # None: the request offers no tools
+    prefill: str = ""  # the answer's first words, written by the client (Anthropic's prefill): the model goes on
 
 
 @dataclass(frozen=True)

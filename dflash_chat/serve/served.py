@@ -202,7 +202,12 @@ class Served:
         held = self.service.candidates(CLIENTS)
         try:
             return continuing_prompt(
-                self._checker, request.turns, thinking=request.thinking, held=held, tool_use=request.tools
+                self._checker,
+                request.turns,
+                thinking=request.thinking,
+                held=held,
+                tool_use=request.tools,
+                prefill=request.prefill,
             )
         except UserError:
             raise  # the model has no template: the server's, not the client's
