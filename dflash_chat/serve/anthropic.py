@@ -363,6 +363,9 @@ class MessagesWriter:
     def ping(self) -> list[str]:
         return [sse({"type": "ping"}, "ping")]
 
+    def cut(self) -> None:
+        pass  # this dialect keeps no answers
+
 
 def _figures(end: StreamEnd, spec_tokens: int) -> dict:
     """The engine's figures beside the answer (`metrics`, `timings`), as in every dialect: clients ignore them."""

@@ -323,3 +323,6 @@ class ChatWriter:
 
     def ping(self) -> list[str]:
         return []  # OpenAI's streams send nothing between chunks
+
+    def cut(self) -> None:
+        pass  # this dialect keeps no answers

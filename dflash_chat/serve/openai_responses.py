@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from dflash_chat.engine.rules import shown
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
@@ -156,11 +156,14 @@ def _tool_use(body: Mapping) -> ToolUse | None:
 
 def answer_turn(end: StreamEnd) -> Turn:
     """The answer as a turn of the conversation, for a response a later one continues."""
-    turn: Turn = {"role": "assistant", "content": end.answer}
-    if end.tool_calls:
+    return _turn(end.answer, end.tool_calls)
+
+
+def _turn(text: str, calls: Sequence[ToolCall]) -> Turn:
+    turn: Turn = {"role": "assistant", "content": text}
+    if calls:
         turn["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args()}}
-            for c in end.tool_calls
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args()}} for c in calls
         ]
     return turn
 
@@ -172,7 +175,7 @@ class ResponsesWriter:
     route = "responses"
 
     def __init__(
-        self, body: Mapping, model: str, spec_tokens: int, prompt_tokens: int, keep: Callable[[str, StreamEnd], None]
+        self, body: Mapping, model: str, spec_tokens: int, prompt_tokens: int, keep: Callable[[str, Turn], None]
     ) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.body, self.model, self.keep = body, model, keep
@@ -181,6 +184,7 @@ class ResponsesWriter:
         self.sequence = 0
         self.items: list[dict] = []  # output items so far, as they will stand in the response
         self.message: dict | None = None  # the message item being written
+        self.calls: list[ToolCall] = []  # the calls written so far
 
     def _response(self, status: str, end: StreamEnd | None) -> dict:
         body = self.body
@@ -228,7 +232,7 @@ class ResponsesWriter:
         if end.answer or not end.tool_calls:
             self.items.append(self._message_item(end.answer, "completed"))
         self.items += [_call_item(call) for call in end.tool_calls]
-        self.keep(self.id, end)
+        self.keep(self.id, answer_turn(end))
         return self._response("completed", end)
 
     def opening(self) -> list[str]:
@@ -294,6 +298,7 @@ class ResponsesWriter:
         ]
 
     def _call_events(self, call: ToolCall) -> list[str]:
+        self.calls.append(call)
         item = _call_item(call)
         self.items.append(item)
         at = len(self.items) - 1
@@ -317,7 +322,7 @@ class ResponsesWriter:
     def closing(self, end: StreamEnd) -> list[str]:
         events = [] if self.items else self._open_message()
         events += self._close_message()
-        self.keep(self.id, end)
+        self.keep(self.id, answer_turn(end))
         response = self._response("completed", end)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         return events + [self._event(kind, response=response)]
@@ -327,6 +332,11 @@ class ResponsesWriter:
 
     def ping(self) -> list[str]:
         return []
+
+    def cut(self) -> None:
+        """Kept as far as it was written, as the chat keeps an answer cut short: continuing from its id works."""
+        text = "".join(item["content"][0]["text"] for item in self.items if item["type"] == "message")
+        self.keep(self.id, _turn(text, self.calls))
 
     def _message_item(self, text: str, status: str) -> dict:
         content = [{"type": "output_text", "text": text, "annotations": []}]
