@@ -244,7 +244,9 @@ class Served:
         if prompt_tokens + 1 > context:
             raise bad_request(
                 f"This model's maximum context length is {context} tokens; this request needs {prompt_tokens} "
-                "tokens in the prompt, and no room is left to write. Shorten the prompt.",
+                "tokens in the prompt, and no room is left to write. Start serve with a larger context "
+                f"(dflash-chat serve --context {roomy_context(prompt_tokens)}), or use `dflash-chat launch`, which "
+                "raises it for the agent, or shorten the prompt.",
                 "messages" if isinstance(request, ChatRequest) else "prompt",
                 "context_length_exceeded",
             )
@@ -280,6 +282,7 @@ class Served:
         if end.stats is not None and end.reason != "error":
             reason = "abort" if end.reason == "cancelled" else finish_reason(end)
             self.metrics.answered(end.stats, reason, queued_s, time.monotonic() - job.queued_at, route)
+            _log_answer(route, end.stats, reason)
         if end.reason == "error":
             log.error("an answer failed: %s", end.error or "the engine gave no reason")
         emit(Done(end, queued_s) if end.reason != "error" else Failed(SERVER_FAULT))
@@ -297,6 +300,27 @@ def _vocabulary(session) -> int | None:
     if isinstance(vocab_size, int):
         sizes.append(vocab_size)
     return min(sizes) if sizes else None
+
+
+def roomy_context(prompt_tokens: int) -> int:
+    """A context to suggest for a prompt of `prompt_tokens`: a power of two with room for it and an answer."""
+    context = 4096
+    while context < prompt_tokens + 4096:
+        context *= 2
+    return context
+
+
+def _log_answer(route: str, stats, reason: str) -> None:
+    """One line per answer, at debug level: launch's log file keeps them; serve's terminal shows only problems."""
+    log.debug(
+        "%s: %d prompt tokens (%d reused), %d new at %.1f tok/s, %s",
+        route,
+        stats.prompt_tokens,
+        stats.reused_tokens,
+        stats.new_tokens,
+        stats.decode_tokens_per_s,
+        reason,
+    )
 
 
 def _first_line(exc: Exception) -> str:

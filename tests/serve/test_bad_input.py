@@ -99,6 +99,7 @@ def test_a_prompt_over_the_context_is_400(server, stream):
     long = " ".join(["with open(path) as handle: text = handle.read()"] * 200)
     error = openai_error(post(url, {**GOOD, "messages": [{"role": "user", "content": long}], "stream": stream}), 400)
     assert error["code"] == "context_length_exceeded" and f"{CONTEXT} tokens" in error["message"]
+    assert "serve --context 8192" in error["message"] and "dflash-chat launch" in error["message"]  # the fix
 
 
 @pytest.mark.parametrize("stream", [False, True])
