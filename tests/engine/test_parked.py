@@ -37,7 +37,7 @@ def _engine(dirs, speculate="auto", **kwargs) -> Engine:
         load_drafter(dirs[1], target),
         mtp=load_mtp(dirs[0], target),
         max_context=256,
-        draft=5,
+        draft=kwargs.pop("draft", 5),
         speculate=speculate,
         **kwargs,
     )
@@ -132,6 +132,25 @@ def test_the_same_prompt_sent_again_parks_no_copy_of_itself(arch, pairs):
         assert again[:2] == (first[0], len(B))  # the same answer, the whole prompt reused
         assert len(engine.shelf) == 1 and engine.shelf.nbytes == size and engine.shelf.evicted == 0
     assert _answer(engine, held_a + [50, 51])[1] == len(held_a)
+
+
+def test_a_draft_change_keeps_the_conversations(pairs):
+    """The draft setting changes neither the prompt nor the model: after it changes (the steps rebuilt, the step
+    costs measured again for auto), the next turn reuses all the conversation held, a parked one still comes back,
+    and the answers are a cold prefill's."""
+    engine = _engine(pairs["qwen3_5"], "dflash")
+    _answer(engine, B)
+    held_b = list(engine.tokens)
+    _answer(engine, A)  # B parked
+    held_a = list(engine.tokens)
+    for draft in ("auto", 3):
+        engine.set_draft(draft)
+        got, reused, _ = _answer(engine, held_a + [50, 51])
+        assert reused == len(held_a) and len(engine.shelf) == 1
+        cold, cold_reused, _ = _answer(_engine(pairs["qwen3_5"], "dflash", draft=draft), held_a + [50, 51])
+        assert cold_reused == 0 and cold == got
+        held_a = list(engine.tokens)
+    assert _answer(engine, held_b + [60])[1] == len(held_b)
 
 
 def _parked(tokens: list[int], nbytes: int, checkpoints=()) -> Parked:
