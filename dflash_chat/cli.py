@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, or a flag refused (already said in one line)
         return int(exc.code or 0)
     handler = getattr(args, "handler", None) or _command("chat").main
+    from dflash_chat import paths
+
+    paths.place_torch_caches()
     try:
         return int(handler(args) or 0)
     except KeyboardInterrupt:

@@ -226,3 +226,23 @@ def test_a_cuda_device_on_a_machine_without_one_says_so(capsys):
         pytest.skip("this machine has a CUDA GPU")
     assert main(["run", "--demo", "--prompt", "hi", "--device", "cuda:1"]) == 2
     assert "--device cuda:1: this machine has no usable CUDA GPU" in one_line_error(capsys)
+
+
+def test_torch_compiles_into_the_apps_cache_folder_not_tmpdir(tmp_path, monkeypatch):
+    """Every command runs with torch's inductor cache under the app's cache folder (torch's own default is
+    TMPDIR/torchinductor_USER, outside the app's folders and gone at a reboot); a folder the user chose wins."""
+    import os
+
+    from dflash_chat.commands import models
+
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    seen = []
+    monkeypatch.setattr(models, "run", lambda args: seen.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR")) or 0)
+    assert main(["models"]) == 0
+    assert seen == [str(tmp_path / "home" / "cache" / "torchinductor")]
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == seen[0]  # where torch itself now puts it
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert main(["models"]) == 0 and seen[-1] == str(tmp_path / "mine")
