@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from dflash_chat import cli
 from dflash_chat.commands.launch import KEY_ENV, agent_command, check_arguments
 
@@ -100,6 +102,7 @@ AGENT = """
 import pathlib, signal, sys, time
 here = pathlib.Path(sys.argv[1])
 def save(signum, frame):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     time.sleep(1.0)  # an agent saving its session on Ctrl-C
     (here / "saved").write_text("yes")
     sys.exit(3)
@@ -119,10 +122,12 @@ sys.exit(launch.run_agent([sys.executable, str(here / "agent.py"), str(here)], d
 """
 
 
-def test_ctrl_c_gives_the_agent_its_grace_and_its_notes_about_the_model_go_to_the_log(tmp_path):
-    """Ctrl-C reaches the agent and launch alike (the terminal's process group): the agent finishes saving (1 s, past
-    the 0.25 s subprocess.run would give it) and launch exits with the agent's status; Claude Code's note that the
-    model is not in its catalog goes to launch-serve.log, every other stderr line to the screen."""
+@pytest.mark.parametrize("to_group", [True, False], ids=["from-the-terminal", "to-launch-alone"])
+def test_ctrl_c_is_the_agents_and_its_notes_about_the_model_go_to_the_log(tmp_path, to_group):
+    """Ctrl-C is the agent's: sent to the process group as a terminal sends it (or to launch alone, which passes it
+    on), the agent finishes saving (1 s, past the 0.25 s subprocess.run gave it) and launch exits with the agent's
+    status; Claude Code's note that the model is not in its catalog goes to launch-serve.log, every other stderr
+    line to the screen."""
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "driver.py").write_text(DRIVER)
     driver = subprocess.Popen(
@@ -136,7 +141,10 @@ def test_ctrl_c_gives_the_agent_its_grace_and_its_notes_about_the_model_go_to_th
     while not (tmp_path / "ready").exists():
         assert time.monotonic() < deadline and driver.poll() is None, driver.stderr.read()
         time.sleep(0.05)
-    os.killpg(driver.pid, signal.SIGINT)
+    if to_group:
+        os.killpg(driver.pid, signal.SIGINT)
+    else:
+        os.kill(driver.pid, signal.SIGINT)
     assert driver.wait(timeout=30) == 3
     err = driver.stderr.read()
     assert (tmp_path / "saved").read_text() == "yes"

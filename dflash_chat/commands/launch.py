@@ -6,7 +6,7 @@ when the agent exits, serve stops. The agent's own configuration is never edited
 environment, Codex takes `-c` overrides, opencode an extra config file in a temporary folder. The
 context is raised to what the agent needs (Claude Code's system prompt and tools alone are ~16k tokens),
 and the agent is told the model's window where it takes one. serve's log goes to a file, not onto the
-agent's screen.
+agent's screen. Ctrl-C is the agent's to handle: launch serves it until it ends.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,6 @@ AGENTS = {
     "opencode": Agent("opencode", "opencode-ai", 32768),
 }
 KEY_ENV = "DFLASH_CHAT_LAUNCH_KEY"  # the variable Codex reads the key from
-GRACE_S = 10.0  # seconds the agent has after a Ctrl-C to end on its own (save its session) before it is stopped
 # the agents' own notes that are about us, not for the user's screen: Claude Code's, that the model is not one of
 # its catalog's (it is not a Claude model; launch tells it the context, which is what the note is about)
 QUIET = {"claude": ("[claude-code:unrecognized_model]",)}
@@ -91,34 +91,32 @@ def check_arguments(agent: str, passthrough: list[str], cwd: Path) -> None:
         )
 
 
-def run_agent(argv: list[str], env: dict[str, str], *, grace_s: float = GRACE_S, quiet: tuple[str, ...] = ()) -> int:
-    """Run the agent to its end; its exit status. Ctrl-C reaches the agent from the terminal as it reaches us: the
-    agent gets `grace_s` to finish on its own (save its session) before it is stopped, then serve stops.
+def run_agent(argv: list[str], env: dict[str, str], *, quiet: tuple[str, ...] = ()) -> int:
+    """Run the agent to its end; its exit status. Ctrl-C is the agent's: the terminal sends it to the agent as it
+    sends it to us, and the agent decides what it means (save its session and leave; or, as Claude Code does,
+    cancel only the answer it is writing), so launch goes on waiting, and serving it, until it ends.
     `quiet`: the starts of the agent's stderr lines that go to serve's log instead of the screen."""
     process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE if quiet else None)
     relay = _relay(process.stderr, quiet) if quiet else None
     try:
-        return process.wait()
-    except KeyboardInterrupt:
-        return _stop(process, grace_s)
+        while True:
+            try:
+                return process.wait()
+            except KeyboardInterrupt:
+                if not _terminal_reaches_agent():
+                    process.send_signal(signal.SIGINT)  # a Ctrl-C sent to launch alone: the agent's all the same
     finally:
         if relay is not None:
             relay.join(timeout=5)
 
 
-def _stop(process: subprocess.Popen, grace_s: float) -> int:
-    """The agent's status once it has ended: on its own within `grace_s` (a second Ctrl-C cuts that short), else
-    terminated, then killed."""
+def _terminal_reaches_agent() -> bool:
+    """Whether a Ctrl-C typed reaches the agent from the terminal itself: launch, and the agent in its process
+    group, are the terminal's foreground job."""
     try:
-        return process.wait(timeout=grace_s)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-        pass
-    process.terminate()
-    try:
-        return process.wait(timeout=5)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-        process.kill()
-        return process.wait()
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, AttributeError, ValueError):
+        return False
 
 
 def _relay(stream, quiet: tuple[str, ...]) -> threading.Thread:
