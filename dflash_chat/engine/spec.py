@@ -171,11 +171,12 @@ class Engine:
 
     def set_speculate(self, speculate: str) -> None:
         """The speculate setting: "auto", "dflash", "mtp", "lookup" or "none" (a method the pair lacks is a
-        rules.Invalid that says so). The steps are rebuilt as for `set_draft`; the held conversation is dropped."""
+        rules.Invalid that says so). The steps are rebuilt as for `set_draft`, and the conversations kept alike while
+        the state keeps its width (a wider method's verifies need a wider state: then they are dropped)."""
         speculate = parse_speculate(speculate, self.most)
         if self.speculate != speculate:
             self.speculate = speculate
-            self._configure()
+            self._kept_across(self._configure)
 
     def _configure(self) -> None:
         """The methods' sizes for the two settings, the state wide enough for them, the steps for those sizes."""

@@ -153,6 +153,19 @@ def test_a_draft_change_keeps_the_conversations(pairs):
     assert _answer(engine, held_b + [60])[1] == len(held_b)
 
 
+def test_a_speculate_change_keeps_the_conversation(pairs):
+    """Which method drafts changes neither the prompt nor the model either: the next turn after a change to the MTP
+    layer and back reuses all the conversation held, and answers as a cold prefill does."""
+    engine = _engine(pairs["qwen3_5"], "dflash")
+    _answer(engine, A)
+    for speculate in ("mtp", "dflash"):
+        held = list(engine.tokens)
+        engine.set_speculate(speculate)
+        got, reused, _ = _answer(engine, held + [50])
+        assert reused == len(held)
+        assert _answer(_engine(pairs["qwen3_5"], speculate), held + [50])[0] == got
+
+
 def _parked(tokens: list[int], nbytes: int, checkpoints=()) -> Parked:
     end = Checkpoint(len(tokens), [], [])
     return Parked(tokens, [torch.zeros(nbytes // 4)], end, [Checkpoint(n, [], []) for n in checkpoints])
