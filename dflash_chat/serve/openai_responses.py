@@ -5,8 +5,10 @@ or items: `message` with text parts, `function_call`, `function_call_output`) th
 function `tools` and `tool_choice` a ToolUse, `reasoning.effort` the thinking switch (none or minimal:
 off). `previous_response_id` continues a stored response's conversation, kept in memory only
 (Served.remember: a bounded store, never on disk), an unknown one is a 400. Items and fields we do not
-use (reasoning items, `include`, `text`, `prompt_cache_key`) are accepted and ignored; built-in tools
-(`web_search`, `file_search`, ...: OpenAI's servers run them, nothing here does) and images are a 400.
+use (reasoning items, `include`, `text`, `prompt_cache_key`) are accepted and ignored. Built-in tools
+(`web_search`, `file_search`, Codex's `namespace` groups, ...: OpenAI's servers run them, nothing here does) are
+left out, of the prompt and of the `tools` the response says it took: Codex sends some with every request.
+Images are a 400 until they are supported.
 The answer is written as a response object with `message` and `function_call` output items, and when
 streamed as its typed events, each with its `sequence_number`.
 """
@@ -139,12 +141,12 @@ def _tool(tool, where: str) -> ToolSpec | None:
     if not isinstance(tool, Mapping):
         raise bad_request(f"'{where}' must be a tool object.", where)
     if tool.get("type") != "function":
-        return None  # a built-in tool (web search, file search, ...): refused, as nothing runs it here
+        return None  # a built-in tool (web search, file search, ...): nothing runs it here, so it is left out
     return checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("parameters"), where)
 
 
 def _tool_use(body: Mapping) -> ToolUse | None:
-    specs = checked_tools.specs(body, "function tools", _tool)
+    specs = checked_tools.specs(body, "function tools", _tool, refuse_others=False)
     choice = checked_tools.openai_choice(
         body.get("tool_choice"), lambda choice: choice.get("name"), '{"type": "function", "name": ...}'
     )
@@ -152,6 +154,11 @@ def _tool_use(body: Mapping) -> ToolUse | None:
 
 
 # writing
+
+
+def taken_tools(body: Mapping) -> list:
+    """The request's tools the answer took: its function tools (built-in ones are left out, never echoed as taken)."""
+    return [tool for tool in body.get("tools") or [] if isinstance(tool, Mapping) and tool.get("type") == "function"]
 
 
 def answer_turn(end: StreamEnd) -> Turn:
@@ -202,7 +209,7 @@ class ResponsesWriter:
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "previous_response_id": body.get("previous_response_id"),
             "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools", []),
+            "tools": taken_tools(body),
             "temperature": body.get("temperature"),
             "top_p": body.get("top_p"),
             "store": body.get("store", True),

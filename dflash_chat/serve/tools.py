@@ -39,10 +39,14 @@ def spec(name, description, parameters, where: str) -> ToolSpec:
     return ToolSpec(name, description or "", dict(parameters))
 
 
-def specs(body: Mapping, shape: str, read: Callable[[object, str], ToolSpec | None]) -> list[ToolSpec]:
+def specs(
+    body: Mapping, shape: str, read: Callable[[object, str], ToolSpec | None], *, refuse_others: bool = True
+) -> list[ToolSpec]:
     """The request's `tools` list, each item read by the dialect's `read(item, where)`; `shape` says what the list
     must hold. A tool the dialect's read gives None for is one its own servers run (a web search, a file search):
-    nothing here runs it, so the request is refused with every such tool named, never answered without it."""
+    nothing here runs it, so the request is refused with every such tool named (`refuse_others`), or, for a
+    dialect whose clients send them with every request (Codex's Responses requests), the tool is left out of the
+    prompt and of the tools the answer says it took."""
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise bad_request(f"'tools' must be a list of {shape}.", "tools")
@@ -50,7 +54,7 @@ def specs(body: Mapping, shape: str, read: Callable[[object, str], ToolSpec | No
     others = [
         f"{_kind(tool)} (tools[{i}])" for i, (tool, spec) in enumerate(zip(tools, read_, strict=True)) if spec is None
     ]
-    if others:
+    if others and refuse_others:
         raise bad_request(
             f"'tools' holds {', '.join(others)}, which this server does not run: it takes only {shape}, which "
             "the client runs itself. Remove the others from 'tools'.",

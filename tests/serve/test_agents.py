@@ -221,3 +221,5 @@ def test_launch_runs_each_agent_on_the_demo(tmp_path, monkeypatch, capfd, brief_
     assert said(out, brief_answers)
     log = (tmp_path / "dfc" / "data" / "launch-serve.log").read_text()
     assert not re.search(r"serve: [45]\d\d ", log), log  # no refusal (4xx) and no failure (5xx) in serve's log
+    assert re.search(r"serve: \S+: \d+ prompt tokens", log), log  # serve's own log: a line per answer
+    assert "unrecognized_model" not in out + err  # Claude Code's note about the model goes to that log

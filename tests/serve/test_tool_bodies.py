@@ -115,35 +115,26 @@ RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": {"typ
 ANTHROPIC_TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
 
 
-@pytest.mark.parametrize(
-    "path, body, named",
-    [
-        (
-            "/v1/responses",
-            {"input": "hi", "tools": [{"type": "web_search"}, RESPONSES_TOOL, {"type": "file_search"}]},
-            ["web_search (tools[0])", "file_search (tools[2])"],
-        ),
-        (
-            "/v1/messages",
-            {
-                "messages": [USER],
-                "max_tokens": 2,
-                "tools": [ANTHROPIC_TOOL, {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
-            },
-            ["web_search_20250305 'web_search' (tools[1])"],
-        ),
-    ],
-    ids=["responses", "messages"],
-)
-def test_tools_another_server_runs_are_refused_by_name(server, path, body, named):
-    """Built-in tools (Responses) and server tools (Anthropic) run on their makers' servers: nothing here runs
-    them, so the request is a 400 in the route's shape naming each one, not an answer that drops them."""
+def test_server_tools_are_refused_by_name(server):
+    """Anthropic's server tools (web search, code execution) run on Anthropic's servers: nothing here runs them, so
+    the request is a 400 in Anthropic's shape naming each one, not an answer that drops them."""
     _, url = server
-    response = post(url, {"model": "dflash-chat-demo", **body}, path=path)
+    tools = [ANTHROPIC_TOOL, {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}]
+    body = {"model": "dflash-chat-demo", "messages": [USER], "max_tokens": 2, "tools": tools}
+    response = post(url, body, path="/v1/messages")
     assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert all(words in error["message"] for words in named) and "get_weather" not in error["message"]
-    if path == "/v1/messages":
-        assert response.json()["type"] == "error" and error["type"] == "invalid_request_error"
-    else:
-        assert error["param"] == "tools" and error["code"] == "unsupported_tool"
+    assert response.json()["type"] == "error" and response.json()["error"]["type"] == "invalid_request_error"
+    message = response.json()["error"]["message"]
+    assert "web_search_20250305 'web_search' (tools[1])" in message and "get_weather" not in message
+
+
+def test_responses_built_in_tools_are_left_out_not_echoed_as_taken(server):
+    """Responses' built-in tools (web_search, file_search, Codex's namespace groups) run on OpenAI's servers, and
+    Codex sends some with every request: they are left out of the prompt, and the response's `tools` lists only
+    the function tools it took, never them as if taken."""
+    _, url = server
+    tools = [{"type": "web_search"}, RESPONSES_TOOL, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
+    body = {"model": "dflash-chat-demo", "input": "hi", "max_output_tokens": 16, "tools": tools}
+    response = post(url, body, path="/v1/responses")
+    assert response.status_code == 200, response.text
+    assert response.json()["tools"] == [RESPONSES_TOOL]
