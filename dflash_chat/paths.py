@@ -34,6 +34,18 @@ def cache_dir() -> Path:
     return home / "cache" if home else Path(platformdirs.user_cache_dir(APP))
 
 
+def torch_caches() -> dict[str, str]:
+    """Where torch keeps what it compiles, under the app's cache folder (torch's own default for inductor is
+    TMPDIR, outside the app's folders and gone at a reboot): the variables torch reads, for the environment."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir() / "torchinductor")}
+
+
+def place_torch_caches(environ=os.environ) -> None:
+    """`torch_caches()` into `environ`, unless the user chose their own (torch reads them at first use)."""
+    for name, value in torch_caches().items():
+        environ.setdefault(name, value)
+
+
 def config_file() -> Path:
     return config_dir() / "config.toml"
 

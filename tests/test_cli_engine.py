@@ -469,3 +469,20 @@ def test_run_json_schema_refuses_what_is_not_a_schema_in_one_line_before_loading
     assert main(run_argv(target, drafter, "hi", "--json-schema", given)) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.slow(seconds=60)
+def test_bench_structured_holds_every_methods_answers_to_the_grammar_and_says_what_it_costs(capsys):
+    """One task of each class, both legs: the greedy answers are the same under every method, constrained answers
+    are never more often cut than unconstrained ones are invalid, and the mask cost and compile times are there."""
+    assert main(on_cpu("bench", "--structured", "--prompts", "1", "--tokens", "24", "--json")) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["identical"] is True
+    for leg in figures["legs"]:
+        for rows in leg["classes"].values():
+            assert set(rows) == {"none", "dflash", "mtp", "lookup", "auto", "auto-no-forced", "unconstrained"}
+            assert rows["auto-no-forced"]["forced_drafts"] == 0
+            for f in rows.values():
+                assert 0 <= f["valid"] <= 1 and 0 <= f["cut"] <= 1 and f["valid"] + f["cut"] <= 1
+    assert figures["masks"]["p99_us"] >= figures["masks"]["p50_us"] > 0
+    assert set(figures["compile_s"]) == {"json", "calls"}

@@ -312,3 +312,23 @@ def test_a_real_ctrl_c_in_runs_first_second_is_one_line(after):
     _, err = child.communicate(timeout=120)
     assert "Traceback" not in err.decode(), err.decode()[-2000:]
     assert child.returncode in (130, 0, -signal.SIGINT)  # 0: it had already answered; -2: before Python's handler
+
+
+def test_torch_compiles_into_the_apps_cache_folder_not_tmpdir(tmp_path, monkeypatch):
+    """Every command runs with torch's inductor cache under the app's cache folder (torch's own default is
+    TMPDIR/torchinductor_USER, outside the app's folders and gone at a reboot); a folder the user chose wins."""
+    import os
+
+    from dflash_chat.commands import models
+
+    monkeypatch.setenv("DFLASH_CHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    seen = []
+    monkeypatch.setattr(models, "run", lambda args: seen.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR")) or 0)
+    assert main(["models"]) == 0
+    assert seen == [str(tmp_path / "home" / "cache" / "torchinductor")]
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == seen[0]  # where torch itself now puts it
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert main(["models"]) == 0 and seen[-1] == str(tmp_path / "mine")

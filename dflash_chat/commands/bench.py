@@ -42,6 +42,15 @@ def register(subparsers) -> None:
         "drafter (a fixed 16-token verify and auto), its τ on these turns beside prose questions', greedy "
         "(DFlash2's text must equal plain decoding's, else the exit status is 1) and sampled",
     )
+    p.add_argument(
+        "--structured",
+        action="store_true",
+        help="the demo pair on answers held to a grammar: JSON for held-out schemas and forced tool calls on the "
+        "held-out tool chats; per method (plain, DFlash, MTP, lookup, auto, auto without forced-token drafts): "
+        "the share valid for the schema with and without the constraint, the share cut inside a value, τ and "
+        "speedup, and the constraint's cost; the mask's cost per token on Qwen3's 151k vocabulary and each "
+        "schema's compile time (greedy answers must be the same under every method, else the exit status is 1)",
+    )
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
     p.add_argument("--drafter")
     p.add_argument(
@@ -194,6 +203,20 @@ def _demo(args) -> int:
     return 0 if figures["identical"] else 1
 
 
+def _structured(args) -> int:
+    """The demo pair on answers held to a grammar (dflash_chat/bench/structured.py)."""
+    from dflash_chat.bench import demo_pair, structured
+
+    figures = structured.run(
+        prompts=args.prompts,
+        max_new_tokens=args.tokens,
+        legs=demo_pair.sampling_legs(args.temperature, args.top_p, args.top_k),
+        device=args.device or "cpu",
+    )
+    print(json.dumps(figures) if args.json else structured.format_report(figures))
+    return 0 if figures["identical"] else 1
+
+
 def _tools(args) -> int:
     """The demo pair on held-out tool chats, per class and temperature (dflash_chat/train/tool_bench.py)."""
     from dflash_chat.bench import demo_pair
@@ -256,6 +279,8 @@ def _check(args) -> None:
     ]
     if synthetic_only and not args.synthetic:
         raise UserError(f"{', '.join(synthetic_only)} go with --synthetic MODEL")
+    if args.structured and (args.demo or args.tools or args.target or args.synthetic or args.http):
+        raise UserError("--structured measures the demo pair on its own: leave out the other modes")
     if args.tools and (args.demo or args.target or args.synthetic or args.http or args.vs_transformers):
         raise UserError(
             "--tools measures the demo pair on its own: leave out --demo, --target, --synthetic, --http "
@@ -276,11 +301,12 @@ def _check(args) -> None:
         for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p), ("--top-k", args.top_k))
         if value is not None
     ]
-    if sampling and (not (args.demo or args.tools) or args.http):
+    if sampling and (not (args.demo or args.tools or args.structured) or args.http):
         raise UserError(
-            f"{', '.join(sampling)} go with --demo or --tools (their sampled leg; --http measures greedy answers)"
+            f"{', '.join(sampling)} go with --demo, --tools or --structured (their sampled leg; --http measures "
+            "greedy answers)"
         )
-    if args.demo or args.tools:
+    if args.demo or args.tools or args.structured:
         from dflash_chat.bench.demo_pair import sampling_legs
 
         sampling_legs(args.temperature, args.top_p, args.top_k)  # refuses what does not go together
@@ -298,7 +324,13 @@ def main(args: argparse.Namespace) -> int:
     _check(args)
     check_device(args.device)
     if args.prompts is None:
-        args.prompts = TOOLS_PROMPTS if args.tools else DEMO_PROMPTS if args.demo and not args.http else PROMPTS
+        args.prompts = (
+            TOOLS_PROMPTS
+            if args.tools
+            else DEMO_PROMPTS
+            if (args.demo and not args.http) or args.structured
+            else PROMPTS
+        )
     import torch
 
     if args.threads:
@@ -307,6 +339,8 @@ def main(args: argparse.Namespace) -> int:
         return _http(args)
     if args.tools:
         return _tools(args)
+    if args.structured:
+        return _structured(args)
     if args.demo:
         return _demo(args)
     if args.synthetic:

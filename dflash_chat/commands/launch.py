@@ -6,7 +6,7 @@ when the agent exits, serve stops. The agent's own configuration is never edited
 environment, Codex takes `-c` overrides, opencode an extra config file in a temporary folder. The
 context is raised to what the agent needs (Claude Code's system prompt and tools alone are ~16k tokens),
 and the agent is told the model's window where it takes one. serve's log goes to a file, not onto the
-agent's screen.
+agent's screen. Ctrl-C is the agent's to handle: launch serves it until it ends.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,9 @@ AGENTS = {
     "opencode": Agent("opencode", "opencode-ai", 32768),
 }
 KEY_ENV = "DFLASH_CHAT_LAUNCH_KEY"  # the variable Codex reads the key from
+# the agents' own notes that are about us, not for the user's screen: Claude Code's, that the model is not one of
+# its catalog's (it is not a Claude model; launch tells it the context, which is what the note is about)
+QUIET = {"claude": ("[claude-code:unrecognized_model]",)}
 
 
 def register(subparsers) -> None:
@@ -63,13 +68,74 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(
             f"{agent.command} is not installed (or not on PATH): install it with `npm install -g {agent.package}`"
         )
+    check_arguments(args.agent, args.passthrough, Path.cwd())
     if args.context is None or args.context < agent.context:
         args.context = max(args.context or 0, agent.context)
     settings, _ = settings_module.read()
     settings, request = model_request(args, settings)
     with serving(settings, request, args.max_tokens) as (url, key, name, context), tempfile.TemporaryDirectory() as tmp:
         argv, env = agent_command(args.agent, binary, url, key, name, context, Path(tmp))
-        return subprocess.run([*argv, *args.passthrough], env={**os.environ, **env}).returncode
+        quiet = QUIET.get(args.agent, ())
+        return run_agent([*argv, *args.passthrough], {**os.environ, **env}, quiet=quiet)
+
+
+def check_arguments(agent: str, passthrough: list[str], cwd: Path) -> None:
+    """What the agent would refuse before doing anything, said before serve loads: `codex exec` works only inside a
+    git repository (Codex's own guard) unless told --skip-git-repo-check."""
+    if agent != "codex" or passthrough[:1] != ["exec"] or "--skip-git-repo-check" in passthrough:
+        return
+    if not any((folder / ".git").exists() for folder in (cwd, *cwd.parents)):
+        raise UserError(
+            f"codex exec runs only inside a git repository, and {cwd} is not in one: cd into one, or add "
+            "--skip-git-repo-check after exec (dflash-chat launch codex -- exec --skip-git-repo-check ...)"
+        )
+
+
+def run_agent(argv: list[str], env: dict[str, str], *, quiet: tuple[str, ...] = ()) -> int:
+    """Run the agent to its end; its exit status. Ctrl-C is the agent's: the terminal sends it to the agent as it
+    sends it to us, and the agent decides what it means (save its session and leave; or, as Claude Code does,
+    cancel only the answer it is writing), so launch goes on waiting, and serving it, until it ends.
+    `quiet`: the starts of the agent's stderr lines that go to serve's log instead of the screen."""
+    process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE if quiet else None)
+    relay = _relay(process.stderr, quiet) if quiet else None
+    try:
+        while True:
+            try:
+                return process.wait()
+            except KeyboardInterrupt:
+                if not _terminal_reaches_agent():
+                    process.send_signal(signal.SIGINT)  # a Ctrl-C sent to launch alone: the agent's all the same
+    finally:
+        if relay is not None:
+            relay.join(timeout=5)
+
+
+def _terminal_reaches_agent() -> bool:
+    """Whether a Ctrl-C typed reaches the agent from the terminal itself: launch, and the agent in its process
+    group, are the terminal's foreground job."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+def _relay(stream, quiet: tuple[str, ...]) -> threading.Thread:
+    """The agent's stderr passed on to ours as it comes, but for the lines starting with one of `quiet`, which go
+    to serve's log (where launch-serve.log has them)."""
+    log = logging.getLogger("dflash_chat.serve")
+
+    def relay() -> None:
+        with stream:
+            for line in iter(stream.readline, b""):
+                if line.startswith(tuple(q.encode() for q in quiet)):
+                    log.info("the agent said: %s", line.decode(errors="replace").strip())
+                    continue
+                sys.stderr.buffer.write(line)
+                sys.stderr.buffer.flush()
+
+    thread = threading.Thread(target=relay, name="dflash-launch-stderr", daemon=True)
+    thread.start()
+    return thread
 
 
 class serving:
@@ -95,10 +161,15 @@ class serving:
             self.running.stop()
             raise UserError(self.served.load_error or "the model did not load")
         print(f"serving {self.served.name} for the agent; its log: {self.log}", file=sys.stderr, flush=True)
-        return self.running.url, key, self.served.name, self.served.session.context
+        context = self.served.session.context
+        logging.getLogger("dflash_chat.serve").info(
+            "serving %s on %s/v1 for the agent (context %d tokens)", self.served.name, self.running.url, context
+        )
+        return self.running.url, key, self.served.name, context
 
     def __exit__(self, *exc) -> None:
         self.running.stop()
+        logging.getLogger("dflash_chat.serve").info("stopped: the agent has ended")
 
 
 def agent_command(agent: str, binary: str, url: str, key: str, name: str, context: int, tmp: Path):
@@ -153,6 +224,6 @@ def _log_to(path: Path) -> Path:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s serve: %(message)s"))
     logger.handlers = [handler]
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # each answer's line too (serve's terminal shows only refusals and failures)
     logger.propagate = False
     return path

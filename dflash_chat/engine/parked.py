@@ -49,18 +49,28 @@ class Parked:
 
     def reusable(self, prompt: list[int], any_length: bool) -> int:
         """Tokens of `prompt` this conversation's state can serve (`reusable`)."""
-        lengths = [c.length for c in (*self.checkpoints, *self._snapshot())]
-        return reusable(self.tokens, lengths, prompt, any_length)
+        held = (*self.checkpoints, *self._snapshot())
+        return reusable(self.tokens, [c.length for c in held], prompt, any_length, ends_of(held))
 
 
-def reusable(tokens: list[int], checkpoints: Iterable[int], prompt: list[int], any_length: bool = False) -> int:
+def ends_of(checkpoints: Iterable[Checkpoint]) -> list[int]:
+    """The lengths of those of `checkpoints` that hold their prompt's last logits (end-of-prompt snapshots)."""
+    return [c.length for c in checkpoints if c.logits is not None]
+
+
+def reusable(
+    tokens: list[int], checkpoints: Iterable[int], prompt: list[int], any_length: bool = False, ends: Iterable[int] = ()
+) -> int:
     """Tokens of `prompt` a state holding `tokens`, with checkpoints at the lengths `checkpoints`, serves without
-    running them: all it holds when the prompt extends it, else the longest checkpoint within the shared
-    prefix, or the whole shared prefix when the caches truncate to `any_length` (leaving at least the
-    prompt's last token to run, as the engine does)."""
+    running them: all it holds when the prompt extends it, all of it when it is a prompt that ended at one of
+    `ends` (a checkpoint with that prompt's last logits: the same prompt sent again), else the longest
+    checkpoint within the shared prefix, or the whole shared prefix when the caches truncate to `any_length`
+    (leaving at least the prompt's last token to run, as the engine does)."""
     common = common_prefix(tokens, prompt)
     if common == len(tokens) and common < len(prompt):
         return common
+    if common >= len(prompt) and len(prompt) in set(ends):
+        return len(prompt)
     within = min(common, len(prompt) - 1)
     return within if any_length else max((n for n in checkpoints if n <= within), default=0)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Iterator, Protocol
 
@@ -46,6 +46,7 @@ from dflash_chat.engine.parked import (
     Shelf,
     checkpoint_to,
     common_prefix,
+    ends_of,
     on_host,
     reusable,
     to_host,
@@ -163,22 +164,25 @@ class Engine:
 
     def set_draft(self, draft: str | int) -> None:
         """The draft setting: "auto", "off" or a number of drafts per step (capped per method).
-        The steps are rebuilt (and captured again on CUDA) for the verify sizes it uses; the state is reset."""
+        The steps are rebuilt (and captured again on CUDA) for the verify sizes it uses; the conversations held
+        and parked are kept (the draft changes neither the prompt nor the model: the next turn reuses its prompt)."""
         draft = parse_draft(draft)
         if self.draft != draft:
             self.draft = draft
-            self._configure()
+            self._kept_across(self._configure)
 
     def set_speculate(self, speculate: str) -> None:
         """The speculate setting: "auto", "dflash", "mtp", "lookup" or "none" (a method the pair lacks is a
-        rules.Invalid that says so). The steps are rebuilt as for `set_draft`; the state is reset."""
+        rules.Invalid that says so). The steps are rebuilt as for `set_draft`, and the conversations kept alike while
+        the state keeps its width (a wider method's verifies need a wider state: then they are dropped)."""
         speculate = parse_speculate(speculate, self.most)
         if self.speculate != speculate:
             self.speculate = speculate
-            self._configure()
+            self._kept_across(self._configure)
 
     def _configure(self) -> None:
         """The methods' sizes for the two settings, the state wide enough for them, the steps for those sizes."""
+        width = self.block_size
         self.method_sizes = speculation.method_sizes(self.speculate, self.draft, self.most)
         self.takes_plain = speculation.takes_plain_steps(self.draft, self.method_sizes)
         drafting = {T for sizes in self.method_sizes.values() for T in sizes}
@@ -197,7 +201,9 @@ class Engine:
         )
         self.decode = "graphs" if self.steps.graphs is not None else "fixed"
         self.costs: Costs | None = None  # the step costs, measured before the first answer that weighs plans
-        self.reset()
+        self._drop_held()
+        if self.block_size != width:
+            self.shelf.clear()  # rows parked for another width's state
 
     def _allocate(self, width: int) -> None:
         """The state (and the drafting models' caches) for verifies of `width` tokens; kept when as wide."""
@@ -218,13 +224,25 @@ class Engine:
 
     def warm_up(self) -> None:
         """Measure what choosing a step's plan needs (a step of each size and method) now, not before the first
-        answer; resets."""
+        answer; the conversation held is kept."""
         if self.costs is None and self._weighs():
-            self.costs = self._measure_costs()
+            self._kept_across(self._measure)
+
+    def _measure(self) -> None:
+        self.costs = self._measure_costs()
+
+    def _kept_across(self, rebuild: Callable[[], None]) -> None:
+        """`rebuild()` (which leaves the state empty), with the held conversation set aside in host memory as
+        parking does and brought back after it, exactly as it was. Without room for the copy, or once the state's
+        width changed (its rows no longer fit), it is dropped as before."""
+        width, aside = self.block_size, self._host_copy()
+        rebuild()
+        if aside is not None and width == self.block_size:
+            self._unpark(aside)
 
     def _measure_costs(self) -> Costs:
         """Seconds of a step of each verify size, and of each method's draft for it, run on an empty state;
-        the state is reset."""
+        the held conversation is dropped (the parked ones stay)."""
         steps, clock = self.steps, Clock(self.device)
         for _ in range(COST_ROUNDS):  # every size in each round: a busy moment on the machine hits them alike
             for T in self.sizes:
@@ -239,7 +257,7 @@ class Engine:
         for interval, sec in clock.ended(wait=True):
             seconds.setdefault((interval.kind, interval.size), []).append(sec)
         best = {key: min(values[1:] or values) for key, values in seconds.items()}  # the first warms up
-        self.reset()
+        self._drop_held()
         drafts = {m: {T: best[m, T] for T in sizes} for m, sizes in self.method_sizes.items()}
         return Costs({T: best["verify", T] for T in self.sizes}, drafts)
 
@@ -330,7 +348,8 @@ class Engine:
         if not self.shelf.budget:
             return
         any_length = not self._needs_checkpoints()
-        held = reusable(self.tokens, [c.length for c in self._held()], prompt, any_length)
+        kept = self._held()
+        held = reusable(self.tokens, [c.length for c in kept], prompt, any_length, ends_of(kept))
         found = self.shelf.take(prompt, better_than=held, any_length=any_length)
         breaks = self.snapshot is not None and held < self.snapshot.length
         if len(self.tokens) - held >= self.shelf.min_tokens and (breaks or found is not None):
@@ -342,20 +361,28 @@ class Engine:
         """The held conversation onto the shelf, in host memory (nothing when it alone is over the budget or the
         host has no room for it)."""
         n = len(self.tokens)
-        rows = [t[:n] for t in self._row_caches()]
-        if sum(t.numel() * t.element_size() for t in rows) > self.shelf.budget:
+        if sum(t[:n].numel() * t.element_size() for t in self._row_caches()) > self.shelf.budget:
             return
+        parked = self._host_copy()
+        if parked is not None:
+            self.shelf.add(parked)
+
+    def _host_copy(self) -> Parked | None:
+        """The held conversation copied to host memory, as `_unpark` brings it back (None when nothing is held or
+        the host has no room for it)."""
+        n = len(self.tokens)
+        if not n:
+            return None
         try:
-            parked = Parked(
+            return Parked(
                 list(self.tokens),
-                [to_host(t) for t in rows],
+                [to_host(t[:n]) for t in self._row_caches()],
                 checkpoint_to(self._checkpoint(), on_host),
                 [checkpoint_to(c, on_host) for c in self.checkpoints],
                 None if self.snapshot is None else checkpoint_to(self.snapshot, on_host),
             )
         except (torch.OutOfMemoryError, MemoryError):
-            return
-        self.shelf.add(parked)
+            return None
 
     def _unpark(self, parked: Parked) -> None:
         """A parked conversation back into the caches: exactly the state it left with, and its checkpoints."""

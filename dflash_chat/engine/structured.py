@@ -144,6 +144,7 @@ class Matcher:
         self.host = torch.empty((1, self.words), dtype=torch.int32)  # grown to the verify's rows
         self.masks = 0  # masks computed (the cost figure's count)
         self.walked = 0  # drafts the last `fill` accepted into the matcher
+        self.forcing = True  # its forced tokens are proposed as drafts (bench turns it off to compare)
 
     def check_satisfiable(self, label: str) -> None:
         row = torch.empty((1, self.words), dtype=torch.int32)
@@ -183,6 +184,8 @@ class Matcher:
         """The tokens the grammar forces from here, up to `most` (the matcher is left where it was): the text it
         forces (xgrammar's jump-forward string) as the tokenizer writes it, or, on a raw vocabulary, each token
         that is the only one allowed."""
+        if not self.forcing:
+            return []
         if self.grammars.encode is not None:
             text = self.raw.find_jump_forward_string()
             candidates = self.grammars.encode(text)[:most] if text else []

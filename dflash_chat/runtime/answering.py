@@ -28,12 +28,14 @@ if TYPE_CHECKING:
     from dflash_chat.runtime.tool_use import ToolUse
 
 MEMORIES = 64  # conversations whose draft memory is kept (the least recently used goes first)
+EARLIER = 16  # a key's earlier transcripts kept, for the conversations the engine parked (serve's one key)
 
 
 class AnsweringService:
     def __init__(self, session: EngineSession) -> None:
         self.session = session
         self._held: dict[Hashable, Transcript] = {}
+        self._earlier: dict[Hashable, list[Transcript]] = {}  # newest first
         self.records = Records()
         self._memories: OrderedDict[Hashable, DraftMemory] = OrderedDict()
 
@@ -48,6 +50,12 @@ class AnsweringService:
     def held(self, chat: Hashable) -> Transcript | None:
         """What the engine holds of `chat`, when its last answer is what the engine holds."""
         return self._held.get(chat)
+
+    def candidates(self, chat: Hashable) -> list[Transcript]:
+        """What the engine holds of `chat`, then the earlier transcripts under that key, newest first: under
+        serve's one key for every client, the conversations the engine may have parked (engine/parked.py)."""
+        held = self._held.get(chat)
+        return ([held] if held is not None else []) + self._earlier.get(chat, [])
 
     @property
     def chats(self) -> dict[Hashable, Transcript]:
@@ -70,6 +78,10 @@ class AnsweringService:
         self.keep(chat, self.session.held(turns, prompt, end))
 
     def keep(self, chat: Hashable, transcript: Transcript | None) -> None:
+        old = self._held.get(chat)
+        if old is not None and (transcript is None or transcript.ids[: len(old.ids)] != old.ids):
+            earlier = [old] + [t for t in self._earlier.get(chat, []) if t is not old]
+            self._earlier[chat] = earlier[:EARLIER]  # another conversation took the engine: this one may be parked
         if transcript is None:
             self._held.pop(chat, None)
         else:

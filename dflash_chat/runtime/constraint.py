@@ -7,6 +7,8 @@ and the output format (a JSON schema, or any JSON object), for serve's three dia
   holds its opening, `call_opening`, which the grammar starts after). "none" offers nothing: no call.
 - An output format: the answer is one JSON value valid for the schema; with thinking on, the think block is
   free and the JSON starts after it. A forced call wins over an output format (the call is the answer).
+- What the prompt already holds of the answer (a forced call's opening, Anthropic's prefill) is the grammar's
+  start: a prefill the grammar refuses is a GrammarError.
 
 The grammar itself is the engine's (engine/structured.py); a constraint the engine cannot compile is a
 GrammarError whose message names the part (serve answers it with a 400).
@@ -51,7 +53,9 @@ def answer_constraint(prompt: Prompt, tools: ToolUse | None, output: OutputForma
         )
         return Constraint(constraint.kind, constraint.spec, prefix=prompt.opening, label=constraint.label)
     if output is not None:
-        return json_tag(output.schema if output.schema is not None else True, thinking=thinking, label=output.label)
+        schema = output.schema if output.schema is not None else True
+        constraint = json_tag(schema, thinking=thinking, label=output.label)
+        return Constraint(constraint.kind, constraint.spec, prefix=prompt.opening, label=constraint.label)
     return None
 
 

@@ -34,7 +34,7 @@ class Prompt:
     ids: list[int]
     thinking: bool  # the flag passed to the template
     tools: tuple[str, ...] = ()  # the names of the tools the template was given
-    opening: str = ""  # the assistant's first words, written into the prompt (a forced tool call)
+    opening: str = ""  # the assistant's first words, written into the prompt (a forced tool call, a prefill)
 
     @property
     def opens_thinking(self) -> bool:
@@ -192,8 +192,10 @@ def next_prompt(
     thinking: bool,
     previous: Transcript | None = None,
     tool_use: ToolUse | None = None,
+    prefill: str = "",
 ) -> Prompt:
-    """The prompt for the next answer, built so the engine can reuse its state.
+    """The prompt for the next answer, built so the engine can reuse its state; `prefill`: the answer's first
+    words, written after the generation prompt (as a forced call's opening is) for the model to go on from.
 
     The engine keeps every token it has seen and prefills only what follows
     them. Re-rendering the whole chat would not start with those tokens when
@@ -208,6 +210,7 @@ def next_prompt(
     match: the tools render into the system turn.
     """
     tools, opening = _tool_args(tool_use)
+    opening += prefill
     if (
         previous is not None
         and turns == previous.turns
@@ -223,13 +226,41 @@ def next_prompt(
     return Prompt(text, encode(tokenizer, text), thinking, _names(tools), opening)
 
 
+def continuing_prompt(
+    tokenizer,
+    turns: list[Turn],
+    *,
+    thinking: bool,
+    held: list[Transcript],
+    tool_use: ToolUse | None = None,
+    prefill: str = "",
+) -> Prompt:
+    """`next_prompt` for a chat that may continue any of `held`: what the engine holds first, then the
+    conversations it parked (engine/parked.py), newest first. A parked conversation comes back only when the
+    prompt starts with exactly its tokens, so its next turn is built as the held one's is: an exact continuation
+    (a re-render would part from it at the empty think block the template writes into the newest answer only)."""
+    for previous in held:
+        if turns == previous.turns or turns[: len(previous.turns) + 1] == _answered(previous):
+            prompt = next_prompt(
+                tokenizer, turns, thinking=thinking, previous=previous, tool_use=tool_use, prefill=prefill
+            )
+            if prompt is previous.prompt or prompt.ids[: len(previous.ids)] == previous.ids:
+                return prompt
+    return next_prompt(tokenizer, turns, thinking=thinking, tool_use=tool_use, prefill=prefill)
+
+
+def _answered(previous: Transcript) -> list[Turn]:
+    """The turns `previous` holds: its prompt's, and its answer."""
+    return previous.turns + [{"role": "assistant", "content": previous.answer}]
+
+
 def _continue(
     tokenizer, turns, text: str, thinking: bool, previous: Transcript, tools: list[dict] | None
 ) -> Prompt | None:
     """The held tokens + the rest of `text` (the whole chat, rendered) after the answer they end with,
     or None when `text` does not hold that chat. Templates like Qwen's write an empty think block into
     the newest answer only, so the answer's own rendering is found between its header and its end."""
-    answered = previous.turns + [{"role": "assistant", "content": previous.answer}]
+    answered = _answered(previous)
     if turns[: len(answered)] != answered or len(turns) == len(answered):
         return None
     im_end = token_id(tokenizer, "<|im_end|>")

@@ -2,7 +2,8 @@
 
 A body is read into the internal ChatRequest: `system` becomes the system turn, text blocks text, an
 assistant's `tool_use` blocks its tool calls and its `thinking` blocks its reasoning, a user's
-`tool_result` blocks tool turns (before the user's own text, as Anthropic orders them); `tools`
+`tool_result` blocks tool turns (before the user's own text, as Anthropic orders them), a last assistant
+message of text the answer's beginning (a prefill: the model goes on from it); `tools`
 (`input_schema`) and `tool_choice` (auto, any, tool, none) a ToolUse; `thinking` the thinking switch.
 Fields Anthropic lets clients send that we do not use (`metadata`, `cache_control`, `anthropic-beta`
 headers) are accepted and ignored; an image or a document is a 400 until they are supported. The answer
@@ -42,6 +43,7 @@ ERROR_TYPES = {
 }
 KIND_TYPES = {"server_error": "api_error", "service_unavailable": "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens"}
+MIN_THINKING_BUDGET = 1024  # tokens: the least `thinking.budget_tokens` Anthropic's API takes
 UNSUPPORTED = ("image", "document", "search_result", "container_upload")
 
 # reading
@@ -58,15 +60,35 @@ def messages_request(body: Mapping, defaults: Settings, *, counting: bool = Fals
         raise bad_request("'max_tokens' is required: the most tokens the answer may have.", "max_tokens")
     sampling = checked_sampling(body, defaults.sampling(), "max_tokens", "stop_sequences")
     stream = optional(body, "stream", bool) or False
+    thinking, tools = _thinking(body, sampling.max_new_tokens), _tool_use(body)
+    turns, prefill = _prefill(turns, tools)
     return ChatRequest(
         optional(body, "model", str),
         turns,
-        _thinking(body),
+        thinking,
         sampling,
         Streaming(stream),
-        _tool_use(body),
-        _output(body),
+        tools,
+        prefill,
+        output=_output(body),
     )
+
+
+def _prefill(turns: list[Turn], tools: ToolUse | None) -> tuple[list[Turn], str]:
+    """(the turns, the prefill): a last assistant message of text is the answer's beginning, which the model goes
+    on from, as Anthropic's API does (a prefill steers the format); its answer is only what follows."""
+    last = turns[-1] if turns else {}
+    if last.get("role") != "assistant" or last.get("tool_calls") or last.get("reasoning_content"):
+        return turns, ""
+    text = last["content"]
+    if text != text.rstrip():
+        raise bad_request("The final assistant message (a prefill) cannot end with whitespace.", "messages")
+    if text and tools is not None and tools.opening():
+        raise bad_request(
+            "A final assistant message (a prefill) cannot be used when 'tool_choice' forces a tool call.",
+            "tool_choice",
+        )
+    return turns[:-1], text
 
 
 def _output(body: Mapping):
@@ -189,26 +211,44 @@ def _string(block: Mapping, field: str, at: str) -> str:
     return value
 
 
-def _thinking(body: Mapping) -> bool:
+def _thinking(body: Mapping, max_tokens: int | None) -> bool:
     thinking = optional(body, "thinking", Mapping)
     if thinking is None:
         return False
     kind = thinking.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
         raise bad_request("'thinking.type' must be enabled, disabled or adaptive.", "thinking.type")
+    if kind == "enabled" and "budget_tokens" in thinking:
+        _check_budget(thinking["budget_tokens"], max_tokens)
     return kind != "disabled"
+
+
+def _check_budget(budget, max_tokens: int | None) -> None:
+    """`thinking.budget_tokens` as Anthropic's API takes it: a whole number of at least MIN_THINKING_BUDGET, below
+    `max_tokens` (the thinking is part of the answer). The engine does not cut thinking at it."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
+        raise bad_request(
+            f"'thinking.budget_tokens' must be a whole number of at least {MIN_THINKING_BUDGET}; got {shown(budget)}.",
+            "thinking.budget_tokens",
+        )
+    if max_tokens is not None and budget >= max_tokens:
+        raise bad_request(
+            f"'max_tokens' must be greater than 'thinking.budget_tokens' ({budget}): the thinking is part of the "
+            f"answer; got max_tokens {max_tokens}.",
+            "thinking.budget_tokens",
+        )
 
 
 def _tool(tool, where: str) -> ToolSpec | None:
     if not isinstance(tool, Mapping):
         raise bad_request(f"'{where}' must be a tool ({{name, description, input_schema}}).", where)
     if tool.get("type", "custom") != "custom":
-        return None  # a tool Anthropic's servers run (web search, ...): not one the model can call here
+        return None  # a server tool (web search, code execution, ...): refused, as nothing runs it here
     return checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("input_schema"), where)
 
 
 def _tool_use(body: Mapping) -> ToolUse | None:
-    specs = checked_tools.specs(body, "tools", _tool)
+    specs = checked_tools.specs(body, "custom tools", _tool)
     choice = optional(body, "tool_choice", Mapping) or {}
     kind = choice.get("type", "auto")
     if kind not in ("auto", "any", "tool", "none"):
@@ -339,6 +379,9 @@ class MessagesWriter:
 
     def ping(self) -> list[str]:
         return [sse({"type": "ping"}, "ping")]
+
+    def cut(self) -> None:
+        pass  # this dialect keeps no answers
 
 
 def _figures(end: StreamEnd, spec_tokens: int) -> dict:

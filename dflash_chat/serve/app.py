@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_chat.errors import one_line
+from dflash_chat.runtime.prompt import Turn
 from dflash_chat.serve import anthropic, openai_chat, openai_responses
 from dflash_chat.serve.errors import LOGGED, SERVER_FAULT, ApiError, log, log_refusal, one_line_failures
 from dflash_chat.serve.exchange import ClientGone, answer, read_body
@@ -128,9 +129,9 @@ def build_routes(served: Served) -> FastAPI:
         body = await body_of(request)
         parsed = openai_responses.responses_request(body, served.settings, served.recall)
 
-        def keep(response_id: str, end) -> None:
+        def keep(response_id: str, answer: Turn) -> None:
             if body.get("store", True) is not False:
-                served.remember(response_id, [*parsed.turns, openai_responses.answer_turn(end)])
+                served.remember(response_id, [*parsed.turns, answer])
 
         def writer(prompt_tokens: int) -> openai_responses.ResponsesWriter:
             return openai_responses.ResponsesWriter(body, served.name or "", served.spec_tokens, prompt_tokens, keep)

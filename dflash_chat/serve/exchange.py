@@ -169,6 +169,7 @@ async def stream(request: Request, served: Served, writer: Writer, items: asynci
             job.cancel.set()
 
     watcher.add_done_callback(left)
+    finished = False
     try:
         for event in writer.opening():
             yield event
@@ -191,11 +192,13 @@ async def stream(request: Request, served: Served, writer: Writer, items: asynci
                     item.message, "server_error" if item.status >= 500 else "invalid_request_error", None
                 )
             else:
-                events = writer.closing(item.end)
+                events, finished = writer.closing(item.end), True
             for event in events:
                 yield event
             return
     finally:
+        if not finished:
+            writer.cut()
         watcher.cancel()
         job.cancel.set()  # the client left (or the answer is over: then it changes nothing)
         served.closed(items)

@@ -65,7 +65,7 @@ def chat_request(body: Mapping, defaults: Settings) -> ChatRequest:
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     sampling = _sampling(body, defaults, name)
     output = output_format(body.get("response_format"), "response_format", "json_schema.schema")
-    return ChatRequest(_model(body), turns, thinking, sampling, _streaming(body), _tool_use(body), output)
+    return ChatRequest(_model(body), turns, thinking, sampling, _streaming(body), _tool_use(body), output=output)
 
 
 def completion_request(body: Mapping, defaults: Settings) -> CompletionRequest:
@@ -325,3 +325,6 @@ class ChatWriter:
 
     def ping(self) -> list[str]:
         return []  # OpenAI's streams send nothing between chunks
+
+    def cut(self) -> None:
+        pass  # this dialect keeps no answers

@@ -5,17 +5,19 @@ or items: `message` with text parts, `function_call`, `function_call_output`) th
 function `tools` and `tool_choice` a ToolUse, `reasoning.effort` the thinking switch (none or minimal:
 off). `previous_response_id` continues a stored response's conversation, kept in memory only
 (Served.remember: a bounded store, never on disk), an unknown one is a 400. Items and fields we do not
-use (reasoning items, `include`, `text`, `prompt_cache_key`, tools of other types) are accepted and
-ignored; images are a 400 until they are supported. The answer is written as a response object with
-`message` and `function_call` output items, and when streamed as its typed events, each with its
-`sequence_number`.
+use (reasoning items, `include`, `text`, `prompt_cache_key`) are accepted and ignored. Built-in tools
+(`web_search`, `file_search`, Codex's `namespace` groups, ...: OpenAI's servers run them, nothing here does) are
+left out, of the prompt and of the `tools` the response says it took: Codex sends some with every request.
+Images are a 400 until they are supported.
+The answer is written as a response object with `message` and `function_call` output items, and when
+streamed as its typed events, each with its `sequence_number`.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from dflash_chat.engine.rules import shown
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
@@ -55,6 +57,12 @@ def responses_request(body: Mapping, defaults: Settings, previous: Callable[[str
     if instructions:
         turns = [{"role": "system", "content": instructions}] + [t for t in turns if t["role"] != "system"]
     turns += _input(body.get("input"), {c["id"] for t in turns for c in t.get("tool_calls", ())})
+    if all(turn["role"] == "system" for turn in turns):
+        raise bad_request(
+            "'input' holds no message to answer ('reasoning' and 'item_reference' items are not read): "
+            "send at least one message or function_call_output item.",
+            "input",
+        )
     sampling = checked_sampling(body, defaults.sampling(), "max_output_tokens", None)
     stream = optional(body, "stream", bool) or False
     text = optional(body, "text", Mapping) or {}
@@ -65,7 +73,7 @@ def responses_request(body: Mapping, defaults: Settings, previous: Callable[[str
         sampling,
         Streaming(stream),
         _tool_use(body),
-        output_format(text.get("format"), "text.format", "schema"),
+        output=output_format(text.get("format"), "text.format", "schema"),
     )
 
 
@@ -140,12 +148,12 @@ def _tool(tool, where: str) -> ToolSpec | None:
     if not isinstance(tool, Mapping):
         raise bad_request(f"'{where}' must be a tool object.", where)
     if tool.get("type") != "function":
-        return None  # a built-in tool (web search, file search, ...): not one the model can call here
+        return None  # a built-in tool (web search, file search, ...): nothing runs it here, so it is left out
     return checked_tools.spec(tool.get("name"), tool.get("description"), tool.get("parameters"), where)
 
 
 def _tool_use(body: Mapping) -> ToolUse | None:
-    specs = checked_tools.specs(body, "tools", _tool)
+    specs = checked_tools.specs(body, "function tools", _tool, refuse_others=False)
     choice = checked_tools.openai_choice(
         body.get("tool_choice"), lambda choice: choice.get("name"), '{"type": "function", "name": ...}'
     )
@@ -155,13 +163,21 @@ def _tool_use(body: Mapping) -> ToolUse | None:
 # writing
 
 
+def taken_tools(body: Mapping) -> list:
+    """The request's tools the answer took: its function tools (built-in ones are left out, never echoed as taken)."""
+    return [tool for tool in body.get("tools") or [] if isinstance(tool, Mapping) and tool.get("type") == "function"]
+
+
 def answer_turn(end: StreamEnd) -> Turn:
     """The answer as a turn of the conversation, for a response a later one continues."""
-    turn: Turn = {"role": "assistant", "content": end.answer}
-    if end.tool_calls:
+    return _turn(end.answer, end.tool_calls)
+
+
+def _turn(text: str, calls: Sequence[ToolCall]) -> Turn:
+    turn: Turn = {"role": "assistant", "content": text}
+    if calls:
         turn["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args()}}
-            for c in end.tool_calls
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args()}} for c in calls
         ]
     return turn
 
@@ -173,7 +189,7 @@ class ResponsesWriter:
     route = "responses"
 
     def __init__(
-        self, body: Mapping, model: str, spec_tokens: int, prompt_tokens: int, keep: Callable[[str, StreamEnd], None]
+        self, body: Mapping, model: str, spec_tokens: int, prompt_tokens: int, keep: Callable[[str, Turn], None]
     ) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.body, self.model, self.keep = body, model, keep
@@ -182,6 +198,7 @@ class ResponsesWriter:
         self.sequence = 0
         self.items: list[dict] = []  # output items so far, as they will stand in the response
         self.message: dict | None = None  # the message item being written
+        self.calls: list[ToolCall] = []  # the calls written so far
 
     def _response(self, status: str, end: StreamEnd | None) -> dict:
         body = self.body
@@ -199,7 +216,7 @@ class ResponsesWriter:
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "previous_response_id": body.get("previous_response_id"),
             "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools", []),
+            "tools": taken_tools(body),
             "temperature": body.get("temperature"),
             "top_p": body.get("top_p"),
             "store": body.get("store", True),
@@ -229,7 +246,7 @@ class ResponsesWriter:
         if end.answer or not end.tool_calls:
             self.items.append(self._message_item(end.answer, "completed"))
         self.items += [_call_item(call) for call in end.tool_calls]
-        self.keep(self.id, end)
+        self.keep(self.id, answer_turn(end))
         return self._response("completed", end)
 
     def opening(self) -> list[str]:
@@ -295,6 +312,7 @@ class ResponsesWriter:
         ]
 
     def _call_events(self, call: ToolCall) -> list[str]:
+        self.calls.append(call)
         item = _call_item(call)
         self.items.append(item)
         at = len(self.items) - 1
@@ -318,7 +336,7 @@ class ResponsesWriter:
     def closing(self, end: StreamEnd) -> list[str]:
         events = [] if self.items else self._open_message()
         events += self._close_message()
-        self.keep(self.id, end)
+        self.keep(self.id, answer_turn(end))
         response = self._response("completed", end)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         return events + [self._event(kind, response=response)]
@@ -328,6 +346,11 @@ class ResponsesWriter:
 
     def ping(self) -> list[str]:
         return []
+
+    def cut(self) -> None:
+        """Kept as far as it was written, as the chat keeps an answer cut short: continuing from its id works."""
+        text = "".join(item["content"][0]["text"] for item in self.items if item["type"] == "message")
+        self.keep(self.id, _turn(text, self.calls))
 
     def _message_item(self, text: str, status: str) -> dict:
         content = [{"type": "output_text", "text": text, "annotations": []}]

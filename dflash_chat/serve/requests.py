@@ -42,6 +42,7 @@ class ChatRequest:
     sampling: SamplingParams  # max_new_tokens None: up to the end of the context
     streaming: Streaming
     tools: ToolUse | None = None  # None: the request offers no tools
+    prefill: str = ""  # the answer's first words, written by the client (Anthropic's prefill): the model goes on
     output: OutputFormat | None = None  # the answer must be JSON (runtime/constraint.py); None: free text
 
 

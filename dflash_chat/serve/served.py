@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 
 from fastapi import Request
 
-from dflash_chat.errors import one_line
+from dflash_chat.errors import UserError, one_line
 from dflash_chat.runtime.answering import AnsweringService
 from dflash_chat.runtime.bridge import StreamEnd
 from dflash_chat.runtime.constraint import GrammarError
-from dflash_chat.runtime.prompt import Prompt, Turn, encode, next_prompt
+from dflash_chat.runtime.prompt import Prompt, Turn, continuing_prompt, encode
 from dflash_chat.runtime.session import EngineSession
 from dflash_chat.serve.errors import SERVER_FAULT, ApiError, bad_request, log
 from dflash_chat.serve.metrics import Metrics
@@ -191,10 +191,7 @@ class Served:
         assert self.service is not None
         with self._checker_lock:
             if isinstance(request, ChatRequest):
-                held = self.service.held(CLIENTS)
-                return next_prompt(
-                    self._checker, request.turns, thinking=request.thinking, previous=held, tool_use=request.tools
-                )
+                return self._chat_prompt(request)
             text = request.prompt
             assert isinstance(text, str)  # a list of ids was returned above
             return Prompt(text=text, ids=encode(self._checker, text), thinking=False)
@@ -209,6 +206,30 @@ class Served:
             self.service.session.constraint(prompt, request.tools, request.output)
         except GrammarError as exc:
             raise bad_request(f"{exc} (the answer could not be held to it).", "response_format") from None
+
+    def _chat_prompt(self, request: ChatRequest) -> Prompt:
+        """The chat's prompt; an error the model's template raises on the client's messages (a shape it does not
+        take, an empty conversation) is the client's: a 400 that says what the template refused."""
+        assert self.service is not None
+        held = self.service.candidates(CLIENTS)
+        try:
+            return continuing_prompt(
+                self._checker,
+                request.turns,
+                thinking=request.thinking,
+                held=held,
+                tool_use=request.tools,
+                prefill=request.prefill,
+            )
+        except UserError:
+            raise  # the model has no template: the server's, not the client's
+        except Exception as exc:  # noqa: BLE001 - a template raises what it likes (jinja2's, transformers')
+            raise bad_request(
+                f"The model's chat template cannot render these messages: {_first_line(exc)}. "
+                "Change the messages it names (their order, roles or content).",
+                "messages",
+                "invalid_messages",
+            ) from None
 
     def check_tokens(self, request: ChatRequest | CompletionRequest) -> None:
         """Token ids the model has no row for would reach the device (on CUDA, an assert that poisons the
@@ -235,7 +256,9 @@ class Served:
         if prompt_tokens + 1 > context:
             raise bad_request(
                 f"This model's maximum context length is {context} tokens; this request needs {prompt_tokens} "
-                "tokens in the prompt, and no room is left to write. Shorten the prompt.",
+                "tokens in the prompt, and no room is left to write. Start serve with a larger context "
+                f"(dflash-chat serve --context {roomy_context(prompt_tokens)}), or use `dflash-chat launch`, which "
+                "raises it for the agent, or shorten the prompt.",
                 "messages" if isinstance(request, ChatRequest) else "prompt",
                 "context_length_exceeded",
             )
@@ -279,6 +302,7 @@ class Served:
         if end.stats is not None and end.reason != "error":
             reason = "abort" if end.reason == "cancelled" else finish_reason(end)
             self.metrics.answered(end.stats, reason, queued_s, time.monotonic() - job.queued_at, route)
+            _log_answer(route, end.stats, reason)
         if end.reason == "error":
             log.error("an answer failed: %s", end.error or "the engine gave no reason")
         emit(Done(end, queued_s) if end.reason != "error" else Failed(SERVER_FAULT))
@@ -296,6 +320,33 @@ def _vocabulary(session) -> int | None:
     if isinstance(vocab_size, int):
         sizes.append(vocab_size)
     return min(sizes) if sizes else None
+
+
+def roomy_context(prompt_tokens: int) -> int:
+    """A context to suggest for a prompt of `prompt_tokens`: a power of two with room for it and an answer."""
+    context = 4096
+    while context < prompt_tokens + 4096:
+        context *= 2
+    return context
+
+
+def _log_answer(route: str, stats, reason: str) -> None:
+    """One line per answer, at debug level: launch's log file keeps them; serve's terminal shows only problems."""
+    log.debug(
+        "%s: %d prompt tokens (%d reused), %d new at %.1f tok/s, %s",
+        route,
+        stats.prompt_tokens,
+        stats.reused_tokens,
+        stats.new_tokens,
+        stats.decode_tokens_per_s,
+        reason,
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    """What an exception says, in one line without its end's period (its type's name when it says nothing)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 def _conversation(request, chat: bool) -> tuple:

@@ -39,14 +39,36 @@ def spec(name, description, parameters, where: str) -> ToolSpec:
     return ToolSpec(name, description or "", dict(parameters))
 
 
-def specs(body: Mapping, shape: str, read: Callable[[object, str], ToolSpec | None]) -> list[ToolSpec]:
-    """The request's `tools` list, each item read by the dialect's `read(item, where)` (None: a tool kind the model
-    cannot call here, skipped); `shape` says what the list must hold."""
+def specs(
+    body: Mapping, shape: str, read: Callable[[object, str], ToolSpec | None], *, refuse_others: bool = True
+) -> list[ToolSpec]:
+    """The request's `tools` list, each item read by the dialect's `read(item, where)`; `shape` says what the list
+    must hold. A tool the dialect's read gives None for is one its own servers run (a web search, a file search):
+    nothing here runs it, so the request is refused with every such tool named (`refuse_others`), or, for a
+    dialect whose clients send them with every request (Codex's Responses requests), the tool is left out of the
+    prompt and of the tools the answer says it took."""
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise bad_request(f"'tools' must be a list of {shape}.", "tools")
-    read_ = (read(tool, f"tools[{i}]") for i, tool in enumerate(tools))
+    read_ = [read(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    others = [
+        f"{_kind(tool)} (tools[{i}])" for i, (tool, spec) in enumerate(zip(tools, read_, strict=True)) if spec is None
+    ]
+    if others and refuse_others:
+        raise bad_request(
+            f"'tools' holds {', '.join(others)}, which this server does not run: it takes only {shape}, which "
+            "the client runs itself. Remove the others from 'tools'.",
+            "tools",
+            "unsupported_tool",
+        )
     return [tool for tool in read_ if tool is not None]
+
+
+def _kind(tool: Mapping) -> str:
+    """A tool's type as its dialect names it, with its name when it has one."""
+    kind, name = tool.get("type"), tool.get("name")
+    said = kind if isinstance(kind, str) else "a tool of no type"
+    return f"{said} {name!r}" if isinstance(name, str) and name != kind else said
 
 
 def openai_choice(choice, named: Callable[[Mapping], object], shape: str):

@@ -41,6 +41,11 @@ class Writer(Protocol):
         """What a stream sends while the engine writes nothing (a long prefill): keeps proxies from closing it."""
         ...
 
+    def cut(self) -> None:
+        """The stream ended before its closing (the client left, the server shut down, the answer failed): what
+        was written is kept where the dialect keeps answers (a Responses id a later request continues)."""
+        ...
+
 
 def sse(body: dict | str, event: str | None = None) -> str:
     """One server-sent event: `data:` a JSON body (or a bare word such as [DONE]), named `event` when given."""

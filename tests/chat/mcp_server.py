@@ -5,7 +5,8 @@ environment variable (what the app passes it).
 
 Every call is also written to the file named by MCP_TEST_CALLS (when set), one line each, so a test can tell
 which calls ran: a call the user declined never reaches this server. MCP_TEST_PID names a file it writes its
-process id to, so a test can tell when it has gone.
+process id to, so a test can tell when it has gone. MCP_TEST_NOISE=N makes it print N lines on stdout that are
+not MCP messages before it serves.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def env(name: str) -> str:
 
 
 if __name__ == "__main__":
+    for n in range(int(os.environ.get("MCP_TEST_NOISE", "0"))):  # a server printing its own chatter on stdout
+        print(f"chatter {n}: not an MCP message", flush=True)
     if os.environ.get("MCP_TEST_PID"):
         with open(os.environ["MCP_TEST_PID"], "w", encoding="utf-8") as handle:
             handle.write(str(os.getpid()))

@@ -234,3 +234,20 @@ def test_a_data_folder_that_cannot_hold_the_log_keeps_the_servers_output_off_the
     finally:
         servers.close()
     assert "echo called" not in capfd.readouterr().err
+
+
+def test_a_server_printing_chatter_on_stdout_says_it_in_its_log_not_on_the_screen(tmp_path, capfd, caplog):
+    """Lines on a server's stdout that are not MCP messages: one line each in mcp-NAME.log, no traceback on the
+    app's stderr (nor logged, where the app's stderr would show it), and the server still serves."""
+    servers = ToolServers(McpSettings({"t": tool_server(None, MCP_TEST_NOISE="5")}), tmp_path / "logs")
+    try:
+        assert started(servers, "t")["t"].state == READY
+        assert servers.call("t", "echo", {"text": "still here"}, 10, NEVER).text == "echo: still here"
+    finally:
+        servers.close()
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.err and "chatter" not in printed.err + printed.out
+    assert not [record for record in caplog.records if record.exc_info], caplog.text
+    logged = (tmp_path / "logs" / "mcp-t.log").read_text().splitlines()
+    bad = [line for line in logged if "not an MCP message on stdout" in line]
+    assert len(bad) == 5 and all("chatter" in line for line in bad), logged

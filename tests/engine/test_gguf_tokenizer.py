@@ -105,3 +105,37 @@ def test_a_tokenizer_the_builder_does_not_know_is_one_line(padded, tmp_path):
     ) as exc:
         tokenizer_from_gguf(tmp_path / "spm.gguf")
     assert "\n" not in str(exc.value)
+
+
+def test_a_gpt2_pre_tokenizer_reads_as_llama_cpp_reads_it(padded, tmp_path):
+    """`tokenizer.ggml.pre = gpt-2` (what llama.cpp's converter writes for a tokenizer its table does not know) is
+    read with GPT-2's split and no normalization, as llama.cpp reads it: the same ids as the `tokenizers` library's
+    own GPT-2 byte-level pre-tokenizer over the same vocabulary (the tiny tokenizer's own), where Qwen's split
+    gives others."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from tests.engine.gguf_write import _add_tokenizer
+
+    src = gguf.GGUFReader(padded[0])
+    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "qwen3")
+    _add_tokenizer(writer, padded[1], None, pre="gpt-2")
+    writer.add_tensor("token_embd.weight", src.tensors[0].data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours = tokenizer_from_gguf(tmp_path / "gpt2.gguf")
+    model = json.loads(padded[1].backend_tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    gpt2 = Tokenizer(models.BPE(vocab=model["vocab"], merges=merges, fuse_unk=False))
+    gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    gpt2.decoder = decoders.ByteLevel()
+    texts = ["x = 1000000  # 12 apples\n\n\tdef f():\n    return 'it''s'  ", "Cafe\u0301 and caf\u00e9 12345!!\n"]
+    for text in texts:
+        assert ours.encode(text, add_special_tokens=False) == gpt2.encode(text).ids
+        assert ours.decode(ours.encode(text, add_special_tokens=False)) == text
+        assert ours.encode(text, add_special_tokens=False) == padded[1].encode(text, add_special_tokens=False)
+    qwen = tokenizer_from_gguf(padded[0])  # the same vocabulary read with Qwen's split: it matters
+    assert any(qwen.encode(t, add_special_tokens=False) != gpt2.encode(t).ids for t in texts)

@@ -37,7 +37,7 @@ def _engine(dirs, speculate="auto", **kwargs) -> Engine:
         load_drafter(dirs[1], target),
         mtp=load_mtp(dirs[0], target),
         max_context=256,
-        draft=5,
+        draft=kwargs.pop("draft", 5),
         speculate=speculate,
         **kwargs,
     )
@@ -116,6 +116,56 @@ def test_the_next_turn_of_the_same_conversation_parks_nothing(pairs):
     assert len(off.shelf) == 0 and _answer(off, held_a + [50])[1] == 0
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_same_prompt_sent_again_parks_no_copy_of_itself(arch, pairs):
+    """A prompt sent again (a client retrying, a benchmark) resumes at its end-of-prompt snapshot: nothing is
+    parked, the shelf's bytes stay flat however often it comes, and the conversation parked before it is still
+    the one that comes back."""
+    engine = _engine(pairs[arch], "dflash")
+    _answer(engine, A)
+    held_a = list(engine.tokens)
+    first = _answer(engine, B)
+    assert len(engine.shelf) == 1
+    size = engine.shelf.nbytes
+    for _ in range(6):
+        again = _answer(engine, B)
+        assert again[:2] == (first[0], len(B))  # the same answer, the whole prompt reused
+        assert len(engine.shelf) == 1 and engine.shelf.nbytes == size and engine.shelf.evicted == 0
+    assert _answer(engine, held_a + [50, 51])[1] == len(held_a)
+
+
+def test_a_draft_change_keeps_the_conversations(pairs):
+    """The draft setting changes neither the prompt nor the model: after it changes (the steps rebuilt, the step
+    costs measured again for auto), the next turn reuses all the conversation held, a parked one still comes back,
+    and the answers are a cold prefill's."""
+    engine = _engine(pairs["qwen3_5"], "dflash")
+    _answer(engine, B)
+    held_b = list(engine.tokens)
+    _answer(engine, A)  # B parked
+    held_a = list(engine.tokens)
+    for draft in ("auto", 3):
+        engine.set_draft(draft)
+        got, reused, _ = _answer(engine, held_a + [50, 51])
+        assert reused == len(held_a) and len(engine.shelf) == 1
+        cold, cold_reused, _ = _answer(_engine(pairs["qwen3_5"], "dflash", draft=draft), held_a + [50, 51])
+        assert cold_reused == 0 and cold == got
+        held_a = list(engine.tokens)
+    assert _answer(engine, held_b + [60])[1] == len(held_b)
+
+
+def test_a_speculate_change_keeps_the_conversation(pairs):
+    """Which method drafts changes neither the prompt nor the model either: the next turn after a change to the MTP
+    layer and back reuses all the conversation held, and answers as a cold prefill does."""
+    engine = _engine(pairs["qwen3_5"], "dflash")
+    _answer(engine, A)
+    for speculate in ("mtp", "dflash"):
+        held = list(engine.tokens)
+        engine.set_speculate(speculate)
+        got, reused, _ = _answer(engine, held + [50])
+        assert reused == len(held)
+        assert _answer(_engine(pairs["qwen3_5"], speculate), held + [50])[0] == got
+
+
 def _parked(tokens: list[int], nbytes: int, checkpoints=()) -> Parked:
     end = Checkpoint(len(tokens), [], [])
     return Parked(tokens, [torch.zeros(nbytes // 4)], end, [Checkpoint(n, [], []) for n in checkpoints])
@@ -142,7 +192,10 @@ def test_what_a_state_can_serve_of_a_prompt():
     assert reusable(held, [2, 4], held + [7]) == 6  # it extends the held tokens
     assert reusable(held, [2, 4], [1, 2, 3, 4, 5, 9]) == 4  # it branches at 5: the checkpoint at 4
     assert reusable(held, [2, 4], [1, 2, 3, 4, 5, 9], any_length=True) == 5  # attention-only: truncate at 5
-    assert reusable(held, [2, 4, 6], held) == 4  # the same prompt: the last token runs again
+    assert reusable(held, [2, 4, 6], held) == 4  # the same prompt, with no logits kept: the last token runs again
+    assert reusable(held, [2, 4, 6], held, ends=[6]) == 6  # its end-of-prompt snapshot: nothing runs
+    assert reusable(held, [2, 4], held[:4], ends=[4]) == 4  # an earlier prompt of this conversation, sent again
+    assert reusable(held, [2, 4], held[:5], ends=[4]) == 4  # one that ended elsewhere: no logits at 5
     assert reusable(held, [2, 4], [9]) == 0
 
 

@@ -258,7 +258,7 @@ def test_masks_on_qwens_real_vocabulary_allow_exactly_the_schemas_text(qwen3):
 
 def test_a_const_value_is_forced_token_by_token_on_qwens_vocabulary(qwen3):
     tokenizer, grammars = qwen3
-    schema = {"type": "object", "properties": {"n": {"const": 7}}, "required": ["n"]}
+    schema = {"type": "object", "properties": {"n": {"const": 7}}, "required": ["n"], "additionalProperties": False}
     matcher = grammars.matcher(json_tag(schema, thinking=False))
     forced = matcher.forced_run(16)
     assert tokenizer.decode(forced) == '{"n": 7}'

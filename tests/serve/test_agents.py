@@ -76,7 +76,7 @@ def brief_answers(monkeypatch):
     from dflash_chat.runtime import session
     from dflash_chat.serve import served
 
-    answer, next_prompt = session.EngineSession.answer, served.next_prompt
+    answer, continuing_prompt = session.EngineSession.answer, served.continuing_prompt
     texts: list[str] = []
 
     def brief(self, prompt, params, *args, **kwargs):
@@ -86,11 +86,11 @@ def brief_answers(monkeypatch):
         return end
 
     def unthinking(tokenizer, turns, *, thinking, **kwargs):
-        return next_prompt(tokenizer, turns, thinking=False, **kwargs)
+        return continuing_prompt(tokenizer, turns, thinking=False, **kwargs)
 
     monkeypatch.setattr(session, "StopStrings", FirstLine)
     monkeypatch.setattr(session.EngineSession, "answer", brief)
-    monkeypatch.setattr(served, "next_prompt", unthinking)
+    monkeypatch.setattr(served, "continuing_prompt", unthinking)
     return texts
 
 
@@ -244,3 +244,5 @@ def test_launch_runs_each_agent_on_the_demo(tmp_path, monkeypatch, capfd, brief_
     assert said(out, brief_answers)
     log = (tmp_path / "dfc" / "data" / "launch-serve.log").read_text()
     assert not re.search(r"serve: [45]\d\d ", log), log  # no refusal (4xx) and no failure (5xx) in serve's log
+    assert re.search(r"serve: \S+: \d+ prompt tokens", log), log  # serve's own log: a line per answer
+    assert "unrecognized_model" not in out + err  # Claude Code's note about the model goes to that log

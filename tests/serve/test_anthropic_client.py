@@ -107,7 +107,7 @@ def test_tools_a_forced_call_and_a_tool_result_round_trip(client):
 
 
 def test_thinking_on_is_the_thinking_switch(client):
-    thought = ask(client, thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=40)
+    thought = ask(client, thinking={"type": "adaptive"}, max_tokens=40)
     plain = ask(client, thinking={"type": "disabled"}, max_tokens=40)
     kinds = [block.type for block in thought.content]
     assert kinds[0] == "thinking" or thought.stop_reason == "max_tokens"  # the demo thinks first, if it can finish
@@ -137,6 +137,30 @@ def test_thinking_on_is_the_thinking_switch(client):
         (
             {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "lots"}},
             "thinking.type",
+        ),
+        (
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled", "budget_tokens": -5},
+            },
+            "at least 1024; got -5",
+        ),
+        (
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled", "budget_tokens": "lots"},
+            },
+            "whole number of at least 1024; got 'lots'",
+        ),
+        (
+            {
+                "max_tokens": 2048,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled", "budget_tokens": 2048},
+            },
+            "'max_tokens' must be greater than 'thinking.budget_tokens' (2048)",
         ),
         (
             {
@@ -213,3 +237,37 @@ def test_metrics_count_each_route_and_answers_carry_the_engines_figures(server, 
     )
     assert count("messages") == before + 1
     assert raw["metrics"]["speculative_decoding"]["num_draft_tokens"] >= 0 and "timings" in raw
+
+
+def test_a_prefill_is_continued_as_anthropic_continues_it(server, client, demo_pair):
+    """A last assistant message is the answer's beginning: the model goes on from it (the same greedy text as a
+    raw completion of the rendered chat with the prefill after its generation prompt), and the answer holds
+    only what follows it."""
+    _, url = server
+    prefill = "Sure. Here is the code:\n```python\ndef"
+    message = ask(client, messages=[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": prefill}])
+    turns = [{"role": "user", "content": QUESTION}]
+    rendered = demo_pair.tokenizer.apply_chat_template(
+        turns, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    raw = (
+        httpx_module()
+        .post(
+            f"{url}/v1/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"prompt": rendered + prefill, "max_tokens": 24, "temperature": 0},
+            timeout=120,
+        )
+        .raise_for_status()
+        .json()
+    )
+    assert message.content[0].text and message.content[0].text == raw["choices"][0]["text"]
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == raw["usage"]["prompt_tokens"]
+    trailing = {"role": "assistant", "content": "Sure. "}
+    response = httpx_module().post(
+        f"{url}/v1/messages",
+        headers={"x-api-key": KEY},
+        json={"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}, trailing]},
+        timeout=60,
+    )
+    assert response.status_code == 400 and "cannot end with whitespace" in response.text

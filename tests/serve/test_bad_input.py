@@ -99,6 +99,7 @@ def test_a_prompt_over_the_context_is_400(server, stream):
     long = " ".join(["with open(path) as handle: text = handle.read()"] * 200)
     error = openai_error(post(url, {**GOOD, "messages": [{"role": "user", "content": long}], "stream": stream}), 400)
     assert error["code"] == "context_length_exceeded" and f"{CONTEXT} tokens" in error["message"]
+    assert "serve --context 8192" in error["message"] and "dflash-chat launch" in error["message"]  # the fix
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -250,3 +251,36 @@ def test_the_openai_client_reads_each_refusal_as_its_own_error(server):
     assert refused.value.param == "messages[0].role"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [{"type": "reasoning", "id": "rs_1", "summary": []}],
+        [{"type": "item_reference", "id": "msg_1"}, {"type": "reasoning", "id": "rs_2", "summary": []}],
+    ],
+)
+def test_responses_input_with_nothing_to_answer_is_400(server, items):
+    """Reasoning and item_reference items are not read: input holding only them has nothing to answer."""
+    _, url = server
+    body = {"model": "dflash-chat-demo", "input": items, "max_output_tokens": 2}
+    error = openai_error(post(url, body, path="/v1/responses"), 400)
+    assert error["param"] == "input" and "no message" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
+def test_messages_the_template_refuses_are_400_with_its_words(server, monkeypatch, path):
+    """A model's own template raises on shapes it does not take (Qwen's: a system message past the first); that
+    is the client's error, in its route's shape, with the template's words, not a 500."""
+    served, url = server
+    template = "{{ raise_exception('System message must be at the beginning.') }}"
+    monkeypatch.setattr(served._checker, "chat_template", template)
+    text = f"a message no earlier request sent ({path})"  # so no prompt held from before serves it unrendered
+    body = {"model": "dflash-chat-demo", "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
+    if path == "/v1/responses":
+        body = {"model": "dflash-chat-demo", "max_output_tokens": 2, "input": text}
+    response = post(url, body, path=path)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "System message must be at the beginning" in error["message"] and "Traceback" not in error["message"]
+    assert error["type"] == "invalid_request_error"

@@ -93,3 +93,26 @@ def test_two_conversations_at_once_each_resume_where_they_left_off(server):
     assert cached > prompt_a - 40
     cached, _ = turn(f"[second] {SYSTEM}{SYSTEM}", second, "And write one?")
     assert cached > prompt_b - 40
+
+
+def test_a_parked_conversation_without_a_system_prompt_comes_back(server):
+    """With no system prompt there is no checkpoint before the first answer: the next turn of a parked
+    conversation comes back only when it is built, as the held one's is, as an exact continuation of its tokens
+    (the empty think block its first prompt ended with kept), and then it reuses all its first prompt."""
+    _, url = server
+
+    def turn(history: list[dict], user: str) -> tuple[int, int]:
+        history.append({"role": "user", "content": user})
+        body = {"model": "dflash-chat-demo", "messages": history, "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).raise_for_status().json()
+        history.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        return answer["usage"]["prompt_tokens_details"]["cached_tokens"], answer["usage"]["prompt_tokens"]
+
+    first, second = [], []
+    _, prompt_a = turn(first, f"[first] {SYSTEM}{SYSTEM} How do I sort a dict by value?")
+    _, prompt_b = turn(second, f"[second] {SYSTEM}{SYSTEM} How do I read a CSV file?")
+    assert min(prompt_a, prompt_b) > 512  # long enough to be parked
+    cached, _ = turn(first, "And in reverse order?")
+    assert cached >= prompt_a
+    cached, _ = turn(second, "And write one?")
+    assert cached >= prompt_b

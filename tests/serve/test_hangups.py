@@ -62,3 +62,28 @@ def test_a_client_gone_mid_body_is_dropped_and_serve_goes_on(demo_pair, capfd, c
     assert "Traceback" not in printed.err + printed.out, printed.err
     logged = [r.getMessage() for r in caplog.records if r.name == "dflash_chat.serve"]
     assert len(logged) == 1 and logged[0].startswith(f"499 POST {path}: the client hung up"), logged
+
+
+def test_a_responses_stream_the_client_left_is_kept_for_its_id(demo_pair):
+    """A Responses stream cut short by its client is kept as far as it was written, as the chat keeps an answer
+    cut short: a later request continues from its id (previous_response_id) with that text as the answer."""
+    import json
+
+    httpx = httpx_module()
+    path, body = ROUTES["responses"]
+    with serving(demo_pair) as (served, url), httpx.Client(timeout=60) as client:
+        with client.stream("POST", url + path, json=body) as response:
+            written, response_id = "", None
+            for line in response.iter_lines():
+                event = json.loads(line[len("data: ") :]) if line.startswith("data: ") else {}
+                if event.get("type") == "response.created":
+                    response_id = event["response"]["id"]
+                written += event.get("delta", "") if event.get("type") == "response.output_text.delta" else ""
+                if written.strip():
+                    break
+        assert served.scheduler.wait_idle(30)
+        kept = served.recall(response_id)
+        assert kept is not None and kept[-1]["role"] == "assistant" and kept[-1]["content"].startswith(written)
+        more = {"input": "And then?", "previous_response_id": response_id, "max_output_tokens": 16}
+        reply = client.post(url + path, json=more)
+        assert reply.status_code == 200, reply.text

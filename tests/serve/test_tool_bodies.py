@@ -109,3 +109,32 @@ def test_a_tool_round_trip_is_a_valid_conversation(server):
     response = post(url, content=json.dumps(body).encode())
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+
+
+RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+ANTHROPIC_TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
+
+
+def test_server_tools_are_refused_by_name(server):
+    """Anthropic's server tools (web search, code execution) run on Anthropic's servers: nothing here runs them, so
+    the request is a 400 in Anthropic's shape naming each one, not an answer that drops them."""
+    _, url = server
+    tools = [ANTHROPIC_TOOL, {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}]
+    body = {"model": "dflash-chat-demo", "messages": [USER], "max_tokens": 2, "tools": tools}
+    response = post(url, body, path="/v1/messages")
+    assert response.status_code == 400, response.text
+    assert response.json()["type"] == "error" and response.json()["error"]["type"] == "invalid_request_error"
+    message = response.json()["error"]["message"]
+    assert "web_search_20250305 'web_search' (tools[1])" in message and "get_weather" not in message
+
+
+def test_responses_built_in_tools_are_left_out_not_echoed_as_taken(server):
+    """Responses' built-in tools (web_search, file_search, Codex's namespace groups) run on OpenAI's servers, and
+    Codex sends some with every request: they are left out of the prompt, and the response's `tools` lists only
+    the function tools it took, never them as if taken."""
+    _, url = server
+    tools = [{"type": "web_search"}, RESPONSES_TOOL, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
+    body = {"model": "dflash-chat-demo", "input": "hi", "max_output_tokens": 16, "tools": tools}
+    response = post(url, body, path="/v1/responses")
+    assert response.status_code == 200, response.text
+    assert response.json()["tools"] == [RESPONSES_TOOL]

@@ -181,6 +181,8 @@ def test_the_panel_shows_the_draft_length_and_a_new_draft_setting_reaches_the_en
     assert len(set_in) == 1 and set_in[0] != threading.main_thread().name
     used = [k for k, steps in enumerate(second.draft_histogram) if steps]
     assert second.draft == "2" and max(used) == 2 and second.drafted <= 2 * second.steps
+    # the draft setting changes neither the prompt nor the model: the next turn reuses the first one's tokens
+    assert second.reused_tokens >= first.prompt_tokens
     assert after_second["drafts/step"] == f"2 · {second.mean_draft_length:.1f}"
 
 

@@ -9,7 +9,8 @@ group), and the thread, a daemon, does not hold the app.
 
 A command gets exactly the variables its `env` names, besides PATH and HOME from the user's environment (the
 SDK adds its own short list of harmless ones: LOGNAME, SHELL, TERM, USER), never the whole environment. Its
-stderr goes to `mcp-NAME.log` in the data folder, never onto the screen. Each change of a server's state is
+stderr goes to `mcp-NAME.log` in the data folder, never onto the screen, and so does each line it prints on stdout
+that is not an MCP message (one line in the log each; the SDK's own traceback for it is kept off stderr). Each change of a server's state is
 posted as a ServerChanged (from the loop's thread: `post` must not block).
 """
 
@@ -185,7 +186,7 @@ class ToolServers:
                 else:
                     log = stack.enter_context(self._open_log(name, server))
                     transport = self._stdio_transport(server, log)
-                session = await _session(stack, transport)
+                session = await _session(stack, transport, functools.partial(_log_bad_message, log))
                 listed = await _listed_tools(session)
                 self._sessions[name] = session
                 self._set(name, READY, tools=listed)
@@ -256,13 +257,15 @@ class ToolServers:
         return results.from_mcp(result)
 
 
-async def _session(stack: contextlib.AsyncExitStack, transport):
-    """The ClientSession over `transport`, initialized within START_S."""
+async def _session(stack: contextlib.AsyncExitStack, transport, on_message):
+    """The ClientSession over `transport`, initialized within START_S; `on_message` gets what the transport could
+    not read (an Exception) and the server's notifications."""
     import anyio
     from mcp import ClientSession
 
+    _quiet_sdk_parse_errors()
     read, write = await stack.enter_async_context(transport)
-    session = await stack.enter_async_context(ClientSession(read, write))
+    session = await stack.enter_async_context(ClientSession(read, write, message_handler=on_message))
     with anyio.fail_after(START_S):
         await session.initialize()
     return session
@@ -285,6 +288,43 @@ async def _listed_tools(session) -> tuple[ToolSpec, ...]:
             if not cursor:
                 break
     return tuple(tools)
+
+
+async def _log_bad_message(log, message) -> None:
+    """A line of a stdio server's stdout that is not an MCP message (a server printing its own chatter): one line in
+    its log (`log` None: an HTTP server's, said nowhere). Anything else the session surfaces is not ours to keep."""
+    if log is None or not isinstance(message, Exception):
+        return
+    log.write(f"{time.strftime('%H:%M:%S')} not an MCP message on stdout, skipped: {_unreadable(message)}\n")
+    log.flush()
+
+
+def _unreadable(exc: Exception) -> str:
+    """What the SDK could not read, in one line: pydantic's first error and the line it read, cut at 200 chars."""
+    errors = getattr(exc, "errors", None)
+    first = errors()[0] if callable(errors) and errors() else None
+    text = f"{first.get('msg', '')}: {first.get('input')!r}" if isinstance(first, dict) else str(exc)
+    text = " ".join(text.split())
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+class _DropParseErrors:
+    """The SDK logs a traceback for every stdout line that is not an MCP message; each is said in the server's own
+    log instead (`_log_bad_message`), never on the screen."""
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith("Failed to parse JSONRPC message")
+
+
+_PARSE_ERRORS = _DropParseErrors()
+
+
+def _quiet_sdk_parse_errors() -> None:
+    import logging
+
+    logger = logging.getLogger("mcp.client.stdio")
+    if _PARSE_ERRORS not in logger.filters:
+        logger.addFilter(_PARSE_ERRORS)
 
 
 def _http_transport(url: str):

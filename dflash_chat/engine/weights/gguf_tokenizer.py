@@ -27,6 +27,11 @@ SPLITS = {
     "qwen35": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
 }
 SPLITS["deepseek-r1-qwen"] = SPLITS["qwen2"]
+# what llama.cpp's converter writes for a tokenizer its table does not know (a fine-tune, a small model, our own
+# demo converted); llama.cpp reads it with GPT-2's split (llama-vocab.cpp: LLAMA_VOCAB_PRE_TYPE_GPT2) and no
+# normalization, and so do we (the `\s+` at the end takes the whitespace its hand-written split leaves alone)
+SPLITS["gpt-2"] = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+UNNORMALIZED = ("gpt-2",)  # pre-tokenizers llama.cpp (and the tokenizer they come from) run without NFC
 
 _KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
 
@@ -68,7 +73,8 @@ def _build(meta: dict):
     vocab = {t: i for i, (t, kind) in enumerate(zip(tokens, types, strict=False)) if kind != UNUSED}
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
+    if pre not in UNNORMALIZED:
+        tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(SPLITS[pre]), behavior="isolated"),
