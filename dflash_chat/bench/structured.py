@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 METHODS = ("none", "dflash", "mtp", "lookup", "auto")
@@ -194,7 +195,7 @@ def run(*, prompts: int, max_new_tokens: int, legs, device: str = "cpu") -> dict
 class Task:
     prompt: list[int]
     constraint: object  # engine/constraint.Constraint
-    check: object  # (text) -> bool: valid for its schema
+    check: Callable[[str], bool]  # valid for its schema
     label: str
 
 
@@ -349,7 +350,7 @@ def mask_costs(json_tasks: list[Task], figures: dict) -> dict:
 
     path = Path(found.submodule_search_locations[0]) / "tokenizer_files" / "tokenizer.json"
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path))
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    end = tokenizer.convert_tokens_to_ids(["<|im_end|>"])[0]
     grammars = Grammars(tokenizer, len(tokenizer), (end,))
     seconds: list[float] = []
     row = torch.zeros(1, grammars.words, dtype=torch.int32)
