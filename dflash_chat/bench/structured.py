@@ -350,7 +350,7 @@ def mask_costs(json_tasks: list[Task], figures: dict) -> dict:
 
     path = Path(found.submodule_search_locations[0]) / "tokenizer_files" / "tokenizer.json"
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path))
-    end = tokenizer.convert_tokens_to_ids(["<|im_end|>"])[0]
+    end = tokenizer.get_vocab()["<|im_end|>"]
     grammars = Grammars(tokenizer, len(tokenizer), (end,))
     seconds: list[float] = []
     row = torch.zeros(1, grammars.words, dtype=torch.int32)
