@@ -30,10 +30,12 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def app_choice(machine: Machine, catalog: Catalog, context: int | None = None) -> tuple[str, Choice | None]:
-    """What the chat app runs on `machine` with the saved settings: (its one-line explanation, the
-    catalog choice, or None when it runs the built-in demo pair or a path the `model` setting names).
-    `models`, `doctor` and `pull` say this, so they never disagree with the app."""
+def app_choice(
+    machine: Machine, catalog: Catalog, context: int | None = None, vision: str | None = None
+) -> tuple[str, Choice | None]:
+    """What the chat app runs on `machine` with the saved settings (`vision`: --vision over the setting): (its
+    one-line explanation, the catalog choice, or None when it runs the built-in demo pair or a path the `model`
+    setting names). `models`, `doctor` and `pull` say this, so they never disagree with the app."""
     from dflash_chat import settings as settings_module
     from dflash_chat.runtime import model_manager
     from dflash_chat.runtime.model_source import ModelSource, Pick, resolve
@@ -43,8 +45,17 @@ def app_choice(machine: Machine, catalog: Catalog, context: int | None = None) -
     if isinstance(request, ModelSource):
         drafter = f" with {request.drafter}" if request.drafter else ""
         return f"the `model` setting runs {request.target}{drafter} as it is", None
-    chosen = model_manager.choose(request, settings.context_length, machine=machine, catalog=catalog)
+    chosen = model_manager.choose(
+        request, settings.context_length, machine=machine, catalog=catalog, vision=vision or settings.vision
+    )
     return chosen.explanation, chosen.choice
+
+
+def vision_for(args: argparse.Namespace) -> str:
+    """--vision, else the vision setting."""
+    from dflash_chat import settings as settings_module
+
+    return getattr(args, "vision", None) or settings_module.load().vision
 
 
 def context_for(args: argparse.Namespace) -> int:
@@ -73,11 +84,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.model or args.quant or args.drafter_quant:
             pick = hardware.choose(
-                machine, catalog, model=args.model, quant=args.quant, drafter_quant=args.drafter_quant, context=context
+                machine,
+                catalog,
+                model=args.model,
+                quant=args.quant,
+                drafter_quant=args.drafter_quant,
+                context=context,
+                vision=vision_for(args),
             )
             explanation = pick.explanation
         else:
-            explanation, pick = app_choice(machine, catalog, context)
+            explanation, pick = app_choice(machine, catalog, context, vision=args.vision)
         verdict = f"Pick: {explanation}"
     except NoFitError as exc:
         pick, verdict = None, f"Pick: none. {exc}"
@@ -91,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     print(verdict)
     if pick is not None:
         print(f"Drafting: {pick.drafting}")
+        print(pick.vision.line)
     print_endpoints()
     print(f"Cache: {hub.default_cache_dir()}  (dflash-chat pull MODEL --quant Q downloads ahead of time)")
     return 0

@@ -54,6 +54,7 @@ class LoadedPair:
     device: torch.device
     dtype: torch.dtype
     _grammars: Grammars | None = None
+    vision: VisionTower | None = None  # the target's vision tower, where one was loaded
 
     @property
     def grammars(self) -> Grammars:
@@ -479,6 +480,7 @@ def load_pair(
     checkpoint_budget: int = DEFAULT_BUDGET,
     park_budget: int = DEFAULT_PARK_BUDGET,
     progress: Progress | None = None,
+    vision: str | Path | None = None,
 ) -> LoadedPair:
     """Target (+ drafter, + the target's own MTP layer when its checkpoint has one) and tokenizer, ready to
     chat. `tokenizer`: a folder with the official tokenizer/chat-template files; without it the target
@@ -487,19 +489,25 @@ def load_pair(
     engine/draft_length.py); `speculate`: which method drafts (engine/speculation.py).
     `checkpoint_budget`: bytes of prompt checkpoints kept for branching prompts (engine/prefix_cache.py);
     `park_budget`: bytes of host memory for conversations another prompt displaced (engine/parked.py).
-    `progress(bytes placed, bytes in all)` is called as the weights reach the device."""
+    `progress(bytes placed, bytes in all)` is called as the weights reach the device. `vision`: the target's vision
+    tower, an mmproj GGUF or a Hugging Face folder with `model.visual.*` (the target's own, say), loaded beside it
+    (`LoadedPair.vision`)."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
     if drafter:
         _check_drafter_tokenizer(drafter, tok)
-    placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0), progress)
+    tower_bytes = model_bytes(vision) if vision and Path(vision).expanduser() != Path(target).expanduser() else 0
+    placement = Placement(
+        device, model_bytes(target) + (model_bytes(drafter) if drafter else 0) + tower_bytes, progress
+    )
     model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)
     mtp = load_mtp(target, model, placement)
     drafter_model = (
         load_drafter(drafter, model, causal=causal, quant=drafter_quant, placement=placement) if drafter else None
     )
+    tower = load_vision(vision, placement=placement, target=model) if vision else None
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     ends = end_token_ids(tok, model.cfg.eos_token_id)
@@ -516,7 +524,9 @@ def load_pair(
         park_budget=park_budget,
     )
     engine.warm_up()
-    return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
+    return LoadedPair(
+        engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype, vision=tower
+    )
 
 
 def load_files(files, **kwargs) -> LoadedPair:

@@ -17,6 +17,13 @@ Memory needed = target weights + drafter weights + state for the context + works
 Every term but the margin comes from engine/memory.py, the rules the engine sizes its buffers by
 (state: KV caches, Gated DeltaNet state and its copies, RoPE tables, the drafter's context cache;
 workspace: a prefill chunk or a verify step), in the dtype the engine computes in on that device.
+
+The vision tower never changes the pick: images are a part of some chats, the model and its context are every
+chat's. With the `vision` setting `auto`, the pick loads the tower where its memory (engine/memory.py
+vision_bytes: its weights, and what reading the largest image needs beyond the engine's workspace) fits in what
+the pick leaves; where memory is tight it stays unloaded and `Choice.vision` says why, e.g.
+"not loaded: the tower needs 2.0 GB beside Qwen3.8-27B Q4_K_M at a 32k context, and 1.2 GB is left; a shorter
+--context makes room".
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dflash_chat.engine import memory
@@ -198,6 +205,24 @@ def budget(pair: Pair, target: Source, drafter: Source | None, context: int, mac
 
 
 @dataclass(frozen=True)
+class VisionPick:
+    """Whether the pick loads the vision tower, from where, what it takes, and why (`line`)."""
+
+    loads: bool
+    why: str  # "loaded: ..." or "not loaded: ..."
+    source: Source | None = None  # the mmproj file (or the safetensors target folder) it loads from
+    need: int = 0  # bytes it adds to the pick's budget
+
+    @property
+    def line(self) -> str:
+        """One line for `models` and `doctor`: 'Vision: loaded (...)' / 'Vision: not loaded: ...'."""
+        return f"Vision: {self.why}"
+
+
+NO_VISION = VisionPick(False, "not loaded: this model has no vision tower in the catalog")
+
+
+@dataclass(frozen=True)
 class Choice:
     pair: Pair
     target: Source
@@ -206,6 +231,7 @@ class Choice:
     device: str
     budget: Budget
     explanation: str
+    vision: VisionPick = NO_VISION
 
     @property
     def fits(self) -> bool:
@@ -263,6 +289,8 @@ def choose(
     target_file: str | Path | None = None,
     drafter_file: str | Path | None = None,
     allow_no_fit: bool = False,
+    vision: str = "auto",
+    mmproj_file: str | Path | None = None,
 ) -> Choice:
     """The best pair + target quant + drafter quant that fit, honouring every override given.
 
@@ -270,7 +298,8 @@ def choose(
     quants in the catalog's order of preference (Q8_0 before Q4_K_M); the first that fits wins.
     When nothing fits, the smallest option is returned (with an explanation that says it will not
     fit) if the user pinned everything (model and quants, or files) or `allow_no_fit` is set;
-    otherwise that is an error.
+    otherwise that is an error. The vision tower (`vision` "auto" or "off"; `mmproj_file` a tower for the pick's
+    target) loads where it fits beside the pick: see `plan_vision`.
     """
     if context is not None and context < 256:
         raise UserError(f"--context must be at least 256 tokens, got {context}")
@@ -290,19 +319,61 @@ def choose(
             for drafter in _drafters(pair, drafter_quant, drafter_local):
                 choice = _make_choice(machine, pair, target, drafter, ctx)
                 if choice.fits:
-                    return choice
+                    return replace(choice, vision=plan_vision(choice, machine, vision, mmproj_file))
                 tried.append(choice)
     if not tried:
         raise NoFitError(f"no model supports {_a_ctx(context or 0)} context; try a shorter --context")
     smallest = min(tried, key=lambda c: c.budget.need)
     if pinned or allow_no_fit:
-        return smallest
+        return replace(smallest, vision=plan_vision(smallest, machine, vision, mmproj_file))
     raise NoFitError(
         f"{machine.label}: nothing fits in the {size_text(machine.available)} free; the smallest option, "
         f"{_parts(smallest)} with {_a_ctx(smallest.context)} context, needs "
         f"{size_text(smallest.budget.need)}. Try a shorter --context, close other programs using "
         f"{'the GPU' if machine.gpu else 'memory'}, or pick a model and quant yourself (--model, --quant)."
     )
+
+
+def plan_vision(
+    choice: Choice, machine: Machine, setting: str = "auto", mmproj_file: str | Path | None = None
+) -> VisionPick:
+    """Whether `choice` loads its vision tower: never under `off`, nor for a pair without one; else where the
+    tower's memory fits in what the pick leaves (its state and margin kept)."""
+    pair = choice.pair
+    if setting == "off":
+        return VisionPick(False, "off (the vision setting); images are refused")
+    if pair.vision is None:
+        return NO_VISION
+    source = mmproj_source(mmproj_file) if mmproj_file else pair.vision_source(choice.target)
+    if source is None:
+        return VisionPick(False, f"not loaded: {pair.title} names no vision tower file; pass --mmproj FILE")
+    b = choice.budget
+    e = machine.compute_bytes
+    need = memory.vision_bytes(pair.vision, b.workspace, e)
+    if not b.fits:
+        return VisionPick(False, f"not loaded: the model itself does not fit in the {size_text(b.available)} free")
+    left = b.available - b.need
+    if need > left:
+        return VisionPick(
+            False,
+            f"not loaded: the tower needs {size_text(need)} and {size_text(left)} is left beside the pick at "
+            f"{_a_ctx(choice.context)} context; a shorter --context or a smaller quant makes room for it (images "
+            "are refused meanwhile)",
+        )
+    weights = memory.vision_weight_bytes(pair.vision, e)
+    megapixels = pair.vision.max_pixels / 2**20
+    return VisionPick(
+        True,
+        f"loaded ({size_text(weights)} of weights + {size_text(need - weights)} while it reads a "
+        f"{megapixels:.3g}-megapixel image; {size_text(left - need)} to spare)",
+        source,
+        need,
+    )
+
+
+def mmproj_source(path: str | Path) -> Source:
+    """A vision tower GGUF on disk (`--mmproj FILE`)."""
+    return replace(Source.local(Path(path).expanduser()), kind="mmproj", quant="")
 
 
 def _candidate_pairs(
@@ -466,6 +537,19 @@ def add_choice_arguments(parser: argparse.ArgumentParser, *, files: bool = True)
         type=flag("context_length"),
         help="context length in tokens, 256-1048576 (default: the context_length setting for the chat, each model's own for models/pull)",
     )
+    group.add_argument(
+        "--vision",
+        type=flag("vision"),
+        metavar="auto|off",
+        help="the vision tower, which reads images: auto loads it where it fits beside the model, off never "
+        "(default: the vision setting)",
+    )
     if files:
         group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
         group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")
+        group.add_argument(
+            "--mmproj",
+            metavar="FILE",
+            dest="mmproj_file",
+            help="the vision tower (mmproj-*.gguf) for a target GGUF you point at (--target or --target-file)",
+        )

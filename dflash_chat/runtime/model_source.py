@@ -2,7 +2,8 @@
 
 In order:
 - `--demo`: the tiny built-in demo pair.
-- `--target PATH [--drafter PATH]`: those files (Hugging Face folders or GGUFs), loaded as they are.
+- `--target PATH [--drafter PATH] [--mmproj FILE]`: those files (Hugging Face folders or GGUFs), loaded as they
+  are, with the vision tower GGUF given (a folder's own tower loads unless the `vision` setting is off).
 - the model-choice flags (--model, --quant, --drafter-quant, --target-file, --drafter-file): a `Pick`
   with them pinned; the model manager (runtime/model_manager.py) chooses the rest at start.
 - the `model` setting: a path (one that exists, or is written like one: with a `/`, or starting with
@@ -10,11 +11,13 @@ In order:
   catalog pair name (a `Pick` of it; an unknown name is an error listing the known ones).
 - nothing: a `Pick` with nothing pinned: the app probes the machine and takes what fits, the tiny
   demo pair when there is no GPU.
-`--context` goes with any of them: the context length to size and load the model for.
+`--context` goes with any of them: the context length to size and load the model for. `--mmproj FILE` goes with
+--target or --target-file, and is checked (a Qwen3.5 vision tower GGUF) before anything loads.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -42,6 +45,8 @@ class ModelSource:
     drafter_quant: str = ""
     device: str | None = None  # where the model manager placed it; None: the loader's default
     context: int | None = None  # context to load for; None: the settings' context_length
+    vision: str | None = None  # the vision tower to load: an mmproj GGUF or a model folder; None: see `vision_chosen`
+    vision_chosen: bool = False  # the model manager decided (None: leave it unloaded); else a folder target's own
 
     @property
     def quant_label(self) -> str:
@@ -62,6 +67,7 @@ class Pick:
     context: int | None = None
     target_file: str | None = None
     drafter_file: str | None = None
+    mmproj_file: str | None = None  # the vision tower for the target (--mmproj); not a pin of its own
 
     @property
     def names_a_model(self) -> bool:
@@ -70,7 +76,7 @@ class Pick:
 
     @property
     def pins_files(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in fields(self) if f.name != "context")
+        return any(getattr(self, f.name) is not None for f in fields(self) if f.name not in ("context", "mmproj_file"))
 
 
 def pick_from_args(args) -> Pick:
@@ -138,6 +144,12 @@ def resolve(
     pick: Pick | None = None,
 ) -> ModelSource | Pick:
     pick = pick or Pick()
+    if pick.mmproj_file is not None:
+        if demo or not (target or pick.target_file):
+            raise UserError(
+                "--mmproj is the vision tower of a target GGUF you point at: give --target or --target-file"
+            )
+        check_mmproj(pick.mmproj_file, settings.vision)
     if demo:
         if pick.pins_files:
             raise UserError("--demo runs the built-in demo pair; leave out --model/--quant/--*-file with it")
@@ -150,7 +162,7 @@ def resolve(
                 "--target/--drafter load those files as they are; to let the app pick quants and fetch "
                 "what is missing, use --target-file/--drafter-file with --model instead"
             )
-        return ModelSource(target, drafter or None, context=pick.context)
+        return ModelSource(target, drafter or None, context=pick.context, vision=pick.mmproj_file)
     if pick.pins_files:
         _check_files(pick)
         if pick.model is not None:
@@ -159,6 +171,40 @@ def resolve(
             return Pick(**{**pick.__dict__, "model": catalog_name(settings.model)})  # flags refine it
         return pick
     return from_settings(settings, pick.context)
+
+
+def vision_to_load(source: ModelSource, setting: str) -> str | None:
+    """The vision tower to load with `source`: what the model manager chose or --mmproj named; for files loaded as
+    they are, a target folder's own tower (its config.json has a vision_config); none under `vision = off`."""
+    if setting == "off":
+        return None
+    if source.vision is not None or source.vision_chosen:
+        return source.vision
+    folder = Path(source.target).expanduser()
+    try:
+        config = json.loads((folder / "config.json").read_text("utf-8")) if folder.is_dir() else {}
+    except (OSError, ValueError):
+        return None  # the loader says what is wrong with the folder
+    return str(folder) if isinstance(config, dict) and isinstance(config.get("vision_config"), dict) else None
+
+
+def check_mmproj(path: str, vision: str) -> None:
+    """--mmproj: a file that holds a Qwen3.5 vision tower (its GGUF header read, nothing loaded), with vision on;
+    a one-line UserError otherwise."""
+    from dflash_chat.engine.errors import ModelFormatError
+    from dflash_chat.engine.weights.mmproj_header import read_mmproj_header
+
+    if vision == "off":
+        raise UserError(f"--mmproj {path} gives a vision tower, and the vision setting is off: add --vision auto")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(
+            f"--mmproj {path}: {'a folder' if file.is_dir() else 'no such file'}; give the mmproj-*.gguf file"
+        )
+    try:
+        read_mmproj_header(file)
+    except ModelFormatError as exc:
+        raise UserError(f"--mmproj {exc}") from None
 
 
 def _check_files(pick: Pick) -> None:

@@ -146,7 +146,13 @@ def test_without_a_gpu_the_demo_pair_unless_a_model_is_named(home, monkeypatch):
 def test_pull_command_and_labels_name_what_was_chosen(home, tmp_path):
     catalog = load_catalog()
     choice = choose(RTX_3090, catalog, model="qwen3.6-27b", quant="Q4_K_M", drafter_quant="BF16", context=8192)
-    assert model_manager.pull_command(choice) == "dflash-chat pull qwen3.6-27b --quant Q4_K_M --drafter-quant BF16"
+    assert not choice.vision.loads  # no room for the vision tower beside it: the pull leaves it out, as the app does
+    assert model_manager.pull_command(choice) == (
+        "dflash-chat pull qwen3.6-27b --quant Q4_K_M --drafter-quant BF16 --vision off"
+    )
+    roomy = choose(RTX_3090, catalog, model="qwen3.6-27b", quant="Q3_K_M", drafter_quant="Q4_K_M", context=8192)
+    assert roomy.vision.loads  # the pull fetches the vision tower too, as a pull of pinned quants does
+    assert model_manager.pull_command(roomy) == "dflash-chat pull qwen3.6-27b --quant Q3_K_M --drafter-quant Q4_K_M"
     assert model_manager.label(choice) == "Qwen3.6-27B Q4_K_M + drafter BF16"
     gguf = tmp_path / "Qwen3.6-27B-Q5_K_M.gguf"
     gguf.write_bytes(b"GGUF" + bytes(100))
