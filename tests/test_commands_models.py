@@ -491,3 +491,34 @@ def test_doctor_counts_the_prefix_cache_in_checkpoints_of_the_pick(home, capsys,
         and "prefix_cache_ram_mib lower" in line
         for line in out.splitlines()
     )
+
+
+A6000 = Machine((Gpu(0, "NVIDIA RTX A6000", 48 * GIB, int(47.5 * GIB)),), 64 * GIB, 48 * GIB)
+
+
+@pytest.mark.parametrize("machine", [RTX_3090, A6000], ids=["rtx-3090", "a6000"])
+def test_models_and_doctor_say_whether_the_pick_loads_vision_and_why(qwen38_home, capsys, monkeypatch, machine):
+    from dflash_chat import settings
+    from dflash_chat.runtime import model_manager
+    from dflash_chat.runtime.model_source import from_settings
+
+    monkeypatch.setattr(hardware, "probe", lambda: machine)
+    current = settings.load()
+    choice = model_manager.choose(from_settings(current), current.context_length, machine=machine).choice
+    assert choice.vision.loads == (machine is A6000)  # the 3090's 8k pick leaves no room for the tower
+    _, models_out, _ = run(capsys, "models")
+    _, doctor_out, _ = run(capsys, "doctor")
+    lines = models_out.splitlines()
+    assert lines[lines.index(f"Drafting: {choice.drafting}") + 1] == choice.vision.line
+    assert choice.vision.line.startswith("Vision: loaded (" if choice.vision.loads else "Vision: not loaded: ")
+    assert f"OK   vision: {choice.vision.why}" in doctor_out.splitlines()
+    _, off_out, _ = run(capsys, "models", "--vision", "off")
+    assert "Vision: off (the vision setting); images are refused" in off_out.splitlines()
+    settings.update({"vision": "off"})
+    _, doctor_out, _ = run(capsys, "doctor")
+    assert "OK   vision: off (the vision setting); images are refused" in doctor_out.splitlines()
+
+
+def test_a_pair_without_a_tower_says_so(home, capsys):
+    _, out, _ = run(capsys, "models")
+    assert "Vision: not loaded: this model has no vision tower in the catalog" in out.splitlines()
