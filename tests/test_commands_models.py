@@ -522,3 +522,23 @@ def test_models_and_doctor_say_whether_the_pick_loads_vision_and_why(qwen38_home
 def test_a_pair_without_a_tower_says_so(home, capsys):
     _, out, _ = run(capsys, "models")
     assert "Vision: not loaded: this model has no vision tower in the catalog" in out.splitlines()
+
+
+def test_pull_fetches_the_tower_where_the_app_loads_it_and_models_counts_it(qwen38_home, capsys, monkeypatch, server):
+    monkeypatch.setattr(hardware, "probe", lambda: A6000)
+    code, out, err = run(capsys, "pull", "--vision", "off")
+    assert code == 0, err
+    assert "vision" not in pulled(out)
+    _, out, _ = run(capsys, "models")
+    pick = next(line for line in out.splitlines() if line.endswith("<- pick"))
+    quant = pick.split()[1]
+    assert row(out, "qwen3.8-27b", quant)[6] == "target+drafter+tokenizer"  # the app would fetch the tower still
+
+    code, out, err = run(capsys, "pull")
+    assert code == 0, err
+    assert out.splitlines()[1].startswith("Qwen3.8-27B: 7 files") and out.splitlines()[1].endswith(
+        f"{size_text(900)} to download -> {qwen38_home}"
+    )
+    assert pulled(out)["vision"].endswith("/mmproj-F16.gguf")
+    _, out, _ = run(capsys, "models")
+    assert row(out, "qwen3.8-27b", quant)[6:] == ["yes", "<- pick"]

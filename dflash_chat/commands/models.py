@@ -178,8 +178,11 @@ def _rows(
             drafter_quant=args.drafter_quant,
             context=ctx,
             allow_no_fit=True,
+            vision=vision_for(args),
         )
         drafter, need = best.drafter, best.budget
+        tower = best.vision.source if best.vision.loads else None
+        mmproj = tower if tower is not None and tower.kind == "mmproj" and tower.path is None else None
         picked = pick is not None and (pick.pair, pick.target, pick.drafter) == (pair, target, drafter)
         rows.append(
             (
@@ -189,7 +192,7 @@ def _rows(
                 _drafter_cell(pair, drafter),
                 f"{size_text(need.need)} @{hardware.context_label(ctx)}",
                 "yes" if need.fits else "no",
-                _cached(target, drafter, tokenizer_cached),
+                _cached(target, drafter, tokenizer_cached, mmproj),
                 "<- pick" if picked else "",
             )
         )
@@ -208,15 +211,19 @@ def _drafter_cell(pair: Pair, drafter: Source | None) -> str:
     return drafter.quant
 
 
-def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool) -> str:
+def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool, mmproj: Source | None = None) -> str:
+    """'yes', or the parts that are ('drafter+tokenizer'), or '-'; the vision tower's mmproj counts where the row's
+    choice loads it."""
     from dflash_chat.models import hub
 
     have = {
         "target": hub.cached_parts(target) is not None,
         "drafter": drafter is None or hub.cached_parts(drafter) is not None,
         "tokenizer": tokenizer_cached,
+        "vision": mmproj is None or hub.cached_parts(mmproj) is not None,
     }
     if all(have.values()):
         return "yes"
-    present = [name for name, ok in have.items() if ok and not (name == "drafter" and drafter is None)]
+    absent = {"drafter": drafter is None, "vision": mmproj is None}
+    present = [name for name, ok in have.items() if ok and not absent.get(name, False)]
     return "+".join(present) if present else "-"

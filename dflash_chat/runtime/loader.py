@@ -126,6 +126,12 @@ class ModelLoader:
             return True
         return False
 
+    def reload(self) -> None:
+        """What was asked for, chosen (a Pick) or loaded (files) again under the current options, as a new request:
+        the `vision` setting changed, and with it what the pick loads."""
+        if self.request is not None:
+            self.begin(replace(self.request))
+
     def downloaded(self, request: Pick, choice: Choice, files: ModelFiles | None) -> None:
         """The owner fetched a DownloadNeeded's files (None: it stopped): load them."""
         from dflash_chat.runtime.model_manager import label, resume_advice, source_for

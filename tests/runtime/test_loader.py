@@ -91,9 +91,10 @@ def test_the_vision_tower_loads_with_the_pair_unless_vision_is_off(tiny_pair, tm
     progress = [e for e, _, _ in owner.seen if isinstance(e, LoadProgress)]
     assert progress[-1].done == progress[-1].total  # the tower's bytes counted in the bar
 
-    owner.loader.options = replace(OPTIONS, vision="off")
-    owner.loader.begin(ModelSource(str(target), str(drafter), vision=str(tower)))
-    assert owner.loader.pair is not None and owner.loader.pair.vision is None
+    owner.loader.options = replace(OPTIONS, vision="off")  # the setting changed: the same files again, no tower
+    owner.loader.reload()
+    assert owner.loader.pair is not None and owner.loader.pair is not pair and owner.loader.pair.vision is None
+    assert owner.loader.source is not None and owner.loader.source.vision == str(tower)
 
     owner.loader.options = OPTIONS
     owner.loader.begin(ModelSource(str(target), str(drafter), vision=str(_mmproj(tmp_path / "other.gguf", 48))))

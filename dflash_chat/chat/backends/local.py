@@ -129,6 +129,9 @@ class LocalBackend(Backend):
         if settings.context_length != old.context_length:
             self.loader.reload_for_context()  # a new context may change what fits, or needs a reload
             return True
+        if settings.vision != old.vision:
+            self.loader.reload()  # the vision tower loads or goes with the pick
+            return True
         return False
 
     def handle(self, event: LoadEvent) -> bool:
