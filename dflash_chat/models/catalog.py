@@ -18,7 +18,9 @@ catalog.toml under `[models.NAME]` instead of `[pairs.NAME]`:
     revision = "main"
 
 `extends` copies a pair and overlays the keys given (tables merge key by key);
-a [models.NAME] with a shipped pair's name overlays that pair.
+a [models.NAME] with a shipped pair's name overlays that pair. The target's vision tower is
+`target.vision` (its shape) and `target.mmproj` (its GGUF: a `pattern` in the target's repo, or a
+`path`), e.g. `[models."qwen3.6-27b".target] mmproj = { path = "~/models/mmproj-F16.gguf" }`.
 
 Shipped sources are pinned to a commit, so the file the picker sized is the file that downloads.
 A drafter repo can hold several trainings of the drafter (z-lab retrained the 35B-A3B one): the

@@ -342,14 +342,17 @@ def plan_vision(
     pair = choice.pair
     if setting == "off":
         return VisionPick(False, "off (the vision setting); images are refused")
-    if pair.vision is None:
+    shape = pair.vision
+    if shape is None and mmproj_file:  # a tower for a pair the catalog knows none of: sized as Qwen3.5's
+        shape = memory.VisionShape(27, 1152, 4304, 16, pair.target_shape.hidden)
+    if shape is None:
         return NO_VISION
     source = mmproj_source(mmproj_file) if mmproj_file else pair.vision_source(choice.target)
     if source is None:
         return VisionPick(False, f"not loaded: {pair.title} names no vision tower file; pass --mmproj FILE")
     b = choice.budget
     e = machine.compute_bytes
-    need = memory.vision_bytes(pair.vision, b.workspace, e)
+    need = memory.vision_bytes(shape, b.workspace, e)
     if not b.fits:
         return VisionPick(False, f"not loaded: the model itself does not fit in the {size_text(b.available)} free")
     left = b.available - b.need
@@ -360,8 +363,8 @@ def plan_vision(
             f"{_a_ctx(choice.context)} context; a shorter --context or a smaller quant makes room for it (images "
             "are refused meanwhile)",
         )
-    weights = memory.vision_weight_bytes(pair.vision, e)
-    megapixels = pair.vision.max_pixels / 2**20
+    weights = memory.vision_weight_bytes(shape, e)
+    megapixels = shape.max_pixels / 2**20
     return VisionPick(
         True,
         f"loaded ({size_text(weights)} of weights + {size_text(need - weights)} while it reads a "

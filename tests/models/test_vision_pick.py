@@ -172,3 +172,14 @@ def test_a_users_own_mmproj_path_in_config(tmp_path):
     pair = load_catalog(config).get("qwen3.6-27b")
     assert pair.mmproj.path == tower and pair.mmproj.kind == "mmproj" and pair.mmproj.repo is None
     assert choose(machine(80), load_catalog(config), model="qwen3.6-27b").vision.source.path == tower
+
+
+def test_an_mmproj_for_a_pair_without_a_known_tower_is_sized_as_qwen35s(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(USER_PAIRS)
+    tower = tmp_path / "mmproj.gguf"
+    tower.write_bytes(b"GGUF")
+    choice = choose(machine(24), load_catalog(config), model="no-eyes", context=4096, mmproj_file=tower)
+    qwen35 = memory.VisionShape(27, 1152, 4304, 16, 32)
+    assert choice.vision.loads and choice.vision.source.path == tower
+    assert choice.vision.need == memory.vision_bytes(qwen35, choice.budget.workspace, 2)
