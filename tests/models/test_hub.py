@@ -480,3 +480,29 @@ def test_offline_the_cached_tower_is_found_and_a_missing_one_named(towers, monke
     assert len(towers.requests) == before
     with pytest.raises(hub.OfflineError, match=r"lacks: tiny/Tiny-GGUF \*mmproj\*F32\*\.gguf"):
         hub.plan(*sources(), endpoint=towers.url, mmproj=mmproj_source("*mmproj*F32*.gguf"))
+
+
+def test_a_safetensors_target_brings_its_tower_and_its_preprocessing(repos):
+    """A Hugging Face checkpoint holds `model.visual.*` in its own shards: every shard comes, and the
+    preprocessor_config.json that sets the tower's pixel budget, mean and std."""
+    rng = np.random.default_rng(9)
+    repos["Qwen/Tiny-VL"] = Repo(
+        {
+            "config.json": b'{"vision_config": {"depth": 1}}',
+            "model.safetensors.index.json": b"{}",
+            "model-00001-of-00002.safetensors": rng.bytes(20_000),
+            "model-00002-of-00002.safetensors": rng.bytes(20_000),
+            "preprocessor_config.json": b'{"size": {"shortest_edge": 65536, "longest_edge": 16777216}}',
+            "README.md": b"# Tiny VL\n",
+        }
+    )
+    target = Source("safetensors", "BF16", "Qwen/Tiny-VL", patterns=SAFETENSORS_PATTERNS, extras=SAFETENSORS_EXTRAS)
+    with HubServer(repos) as running:
+        files = hub.fetch(target, None, sources()[2], endpoint=running.url)
+    assert sorted(p.name for p in files.target.iterdir()) == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "preprocessor_config.json",
+    ]
