@@ -18,12 +18,8 @@ Every term but the margin comes from engine/memory.py, the rules the engine size
 (state: KV caches, Gated DeltaNet state and its copies, RoPE tables, the drafter's context cache;
 workspace: a prefill chunk or a verify step), in the dtype the engine computes in on that device.
 
-The vision tower never changes the pick: images are a part of some chats, the model and its context are every
-chat's. With the `vision` setting `auto`, the pick loads the tower where its memory (engine/memory.py
-vision_bytes: its weights, and what reading the largest image needs beyond the engine's workspace) fits in what
-the pick leaves; where memory is tight it stays unloaded and `Choice.vision` says why, e.g.
-"not loaded: the tower needs 2.0 GB beside Qwen3.8-27B Q4_K_M at a 32k context, and 1.2 GB is left; a shorter
---context makes room".
+The vision tower never changes the pick; `Choice.vision` says whether it loads beside it, and why
+(models/vision_fit.py).
 """
 
 from __future__ import annotations
@@ -39,6 +35,7 @@ from dflash_chat.engine.memory import DrafterShape
 from dflash_chat.errors import UserError
 from dflash_chat.models.catalog import Catalog, CatalogError, Pair, Source
 from dflash_chat.models.sizes import size_text
+from dflash_chat.models.vision_fit import NO_VISION, VisionPick, plan_vision
 
 GIB = 2**30
 MARGIN_FRACTION = 0.05
@@ -205,24 +202,6 @@ def budget(pair: Pair, target: Source, drafter: Source | None, context: int, mac
 
 
 @dataclass(frozen=True)
-class VisionPick:
-    """Whether the pick loads the vision tower, from where, what it takes, and why (`line`)."""
-
-    loads: bool
-    why: str  # "loaded: ..." or "not loaded: ..."
-    source: Source | None = None  # the mmproj file (or the safetensors target folder) it loads from
-    need: int = 0  # bytes it adds to the pick's budget
-
-    @property
-    def line(self) -> str:
-        """One line for `models` and `doctor`: 'Vision: loaded (...)' / 'Vision: not loaded: ...'."""
-        return f"Vision: {self.why}"
-
-
-NO_VISION = VisionPick(False, "not loaded: this model has no vision tower in the catalog")
-
-
-@dataclass(frozen=True)
 class Choice:
     pair: Pair
     target: Source
@@ -299,7 +278,7 @@ def choose(
     When nothing fits, the smallest option is returned (with an explanation that says it will not
     fit) if the user pinned everything (model and quants, or files) or `allow_no_fit` is set;
     otherwise that is an error. The vision tower (`vision` "auto" or "off"; `mmproj_file` a tower for the pick's
-    target) loads where it fits beside the pick: see `plan_vision`.
+    target) loads where it fits beside the pick: see models/vision_fit.py.
     """
     if context is not None and context < 256:
         raise UserError(f"--context must be at least 256 tokens, got {context}")
@@ -319,13 +298,13 @@ def choose(
             for drafter in _drafters(pair, drafter_quant, drafter_local):
                 choice = _make_choice(machine, pair, target, drafter, ctx)
                 if choice.fits:
-                    return replace(choice, vision=plan_vision(choice, machine, vision, mmproj_file))
+                    return _with_vision(choice, machine, vision, mmproj_file)
                 tried.append(choice)
     if not tried:
         raise NoFitError(f"no model supports {_a_ctx(context or 0)} context; try a shorter --context")
     smallest = min(tried, key=lambda c: c.budget.need)
     if pinned or allow_no_fit:
-        return replace(smallest, vision=plan_vision(smallest, machine, vision, mmproj_file))
+        return _with_vision(smallest, machine, vision, mmproj_file)
     raise NoFitError(
         f"{machine.label}: nothing fits in the {size_text(machine.available)} free; the smallest option, "
         f"{_parts(smallest)} with {_a_ctx(smallest.context)} context, needs "
@@ -334,49 +313,10 @@ def choose(
     )
 
 
-def plan_vision(
-    choice: Choice, machine: Machine, setting: str = "auto", mmproj_file: str | Path | None = None
-) -> VisionPick:
-    """Whether `choice` loads its vision tower: never under `off`, nor for a pair without one; else where the
-    tower's memory fits in what the pick leaves (its state and margin kept)."""
-    pair = choice.pair
-    if setting == "off":
-        return VisionPick(False, "off (the vision setting); images are refused")
-    shape = pair.vision
-    if shape is None and mmproj_file:  # a tower for a pair the catalog knows none of: sized as Qwen3.5's
-        shape = memory.VisionShape(27, 1152, 4304, 16, pair.target_shape.hidden)
-    if shape is None:
-        return NO_VISION
-    source = mmproj_source(mmproj_file) if mmproj_file else pair.vision_source(choice.target)
-    if source is None:
-        return VisionPick(False, f"not loaded: {pair.title} names no vision tower file; pass --mmproj FILE")
-    b = choice.budget
-    e = machine.compute_bytes
-    need = memory.vision_bytes(shape, b.workspace, e)
-    if not b.fits:
-        return VisionPick(False, f"not loaded: the model itself does not fit in the {size_text(b.available)} free")
-    left = b.available - b.need
-    if need > left:
-        return VisionPick(
-            False,
-            f"not loaded: the tower needs {size_text(need)} and {size_text(left)} is left beside the pick at "
-            f"{_a_ctx(choice.context)} context; a shorter --context or a smaller quant makes room for it (images "
-            "are refused meanwhile)",
-        )
-    weights = memory.vision_weight_bytes(shape, e)
-    megapixels = shape.max_pixels / 2**20
-    return VisionPick(
-        True,
-        f"loaded ({size_text(weights)} of weights + {size_text(need - weights)} while it reads a "
-        f"{megapixels:.3g}-megapixel image; {size_text(left - need)} to spare)",
-        source,
-        need,
-    )
-
-
-def mmproj_source(path: str | Path) -> Source:
-    """A vision tower GGUF on disk (`--mmproj FILE`)."""
-    return replace(Source.local(Path(path).expanduser()), kind="mmproj", quant="")
+def _with_vision(choice: Choice, machine: Machine, setting: str, mmproj_file: str | Path | None) -> Choice:
+    where = f"{_a_ctx(choice.context)} context"
+    tower = plan_vision(choice.pair, choice.target, choice.budget, where, machine.compute_bytes, setting, mmproj_file)
+    return replace(choice, vision=tower)
 
 
 def _candidate_pairs(
