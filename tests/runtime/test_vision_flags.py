@@ -136,3 +136,14 @@ def test_a_folder_targets_own_tower_loads_unless_vision_is_off(tmp_path):
     assert vision_to_load(ModelSource(str(tmp_path / "x.gguf"), None), "auto") is None
     # the model manager's choice stands: it decided the tower stays unloaded
     assert vision_to_load(ModelSource(str(folder), None, vision_chosen=True), "auto") is None
+
+
+def test_the_mmproj_check_reads_only_the_header_without_torch(mmproj):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from dflash_chat.runtime.model_source import check_mmproj; "
+        f"check_mmproj({str(mmproj)!r}, 'auto'); assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
