@@ -3,7 +3,8 @@
 In order:
 - `--demo`: the tiny built-in demo pair.
 - `--target PATH [--drafter PATH] [--mmproj FILE]`: those files (Hugging Face folders or GGUFs), loaded as they
-  are, with the vision tower GGUF given (a folder's own tower loads unless the `vision` setting is off).
+  are, with the vision tower GGUF given (a folder's own tower loads unless the `vision` setting is off); a `model`
+  setting that is a path takes `--mmproj` the same way.
 - the model-choice flags (--model, --quant, --drafter-quant, --target-file, --drafter-file): a `Pick`
   with them pinned; the model manager (runtime/model_manager.py) chooses the rest at start.
 - the `model` setting: a path (one that exists, or is written like one: with a `/`, or starting with
@@ -145,7 +146,8 @@ def resolve(
 ) -> ModelSource | Pick:
     pick = pick or Pick()
     if pick.mmproj_file is not None:
-        if demo or not (target or pick.target_file):
+        setting_path = bool(settings.model) and is_model_path(settings.model) and not pick.pins_files
+        if demo or not (target or pick.target_file or setting_path):
             raise UserError(
                 "--mmproj is the vision tower of a target GGUF you point at: give --target or --target-file"
             )
@@ -170,7 +172,10 @@ def resolve(
         if pick.target_file is None and settings.model and not is_model_path(settings.model):
             return Pick(**{**pick.__dict__, "model": catalog_name(settings.model)})  # flags refine it
         return pick
-    return from_settings(settings, pick.context)
+    chosen = from_settings(settings, pick.context)
+    if isinstance(chosen, ModelSource) and pick.mmproj_file is not None:  # the `model` setting's file, with its tower
+        return replace(chosen, vision=pick.mmproj_file)
+    return chosen
 
 
 def vision_to_load(source: ModelSource, setting: str) -> str | None:

@@ -11,6 +11,7 @@ import torch
 
 from dflash_chat.cli import main
 from dflash_chat.engine.models.vision import VisionConfig, VisionTower
+from dflash_chat.errors import UserError
 from dflash_chat.runtime.model_source import ModelSource, Pick, resolve, vision_to_load
 from dflash_chat.settings import Settings
 from tests.engine.gguf_write import write_mmproj_gguf
@@ -121,6 +122,11 @@ def test_a_good_mmproj_goes_with_the_files_to_the_loader(mmproj, tmp_path):
     target.write_bytes(b"GGUF")
     pick = resolve(Settings(), pick=Pick(target_file=str(target), mmproj_file=str(mmproj)))
     assert isinstance(pick, Pick) and pick.mmproj_file == str(mmproj) and pick.target_file == str(target)
+    # the `model` setting naming a file takes the tower as --target would
+    saved = resolve(Settings(model=str(target)), pick=Pick(mmproj_file=str(mmproj)))
+    assert saved == ModelSource(str(target), None, vision=str(mmproj))
+    with pytest.raises(UserError, match="give --target or --target-file"):
+        resolve(Settings(model="qwen3.6-27b"), pick=Pick(mmproj_file=str(mmproj)))  # a pair: its own tower
 
 
 def test_a_folder_targets_own_tower_loads_unless_vision_is_off(tmp_path):
