@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -480,7 +480,7 @@ def load_pair(
     checkpoint_budget: int = DEFAULT_BUDGET,
     park_budget: int = DEFAULT_PARK_BUDGET,
     progress: Progress | None = None,
-    vision: str | Path | None = None,
+    vision: str | Path | Literal[False] | None = None,
 ) -> LoadedPair:
     """Target (+ drafter, + the target's own MTP layer when its checkpoint has one) and tokenizer, ready to
     chat. `tokenizer`: a folder with the official tokenizer/chat-template files; without it the target
@@ -489,25 +489,25 @@ def load_pair(
     engine/draft_length.py); `speculate`: which method drafts (engine/speculation.py).
     `checkpoint_budget`: bytes of prompt checkpoints kept for branching prompts (engine/prefix_cache.py);
     `park_budget`: bytes of host memory for conversations another prompt displaced (engine/parked.py).
-    `progress(bytes placed, bytes in all)` is called as the weights reach the device. `vision`: the target's vision
-    tower, an mmproj GGUF or a Hugging Face folder with `model.visual.*` (the target's own, say), loaded beside it
-    (`LoadedPair.vision`)."""
+    `progress(bytes placed, bytes in all)` is called as the weights reach the device. `vision`: the vision tower's
+    folder or mmproj GGUF; by default the target folder's own, when it has one (the pair then reads images); False:
+    none (the `vision` setting is off, or the model manager found no room for it)."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
     if drafter:
         _check_drafter_tokenizer(drafter, tok)
-    tower_bytes = model_bytes(vision) if vision and Path(vision).expanduser() != Path(target).expanduser() else 0
-    placement = Placement(
-        device, model_bytes(target) + (model_bytes(drafter) if drafter else 0) + tower_bytes, progress
-    )
+    tower_path = None if vision is False else vision if vision is not None else _own_vision(target)
+    # a folder's own tower is in the target's bytes; an mmproj file adds its own
+    separate = model_bytes(tower_path) if tower_path is not None and Path(tower_path) != Path(target) else 0
+    placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0) + separate, progress)
     model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)
     mtp = load_mtp(target, model, placement)
     drafter_model = (
         load_drafter(drafter, model, causal=causal, quant=drafter_quant, placement=placement) if drafter else None
     )
-    tower = load_vision(vision, placement=placement, target=model) if vision else None
+    tower = load_vision(tower_path, placement=placement, target=model) if tower_path is not None else None
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     ends = end_token_ids(tok, model.cfg.eos_token_id)
@@ -527,6 +527,14 @@ def load_pair(
     return LoadedPair(
         engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype, vision=tower
     )
+
+
+def _own_vision(target: str | Path) -> Path | None:
+    """The target's folder when its config declares a vision tower (a GGUF's comes in its own mmproj file)."""
+    kind, path = resolve_model_path(target, "target")
+    if kind == "gguf":
+        return None
+    return path if isinstance(read_config(path, "target").get("vision_config"), dict) else None
 
 
 def load_files(files, **kwargs) -> LoadedPair:

@@ -18,10 +18,10 @@ In order:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Literal
 
 from dflash_chat.errors import UserError
 from dflash_chat.settings import Settings
@@ -178,19 +178,15 @@ def resolve(
     return chosen
 
 
-def vision_to_load(source: ModelSource, setting: str) -> str | None:
-    """The vision tower to load with `source`: what the model manager chose or --mmproj named; for files loaded as
-    they are, a target folder's own tower (its config.json has a vision_config); none under `vision = off`."""
+def vision_to_load(source: ModelSource, setting: str) -> str | Literal[False] | None:
+    """The vision tower to load with `source` (engine/load.py load_pair's `vision`): what the model manager chose or
+    --mmproj named; False for none (the setting is off, or the model manager left it out); None for files loaded as
+    they are, whose folder's own tower then loads (a GGUF has none)."""
     if setting == "off":
-        return None
-    if source.vision is not None or source.vision_chosen:
+        return False
+    if source.vision is not None:
         return source.vision
-    folder = Path(source.target).expanduser()
-    try:
-        config = json.loads((folder / "config.json").read_text("utf-8")) if folder.is_dir() else {}
-    except (OSError, ValueError):
-        return None  # the loader says what is wrong with the folder
-    return str(folder) if isinstance(config, dict) and isinstance(config.get("vision_config"), dict) else None
+    return False if source.vision_chosen else None
 
 
 def check_mmproj(path: str, vision: str) -> None:

@@ -282,4 +282,4 @@ def test_the_vision_tower_is_planned_and_handed_to_the_loader_where_the_pick_loa
     assert "mmproj" not in [f.role for f in model_manager.plan_files(off).files]
     unloaded = model_manager.source_for(off, hub.download(model_manager.plan_files(off)))
     assert unloaded.vision is None and unloaded.vision_chosen  # the loader leaves it out
-    assert model_source.vision_to_load(unloaded, "auto") is None
+    assert model_source.vision_to_load(unloaded, "auto") is False

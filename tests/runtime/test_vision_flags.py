@@ -1,9 +1,7 @@
 """`--vision` and `--mmproj FILE` are checked before anything loads, each problem one line; a good mmproj reaches
-the loader, and a folder target's own tower loads unless vision is off."""
+the loader, and the loader is told when to load no tower."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
@@ -129,19 +127,15 @@ def test_a_good_mmproj_goes_with_the_files_to_the_loader(mmproj, tmp_path):
         resolve(Settings(model="qwen3.6-27b"), pick=Pick(mmproj_file=str(mmproj)))  # a pair: its own tower
 
 
-def test_a_folder_targets_own_tower_loads_unless_vision_is_off(tmp_path):
-    folder = tmp_path / "vlm"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"text_config": {}, "vision_config": VISION}))
-    plain = tmp_path / "text-only"
-    plain.mkdir()
-    (plain / "config.json").write_text(json.dumps({"hidden_size": 32}))
-    assert vision_to_load(ModelSource(str(folder), None), "auto") == str(folder)
-    assert vision_to_load(ModelSource(str(folder), None), "off") is None
-    assert vision_to_load(ModelSource(str(plain), None), "auto") is None
-    assert vision_to_load(ModelSource(str(tmp_path / "x.gguf"), None), "auto") is None
-    # the model manager's choice stands: it decided the tower stays unloaded
-    assert vision_to_load(ModelSource(str(folder), None, vision_chosen=True), "auto") is None
+def test_what_the_loader_is_told_to_do_with_the_tower(tmp_path):
+    """A path where one was chosen or given; False (none) under `vision = off` or where the model manager left it
+    out; None for files loaded as they are, whose folder's own tower then loads (tests/engine/test_vision.py)."""
+    folder = str(tmp_path / "vlm")
+    assert vision_to_load(ModelSource(folder, None), "auto") is None
+    assert vision_to_load(ModelSource(folder, None), "off") is False
+    assert vision_to_load(ModelSource(folder, None, vision="/m/mmproj.gguf"), "off") is False
+    assert vision_to_load(ModelSource(folder, None, vision_chosen=True), "auto") is False
+    assert vision_to_load(ModelSource(folder, None, vision=folder, vision_chosen=True), "auto") == folder
 
 
 def test_the_mmproj_check_reads_only_the_header_without_torch(mmproj):

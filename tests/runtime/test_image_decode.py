@@ -1,4 +1,4 @@
-"""runtime/images.py: every bad image of issue 47 gets one ImageError line (or is converted, with a note where it
+"""runtime/image_decode.py: every bad image of issue 47 gets one ImageError line (or is converted, with a note where it
 matters), every file generated here with Pillow (or, for what Pillow does not write, byte by byte)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dflash_chat.runtime import images
-from dflash_chat.runtime.images import ImageError, decode_bytes, decode_data_url, decode_file
+from dflash_chat.runtime import image_decode
+from dflash_chat.runtime.image_decode import ImageError, decode_bytes, decode_data_url, decode_file
 
 
 def encoded(image: Image.Image, fmt: str = "PNG", **options) -> bytes:
@@ -195,7 +195,7 @@ def test_over_the_pixel_budget_the_tower_input_resizes_it_as_the_reference():
     from dflash_chat.engine.models import vision_input
     from dflash_chat.engine.models.vision_input import ImageConfig
 
-    assert images.MAX_ASPECT == vision_input.MAX_ASPECT
+    assert image_decode.MAX_ASPECT == vision_input.MAX_ASPECT
     cfg = ImageConfig(min_pixels=32 * 32, max_pixels=64 * 64)
     decoded = decode_bytes(encoded(gradient(400, 300)))
     assert decoded.size == (400, 300)  # decoding keeps every pixel; the budget is the tower input's
@@ -227,7 +227,7 @@ def test_data_urls(tmp_path):
 
 
 def test_size_limits_are_checked_before_decoding(monkeypatch, tmp_path):
-    monkeypatch.setattr(images, "MAX_BYTES", 1000)
+    monkeypatch.setattr(image_decode, "MAX_BYTES", 1000)
     url = "data:image/png;base64," + "A" * 4000
     with pytest.raises(ImageError, match=r"up to 0 MiB|MiB; images up to"):
         decode_data_url(url)
@@ -248,5 +248,5 @@ def test_file_errors_are_one_line(tmp_path):
 
 
 def test_importing_it_imports_no_torch():
-    code = "import sys, dflash_chat.runtime.images; assert 'torch' not in sys.modules"
+    code = "import sys, dflash_chat.runtime.image_decode; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
