@@ -54,7 +54,11 @@ class LoadedPair:
     device: torch.device
     dtype: torch.dtype
     _grammars: Grammars | None = None
-    vision: VisionTower | None = None  # the target's vision tower, where one was loaded
+
+    @property
+    def vision(self) -> VisionTower | None:
+        """The target's vision tower, when the pair reads images."""
+        return self.engine.vision  # type: ignore[attr-defined]  # set by load_pair until Engine takes it
 
     @property
     def grammars(self) -> Grammars:
@@ -524,9 +528,8 @@ def load_pair(
         park_budget=park_budget,
     )
     engine.warm_up()
-    return LoadedPair(
-        engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype, vision=tower
-    )
+    engine.vision = tower  # type: ignore[attr-defined]  # the pair's tower, held by the engine as Engine(vision=) will
+    return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
 
 
 def _own_vision(target: str | Path) -> Path | None:
