@@ -52,8 +52,6 @@ def decode_file(path: str | Path) -> Decoded:
     """The image in a file; ImageError for a missing, unreadable, oversized or bad one."""
     path = Path(path).expanduser()
     name = path.name or str(path)
-    if path.suffix.lower() in SVG_SUFFIXES:
-        raise ImageError(_svg(name))
     try:
         size = path.stat().st_size
         if path.is_dir():
@@ -118,6 +116,8 @@ def decode_bytes(data: bytes, name: str = "the image") -> Decoded:
     except ImageError:
         raise
     except UnidentifiedImageError:
+        if name.lower().endswith(SVG_SUFFIXES):  # an SVG whose start the sniffing missed (a long comment, say)
+            raise ImageError(_svg(name)) from None
         raise ImageError(
             f"{name} is not an image this app reads (PNG, JPEG, GIF, WebP, BMP, TIFF): convert it to PNG"
         ) from None

@@ -117,11 +117,14 @@ def test_svg_is_refused_saying_so(data):
     assert "SVG" in one_line(exc) and "PNG" in str(exc.value)
 
 
-def test_an_svg_file_is_refused_by_its_name_and_as_a_data_url(tmp_path):
+def test_an_svg_file_is_refused_by_its_content_or_name_and_as_a_data_url(tmp_path):
     path = tmp_path / "logo.svg"
-    path.write_bytes(encoded(gradient()))  # even when the bytes lie: the name says SVG
+    path.write_bytes(b"<!-- " + b"x" * 2000 + b' --><svg xmlns="http://www.w3.org/2000/svg"/>')  # past the sniff
     with pytest.raises(ImageError, match="logo.svg is an SVG"):
         decode_file(path)
+    misnamed = tmp_path / "chart.svg"
+    misnamed.write_bytes(encoded(gradient()))  # a PNG by its bytes: read as one
+    assert decode_file(misnamed).format == "PNG"
     url = "data:image/svg+xml;base64," + base64.b64encode(b"<svg/>").decode()
     with pytest.raises(ImageError, match="SVG"):
         decode_data_url(url)
