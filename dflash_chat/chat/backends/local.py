@@ -108,10 +108,22 @@ class LocalBackend(Backend):
         if quant := (source.quant_label if source is not None else ""):
             rows.append(("quant", quant))
         rows.append(("device", f"{pair.device} · {str(pair.dtype).removeprefix('torch.')}"))
+        if vision := self._vision_row():
+            rows.append(("vision", vision))
         memory = memory_use(str(pair.device))
         if memory is not None:
             rows.append((memory.kind, f"{size_text(memory.used_bytes)} / {size_text(memory.total_bytes)}"))
         return tuple(rows)
+
+    def _vision_row(self) -> str:
+        """'loaded', 'off' (the setting) or 'no room' (the pick left it out: `dflash-chat models` says why) for a
+        model with a vision tower; '' for one without."""
+        if self.pair is not None and self.pair.vision is not None:
+            return "loaded"
+        chosen = self.loader.chosen.choice if self.loader.chosen is not None else None
+        if chosen is None or chosen.pair.vision is None:
+            return ""
+        return "off" if self.loader.options.vision == "off" else "no room"
 
     # lifecycle (UI thread)
 
