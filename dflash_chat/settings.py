@@ -58,6 +58,7 @@ class Settings:
     decode: str = "auto"  # the decode path: auto (CUDA graphs on a GPU), graphs or fixed (engine/spec.py)
     draft: str | int = "auto"  # drafts each step verifies: "auto", "off" or a number (engine/draft_length.py)
     speculate: str = "auto"  # which method drafts: "auto", "dflash", "mtp", "lookup" or "none" (engine/speculation.py)
+    vision: str = "auto"  # the vision tower: "auto" (loaded where it fits, models/hardware.py) or "off"
     # MiB of prompt checkpoints kept so a branching request resumes near the branch (engine/prefix_cache.py)
     prefix_cache_mib: int = rules.PREFIX_CACHE_MIB_DEFAULT
     # MiB of host memory for conversations another request displaced, so they resume later (engine/parked.py)
@@ -156,6 +157,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "decode": _decode,
     "draft": rules.draft,
     "speculate": rules.speculate,
+    "vision": rules.vision,
     "prefix_cache_mib": rules.PREFIX_CACHE_MIB.parse,
     "prefix_cache_ram_mib": rules.PREFIX_CACHE_RAM_MIB.parse,
     "keymap": _keymap,
@@ -181,6 +183,8 @@ DESCRIPTIONS: dict[str, str] = {
     f"1-{rules.MAX_DRAFT} (at most the drafter's block - 1)",
     "speculate": "which method drafts: auto (chosen per step among those the model has, for speed), dflash (the "
     "drafter), mtp (the model's own MTP layer), lookup (copied from the chat), none (plain decoding)",
+    "vision": "the model's vision tower, which reads images: auto (loaded where it fits beside the model and its "
+    "context; `dflash-chat models` says whether it does) or off (never loaded: its memory goes to the context)",
     "prefix_cache_mib": "MiB of prompt checkpoints kept on the model's device so a request that shares only the start of "
     "an earlier one (the same system prompt and tools) resumes there instead of prefilling it again (0 = off)",
     "prefix_cache_ram_mib": "MiB of host memory for whole conversations set aside while another one (a second chat, "

@@ -112,9 +112,10 @@ def test_pull_of_a_model_too_big_for_this_machine_fetches_its_smallest_option(ho
     small = Machine((Gpu(0, "NVIDIA GeForce RTX 4060", 8 * GIB, int(7.6 * GIB)),), 32 * GIB, 24 * GIB)
     monkeypatch.setattr(hardware, "probe", lambda: small)
     args = argparse.Namespace(model="qwen3.6-27b", quant=None, drafter_quant=None, context=None)
-    pair, target, drafter = pull._what_to_pull(load_catalog(), args)
-    # the smallest: the smallest quant alone (it drafts with its own MTP layer: no drafter to fetch)
-    assert (pair.name, target.quant, drafter) == ("qwen3.6-27b", "Q3_K_M", None)
+    pair, target, drafter, mmproj = pull._what_to_pull(load_catalog(), args)
+    # the smallest: the smallest quant alone (it drafts with its own MTP layer: no drafter to fetch), and no vision
+    # tower where the model itself does not fit
+    assert (pair.name, target.quant, drafter, mmproj) == ("qwen3.6-27b", "Q3_K_M", None, None)
     out = capsys.readouterr().out
     assert "will not fit" in out and "Fetching the smallest anyway: Qwen3.6-27B Q3_K_M (choose with --quant)" in out
 
@@ -308,6 +309,8 @@ QWEN38_REPOS = {
             "Qwen3.8-27B-UD-Q4_K_XL.gguf": 4_400,
             "Qwen3.8-27B-UD-Q3_K_XL.gguf": 3_100,
             "mmproj-F16.gguf": 900,
+            "mmproj-BF16.gguf": 901,
+            "mmproj-F32.gguf": 1_800,
             "config.json": 40,
         },
     ),
@@ -353,7 +356,7 @@ def qwen38_home(home, server):
 
 
 def pulled(out: str) -> dict[str, str]:
-    lines = [line for line in out.splitlines() if line.startswith(("target:", "drafter:", "tokenizer:"))]
+    lines = [line for line in out.splitlines() if line.startswith(("target:", "drafter:", "tokenizer:", "vision:"))]
     return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
 
 
@@ -402,10 +405,15 @@ def test_pull_qwen38_fetches_the_target_quant_and_the_dflash2_drafter_the_picker
 def test_pull_qwen38_with_the_bf16_drafter_fetches_z_labs_checkpoint(qwen38_home, capsys, server):
     code, out, err = run(capsys, "pull", "qwen3.8-27b", "--quant", "Q3_K_S", "--drafter-quant", "BF16")
     assert code == 0, err
-    size = size_text(3_000 + 60 + 3_850 + 20 + 50 + 10 + 30)  # config.json and the weights; no README
-    assert out.splitlines()[0] == f"Qwen3.8-27B: 7 files, {size}, {size} to download -> {qwen38_home}"
+    # config.json and the weights, no README; with a pinned quant, the vision tower's F16 mmproj (not BF16 or F32)
+    size = size_text(3_000 + 60 + 3_850 + 20 + 50 + 10 + 30 + 900)
+    assert out.splitlines()[0] == f"Qwen3.8-27B: 8 files, {size}, {size} to download -> {qwen38_home}"
     files = pulled(out)
     assert files["target"].endswith("Qwen3.8-27B-Q3_K_S.gguf")
+    snapshot = "models--unsloth--Qwen3.8-27B-GGUF/snapshots/fdd03b8bbd279c1694563650e79d85a2373d9934/"
+    assert files["vision"].endswith(snapshot + "mmproj-F16.gguf")
+    tower = server.repos["unsloth/Qwen3.8-27B-GGUF"].files["mmproj-F16.gguf"]
+    assert (qwen38_home / files["vision"]).read_bytes() == tower
     drafter = qwen38_home / files["drafter"]
     assert "models--z-lab--Qwen3.8-27B-DFlash2" in str(drafter)
     assert sorted(p.name for p in drafter.iterdir()) == ["config.json", "model.safetensors"]
@@ -523,3 +531,54 @@ def test_doctor_on_a_cpu_only_machine_with_a_cpu_torch_has_nothing_to_fix_there(
     cuda = next(c for c in doctor.torch_checks(torch) if c.text.startswith("CUDA"))
     assert not cuda.ok and cuda.line().startswith("FIX  CUDA: this torch is a CPU-only build, and this machine has")
     assert "--force-reinstall torch --index-url https://download.pytorch.org/whl/cu128" in cuda.fix
+
+
+A6000 = Machine((Gpu(0, "NVIDIA RTX A6000", 48 * GIB, int(47.5 * GIB)),), 64 * GIB, 48 * GIB)
+
+
+@pytest.mark.parametrize("machine", [RTX_3090, A6000], ids=["rtx-3090", "a6000"])
+def test_models_and_doctor_say_whether_the_pick_loads_vision_and_why(qwen38_home, capsys, monkeypatch, machine):
+    from dflash_chat import settings
+    from dflash_chat.runtime import model_manager
+    from dflash_chat.runtime.model_source import from_settings
+
+    monkeypatch.setattr(hardware, "probe", lambda: machine)
+    current = settings.load()
+    choice = model_manager.choose(from_settings(current), current.context_length, machine=machine).choice
+    assert choice.vision.loads == (machine is A6000)  # the 3090's 8k pick leaves no room for the tower
+    _, models_out, _ = run(capsys, "models")
+    _, doctor_out, _ = run(capsys, "doctor")
+    lines = models_out.splitlines()
+    assert lines[lines.index(f"Drafting: {choice.drafting}") + 1] == choice.vision.line
+    assert choice.vision.line.startswith("Vision: loaded (" if choice.vision.loads else "Vision: not loaded: ")
+    assert f"OK   vision: {choice.vision.why}" in doctor_out.splitlines()
+    _, off_out, _ = run(capsys, "models", "--vision", "off")
+    assert "Vision: off (the vision setting); images are refused" in off_out.splitlines()
+    settings.update({"vision": "off"})
+    _, doctor_out, _ = run(capsys, "doctor")
+    assert "OK   vision: off (the vision setting); images are refused" in doctor_out.splitlines()
+
+
+def test_a_pair_without_a_tower_says_so(home, capsys):
+    _, out, _ = run(capsys, "models")
+    assert "Vision: not loaded: this model has no vision tower in the catalog" in out.splitlines()
+
+
+def test_pull_fetches_the_tower_where_the_app_loads_it_and_models_counts_it(qwen38_home, capsys, monkeypatch, server):
+    monkeypatch.setattr(hardware, "probe", lambda: A6000)
+    code, out, err = run(capsys, "pull", "--vision", "off")
+    assert code == 0, err
+    assert "vision" not in pulled(out)
+    _, out, _ = run(capsys, "models")
+    pick = next(line for line in out.splitlines() if line.endswith("<- pick"))
+    quant = pick.split()[1]
+    assert row(out, "qwen3.8-27b", quant)[6] == "target+drafter+tokenizer"  # the app would fetch the tower still
+
+    code, out, err = run(capsys, "pull")
+    assert code == 0, err
+    assert out.splitlines()[1].startswith("Qwen3.8-27B: 7 files") and out.splitlines()[1].endswith(
+        f"{size_text(900)} to download -> {qwen38_home}"
+    )
+    assert pulled(out)["vision"].endswith("/mmproj-F16.gguf")
+    _, out, _ = run(capsys, "models")
+    assert row(out, "qwen3.8-27b", quant)[6:] == ["yes", "<- pick"]

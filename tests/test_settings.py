@@ -75,6 +75,12 @@ def test_only_changed_values_are_written(home):
         ("decode", "fast", "must be one of auto, graphs, fixed"),
         ("speculate", "eagle", r"speculate must be auto, dflash, mtp, lookup or none, got 'eagle'"),
         ("speculate", 3, "auto, dflash, mtp, lookup or none"),
+        (
+            "vision",
+            "on",
+            r"vision must be auto \(the vision tower loads where it fits beside the model\) or off, got 'on'",
+        ),
+        ("vision", False, "auto .* or off, got False"),
         ("prefix_cache_mib", "-1", "prefix_cache_mib must be a whole number from 0 to 1048576"),
         ("prefix_cache_mib", "lots", "prefix_cache_mib must be a whole number"),
         ("prefix_cache_mib", 1.5, "whole number"),
@@ -98,6 +104,7 @@ def test_draft_is_a_word_or_a_number_and_eager_is_fixed():
     assert settings.parse_value("decode", "eager") == "fixed"  # its older name
     assert settings.parse_assignment("draft=3") == ("draft", 3)
     assert settings.parse_assignment("speculate=MTP") == ("speculate", "mtp")
+    assert settings.parse_assignment("vision= OFF") == ("vision", "off") and settings.Settings().vision == "auto"
 
 
 def test_parse_assignment():

@@ -93,6 +93,8 @@ def build_app(args: argparse.Namespace, current: settings_module.Settings, probl
         current = replace(current, draft=args.draft)  # this session's; config.toml keeps its own
     if getattr(args, "speculate", None) is not None:
         current = replace(current, speculate=args.speculate)
+    if getattr(args, "vision", None) is not None:
+        current = replace(current, vision=args.vision)
     if getattr(args, "endpoint", None):
         return DFlashChatApp(current, endpoint(args, current), history_path=history, problems=problems)
     if getattr(args, "api_key", None):
@@ -117,6 +119,8 @@ def endpoint(args: argparse.Namespace, current: settings_module.Settings):
             ("--drafter", args.drafter),
             ("--draft", getattr(args, "draft", None) is not None),
             ("--speculate", getattr(args, "speculate", None) is not None),
+            ("--vision", getattr(args, "vision", None) is not None),
+            ("--mmproj", getattr(args, "mmproj_file", None) is not None),
         )
         if given
     ] + (["--model/--quant/--*-file"] if pick_from_args(args).pins_files else [])

@@ -142,8 +142,8 @@ def ram_check(machine: hardware.Machine) -> Check:
 
 
 def choice_checks(machine: hardware.Machine) -> list[Check]:
-    """What the chat app would run here (the same words as the app and `dflash-chat models`), and which
-    drafting methods that pick has and why."""
+    """What the chat app would run here (the same words as the app and `dflash-chat models`), which drafting
+    methods that pick has and why, and whether it loads the vision tower and why."""
     from dflash_chat.commands.models import app_choice
     from dflash_chat.models.catalog import CatalogError, load_catalog
 
@@ -153,8 +153,13 @@ def choice_checks(machine: hardware.Machine) -> list[Check]:
         return [Check(False, f"model: {exc}", f"edit {paths.config_file()}")]
     except UserError as exc:
         return [Check(False, f"model: {exc}", "see `dflash-chat models` and pick one with --model/--quant")]
-    drafting = [Check(True, f"drafting: {choice.drafting}")] if choice is not None else []
-    return [Check(True, f"model: {explanation}"), *drafting]
+    if choice is None:
+        return [Check(True, f"model: {explanation}")]
+    return [
+        Check(True, f"model: {explanation}"),
+        Check(True, f"drafting: {choice.drafting}"),
+        Check(True, f"vision: {choice.vision.why}"),
+    ]
 
 
 def prefix_cache_checks(machine: hardware.Machine) -> list[Check]:

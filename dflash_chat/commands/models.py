@@ -31,10 +31,12 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def app_choice(machine: Machine, catalog: Catalog, context: int | None = None) -> tuple[str, Choice | None]:
-    """What the chat app runs on `machine` with the saved settings: (its one-line explanation, the
-    catalog choice, or None when it runs the built-in demo pair or a path the `model` setting names).
-    `models`, `doctor` and `pull` say this, so they never disagree with the app."""
+def app_choice(
+    machine: Machine, catalog: Catalog, context: int | None = None, vision: str | None = None
+) -> tuple[str, Choice | None]:
+    """What the chat app runs on `machine` with the saved settings (`vision`: --vision over the setting): (its
+    one-line explanation, the catalog choice, or None when it runs the built-in demo pair or a path the `model`
+    setting names). `models`, `doctor` and `pull` say this, so they never disagree with the app."""
     from dflash_chat import settings as settings_module
     from dflash_chat.runtime import model_manager
     from dflash_chat.runtime.model_source import ModelSource, Pick, resolve
@@ -44,8 +46,17 @@ def app_choice(machine: Machine, catalog: Catalog, context: int | None = None) -
     if isinstance(request, ModelSource):
         drafter = f" with {request.drafter}" if request.drafter else ""
         return f"the `model` setting runs {request.target}{drafter} as it is", None
-    chosen = model_manager.choose(request, settings.context_length, machine=machine, catalog=catalog)
+    chosen = model_manager.choose(
+        request, settings.context_length, machine=machine, catalog=catalog, vision=vision or settings.vision
+    )
     return chosen.explanation, chosen.choice
+
+
+def vision_for(args: argparse.Namespace) -> str:
+    """--vision, else the vision setting."""
+    from dflash_chat import settings as settings_module
+
+    return getattr(args, "vision", None) or settings_module.load().vision
 
 
 def context_for(args: argparse.Namespace) -> int:
@@ -74,11 +85,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.model or args.quant or args.drafter_quant:
             pick = hardware.choose(
-                machine, catalog, model=args.model, quant=args.quant, drafter_quant=args.drafter_quant, context=context
+                machine,
+                catalog,
+                model=args.model,
+                quant=args.quant,
+                drafter_quant=args.drafter_quant,
+                context=context,
+                vision=vision_for(args),
             )
             explanation = pick.explanation
         else:
-            explanation, pick = app_choice(machine, catalog, context)
+            explanation, pick = app_choice(machine, catalog, context, vision=args.vision)
         verdict = f"Pick: {explanation}"
     except NoFitError as exc:
         pick, verdict = None, f"Pick: none. {exc}"
@@ -92,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     print(verdict)
     if pick is not None:
         print(f"Drafting: {pick.drafting}")
+        print(pick.vision.line)
     print_endpoints()
     print(f"Cache: {hub.default_cache_dir()}  (dflash-chat pull MODEL --quant Q downloads ahead of time)")
     return 0
@@ -161,8 +179,11 @@ def _rows(
             drafter_quant=args.drafter_quant,
             context=ctx,
             allow_no_fit=True,
+            vision=vision_for(args),
         )
         drafter, need = best.drafter, best.budget
+        tower = best.vision.source if best.vision.loads else None
+        mmproj = tower if tower is not None and tower.kind == "mmproj" and tower.path is None else None
         picked = pick is not None and (pick.pair, pick.target, pick.drafter) == (pair, target, drafter)
         rows.append(
             (
@@ -172,7 +193,7 @@ def _rows(
                 _drafter_cell(pair, drafter),
                 f"{size_text(need.need)} @{hardware.context_label(ctx)}",
                 "yes" if need.fits else "no",
-                _cached(target, drafter, tokenizer_cached),
+                _cached(target, drafter, tokenizer_cached, mmproj),
                 "<- pick" if picked else "",
             )
         )
@@ -191,15 +212,19 @@ def _drafter_cell(pair: Pair, drafter: Source | None) -> str:
     return drafter.quant
 
 
-def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool) -> str:
+def _cached(target: Source, drafter: Source | None, tokenizer_cached: bool, mmproj: Source | None = None) -> str:
+    """'yes', or the parts that are ('drafter+tokenizer'), or '-'; the vision tower's mmproj counts where the row's
+    choice loads it."""
     from dflash_chat.models import hub
 
     have = {
         "target": hub.cached_parts(target) is not None,
         "drafter": drafter is None or hub.cached_parts(drafter) is not None,
         "tokenizer": tokenizer_cached,
+        "vision": mmproj is None or hub.cached_parts(mmproj) is not None,
     }
     if all(have.values()):
         return "yes"
-    present = [name for name, ok in have.items() if ok and not (name == "drafter" and drafter is None)]
+    absent = {"drafter": drafter is None, "vision": mmproj is None}
+    present = [name for name, ok in have.items() if ok and not absent.get(name, False)]
     return "+".join(present) if present else "-"

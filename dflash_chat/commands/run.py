@@ -183,7 +183,9 @@ def load(args: argparse.Namespace, target: str, drafter: str | None):
     # --no-drafter is the plain baseline unless --speculate says otherwise
     speculate = args.speculate or ("none" if args.no_drafter else "auto")
     device = args.device or str(default_device())  # --device or the default: never $DFLASH_CHAT_DEVICE
-    options = LoadOptions(args.context or CONTEXT, args.decode or "auto", draft, device=device, speculate=speculate)
+    options = LoadOptions(
+        args.context or CONTEXT, args.decode or "auto", draft, device=device, speculate=speculate, vision="off"
+    )  # run takes no images: a folder's vision tower would only take memory
     loading = TerminalLoad(options, spawn=at_once, name=display_name(target)).begin(ModelSource(target, drafter))
     if loading.cause is not None:
         raise loading.cause  # as loading raised it: errors.describe words it, or it is a bug to see

@@ -108,7 +108,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def model_request(args: argparse.Namespace, settings):
-    """(the settings with the flags' decode, draft, speculate and context, what to load) for the model flags."""
+    """(the settings with the flags' decode, draft, speculate, vision and context, what to load) for the model flags."""
     from dataclasses import replace
 
     from dflash_chat.runtime.model_source import pick_from_args, resolve
@@ -119,6 +119,8 @@ def model_request(args: argparse.Namespace, settings):
         settings = replace(settings, draft=args.draft)
     if args.speculate is not None:
         settings = replace(settings, speculate=args.speculate)
+    if getattr(args, "vision", None) is not None:
+        settings = replace(settings, vision=args.vision)
     return settings, resolve(
         settings, target=args.target, drafter=args.drafter, demo=args.demo, pick=pick_from_args(args)
     )

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -59,6 +59,11 @@ class LoadedPair:
     dtype: torch.dtype
     notes: tuple[str, ...] = ()  # what was fitted to the pair as it loaded (a draft setting above its most)
     _grammars: Grammars | None = None
+
+    @property
+    def vision(self) -> VisionTower | None:
+        """The target's vision tower, when the pair reads images."""
+        return self.engine.vision  # type: ignore[attr-defined]  # set by load_pair until Engine takes it
 
     @property
     def grammars(self) -> Grammars:
@@ -484,6 +489,7 @@ def load_pair(
     checkpoint_budget: int = DEFAULT_BUDGET,
     park_budget: int = DEFAULT_PARK_BUDGET,
     progress: Progress | None = None,
+    vision: str | Path | Literal[False] | None = None,
 ) -> LoadedPair:
     """Target (+ drafter, + the target's own MTP layer when its checkpoint has one) and tokenizer, ready to
     chat. `tokenizer`: a folder with the official tokenizer/chat-template files; without it the target
@@ -492,19 +498,25 @@ def load_pair(
     engine/draft_length.py); `speculate`: which method drafts (engine/speculation.py).
     `checkpoint_budget`: bytes of prompt checkpoints kept for branching prompts (engine/prefix_cache.py);
     `park_budget`: bytes of host memory for conversations another prompt displaced (engine/parked.py).
-    `progress(bytes placed, bytes in all)` is called as the weights reach the device."""
+    `progress(bytes placed, bytes in all)` is called as the weights reach the device. `vision`: the vision tower's
+    folder or mmproj GGUF; by default the target folder's own, when it has one (the pair then reads images); False:
+    none (the `vision` setting is off, or the model manager found no room for it)."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
     if drafter:
         _check_drafter_tokenizer(drafter, tok)
-    placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0), progress)
+    tower_path = None if vision is False else vision if vision is not None else _own_vision(target)
+    # a folder's own tower is in the target's bytes; an mmproj file adds its own
+    separate = model_bytes(tower_path) if tower_path is not None and Path(tower_path) != Path(target) else 0
+    placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0) + separate, progress)
     model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)
     mtp = load_mtp(target, model, placement)
     drafter_model = (
         load_drafter(drafter, model, causal=causal, quant=drafter_quant, placement=placement) if drafter else None
     )
+    tower = load_vision(tower_path, placement=placement, target=model) if tower_path is not None else None
     placement.finish()
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     draft, note = fit_draft(draft, drafter_model, mtp is not None, speculate)
@@ -522,6 +534,7 @@ def load_pair(
         park_budget=park_budget,
     )
     engine.warm_up()
+    engine.vision = tower  # type: ignore[attr-defined]  # the pair's tower, held by the engine as Engine(vision=) will
     names = display_name(target), display_name(drafter) if drafter else None
     return LoadedPair(engine, tok, *names, device, dtype, notes=(note,) if note else ())
 
@@ -530,6 +543,14 @@ def fit_draft(draft: str | int, drafter, mtp: bool, speculate: str) -> tuple[str
     """The draft setting fitted to this pair's methods (rules.fit_draft), with what to tell the user."""
     most = speculation.available(drafter.block_size if drafter else None, mtp)
     return rules.fit_draft(parse_draft(draft), speculation.width(parse_speculate(speculate, most), most) - 1)
+
+
+def _own_vision(target: str | Path) -> Path | None:
+    """The target's folder when its config declares a vision tower (a GGUF's comes in its own mmproj file)."""
+    kind, path = resolve_model_path(target, "target")
+    if kind == "gguf":
+        return None
+    return path if isinstance(read_config(path, "target").get("vision_config"), dict) else None
 
 
 def load_files(files, **kwargs) -> LoadedPair:

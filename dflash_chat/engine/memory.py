@@ -54,6 +54,13 @@ checkpoints.
 What a step or a prefill chunk needs on top, for a moment (`workspace_bytes`): see there.
 Weights are the files' bytes (`weight_bytes`): GGUF tensors stay packed; a BF16 safetensors
 checkpoint is held in the compute dtype.
+
+The vision tower (engine/models/vision.py), where it is loaded: its weights in e whatever the file's type (an
+mmproj GGUF's tensors are decoded as they load: its linears carry biases the packed modules do not), counted from
+its shape (`vision_weight_bytes`), and, while it reads an image, its activations for the largest image the pixel
+budget lets in (`vision_workspace_bytes`). The tower runs before the prefill that reads its features, so its
+activations and the prefill's workspace are never held at once: the tower costs its weights plus what its
+activations need beyond the engine's own workspace (`vision_bytes`).
 """
 
 from __future__ import annotations
@@ -396,3 +403,93 @@ def weight_bytes(file_bytes: int, kind: str, e: int) -> int:
     if kind == "safetensors":
         return file_bytes * e // CHECKPOINT_BYTES
     return file_bytes
+
+
+# --- the vision tower ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """What sizes a vision tower: its config (`vision_config`, engine/models/vision.py VisionConfig) and the pixel
+    budget of the images it takes (the largest image is resized to `max_pixels`, engine/models/vision_input.py)."""
+
+    depth: int
+    hidden: int
+    intermediate: int
+    heads: int
+    out_hidden: int
+    patch: int = 16
+    merge: int = 2
+    temporal: int = 2
+    positions: int = 2304  # the learned table of position embeddings (48 x 48)
+    in_channels: int = 3
+    max_pixels: int = 16777216  # Qwen3.5's preprocessor_config.json: size.longest_edge
+
+    @classmethod
+    def of(cls, cfg, max_pixels: int = 16777216) -> VisionShape:
+        """The shape of an engine VisionConfig (engine/models/vision.py) with the pixel budget of its images."""
+        return cls(
+            depth=cfg.depth,
+            hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size,
+            heads=cfg.num_heads,
+            out_hidden=cfg.out_hidden_size,
+            patch=cfg.patch_size,
+            merge=cfg.spatial_merge_size,
+            temporal=cfg.temporal_patch_size,
+            positions=cfg.num_position_embeddings,
+            in_channels=cfg.in_channels,
+            max_pixels=max_pixels,
+        )
+
+    @property
+    def patch_values(self) -> int:
+        return self.in_channels * self.temporal * self.patch**2
+
+    @property
+    def params(self) -> int:
+        """Every weight and bias of the tower: patch embed, position table, blocks, merger."""
+        h, i = self.hidden, self.intermediate
+        merged = h * self.merge**2
+        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
+        merger = 2 * h + (merged * merged + merged) + (merged * self.out_hidden + self.out_hidden)
+        return h * self.patch_values + h + self.positions * h + self.depth * block + merger
+
+    @property
+    def max_patches(self) -> int:
+        """Patches of the largest image the pixel budget lets in (one frame: a still image)."""
+        return self.max_pixels // self.patch**2
+
+
+def vision_weight_bytes(shape: VisionShape, e: int) -> int:
+    """The tower's weights, in the compute dtype (an mmproj GGUF's F16, BF16 or Q8_0 tensors decoded as they load)."""
+    return shape.params * e
+
+
+def vision_workspace_bytes(shape: VisionShape, e: int) -> int:
+    """The tower's activations while it reads the largest image the budget lets in (N patches), generously: the
+    residual [N, hidden] in e and the 2-D rotary's cos and sin (float32) held throughout, plus the largest of its
+    stages: the patch rows (float32, then in e) with the embedded patches; the position table's four taps per
+    patch, gathered in e and weighted in float32; a block's attention (the norm's output and qkv in e, q or k being
+    rotated in float32 (four rows' worth at once), q and k rotated in e, the frames' outputs, joined and laid out, and
+    the projection; attention itself streams, without an N x N matrix) or its MLP (fc1 and its GELU in e); the merger
+    (the norm, each block's rows side by side, fc1, GELU and the features). tests/engine/test_vision_memory.py
+    measures the tower's live tensors against it."""
+    n, h = shape.max_patches, shape.hidden
+    head_dim = h // shape.heads
+    held = n * h * e + 3 * n * head_dim * STATE_BYTES
+    merged_rows, merged = n // shape.merge**2, h * shape.merge**2
+    stages = (
+        n * shape.patch_values * (STATE_BYTES + e) + n * h * e,
+        n * 4 * h * (e + STATE_BYTES) + n * h * STATE_BYTES,
+        n * (10 * h * e + 4 * h * STATE_BYTES),
+        n * 2 * shape.intermediate * e,
+        n * h * e + merged_rows * (3 * merged + shape.out_hidden) * e,
+    )
+    return held + max(stages)
+
+
+def vision_bytes(shape: VisionShape, engine_workspace: int, e: int) -> int:
+    """What loading the tower adds to an engine whose workspace is `engine_workspace` (workspace_bytes): its
+    weights, and what its activations need beyond that workspace (the two are never held at once)."""
+    return vision_weight_bytes(shape, e) + max(0, vision_workspace_bytes(shape, e) - engine_workspace)

@@ -140,3 +140,14 @@ def switch(value: Any) -> bool:
         if lowered in ("false", "off", "no", "0"):
             return False
     raise Invalid(f"must be on or off (true/false), got {value!r}")
+
+
+VISION_WORDS = ("auto", "off")
+VISION_WHAT = "auto (the vision tower loads where it fits beside the model) or off"
+
+
+def vision(value: Any) -> str:
+    """The vision setting: 'auto' loads the model's vision tower where memory allows, 'off' never loads it."""
+    if isinstance(value, str) and value.strip().lower() in VISION_WORDS:
+        return value.strip().lower()
+    raise Invalid(f"must be {VISION_WHAT}, got {shown(value)}")

@@ -19,7 +19,9 @@ catalog.toml under `[models.NAME]` instead of `[pairs.NAME]`:
     revision = "main"
 
 `extends` copies a pair and overlays the keys given (tables merge key by key);
-a [models.NAME] with a shipped pair's name overlays that pair.
+a [models.NAME] with a shipped pair's name overlays that pair. The target's vision tower is
+`target.vision` (its shape) and `target.mmproj` (its GGUF: a `pattern` in the target's repo, or a
+`path`), e.g. `[models."qwen3.6-27b".target] mmproj = { path = "~/models/mmproj-F16.gguf" }`.
 
 Shipped sources are pinned to a commit, so the file the picker sized is the file that downloads.
 A drafter repo can hold several trainings of the drafter (z-lab retrained the 35B-A3B one): the
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dflash_chat import paths
-from dflash_chat.engine.memory import DrafterShape, TargetShape, drafter_cache_rows
+from dflash_chat.engine.memory import DrafterShape, TargetShape, VisionShape, drafter_cache_rows
 from dflash_chat.errors import UserError
 from dflash_chat.models.sizes import GB
 
@@ -63,7 +65,7 @@ TOKENIZER_EXTRAS = (
     "config.json",
 )
 SAFETENSORS_PATTERNS = ("config.json", "*.safetensors")
-SAFETENSORS_EXTRAS = ("model.safetensors.index.json", "generation_config.json")
+SAFETENSORS_EXTRAS = ("model.safetensors.index.json", "generation_config.json", "preprocessor_config.json")
 
 # Bits per weight of common GGUF quants, to estimate the size of a quant the catalog does not list.
 BITS_PER_WEIGHT = {
@@ -100,7 +102,7 @@ class CatalogError(UserError):
 class Source:
     """Where one part of a pair comes from: files matched in a Hub repo, or a local path."""
 
-    kind: str  # "gguf", "safetensors" or "tokenizer"
+    kind: str  # "gguf", "safetensors", "tokenizer" or "mmproj" (a vision tower's GGUF)
     quant: str = ""
     repo: str | None = None
     revision: str = "main"
@@ -153,11 +155,22 @@ class Pair:
     target_repo: str | None = None
     origin: str = "catalog"
     mtp_first: bool = False  # the target's own MTP layer drafts before a DFlash drafter is even downloaded
+    vision: VisionShape | None = None  # the target's vision tower (`target.vision`); None: it reads no images
+    mmproj: Source | None = None  # the tower's mmproj GGUF beside a GGUF target (`target.mmproj`)
 
     @property
     def has_mtp(self) -> bool:
         """Its target's checkpoints carry their own MTP layer (`shape.mtp`)."""
         return self.target_shape.mtp
+
+    def vision_source(self, target: Source) -> Source | None:
+        """Where `target`'s vision tower comes from: its own folder (a safetensors checkpoint holds
+        `model.visual.*`), else the pair's mmproj file; None when the pair has no tower."""
+        if self.vision is None:
+            return None
+        if target.kind == "safetensors":
+            return target
+        return self.mmproj
 
     @property
     def target_quants(self) -> tuple[str, ...]:
@@ -362,6 +375,9 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
     target = r.get(table, "target", dict)
     drafter = dict(r.get(table, "drafter", dict, {}))
     versions = _drafter_versions(r, drafter)
+    target = dict(target)
+    vision = _vision(r, target)
+    mmproj = _mmproj_source(r, target.pop("mmproj", None), target)
     targets, target_repo = _sources(r, target, "target.", required=True)
     drafters = _sources(r, drafter, "drafter.", required=False, versions=versions)[0]
     default_context = r.get(table, "default_context", int, 32768)
@@ -380,12 +396,54 @@ def _pair(name: str, table: dict[str, Any], origin: str) -> Pair:
         target_repo=target_repo,
         origin=origin,
         mtp_first=r.get(table, "mtp_first", bool, False),
+        vision=vision,
+        mmproj=mmproj,
     )
+    if mmproj is not None and vision is None:
+        raise r.fail("has `target.mmproj` but no `target.vision` (the tower's shape, which sizes it)")
     if pair.mtp_first and not pair.has_mtp:
         raise r.fail("has `mtp_first = true` but its target has no MTP layer: add `mtp = true` to `target.shape`")
     if origin == "catalog":
         _check_pinned(r, pair)
     return pair
+
+
+def _vision(r: _Reader, target: dict[str, Any]) -> VisionShape | None:
+    """The target's vision tower (`target.vision`, a VisionShape's fields); pops the key."""
+    table = r.get(target, "vision", dict, None, at="target.")
+    target.pop("vision", None)
+    if table is None:
+        return None
+    shape = _shape(r, VisionShape, table, "target.vision.")
+    bad = [f.name for f in fields(VisionShape) if getattr(shape, f.name) < 1]
+    if bad or shape.hidden % shape.heads:
+        problem = f"{bad[0]} must be at least 1" if bad else f"hidden {shape.hidden} is not a multiple of heads"
+        raise r.fail(f"`target.vision`: {problem}")
+    return shape
+
+
+def _mmproj_source(r: _Reader, spec: Any, target: Mapping[str, Any]) -> Source | None:
+    """`target.mmproj`: the vision tower's GGUF, by pattern in the target's repo (or its own) or a local path."""
+    if spec is None:
+        return None
+    at = "target.mmproj."
+    if not isinstance(spec, dict):
+        raise r.fail('`target.mmproj` must be a table like { pattern = "mmproj-*F16*.gguf" }')
+    r.only(spec, _SOURCE_KEYS - {"format"}, at)
+    if "path" in spec:
+        return replace(_local_source(r, spec, at), kind="mmproj", quant="")
+    repo = r.get(spec, "repo", str, target.get("repo"), at=at)
+    if repo is None:
+        raise r.fail(f"needs `{at}repo` (or the target's `repo`)")
+    default_revision = target.get("revision", "main") if repo == target.get("repo") else "main"
+    return Source(
+        "mmproj",
+        "",
+        repo,
+        r.get(spec, "revision", str, default_revision, at=at),
+        (r.get(spec, "pattern", str, at=at),),
+        size=int(r.get(spec, "size_gb", float, 0, at=at) * GB),
+    )
 
 
 def _drafter_versions(r: _Reader, drafter: dict[str, Any]) -> tuple[tuple[str, DrafterShape], ...]:
@@ -421,7 +479,7 @@ def _largest(versions: tuple[tuple[str, DrafterShape], ...]) -> DrafterShape | N
 
 def _check_pinned(r: _Reader, pair: Pair) -> None:
     """Shipped Hub sources name a commit: the listing the picker sized must not move under it."""
-    for source in (*pair.targets, *pair.drafters, pair.tokenizer):
+    for source in (*pair.targets, *pair.drafters, pair.tokenizer, *((pair.mmproj,) if pair.mmproj else ())):
         if source.repo is not None and not COMMIT.match(source.revision):
             raise r.fail(f"source {source.repo} must be pinned to a 40-hex commit, not {source.revision!r}")
 

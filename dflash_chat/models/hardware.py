@@ -17,6 +17,9 @@ Memory needed = target weights + drafter weights + state for the context + works
 Every term but the margin comes from engine/memory.py, the rules the engine sizes its buffers by
 (state: KV caches, Gated DeltaNet state and its copies, RoPE tables, the drafter's context cache;
 workspace: a prefill chunk or a verify step), in the dtype the engine computes in on that device.
+
+The vision tower never changes the pick; `Choice.vision` says whether it loads beside it, and why
+(models/vision_fit.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dflash_chat.engine import memory
@@ -32,6 +35,7 @@ from dflash_chat.engine.memory import DrafterShape
 from dflash_chat.errors import UserError
 from dflash_chat.models.catalog import Catalog, CatalogError, Pair, Source
 from dflash_chat.models.sizes import size_text
+from dflash_chat.models.vision_fit import NO_VISION, VisionPick, plan_vision
 
 GIB = 2**30
 MARGIN_FRACTION = 0.05
@@ -206,6 +210,7 @@ class Choice:
     device: str
     budget: Budget
     explanation: str
+    vision: VisionPick = NO_VISION
 
     @property
     def fits(self) -> bool:
@@ -263,6 +268,8 @@ def choose(
     target_file: str | Path | None = None,
     drafter_file: str | Path | None = None,
     allow_no_fit: bool = False,
+    vision: str = "auto",
+    mmproj_file: str | Path | None = None,
 ) -> Choice:
     """The best pair + target quant + drafter quant that fit, honouring every override given.
 
@@ -270,7 +277,8 @@ def choose(
     quants in the catalog's order of preference (Q8_0 before Q4_K_M); the first that fits wins.
     When nothing fits, the smallest option is returned (with an explanation that says it will not
     fit) if the user pinned everything (model and quants, or files) or `allow_no_fit` is set;
-    otherwise that is an error.
+    otherwise that is an error. The vision tower (`vision` "auto" or "off"; `mmproj_file` a tower for the pick's
+    target) loads where it fits beside the pick: see models/vision_fit.py.
     """
     if context is not None and context < 256:
         raise UserError(f"--context must be at least 256 tokens, got {context}")
@@ -290,19 +298,25 @@ def choose(
             for drafter in _drafters(pair, drafter_quant, drafter_local):
                 choice = _make_choice(machine, pair, target, drafter, ctx)
                 if choice.fits:
-                    return choice
+                    return _with_vision(choice, machine, vision, mmproj_file)
                 tried.append(choice)
     if not tried:
         raise NoFitError(f"no model supports {_a_ctx(context or 0)} context; try a shorter --context")
     smallest = min(tried, key=lambda c: c.budget.need)
     if pinned or allow_no_fit:
-        return smallest
+        return _with_vision(smallest, machine, vision, mmproj_file)
     raise NoFitError(
         f"{machine.label}: nothing fits in the {size_text(machine.available)} free; the smallest option, "
         f"{_parts(smallest)} with {_a_ctx(smallest.context)} context, needs "
         f"{size_text(smallest.budget.need)}. Try a shorter --context, close other programs using "
         f"{'the GPU' if machine.gpu else 'memory'}, or pick a model and quant yourself (--model, --quant)."
     )
+
+
+def _with_vision(choice: Choice, machine: Machine, setting: str, mmproj_file: str | Path | None) -> Choice:
+    where = f"{_a_ctx(choice.context)} context"
+    tower = plan_vision(choice.pair, choice.target, choice.budget, where, machine.compute_bytes, setting, mmproj_file)
+    return replace(choice, vision=tower)
 
 
 def _candidate_pairs(
@@ -466,6 +480,19 @@ def add_choice_arguments(parser: argparse.ArgumentParser, *, files: bool = True)
         type=flag("context_length"),
         help="context length in tokens, 256-1048576 (default: the context_length setting for the chat, each model's own for models/pull)",
     )
+    group.add_argument(
+        "--vision",
+        type=flag("vision"),
+        metavar="auto|off",
+        help="the vision tower, which reads images: auto loads it where it fits beside the model, off never "
+        "(default: the vision setting)",
+    )
     if files:
         group.add_argument("--target-file", help="a target GGUF you already have (llama.cpp, LM Studio)")
         group.add_argument("--drafter-file", help="a drafter GGUF file or safetensors folder you already have")
+        group.add_argument(
+            "--mmproj",
+            metavar="FILE",
+            dest="mmproj_file",
+            help="the vision tower (mmproj-*.gguf) for a target GGUF you point at (--target or --target-file)",
+        )

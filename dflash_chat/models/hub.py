@@ -28,6 +28,9 @@ Typical use:
 
 Every function here is one step of that one path: they share the plan's file list and huggingface_hub's cache
 layout.
+
+The vision tower's mmproj GGUF (`mmproj=`, the picker's `choice.vision.source` when it loads the tower) is one
+more part, fetched the same way beside the target.
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ class DownloadCancelled(HubError):
 
 @dataclass(frozen=True)
 class RemoteFile:
-    role: str  # "target", "drafter" or "tokenizer"
+    role: str  # "target", "drafter", "tokenizer" or "mmproj"
     repo: str
     filename: str
     commit: str
@@ -140,7 +143,7 @@ class RemoteFile:
 
 @dataclass(frozen=True)
 class Part:
-    """One part of a model (target, drafter or tokenizer) resolved to files."""
+    """One part of a model (target, drafter, tokenizer or the vision tower's mmproj) resolved to files."""
 
     role: str
     source: Source
@@ -189,6 +192,7 @@ class ModelFiles:
     target: Path  # the GGUF (first part of a split one)
     drafter: Path | None  # a GGUF, or a folder with config.json + safetensors
     tokenizer: Path  # a folder with the tokenizer and chat template files
+    mmproj: Path | None = None  # the vision tower's GGUF, when the plan has one
 
 
 @dataclass(frozen=True)
@@ -234,8 +238,10 @@ def plan(
     cache_dir: str | Path | None = None,
     endpoint: str | None = None,
     token: str | bool | None = None,
+    mmproj: Source | None = None,
 ) -> Plan:
-    """Resolve each source to concrete files from the repo listing (or the cache, offline).
+    """Resolve each source to concrete files from the repo listing (or the cache, offline); `mmproj`: the vision
+    tower's GGUF, fetched beside the others.
 
     Raises MissingFilesError when a repo lacks what a pattern asks for (naming the quants the
     repo has), and OfflineError, listing every missing piece, when offline with an incomplete cache.
@@ -244,7 +250,7 @@ def plan(
     endpoint = endpoint or default_endpoint()
     listings = _Listings(cache, endpoint, token)
     parts, missing = [], []
-    for role, source in (("target", target), ("drafter", drafter), ("tokenizer", tokenizer)):
+    for role, source in (("target", target), ("drafter", drafter), ("tokenizer", tokenizer), ("mmproj", mmproj)):
         if source is None:
             continue
         if source.path is not None:
@@ -354,7 +360,12 @@ def _cached_listing(cache: Path, repo: str, revision: str) -> _Listing:
 
 
 def _select(role: str, source: Source, listing: _Listing) -> tuple[RemoteFile, ...]:
-    names = _select_gguf(source, listing) if source.kind == "gguf" else _select_all(source, listing)
+    if source.kind == "gguf":
+        names = _select_gguf(source, listing)
+    elif source.kind == "mmproj":
+        names = _select_mmproj(source, listing)
+    else:
+        names = _select_all(source, listing)
     return tuple(
         RemoteFile(
             role,
@@ -385,6 +396,21 @@ def _select_gguf(source: Source, listing: _Listing) -> list[str]:
         groups.setdefault(split_group(name), []).append(name)
     best = min(groups, key=lambda g: (len(g), g))
     return sorted(groups[best])
+
+
+def _select_mmproj(source: Source, listing: _Listing) -> list[str]:
+    """The one mmproj GGUF a pattern names; of several ('mmproj-F16.gguf', 'mmproj-BF16.gguf' for '*F16*'), the
+    shortest name: the plain type."""
+    pattern = source.patterns[0]
+    found = [n for n in listing.entries if matches(n, pattern) and "mmproj" in n.lower()]
+    if not found:
+        towers = sorted(n for n in listing.entries if "mmproj" in n.lower() and n.lower().endswith(".gguf"))
+        have = ", ".join(towers) if towers else "no mmproj file"
+        raise MissingFilesError(
+            f"{listing.repo} has no vision tower file matching {pattern!r} (it has: {have}); set `vision = off` to "
+            "run without images, or fix `target.mmproj` in the catalog or config"
+        )
+    return [min(found, key=lambda n: (len(n), n))]
 
 
 def _select_all(source: Source, listing: _Listing) -> list[str]:
@@ -506,15 +532,15 @@ def save_token(token: str) -> None:
 
 
 def _model_files(plan: Plan) -> ModelFiles:
-    paths: dict[str, Path | None] = {"target": None, "drafter": None, "tokenizer": None}
+    paths: dict[str, Path | None] = {"target": None, "drafter": None, "tokenizer": None, "mmproj": None}
     for part in plan.parts:
         if part.path is not None:
             paths[part.role] = part.path
             continue
         first = part.files[0]
         snapshot = _storage(plan.cache_dir, first.repo) / "snapshots" / first.commit
-        paths[part.role] = snapshot / first.filename if part.source.kind == "gguf" else snapshot
-    return ModelFiles(paths["target"], paths["drafter"], paths["tokenizer"])  # type: ignore[arg-type]
+        paths[part.role] = snapshot / first.filename if part.source.kind in ("gguf", "mmproj") else snapshot
+    return ModelFiles(paths["target"], paths["drafter"], paths["tokenizer"], paths["mmproj"])  # type: ignore[arg-type]
 
 
 def _check_disk(plan: Plan, disk_free: Callable[[Path], int]) -> None:

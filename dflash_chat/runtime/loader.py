@@ -30,7 +30,7 @@ from dflash_chat.runtime.events import (
     ModelUnavailable,
     Status,
 )
-from dflash_chat.runtime.model_source import ModelSource, Pick, load_device
+from dflash_chat.runtime.model_source import ModelSource, Pick, load_device, vision_to_load
 
 if TYPE_CHECKING:
     from dflash_chat.engine.load import LoadedPair
@@ -58,6 +58,7 @@ class LoadOptions:
         PREFIX_CACHE_MIB_DEFAULT  # MiB of prompt checkpoints for branching requests (engine/prefix_cache.py)
     )
     prefix_cache_ram_mib: int = PREFIX_CACHE_RAM_MIB_DEFAULT  # MiB of parked conversations (engine/parked.py)
+    vision: str = "auto"  # the vision setting: whether the pick (or a folder target) loads its vision tower
 
     @classmethod
     def of(cls, settings: Settings) -> LoadOptions:
@@ -68,6 +69,7 @@ class LoadOptions:
             speculate=settings.speculate,
             prefix_cache_mib=settings.prefix_cache_mib,
             prefix_cache_ram_mib=settings.prefix_cache_ram_mib,
+            vision=settings.vision,
         )
 
 
@@ -103,8 +105,8 @@ class ModelLoader:
             return
         self.source, self.pair = None, None
         self.status = Status("choosing")
-        context = self.options.context_length
-        self.spawn(lambda: self._choose(request, context), "model")
+        context, vision = self.options.context_length, self.options.vision
+        self.spawn(lambda: self._choose(request, context, vision), "model")
 
     def load(self, source: ModelSource) -> None:
         self.source, self.pair = source, None
@@ -123,6 +125,12 @@ class ModelLoader:
             self.load(replace(self.source))
             return True
         return False
+
+    def reload(self) -> None:
+        """What was asked for, chosen (a Pick) or loaded (files) again under the current options, as a new request:
+        the `vision` setting changed, and with it what the pick loads."""
+        if self.request is not None:
+            self.begin(replace(self.request))
 
     def downloaded(self, request: Pick, choice: Choice, files: ModelFiles | None) -> None:
         """The owner fetched a DownloadNeeded's files (None: it stopped): load them."""
@@ -170,13 +178,13 @@ class ModelLoader:
 
     # worker bodies (they only post)
 
-    def _choose(self, pick: Pick, context_length: int) -> None:
+    def _choose(self, pick: Pick, context_length: int, vision: str = "auto") -> None:
         post = self.post
         try:
             from dflash_chat.models import hub
             from dflash_chat.runtime import model_manager
 
-            chosen = model_manager.choose(pick, context_length)
+            chosen = model_manager.choose(pick, context_length, vision=vision)
             post(ModelChosen(pick, chosen))
             if chosen.demo is not None:
                 post(ModelReady(pick, chosen.demo))
@@ -217,6 +225,7 @@ class ModelLoader:
                 checkpoint_budget=options.prefix_cache_mib * 2**20,
                 park_budget=options.prefix_cache_ram_mib * 2**20,
                 progress=progress,
+                vision=vision_to_load(source, options.vision),
             )
         except Exception as exc:  # noqa: BLE001 - said to the user, the app carries on
             post(ModelFailed(source, one_line(exc, "loading the model"), exc))

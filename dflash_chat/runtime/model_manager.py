@@ -3,8 +3,8 @@
 Steps, each run in a model worker of runtime/loader.py (the probe imports torch, planning lists repos on
 the Hub), none touching the UI:
 
-    chosen = choose(pick, settings.context_length)     # probe + hardware.choose, or the demo pair
-    plan = plan_files(chosen.choice)                   # which files, which are cached
+    chosen = choose(pick, settings.context_length, vision=settings.vision)  # probe + hardware.choose, or the demo
+    plan = plan_files(chosen.choice)                   # which files (the vision tower's where it loads), which cached
     files = hub.download(plan)                         # the DownloadScreen (or pull's bars) when any is missing
     source = source_for(chosen.choice, files)          # what the loader loads
 
@@ -37,8 +37,16 @@ class Chosen:
     demo: ModelSource | None = None
 
 
-def choose(pick: Pick, context: int, *, machine: Machine | None = None, catalog: Catalog | None = None) -> Chosen:
-    """Probe (unless given a machine) and choose. Without a GPU, and no model named, the demo pair."""
+def choose(
+    pick: Pick,
+    context: int,
+    *,
+    machine: Machine | None = None,
+    catalog: Catalog | None = None,
+    vision: str = "auto",
+) -> Chosen:
+    """Probe (unless given a machine) and choose. Without a GPU, and no model named, the demo pair. `vision`: the
+    setting (whether the pick may load the vision tower where it fits)."""
     machine = machine or hardware.probe()
     if machine.gpu is None and not pick.names_a_model:
         return Chosen(_demo_explanation(machine), demo=_demo(machine, pick))
@@ -51,6 +59,8 @@ def choose(pick: Pick, context: int, *, machine: Machine | None = None, catalog:
         context=pick.context or context,
         target_file=pick.target_file,
         drafter_file=pick.drafter_file,
+        vision=vision,
+        mmproj_file=pick.mmproj_file,
     )
     return Chosen(choice.explanation, choice=choice)
 
@@ -95,6 +105,8 @@ def pull_command(choice: Choice) -> str | None:
     words = ["dflash-chat", "pull", choice.pair.name, "--quant", choice.target.quant]
     if choice.drafter is not None and choice.drafter.path is None:
         words += ["--drafter-quant", choice.drafter.quant]
+    if choice.pair.vision is not None and not choice.vision.loads:
+        words += ["--vision", "off"]
     return shlex.join(words)
 
 
@@ -105,9 +117,12 @@ def resume_advice(choice: Choice) -> str:
 
 
 def plan_files(choice: Choice, **where) -> hub.Plan:
-    """The files of the choice and which are cached; NoModel (saying what to do) when that fails."""
+    """The files of the choice and which are cached (the vision tower's mmproj where the choice loads it, unless it
+    is a file on disk or the target's own folder); NoModel (saying what to do) when that fails."""
+    tower = choice.vision.source if choice.vision.loads else None
+    mmproj = tower if tower is not None and tower.kind == "mmproj" else None
     try:
-        return hub.plan(choice.target, choice.drafter, choice.pair.tokenizer, **where)
+        return hub.plan(choice.target, choice.drafter, choice.pair.tokenizer, mmproj=mmproj, **where)
     except hub.OfflineError as exc:
         pull = pull_command(choice)
         then = f" For this model: `{pull}`." if pull else " Then start dflash-chat again."
@@ -117,6 +132,10 @@ def plan_files(choice: Choice, **where) -> hub.Plan:
 
 
 def source_for(choice: Choice, files: hub.ModelFiles) -> ModelSource:
+    tower = choice.vision.source if choice.vision.loads else None
+    vision = None
+    if tower is not None:
+        vision = str(files.mmproj or tower.path or files.target)  # fetched, on disk, or the target folder's own
     return ModelSource(
         target=str(files.target),
         drafter=str(files.drafter) if files.drafter else None,
@@ -126,4 +145,6 @@ def source_for(choice: Choice, files: hub.ModelFiles) -> ModelSource:
         drafter_quant=choice.drafter.quant if choice.drafter else "",
         device=choice.device,
         context=choice.context,
+        vision=vision,
+        vision_chosen=True,
     )

@@ -2,7 +2,9 @@
 
 In order:
 - `--demo`: the tiny built-in demo pair.
-- `--target PATH [--drafter PATH]`: those files (Hugging Face folders or GGUFs), loaded as they are.
+- `--target PATH [--drafter PATH] [--mmproj FILE]`: those files (Hugging Face folders or GGUFs), loaded as they
+  are, with the vision tower GGUF given (a folder's own tower loads unless the `vision` setting is off); a `model`
+  setting that is a path takes `--mmproj` the same way.
 - the model-choice flags (--model, --quant, --drafter-quant, --target-file, --drafter-file): a `Pick`
   with them pinned; the model manager (runtime/model_manager.py) chooses the rest at start.
 - the `model` setting: a path (one that exists, or is written like one: with a `/`, or starting with
@@ -10,7 +12,8 @@ In order:
   catalog pair name (a `Pick` of it; an unknown name is an error listing the known ones).
 - nothing: a `Pick` with nothing pinned: the app probes the machine and takes what fits, the tiny
   demo pair when there is no GPU.
-`--context` goes with any of them: the context length to size and load the model for.
+`--context` goes with any of them: the context length to size and load the model for. `--mmproj FILE` goes with
+--target or --target-file, and is checked (a Qwen3.5 vision tower GGUF) before anything loads.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Literal
 
 from dflash_chat.errors import UserError
 from dflash_chat.settings import Settings
@@ -42,6 +46,8 @@ class ModelSource:
     drafter_quant: str = ""
     device: str | None = None  # where the model manager placed it; None: the loader's default
     context: int | None = None  # context to load for; None: the settings' context_length
+    vision: str | None = None  # the vision tower to load: an mmproj GGUF or a model folder; None: see `vision_chosen`
+    vision_chosen: bool = False  # the model manager decided (None: leave it unloaded); else a folder target's own
 
     @property
     def quant_label(self) -> str:
@@ -62,6 +68,7 @@ class Pick:
     context: int | None = None
     target_file: str | None = None
     drafter_file: str | None = None
+    mmproj_file: str | None = None  # the vision tower for the target (--mmproj); not a pin of its own
 
     @property
     def names_a_model(self) -> bool:
@@ -70,7 +77,7 @@ class Pick:
 
     @property
     def pins_files(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in fields(self) if f.name != "context")
+        return any(getattr(self, f.name) is not None for f in fields(self) if f.name not in ("context", "mmproj_file"))
 
 
 def pick_from_args(args) -> Pick:
@@ -138,6 +145,13 @@ def resolve(
     pick: Pick | None = None,
 ) -> ModelSource | Pick:
     pick = pick or Pick()
+    if pick.mmproj_file is not None:
+        setting_path = bool(settings.model) and is_model_path(settings.model) and not pick.pins_files
+        if demo or not (target or pick.target_file or setting_path):
+            raise UserError(
+                "--mmproj is the vision tower of a target GGUF you point at: give --target or --target-file"
+            )
+        check_mmproj(pick.mmproj_file, settings.vision)
     if demo:
         if pick.pins_files:
             raise UserError("--demo runs the built-in demo pair; leave out --model/--quant/--*-file with it")
@@ -150,7 +164,7 @@ def resolve(
                 "--target/--drafter load those files as they are; to let the app pick quants and fetch "
                 "what is missing, use --target-file/--drafter-file with --model instead"
             )
-        return ModelSource(target, drafter or None, context=pick.context)
+        return ModelSource(target, drafter or None, context=pick.context, vision=pick.mmproj_file)
     if pick.pins_files:
         _check_files(pick)
         if pick.model is not None:
@@ -158,7 +172,40 @@ def resolve(
         if pick.target_file is None and settings.model and not is_model_path(settings.model):
             return Pick(**{**pick.__dict__, "model": catalog_name(settings.model)})  # flags refine it
         return pick
-    return from_settings(settings, pick.context)
+    chosen = from_settings(settings, pick.context)
+    if isinstance(chosen, ModelSource) and pick.mmproj_file is not None:  # the `model` setting's file, with its tower
+        return replace(chosen, vision=pick.mmproj_file)
+    return chosen
+
+
+def vision_to_load(source: ModelSource, setting: str) -> str | Literal[False] | None:
+    """The vision tower to load with `source` (engine/load.py load_pair's `vision`): what the model manager chose or
+    --mmproj named; False for none (the setting is off, or the model manager left it out); None for files loaded as
+    they are, whose folder's own tower then loads (a GGUF has none)."""
+    if setting == "off":
+        return False
+    if source.vision is not None:
+        return source.vision
+    return False if source.vision_chosen else None
+
+
+def check_mmproj(path: str, vision: str) -> None:
+    """--mmproj: a file that holds a Qwen3.5 vision tower (its GGUF header read, nothing loaded), with vision on;
+    a one-line UserError otherwise."""
+    from dflash_chat.engine.errors import ModelFormatError
+    from dflash_chat.engine.weights.mmproj_header import read_mmproj_header
+
+    if vision == "off":
+        raise UserError(f"--mmproj {path} gives a vision tower, and the vision setting is off: add --vision auto")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(
+            f"--mmproj {path}: {'a folder' if file.is_dir() else 'no such file'}; give the mmproj-*.gguf file"
+        )
+    try:
+        read_mmproj_header(file)
+    except ModelFormatError as exc:
+        raise UserError(f"--mmproj {exc}") from None
 
 
 def _check_files(pick: Pick) -> None:

@@ -10,6 +10,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
 
 from dflash_chat import settings as settings_module
+from dflash_chat.engine.rules import VISION_WORDS
 from dflash_chat.errors import UserError, one_line
 from dflash_chat.runtime.model_source import drafter_value, model_value
 from dflash_chat.settings import DECODE_PATHS, DESCRIPTIONS, Settings, SettingsError
@@ -76,6 +77,15 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
                     id="field-decode",
                     tooltip=DESCRIPTIONS["decode"],
                 )
+            with Horizontal(classes="field"):
+                yield Label("vision", classes="field-name")
+                yield Select(
+                    [(name, name) for name in VISION_WORDS],
+                    value=self.current.vision,
+                    allow_blank=False,
+                    id="field-vision",
+                    tooltip=DESCRIPTIONS["vision"],
+                )
             yield Static("", id="settings-errors", markup=False)  # quotes what was typed
             with Horizontal(id="settings-buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="save")
@@ -109,6 +119,7 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
         values["thinking"] = self.query_one("#field-thinking", Switch).value
         values["theme"] = self.query_one("#field-theme", Select).value
         values["decode"] = self.query_one("#field-decode", Select).value
+        values["vision"] = self.query_one("#field-vision", Select).value
         return replace(self.current, **values), errors
 
     def action_save(self) -> None:

@@ -351,3 +351,21 @@ def test_placeholders_that_do_not_fit_the_images_are_refused():
         rope_positions([1, 2], IMAGE_TOKEN, grids, 2)
     with pytest.raises(ValueError, match="more image placeholders"):
         rope_positions([1, IMAGE_TOKEN], IMAGE_TOKEN, [], 2)
+
+
+def test_a_folder_pair_loads_its_own_tower_unless_told_not_to(vlm, tmp_path):
+    """load_pair: a Hugging Face folder whose config has a vision_config brings its tower (the pair reads images);
+    `vision=False` (the setting off, or no room for it) loads none; a GGUF target has none of its own."""
+    import shutil
+
+    from dflash_chat.bench.tiny_target import write_tokenizer
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.engine.models.vision import VisionTower
+
+    _, folder = vlm
+    local = tmp_path / "vlm"
+    shutil.copytree(folder, local)
+    write_tokenizer(local)
+    pair = load_pair(local, None, device="cpu", max_context=64, speculate="none")
+    assert isinstance(pair.vision, VisionTower) and pair.vision.cfg == VisionConfig.from_dict(VISION)
+    assert load_pair(local, None, device="cpu", max_context=64, speculate="none", vision=False).vision is None

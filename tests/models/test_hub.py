@@ -417,3 +417,92 @@ def test_save_token_stores_it_as_hf_auth_login_does(gated, monkeypatch, cache):
     assert "granted" in open(constants.HF_STORED_TOKENS_PATH).read()
     plan = hub.plan(*sources(), endpoint=gated.url)
     hub.download(plan)  # the stored token now opens the gated repo
+
+
+# --- the vision tower's mmproj GGUF, fetched beside the target ------------------------------------------
+
+
+def mmproj_source(pattern: str = "*mmproj*F16*.gguf") -> Source:
+    return Source("mmproj", "", TARGET_REPO, patterns=(pattern,))
+
+
+@pytest.fixture
+def towers(repos):
+    """The target repo with its towers in three types (as unsloth ships them), each large enough to be cut."""
+    rng = np.random.default_rng(5)
+    for name, size in (("mmproj-F16.gguf", 300_000), ("mmproj-BF16.gguf", 300_001), ("mmproj-F32.gguf", 600_000)):
+        repos[TARGET_REPO].files[name] = rng.bytes(size)
+    with HubServer(repos) as running:
+        yield running
+
+
+def test_the_mmproj_is_fetched_with_the_model_with_progress(towers, repos, cache):
+    events: list[hub.Progress] = []
+    files = fetch_all(towers, progress=events.append, mmproj=mmproj_source())
+    assert files.target.name == "Tiny-Q4_K_M.gguf"  # the target never takes the tower's file
+    assert files.mmproj is not None and files.mmproj.name == "mmproj-F16.gguf"  # not BF16 (a longer name)
+    assert files.mmproj.read_bytes() == repos[TARGET_REPO].files["mmproj-F16.gguf"]
+    assert files.mmproj.parent == files.target.parent  # the same snapshot of the target's repo
+    done = [e for e in events if e.status == "done" and e.file.filename == "mmproj-F16.gguf"]
+    assert len(done) == 1 and done[0].file.role == "mmproj" and done[0].done == 300_000
+    assert fetch_all(towers).mmproj is None  # no tower asked for: none fetched
+    assert hub.cached_parts(mmproj_source(), cache) == (files.mmproj,)
+    assert hub.cached_parts(mmproj_source("*mmproj*F32*.gguf"), cache) is None
+
+
+def test_a_dropped_mmproj_download_resumes_with_a_range_request(towers, repos):
+    towers.drop_after["mmproj-F16.gguf"] = 120_000
+    files = fetch_all(towers, mmproj=mmproj_source())
+    assert files.mmproj.read_bytes() == repos[TARGET_REPO].files["mmproj-F16.gguf"]
+    sha = hashlib.sha256(repos[TARGET_REPO].files["mmproj-F16.gguf"]).hexdigest()
+    assert [r.headers.get("range") for r in towers.gets(f"/cdn/{sha}")][-1] == "bytes=120000-"
+
+
+def test_a_repo_without_the_tower_says_which_it_has(server):
+    # '*F16*' takes a BF16 tower where there is no F16 one
+    assert hub.plan(*sources(), endpoint=server.url, mmproj=mmproj_source()).parts[-1].files[0].filename == (
+        "mmproj-BF16.gguf"
+    )
+    with pytest.raises(hub.MissingFilesError) as exc:
+        hub.plan(*sources(), endpoint=server.url, mmproj=mmproj_source("*mmproj*F32*.gguf"))
+    assert str(exc.value) == (
+        f"{TARGET_REPO} has no vision tower file matching '*mmproj*F32*.gguf' (it has: mmproj-BF16.gguf); set "
+        "`vision = off` to run without images, or fix `target.mmproj` in the catalog or config"
+    )
+
+
+def test_offline_the_cached_tower_is_found_and_a_missing_one_named(towers, monkeypatch):
+    fetch_all(towers, mmproj=mmproj_source())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = len(towers.requests)
+    files = hub.fetch(*sources(), endpoint=towers.url, mmproj=mmproj_source())
+    assert files.mmproj is not None and files.mmproj.name == "mmproj-F16.gguf"
+    assert len(towers.requests) == before
+    with pytest.raises(hub.OfflineError, match=r"lacks: tiny/Tiny-GGUF \*mmproj\*F32\*\.gguf"):
+        hub.plan(*sources(), endpoint=towers.url, mmproj=mmproj_source("*mmproj*F32*.gguf"))
+
+
+def test_a_safetensors_target_brings_its_tower_and_its_preprocessing(repos):
+    """A Hugging Face checkpoint holds `model.visual.*` in its own shards: every shard comes, and the
+    preprocessor_config.json that sets the tower's pixel budget, mean and std."""
+    rng = np.random.default_rng(9)
+    repos["Qwen/Tiny-VL"] = Repo(
+        {
+            "config.json": b'{"vision_config": {"depth": 1}}',
+            "model.safetensors.index.json": b"{}",
+            "model-00001-of-00002.safetensors": rng.bytes(20_000),
+            "model-00002-of-00002.safetensors": rng.bytes(20_000),
+            "preprocessor_config.json": b'{"size": {"shortest_edge": 65536, "longest_edge": 16777216}}',
+            "README.md": b"# Tiny VL\n",
+        }
+    )
+    target = Source("safetensors", "BF16", "Qwen/Tiny-VL", patterns=SAFETENSORS_PATTERNS, extras=SAFETENSORS_EXTRAS)
+    with HubServer(repos) as running:
+        files = hub.fetch(target, None, sources()[2], endpoint=running.url)
+    assert sorted(p.name for p in files.target.iterdir()) == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "preprocessor_config.json",
+    ]

@@ -75,3 +75,51 @@ def test_a_draft_above_the_pairs_most_is_fitted_as_it_loads_and_when_the_setting
     assert pair.engine.draft == 3
     session.use_draft(most + 5)
     assert pair.engine.draft == most
+
+
+def _mmproj(path, out_hidden: int):
+    import torch
+
+    from dflash_chat.engine.models.vision import VisionConfig, VisionTower
+    from tests.engine.gguf_write import write_mmproj_gguf
+
+    vision = {
+        "depth": 1,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_heads": 2,
+        "patch_size": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 16,
+        "out_hidden_size": out_hidden,
+    }
+    torch.manual_seed(0)
+    return write_mmproj_gguf(path, VisionTower(VisionConfig.from_dict(vision)).state_dict(), vision, out_hidden)
+
+
+def test_the_vision_tower_loads_with_the_pair_unless_vision_is_off(tiny_pair, tmp_path):  # noqa: F811
+    from dataclasses import replace
+
+    from dflash_chat.engine.models.vision import VisionTower
+
+    target, drafter = tiny_pair
+    tower = _mmproj(tmp_path / "mmproj-F16.gguf", 64)
+    owner = Owner(lambda body, group: body())
+    owner.loader.begin(ModelSource(str(target), str(drafter), vision=str(tower)))
+    pair = owner.loader.pair
+    assert pair is not None and isinstance(pair.vision, VisionTower)
+    assert pair.vision.merger.linear_fc2.weight.dtype == pair.dtype  # on the target's device, in its dtype
+    progress = [e for e, _, _ in owner.seen if isinstance(e, LoadProgress)]
+    assert progress[-1].done == progress[-1].total  # the tower's bytes counted in the bar
+
+    owner.loader.options = replace(OPTIONS, vision="off")  # the setting changed: the same files again, no tower
+    owner.loader.reload()
+    assert owner.loader.pair is not None and owner.loader.pair is not pair and owner.loader.pair.vision is None
+    assert owner.loader.source is not None and owner.loader.source.vision == str(tower)
+
+    owner.loader.options = OPTIONS
+    owner.loader.begin(ModelSource(str(target), str(drafter), vision=str(_mmproj(tmp_path / "other.gguf", 48))))
+    event = owner.seen[-1][0]
+    assert isinstance(event, ModelFailed) and "\n" not in event.error
+    assert "48-wide features, the target's hidden size is 64" in event.error

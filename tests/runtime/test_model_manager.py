@@ -146,7 +146,13 @@ def test_without_a_gpu_the_demo_pair_unless_a_model_is_named(home, monkeypatch):
 def test_pull_command_and_labels_name_what_was_chosen(home, tmp_path):
     catalog = load_catalog()
     choice = choose(RTX_3090, catalog, model="qwen3.6-27b", quant="Q4_K_M", drafter_quant="BF16", context=8192)
-    assert model_manager.pull_command(choice) == "dflash-chat pull qwen3.6-27b --quant Q4_K_M --drafter-quant BF16"
+    assert not choice.vision.loads  # no room for the vision tower beside it: the pull leaves it out, as the app does
+    assert model_manager.pull_command(choice) == (
+        "dflash-chat pull qwen3.6-27b --quant Q4_K_M --drafter-quant BF16 --vision off"
+    )
+    roomy = choose(RTX_3090, catalog, model="qwen3.6-27b", quant="Q3_K_M", drafter_quant="Q4_K_M", context=8192)
+    assert roomy.vision.loads  # the pull fetches the vision tower too, as a pull of pinned quants does
+    assert model_manager.pull_command(roomy) == "dflash-chat pull qwen3.6-27b --quant Q3_K_M --drafter-quant Q4_K_M"
     assert model_manager.label(choice) == "Qwen3.6-27B Q4_K_M + drafter BF16"
     gguf = tmp_path / "Qwen3.6-27B-Q5_K_M.gguf"
     gguf.write_bytes(b"GGUF" + bytes(100))
@@ -249,3 +255,31 @@ def test_offline_names_the_missing_files_and_the_pull_command(tiny_hub, monkeypa
     assert "tiny/Tiny-GGUF *Q8_0*.gguf (Q8_0); tiny/Tiny-DFlash config.json *.safetensors (BF16)" in message
     assert message.endswith("For this model: `dflash-chat pull tiny --quant Q8_0 --drafter-quant BF16`.")
     assert tiny_hub.requests == []
+
+
+def test_the_vision_tower_is_planned_and_handed_to_the_loader_where_the_pick_loads_it(tiny_hub, monkeypatch):
+    """The tiny pair with a tower (`target.vision`, `target.mmproj`): where it fits, its mmproj is one more file of
+    the plan, fetched beside the target and named in the source; under `vision = off`, neither."""
+    import tomlkit
+
+    document = tomlkit.parse(paths.config_file().read_text())
+    target = document["models"]["tiny"]["target"]
+    target["vision"] = {"depth": 1, "hidden": 16, "intermediate": 32, "heads": 2, "out_hidden": 64, "max_pixels": 4096}
+    target["mmproj"] = {"pattern": "*mmproj*F16*.gguf"}
+    paths.config_file().write_text(tomlkit.dumps(document))
+    tiny_hub.repos["tiny/Tiny-GGUF"].files.update({"mmproj-F16.gguf": b"GGUF" + bytes(300), "mmproj-BF16.gguf": b"x"})
+
+    choice = model_manager.choose(Pick(), 1024, machine=RTX_3090).choice
+    assert choice.vision.loads
+    plan = model_manager.plan_files(choice)
+    assert [(f.role, f.filename) for f in plan.to_fetch][-1] == ("mmproj", "mmproj-F16.gguf")
+    source = model_manager.source_for(choice, hub.download(plan))
+    assert source.vision is not None and source.vision.endswith("/mmproj-F16.gguf") and source.vision_chosen
+    assert source.vision.rsplit("/", 1)[0] == source.target.rsplit("/", 1)[0]  # the target repo's snapshot
+
+    off = model_manager.choose(Pick(), 1024, machine=RTX_3090, vision="off").choice
+    assert not off.vision.loads
+    assert "mmproj" not in [f.role for f in model_manager.plan_files(off).files]
+    unloaded = model_manager.source_for(off, hub.download(model_manager.plan_files(off)))
+    assert unloaded.vision is None and unloaded.vision_chosen  # the loader leaves it out
+    assert model_source.vision_to_load(unloaded, "auto") is False

@@ -4,7 +4,7 @@ explicit change (a theme picked, the settings screen) edits only that line. Comp
 from __future__ import annotations
 
 import pytest
-from textual.widgets import Input
+from textual.widgets import Input, Select
 
 from dflash_chat import paths
 from dflash_chat import settings as settings_module
@@ -114,6 +114,25 @@ def test_saving_the_settings_into_a_broken_file_says_not_saved_and_keys_typed_ne
     assert still_open and len(said) == 1 and "is not valid TOML" in said[0] and "Your edits are kept here" in said[0]
     assert fields["field-top_k"] == "7" and fields["field-temperature"] == "0.7"  # "hello" went to no field
     assert config.read_text() == broken
+
+
+def test_the_vision_setting_is_a_choice_on_the_settings_screen(home):
+    config = write_config(COMMENTED)
+
+    async def main():
+        app = DFlashChatApp(settings_module.load())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
+            field = app.screen.query_one("#field-vision", Select)
+            assert field.value == "auto" and [label for label, _ in field._options] == ["auto", "off"]
+            field.value = "off"
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
+            assert app.settings.vision == "off"
+
+    run(main())
+    assert config.read_text() == COMMENTED.replace("temperature = 0.5\n", 'temperature = 0.5\nvision = "off"\n')
 
 
 @pytest.mark.parametrize(

@@ -109,10 +109,22 @@ class LocalBackend(Backend):
         if source is not None and source.drafter and source.drafter_quant:
             rows.append(("drafter quant", source.drafter_quant))
         rows.append(("device", f"{pair.device} · {str(pair.dtype).removeprefix('torch.')}"))
+        if vision := self._vision_row():
+            rows.append(("vision", vision))
         memory = memory_use(str(pair.device))
         if memory is not None:
             rows.append((memory.kind, f"{size_text(memory.used_bytes)} / {size_text(memory.total_bytes)}"))
         return tuple(rows)
+
+    def _vision_row(self) -> str:
+        """'loaded', 'off' (the setting) or 'no room' (the pick left it out: `dflash-chat models` says why) for a
+        model with a vision tower; '' for one without."""
+        if self.pair is not None and self.pair.vision is not None:
+            return "loaded"
+        chosen = self.loader.chosen.choice if self.loader.chosen is not None else None
+        if chosen is None or chosen.pair.vision is None:
+            return ""
+        return "off" if self.loader.options.vision == "off" else "no room"
 
     # lifecycle (UI thread)
 
@@ -129,6 +141,9 @@ class LocalBackend(Backend):
             return True
         if settings.context_length != old.context_length:
             self.loader.reload_for_context()  # a new context may change what fits, or needs a reload
+            return True
+        if settings.vision != old.vision:
+            self.loader.reload()  # the vision tower loads or goes with the pick
             return True
         return False
 

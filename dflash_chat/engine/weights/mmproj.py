@@ -20,10 +20,10 @@ import torch
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.limits import LIMITS
 from dflash_chat.engine.weights.gguf import LazyTensors, check_types, raw_tensor
-from dflash_chat.engine.weights.gguf_file import read_header
+from dflash_chat.engine.weights.mmproj_header import PROJECTOR, read_mmproj_header
 from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
-PROJECTOR = "qwen3vl_merger"
+__all__ = ["PROJECTOR", "Mmproj", "gguf_names", "read_mmproj"]
 
 # HF name (after `model.visual.`) -> GGUF name, per block and for the whole tower
 BLOCK_NAMES = {
@@ -75,21 +75,8 @@ def _float(record) -> torch.Tensor:
 
 def read_mmproj(path: str | Path) -> Mmproj:
     path = Path(path)
-    header = read_header(path)
+    header = read_mmproj_header(path)
     kv = header.fields
-    if kv.get("general.architecture") != "clip":
-        raise ModelFormatError(
-            f"{path} is not an mmproj file (architecture {kv.get('general.architecture')!r}, not 'clip'): pass the "
-            "mmproj-*.gguf that came with the model"
-        )
-    projector = kv.get("clip.vision.projector_type", kv.get("clip.projector_type"))
-    if projector != PROJECTOR:
-        raise ModelFormatError(
-            f"{path} holds a {projector!r} vision projector; dflash-chat runs Qwen3.5/3.6's ({PROJECTOR!r}): pass "
-            "the mmproj file made for this model"
-        )
-    if not kv.get("clip.has_vision_encoder", True):
-        raise ModelFormatError(f"{path} has no vision encoder: pass the mmproj file made for this model")
     check_types(path, header)
     by_name = {t.name: t for t in header.tensors}
     try:
