@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from dflash_chat.engine.checkpoint import check_layers, materialise, normalise_target_names, read_config
-from dflash_chat.engine.end_tokens import end_token_ids
+from dflash_chat.engine.end_tokens import end_token_ids, token_id
 from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.images import IMAGE_PAD
 from dflash_chat.engine.layout import lay_out_for_cpu
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
@@ -54,6 +55,11 @@ class LoadedPair:
     device: torch.device
     dtype: torch.dtype
     _grammars: Grammars | None = None
+
+    @property
+    def vision(self) -> VisionTower | None:
+        """The target's vision tower, when the pair reads images."""
+        return self.engine.vision
 
     @property
     def grammars(self) -> Grammars:
@@ -479,6 +485,7 @@ def load_pair(
     checkpoint_budget: int = DEFAULT_BUDGET,
     park_budget: int = DEFAULT_PARK_BUDGET,
     progress: Progress | None = None,
+    vision: str | Path | None = None,
 ) -> LoadedPair:
     """Target (+ drafter, + the target's own MTP layer when its checkpoint has one) and tokenizer, ready to
     chat. `tokenizer`: a folder with the official tokenizer/chat-template files; without it the target
@@ -487,20 +494,33 @@ def load_pair(
     engine/draft_length.py); `speculate`: which method drafts (engine/speculation.py).
     `checkpoint_budget`: bytes of prompt checkpoints kept for branching prompts (engine/prefix_cache.py);
     `park_budget`: bytes of host memory for conversations another prompt displaced (engine/parked.py).
-    `progress(bytes placed, bytes in all)` is called as the weights reach the device."""
+    `progress(bytes placed, bytes in all)` is called as the weights reach the device. `vision`: the vision tower's
+    folder or mmproj GGUF; by default the target folder's own, when it has one (the pair then reads images)."""
     device = torch.device(device) if device else default_device()
     dtype = dtype or default_dtype(device)
     tok = _pair_tokenizer(target, tokenizer)  # cheap: fail on a bad tokenizer before loading weights
     if drafter:
         _check_drafter_tokenizer(drafter, tok)
-    placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0), progress)
+    tower_path = vision if vision is not None else _own_vision(target)
+    separate = tower_path is not None and Path(tower_path) != Path(target)  # a folder's own tower is in its bytes
+    placement = Placement(
+        device,
+        model_bytes(target) + (model_bytes(drafter) if drafter else 0) + (model_bytes(tower_path) if separate else 0),
+        progress,
+    )
     model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)
     mtp = load_mtp(target, model, placement)
     drafter_model = (
         load_drafter(drafter, model, causal=causal, quant=drafter_quant, placement=placement) if drafter else None
     )
+    tower = load_vision(tower_path, placement=placement, target=model) if tower_path is not None else None
     placement.finish()
+    image_token = token_id(tok, IMAGE_PAD) if tower is not None else None
+    if tower is not None and image_token is None:
+        raise ModelFormatError(
+            f"the tokenizer has no {IMAGE_PAD} token for the vision tower's images: use the target's official tokenizer"
+        )
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     ends = end_token_ids(tok, model.cfg.eos_token_id)
     engine = Engine(
@@ -514,9 +534,19 @@ def load_pair(
         end_ids=ends,
         checkpoint_budget=checkpoint_budget,
         park_budget=park_budget,
+        vision=tower,
+        image_token_id=image_token,
     )
     engine.warm_up()
     return LoadedPair(engine, tok, display_name(target), display_name(drafter) if drafter else None, device, dtype)
+
+
+def _own_vision(target: str | Path) -> Path | None:
+    """The target's folder when its config declares a vision tower (a GGUF's comes in its own mmproj file)."""
+    kind, path = resolve_model_path(target, "target")
+    if kind == "gguf":
+        return None
+    return path if isinstance(read_config(path, "target").get("vision_config"), dict) else None
 
 
 def load_files(files, **kwargs) -> LoadedPair:
