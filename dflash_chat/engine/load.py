@@ -502,12 +502,9 @@ def load_pair(
     if drafter:
         _check_drafter_tokenizer(drafter, tok)
     tower_path = vision if vision is not None else _own_vision(target)
-    separate = tower_path is not None and Path(tower_path) != Path(target)  # a folder's own tower is in its bytes
-    placement = Placement(
-        device,
-        model_bytes(target) + (model_bytes(drafter) if drafter else 0) + (model_bytes(tower_path) if separate else 0),
-        progress,
-    )
+    # a folder's own tower is in the target's bytes; an mmproj file adds its own
+    separate = model_bytes(tower_path) if tower_path is not None and Path(tower_path) != Path(target) else 0
+    placement = Placement(device, model_bytes(target) + (model_bytes(drafter) if drafter else 0) + separate, progress)
     model = load_target(target, device, dtype, placement)
     _check_vocab(tok, model)
     mtp = load_mtp(target, model, placement)

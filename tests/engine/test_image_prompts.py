@@ -10,16 +10,21 @@ only for its own image, answering as a cold prefill does.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from dflash_chat.engine.events import Finished, Prefilled, Step
 from dflash_chat.engine.images import expand_ids, prepare
 from dflash_chat.engine.load import load_drafter, load_mtp, load_target, load_vision
 from dflash_chat.engine.lookup import PromptLookup
+from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.spec import Engine
+from tests.engine.mtp_reference import ReferenceMTP
+from tests.engine.test_mtp import _mtp_weights
 from tests.engine.tiny_vlm import (
     IMAGE_TOKEN,
     IMAGES,
@@ -197,3 +202,101 @@ def test_prompt_lookup_never_proposes_an_image():
     right_before = PromptLookup()
     right_before.extend([5, 17, -9, -9, 5, 17])
     assert right_before.propose(4) is None
+
+
+def test_mtp_drafts_after_images_are_the_reference_layers(vlm):
+    """The MTP layer on an image prompt as vLLM runs Qwen3.5's: a row whose next token is an image's takes its
+    image features as that token's embedding, and every row the target's M-RoPE position of its own token. After
+    the prompt, its newest hidden state is the target's and its drafts are an independent reference's."""
+    model, folder, *_ = vlm
+    engine = _engine(vlm, "mtp", draft=3)
+    ids, images = _prompt(engine, pictures())
+    first = _answer(engine, ids, images, n=1)[0][0]
+    seen: dict = {}
+    language = model.model.language_model
+    hook = language.register_forward_pre_hook(lambda _m, _a, kwargs: seen.update(kwargs), with_kwargs=True)
+    sequence = torch.tensor(ids)
+    try:
+        with torch.no_grad():
+            hidden = model.model(
+                input_ids=sequence[None],
+                pixel_values=torch.cat([image.pixels for image in images]),
+                image_grid_thw=torch.tensor([image.grid for image in images]),
+                mm_token_type_ids=(sequence == IMAGE_TOKEN).int()[None],
+            ).last_hidden_state[0]
+    finally:
+        hook.remove()
+    embeds, positions = seen["inputs_embeds"][0], seen["position_ids"][:, 0]  # as the target got them
+    mtp = engine.mtp
+    assert mtp is not None
+    torch.testing.assert_close(mtp.last[0], hidden[-1], rtol=0, atol=1e-4)
+    reference = ReferenceMTP(
+        model.config.text_config, _mtp_weights(folder), language.embed_tokens.weight.detach(), model.lm_head.weight
+    )
+    want = reference.chain(hidden, ids + [first], 3, embeds=embeds[1:], positions=positions)
+    bound = engine.state.max_len
+    drafts = mtp.propose(
+        torch.tensor([first]), torch.tensor(len(ids)), bound, SamplingParams(), None, None, 3, engine.steps.delta
+    )
+    assert drafts.tolist() == want
+
+
+def test_dflash_drafts_after_images_are_zlabs_at_the_targets_temporal_positions(vlm):
+    """The DFlash drafter on an image prompt as vLLM runs it: its context keys rotate at the target's temporal
+    M-RoPE positions, its block at the committed length plus the prompt's offset. Its draft logits after the
+    prompt are z-lab's drafter's (tests/engine/vendor) on transformers' hidden states at those positions."""
+    from transformers import AttentionInterface, DynamicCache, Qwen3Config
+
+    from tests.engine.test_drafter_reference import _layer_causal, _zlab_attention
+    from tests.engine.vendor.zlab_dflash_model import DFlashDraftModel, extract_context_feature
+
+    model, folder, dflash, _ = vlm
+    engine = _engine(vlm, "dflash", dflash, draft=5)
+    ids, images = _prompt(engine, pictures())
+    first = _answer(engine, ids, images, n=1)[0][0]
+    drafter = engine.drafter
+    assert drafter is not None
+    B, n, delta = drafter.block_size, len(ids), int(engine.steps.delta)
+    assert delta < 0
+    block = drafter.block_ids(torch.device("cpu"))
+    block[0] = first
+    span = Span.fixed(torch.tensor(n), torch.arange(B), engine.state.max_len, engine.steps.delta)
+    ours = drafter.draft_logits(block, span)
+
+    seen: dict = {}
+    language = model.model.language_model
+    hook = language.register_forward_pre_hook(lambda _m, _a, kwargs: seen.update(kwargs), with_kwargs=True)
+    sequence = torch.tensor(ids)
+    try:
+        with torch.no_grad():
+            states = model.model(
+                input_ids=sequence[None],
+                pixel_values=torch.cat([image.pixels for image in images]),
+                image_grid_thw=torch.tensor([image.grid for image in images]),
+                mm_token_type_ids=(sequence == IMAGE_TOKEN).int()[None],
+                output_hidden_states=True,
+            ).hidden_states
+    finally:
+        hook.remove()
+    temporal = seen["position_ids"][0, 0]
+    cfg = json.loads((dflash / "config.json").read_text())
+    config = Qwen3Config(**cfg)
+    config.block_size = B
+    AttentionInterface.register("zlab_07ebd93_reference", _zlab_attention)
+    config._attn_implementation = "zlab_07ebd93_reference"
+    ref = DFlashDraftModel(config).eval()
+    ref.load_state_dict(load_file(str(dflash / "model.safetensors")), strict=False)
+    for layer, causal in zip(ref.layers, _layer_causal(cfg), strict=True):
+        layer.self_attn.is_causal = causal
+    features = extract_context_feature(states, cfg["dflash_config"]["target_layer_ids"])
+    positions = torch.cat((temporal, n + delta + torch.arange(B)))[None]
+    with torch.no_grad():
+        hidden = ref(
+            target_hidden=features,
+            noise_embedding=language.embed_tokens(block)[None],
+            position_ids=positions,
+            past_key_values=DynamicCache(),
+            use_cache=True,
+        )
+        want = model.lm_head(hidden[0, 1 - B :])
+    torch.testing.assert_close(ours, want, atol=1e-4, rtol=0)
