@@ -15,6 +15,7 @@ prefill has to run (a prefix reused from the held tokens needs none).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -110,10 +111,16 @@ class ImagePrefill:
         self.rope: RopePositions = rope_positions(self.ids, image_token_id, grids, tower.cfg.spatial_merge_size)
         self.starts = _run_starts(self.keys, self.images)
         self._features: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0  # the tower's time
 
     @property
     def delta(self) -> int:
         return self.rope.delta
+
+    @property
+    def tokens(self) -> int:
+        """The prompt's image tokens."""
+        return sum(image.tokens for image in self.images)
 
     def chunk(self, begin: int, end: int) -> ChunkInput:
         """The input of the tokens begin .. end - 1."""
@@ -140,8 +147,12 @@ class ImagePrefill:
         ]
         if not wanted:
             return
+        started = time.perf_counter()
         pixels = torch.cat([self.images[i].pixels for i in wanted])
         features = self.tower(pixels, [self.images[i].grid for i in wanted])
+        if features.device.type == "cuda":
+            torch.cuda.synchronize(features.device)
+        self.seconds += time.perf_counter() - started
         for i, rows in zip(wanted, features.split([self.images[i].tokens for i in wanted]), strict=True):
             self._features[i] = rows
 

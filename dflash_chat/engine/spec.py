@@ -494,6 +494,7 @@ class Engine:
         ids, prompt = prompt, (images.keys if images is not None else prompt)
         reused, logits = self._reuse(prompt)
         stats.reused_tokens = reused
+        stats.image_tokens = images.tokens if images is not None else 0
         if logits is None:
             saves = self._marks(prompt, reused, marks)
             stops = sorted(saves)
@@ -508,6 +509,7 @@ class Engine:
                     self._keep_checkpoint(saves[end])
                 begin = end
             assert logits is not None, "the last chunk is final: it has logits"
+            stats.vision_s = images.seconds if images is not None else 0.0
             old, self.snapshot = self.snapshot, self._checkpoint(logits)
             if old is not None and old.length < len(self.tokens) and self.checkpoints.budget:
                 self.checkpoints.add(old)  # the last prompt's end: where an edit of what followed resumes

@@ -46,6 +46,13 @@ def vlm(tmp_path_factory):
     return model, root / "target", dflash, dflash2
 
 
+@pytest.fixture(scope="module")
+def vlm_moe(tmp_path_factory):
+    """The MoE twin, as `vlm` gives it (no drafters)."""
+    root = tmp_path_factory.mktemp("vlm-moe")
+    return write_vlm(root / "target", "qwen3_5_moe", seed=4), root / "target", None, None
+
+
 def _engine(vlm, speculate: str = "none", drafter=None, **kwargs) -> Engine:
     _, folder, *_ = vlm
     target = load_target(folder, "cpu", torch.float32)
@@ -86,8 +93,12 @@ def _answer(engine: Engine, ids, images, n: int = 24) -> tuple[list[int], int, F
     return tokens, reused, finished
 
 
-def test_decoded_tokens_after_images_match_transformers(vlm):
+@pytest.mark.parametrize("checkpoint", ["vlm", "vlm_moe"])
+def test_decoded_tokens_after_images_match_transformers(checkpoint, request):
+    vlm = request.getfixturevalue(checkpoint)
     model = copy.deepcopy(vlm[0]).double()  # float32 weights, the reference computed in float64
+    if checkpoint == "vlm_moe":
+        model.set_experts_implementation("eager")  # grouped_mm takes no float64
     engine = _engine(vlm)
     ids, images = _prompt(engine, pictures())
     tokens, _, _ = _answer(engine, ids, images, n=4)
@@ -126,6 +137,7 @@ def test_speculative_answer_equals_plain_decoding(vlm, plain, speculate, drafter
     ids, images = _prompt(engine, pictures())
     tokens, _, finished = _answer(engine, ids, images)
     assert tokens == plain
+    assert finished.stats.image_tokens == sum(image.tokens for image in images) == ids.count(IMAGE_TOKEN)
     if speculate in ("dflash", "mtp"):
         assert finished.stats.drafted > 0
 
@@ -141,8 +153,9 @@ def test_next_turn_reuses_the_prefix_and_runs_the_tower_on_its_new_image_only(vl
     held = len(engine.tokens)
     new = prepare([tall], engine.vision)
     turn = ids + answer + expand_ids([11, VISION_START, IMAGE_TOKEN, VISION_END, 12], IMAGE_TOKEN, new)
-    second, reused, _ = _answer(engine, turn, images + new)
+    second, reused, finished = _answer(engine, turn, images + new)
     assert reused == held
+    assert finished.stats.vision_s > 0 and finished.stats.image_tokens == images[0].tokens + new[0].tokens
     assert patches == [images[0].pixels.shape[0], new[0].pixels.shape[0]]  # the first image ran once
     assert second == _answer(_engine(vlm), turn, images + new)[0]  # as a cold prefill answers
 
