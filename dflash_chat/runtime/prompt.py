@@ -79,9 +79,14 @@ def render_prompt(
             "the model's tokenizer has no chat template; use a target directory whose "
             "tokenizer_config.json (or chat_template.jinja) has one"
         )
-    text = tokenizer.apply_chat_template(
-        turns, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
-    )
+    from jinja2.exceptions import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(
+            turns, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+        )
+    except TemplateError as exc:  # the template's own raise_exception (Qwen's: an image in the system turn)
+        raise UserError(f"the model's chat template refuses this chat: {exc}") from None
     if opening and text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE):
         text = text.rstrip("\n") + CLOSE_THINKING
     return text + opening

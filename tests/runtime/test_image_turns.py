@@ -88,3 +88,19 @@ def test_images_the_model_cannot_show_are_refused_in_one_line(pair):
             build_prompt(plain, [_turn(image_part(wide), "hi")], thinking=False, vision=vision)
     finally:
         plain.chat_template = template
+
+
+def test_a_chat_the_template_refuses_is_refused_in_one_line(pair):
+    """Qwen3.5's template raises for an image in the system turn: one line, no traceback."""
+    tokenizer = pair.tokenizer
+    template = tokenizer.chat_template
+    tokenizer.chat_template = (
+        "{%- for m in messages -%}{%- if m.role == 'system' and m.content is not string -%}"
+        "{{- raise_exception('System message cannot contain images.') -}}{%- endif -%}{%- endfor -%}"
+    )
+    wide, _ = pictures()
+    try:
+        with pytest.raises(UserError, match="System message cannot contain images"):
+            build_prompt(tokenizer, [{"role": "system", "content": [image_part(wide)]}], thinking=False)
+    finally:
+        tokenizer.chat_template = template
