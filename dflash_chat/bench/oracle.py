@@ -77,7 +77,7 @@ class OracleDrafter:
     def truncate(self, length: int) -> None:
         self.ctx_len = min(self.ctx_len, length)
 
-    def append_context(self, features, start: int) -> None:
+    def append_context(self, features, start: int, rope=None) -> None:
         self.ctx_len = start  # it reads no target features
 
     ring_windows: list[int] = []  # it keeps no context rows
@@ -91,7 +91,7 @@ class OracleDrafter:
     def row_caches(self) -> list:
         return []
 
-    def store_context(self, features, positions) -> None:
+    def store_context(self, features, positions, rope=None) -> None:
         pass
 
     def block_ids(self, device: torch.device) -> torch.Tensor:

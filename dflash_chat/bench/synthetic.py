@@ -88,12 +88,12 @@ class InjectedDrafter:
         self.real.truncate(length)
         self.oracle.truncate(length)
 
-    def append_context(self, features, start: int) -> None:
-        self.real.append_context(features, start)
-        self.oracle.append_context(features, start)
+    def append_context(self, features, start: int, rope=None) -> None:
+        self.real.append_context(features, start, rope)
+        self.oracle.append_context(features, start, rope)
 
-    def store_context(self, features, positions) -> None:
-        self.real.store_context(features, positions)
+    def store_context(self, features, positions, rope=None) -> None:
+        self.real.store_context(features, positions, rope)
 
     @property
     def ring_windows(self) -> list[int]:

@@ -108,6 +108,8 @@ class GenerationStats(AcceptanceFigures):
     speculative: bool = False
     constraint_s: float = 0.0  # host seconds in the answer's grammar (masks, walking drafts); 0 when unconstrained
     forced_drafts: int = 0  # drafts the grammar forced (its only allowed token), free to verify
+    image_tokens: int = 0  # the prompt's tokens that are images' (counted in prompt_tokens too)
+    vision_s: float = 0.0  # seconds the vision tower ran for the prompt's images (within prefill_s)
 
     def __post_init__(self) -> None:
         # per method ("plain" too: the steps without drafts), in the order the answer first used them; no field,
@@ -130,6 +132,8 @@ class GenerationStats(AcceptanceFigures):
             "draft_histogram": list(self.draft_histogram),
             "constraint_s": self.constraint_s,
             "forced_drafts": self.forced_drafts,
+            "image_tokens": self.image_tokens,
+            "vision_s": self.vision_s,
             "prefill_s": self.prefill_s,
             "ttft_s": self.ttft_s,
             "decode_s": self.decode_s,

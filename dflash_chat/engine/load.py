@@ -23,8 +23,9 @@ import torch
 from dflash_chat.engine import rules, speculation
 from dflash_chat.engine.checkpoint import check_layers, materialise, normalise_target_names, read_config
 from dflash_chat.engine.draft_length import parse_draft
-from dflash_chat.engine.end_tokens import end_token_ids
+from dflash_chat.engine.end_tokens import end_token_ids, token_id
 from dflash_chat.engine.errors import ModelFormatError
+from dflash_chat.engine.images import IMAGE_PAD
 from dflash_chat.engine.layout import lay_out_for_cpu
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary
@@ -63,7 +64,7 @@ class LoadedPair:
     @property
     def vision(self) -> VisionTower | None:
         """The target's vision tower, when the pair reads images."""
-        return self.engine.vision  # type: ignore[attr-defined]  # set by load_pair until Engine takes it
+        return self.engine.vision
 
     @property
     def grammars(self) -> Grammars:
@@ -518,6 +519,11 @@ def load_pair(
     )
     tower = load_vision(tower_path, placement=placement, target=model) if tower_path is not None else None
     placement.finish()
+    image_token = token_id(tok, IMAGE_PAD) if tower is not None else None
+    if tower is not None and image_token is None:
+        raise ModelFormatError(
+            f"the tokenizer has no {IMAGE_PAD} token for the vision tower's images: use the target's official tokenizer"
+        )
     context = max_context or min(model.cfg.max_position_embeddings, 32768)
     draft, note = fit_draft(draft, drafter_model, mtp is not None, speculate)
     ends = end_token_ids(tok, model.cfg.eos_token_id)
@@ -532,9 +538,10 @@ def load_pair(
         end_ids=ends,
         checkpoint_budget=checkpoint_budget,
         park_budget=park_budget,
+        vision=tower,
+        image_token_id=image_token,
     )
     engine.warm_up()
-    engine.vision = tower  # type: ignore[attr-defined]  # the pair's tower, held by the engine as Engine(vision=) will
     names = display_name(target), display_name(drafter) if drafter else None
     return LoadedPair(engine, tok, *names, device, dtype, notes=(note,) if note else ())
 

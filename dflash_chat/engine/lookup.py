@@ -70,7 +70,11 @@ class PromptLookup:
                 best, best_length = candidate, length
         if best < 0:
             return None
-        return Match(self.tokens[best + 1 : best + 1 + most], best_length)
+        proposal = self.tokens[best + 1 : best + 1 + most]
+        stand_in = next((i for i, token in enumerate(proposal) if token < 0), None)
+        if stand_in is not None:  # an image's tokens are held as negative keys (engine/images.py): never drafts
+            proposal = proposal[:stand_in]
+        return Match(proposal, best_length) if proposal else None
 
     def _matched(self, candidate: int, end: int) -> int:
         """Tokens (up to MAX_MATCH) ending at `candidate` that equal those ending at `end`."""

@@ -20,6 +20,11 @@ newest hidden state) at the end of the system
 block (the caller's `marks`), every `checkpoint_every` tokens and at the prompt's end (with the last
 logits: the same prompt again needs no forward). Attention-only targets truncate to the shared prefix
 (from a little earlier when the drafter's rings must be refilled).
+
+A prompt with images (engine/images.py) is held as keys of its identity: each image's tokens as a key drawn from
+its content hash, so no state of one image serves another. Its prefill splices the vision tower's features into
+the embeddings and rotates by M-RoPE positions; the decode steps rotate every later token at its index plus the
+prompt's offset (`Steps.begin`'s delta).
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ from dflash_chat.engine import speculation
 from dflash_chat.engine.draft_length import Costs, DraftMemory, parse_draft
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
+from dflash_chat.engine.images import ImagePrefill, PromptImage
 from dflash_chat.engine.lookup import PromptLookup
 from dflash_chat.engine.memory import PREFILL_CHUNK
 from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.models.vision import VisionTower
 from dflash_chat.engine.parked import (
     DEFAULT_PARK_BUDGET,
     Parked,
@@ -69,8 +76,9 @@ class Drafter(Protocol):
 
     def allocate(self, max_context: int) -> None: ...
     def truncate(self, length: int) -> None: ...
-    def append_context(self, features: torch.Tensor, start: int) -> None:
-        """Take the target features [n, K*H] of the newly committed positions start-n .. start-1."""
+    def append_context(self, features: torch.Tensor, start: int, rope: torch.Tensor | None = None) -> None:
+        """Take the target features [n, K*H] of the newly committed positions start-n .. start-1 (rotated at
+        `rope` [n] where it is given)."""
 
     def block_ids(self, device: torch.device) -> torch.Tensor:
         """The drafting block's input ids [B]; row 0 receives the last token."""
@@ -88,8 +96,8 @@ class Drafter(Protocol):
         no host value: greedy, or drawn from a proposal distribution that it writes to q_out [drafts, V] for
         the exact verify. The first k are the same whatever `drafts` >= k is."""
 
-    def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
-        """Context from the target features [n, K*H] at device positions [n]."""
+    def store_context(self, features: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor | None = None) -> None:
+        """Context from the target features [n, K*H] at device positions [n] (rotated at `rope` [n])."""
 
     @property
     def ring_windows(self) -> list[int]:
@@ -132,13 +140,16 @@ class Engine:
         checkpoint_budget: int = DEFAULT_BUDGET,
         checkpoint_every: int = CHECKPOINT_EVERY,
         park_budget: int = DEFAULT_PARK_BUDGET,
+        vision: VisionTower | None = None,
+        image_token_id: int | None = None,
     ):
         """`drafter`: a DFlash(2) drafter; `mtp`: the target's MTP layer (load.load_mtp); `speculate`: which of
         these and prompt lookup draft (engine/speculation.py); `end_ids`: the model's own end-of-turn ids, at
         which every answer stops (and at its params').
         `checkpoint_budget`: bytes of prompt checkpoints kept for branches (0: none but the last prompt's);
         `checkpoint_every`: tokens between two of them along a prompt (engine/prefix_cache.py);
-        `park_budget`: bytes of host memory for conversations another prompt displaced (engine/parked.py)."""
+        `park_budget`: bytes of host memory for conversations another prompt displaced (engine/parked.py).
+        `vision`: the target's vision tower, and `image_token_id` its placeholder token: prompts may have images."""
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1 token, not {checkpoint_every}")
         self.checkpoints = CheckpointCache(checkpoint_budget)
@@ -148,12 +159,14 @@ class Engine:
         self.end_ids = tuple(end_ids)
         self.drafter = drafter
         self.mtp = mtp
+        self.vision = vision
+        self.image_token_id = image_token_id
         self.max_context = max_context
         self.most = speculation.available(drafter.block_size if drafter else None, mtp is not None)
         self.taps = (list(drafter.target_layer_ids) if drafter else []) + ([target.cfg.num_layers - 1] if mtp else [])
         self.device = target.model.norm.weight.device
         self.lookup = PromptLookup()  # the held tokens (and the newest), indexed for prompt lookup
-        self.tokens: list[int] = []  # exactly the tokens the target state (and the drafters' context) holds
+        self.tokens: list[int] = []  # exactly the tokens the state holds (an image's as its key: engine/images.py)
         self.snapshot: Checkpoint | None = None  # the end of the last prompt, with its logits
         self.clock = Clock(self.device)
         self.decode = decode_mode(decode, self.device)
@@ -446,8 +459,10 @@ class Engine:
         memory: DraftMemory | None = None,
         marks: Sequence[int] = (),
         grammar: Matcher | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> Iterator[Event]:
-        """Answer `prompt_ids`. `memory`: what `auto` has learned of the conversation this answer belongs to
+        """Answer `prompt_ids`; `images`: the images of its runs of image placeholders, in order (engine/images.py:
+        each run as long as its image's tokens). `memory`: what `auto` has learned of the conversation this answer belongs to
         (draft_length.py), which it goes on learning; without one, the answer starts from the fixed priors.
         `marks`: prompt positions where later prompts are likely to branch (the end of the system block):
         the prefill keeps a checkpoint there (engine/prefix_cache.py). `grammar`: the answer is held to it
@@ -455,6 +470,7 @@ class Engine:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt is empty")
+        pictures = self._images(prompt, images)
         asked = params.max_new_tokens
         if len(prompt) + (asked or 1) > self.max_context:
             raise ContextLengthError(
@@ -479,7 +495,7 @@ class Engine:
         try:
             limit = asked or self.max_context - len(prompt)
             yield from self._generate(
-                prompt, params, cancel, generator, stats, t0, memory or DraftMemory(), limit, marks, grammar
+                prompt, params, cancel, generator, stats, t0, memory or DraftMemory(), limit, marks, grammar, pictures
             )
         except torch.OutOfMemoryError:
             self.reset()
@@ -488,9 +504,25 @@ class Engine:
                 "error", stats, "out of GPU memory: use a shorter context, a smaller quant or a smaller model"
             )
 
-    def _prefill(self, prompt: list[int], stats: GenerationStats, marks: Sequence[int] = ()) -> torch.Tensor:
+    def _images(self, prompt: list[int], images: Sequence[PromptImage]) -> ImagePrefill | None:
+        """What the prefill of `prompt` reads of its images (None without any); a prompt whose placeholders do not
+        fit its images, or images for a model without a vision tower, is a ValueError that says so."""
+        if not images:
+            if self.image_token_id is not None and self.image_token_id in prompt:
+                raise ValueError("the prompt holds image placeholders but came without its images")
+            return None
+        if self.vision is None or self.image_token_id is None:
+            raise ValueError("this model has no vision tower: it reads no images; send the prompt without them")
+        return ImagePrefill(prompt, images, self.vision, self.target.embed_tokens, self.image_token_id)
+
+    def _prefill(
+        self, prompt: list[int], stats: GenerationStats, marks: Sequence[int] = (), images: ImagePrefill | None = None
+    ) -> torch.Tensor:
+        """Bring the state to `prompt` (token ids; a prompt with images is held as `images.keys`); the last logits."""
+        ids, prompt = prompt, (images.keys if images is not None else prompt)
         reused, logits = self._reuse(prompt)
         stats.reused_tokens = reused
+        stats.image_tokens = images.tokens if images is not None else 0
         if logits is None:
             saves = self._marks(prompt, reused, marks)
             stops = sorted(saves)
@@ -498,20 +530,23 @@ class Engine:
             while begin < len(prompt):
                 # in chunks (attention masks and context features stay small), cut at each checkpoint
                 end = min([begin + PREFILL_CHUNK, len(prompt), *(p for p in stops if p > begin)])
-                chunk = prompt[begin:end]
-                logits = self.steps.prefill(chunk, final=end == len(prompt))
-                self.tokens.extend(chunk)
+                part = images.chunk(begin, end) if images is not None else None
+                logits = self.steps.prefill(ids[begin:end], final=end == len(prompt), images=part)
+                self.tokens.extend(prompt[begin:end])
                 if end in saves:
                     self._keep_checkpoint(saves[end])
                 begin = end
             assert logits is not None, "the last chunk is final: it has logits"
+            stats.vision_s = images.seconds if images is not None else 0.0
             old, self.snapshot = self.snapshot, self._checkpoint(logits)
             if old is not None and old.length < len(self.tokens) and self.checkpoints.budget:
                 self.checkpoints.add(old)  # the last prompt's end: where an edit of what followed resumes
         return logits
 
-    def _generate(self, prompt, params, cancel, generator, stats, t0, memory, limit, marks, grammar) -> Iterator[Event]:
-        logits = self._prefill(prompt, stats, marks)
+    def _generate(
+        self, prompt, params, cancel, generator, stats, t0, memory, limit, marks, grammar, images
+    ) -> Iterator[Event]:
+        logits = self._prefill(prompt, stats, marks, images)
         _sync(self.device)
         stats.prefill_s = time.perf_counter() - t0
         yield Prefilled(len(prompt), stats.reused_tokens, stats.prefill_s)
@@ -547,7 +582,10 @@ class Engine:
             return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, learned)
 
         steps, clock = self.steps, self.clock
-        steps.begin(last, len(self.tokens), params, generator, stops, grammar.words if grammar is not None else 0)
+        delta = images.delta if images is not None else 0
+        steps.begin(
+            last, len(self.tokens), params, generator, stops, grammar.words if grammar is not None else 0, delta
+        )
         queued = chooser.before_read(False)
         self._queue(queued)
         plan = self._settle(chooser, queued, lookup)

@@ -10,17 +10,22 @@ call's first words (runtime/tool_use.py) end the prompt.
 
 A turn is a message dict as the template reads it: `role` and `content`, and for
 tool use an assistant's `tool_calls` (arguments as a mapping) or a `tool` turn's
-`tool_call_id`.
+`tool_call_id`. A content of parts may hold images (runtime/images.py): the prompt's
+ids then have each image's placeholder expanded, and the prompt carries the images.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_chat.engine.end_tokens import token_id
 from dflash_chat.errors import UserError
+from dflash_chat.runtime.images import Vision, turn_images, with_images
 from dflash_chat.runtime.tool_use import ToolUse
+
+if TYPE_CHECKING:
+    from dflash_chat.engine.images import PromptImage
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CLOSE_THINKING = "\n</think>\n\n"  # what the template writes after an empty think block's opening
@@ -35,6 +40,7 @@ class Prompt:
     thinking: bool  # the flag passed to the template
     tools: tuple[str, ...] = ()  # the names of the tools the template was given
     opening: str = ""  # the assistant's first words, written into the prompt (a forced tool call, a prefill)
+    images: tuple[PromptImage, ...] = ()  # the images of its placeholder runs, in order (engine/images.py)
 
     @property
     def opens_thinking(self) -> bool:
@@ -42,12 +48,20 @@ class Prompt:
         return self.text.rfind(THINK_OPEN) > self.text.rfind(THINK_CLOSE)
 
 
-def build_prompt(tokenizer, turns: list[Turn], *, thinking: bool, tool_use: ToolUse | None = None) -> Prompt:
+def build_prompt(
+    tokenizer,
+    turns: list[Turn],
+    *,
+    thinking: bool,
+    tool_use: ToolUse | None = None,
+    vision: Vision | None = None,
+) -> Prompt:
     """The chat rendered by the model's template (with the tools offered, and a forced call's opening after
-    it), and its token ids."""
+    it), and its token ids; the turns' images shown through `vision` (the pair's; None: it has none)."""
     tools, opening = _tool_args(tool_use)
     text = render_prompt(tokenizer, turns, thinking=thinking, tools=tools, opening=opening)
-    return Prompt(text, encode(tokenizer, text), thinking, _names(tools), opening)
+    ids, images = with_images(encode(tokenizer, text), turn_images(turns), vision)
+    return Prompt(text, ids, thinking, _names(tools), opening, images)
 
 
 def _tool_args(tool_use: ToolUse | None) -> tuple[list[dict] | None, str]:
@@ -65,9 +79,14 @@ def render_prompt(
             "the model's tokenizer has no chat template; use a target directory whose "
             "tokenizer_config.json (or chat_template.jinja) has one"
         )
-    text = tokenizer.apply_chat_template(
-        turns, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
-    )
+    from jinja2.exceptions import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(
+            turns, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+        )
+    except TemplateError as exc:  # the template's own raise_exception (Qwen's: an image in the system turn)
+        raise UserError(f"the model's chat template refuses this chat: {exc}") from None
     if opening and text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE):
         text = text.rstrip("\n") + CLOSE_THINKING
     return text + opening
@@ -193,9 +212,11 @@ def next_prompt(
     previous: Transcript | None = None,
     tool_use: ToolUse | None = None,
     prefill: str = "",
+    vision: Vision | None = None,
 ) -> Prompt:
     """The prompt for the next answer, built so the engine can reuse its state; `prefill`: the answer's first
-    words, written after the generation prompt (as a forced call's opening is) for the model to go on from.
+    words, written after the generation prompt (as a forced call's opening is) for the model to go on from; the
+    turns' images shown through `vision`, as `build_prompt` does.
 
     The engine keeps every token it has seen and prefills only what follows
     them. Re-rendering the whole chat would not start with those tokens when
@@ -220,10 +241,11 @@ def next_prompt(
         return previous.prompt
     text = render_prompt(tokenizer, turns, thinking=thinking, tools=tools, opening=opening)
     if previous is not None and not previous.thinking_text and not opening and not previous.prompt.opening:
-        continued = _continue(tokenizer, turns, text, thinking, previous, tools)
+        continued = _continue(tokenizer, turns, text, thinking, previous, tools, vision)
         if continued is not None:
             return continued
-    return Prompt(text, encode(tokenizer, text), thinking, _names(tools), opening)
+    ids, images = with_images(encode(tokenizer, text), turn_images(turns), vision)
+    return Prompt(text, ids, thinking, _names(tools), opening, images)
 
 
 def continuing_prompt(
@@ -255,7 +277,7 @@ def _answered(previous: Transcript) -> list[Turn]:
 
 
 def _continue(
-    tokenizer, turns, text: str, thinking: bool, previous: Transcript, tools: list[dict] | None
+    tokenizer, turns, text: str, thinking: bool, previous: Transcript, tools: list[dict] | None, vision: Vision | None
 ) -> Prompt | None:
     """The held tokens + the rest of `text` (the whole chat, rendered) after the answer they end with,
     or None when `text` does not hold that chat. Templates like Qwen's write an empty think block into
@@ -278,9 +300,11 @@ def _continue(
     rest = text[end + len(closing_tag) :]
     held = previous.ids
     closing = "\n" if held and held[-1] == im_end else closing_tag
+    added, images = with_images(encode(tokenizer, closing + rest), turn_images(turns[len(answered) :]), vision)
     return Prompt(
         previous.prompt.text + previous.answer + closing + rest,
-        held + encode(tokenizer, closing + rest),
+        held + added,
         thinking,
         previous.prompt.tools,
+        images=previous.prompt.images + images,
     )

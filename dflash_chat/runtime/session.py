@@ -17,6 +17,7 @@ from dflash_chat.engine import rules, speculation
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd, stream_answer
 from dflash_chat.runtime.constraint import OutputFormat, answer_constraint
 from dflash_chat.runtime.detokenize import IncrementalDecoder
+from dflash_chat.runtime.images import Vision
 from dflash_chat.runtime.prompt import (
     Prompt,
     ThinkingSplitter,
@@ -44,6 +45,12 @@ class EngineSession:
         engine = pair.engine
         self.context = engine.max_context
         self.last: Transcript | None = None  # what the engine holds, when it is a chat answer
+        # what turns with images need of the pair (None: it reads no images)
+        self.vision = (
+            Vision(engine.vision, engine.image_token_id)
+            if engine.vision is not None and engine.image_token_id is not None
+            else None
+        )
 
     @property
     def speculative(self) -> bool:
@@ -74,8 +81,11 @@ class EngineSession:
     def chat_prompt(
         self, turns: list[Turn], thinking: bool, previous: Transcript | None, tools: ToolUse | None = None
     ) -> Prompt:
-        """The chat's next prompt, with the tools offered and a forced call's opening (runtime/tool_use.py)."""
-        return next_prompt(self.tokenizer, turns, thinking=thinking, previous=previous, tool_use=tools)
+        """The chat's next prompt, with the tools offered and a forced call's opening (runtime/tool_use.py); the
+        turns' image parts shown to the model (runtime/images.py; a UserError when it reads none)."""
+        return next_prompt(
+            self.tokenizer, turns, thinking=thinking, previous=previous, tool_use=tools, vision=self.vision
+        )
 
     def text_prompt(self, text: str) -> Prompt:
         """A prompt sent as it is (completions): no chat template."""
@@ -105,7 +115,9 @@ class EngineSession:
         grammar = self.pair.grammars.matcher(constraint) if constraint is not None else None
         splitter = ThinkingSplitter(thinking=prompt.opens_thinking) if thinking_split else _NoSplit()
         marks = branch_marks(self.tokenizer, prompt.ids)
-        events = engine.generate(prompt.ids, params, cancel, memory=memory, marks=marks, grammar=grammar)
+        events = engine.generate(
+            prompt.ids, params, cancel, memory=memory, marks=marks, grammar=grammar, images=prompt.images
+        )
         return stream_answer(
             events if tap is None else _tapped(events, tap),
             IncrementalDecoder(self.tokenizer, engine.stop_ids(params)),

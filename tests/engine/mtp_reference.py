@@ -4,7 +4,9 @@ layer: vLLM's qwen3_5_mtp.py, llama.cpp's qwen35 MTP graph and converter), indep
 Row i pairs the target's final-normed hidden state h_i with the embedding of the token after it:
 x_i = fc([enorm(embed(t_{i+1})) ; hnorm(h_i)]); the decoder layer is transformers' own Qwen3.5 full-attention
 layer (its MoE twin for the MoE target) at position i, causal over the rows; out_i = norm(layer(x)_i); the
-logits are the target's head applied to out_i. Norms are transformers' zero-centred RMSNorm.
+logits are the target's head applied to out_i. Norms are transformers' zero-centred RMSNorm. On a prompt with
+images (vLLM's rule, docs/ARCHITECTURE.md *Drafting on prompts with images*) a row takes its next token's input
+embedding as the target got it (an image's features) and the target's M-RoPE position of its own token.
 """
 
 from __future__ import annotations
@@ -46,23 +48,53 @@ class ReferenceMTP(torch.nn.Module):
         self.rotary = Qwen3_5TextRotaryEmbedding(config=config)
 
     @torch.no_grad()
-    def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, start: int = 0):
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        next_ids: torch.Tensor,
+        start: int = 0,
+        embeds: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ):
         """(normed outputs [n, H], logits [n, V]) of the rows (hidden [n, H], next_ids [n]) at positions
-        start..start+n-1, each row attending to the rows up to its own."""
+        start..start+n-1 (or M-RoPE `positions` [3, n]), each row attending to the rows up to its own;
+        `embeds` [n, H]: the next tokens' input embeddings, where not their ids' own."""
         n = hidden.shape[0]
-        x = self.fc(torch.cat((self.enorm(self.embed[next_ids]), self.hnorm(hidden.float())), dim=-1))[None]
-        positions = torch.arange(start, start + n)
-        cos_sin = self.rotary(x, positions.view(1, 1, n))
+        embedded = self.embed[next_ids] if embeds is None else embeds.float()
+        x = self.fc(torch.cat((self.enorm(embedded), self.hnorm(hidden.float())), dim=-1))[None]
+        if positions is None:
+            positions = torch.arange(start, start + n).expand(3, n)
+        cos_sin = self.rotary(x, positions.reshape(3, 1, n))
         mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        out = self.norm(self.layer(x, cos_sin, attention_mask=mask, position_ids=positions[None])[0])
+        out = self.norm(self.layer(x, cos_sin, attention_mask=mask, position_ids=positions[:1])[0])
         return out, out @ self.head.T
 
-    def chain(self, hidden: torch.Tensor, tokens: list[int], drafts: int) -> list[int]:
+    def chain(
+        self,
+        hidden: torch.Tensor,
+        tokens: list[int],
+        drafts: int,
+        embeds: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> list[int]:
         """Greedy drafts after tokens t_0..t_P whose target hidden states h_0..h_{P-1} are `hidden`: the rows
-        (h_i, t_{i+1}), then the layer chained on its own output, each draft the argmax of the newest row."""
+        (h_i, t_{i+1}), then the layer chained on its own output, each draft the argmax of the newest row. A
+        prompt with images gives the input embeddings of t_1..t_{P-1} (`embeds` [P - 1, H]) and the M-RoPE
+        positions of t_0..t_{P-1} (`positions` [3, P]); the rows after them move on from the last one by one."""
         rows, ids, out = list(hidden), list(tokens[1:]), []
+        n = len(rows)
+        if positions is None:
+            positions = torch.arange(n).expand(3, n)
         for _ in range(drafts):
-            normed, logits = self(torch.stack(rows), torch.tensor(ids))
+            k = len(rows)
+            given = 0 if embeds is None else embeds.shape[0]
+            embedded = self.embed[torch.tensor(ids[given:], dtype=torch.long)]
+            if embeds is not None:
+                embedded = torch.cat((embeds.float(), embedded))
+            later = positions[:, -1:] + torch.arange(1, k - n + 1)
+            normed, logits = self(
+                torch.stack(rows), torch.tensor(ids), embeds=embedded, positions=torch.cat((positions, later), dim=1)
+            )
             out.append(int(logits[-1].argmax()))
             rows.append(normed[-1])
             ids.append(out[-1])

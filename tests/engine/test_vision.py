@@ -358,14 +358,14 @@ def test_a_folder_pair_loads_its_own_tower_unless_told_not_to(vlm, tmp_path):
     `vision=False` (the setting off, or no room for it) loads none; a GGUF target has none of its own."""
     import shutil
 
-    from dflash_chat.bench.tiny_target import write_tokenizer
     from dflash_chat.engine.load import load_pair
     from dflash_chat.engine.models.vision import VisionTower
+    from tests.engine.tiny_vlm import write_vlm_tokenizer
 
     _, folder = vlm
     local = tmp_path / "vlm"
     shutil.copytree(folder, local)
-    write_tokenizer(local)
+    write_vlm_tokenizer(local)
     pair = load_pair(local, None, device="cpu", max_context=64, speculate="none")
     assert isinstance(pair.vision, VisionTower) and pair.vision.cfg == VisionConfig.from_dict(VISION)
     assert load_pair(local, None, device="cpu", max_context=64, speculate="none", vision=False).vision is None

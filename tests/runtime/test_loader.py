@@ -98,17 +98,20 @@ def _mmproj(path, out_hidden: int):
     return write_mmproj_gguf(path, VisionTower(VisionConfig.from_dict(vision)).state_dict(), vision, out_hidden)
 
 
-def test_the_vision_tower_loads_with_the_pair_unless_vision_is_off(tiny_pair, tmp_path):  # noqa: F811
+def test_the_vision_tower_loads_with_the_pair_unless_vision_is_off(tmp_path):
     from dataclasses import replace
 
     from dflash_chat.engine.models.vision import VisionTower
+    from tests.engine.tiny_vlm import write_vlm, write_vlm_tokenizer
 
-    target, drafter = tiny_pair
+    target, drafter = tmp_path / "vlm", None  # a target whose tokenizer has the image tokens a tower needs
+    write_vlm(target)
+    write_vlm_tokenizer(target)
     tower = _mmproj(tmp_path / "mmproj-F16.gguf", 64)
     owner = Owner(lambda body, group: body())
-    owner.loader.begin(ModelSource(str(target), str(drafter), vision=str(tower)))
+    owner.loader.begin(ModelSource(str(target), drafter, vision=str(tower)))
     pair = owner.loader.pair
-    assert pair is not None and isinstance(pair.vision, VisionTower)
+    assert pair is not None and isinstance(pair.vision, VisionTower), owner.seen[-1]
     assert pair.vision.merger.linear_fc2.weight.dtype == pair.dtype  # on the target's device, in its dtype
     progress = [e for e, _, _ in owner.seen if isinstance(e, LoadProgress)]
     assert progress[-1].done == progress[-1].total  # the tower's bytes counted in the bar
@@ -119,7 +122,7 @@ def test_the_vision_tower_loads_with_the_pair_unless_vision_is_off(tiny_pair, tm
     assert owner.loader.source is not None and owner.loader.source.vision == str(tower)
 
     owner.loader.options = OPTIONS
-    owner.loader.begin(ModelSource(str(target), str(drafter), vision=str(_mmproj(tmp_path / "other.gguf", 48))))
+    owner.loader.begin(ModelSource(str(target), drafter, vision=str(_mmproj(tmp_path / "other.gguf", 48))))
     event = owner.seen[-1][0]
     assert isinstance(event, ModelFailed) and "\n" not in event.error
     assert "48-wide features, the target's hidden size is 64" in event.error

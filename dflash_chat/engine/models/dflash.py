@@ -265,22 +265,24 @@ class DFlashDrafter(nn.Module):
         return draft_tokens(logits, params, draws, q)
 
     @torch.no_grad()
-    def append_context(self, features: torch.Tensor, start: int) -> None:
-        """Cache context K/V for committed positions start-n .. start-1 (features [n, K*H])."""
+    def append_context(self, features: torch.Tensor, start: int, rope: torch.Tensor | None = None) -> None:
+        """Cache context K/V for committed positions start-n .. start-1 (features [n, K*H]); `rope` [n]: the
+        positions their keys rotate by, where not these (a prompt with images: the target's temporal ones)."""
         n = features.shape[0]
         if self.ctx_len + n != start:
             raise RuntimeError(f"drafter context out of sync: have {self.ctx_len} + {n} rows for position {start}")
         if n:
-            self.store_context(features, torch.arange(start - n, start, device=features.device))
+            self.store_context(features, torch.arange(start - n, start, device=features.device), rope)
         self.ctx_len = start
 
     @torch.no_grad()
-    def store_context(self, features: torch.Tensor, positions: torch.Tensor) -> None:
+    def store_context(self, features: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor | None = None) -> None:
         """Context K/V of the target features [n, K*H] at `positions` [n] (a fixed-shape step stores a whole
-        verify block; the rows past the accepted ones are overwritten before anything reads them)."""
+        verify block; the rows past the accepted ones are overwritten before anything reads them), their keys
+        rotated by `rope` [n] where it is given."""
         dtype = self.norm.weight.dtype
         h = self.project_context(features.to(dtype))
-        cos, sin = self.rotary.at(positions, dtype)
+        cos, sin = self.rotary.at(positions if rope is None else rope, dtype)
         for layer, (cache_k, cache_v) in zip(self.draft_layers, self.cache, strict=True):
             layer.self_attn.into_cache(h, cos, sin, positions, cache_k, cache_v, queries=False)
 
@@ -310,7 +312,7 @@ class DFlashDrafter(nn.Module):
         written to the cache rows past the context (the next block or context rows overwrite them)."""
         dtype = self.norm.weight.dtype
         x = self.embed(ids, dtype)
-        cos, sin = self.rotary.at(span.pos, dtype)
+        cos, sin = self.rotary.at(span.rotated, dtype)
         block = x.shape[0]
         for layer, (cache_k, cache_v) in zip(self.draft_layers, self.cache, strict=True):
             attn = layer.self_attn

@@ -16,6 +16,11 @@ newest committed position, and stores each pair when its token arrives (`append_
 prefill, `commit_context` after a verify). A verify's rows past the accepted ones store wrong pairs at
 positions past the newest committed one; the next draft's first row or the next commit rewrites each of
 them before any query reads it (a query reads only positions up to its own, and writes its own first).
+
+On a prompt with images each row rotates by the target's M-RoPE position of its own token, and a row whose next
+token is an image's takes that token's image features as its embedding, as vLLM runs the Qwen3.5 MTP layer
+(docs/ARCHITECTURE.md, *Drafting on prompts with images*); the rows after the prompt rotate at their index plus
+the prompt's offset.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from torch import nn
 
 from dflash_chat.engine.models.config import TargetConfig
+from dflash_chat.engine.models.image_prompt import mrope_axes, mrope_cos_sin
 from dflash_chat.engine.models.layers import RMSNorm, Rotary
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.models.target import DecoderLayer, add_norm
@@ -48,6 +54,7 @@ class MTPHead(nn.Module):
         self._lm_head: nn.Module | None = None
         self._final_norm: nn.Module | None = None
         self._rotary: Rotary | None = None
+        self._mrope = (cfg.rotary_dim, cfg.mrope_section)  # which M-RoPE position each frequency reads
 
     @property
     def layer(self) -> DecoderLayer:
@@ -74,10 +81,11 @@ class MTPHead(nn.Module):
         self.last = torch.zeros(1, self.hidden_size, dtype=p.dtype, device=p.device)
 
     # -- the layer ----------------------------------------------------------------
-    def rows(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The layer's input rows from normed target hidden states [n, H] and the next tokens' ids [n]."""
+    def rows(self, hidden: torch.Tensor, ids: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's input rows from normed target hidden states [n, H] and the next tokens' ids [n] (or their
+        input embeddings [n, H], an image's features among them)."""
         dtype = self.norm.weight.dtype
-        embedded = _borrowed(self._embed)(ids).to(dtype)
+        embedded = (_borrowed(self._embed)(ids) if embeds is None else embeds).to(dtype)
         joined = torch.cat((self.pre_fc_norm_embedding(embedded), self.pre_fc_norm_hidden(hidden.to(dtype))), dim=-1)
         return self.fc(joined)
 
@@ -85,7 +93,7 @@ class MTPHead(nn.Module):
         """The normed outputs [n, H] of the rows (hidden, ids) at `span`; their K/V go into the cache and each
         attends to the cached positions up to its own."""
         assert self.cache is not None, "allocate() the MTP layer first"
-        cos, sin = self.rotary.at(span.pos, self.norm.weight.dtype)
+        cos, sin = self.rotary.at(span.rotated, self.norm.weight.dtype)
         x, mlp = self.layer(self.rows(hidden, ids), None, self.cache, span, cos, sin, False)
         return add_norm(self.norm, x, mlp)[1]
 
@@ -97,34 +105,62 @@ class MTPHead(nn.Module):
         return _borrowed(self._final_norm)(features.to(self.norm.weight.dtype))
 
     # -- context ------------------------------------------------------------------
-    def _store(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> None:
-        """K/V of the rows (hidden, ids) at `positions`: the layer's attention input, no attention run."""
+    def _store(
+        self,
+        hidden: torch.Tensor,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        rope: torch.Tensor | None = None,
+        embeds: torch.Tensor | None = None,
+    ) -> None:
+        """K/V of the rows (hidden, ids) at `positions`: the layer's attention input, no attention run. `rope`: the
+        positions they rotate by where not these, [n] or M-RoPE's [3, n]; `embeds`: the ids' input embeddings."""
         assert self.cache is not None, "allocate() the MTP layer first"
-        cos, sin = self.rotary.at(positions, self.norm.weight.dtype)
-        x = self.layer.input_layernorm(self.rows(hidden, ids))
+        dtype = self.norm.weight.dtype
+        if rope is not None and rope.dim() == 2:
+            cos, sin = mrope_cos_sin(self.rotary, rope, mrope_axes(*self._mrope), dtype)
+        else:
+            cos, sin = self.rotary.at(positions if rope is None else rope, dtype)
+        x = self.layer.input_layernorm(self.rows(hidden, ids, embeds))
         self.layer.self_attn.into_cache(x, cos, sin, positions, self.cache.k, self.cache.v, queries=False)
 
     @torch.no_grad()
-    def append_context(self, features: torch.Tensor, ids: torch.Tensor, start: int) -> None:
+    def append_context(
+        self,
+        features: torch.Tensor,
+        ids: torch.Tensor,
+        start: int,
+        embeds: torch.Tensor | None = None,
+        rope: torch.Tensor | None = None,
+    ) -> None:
         """A prefill's n tokens `ids` at positions start.. and the target's last-layer output there
-        [n, H]: the pairs of positions start-1 .. start+n-2 are stored, `last` becomes position start+n-1's."""
+        [n, H]: the pairs of positions start-1 .. start+n-2 are stored, `last` becomes position start+n-1's.
+        A prompt with images gives the tokens' input embeddings `embeds` [n, H] and `rope` [3, n], the M-RoPE
+        positions of start-1 .. start+n-2 (the first any when start is 0)."""
         normed = self.normed(features)
         hidden, first = torch.cat((self.last, normed[:-1])), start - 1
         if first < 0:  # nothing precedes position 0
             hidden, ids, first = hidden[1:], ids[1:], 0
+            embeds = None if embeds is None else embeds[1:]
+            rope = None if rope is None else rope[:, 1:]
         if ids.shape[0]:
-            self._store(hidden, ids, torch.arange(first, first + ids.shape[0], device=ids.device))
+            self._store(hidden, ids, torch.arange(first, first + ids.shape[0], device=ids.device), rope, embeds)
         self.last.copy_(normed[-1:])
 
     @torch.no_grad()
     def commit_context(
-        self, features: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, newest: torch.Tensor
+        self,
+        features: torch.Tensor,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        newest: torch.Tensor,
+        rope: torch.Tensor | None = None,
     ) -> None:
-        """A verify of ids [T] = [last, d1 ..] at `positions` committed its first n rows: the pairs of
-        positions - 1 are stored and `last` becomes the normed row `newest` (n - 1, a device index) of the
-        target's last-layer output `features` [T, H]. Reads no host value."""
+        """A verify of ids [T] = [last, d1 ..] at `positions` (rotated at `rope`, where given) committed its first
+        n rows: the pairs of positions - 1 are stored and `last` becomes the normed row `newest` (n - 1, a device
+        index) of the target's last-layer output `features` [T, H]. Reads no host value."""
         normed = self.normed(features)
-        self._store(torch.cat((self.last, normed[:-1])), ids, positions - 1)
+        self._store(torch.cat((self.last, normed[:-1])), ids, positions - 1, None if rope is None else rope - 1)
         self.last.copy_(normed.index_select(0, newest.reshape(1)))
 
     # -- drafting -----------------------------------------------------------------
@@ -138,14 +174,16 @@ class MTPHead(nn.Module):
         draws,
         q_out: torch.Tensor | None,
         drafts: int,
+        shift: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`drafts` tokens after `last_id` [1] (the token at the committed length `start`, a device scalar),
         the layer chained on its own output from `last`; sampled from their processed distributions at T > 0,
-        which go to q_out [drafts, V]. Reads no host value; `bound`: cache rows an uncaptured query reads."""
+        which go to q_out [drafts, V]. Reads no host value; `bound`: cache rows an uncaptured query reads;
+        `shift`: the rows rotate at their positions plus it (a 0-d device tensor: the prompt's M-RoPE offset)."""
         offsets = torch.zeros(1, dtype=torch.long, device=start.device)
         hidden, token, out = self.last, last_id.reshape(1), []
         for j in range(drafts):
-            span = Span.fixed(start + (j - 1), offsets, bound)
+            span = Span.fixed(start + (j - 1), offsets, bound, shift)
             hidden = self.forward(hidden, token, span)
             logits = self.logits(hidden)
             if params.greedy:

@@ -168,7 +168,7 @@ class TargetModel(nn.Module):
         dtype = self.model.norm.weight.dtype
         x = (self.model.embed_tokens(ids) if embeds is None else embeds).to(dtype)
         if rope_positions is None:
-            cos, sin = self.rotary.at(span.pos, dtype)
+            cos, sin = self.rotary.at(span.rotated, dtype)
         else:
             axes = mrope_axes(self.cfg.rotary_dim, self.cfg.mrope_section)
             cos, sin = mrope_cos_sin(self.rotary, rope_positions, axes, dtype)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_chat.engine.images import ChunkInput
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.sampling import Draws, accept, noise_columns
 from dflash_chat.engine.sampling_params import SamplingParams
@@ -75,6 +76,7 @@ class Steps:
         self.rows = state.max_len  # cache rows a captured step's reference path reads
         long = dict(dtype=torch.long, device=dev)
         self.start = torch.zeros((), **long)  # committed length
+        self.delta = torch.zeros((), **long)  # the prompt's M-RoPE offset: a token at n rotates at n + delta
         self.remaining = torch.zeros((), **long)  # tokens the answer may still emit
         self.stop_ids = torch.full((MAX_STOPS,), -1, **long)
         self.offsets = torch.arange(max(self.B, drafter.block_size if drafter else 1), **long)
@@ -98,8 +100,8 @@ class Steps:
         self.generator: torch.Generator | None = None
         self.length = 0  # committed positions, on the host (known after each read)
         self.host_s = 0.0  # host time in the decode entry points: issuing them and reading results (not the wait)
-        # plain steps' (features, positions, token ids) whose context is not stored yet
-        self.deferred: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        # plain steps' (features, positions, rotary positions, token ids) whose context is not stored yet
+        self.deferred: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.graphs: dict | None = None
         self.static = graphs  # captured steps read every cache row on a reference path (no host length)
         if graphs:
@@ -115,16 +117,22 @@ class Steps:
 
     # -- prefill (variable shapes, positions on the host) ------------------------------
     @torch.no_grad()
-    def prefill(self, ids: list[int], final: bool) -> torch.Tensor | None:
-        """Run prompt tokens at the state's length; the drafter gets their context. Logits of the last when final."""
+    def prefill(self, ids: list[int], final: bool, images: ChunkInput | None = None) -> torch.Tensor | None:
+        """Run prompt tokens at the state's length; the drafter gets their context. Logits of the last when final.
+        `images`: the part of a prompt with images these tokens are (their embeddings and M-RoPE positions)."""
         tensor = torch.tensor(ids, dtype=torch.long, device=self.device)
-        logits, feats = self.target(tensor, self.state, logits="last" if final else None, taps=self.taps)
+        embeds, rope = (images.embeds, images.rope) if images is not None else (None, None)
+        logits, feats = self.target(
+            tensor, self.state, logits="last" if final else None, taps=self.taps, embeds=embeds, rope_positions=rope
+        )
         if feats is None:  # nothing reads the target's features (a drafter that needs none)
             return logits
         if self.dflash_width:
-            self.drafter.append_context(feats[:, : self.dflash_width], self.state.length)
+            temporal = None if rope is None else rope[0]  # the drafter's plain RoPE reads the temporal positions
+            self.drafter.append_context(feats[:, : self.dflash_width], self.state.length, temporal)
         if self.mtp is not None:
-            self.mtp.append_context(feats[:, self.dflash_width :], tensor, self.state.length - len(ids))
+            rows = None if images is None else images.pair_rope
+            self.mtp.append_context(feats[:, self.dflash_width :], tensor, self.state.length - len(ids), embeds, rows)
         return logits
 
     # -- the entry points (fixed shapes, no host reads) ------------------------------
@@ -132,7 +140,7 @@ class Steps:
         """T positions from the device's committed length. Uncaptured steps read only the cache rows that can
         be in use: the host's length may lag by one step's tokens (<= B), as a draft is queued before the
         read of the step it follows; rows past the device's length are masked."""
-        return Span.fixed(self.start, self.offsets[:T], self._bound(T))
+        return Span.fixed(self.start, self.offsets[:T], self._bound(T), self.delta)
 
     def _bound(self, T: int) -> int:
         return self.rows if self.static else min(self.rows, self.length + len(self.offsets) + T)
@@ -151,7 +159,9 @@ class Steps:
         """The T - 1 drafts of the target's MTP layer chained from the newest committed position (ids[1:T])."""
         assert self.mtp is not None, "a target without an MTP layer has no MTP draft step"
         self.flush_context()
-        drafts = self.mtp.propose(self.ids[:1], self.start, self._bound(T), self.params, self.draws, self.q, T - 1)
+        drafts = self.mtp.propose(
+            self.ids[:1], self.start, self._bound(T), self.params, self.draws, self.q, T - 1, self.delta
+        )
         self.ids[1:T].copy_(drafts)
 
     def _verify(self, T: int) -> None:
@@ -174,38 +184,47 @@ class Steps:
         if T > 1:
             self.target.commit(self.state, n)
         if feats is not None:
-            self._store_context(feats, self._span(T).pos, self.ids[:T], n, defer=T == 1 and not self.static)
+            span = self._span(T)
+            self._store_context(feats, span.pos, span.rotated, self.ids[:T], n, defer=T == 1 and not self.static)
         self.ids[:1].copy_(self.result.index_select(0, n - 1))
         self.start.add_(n)
         self.remaining.sub_(n)
 
     def _store_context(
-        self, feats: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, n: torch.Tensor, defer: bool
+        self,
+        feats: torch.Tensor,
+        positions: torch.Tensor,
+        rope: torch.Tensor,
+        ids: torch.Tensor,
+        n: torch.Tensor,
+        defer: bool,
     ) -> None:
         """The drafting models' context of a verify of ids [T] whose first n rows were kept. A plain step's,
         uncaptured, waits for the next draft (or the end of the answer) and is stored with the others in one
         call: a run of plain steps pays for the context projections once, not per token."""
         if defer:
-            self.deferred.append((feats, positions, ids.clone()))
+            self.deferred.append((feats, positions, rope, ids.clone()))
             if len(self.deferred) < DEFERRED_ROWS:
                 return
         self.flush_context()
         if not defer:
-            self._store(feats, positions, ids, n - 1)
+            self._store(feats, positions, rope, ids, n - 1)
 
-    def _store(self, feats: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, newest) -> None:
+    def _store(
+        self, feats: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, ids: torch.Tensor, newest
+    ) -> None:
         if self.dflash_width:
-            self.drafter.store_context(feats[:, : self.dflash_width], positions)
+            self.drafter.store_context(feats[:, : self.dflash_width], positions, rope)
         if self.mtp is not None:
-            self.mtp.commit_context(feats[:, self.dflash_width :], ids, positions, newest)
+            self.mtp.commit_context(feats[:, self.dflash_width :], ids, positions, newest, rope)
 
     @torch.no_grad()
     def flush_context(self) -> None:
         """Store the deferred plain steps' context (each kept its one row: the rows are consecutive)."""
         if self.deferred:
-            feats, positions, ids = (torch.cat(part) for part in zip(*self.deferred, strict=True))
+            feats, positions, rope, ids = (torch.cat(part) for part in zip(*self.deferred, strict=True))
             self.deferred = []
-            self._store(feats, positions, ids, torch.tensor(feats.shape[0] - 1, device=feats.device))
+            self._store(feats, positions, rope, ids, torch.tensor(feats.shape[0] - 1, device=feats.device))
 
     # -- graphs ------------------------------------------------------------------------
     def _sampling(self) -> tuple:
@@ -278,16 +297,20 @@ class Steps:
         generator: torch.Generator | None,
         stop_ids: tuple[int, ...] = (),
         mask_words: int = 0,
+        delta: int = 0,
     ) -> None:
         """Start decoding after a prefill: the state holds `length` tokens, `last` is the newest token, the answer
         ends at `stop_ids` (a greedy answer needs no generator). `mask_words` > 0: the answer is held to a grammar
-        whose masks (`bitmask`, that many words a row) the loop writes before each verify."""
+        whose masks (`bitmask`, that many words a row) the loop writes before each verify. `delta`: the prompt's
+        M-RoPE offset (engine/models/image_prompt.py; 0 without images): every model rotates a token at index n at
+        n + delta."""
         stops = list(stop_ids)[:MAX_STOPS]
         self.stop_ids.fill_(-1)
         if stops:
             self.stop_ids[: len(stops)].copy_(torch.tensor(stops, dtype=torch.long), non_blocking=True)
         self.length = length
         self.start.fill_(length)
+        self.delta.fill_(delta)
         self.ids[:1].fill_(last)
         self.params, self.generator = params, generator
         self.masked = mask_words > 0
@@ -406,6 +429,7 @@ class Steps:
         self.length = 0
         self.deferred = []
         self.start.zero_()
+        self.delta.zero_()
         self.state.reset()
         if self.drafter is not None:
             self.drafter.truncate(0)
