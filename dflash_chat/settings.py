@@ -1,4 +1,5 @@
 """The user's settings: a typed object read from and written to config.toml.
+One file past 500 lines: reading, checking and editing the one file in place share its parse and its rules.
 
 config.toml is the user's file. Reading never writes it. A write (an explicit change: `--set`, the
 settings screen, a theme picked in the palette) edits only the keys that changed, in place, with

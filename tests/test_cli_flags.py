@@ -62,7 +62,7 @@ def test_run_refuses_bad_values_like_the_settings_file_before_loading(capsys, fl
         (["bench", "--top-k", "5"], "--top-k go with --demo"),
         (
             ["bench", "--demo", "--http", "--temperature", "0.5"],
-            "--temperature go with --demo or --tools (their sampled",
+            "--temperature go with --demo, --tools or --structured (their sampled",
         ),
         (["bench", "--tools", "--demo"], "--tools measures the demo pair on its own: leave out --demo"),
         (["bench", "--tools", "--http"], "--tools measures the demo pair on its own"),

@@ -401,7 +401,7 @@ def resident_bytes(device: torch.device, shapes: list, n_layers: int) -> dict:
     """Write n_layers x shapes (Q4_K_M-mix) plus F32 norms to a GGUF, load as QuantLinear, compare bytes."""
     import gguf
 
-    from dflash_chat.engine.weights.gguf import _raw
+    from dflash_chat.engine.weights.gguf import raw_tensor
 
     hidden = shapes[0][2]
     with tempfile.TemporaryDirectory() as tmp:
@@ -428,7 +428,7 @@ def resident_bytes(device: torch.device, shapes: list, n_layers: int) -> dict:
             before = torch.cuda.memory_allocated(device)
         modules = []
         for t in reader.tensors:
-            w = _raw(t).to(device)
+            w = raw_tensor(t).to(device)
             modules.append(QuantLinear(w) if isinstance(w, QuantTensor) else w)
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -1,9 +1,10 @@
-"""The ids that end an answer, read from a tokenizer and a model config. No torch: the prompt code uses
-`token_id` too."""
+"""The ids that end an answer, read from a tokenizer and a model config, and the other special tokens the prompt
+code names. No torch: the prompt code uses `token_id` too."""
 
 from __future__ import annotations
 
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the chat templates' end of a turn, and of a text
+IMAGE_PAD = "<|image_pad|>"  # the placeholder Qwen's chat template writes for an image
 
 
 def end_token_ids(tokenizer, config_eos=None) -> tuple[int, ...]:

@@ -26,7 +26,6 @@ from dflash_chat.engine.models.image_prompt import RopePositions, expand, rope_p
 from dflash_chat.engine.models.vision import VisionTower, merged_tokens
 from dflash_chat.engine.models.vision_input import Grid, image_array, patches, to_rgb
 
-IMAGE_PAD = "<|image_pad|>"  # the placeholder Qwen's chat template writes for an image
 KEY_BITS = 62  # an image's key is -1 - (62 bits of its hash): below every token id
 
 

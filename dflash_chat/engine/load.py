@@ -23,9 +23,8 @@ import torch
 from dflash_chat.engine import rules, speculation
 from dflash_chat.engine.checkpoint import check_layers, materialise, normalise_target_names, read_config
 from dflash_chat.engine.draft_length import parse_draft
-from dflash_chat.engine.end_tokens import end_token_ids, token_id
+from dflash_chat.engine.end_tokens import IMAGE_PAD, end_token_ids, token_id
 from dflash_chat.engine.errors import ModelFormatError
-from dflash_chat.engine.images import IMAGE_PAD
 from dflash_chat.engine.layout import lay_out_for_cpu
 from dflash_chat.engine.models.config import DrafterConfig, TargetConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, drafter_rotary

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dflash_chat.engine.images import IMAGE_PAD
+from dflash_chat.engine.end_tokens import IMAGE_PAD
 from dflash_chat.errors import UserError
 
 if TYPE_CHECKING:

@@ -33,6 +33,11 @@ CLOSE_THINKING = "\n</think>\n\n"  # what the template writes after an empty thi
 Turn = dict[str, Any]
 
 
+class TemplateRefused(UserError):
+    """The model's chat template raised on these turns (its own `raise_exception`): the turns' fault, which serve
+    answers with a 400 and the chat shows in one line."""
+
+
 @dataclass(frozen=True)
 class Prompt:
     text: str
@@ -86,7 +91,7 @@ def render_prompt(
             turns, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
         )
     except TemplateError as exc:  # the template's own raise_exception (Qwen's: an image in the system turn)
-        raise UserError(f"the model's chat template refuses this chat: {exc}") from None
+        raise TemplateRefused(f"the model's chat template refuses this chat: {exc}") from None
     if opening and text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE):
         text = text.rstrip("\n") + CLOSE_THINKING
     return text + opening

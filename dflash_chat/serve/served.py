@@ -22,7 +22,7 @@ from dflash_chat.errors import UserError, one_line
 from dflash_chat.runtime.answering import AnsweringService
 from dflash_chat.runtime.bridge import StreamEnd
 from dflash_chat.runtime.constraint import GrammarError
-from dflash_chat.runtime.prompt import Prompt, Turn, continuing_prompt, encode
+from dflash_chat.runtime.prompt import Prompt, TemplateRefused, Turn, continuing_prompt, encode
 from dflash_chat.runtime.session import EngineSession
 from dflash_chat.serve.errors import SERVER_FAULT, ApiError, bad_request, log
 from dflash_chat.serve.metrics import Metrics
@@ -221,6 +221,10 @@ class Served:
                 tool_use=request.tools,
                 prefill=request.prefill,
             )
+        except TemplateRefused as exc:
+            raise bad_request(
+                f"{exc}. Change the messages it names (their order, roles or content).", "messages", "invalid_messages"
+            ) from None
         except UserError:
             raise  # the model has no template: the server's, not the client's
         except Exception as exc:  # noqa: BLE001 - a template raises what it likes (jinja2's, transformers')

@@ -9,14 +9,17 @@ from dflash_chat.chat.backends.local import LocalBackend
 from dflash_chat.runtime.model_source import ModelSource
 from dflash_chat.settings import Settings
 from tests.runtime.test_loader import _mmproj
-from tests.ui.conftest import tiny_pair  # noqa: F401 - a fixture
 
 
-def test_the_rows_say_the_tower_is_loaded_and_the_setting_takes_it_away(tiny_pair, tmp_path):  # noqa: F811
-    target, drafter = tiny_pair
+def test_the_rows_say_the_tower_is_loaded_and_the_setting_takes_it_away(tmp_path):
+    from tests.engine.tiny_vlm import write_vlm, write_vlm_tokenizer
+
+    target = tmp_path / "vlm"  # a target whose tokenizer has the image tokens a tower needs
+    write_vlm(target)
+    write_vlm_tokenizer(target)
     tower = _mmproj(tmp_path / "mmproj-F16.gguf", 64)
     settings = Settings(context_length=256)
-    backend = LocalBackend(settings, ModelSource(str(target), str(drafter), vision=str(tower), device="cpu"))
+    backend = LocalBackend(settings, ModelSource(str(target), None, vision=str(tower), device="cpu"))
     backend.attach(lambda event: backend.handle(event), lambda body, group: body())
     backend.begin()
     names = [name for name, _ in backend.rows()]

@@ -84,7 +84,7 @@ def _chat(pair, text: str, *, tools=None, opening: str = "") -> str:
 @pytest.mark.slow(seconds=40)
 def test_greedy_json_answers_are_the_same_under_every_method_and_valid(demo):
     constraint = json_tag(PET, thinking=False)
-    params = SamplingParams(max_new_tokens=160)
+    params = SamplingParams(max_new_tokens=96)
     answers = {}
     for method in METHODS:
         tokens, finished = _answer(demo, method, constraint, _chat(demo, "Describe a pet as JSON."), params)
@@ -106,9 +106,12 @@ def test_a_forced_call_is_always_a_call_with_valid_arguments_under_every_method(
     held = Constraint(constraint.kind, constraint.spec, prefix=opening)
     prompt = _chat(demo, "Show me the config file.", tools=[READ], opening=opening)
     tool = ToolSpec.of_openai(READ)
-    for params in (SamplingParams(max_new_tokens=200), SamplingParams(temperature=0.7, top_p=0.95, seed=3)):
+    for params in (
+        SamplingParams(max_new_tokens=96),
+        SamplingParams(temperature=0.7, top_p=0.95, seed=3, max_new_tokens=96),
+    ):
         answers = {}
-        for method in METHODS:
+        for method in METHODS if params.greedy else ("none", "dflash", "auto"):
             tokens, finished = _answer(demo, method, held, prompt, params)
             answers[method] = tokens
             text = opening + demo.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -286,3 +289,67 @@ def test_the_call_grammar_takes_what_qwens_template_and_render_call_write(tiny):
         matcher = raw.matcher(tool_calls_tag(tools, choice, thinking=False, parallel=True))
         assert not matcher.raw.accept_string(bad)
     assert schema_text({"b": 1, "a": 2}) != schema_text({"a": 2, "b": 1})  # the properties' order is the answer's
+
+
+ANCHOR_WORDS = [
+    "<end>",
+    "<think>",
+    "</think>",
+    "\n",
+    "{",
+    "}",
+    '"',
+    "a",
+    ":",
+    " ",
+    "1",
+    "x",
+    "<tool_call>",
+    "<function=",
+    "f",
+    ">",
+]
+ANCHOR_WORDS += ["</function>", "</tool_call>", "<parameter=", "</parameter>"]
+
+
+@pytest.fixture(scope="module")
+def anchors():
+    return Grammars(None, len(ANCHOR_WORDS), (0,), words=ANCHOR_WORDS)
+
+
+def _ids(*words: str) -> list[int]:
+    return [ANCHOR_WORDS.index(w) for w in words]
+
+
+def test_a_think_end_inside_a_draft_window_is_walked_across(anchors):
+    """Thinking on: the think block is free (its end allowed anywhere in it), and the drafts that cross `</think>`
+    into the JSON are walked on, held to the schema from there."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    matcher = anchors.matcher(json_tag(schema, thinking=True))
+    drafts = _ids("x", "</think>", "\n", "\n", "{", '"', "a", '"', ":")
+    bitmask = torch.zeros(len(drafts) + 1, anchors.words, dtype=torch.int32)
+    filled = matcher.fill(bitmask, drafts)
+    assert filled.advanced == len(drafts)  # every draft allowed where it stands
+    allowed = allowed_tokens(bitmask, len(ANCHOR_WORDS))
+    assert allowed[0][_ids("</think>")[0]] and allowed[0][_ids("{")[0]]  # inside thinking: anything
+    assert allowed[4].nonzero().flatten().tolist() == _ids("{")  # after the blank line: the JSON's start only
+    assert not allowed[1][_ids("<think>")[0]]  # no second think block
+
+
+def test_the_end_of_the_answer_drafted_inside_a_call_is_refused_there(anchors):
+    """A special token (here the end of the answer) drafted while a call is open: the grammar refuses it, so the
+    walk stops before it and its row's mask leaves it out; the verify rejects it there."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    matcher = anchors.matcher(tool_calls_tag(tools, "required", thinking=False, parallel=True))
+    drafts = _ids("<tool_call>", "\n", "<function=", "f", ">", "\n", "<end>", "</function>")
+    bitmask = torch.zeros(len(drafts) + 1, anchors.words, dtype=torch.int32)
+    filled = matcher.fill(bitmask, drafts)
+    assert filled.advanced == 6 and filled.rows == 7
+    allowed = allowed_tokens(bitmask, len(ANCHOR_WORDS))
+    assert not allowed[6][0] and allowed[6][_ids("</function>")[0]]
+    assert allowed[7].all()  # past the refused draft: anything

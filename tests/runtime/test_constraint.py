@@ -105,7 +105,7 @@ SCHEMAS = st.recursive(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=SCHEMAS, seed=st.integers(0, 10**6))
 def test_every_answer_held_to_a_generated_schema_validates(grammars, schema, seed):
     tokenizer, engine = grammars

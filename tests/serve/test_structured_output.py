@@ -185,3 +185,15 @@ def test_a_schema_that_cannot_be_held_is_a_400_in_each_dialect(url, client, clau
         client.responses.create(
             model=MODEL, input="hi", text={"format": {"type": "json_schema", "name": "x", "schema": schema}}
         )
+
+
+def test_a_call_cut_by_max_tokens_ends_with_length_and_is_never_reported_as_a_call(client):
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[{"type": "function", "function": WEATHER}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=3,
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.tool_calls
