@@ -13,9 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dflash_chat.train.corpus import Conversation, Corpus
 from dflash_chat.train.resumable import train_resumable
-from dflash_chat.train.stages.retrain import RetrainData, RetrainSettings, measure, retrain_step
-from dflash_chat.train.target import Chat, TargetShape, answer_hits, new_target
+from dflash_chat.train.stages.prepare import save_corpus
+from dflash_chat.train.stages.retrain import RetrainData, RetrainSettings, measure, retrain_stage, retrain_step
+from dflash_chat.train.target import Chat, TargetShape, answer_hits, new_target, save_target
 
 TINY = TargetShape(
     hidden_size=32,
@@ -27,7 +29,7 @@ TINY = TargetShape(
     linear_num_key_heads=1,
     linear_num_value_heads=2,
     linear_head_dim=16,
-    max_position_embeddings=256,
+    max_position_embeddings=1024,  # a tool chat's prompt lists its tools
 )
 PAD = 0
 
@@ -120,6 +122,47 @@ def test_sigterm_stops_after_the_step_in_flight_with_a_checkpoint(tokenizer, dat
     assert "stopped by SIGTERM after step 2" in logs
     assert torch.load(path, weights_only=False)["state"]["step"] == 2
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.slow(seconds=20)
+def test_the_stage_goes_on_from_its_checkpoint_and_writes_the_target_when_done(tokenizer, tmp_path):
+    from dflash_chat.models.demo import TOOL_PROMPTS_FILE
+
+    work, source = tmp_path / "work", tmp_path / "source"
+    save_target(new_target(TINY, tokenizer, 0), tokenizer, source)
+    code = 'def twice(value):\n    """The value, twice."""\n    return 2 * value + 0 * len(str(value))'
+    asked = [
+        Conversation([{"role": "user", "content": f"Show `f{i}`."}, {"role": "assistant", "content": answer}])
+        for i, answer in enumerate([f"```python\n{code}\n```", "A paragraph that is long enough to copy. " * 3] * 4)
+    ]
+    save_corpus(Corpus(train=asked[:6], heldout=asked[6:]), work / "corpus.json")
+    logs: list[str] = []
+
+    def chunk(until: int):
+        chosen = RetrainSettings(steps=0, tool_batch=2, copy_batch=2, window_batch=1, seq_len=32, eval_every=2)
+        chosen.until = until
+        return retrain_stage(
+            work,
+            source=source,
+            seed=0,
+            steps=4,
+            device="cpu",
+            settings=chosen,
+            tool_chats=8,
+            copy_count=8,
+            log=logs.append,
+        )
+
+    first = chunk(until=2)
+    assert first.step == 2 and not first.finished and not (work / "target").exists()
+    assert (work / "retrain" / "checkpoint.pt").exists() and (work / TOOL_PROMPTS_FILE).exists()
+    assert any(line.startswith("retrain: 10 tool chats, 8 copy tasks") for line in logs)  # 8 calls, 2 questions
+    done = chunk(until=4)
+    assert done.finished and [row["step"] for row in done.curve] == [0, 2, 4]
+    assert any("resumed from" in line and "at step 2" in line for line in logs)
+    assert (work / "target" / "model.safetensors").exists()
+    curve = json.loads((work / "retrain" / "checkpoint_curve.json").read_text())
+    assert [row["step"] for row in curve] == [0, 2, 4] and all(0 <= row["copy_tokens"] <= 1 for row in curve)
 
 
 class NextButEight(torch.nn.Module):
