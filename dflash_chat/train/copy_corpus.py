@@ -29,6 +29,17 @@ NEW_VALUES = (0, 1, 2, 3, 5, 8, 10, 16, 32, 42, 64, 100, 128, 255, 256, 1000, 10
 EDITS = ("repeat", "rename", "reindent", "value")
 EDIT_WEIGHTS = (0.4, 0.25, 0.15, 0.2)  # of code tasks; a paragraph is repeated or has a word replaced
 PROSE_SHARE = 0.3  # of the training tasks, paragraphs (most corpus answers are code)
+RANDOM_WORDS = (8, 40)  # words in a random-word block
+RANDOM_LINES = (2, 8)  # lines in a random code block
+RANDOM_CODE_LINES = (
+    "{a}_{b} = {c}({d}, {n})",
+    "    return {a}.{b}({c}, {n})",
+    "if {a} > {n}:",
+    "    {a} += {b}_{c}",
+    "def {a}_{b}({c}, {d}={n}):",
+    "        {a}[{n}] = {b}",
+    "for {a} in {b}_{c}:",
+)
 HELDOUT_COPY_SEED = 7_919  # the held-out tasks' seed: far from the recipe's small --seed values
 
 CODE_REQUESTS = {
@@ -80,6 +91,28 @@ def copy_tasks(conversations: Sequence[Conversation], words: Sequence[str], coun
         kind = "prose" if rng.random() < PROSE_SHARE else "code"
         out.append(copy_task(rng, *rng.choice(by_kind[kind] or blocks), words))
     return out
+
+
+def random_copy_tasks(words: Sequence[str], count: int, seed: int) -> list[CopyTask]:
+    """`count` tasks whose block is made of random `words`, half a list of words (edited as a paragraph), half
+    lines of code (edited as code): nothing in them can be guessed, only copied from the request. They teach
+    copying faster than the corpus's blocks, most of whose tokens a language model guesses without it."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count if words else 0):
+        if rng.random() < 0.5:
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(*RANDOM_WORDS)))
+            out.append(copy_task(rng, "prose", text, words))
+        else:
+            lines = [_random_line(rng, words) for _ in range(rng.randint(*RANDOM_LINES))]
+            out.append(copy_task(rng, "code", "\n".join(lines), words))
+    return out
+
+
+def _random_line(rng: random.Random, words: Sequence[str]) -> str:
+    a, b, c, d = (rng.choice(words) for _ in range(4))
+    form = rng.choice(RANDOM_CODE_LINES)
+    return form.format(a=a, b=b, c=c, d=d, n=rng.choice(NEW_VALUES + (7, 12, 99)))
 
 
 def heldout_copy_tasks(conversations: Sequence[Conversation], words: Sequence[str], count: int) -> list[CopyTask]:

@@ -16,6 +16,7 @@ from dflash_chat.train.copy_corpus import (
     copy_task,
     copy_tasks,
     heldout_copy_tasks,
+    random_copy_tasks,
     source_block,
 )
 from dflash_chat.train.corpus import Conversation
@@ -129,6 +130,17 @@ def test_training_and_held_out_tasks():
     assert [t.source for t in heldout] == [CODE, PROSE.split("\n\n")[0]] * 2
     assert all(re.search(r"to `(\w+)`", t.request)[1] == "omega" for t in heldout if t.edit == "rename")
     assert copy_tasks([chat("Too short.")], WORDS, 5, seed=0) == []
+
+
+def test_random_blocks_are_made_of_the_words_given_and_answered_whole():
+    tasks = random_copy_tasks(WORDS, 200, seed=0)
+    assert len(tasks) == 200 and random_copy_tasks(WORDS, 200, seed=0) == tasks
+    assert {t.kind for t in tasks} == {"code", "prose"} and {t.edit for t in tasks} >= {"repeat", "rename"}
+    for task in tasks:
+        assert set(re.findall(r"[a-z]+", task.source)) <= set(WORDS) | {"if", "def", "for", "in", "return"}
+        assert task.source in task.request
+        if task.edit == "repeat":
+            assert task.answer in (task.source, fenced(task.source))
 
 
 def test_a_task_is_tokenized_with_the_answer_alone_labelled(demo_tokenizer):

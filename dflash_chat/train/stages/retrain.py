@@ -28,7 +28,8 @@ from dflash_chat.train.target import Chat, answer_batch, answer_hits, random_win
 RETRAIN_STEPS = 1200  # about 2.5 hours on one shared CPU core (7-8 s a step)
 RETRAIN_LR = 1e-3  # below the tools stage's 1.5e-3: its 200 steps at 2e-3 took the corpus loss from 2.5 to 3
 RETRAIN_WARMUP = 40
-COPY_TASKS = 3000  # training copy tasks
+COPY_TASKS = 3000  # training copy tasks from the corpus's blocks
+RANDOM_COPY_TASKS = 3000  # and from random words (train/copy_corpus.py: `random_copy_tasks`)
 HELDOUT_COPIES = 32
 HELDOUT_RESULTS = 16  # held-out one-call chats whose answer after the result is measured
 HELDOUT_WINDOWS = 8  # of the held-out corpus's packed stream, for its loss
@@ -40,7 +41,7 @@ class RetrainSettings(Checkpointing):
     warmup: int = RETRAIN_WARMUP
     weight_decay: float = 0.1
     tool_batch: int = 4
-    copy_batch: int = 4
+    copy_batch: int = 8
     window_batch: int = 2
     seq_len: int = 256
     log_every: int = 10
@@ -68,6 +69,7 @@ def retrain_stage(
     settings: RetrainSettings,
     tool_chats: int | None = None,
     copy_count: int = COPY_TASKS,
+    random_count: int = RANDOM_COPY_TASKS,
     log: Log = print,
 ) -> Progress:
     """The target in `source` trained to `steps` steps (from work/retrain/checkpoint.pt when it is there),
@@ -80,7 +82,7 @@ def retrain_stage(
     target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     target.to(torch.device(device))  # type: ignore[arg-type]  # transformers types `to`'s wrapper, not the model's
     started = time.perf_counter()
-    made = (seed, settings.seq_len, TOOL_CHATS if tool_chats is None else tool_chats, copy_count)
+    made = (seed, settings.seq_len, TOOL_CHATS if tool_chats is None else tool_chats, copy_count, random_count)
     data = cached_data(work / "retrain" / "data.pt", made, lambda: retrain_data(work, tokenizer, *made))
     log(
         f"retrain: {len(data.tools)} tool chats, {len(data.copies)} copy tasks, {len(data.tokens)} corpus tokens; "
@@ -115,10 +117,12 @@ def cached_data(path: Path, made: tuple, make) -> RetrainData:
     return data
 
 
-def retrain_data(work: Path, tokenizer, seed: int, seq_len: int, tool_chats: int, copy_count: int) -> RetrainData:
+def retrain_data(
+    work: Path, tokenizer, seed: int, seq_len: int, tool_chats: int, copy_count: int, random_count: int
+) -> RetrainData:
     """The run's data from the corpus in `work` (the same for the same seed, so a resumed run draws from
     it as the first chunk did); writes the held-out tool chats to work/TOOL_PROMPTS_FILE."""
-    from dflash_chat.train.copy_corpus import copy_conversation, copy_tasks, heldout_copy_tasks
+    from dflash_chat.train.copy_corpus import copy_conversation, copy_tasks, heldout_copy_tasks, random_copy_tasks
     from dflash_chat.train.data import chat_tokens, packed_tokens
     from dflash_chat.train.stages.prepare import load_corpus
     from dflash_chat.train.stages.tools import tool_sequences, write_heldout
@@ -128,9 +132,8 @@ def retrain_data(work: Path, tokenizer, seed: int, seq_len: int, tool_chats: int
     words = word_pools()
     heldout = write_heldout(work / TOOL_PROMPTS_FILE, words, corpus)
     tools = tool_sequences(tokenizer, corpus, words, tool_chats, seed, forbidden=names(heldout))
-    copies = [
-        chat_tokens(tokenizer, copy_conversation(t)) for t in copy_tasks(corpus.train, words.train, copy_count, seed)
-    ]
+    tasks = copy_tasks(corpus.train, words.train, copy_count, seed) + random_copy_tasks(words.train, random_count, seed)
+    copies = [chat_tokens(tokenizer, copy_conversation(t)) for t in tasks]
     calls = [c for c in heldout if c.call is not None]
     results = [c for c in calls if not c.more][:HELDOUT_RESULTS]
     held_copies = heldout_copy_tasks(corpus.heldout, words.heldout, HELDOUT_COPIES)
