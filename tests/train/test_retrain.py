@@ -16,7 +16,14 @@ import torch
 from dflash_chat.train.corpus import Conversation, Corpus
 from dflash_chat.train.resumable import train_resumable
 from dflash_chat.train.stages.prepare import save_corpus
-from dflash_chat.train.stages.retrain import RetrainData, RetrainSettings, measure, retrain_stage, retrain_step
+from dflash_chat.train.stages.retrain import (
+    RetrainData,
+    RetrainSettings,
+    cached_data,
+    measure,
+    retrain_stage,
+    retrain_step,
+)
 from dflash_chat.train.target import Chat, TargetShape, answer_hits, new_target, save_target
 
 TINY = TargetShape(
@@ -164,6 +171,20 @@ def test_the_stage_goes_on_from_its_checkpoint_and_writes_the_target_when_done(t
     assert (work / "target" / "model.safetensors").exists()
     curve = json.loads((work / "retrain" / "checkpoint_curve.json").read_text())
     assert [row["step"] for row in curve] == [0, 2, 4] and all(0 <= row["copy_tokens"] <= 1 for row in curve)
+
+
+def test_the_data_is_kept_for_the_next_chunk_and_made_again_from_other_settings(data, tmp_path):
+    path, made = tmp_path / "data.pt", []
+
+    def make(seed):
+        made.append(seed)
+        return data._replace(tokens=data.tokens + seed)
+
+    first = cached_data(path, (0, 32), lambda: make(0))
+    again = cached_data(path, (0, 32), lambda: make(1))
+    other = cached_data(path, (1, 32), lambda: make(1))
+    assert made == [0, 1] and torch.equal(again.tokens, first.tokens) and torch.equal(other.tokens, data.tokens + 1)
+    assert torch.equal(again.tools[0].ids, data.tools[0].ids)
 
 
 class NextButEight(torch.nn.Module):
