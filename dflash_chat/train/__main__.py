@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
-STAGES = ("prepare", "target", "tools", "drafter", "dflash2", "finetune", "calibrate", "mtp", "ship")
+STAGES = ("prepare", "target", "tools", "retrain", "drafter", "dflash2", "finetune", "calibrate", "mtp", "ship")
 DEFAULT_STAGES = ("prepare", "target", "drafter", "ship")
 # the run that trained the shipped demo target's MTP layer (docs/ARCHITECTURE.md, The MTP layer)
 MTP_COMMAND = (
@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--stages",
         default=",".join(DEFAULT_STAGES),
         help=f"comma-separated subset of {','.join(STAGES)}; tools trains the target in --out further to call "
-        "tools (synthetic tool chats beside its corpus; --target-steps) and writes the held-out tool chats; dflash2 adds DFlash2's modules to "
+        "tools (synthetic tool chats beside its corpus; --target-steps) and writes the held-out tool chats; retrain "
+        "trains it on tool chats, copy tasks and its corpus, resumably (checkpoint and curve in work/retrain/; run "
+        "it again to go on; --target-steps, --max-target-minutes bounds one chunk); dflash2 adds DFlash2's modules to "
         "--from-drafter and trains it against the target beside it (ship then ships drafter2/); finetune "
         "trains the shipped --finetune drafter further on greedy and sampled answers; calibrate fits the DFlash2 "
         "drafter's selector scale to sampled answers; mtp trains the target's own MTP layer (the target frozen: "

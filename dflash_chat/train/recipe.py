@@ -20,6 +20,7 @@ from dflash_chat.train.stages.finetune import (
 )
 from dflash_chat.train.stages.mtp import mtp_stage
 from dflash_chat.train.stages.prepare import prepare, train_target_stage
+from dflash_chat.train.stages.retrain import RETRAIN_STEPS, RetrainSettings, retrain_stage
 from dflash_chat.train.stages.ship import ship
 from dflash_chat.train.stages.tools import TOOLS_STEPS, tools_settings, tools_stage
 
@@ -44,6 +45,7 @@ def run_stages(args: argparse.Namespace, stages: list[str], device: str, log: Lo
     for name, stage in (
         ("target", _target),
         ("tools", _tools),
+        ("retrain", _retrain),
         ("drafter", _drafter),
         ("dflash2", _dflash2),
         ("finetune", _finetune),
@@ -80,6 +82,16 @@ def _tools(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> N
         **_training("tools", args, chosen, device, log),
         source=args.out / "target",
         settings=tools_settings(chosen.target),
+    )
+
+
+def _retrain(args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> None:
+    """One chunk of the resumable retraining run (work/retrain/), bounded by --max-target-minutes."""
+    retrain_stage(
+        args.work,
+        **_training("retrain", args, chosen, device, log),
+        source=args.out / "target",
+        settings=RetrainSettings(steps=0, max_seconds=chosen.target.max_seconds),
     )
 
 
@@ -149,7 +161,7 @@ def _named(stages: str) -> set[str]:
 
 def _step_count(stage: str, args: argparse.Namespace, chosen: Preset, device: str, log: Log) -> int:
     """`stage`'s step count from its flag, else its default; logged with the flag that repeats it."""
-    if stage in ("target", "tools"):  # both train the target
+    if stage in ("target", "tools", "retrain"):  # all train the target
         given, flag = args.target_steps, "--target-steps"
     else:  # the drafter stages share one flag
         given, flag = args.drafter_steps, "--drafter-steps"
@@ -166,4 +178,10 @@ def _default_steps(stage: str, args: argparse.Namespace, chosen: Preset, device:
         return calibrate_target_steps(args.work, TARGET_SHARE * budget, device, args.seed, chosen.target)
     if stage == "drafter":
         return calibrate_drafter_steps(args.work, DRAFTER_SHARE * budget, device, args.seed, chosen.drafter)
-    return {"tools": TOOLS_STEPS, "dflash2": DFLASH2_STEPS, "finetune": FINETUNE_STEPS, "mtp": MTP_STEPS}[stage]
+    return {
+        "tools": TOOLS_STEPS,
+        "retrain": RETRAIN_STEPS,
+        "dflash2": DFLASH2_STEPS,
+        "finetune": FINETUNE_STEPS,
+        "mtp": MTP_STEPS,
+    }[stage]

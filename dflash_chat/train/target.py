@@ -150,17 +150,37 @@ def train_target_mixed(
     return losses
 
 
-@torch.no_grad()
 def answers_right(model, chats: Sequence[Chat], pad_id: int, device: str = "cpu") -> tuple[float, float]:
     """Teacher-forced, on `chats`' answers: the share of their tokens the model ranks first, and the share of
     chats whose every answer token it ranks first (those its greedy decoding writes exactly)."""
+    hits = answer_hits(model, chats, pad_id, device)
+    return hits.right_tokens / max(1, hits.tokens), hits.right_chats / max(1, hits.chats)
+
+
+class Hits(NamedTuple):
+    """Teacher-forced counts on chats' answers: their tokens and those ranked first, the chats and those
+    whose every answer token is ranked first."""
+
+    tokens: int
+    right_tokens: int
+    chats: int
+    right_chats: int
+
+
+@torch.no_grad()
+def answer_hits(model, chats: Sequence[Chat], pad_id: int, device: str = "cpu", chunk: int = 8) -> Hits:
+    """`Hits` on `chats`, `chunk` chats a forward pass (their logits over the vocabulary are the memory)."""
     model.eval()
-    ids, labels = answer_batch(chats, pad_id)
-    logits = model(input_ids=ids.to(device)).logits[:, :-1].float().cpu()
-    wanted = labels[:, 1:]
-    scored = wanted != -100
-    hit = (logits.argmax(-1) == wanted) | ~scored
-    return float(hit[scored].float().mean()), float(hit.all(-1).float().mean())
+    counts = [0, 0, 0, 0]
+    for start in range(0, len(chats), chunk):
+        ids, labels = answer_batch(chats[start : start + chunk], pad_id)
+        logits = model(input_ids=ids.to(device)).logits[:, :-1].float().cpu()
+        wanted = labels[:, 1:]
+        scored = wanted != -100
+        hit = (logits.argmax(-1) == wanted) | ~scored
+        for k, n in enumerate((scored.sum(), hit[scored].sum(), len(ids), hit.all(-1).sum())):
+            counts[k] += int(n)
+    return Hits(*counts)
 
 
 def answer_batch(chats: Sequence[Chat], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
