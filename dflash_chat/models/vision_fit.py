@@ -12,14 +12,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dflash_chat.engine import memory
 from dflash_chat.models.catalog import Pair, Source
 from dflash_chat.models.sizes import size_text
 
-if TYPE_CHECKING:
-    from dflash_chat.models.hardware import Budget
+
+class Budget(Protocol):
+    """What the picker's budget (models/hardware.py, which imports this module) tells of the room left."""
+
+    @property
+    def fits(self) -> bool: ...
+    @property
+    def need(self) -> int: ...
+    @property
+    def available(self) -> int: ...
+    @property
+    def workspace(self) -> int: ...
+
 
 # sizes a tower for a pair the catalog knows none of (`--mmproj` beside a user's own pair): Qwen3.5's
 QWEN35_TOWER = dict(depth=27, hidden=1152, intermediate=4304, heads=16)
