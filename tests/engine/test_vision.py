@@ -22,20 +22,8 @@ from dflash_chat.engine.models.vision import VisionConfig, merged_tokens
 from dflash_chat.engine.models.vision_input import ImageConfig, preprocess
 from tests.engine.gguf_write import write_mmproj_gguf, write_target_gguf
 
-IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 390, 391, 392, 393
-VISION = {
-    "depth": 2,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_heads": 2,
-    "patch_size": 4,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "out_hidden_size": 64,
-    "num_position_embeddings": 16,
-}
-# factor 8 px; the budget is small enough that the larger test image is scaled down into it
-IMAGES = ImageConfig(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=256, max_pixels=2048)
+# the tiny tower's shape and image budget (factor 8 px; the larger test image is scaled down into the budget)
+from tests.engine.tiny_vlm import IMAGE_TOKEN, IMAGES, VIDEO_TOKEN, VISION, VISION_END, VISION_START  # noqa: E402
 
 
 def _text_config(arch: str) -> dict:

@@ -17,18 +17,9 @@ from dflash_chat.engine.memory import VisionShape, vision_bytes, vision_weight_b
 from dflash_chat.engine.models.vision import VisionConfig, VisionTower
 from dflash_chat.engine.models.vision_input import ImageConfig, preprocess
 from tests.engine.gguf_write import write_mmproj_gguf
+from tests.engine.tiny_vlm import VISION as TINY_VISION
 
-VISION = {
-    "depth": 2,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_heads": 2,
-    "patch_size": 4,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "out_hidden_size": 48,
-    "num_position_embeddings": 16,
-}
+VISION = {**TINY_VISION, "out_hidden_size": 48}  # the tiny tower, merged to another width
 BUDGET = ImageConfig(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=256, max_pixels=64 * 64)
 
 
