@@ -21,9 +21,7 @@ from dflash_chat.engine.models.image_prompt import build, expand, rope_positions
 from dflash_chat.engine.models.vision import VisionConfig, merged_tokens
 from dflash_chat.engine.models.vision_input import ImageConfig, preprocess
 from tests.engine.gguf_write import write_mmproj_gguf, write_target_gguf
-
-# the tiny tower's shape and image budget (factor 8 px; the larger test image is scaled down into the budget)
-from tests.engine.tiny_vlm import IMAGE_TOKEN, IMAGES, VIDEO_TOKEN, VISION, VISION_END, VISION_START  # noqa: E402
+from tests.engine.tiny_vlm import IMAGE_TOKEN, IMAGES, VIDEO_TOKEN, VISION, VISION_END, VISION_START
 
 
 def _text_config(arch: str) -> dict:
