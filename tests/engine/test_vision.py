@@ -14,27 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_chat.bench.tiny_target import _randomise, target_config
+from dflash_chat.bench.tiny_target import _randomise
 from dflash_chat.engine.errors import ModelFormatError
 from dflash_chat.engine.load import load_target, load_vision
 from dflash_chat.engine.models.image_prompt import build, expand, rope_positions
 from dflash_chat.engine.models.vision import VisionConfig, merged_tokens
 from dflash_chat.engine.models.vision_input import ImageConfig, preprocess
 from tests.engine.gguf_write import write_mmproj_gguf, write_target_gguf
-from tests.engine.tiny_vlm import IMAGE_TOKEN, IMAGES, VIDEO_TOKEN, VISION, VISION_END, VISION_START
-
-
-def _text_config(arch: str) -> dict:
-    cfg = target_config(arch, 400)
-    cfg["head_dim"] = 32  # a rotary of 8 channels: 4 frequencies, split 2 / 1 / 1 over temporal, height, width
-    cfg["rope_parameters"] = {
-        "rope_type": "default",
-        "rope_theta": 10000.0,
-        "partial_rotary_factor": 0.25,
-        "mrope_section": [2, 1, 1],
-        "mrope_interleaved": True,
-    }
-    return cfg
+from tests.engine.tiny_vlm import IMAGE_TOKEN, IMAGES, VIDEO_TOKEN, VISION, VISION_END, VISION_START, text_config
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
@@ -49,7 +36,7 @@ def vlm(request, tmp_path_factory):
     }
     config_cls, model_cls = classes[request.param]
     config = config_cls(
-        text_config=_text_config(request.param),
+        text_config=text_config(request.param),
         vision_config=VISION,
         image_token_id=IMAGE_TOKEN,
         video_token_id=VIDEO_TOKEN,

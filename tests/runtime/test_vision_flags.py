@@ -5,27 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from dflash_chat.cli import main
-from dflash_chat.engine.models.vision import VisionConfig, VisionTower
 from dflash_chat.errors import UserError
 from dflash_chat.runtime.model_source import ModelSource, Pick, resolve, vision_to_load
 from dflash_chat.settings import Settings
-from tests.engine.gguf_write import write_mmproj_gguf
+from tests.runtime.test_loader import _mmproj
 
 MISSING = "/no/such/model"  # were anything loaded, the error would be about this path
-VISION = {
-    "depth": 1,
-    "hidden_size": 16,
-    "intermediate_size": 32,
-    "num_heads": 2,
-    "patch_size": 4,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "out_hidden_size": 32,
-    "num_position_embeddings": 16,
-}
 
 
 @pytest.fixture(autouse=True)
@@ -36,9 +23,7 @@ def home(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def mmproj(tmp_path_factory):
-    torch.manual_seed(0)
-    tower = VisionTower(VisionConfig.from_dict(VISION))
-    return write_mmproj_gguf(tmp_path_factory.mktemp("tower") / "mmproj-F16.gguf", tower.state_dict(), VISION, 32)
+    return _mmproj(tmp_path_factory.mktemp("tower") / "mmproj-F16.gguf", 32)
 
 
 def one_line_error(capsys) -> str:
