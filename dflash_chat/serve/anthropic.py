@@ -47,12 +47,7 @@ ERROR_TYPES = {
 KIND_TYPES = {"server_error": "api_error", "service_unavailable": "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens"}
 MIN_THINKING_BUDGET = 1024  # tokens: the least `thinking.budget_tokens` Anthropic's API takes
-UNSUPPORTED = (
-    "image",
-    "document",
-    "search_result",
-    "container_upload",
-)  # in the system prompt; a user's images are read
+UNSUPPORTED = ("document", "search_result", "container_upload")
 
 # reading
 
@@ -128,8 +123,10 @@ def _text_blocks(content, where: str) -> str:
         raise bad_request(f"'{where}' must be a string or a list of text blocks.", where)
     for i, block in enumerate(content if isinstance(content, list) else ()):
         kind = block.get("type") if isinstance(block, Mapping) else None
+        at = f"{where}[{i}]"
+        if kind == "image":
+            raise bad_request(f"'{at}' is an image block: images go in user messages, not the system prompt.", at)
         if kind in UNSUPPORTED:
-            at = f"{where}[{i}]"
             raise bad_request(f"'{at}' is a {kind} block: only text is supported here for now.", f"{at}.type")
     return text_content(content, where, separator="\n\n" if where == "system" else "")
 

@@ -283,6 +283,11 @@ def test_images_where_none_belong_are_400s(server):
         server, "/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": [block]}]}
     )
     assert anthropic_filed.status_code == 400 and "keeps no files" in anthropic_filed.json()["error"]["message"]
+    pictured = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    system = post(
+        server, "/v1/messages", {"max_tokens": 4, "system": [pictured], "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert system.status_code == 400 and "images go in user messages" in system.json()["error"]["message"]
 
 
 def test_a_model_without_a_vision_tower_says_how_to_load_one(demo_pair):
