@@ -10,6 +10,7 @@ import base64
 import http.server
 import io
 import threading
+import time
 
 import pytest
 
@@ -179,7 +180,7 @@ def test_a_responses_input_image_is_answered_and_counted(openai_client, image_to
 
 class _Images(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 - the stdlib's name
-        if self.path != "/shot.png":
+        if self.path not in ("/shot.png", "/slow.png"):
             self.send_error(404)
             return
         body = png()
@@ -187,7 +188,15 @@ class _Images(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "image/png")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        step = 16 if self.path == "/slow.png" else len(body)
+        try:
+            for at in range(0, len(body), step):
+                self.wfile.write(body[at : at + step])
+                self.wfile.flush()
+                if self.path == "/slow.png":  # a few bytes now and then: no read waits long, the whole download does
+                    time.sleep(0.05)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up on it
 
     def log_message(self, *args):
         pass
@@ -320,3 +329,17 @@ def test_the_flag_reaches_the_server(monkeypatch, tmp_path):
     assert cli.main(["serve", "--demo", "--port", "0"]) == 0
     assert [s.allow_image_urls for s in seen] == [True, False]
     assert seen[1].max_body == MAX_BODY >= 32 * 2**20
+
+
+def test_a_fetched_image_has_a_size_and_a_time_limit(image_site, monkeypatch):
+    from dflash_chat.runtime.image_decode import ImageError
+    from dflash_chat.serve import images
+
+    assert images.fetch_url(f"{image_site}/shot.png", "x") == png()
+    assert len(png()) > 16 * 20  # the slow one takes over a second
+    monkeypatch.setattr(images, "FETCH_TIMEOUT_S", 0.3)
+    with pytest.raises(ImageError, match=r"did not arrive within 0.3 s; send it inline"):
+        images.fetch_url(f"{image_site}/slow.png", "x")
+    monkeypatch.setattr(images, "MAX_BYTES", 256)
+    with pytest.raises(ImageError, match="is larger than"):
+        images.fetch_url(f"{image_site}/shot.png", "x")
