@@ -1,7 +1,9 @@
 """The coding agents people run, driven for real against `serve --demo`: Claude Code (Anthropic Messages),
 Codex CLI (Responses) and opencode (chat completions), each one-shot with its default settings and an
 isolated HOME, and each once through `dflash-chat launch`. Each must exit 0 with the model's text, and serve
-must log no refusal (4xx) or failure (5xx) for their requests.
+must log no refusal (4xx) or failure (5xx) for their requests. Each also sends an image the way its one-shot mode
+attaches one (`codex exec -i`, `opencode run -f`, Claude Code's stream-json input), which the demo's vision tower
+shows to the model.
 
 The agents are the pinned npm packages tools/test.sh installs into a cache folder when npm is present
 (DFLASH_CHAT_AGENTS_BIN names their bin folder; without it, the cache folder tools/test.sh uses); without them
