@@ -79,9 +79,16 @@ def chosen_kind() -> str:
 
 
 def demo_vision() -> Path | None:
-    """The demo's vision tower folder, or None when this build lacks it (the demo then reads no images)."""
+    """The demo's vision tower folder, or None when this build lacks it or the demo target's tokenizer lacks the
+    image token (a target shipped without the recipe's vision stage): the demo then reads no images, and loads."""
     folder = demo_dir() / VISION_DIR
-    return folder if _complete(folder) and (folder / "preprocessor_config.json").is_file() else None
+    if not (_complete(folder) and (folder / "preprocessor_config.json").is_file()):
+        return None
+    try:
+        tokens = (demo_dir() / "target" / "tokenizer.json").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return folder if '"<|image_pad|>"' in tokens else None
 
 
 def _complete(directory: Path) -> bool:

@@ -21,7 +21,7 @@ STAGES = (
     "ship",
     "vision",
 )
-DEFAULT_STAGES = ("prepare", "target", "drafter", "ship", "vision")
+DEFAULT_STAGES = ("prepare", "target", "drafter", "ship")
 # the run that trained the shipped demo target's MTP layer (docs/ARCHITECTURE.md, The MTP layer)
 MTP_COMMAND = (
     "python -m dflash_chat.train demo --device cpu --stages prepare,mtp,ship --generated 384 --max-drafter-minutes 10"
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "work/target when `target` is among the stages, else --out's) and writes the target with the layer inside "
         "its safetensors to work/target for ship (the drafter stages' --drafter-steps, --max-drafter-minutes and "
         "--generated apply); vision gives --out's target the vision tokens and writes the demo's random vision "
-        "tower to --out/vision (train/vision.py)",
+        "tower to --out/vision (train/vision.py; ship ends with it too)",
     )
     demo.add_argument(
         "--finetune",

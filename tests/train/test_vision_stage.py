@@ -55,3 +55,18 @@ def test_the_template_writes_an_image_part_as_qwens():
     parts = [{"type": "text", "text": "what is "}, {"type": "image", "image": None}, {"type": "text", "text": "?"}]
     text = tok.apply_chat_template([{"role": "user", "content": parts}], tokenize=False, add_generation_prompt=False)
     assert text == "<|im_start|>user\nwhat is <|vision_start|><|image_pad|><|vision_end|>?<|im_end|>\n"
+
+
+def test_a_target_shipped_without_the_vision_tokens_leaves_the_tower_unloaded(tmp_path, monkeypatch):
+    """A target shipped by hand, past the recipe's vision stage: the demo names no tower, so it loads without one and
+    reads no images (its tokenizer has no image token to place an image's features at), rather than failing."""
+    from dflash_chat.models import demo
+
+    root = tmp_path / "demo_data"
+    shutil.copytree(demo_dir() / "vision", root / "vision")
+    (root / "target").mkdir(parents=True)
+    monkeypatch.setattr(demo, "demo_dir", lambda: root)
+    (root / "target" / "tokenizer.json").write_text('{"added_tokens": [{"content": "<|im_start|>"}]}')
+    assert demo.demo_vision() is None
+    (root / "target" / "tokenizer.json").write_text('{"added_tokens": [{"content": "<|image_pad|>"}]}')
+    assert demo.demo_vision() == root / "vision"
