@@ -1,4 +1,4 @@
-"""The saved conversations: search, open, rename, delete, export to Markdown.
+"""The saved conversations: search, open, rename, delete, export to Markdown (a chat's images copied beside it).
 
 The search field (/ moves to it) filters the list as you type: chats whose title, or one of whose messages,
 holds every word typed (chat/history_search.py: SQLite FTS5, or LIKE where FTS5 is missing). Enter or Down
@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Footer, Input, Label
 from textual.widgets.data_table import RowKey
 
 from dflash_chat.chat.conversation import Conversation
-from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown
+from dflash_chat.chat.history import HistoryStore, export_filename, export_markdown
 from dflash_chat.errors import UserError
 from dflash_chat.ui.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.ui.notices import PlainNotices
@@ -178,7 +178,7 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
             return  # a file of the user's is only replaced when they say so
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(to_markdown(conversation), encoding="utf-8")
+            export_markdown(conversation, path, self.store.images_folder)
         except (OSError, ValueError) as exc:
             why = getattr(exc, "strerror", None) or exc
             self.notify(f"could not write {path}: {why}. Pick another path.", severity="error", timeout=20)
