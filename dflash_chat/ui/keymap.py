@@ -35,11 +35,10 @@ COMMANDS = (
     Command("tools", "f3", "tools", "Tools", "MCP servers, and the tools this chat offers", True),
     Command(
         "attach-image",
-        "ctrl+g",
+        "f4",
         "attach_image",
-        "Image",
+        "Attach image",
         "Attach an image to the next message by its path (or type /image PATH, or paste the path)",
-        True,
     ),
     Command("regenerate", "ctrl+r", "regenerate", "Regenerate", "Write the last answer again"),
     Command("copy-answer", "ctrl+l", "copy_answer", "Copy last answer", "Copy the last answer to the clipboard"),
