@@ -223,10 +223,19 @@ class HistoryStore:
         with self._writing():
             self.db.execute("UPDATE conversations SET tools = ? WHERE id = ?", (tools.to_json(), conversation_id))
 
-    def delete(self, conversation_id: int) -> None:
+    def delete(self, conversation_id: int) -> set[str]:
+        """Delete the chat; returns the hashes of its images that no other message holds (their files can go)."""
         with self._writing():
+            held = self._image_digests("WHERE conversation_id = ?", (conversation_id,))
             self.search_index.conversation_removed(conversation_id)
             self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            return held - self._image_digests("WHERE images IS NOT NULL", ()) if held else set()
+
+    def _image_digests(self, where: str, args: tuple) -> set[str]:
+        rows = self.db.execute(f"SELECT images FROM messages {where}", args)
+        return {
+            image.digest for (text,) in rows for image in attachments_from_json(text if isinstance(text, str) else None)
+        }
 
     def summaries(self, search: str = "") -> list[ConversationSummary]:
         """Every saved chat, the latest first; with `search`, those whose title or one of whose messages

@@ -112,6 +112,7 @@ class ImageStore:
         self._lock = threading.Lock()
         self._decoded: OrderedDict[str, Any] = OrderedDict()  # digest -> RGB Pillow image
         self._unsaved: dict[str, bytes] = {}  # images whose file could not be written: kept for this session
+        self._used: set[str] = set()  # attached in this session: a message not yet sent may hold one
 
     def path(self, image: Attachment) -> Path:
         return self.folder / image.file_name
@@ -123,6 +124,8 @@ class ImageStore:
         width, height = decoded.size
         image = Attachment(decoded.digest, name, width, height, len(data), decoded.format)
         note = decoded.note
+        with self._lock:
+            self._used.add(image.digest)
         try:
             self._write(image, data)
         except OSError as exc:
@@ -148,6 +151,20 @@ class ImageStore:
             os.replace(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)
+
+    def forget(self, digests: set[str]) -> None:
+        """Remove the files of images no chat holds any more (a chat was deleted), but those attached in this
+        session, which a message not yet sent may hold. A file that cannot be removed is left."""
+        with self._lock:
+            gone = digests - self._used
+        for digest in gone:
+            if not _is_digest(digest):
+                continue
+            for path in self.folder.glob(f"{digest}.*"):
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:  # a read-only folder: the file stays, nothing refers to it
+                    pass
 
     def data(self, image: Attachment) -> bytes:
         """The image's bytes; ImageError when its file is gone or no longer holds it."""

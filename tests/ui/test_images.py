@@ -225,3 +225,44 @@ def test_an_image_turn_reaches_the_engine_is_saved_by_hash_and_comes_back(home, 
     assert run(again()) == [(image,)]
     follow_up = prompts.messages[-1].prompt
     assert [i.digest for i in follow_up.images] == [prompt.images[0].digest]  # read back from the data folder
+
+
+def test_the_history_screen_exports_a_chat_with_its_images_and_deleting_one_removes_what_no_chat_holds(home, tmp_path):
+    from textual.widgets import DataTable
+
+    from dflash_chat.chat.conversation import Message
+    from dflash_chat.chat.images import ImageStore
+    from dflash_chat.ui.history_screen import HistoryScreen
+
+    store = HistoryStore(paths.history_db(), clock=iter(range(1, 100)).__next__)
+    images = ImageStore(store.images_folder)  # as an earlier session stored them
+    shared, _, _ = images.add(picture(tmp_path / "shared.png").read_bytes(), "shared.png")
+    own, _, _ = images.add(picture(tmp_path / "own.png", colour=(1, 2, 3)).read_bytes(), "own.png")
+    kept = store.create("Kept")
+    store.add(kept, Message("user", "this one", images=(shared,)))
+    doomed = store.create("Doomed")
+    store.add(doomed, Message("user", "these", images=(shared, own)))
+    store.close()
+    export_dir = tmp_path / "exports"
+
+    async def main():
+        app = DFlashChatApp(Settings(), export_dir=export_dir)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 30, "history screen")
+            await pilot.press("e")  # the newest first: Doomed
+            await wait_for(pilot, lambda: app.screen.query("#dialog-input"), 30, "export dialog")
+            await pilot.press("enter")
+            await pilot.pause()
+            await pilot.press("d")
+            await wait_for(pilot, lambda: app.screen.query("#yes"), 30, "confirm dialog")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: app.screen.query_one(DataTable).row_count == 1, 30, "the chat deleted")
+
+    run(main())
+    text = (export_dir / "doomed.md").read_text()
+    for image in (shared, own):
+        assert f"![{image.name}](<doomed-images/{image.file_name}>) *[image: {image.reference()}]*" in text
+        assert (export_dir / "doomed-images" / image.file_name).read_bytes() == (tmp_path / image.name).read_bytes()
+    folder = paths.data_dir() / "images"
+    assert sorted(p.name for p in folder.iterdir()) == [shared.file_name]  # own.png went with its only chat
