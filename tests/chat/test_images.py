@@ -157,3 +157,39 @@ def test_a_paste_of_image_paths_is_taken_as_them_and_anything_else_is_text(tmp_p
     assert attach.pasted_paths(str(tmp_path / "notes.txt")) is None  # not an image's name
     assert attach.pasted_paths(f"{cat} is my cat") is None  # words around it: text
     assert attach.pasted_paths(str(tmp_path / "missing.png")) is None
+
+
+def test_a_server_gets_the_image_as_a_data_url_and_a_lost_one_is_one_sentence(tmp_path):
+    import base64
+    import json
+    import threading
+
+    from dflash_chat.chat.backends.base import AnswerRequest
+    from dflash_chat.chat.events import AnswerEnded
+    from dflash_chat.engine.sampling_params import SamplingParams
+
+    from .misbehaving import head, sse
+    from .test_remote import HELLO, Run, answered, delta, plain
+
+    store = ImageStore(tmp_path / "images")
+    image, _, _ = store.add(png(), "red.png")
+    turns = Conversation(messages=[Message("user", "what colour?", images=(image,))]).chat_turns()
+    sampling = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8)
+
+    def answer(images: ImageStore):
+        with answered(head(), HELLO + sse(delta("", "stop"))) as server:
+            run = Run(server.url)
+            run.connect()
+            run.backend.answer(AnswerRequest(None, turns, False, sampling, threading.Event(), images=images))
+            end = run.wait(AnswerEnded).end
+            return end, [json.loads(b) for b in server.bodies if b.startswith(b"{")]
+
+    end, bodies = answer(store)
+    sent = bodies[0]["messages"][0]["content"]
+    assert end.answer == "Hello there" and sent[1] == {"type": "text", "text": "what colour?"}
+    assert base64.b64decode(sent[0]["image_url"]["url"].removeprefix("data:image/png;base64,")) == png()
+
+    store.path(image).unlink()  # the file removed behind the app's back, seen by the next session
+    end, bodies = answer(ImageStore(tmp_path / "images"))
+    assert end.reason == "error" and "red.png" in end.error and "attach it again" in end.error and bodies == []
+    plain(end.error)
