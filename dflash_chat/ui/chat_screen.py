@@ -504,7 +504,11 @@ class ChatScreen(PlainNotices, Screen):
             await turn.widget.show_calls(end.tool_calls)
         if end.stats is not None:
             self.panel.show_final(
-                end.stats, thinking=turn.thinking, remote=self.backend.remote, source=end.acceptance_source
+                end.stats,
+                thinking=turn.thinking,
+                remote=self.backend.remote,
+                source=end.acceptance_source,
+                images=any(isinstance(t.get("content"), list) for t in turn.request.turns),  # parts: images
             )
         if end.error:
             self.notify(end.error, severity="error", timeout=15)

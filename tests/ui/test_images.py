@@ -185,7 +185,7 @@ def test_an_image_turn_reaches_the_engine_is_saved_by_hash_and_comes_back(home, 
     prompts = Seen(PromptSent)
 
     async def first():
-        app = DFlashChatApp(fast_settings(), ModelSource(str(tiny_vlm), None))
+        app = DFlashChatApp(fast_settings(draft=4), ModelSource(str(tiny_vlm), None))  # every step drafts
         async with app.run_test(size=(120, 36), message_hook=prompts) as pilot:
             await loaded(pilot, app)
             await typed(pilot, app, f"/image {shot}")
@@ -208,8 +208,11 @@ def test_an_image_turn_reaches_the_engine_is_saved_by_hash_and_comes_back(home, 
     # the panel shows this answer's own figures, the image's tokens counted in the prompt's
     assert stats is not None and stats.prompt_tokens == len(prompt.ids)
     assert panel["prompt"] == f"{len(prompt.ids)} (0 reused)" and panel["new"] == str(stats.new_tokens)
-    assert stats.speculative and panel["acceptance"] == format_rate(stats.acceptance_rate)
+    assert stats.image_tokens == prompt.images[0].tokens and panel["images"].startswith(f"{stats.image_tokens} · ")
+    assert stats.drafted and panel["acceptance"] == format_rate(stats.acceptance_rate)
     assert panel["tokens/step"] == f"{stats.mean_acceptance_length:.2f}"
+    # beside the thinking comparison, which it leaves alone: the drafters read no image
+    assert panel["acceptance, images"] == format_rate(stats.acceptance_rate) and "acceptance off" not in panel
     shot.unlink()  # the chat needs only its stored copy from now on
 
     async def again():
