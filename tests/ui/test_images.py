@@ -211,7 +211,7 @@ def test_an_image_turn_reaches_the_engine_is_saved_by_hash_and_comes_back(home, 
     assert stats.image_tokens == prompt.images[0].tokens and panel["images"].startswith(f"{stats.image_tokens} · ")
     assert stats.drafted and panel["acceptance"] == format_rate(stats.acceptance_rate)
     assert panel["tokens/step"] == f"{stats.mean_acceptance_length:.2f}"
-    # beside the thinking comparison, which it leaves alone: the drafters read no image
+    # beside the thinking comparison, which it leaves alone
     assert panel["acceptance, images"] == format_rate(stats.acceptance_rate) and "acceptance off" not in panel
     shot.unlink()  # the chat needs only its stored copy from now on
 

@@ -1,8 +1,8 @@
 """The side panel: speed and draft acceptance (live while an answer streams, then the
 engine's own figures, or a server's with where they came from), tokens, model and memory, and the
 thinking switch with the mean acceptance of the answers with thinking off and on. Answers to prompts with images
-are kept out of that comparison and shown beside it ("acceptance, images"): the drafters read no image, so those
-answers would move it for a reason that is not thinking."""
+are kept out of that comparison and shown beside it ("acceptance, images"): the drafters were trained on text and
+see an image only through the target's features, so those answers would move it for a reason that is not thinking."""
 
 from __future__ import annotations
 
