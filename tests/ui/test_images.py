@@ -23,6 +23,7 @@ from dflash_chat.ui.widgets.prompt_input import PromptInput
 from dflash_chat.ui.widgets.stats_panel import format_rate
 
 from .conftest import answered, fast_settings, loaded, run, send, wait_for
+from .test_chat_engine import Seen
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +180,6 @@ def test_an_image_turn_reaches_the_engine_is_saved_by_hash_and_comes_back(home, 
 
     from tests.engine.tiny_vlm import IMAGE_TOKEN
 
-    from .test_chat_engine import Seen
-
     shot = picture(tmp_path / "shot.png", (40, 24))
     prompts = Seen(PromptSent)
 
@@ -269,3 +268,35 @@ def test_the_history_screen_exports_a_chat_with_its_images_and_deleting_one_remo
         assert (export_dir / "doomed-images" / image.file_name).read_bytes() == (tmp_path / image.name).read_bytes()
     folder = paths.data_dir() / "images"
     assert sorted(p.name for p in folder.iterdir()) == [shared.file_name]  # own.png went with its only chat
+
+
+def test_a_message_with_images_sent_while_a_text_model_loads_waits_and_the_chat_goes_on(home, tmp_path, tiny_pair):
+    """Sent while the model loads, a message's images wait for it; a model without a vision tower leaves that
+    message unanswered (said in one line), and the next message is answered with each image named in words."""
+    shot = picture(tmp_path / "shot.png")
+    prompts = Seen(PromptSent)
+
+    async def main():
+        app = DFlashChatApp(fast_settings())
+        async with app.run_test(size=(120, 36), message_hook=prompts) as pilot:
+            await typed(pilot, app, f"/image {shot}")
+            app.chat.backend.request = ModelSource(str(tiny_pair[0]), str(tiny_pair[1]))
+            box = app.chat.query_one(PromptInput)
+            app.chat.begin()
+            box.post_message(PromptInput.Submitted(box, "what is it?"))  # Enter while the model is on its way
+            await wait_for(pilot, lambda: app.chat.waiting is not None or app.chat.backend.pair, 10, "the message")
+            waited = app.chat.waiting is app.chat.conversation and app.chat.backend.pair is None
+            await loaded(pilot, app)
+            await pilot.pause()
+            unanswered = [n for n in notices(app) if n.startswith("Your message was not answered")]
+            roles = [m.role for m in app.chat.conversation.messages]
+            await send(pilot, "hello")
+            await answered(pilot, app, 1)
+            return waited, unanswered, roles, app.chat.conversation.messages
+
+    waited, unanswered, roles, chat = run(main())
+    assert waited and roles == ["user"] and len(unanswered) == 1
+    assert unanswered[0].startswith("Your message was not answered: This model reads no images: it has no vision")
+    assert [m.role for m in chat] == ["user", "user", "assistant"] and chat[0].images[0].name == "shot.png"
+    text = prompts.messages[-1].prompt.text
+    assert f"[image {chat[0].images[0].reference()}: not shown, this model reads no images]\nwhat is it?" in text
