@@ -58,10 +58,6 @@ class Conversation:
         """The tool message that answers call `call_id`, if there is one yet."""
         return next((m for m in self.messages if m.role == "tool" and m.tool_call_id == call_id), None)
 
-    @property
-    def has_images(self) -> bool:
-        return any(message.images for message in self.messages)
-
     def chat_turns(self, system_prompt: str = "", *, images: bool = True) -> list[dict[str, Any]]:
         """The messages a chat template takes. Thinking is left out of earlier answers,
         as Qwen's templates do; answers that failed before producing text (or a call) are skipped.

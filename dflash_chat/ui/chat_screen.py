@@ -128,10 +128,10 @@ class ChatScreen(PlainNotices, Screen):
         self.asking: ConfirmCallScreen | None = None  # the question about a call, while it is open
         self.waiting: Conversation | None = None  # a chat whose last message waits for the model to be ready
         self.last_prompt: Prompt | None = None
+        self.last_end: StreamEnd | None = None
         self.images = ImageStore(store.images_folder)  # the chats' images, by content hash
         self.pending: list[tuple[Attachment, Preview | None]] = []  # the images the next message will hold
         self.attaching = 0  # images being read for it
-        self.last_end: StreamEnd | None = None
         self._prompts = prompts or []
         self.set_reactive(ChatScreen.thinking, settings.thinking)
 
@@ -278,8 +278,12 @@ class ChatScreen(PlainNotices, Screen):
         waiting, self.waiting = self.waiting, None
         if waiting is self.conversation and waiting.messages and waiting.messages[-1].role == "user":
             refused = self.backend.images_refused() if waiting.messages[-1].images else ""
-            if refused:  # its images would not be seen: the message stays, Ctrl+R answers it without them
-                self.notify(f"Your message was not answered: {refused}", severity="warning", timeout=20)
+            if refused:  # its images would not be seen: the message stays
+                self.notify(
+                    f"Your message was not answered: {refused} Ctrl+R answers it without its images.",
+                    severity="warning",
+                    timeout=20,
+                )
             else:
                 await self.start_loop()  # the message sent while the model loaded
         for note in getattr(message.event.model, "notes", ()):  # what was fitted to the pair (engine/load.py)
