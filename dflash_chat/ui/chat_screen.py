@@ -403,8 +403,9 @@ class ChatScreen(PlainNotices, Screen):
         self.attaching = max(0, self.attaching - 1)
         if event.note:
             self.notify(event.note, severity="warning", timeout=15)
-        if any(image.digest == event.image.digest for image, _ in self.pending):
-            self.notify(f"{event.image.name} is attached already.")
+        same = next((image for image, _ in self.pending if image.digest == event.image.digest), None)
+        if same is not None:
+            self.notify(f"{event.image.name} is attached already (the same image as {same.name}).")
             return
         self.pending.append((event.image, event.preview))
         await self.query_one(PendingImages).show(self.pending)

@@ -108,6 +108,8 @@ def test_images_attach_by_command_key_and_paste_and_chips_remove_them(home, tmp_
 
 def test_a_bad_file_is_a_notice_and_what_was_typed_stays(home, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    picture(tmp_path / "red.png")
+    picture(tmp_path / "copy.png")
     (tmp_path / "notes.png").write_text("not a picture at all")
     with open(tmp_path / "huge.png", "wb") as huge:
         huge.truncate(MAX_BYTES + 1)  # sparse: no time spent writing it
@@ -124,6 +126,9 @@ def test_a_bad_file_is_a_notice_and_what_was_typed_stays(home, tmp_path, monkeyp
             box.clear()
             await typed(pilot, app, "/image")
             seen.append((notices(app)[-1], box.text))
+            box.clear()
+            await typed(pilot, app, "/image red.png copy.png")  # one image under two names: attached once
+            seen.append((notices(app)[-1], box.text))
             return seen, pending(app)
 
     seen, left = run(main())
@@ -133,7 +138,7 @@ def test_a_bad_file_is_a_notice_and_what_was_typed_stays(home, tmp_path, monkeyp
     for (_, text), name in zip(seen, ("missing.png", "notes.png", "huge.png"), strict=False):
         assert text == f"/image {name}\nmy question about {name}"  # the line back, the question kept
     assert seen[3] == ("/image needs a path: /image PATH (quote a path with spaces)", "/image")
-    assert left == []
+    assert seen[4] == ("copy.png is attached already (the same image as red.png).", "") and left == ["red.png"]
 
 
 def test_a_model_without_a_vision_tower_says_so_and_sends_nothing(home, tmp_path, tiny_pair):
