@@ -4,6 +4,9 @@ Each message is written when it is sent or as its answer streams: an answer
 is saved as "partial" while it is written and updated when it ends, so a
 crash keeps everything before it and the part of the answer already seen.
 
+A message's images are a JSON list of their attachments in its `images` column (chat/images.py): the hash
+names the file that holds the bytes, in the images folder beside the history (`images_folder`).
+
 A history that cannot be used (a read-only file or folder, a file another
 program holds locked, a full disk) raises HistoryUnavailable, whose message
 says in words what is wrong and what to do; when it cannot even be opened,
@@ -33,12 +36,13 @@ from dflash_chat.chat.conversation import (
     Message,
 )
 from dflash_chat.chat.history_search import SearchIndex
+from dflash_chat.chat.images import Attachment, attachments_from_json, attachments_to_json
 from dflash_chat.chat.tools.choice import ChatTools
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.errors import UserError
 from dflash_chat.runtime.tool_calls import ToolCall
 
-SCHEMA_VERSION = 3  # 2: messages.note (why an answer ended early); 3: tool calls, each chat's tools, search
+SCHEMA_VERSION = 4  # 2: messages.note (why an answer ended early); 3: tool calls, each chat's tools, search; 4: images
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -58,7 +62,8 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL,
     note TEXT NOT NULL DEFAULT '',
     tool_calls TEXT,
-    tool_call_id TEXT NOT NULL DEFAULT ''
+    tool_call_id TEXT NOT NULL DEFAULT '',
+    images TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
@@ -66,6 +71,7 @@ UPGRADES = {  # from a version to the next: columns added, nothing else touched
     1: "ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT '';",
     2: "ALTER TABLE conversations ADD COLUMN tools TEXT; ALTER TABLE messages ADD COLUMN tool_calls TEXT; "
     "ALTER TABLE messages ADD COLUMN tool_call_id TEXT NOT NULL DEFAULT '';",
+    3: "ALTER TABLE messages ADD COLUMN images TEXT;",
 }
 
 
@@ -180,6 +186,11 @@ class HistoryStore:
                 raise
             self.db.execute("COMMIT")
 
+    @property
+    def images_folder(self) -> Path:
+        """Where the chats' images are kept, by content hash (chat/images.py: ImageStore)."""
+        return self.path.parent / "images"
+
     def close(self) -> None:
         try:
             self.db.close()
@@ -212,10 +223,19 @@ class HistoryStore:
         with self._writing():
             self.db.execute("UPDATE conversations SET tools = ? WHERE id = ?", (tools.to_json(), conversation_id))
 
-    def delete(self, conversation_id: int) -> None:
+    def delete(self, conversation_id: int) -> set[str]:
+        """Delete the chat; returns the hashes of its images that no other message holds (their files can go)."""
         with self._writing():
+            held = self._image_digests("WHERE conversation_id = ?", (conversation_id,))
             self.search_index.conversation_removed(conversation_id)
             self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            return held - self._image_digests("WHERE images IS NOT NULL", ()) if held else set()
+
+    def _image_digests(self, where: str, args: tuple) -> set[str]:
+        rows = self.db.execute(f"SELECT images FROM messages {where}", args)
+        return {
+            image.digest for (text,) in rows for image in attachments_from_json(text if isinstance(text, str) else None)
+        }
 
     def summaries(self, search: str = "") -> list[ConversationSummary]:
         """Every saved chat, the latest first; with `search`, those whose title or one of whose messages
@@ -249,10 +269,11 @@ class HistoryStore:
                     note=_text(note),
                     tool_calls=_calls_from_json(calls if isinstance(calls, str) else None),
                     tool_call_id=_text(call_id),
+                    images=attachments_from_json(images if isinstance(images, str) else None),
                 )
-                for message_id, role, content, thinking, status, stats, note, calls, call_id in self.db.execute(
-                    "SELECT id, role, content, thinking, status, stats, note, tool_calls, tool_call_id FROM messages "
-                    "WHERE conversation_id = ? ORDER BY id",
+                for message_id, role, content, thinking, status, stats, note, calls, call_id, images in self.db.execute(
+                    "SELECT id, role, content, thinking, status, stats, note, tool_calls, tool_call_id, images "
+                    "FROM messages WHERE conversation_id = ? ORDER BY id",
                     (conversation_id,),
                 )
             ]
@@ -266,7 +287,7 @@ class HistoryStore:
             now = self.clock()
             cursor = self.db.execute(
                 "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created, note, "
-                "tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "tool_calls, tool_call_id, images) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     message.role,
@@ -278,6 +299,7 @@ class HistoryStore:
                     message.note,
                     _calls_to_json(message.tool_calls),
                     message.tool_call_id,
+                    attachments_to_json(message.images),
                 ),
             )
             self._touch(conversation_id, now)
@@ -326,15 +348,21 @@ class HistoryStore:
 _MEMORY_NOTE = "This session's chats are kept until you quit, and not saved."
 
 
-def to_markdown(conversation: Conversation) -> str:
+def to_markdown(conversation: Conversation, image_link: Callable[[Attachment], str | None] | None = None) -> str:
     """A conversation as a Markdown document (thinking, and each tool call with its result, kept in a
-    collapsed <details>)."""
+    collapsed <details>). A message's images are named with their hash; `image_link`: where an image's file is,
+    relative to the document (None: nowhere, the reference stands alone)."""
     lines = [f"# {conversation.title}", ""]
     for message in conversation.messages:
         if message.role == "tool":
             continue  # shown with the call it answers
         lines.append("## You" if message.role == "user" else "## Assistant")
         lines.append("")
+        for image in message.images:
+            link = image_link(image) if image_link is not None else None
+            alt = image.name.replace("[", "(").replace("]", ")")
+            shown = f"![{alt}](<{link}>) " if link else ""
+            lines += [f"{shown}*[image: {image.reference()}]*", ""]
         if message.thinking:
             lines += ["<details><summary>Thinking</summary>", "", message.thinking.strip(), "", "</details>", ""]
         lines.append(message.content.rstrip())
@@ -345,6 +373,26 @@ def to_markdown(conversation: Conversation) -> str:
             lines += ["", *_call_markdown(call, conversation.result(call.id))]
         lines.append("")
     return "\n".join(lines)
+
+
+def export_markdown(conversation: Conversation, path: Path, images_folder: Path) -> None:
+    """Write the conversation to `path` as Markdown, its images copied beside it (a folder named after the file,
+    each image by its hash) so the document shows them; an image no longer stored is named only. OSError: the
+    file or the folder could not be written."""
+    import shutil
+
+    found = {image.digest: image for m in conversation.messages for image in m.images}
+    found = {d: image for d, image in found.items() if (images_folder / image.file_name).is_file()}
+    beside = path.with_name(f"{path.stem}-images")
+    if found:
+        beside.mkdir(parents=True, exist_ok=True)
+        for image in found.values():
+            shutil.copyfile(images_folder / image.file_name, beside / image.file_name)
+
+    def link(image: Attachment) -> str | None:
+        return f"{beside.name}/{image.file_name}" if image.digest in found else None
+
+    path.write_text(to_markdown(conversation, link), encoding="utf-8")
 
 
 def _call_markdown(call: ToolCall, result: Message | None) -> list[str]:
