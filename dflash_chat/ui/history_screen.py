@@ -20,8 +20,9 @@ from textual.widgets import DataTable, Footer, Input, Label
 from textual.widgets.data_table import RowKey
 
 from dflash_chat.chat.conversation import Conversation
-from dflash_chat.chat.history import HistoryStore, export_filename, export_markdown
+from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.images import ImageStore
+from dflash_chat.chat.markdown import export_filename, export_markdown
 from dflash_chat.errors import UserError
 from dflash_chat.ui.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.ui.notices import PlainNotices

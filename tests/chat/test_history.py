@@ -10,9 +10,8 @@ from dflash_chat.chat.history import (
     HistoryCorruptError,
     HistoryStore,
     HistoryUnavailable,
-    export_filename,
-    to_markdown,
 )
+from dflash_chat.chat.markdown import export_filename, to_markdown
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.errors import UserError
 

@@ -10,8 +10,9 @@ import pytest
 
 from dflash_chat.chat import attach
 from dflash_chat.chat.conversation import Conversation, Message
-from dflash_chat.chat.history import HistoryStore, export_markdown, to_markdown
+from dflash_chat.chat.history import HistoryStore
 from dflash_chat.chat.images import Attachment, ImageStore, engine_turns, openai_turns, preview_of
+from dflash_chat.chat.markdown import export_markdown, to_markdown
 from dflash_chat.errors import UserError
 
 

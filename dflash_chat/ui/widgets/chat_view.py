@@ -9,8 +9,8 @@ from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.chat.conversation import COMPLETE, Conversation, Message
-from dflash_chat.chat.history import status_note
 from dflash_chat.chat.images import Attachment
+from dflash_chat.chat.markdown import status_note
 from dflash_chat.runtime.tool_calls import ToolCall
 from dflash_chat.ui.widgets.image_chips import MessageImages
 from dflash_chat.ui.widgets.tool_call_block import ToolCallBlock
