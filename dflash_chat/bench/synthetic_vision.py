@@ -10,7 +10,8 @@ halves of the bench's text prompt. Measured, on whatever device the bench runs:
   peak working memory (bench/live_memory.py), beside the memory model's estimate for as many patches
   (engine/memory.py vision_workspace_bytes);
 - the engine's prefill of the same prompt, with the images: its time without the tower's (the prefill's own figure,
-  stats.prefill_s less stats.vision_s, median of repeats) and its peak working memory, the tower's run included.
+  stats.prefill_s less stats.vision_s; the median of a quarter as many repeats, at least one: a prefill is many
+  steps' work) and its peak working memory, the tower's run included.
 With --layers the tower is cut in proportion to the target (at least one block): its time and weights scale with
 its depth, its working memory does not (its blocks run one after another).
 
@@ -111,7 +112,7 @@ def measure(target, model: str, sizes, *, layers, prompt_tokens: int, decode: st
         return next(event.stats for event in events if isinstance(event, Finished))
 
     out["prefill_peak_bytes"] = peak_bytes(prefill, device)  # untimed: this first run pays for first-use work
-    runs = [prefill() for _ in range(repeats)]
+    runs = [prefill() for _ in range(max(1, repeats // 4))]  # a prefill is many steps' work: fewer repeats
     out["prompt_tokens"] = len(prompt)
     out["prefill_ms"] = 1e3 * statistics.median(s.prefill_s - s.vision_s for s in runs)
     out["tower_in_prefill_ms"] = 1e3 * statistics.median(s.vision_s for s in runs)
