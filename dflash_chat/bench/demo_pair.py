@@ -324,6 +324,8 @@ def run(
         "classes": CLASSES,
     }
     setup["mtp"] = has_mtp
+    if "image" in classes:
+        setup["image_sizes"] = [list(size) for size in image_sizes or [IMAGE_SIZE]]  # drawn at, in turn
     return {
         "setup": setup,
         "temperatures": figures,

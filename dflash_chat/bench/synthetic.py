@@ -45,9 +45,8 @@ class Setup:
     prompt_tokens: int = 256
     repeats: int = 20
     vs_transformers: bool = False
-    images: tuple[
-        tuple[int, int], ...
-    ] = ()  # (width, height) of each image of the vision leg (bench/synthetic_vision.py)
+    # (width, height) of each image of the vision leg (bench/synthetic_vision.py)
+    images: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def on(cls, device: str | None, *, quant: str | None, vocab: int | None, **given) -> Setup:
