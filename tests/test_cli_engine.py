@@ -342,7 +342,12 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
         code = greedy["classes"]["code"]["drafts"][draft_key(kind, 15)]
         assert code["tau"] > 1.0  # the drafters were trained for these
     assert setup["mtp"] is True and greedy["classes"]["code"]["drafts"]["mtp/3"]["tau"] > 1.0  # the demo's MTP layer
-    assert list(CLASSES) == ["code", "raw_code", "prose", "copy"]
+    assert list(CLASSES) == ["code", "raw_code", "prose", "copy", "image"]
+    # the image class's prompts carry an image each (through the demo's random tower), the others none; every
+    # method's greedy text on them is plain decoding's (checked above for every class)
+    assert greedy["classes"]["image"]["plain"]["image_tokens"] == 12 and setup["image_sizes"] == [[128, 96]]
+    assert all(greedy["classes"][name]["plain"]["image_tokens"] == 0 for name in CLASSES if name != "image")
+    assert all(d["identical"] is True for d in greedy["classes"]["image"]["drafts"].values())
     # the goals' summary: per leg and class, auto against plain and the best single method at fixed depth
     goals = record["goals"]
     assert goals["auto"] == draft_key(chosen_kind(), "auto") and list(goals["legs"]) == list(record["temperatures"])

@@ -67,6 +67,18 @@ def test_run_refuses_bad_values_like_the_settings_file_before_loading(capsys, fl
         (["bench", "--tools", "--demo"], "--tools measures the demo pair on its own: leave out --demo"),
         (["bench", "--tools", "--http"], "--tools measures the demo pair on its own"),
         (["bench", "--demo", "--temperature", "0", "--top-p", "0.9"], "--temperature 0 runs the greedy leg only"),
+        (
+            ["bench", "--synthetic", "qwen3.6-27b", "--image", "1024"],
+            "argument --image: must be WIDTHxHEIGHT in pixels",
+        ),
+        (["bench", "--synthetic", "qwen3.6-27b", "--image", "0x768"], "argument --image: each side must be from 1 to"),
+        (
+            ["bench", "--synthetic", "qwen3.6-27b", "--image", "4x1000"],
+            "argument --image: an image more than 200 times",
+        ),
+        (["bench", "--image", "1024x768"], "--image goes with --synthetic MODEL (the vision tower's cost) or --demo"),
+        (["bench", "--tools", "--image", "64x64"], "--image goes with --synthetic MODEL"),
+        (["bench", "--demo", "--http", "--image", "64x64"], "--image goes with --synthetic MODEL"),
         (["--context", "0"], "argument --context: must be a whole number from 256 to 1048576, got 0"),
         (["--context", "-5"], "argument --context: must be a whole number from 256 to 1048576, got -5"),
         (["models", "--context", "0"], "argument --context: must be a whole number from 256 to 1048576, got 0"),

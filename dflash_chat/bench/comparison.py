@@ -168,10 +168,10 @@ class Comparison:
         }
 
 
-def generate(engine, prompt, params, memory=None) -> Run:
+def generate(engine, prompt, params, memory=None, images=()) -> Run:
     tokens: list[int] = []
     stats = None
-    for event in engine.generate(prompt, params, memory=memory):
+    for event in engine.generate(prompt, params, memory=memory, images=images):
         if isinstance(event, Step):
             tokens.extend(event.token_ids)
         elif isinstance(event, Finished):

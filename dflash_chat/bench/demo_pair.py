@@ -6,8 +6,11 @@ library, its own MTP layer inside its safetensors, and its DFlash drafters):
 - code: the held-out code questions (chat template; the items they ask about were kept out of training),
 - raw_code: the start of a Python function, sent as is without the chat template (as `run --raw` does),
 - prose: plain English questions (chat template), which the demo was not trained for,
-- copy: copy-heavy chat prompts, asking to repeat or lightly edit a given code block or paragraph.
-The last three are data beside the held-out prompts (demo_data/bench_prompts.json).
+- copy: copy-heavy chat prompts, asking to repeat or lightly edit a given code block or paragraph,
+- image: questions about a picture (a shape drawn with Pillow, at --image's size), read by the demo's vision
+  tower. That tower is random (train/vision.py): the class proves the path (the tower, the features in the prompt,
+  M-RoPE) and that every method's greedy output is plain decoding's on image prompts, not what the tower sees.
+The raw-code, prose and copy prompts are data beside the held-out prompts (demo_data/bench_prompts.json).
 
 Engines over the one loaded target decode every prompt: plain (speculate none: the baseline, the same
 engine code); each method alone at fixed depth: each shipped drafter (DFlash, and DFlash2 when it ships)
@@ -31,8 +34,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
-from dflash_chat.bench.comparison import Comparison, Run, Totals, _divergence, generate, median_run
+from dflash_chat.bench.comparison import Comparison, Divergence, Run, Totals, _divergence, generate, median_run
 from dflash_chat.engine.draft_length import DraftMemory, Records
 from dflash_chat.engine.events import MethodStats
 from dflash_chat.models.demo import DRAFTER_DIRS
@@ -72,7 +76,16 @@ CLASSES = {
     "raw_code": "raw code, no chat template",
     "prose": "prose questions (chat template; not what the demo was trained for)",
     "copy": "copy-heavy: repeat or lightly edit a given code block or paragraph (chat template)",
+    "image": "image questions, a drawn shape each (chat template; the demo's vision tower is random: proves the path "
+    "and the exactness, not what it sees)",
 }
+IMAGE_QUESTIONS = (
+    "What shape is in this picture?",
+    "What colour is the shape in this image?",
+    "Describe this picture in one sentence.",
+    "Is there a triangle in this image?",
+)
+IMAGE_SIZE = (128, 96)  # 12 tokens at the demo tower's pixel budget
 DRAFT_NOTES = {
     "15": "a drafter alone (speculate dflash), fixed: 15 drafts verified per step (a 16-token verify; a drafter "
     "with a smaller block drafts its block - 1)",
@@ -148,36 +161,95 @@ def bench_prompts() -> dict[str, list[str]]:
     return {name: list(data[name]) for name in ("raw_code", "prose", "copy")}
 
 
-def prompt_classes(tokenizer, per_class: int) -> dict[str, list[list[int]]]:
-    """Token ids of the first `per_class` prompts of each class, as the app (or `run --raw`) encodes them."""
+@dataclass(frozen=True)
+class ImagePrompt:
+    """A prompt with images: its ids (each image's placeholders expanded) and the images, prepared for the tower."""
+
+    ids: list[int]
+    images: tuple
+
+
+def drawn_shape(index: int, size: tuple[int, int]):
+    """A Pillow image of one shape (circle, square or triangle, in turn) in a colour, on white."""
+    from PIL import Image, ImageDraw
+
+    w, h = size
+    image = Image.new("RGB", size, "white")
+    box = (w // 4, h // 4, 3 * w // 4, 3 * h // 4)
+    colour = ("red", "green", "blue", "orange")[index % 4]
+    draw = ImageDraw.Draw(image)
+    shape = index % 3
+    if shape == 0:
+        draw.ellipse(box, fill=colour)
+    elif shape == 1:
+        draw.rectangle(box, fill=colour)
+    else:
+        draw.polygon([(w // 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=colour)
+    return image
+
+
+def image_prompts(tokenizer, vision, per_class: int, sizes=()) -> list[ImagePrompt]:
+    """The image class's prompts: each question with a drawn shape (at `sizes` in turn; default IMAGE_SIZE), as the
+    chat renders a message with an image."""
+    from dflash_chat.runtime.images import image_part
+    from dflash_chat.runtime.prompt import build_prompt
+
+    sizes = list(sizes) or [IMAGE_SIZE]
+    out = []
+    for i, question in enumerate(IMAGE_QUESTIONS[:per_class]):
+        turn = {
+            "role": "user",
+            "content": [image_part(drawn_shape(i, sizes[i % len(sizes)])), {"type": "text", "text": question}],
+        }
+        prompt = build_prompt(tokenizer, [turn], thinking=False, vision=vision)
+        out.append(ImagePrompt(prompt.ids, prompt.images))
+    return out
+
+
+def prompt_classes(tokenizer, per_class: int, vision=None, image_sizes=()) -> dict[str, list[Any]]:
+    """Token ids of the first `per_class` prompts of each class, as the app (or `run --raw`) encodes them; the image
+    class (ImagePrompt each) only with `vision` (runtime/images.py Vision: the pair reads images)."""
     from dflash_chat.models.demo import demo_heldout_prompts
     from dflash_chat.runtime.prompt import build_prompt, encode
 
     data = bench_prompts()
     chats = {"code": demo_heldout_prompts()}
     chats |= {name: [[{"role": "user", "content": q}] for q in data[name]] for name in ("prose", "copy")}
-    out = {
+    out: dict[str, list[Any]] = {
         name: [build_prompt(tokenizer, chat, thinking=False).ids for chat in chats[name][:per_class]] for name in chats
     }
     out["raw_code"] = [encode(tokenizer, text) for text in data["raw_code"][:per_class]]
-    return {name: out[name] for name in CLASSES}
+    if vision is not None:
+        out["image"] = image_prompts(tokenizer, vision, per_class, image_sizes)
+    return {name: out[name] for name in CLASSES if name in out}
 
 
-def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str = "cpu", repeats: int = 1) -> dict:
+def run(
+    *, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str = "cpu", repeats: int = 1, image_sizes=()
+) -> dict:
     """Every class, leg and draft setting against plain decoding; the figures as one JSON-ready dict. Each
-    answer runs `repeats` times and the one with the median decode time per token counts (`median_run`)."""
+    answer runs `repeats` times and the one with the median decode time per token counts (`median_run`).
+    `image_sizes`: (width, height) the image class's pictures are drawn at, in turn."""
     import torch
 
     from dflash_chat.engine.load import load_drafter, load_mtp, load_pair
     from dflash_chat.engine.spec import Engine
-    from dflash_chat.models.demo import chosen_kind, demo_drafters, demo_paths
+    from dflash_chat.models.demo import chosen_kind, demo_drafters, demo_paths, demo_vision
+    from dflash_chat.runtime.images import Vision
     from dflash_chat.settings import Settings
 
     target_dir, _ = demo_paths()
     plain = load_pair(
-        target_dir, None, device=device, dtype=torch.float32, draft="off", speculate="none"
+        target_dir,
+        None,
+        device=device,
+        dtype=torch.float32,
+        draft="off",
+        speculate="none",
+        vision=demo_vision() or False,
     )  # float32: greedy bit-comparable
     target, context = plain.engine.target, plain.engine.max_context
+    tower, image_token = plain.engine.vision, plain.engine.image_token_id
 
     def make_engine(drafter=None, **settings) -> Engine:
         # each engine its own drafter and MTP layer: they hold their own caches
@@ -187,6 +259,8 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
             mtp=load_mtp(target_dir, target),
             max_context=context,
             end_ids=plain.engine.end_ids,
+            vision=tower,
+            image_token_id=image_token,
             **settings,
         )
 
@@ -203,7 +277,8 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         engines |= {f"mtp/{k}": make_engine(draft=k, speculate="mtp") for k in MTP_DEPTHS}
     engines[f"lookup/{LOOKUP_DRAFTS}"] = make_engine(draft=LOOKUP_DRAFTS, speculate="lookup")
     tok = plain.tokenizer
-    classes = prompt_classes(tok, prompts)
+    vision = Vision(tower, image_token) if tower is not None and image_token is not None else None
+    classes = prompt_classes(tok, prompts, vision, image_sizes)
 
     every = ((PLAIN, plain.engine), *engines.items())
     records = {key: Records() for key, _ in every}  # each engine's, as the app's answering service keeps
@@ -226,7 +301,7 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
                     if leg.greedy:
                         parted = next((s.tokens for s in runs[draft] if s.tokens != ar.tokens), None)
                         if parted is not None:
-                            c.divergences.append(_divergence(plain.engine, i, prompt, ar.tokens, parted))
+                            c.divergences.append(_parted(plain.engine, i, prompt, ar.tokens, parted))
             if leg.greedy:
                 identical &= all(c.identical for c in comparisons.values())
             per_class[name] = _class_figures(name, comparisons, leg.greedy)
@@ -249,6 +324,8 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "classes": CLASSES,
     }
     setup["mtp"] = has_mtp
+    if "image" in classes:
+        setup["image_sizes"] = [list(size) for size in image_sizes or [IMAGE_SIZE]]  # drawn at, in turn
     return {
         "setup": setup,
         "temperatures": figures,
@@ -323,9 +400,21 @@ def interleaved_runs(every, prompt: list[int], params, records: dict, repeats: i
     return runs
 
 
-def _answer(engine, prompt: list[int], params, memory: DraftMemory) -> Run:
+def _answer(engine, prompt, params, memory: DraftMemory) -> Run:
+    """`prompt`: token ids, or an ImagePrompt."""
     engine.reset()  # each prompt from an empty state, as compare() does: no prefix reuse between prompts
+    if isinstance(prompt, ImagePrompt):
+        return generate(engine, prompt.ids, params, memory, images=prompt.images)
     return generate(engine, prompt, params, memory)
+
+
+def _parted(engine, index: int, prompt, ar: list[int], parted: list[int]) -> Divergence:
+    """Where a greedy answer parted from plain decoding's; an image prompt's logit gap is not measured (the target
+    alone cannot read its images), so it never passes for a near tie."""
+    if not isinstance(prompt, ImagePrompt):
+        return _divergence(engine, index, prompt, ar, parted)
+    position = next((j for j, (a, b) in enumerate(zip(ar, parted, strict=False)) if a != b), min(len(ar), len(parted)))
+    return Divergence(index, position, float("nan"))
 
 
 def _class_figures(name: str, comparisons: dict, greedy: bool) -> dict:
@@ -359,6 +448,7 @@ def class_figures(comparisons: dict, greedy: bool) -> dict:
         "plain": {
             "tokens_per_s": any_c.ar_tokens_per_s,
             "new_tokens": Totals.of(any_c.ar).new_tokens,
+            "image_tokens": sum(r.stats.image_tokens for r in any_c.ar),
             "ms_per_step": any_c.ar_ms_per_step,
         },
         "drafts": drafts,

@@ -45,6 +45,8 @@ class Setup:
     prompt_tokens: int = 256
     repeats: int = 20
     vs_transformers: bool = False
+    # (width, height) of each image of the vision leg (bench/synthetic_vision.py)
+    images: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def on(cls, device: str | None, *, quant: str | None, vocab: int | None, **given) -> Setup:
@@ -255,6 +257,19 @@ def run(setup: Setup, log=print) -> dict:
     _end_to_end(r, ar_run, spec, oracle, reference, prompt, params)
     del ar, spec
     _mtp_steps(r, target, prompt, setup, device)
+    if setup.images:
+        from dflash_chat.bench import synthetic_vision
+
+        r["vision"] = synthetic_vision.measure(
+            target,
+            setup.model,
+            setup.images,
+            layers=setup.layers,
+            prompt_tokens=setup.prompt_tokens,
+            decode=setup.decode,
+            repeats=setup.repeats,
+        )
+        _free(device)
     if setup.vs_transformers:
         del target, drafter
         _free(device)
@@ -479,6 +494,10 @@ def format_report(f: dict) -> str:
             f"(its weights and the LM head: {f['mtp_bytes_over_ar']:.0%} of the AR step's bytes); 2 deep "
             f"{f['mtp']['2']['over_ar_step']:.0%}, 3 deep {f['mtp']['3']['over_ar_step']:.0%}"
         )
+    if "vision" in f:
+        from dflash_chat.bench.synthetic_vision import image_lines
+
+        lines += image_lines(f["vision"])
     if "transformers" in f:
         t = f["transformers"]
         lines.append(

@@ -25,6 +25,7 @@ from dflash_chat.engine.models.fused import fuse_projections
 from dflash_chat.engine.models.layers import Experts, Rotary
 from dflash_chat.engine.models.mtp import MTPHead
 from dflash_chat.engine.models.target import TargetModel
+from dflash_chat.engine.models.vision import VisionConfig, VisionTower
 from dflash_chat.engine.weights.quant_tensor import QuantTensor
 
 # The published configs (text part) of the targets and their DFlash drafters; what a family shares is written once.
@@ -119,6 +120,22 @@ DRAFTERS: dict[str, dict[str, Any]] = {
         ),
     ),
 }
+# Every target's vision tower is Qwen3.5's (its published vision_config; the catalog's `target.vision`), its features
+# as wide as the target's hidden size.
+VISION: dict[str, dict[str, Any]] = {
+    name: dict(
+        depth=27,
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_heads=16,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        num_position_embeddings=2304,
+        out_hidden_size=target["hidden_size"],
+    )
+    for name, target in TARGETS.items()
+}
 MIXES = ("Q4_K_M", "Q8_0", "bf16")
 
 # bytes of each format's fp16 scale fields inside a block (random bits there could be inf or NaN)
@@ -156,6 +173,15 @@ def drafter_config(name: str, target_layers: int, vocab: int | None = None) -> D
         taps = sorted({min(target_layers - 1, t * target_layers // full) for t in taps})
         raw["dflash_config"] = {**raw["dflash_config"], "target_layer_ids": taps}
     return DrafterConfig.from_dict(raw)
+
+
+def vision_config(name: str, target_layers: int | None = None) -> VisionConfig:
+    """The target's vision tower; with a cut target, cut in proportion to its layers (at least one block)."""
+    raw = dict(_known(VISION, name))
+    full = TARGETS[name]["num_hidden_layers"]
+    if target_layers and target_layers < full:
+        raw["depth"] = max(1, round(raw["depth"] * target_layers / full))
+    return VisionConfig.from_dict(raw)
 
 
 def _known(table: dict, name: str) -> dict:
@@ -277,6 +303,20 @@ def build_mtp(target: TargetModel, mix: str = "Q4_K_M") -> MTPHead:
     fuse_projections(head)
     head.bind(target)
     return head.eval()
+
+
+def build_vision(name: str, target: TargetModel, target_layers: int | None = None) -> VisionTower:
+    """The target's vision tower (cut as `vision_config` cuts it) with random weights in the target's compute dtype,
+    as a loaded tower holds them (an mmproj's F16, BF16 or Q8_0 tensors are decoded as they load)."""
+    from dflash_chat.engine.checkpoint import materialise
+
+    p = target.model.norm.weight
+    cfg = vision_config(name, target_layers)
+    with torch.device("meta"):
+        tower = VisionTower(cfg)
+    weights = SyntheticWeights(tower, "bf16", cfg.depth, p.device, seed=3)
+    materialise(tower, weights, p.device, p.dtype, "synthetic vision tower")
+    return tower.eval()
 
 
 def bytes_per_token(model: nn.Module) -> int:

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from dflash_chat.bench.load import busy_cores, wait_policy
+from dflash_chat.bench.synthetic_vision import image_size
 from dflash_chat.commands.run import check_device
 from dflash_chat.errors import UserError
 from dflash_chat.settings import flag, ranged
@@ -137,6 +138,15 @@ def register(subparsers) -> None:
         "step times against the memory-bandwidth floor, kernels per step, tok/s",
     )
     p.add_argument(
+        "--image",
+        metavar="WxH",
+        action="append",
+        type=image_size,
+        help="--synthetic: also the vision tower on an image of this size (repeat for several in one prompt), beside "
+        "the prefill of the same prompt: time, weights, peak memory (with --layers the tower is cut in proportion); "
+        "--demo: the size the image class's pictures are drawn at",
+    )
+    p.add_argument(
         "--quant",
         choices=["Q4_K_M", "Q8_0", "bf16"],
         help="--synthetic weights: a llama.cpp quant mix or bf16 (default Q4_K_M; bf16 on the CPU)",
@@ -206,6 +216,7 @@ def _demo(args) -> int:
         legs=legs,
         device=args.device or "cpu",
         repeats=args.repeats or DEMO_REPEATS,
+        image_sizes=args.image or (),
     )
     figures["setup"] |= {"load": args.load, "wait_policy": wait_policy()}
     print(json.dumps(figures) if args.json else demo_pair.format_report(figures))
@@ -271,6 +282,7 @@ def _synthetic(args) -> int:
         decode=args.decode,
         tokens=args.tokens,
         vs_transformers=args.vs_transformers,
+        images=tuple(args.image or ()),
     )
     log = (lambda *_: None) if args.json else print
     figures = synthetic.run(setup, log=log)
@@ -288,6 +300,8 @@ def _check(args) -> None:
     ]
     if synthetic_only and not args.synthetic:
         raise UserError(f"{', '.join(synthetic_only)} go with --synthetic MODEL")
+    if args.image and (args.http or not (args.synthetic or args.demo)):
+        raise UserError("--image goes with --synthetic MODEL (the vision tower's cost) or --demo (its image class)")
     if args.structured and (args.demo or args.tools or args.target or args.synthetic or args.http):
         raise UserError("--structured measures the demo pair on its own: leave out the other modes")
     if args.tools and (args.demo or args.target or args.synthetic or args.http or args.vs_transformers):

@@ -84,9 +84,40 @@ def test_bytes_per_token_counts_the_routed_experts_a_token_picks():
     )
 
 
+def test_the_vision_tower_is_the_catalogs_and_is_cut_with_the_target():
+    from dflash_chat.models.catalog import load_catalog
+
+    for name in synthetic_models.TARGETS:
+        cfg, shape = synthetic_models.vision_config(name), load_catalog().get(name).vision
+        assert shape is not None
+        assert (cfg.depth, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.out_hidden_size) == (
+            shape.depth,
+            shape.hidden,
+            shape.intermediate,
+            shape.heads,
+            shape.out_hidden,
+        )
+    depths = [synthetic_models.vision_config("qwen3.6-27b", n).depth for n in (1, 2, 16, 64, None)]
+    assert depths == [1, 1, 7, 27, 27]
+
+
+def test_a_1024x768_image_is_768_tokens_within_the_budget():
+    """As the reference processor sizes it: 1024 x 768 is whole 32-pixel blocks within Qwen3.5's pixel budget, so
+    48 x 64 patches, 768 merged tokens."""
+    from dflash_chat.bench.synthetic_vision import random_image
+    from dflash_chat.engine.images import prepare
+    from dflash_chat.engine.models.vision import VisionTower
+
+    with torch.device("meta"):
+        tower = VisionTower(synthetic_models.vision_config("qwen3.6-27b"))
+    (image,) = prepare([random_image(1024, 768, 0)], tower)
+    assert image.grid == (1, 48, 64) and image.tokens == 768 and image.pixels.shape == (3072, 1536)
+
+
 @pytest.mark.slow(seconds=120)
 def test_bench_synthetic_runs_on_the_cpu(tmp_path):
-    """The issue's smoke run: real 27B layer shapes, two layers, every figure printed and saved."""
+    """The issue's smoke run: real 27B layer shapes, two layers, every figure printed and saved; with an image, the
+    vision tower at its real width (one block, cut with the layers) beside the prefill of the same prompt."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -101,6 +132,8 @@ def test_bench_synthetic_runs_on_the_cpu(tmp_path):
             "6",
             "--threads",
             "1",
+            "--image",
+            "64x48",
             "--json",
             "--save",
             str(tmp_path),
@@ -127,5 +160,16 @@ def test_bench_synthetic_runs_on_the_cpu(tmp_path):
     mtp = figures["mtp"]
     assert list(mtp) == ["1", "2", "3"] and 0 < mtp["1"]["draft_ms"] < mtp["3"]["draft_ms"]
     assert figures["mtp_step_over_ar"] == mtp["1"]["over_ar_step"] > 0 and 0 < figures["mtp_bytes_over_ar"] < 1
+    # a small image is scaled up to the budget's least pixels (65536): 320 x 224, 20 x 14 patches, 70 tokens
+    vision = figures["vision"]
+    assert vision["images"] == [{"size": [64, 48], "resized": [320, 224], "grid": [1, 14, 20], "tokens": 70}]
+    assert vision["image_tokens"] == 70 and vision["patches"] == 280
+    assert (vision["depth"], vision["full_depth"]) == (1, 27) and vision["prompt_tokens"] == 70 + 32
+    assert 0 < vision["weight_bytes"] < vision["full_weight_bytes"]
+    for key in ("tower_ms", "tower_in_prefill_ms", "prefill_ms", "tower_peak_bytes", "prefill_peak_bytes"):
+        assert vision[key] > 0, key
+    # the tower's working memory: at least its output (70 rows of 5120 in float32), within the memory model's bound
+    assert 70 * 5120 * 4 <= vision["tower_peak_bytes"] <= vision["tower_peak_estimate_bytes"]
+    assert 0 < vision["tower_share"] < 1
     saved = list(tmp_path.glob("*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["date"] == figures["date"]

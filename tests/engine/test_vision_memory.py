@@ -4,14 +4,11 @@ tower's forward holds live at once, measured op by op, without being more than t
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from dflash_chat.bench.live_memory import LiveBytes
 from dflash_chat.engine.load import load_vision
 from dflash_chat.engine.memory import VisionShape, vision_bytes, vision_weight_bytes, vision_workspace_bytes
 from dflash_chat.engine.models.vision import VisionConfig, VisionTower
@@ -54,34 +51,6 @@ def test_an_mmproj_tower_holds_its_weights_decoded_in_the_compute_dtype(tmp_path
     loaded = load_vision(path, "cpu", torch.float32)
     assert _bytes(loaded) == vision_weight_bytes(VisionShape.of(loaded.cfg), 4)
     assert path.stat().st_size < _bytes(loaded)  # the file's size would undercount it
-
-
-class LiveBytes(TorchDispatchMode):
-    """The bytes of every tensor storage an op made that is still alive, and their peak."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.seen: set[int] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            key, size = storage.data_ptr(), storage.nbytes()
-            if size == 0 or key in self.seen:
-                continue
-            self.seen.add(key)
-            self.live += size
-            self.peak = max(self.peak, self.live)
-            weakref.finalize(storage, self._freed, key, size)
-        return out
-
-    def _freed(self, key: int, size: int) -> None:
-        self.seen.discard(key)
-        self.live -= size
 
 
 @pytest.mark.parametrize("size", [(64, 64), (128, 32), (200, 20)])
