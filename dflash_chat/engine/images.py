@@ -138,7 +138,9 @@ class ImagePrefill:
         return ChunkInput(embeds, positions[:, begin:end], before)
 
     def _run_tower(self, begin: int) -> None:
-        """The features of every image that ends past `begin` (one tower run, at the first chunk)."""
+        """The features of every image that ends past `begin` (at the first chunk), the tower run once per image:
+        its activations are then those of the largest image, as the memory model budgets
+        (engine/memory.py vision_workspace_bytes), not of all a prompt's images at once."""
         wanted = [
             i
             for i, (start, image) in enumerate(zip(self.starts, self.images, strict=True))
@@ -147,13 +149,11 @@ class ImagePrefill:
         if not wanted:
             return
         started = time.perf_counter()
-        pixels = torch.cat([self.images[i].pixels for i in wanted])
-        features = self.tower(pixels, [self.images[i].grid for i in wanted])
-        if features.device.type == "cuda":
-            torch.cuda.synchronize(features.device)
+        for i in wanted:
+            self._features[i] = self.tower(self.images[i].pixels, [self.images[i].grid])
+        if self._features[wanted[-1]].device.type == "cuda":
+            torch.cuda.synchronize(self._features[wanted[-1]].device)
         self.seconds += time.perf_counter() - started
-        for i, rows in zip(wanted, features.split([self.images[i].tokens for i in wanted]), strict=True):
-            self._features[i] = rows
 
 
 def _run_starts(keys: list[int], images: Sequence[PromptImage]) -> list[int]:

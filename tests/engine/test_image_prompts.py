@@ -160,6 +160,18 @@ def test_next_turn_reuses_the_prefix_and_runs_the_tower_on_its_new_image_only(vl
     assert second == _answer(_engine(vlm), turn, images + new)[0]  # as a cold prefill answers
 
 
+def test_the_tower_reads_a_prompts_images_one_at_a_time(vlm):
+    """Its activations are one image's, as the memory model budgets (engine/memory.py vision_workspace_bytes),
+    however many images the prompt holds."""
+    engine = _engine(vlm)
+    assert engine.vision is not None
+    patches: list[int] = []
+    engine.vision.register_forward_hook(lambda _m, args, _out: patches.append(args[0].shape[0]))
+    ids, images = _prompt(engine, list(pictures()))
+    _answer(engine, ids, images)
+    assert patches == [image.pixels.shape[0] for image in images] and len(patches) == 2
+
+
 def test_the_same_text_with_another_image_reuses_nothing_past_it(vlm):
     engine = _engine(vlm, "auto", vlm[3], draft=5)
     wide, _ = pictures(0)
