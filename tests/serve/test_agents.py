@@ -160,16 +160,6 @@ def test_claude_code_speaks_anthropic_messages(server, tmp_path, refusals, brief
     assert refusals() == []
 
 
-def test_codex_speaks_responses(server, tmp_path, refusals, brief_answers):
-    served, url = server
-    provider = f'{{name="dflash-chat", base_url="{url}/v1", env_key="DFC_KEY", wire_api="responses"}}'
-    config = ["-c", "model_provider=dfc", "-c", f"model_providers.dfc={provider}", "-c", f'model="{served.name}"']
-    env = isolated(tmp_path, DFC_KEY=KEY)
-    out = run_agent([agent("codex"), *config, "exec", "--skip-git-repo-check", TASK], env, tmp_path)
-    assert said(out, brief_answers)
-    assert refusals() == []
-
-
 def test_codex_exec_output_schema_gets_json_valid_for_it(server, tmp_path, refusals, brief_answers):
     """`codex exec --output-schema FILE` sends the schema as Responses' `text.format`: the demo's answer, held to
     it, is JSON valid for it, and codex prints it as the last message."""
@@ -217,29 +207,19 @@ def screenshot(path: Path) -> Path:
     return path
 
 
-def test_codex_exec_sends_an_image(server, tmp_path, refusals, brief_answers, shown_images):
-    """`codex exec -i shot.png`: the image goes to serve as a Responses `input_image` data URL, and the demo's
-    tower shows it to the model (random weights: the answer says nothing true of it)."""
+def test_codex_speaks_responses_and_sends_an_image(server, tmp_path, refusals, brief_answers, shown_images):
+    """`codex exec -i shot.png`: codex talks to serve in Responses (one run for the text and the image: each agent
+    run is most of a minute of the suite), the image goes as an `input_image` data URL, and the demo's tower shows
+    it to the model (random weights: the answer says nothing true of it)."""
     served, url = server
-    if served.session is None or served.session.vision is None:
-        pytest.skip("the demo's vision tower is not in demo_data")
+    assert served.session is not None and served.session.vision is not None  # the demo ships its tower
     provider = f'{{name="dflash-chat", base_url="{url}/v1", env_key="DFC_KEY", wire_api="responses"}}'
     config = ["-c", "model_provider=dfc", "-c", f"model_providers.dfc={provider}", "-c", f'model="{served.name}"']
     shot = screenshot(tmp_path / "shot.png")
-    argv = [agent("codex"), *config, "exec", "--skip-git-repo-check", "What is in this picture?", "-i", str(shot)]
+    argv = [agent("codex"), *config, "exec", "--skip-git-repo-check", TASK, "-i", str(shot)]
     out = run_agent(argv, isolated(tmp_path, DFC_KEY=KEY), tmp_path)
     assert said(out, brief_answers)
     assert shown_images and shown_images[0] == 1
-    assert refusals() == []
-
-
-def test_opencode_speaks_chat_completions(server, tmp_path, refusals, brief_answers):
-    served, url = server
-    provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{url}/v1", "apiKey": KEY}}
-    provider["models"] = {served.name: {"name": served.name}}  # no limits written by hand: its defaults
-    (tmp_path / "opencode.json").write_text(json.dumps({"provider": {"dfc": provider}}))
-    out = run_agent([agent("opencode"), "run", "-m", f"dfc/{served.name}", TASK], isolated(tmp_path), tmp_path)
-    assert said(out, brief_answers)
     assert refusals() == []
 
 
@@ -249,8 +229,7 @@ def test_claude_code_sends_an_image_block(server, tmp_path, refusals, brief_answ
     import base64
 
     served, url = server
-    if served.session is None or served.session.vision is None:
-        pytest.skip("the demo's vision tower is not in demo_data")
+    assert served.session is not None and served.session.vision is not None  # the demo ships its tower
     data = base64.b64encode(screenshot(tmp_path / "shot.png").read_bytes()).decode()
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
     content = [{"type": "text", "text": "What is in this picture?"}, image]
@@ -268,11 +247,11 @@ def test_claude_code_sends_an_image_block(server, tmp_path, refusals, brief_answ
     assert refusals() == []
 
 
-def test_opencode_run_sends_an_attached_image(server, tmp_path, refusals, brief_answers, shown_images):
-    """`opencode run -f shot.png`: the image goes to serve as a chat completions `image_url` data URL."""
+def test_opencode_speaks_chat_completions_and_sends_an_image(server, tmp_path, refusals, brief_answers, shown_images):
+    """`opencode run -f shot.png`: opencode talks to serve in chat completions (text and image in one run), the
+    image as an `image_url` data URL."""
     served, url = server
-    if served.session is None or served.session.vision is None:
-        pytest.skip("the demo's vision tower is not in demo_data")
+    assert served.session is not None and served.session.vision is not None  # the demo ships its tower
     provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{url}/v1", "apiKey": KEY}}
     provider["models"] = {
         served.name: {
@@ -283,7 +262,7 @@ def test_opencode_run_sends_an_attached_image(server, tmp_path, refusals, brief_
     }
     (tmp_path / "opencode.json").write_text(json.dumps({"provider": {"dfc": provider}}))
     shot = screenshot(tmp_path / "shot.png")
-    argv = [agent("opencode"), "run", "-m", f"dfc/{served.name}", "-f", str(shot), "--", "What is in this picture?"]
+    argv = [agent("opencode"), "run", "-m", f"dfc/{served.name}", "-f", str(shot), "--", TASK]
     out = run_agent(argv, isolated(tmp_path), tmp_path)
     assert said(out, brief_answers)
     assert shown_images and shown_images[0] == 1
