@@ -39,8 +39,15 @@ from dflash_chat.engine import rules
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
 # per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many), greedy and
 # sampled, per estimate: a DFlash drafter's, the MTP layer's (chained drafts land less often the further they
-# go, which the positions learn), prompt lookup's for short and for long matches (engine/lookup.py)
-PRIORS = {"dflash": (0.85, 0.7), "mtp": (0.8, 0.6), "lookup": (0.5, 0.3), "lookup-long": (0.9, 0.7)}
+# go, which the positions learn), prompt lookup's for short and for long matches (engine/lookup.py), a grammar's
+# forced tokens
+PRIORS = {
+    "dflash": (0.85, 0.7),
+    "mtp": (0.8, 0.6),
+    "lookup": (0.5, 0.3),
+    "lookup-long": (0.9, 0.7),
+    "grammar": (0.8, 0.7),  # the tokens a grammar forces (engine/structured.py), as the tokenizer writes them
+}
 PRIOR_GREEDY, PRIOR_SAMPLED = PRIORS["dflash"]
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's estimate
 TAIL_BLEND = 0.4  # how far a later position's prior leans from the first's down to a lower estimate before it
