@@ -60,10 +60,7 @@ class CompileWorker:
         with self._lock:
             self._ensure()
             self._send((kind, spec))
-            reply = self._reply(timeout)
-        if reply is None:
-            raise CompileTimeout
-        status, value = reply
+            status, value = self._reply(timeout)
         if status != "ok":
             raise CompileFailed(value)
         return value
@@ -102,8 +99,10 @@ class CompileWorker:
         self.started += 1
         self._send(self._info)
         # the start (an interpreter, xgrammar, the vocabulary) is not the compile's: its bound counts from here
-        if self._reply(START_SECONDS) != "ready":
-            raise CompileFailed("the grammar compiler did not start")
+        try:
+            self._reply(START_SECONDS)
+        except CompileTimeout:
+            raise CompileFailed("the grammar compiler did not start") from None
 
     def _send(self, message) -> None:
         assert self._process is not None and self._process.stdin is not None
@@ -114,13 +113,16 @@ class CompileWorker:
             raise CompileFailed("the grammar compiler stopped") from None
 
     def _reply(self, timeout: float):
-        """The worker's next message; None, its process ended, when none comes in `timeout` seconds or it died."""
+        """The worker's next message; CompileTimeout when none comes in `timeout` seconds, CompileFailed when it
+        died (either way its process is ended)."""
         try:
             reply = self._replies.get(timeout=timeout)
         except queue.Empty:
-            reply = None
+            self._stop()
+            raise CompileTimeout from None
         if reply is None:
             self._stop()
+            raise CompileFailed("the grammar compiler stopped while compiling it")
         return reply
 
     def _stop(self) -> None:
