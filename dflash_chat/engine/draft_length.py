@@ -54,6 +54,7 @@ TAIL_BLEND = 0.4  # how far a later position's prior leans from the first's down
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
 OUTLIER = 2.0  # a timing counts at most this many times (or this fraction of) its current figure
 WARM_WEIGHT = 3  # loop timings the warm-up's figure of a size counts as (it is the best of three)
+HELD = " held"  # after a method: its draft held to a grammar (engine/structured.py), read row by row on the host
 PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps between tries of a short draft: first, and at most
 RECORD_DECAY = 0.7  # weight of an answer in a drafter's record after each newer one (~3 answers of memory)
 RECORD_PRIOR = 1.0  # answers' worth of the fixed prior in a record
@@ -225,7 +226,8 @@ class Costs:
         return self.drift * (self._seconds("verify", T) + (self._seconds(method, T) if T > 1 else 0.0))
 
     def _base(self, kind: str, T: int) -> float:
-        return (self.verify if kind == "verify" else self.draft.get(kind, {})).get(T, 0.0)
+        """The warm-up figure (a held draft's is its method's: the loop's timings give it its own correction)."""
+        return (self.verify if kind == "verify" else self.draft.get(kind.removesuffix(HELD), {})).get(T, 0.0)
 
     def _seconds(self, kind: str, T: int) -> float:
         return self._base(kind, T) * self.own.get((kind, T), 1.0)
@@ -239,7 +241,8 @@ class Costs:
         expected = own * self.drift  # the timing's current figure over its warm-up one
         ratio = min(max(seconds / base, expected / OUTLIER), expected * OUTLIER)
         seen = self.seen[kind, T] = self.seen.get((kind, T), 0) + 1
-        self.drift += COST_ALPHA * (ratio / own - self.drift)
+        if not kind.endswith(HELD):  # a held draft's host work says nothing of the machine's drift
+            self.drift += COST_ALPHA * (ratio / own - self.drift)
         self.own[kind, T] = own + max(COST_ALPHA, 1 / (seen + WARM_WEIGHT)) * (ratio / self.drift - own)
 
 

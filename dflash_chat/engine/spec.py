@@ -39,7 +39,7 @@ from typing import Iterator, Protocol
 import torch
 
 from dflash_chat.engine import speculation
-from dflash_chat.engine.draft_length import Costs, DraftMemory, parse_draft
+from dflash_chat.engine.draft_length import HELD, Costs, DraftMemory, parse_draft
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.images import ImagePrefill, PromptImage
@@ -577,6 +577,7 @@ class Engine:
             self.costs,
             lambda key: self._estimate(memory, params.greedy, key),
             fixed=self.draft != "auto",
+            held=grammar is not None,
         )
         lookup = self._lookup_tokens(last) if chooser.lookup else None
         learned: dict[str, list[int]] = {key: [0] * self.block_size for key in self._estimates()}
@@ -644,7 +645,7 @@ class Engine:
         stats.constraint_s += time.perf_counter() - held
         if plan.method in speculation.MODELS:
             # timed apart from the method's unheld drafts: read row by row on the host, it costs another figure
-            self.clock.timed(f"{plan.method} held", plan.T, self.steps.draft, plan.T, plan.method, guide)
+            self.clock.timed(plan.method + HELD, plan.T, self.steps.draft, plan.T, plan.method, guide)
         elif plan.T > 1:
             walked = guide.walk(list(plan.tokens))
             fits = [T for T in self.sizes if T <= walked + 1]

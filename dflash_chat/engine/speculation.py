@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash_chat.engine import rules
-from dflash_chat.engine.draft_length import AutoDraft, Costs, verify_sizes
+from dflash_chat.engine.draft_length import HELD, AutoDraft, Costs, verify_sizes
 from dflash_chat.engine.errors import MissingMethod
 from dflash_chat.engine.lookup import Match
 
@@ -130,17 +130,25 @@ def estimate_of(method: str, match: Match | None = None) -> str:
 class Chooser:
     """The plans of one answer's steps (module docstring), from the conversation's estimates and the engine's
     costs. `estimate(key)` gives the conversation's estimate of an estimate key (draft_length.DraftMemory);
-    `fixed`: the draft setting is a number (each method drafts at its one size; nothing is tried)."""
+    `fixed`: the draft setting is a number (each method drafts at its one size; nothing is tried); `held`: the
+    answer is held to a grammar (a model's drafts cost what held drafts do: draft_length.HELD)."""
 
-    def __init__(self, sizes: dict[str, list[int]], plain: bool, costs: Costs | None, estimate, fixed: bool):
+    def __init__(
+        self, sizes: dict[str, list[int]], plain: bool, costs: Costs | None, estimate, fixed: bool, held: bool = False
+    ):
         self.sizes, self.plain, self.costs, self.estimate, self.fixed = sizes, plain, costs, estimate, fixed
         self.models = [m for m in MODELS if m in sizes]
         self.lookup = "lookup" in sizes
+        self.held = held
+
+    def _cost_kind(self, method: str) -> str:
+        """The costs' name of a method's drafts in this answer."""
+        return method + HELD if self.held and method in MODELS else method
 
     def _auto(self, key: str, method: str, sizes: list[int] | None = None) -> AutoDraft:
         assert self.costs is not None, "weighing plans needs the step costs"
         sizes = self.sizes[method] if sizes is None else sizes
-        return AutoDraft(([1] if self.plain else []) + sizes, self.estimate(key), self.costs, method)
+        return AutoDraft(([1] if self.plain else []) + sizes, self.estimate(key), self.costs, self._cost_kind(method))
 
     def _model_plans(self) -> list[tuple[float, Plan]]:
         """(expected tokens per second, plan) of a plain step and of each model method at its best size."""
@@ -220,7 +228,9 @@ class Chooser:
         assert self.costs is not None
         if plan.T == 1:
             return 1 / self.costs.step(1)
-        return self.estimate(plan.estimate).expected()[plan.drafts] / self.costs.step(plan.T, plan.method)
+        return self.estimate(plan.estimate).expected()[plan.drafts] / self.costs.step(
+            plan.T, self._cost_kind(plan.method)
+        )
 
     def _rate(self, queued: Plan | None) -> float:
         """Expected tokens per second of the queued plan, its draft paid (None: the best a model offers now)."""
