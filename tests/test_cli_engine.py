@@ -490,7 +490,8 @@ def test_bench_structured_holds_every_methods_answers_to_the_grammar_and_says_wh
             assert rows["auto-no-forced"]["forced_drafts"] == 0
             for f in rows.values():
                 assert 0 <= f["valid"] <= 1 and 0 <= f["cut"] <= 1 and f["valid"] + f["cut"] <= 1
-    assert figures["masks"]["p99_us"] >= figures["masks"]["p50_us"] > 0
+    for name in ("qwen3", "qwen3.6"):  # both real vocabularies ship in the test extras
+        assert figures["masks"][name]["p99_us"] >= figures["masks"][name]["p50_us"] > 0
     assert set(figures["compile_s"]) == {"json", "calls"}
 
 

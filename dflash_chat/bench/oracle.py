@@ -97,7 +97,10 @@ class OracleDrafter:
     def block_ids(self, device: torch.device) -> torch.Tensor:
         return torch.zeros(self.block_size, dtype=torch.long, device=device)
 
-    def propose(self, ids: torch.Tensor, span, params, draws, q_out, drafts: int | None = None) -> torch.Tensor:
+    def propose(
+        self, ids: torch.Tensor, span, params, draws, q_out, drafts: int | None = None, guide=None
+    ) -> torch.Tensor:
+        """Its proposals (bench answers are never held to a grammar: `guide` is None)."""
         logits = self.draft_logits(ids, span)[:drafts]
         return draft_tokens(logits, params, draws, q_out[: logits.shape[0]] if q_out is not None else None)
 

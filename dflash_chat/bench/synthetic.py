@@ -114,9 +114,9 @@ class InjectedDrafter:
     def block_ids(self, device):
         return self.real.block_ids(device)
 
-    def propose(self, ids, span, params, draws, q_out, drafts=None):
+    def propose(self, ids, span, params, draws, q_out, drafts=None, guide=None):
         self.real.propose(ids, span, params, draws, q_out, drafts)  # timed as run; the oracle's drafts are used
-        return self.oracle.propose(ids, span, params, draws, q_out, drafts)
+        return self.oracle.propose(ids, span, params, draws, q_out, drafts, guide)
 
 
 @dataclass

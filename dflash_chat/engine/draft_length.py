@@ -39,14 +39,22 @@ from dflash_chat.engine import rules
 DECAY = 0.97  # weight of an observation after each newer one at the same position (~33 steps of memory)
 # per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many), greedy and
 # sampled, per estimate: a DFlash drafter's, the MTP layer's (chained drafts land less often the further they
-# go, which the positions learn), prompt lookup's for short and for long matches (engine/lookup.py)
-PRIORS = {"dflash": (0.85, 0.7), "mtp": (0.8, 0.6), "lookup": (0.5, 0.3), "lookup-long": (0.9, 0.7)}
+# go, which the positions learn), prompt lookup's for short and for long matches (engine/lookup.py), a grammar's
+# forced tokens
+PRIORS = {
+    "dflash": (0.85, 0.7),
+    "mtp": (0.8, 0.6),
+    "lookup": (0.5, 0.3),
+    "lookup-long": (0.9, 0.7),
+    "grammar": (0.8, 0.7),  # the tokens a grammar forces (engine/structured.py), as the tokenizer writes them
+}
 PRIOR_GREEDY, PRIOR_SAMPLED = PRIORS["dflash"]
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's estimate
 TAIL_BLEND = 0.4  # how far a later position's prior leans from the first's down to a lower estimate before it
 COST_ALPHA = 0.1  # weight of a new step timing in a size's cost
 OUTLIER = 2.0  # a timing counts at most this many times (or this fraction of) its current figure
 WARM_WEIGHT = 3  # loop timings the warm-up's figure of a size counts as (it is the best of three)
+HELD = " held"  # after a method: its draft held to a grammar (engine/structured.py), read row by row on the host
 PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps between tries of a short draft: first, and at most
 RECORD_DECAY = 0.7  # weight of an answer in a drafter's record after each newer one (~3 answers of memory)
 RECORD_PRIOR = 1.0  # answers' worth of the fixed prior in a record
@@ -218,7 +226,8 @@ class Costs:
         return self.drift * (self._seconds("verify", T) + (self._seconds(method, T) if T > 1 else 0.0))
 
     def _base(self, kind: str, T: int) -> float:
-        return (self.verify if kind == "verify" else self.draft.get(kind, {})).get(T, 0.0)
+        """The warm-up figure (a held draft's is its method's: the loop's timings give it its own correction)."""
+        return (self.verify if kind == "verify" else self.draft.get(kind.removesuffix(HELD), {})).get(T, 0.0)
 
     def _seconds(self, kind: str, T: int) -> float:
         return self._base(kind, T) * self.own.get((kind, T), 1.0)
@@ -232,7 +241,8 @@ class Costs:
         expected = own * self.drift  # the timing's current figure over its warm-up one
         ratio = min(max(seconds / base, expected / OUTLIER), expected * OUTLIER)
         seen = self.seen[kind, T] = self.seen.get((kind, T), 0) + 1
-        self.drift += COST_ALPHA * (ratio / own - self.drift)
+        if not kind.endswith(HELD):  # a held draft's host work says nothing of the machine's drift
+            self.drift += COST_ALPHA * (ratio / own - self.drift)
         self.own[kind, T] = own + max(COST_ALPHA, 1 / (seen + WARM_WEIGHT)) * (ratio / self.drift - own)
 
 

@@ -17,6 +17,7 @@ that proposes fixed tokens (one-hot q) is the special case: accept with p(d), el
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -139,6 +140,52 @@ def draft_tokens(
         return logits.argmax(dim=-1)
     assert draws is not None and q_out is not None, "sampled drafts need the step's draws and q_out"
     return sample_processed(logits, params, draws.draft_noise[: logits.shape[0]], q_out)
+
+
+class Guide(Protocol):
+    """A step's drafts held to a grammar as they are drawn, row after row (engine/structured.py's): each row's
+    proposal is masked to what the grammar allows after the drafts before it and renormalised, so q is the
+    distribution the draft was drawn from and no draft is one the grammar refuses (where it allows one token
+    only, that is the draft: the grammar's forced tokens come as they are drawn)."""
+
+    def allowed(self, row: int) -> torch.Tensor | None:
+        """Bools [V] on the device: the tokens the grammar allows at draft `row`; None: any (it no longer holds)."""
+
+    def take(self, row: int, token: torch.Tensor) -> None:
+        """The draft drawn at `row` (a 1-element device tensor, read on the host): the grammar moves past it."""
+
+
+def guided_draft(
+    logits: torch.Tensor,
+    row: int,
+    params: SamplingParams,
+    draws: Draws | None,
+    q_out: torch.Tensor | None,
+    guide: Guide,
+) -> torch.Tensor:
+    """Draft `row` [1] from its logits [1, V] held to `guide`: the argmax or a draw from q, the processed
+    distribution of the logits the grammar allows (written to `q_out` [1, V])."""
+    allowed = guide.allowed(row)
+    masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+    token = draw_row(masked, row, params, draws, q_out)
+    guide.take(row, token)
+    return token
+
+
+def draw_row(
+    logits: torch.Tensor, row: int, params: SamplingParams, draws: Draws | None, q_out: torch.Tensor | None
+) -> torch.Tensor:
+    """Draft `row` [1] from its logits [1, V]: the argmax, or a draw (on the row's draft noise) from q, their
+    processed distribution, written to `q_out` [1, V]."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    assert draws is not None and q_out is not None, "sampled drafts need the step's draws and q_out"
+    return sample_processed(logits, params, draws.draft_noise[row : row + 1], q_out)
+
+
+def q_row(q: torch.Tensor | None, row: int) -> torch.Tensor | None:
+    """Row `row` of a q [D, V] as [1, V] (None for greedy drafts, which have none)."""
+    return None if q is None else q[row : row + 1]
 
 
 def accept(

@@ -32,13 +32,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Iterator, Protocol
 
 import torch
 
 from dflash_chat.engine import speculation
-from dflash_chat.engine.draft_length import Costs, DraftMemory, parse_draft
+from dflash_chat.engine.draft_length import HELD, Costs, DraftMemory, parse_draft
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.images import ImagePrefill, PromptImage
@@ -59,11 +60,11 @@ from dflash_chat.engine.parked import (
     to_host,
 )
 from dflash_chat.engine.prefix_cache import CHECKPOINT_EVERY, DEFAULT_BUDGET, Checkpoint, CheckpointCache
-from dflash_chat.engine.sampling import Draws, first_token, noise_columns
+from dflash_chat.engine.sampling import Draws, Guide, first_token, noise_columns
 from dflash_chat.engine.sampling_params import SamplingParams
-from dflash_chat.engine.speculation import Chooser, Plan, parse_speculate
+from dflash_chat.engine.speculation import PLAIN_STEP, Chooser, Plan, parse_speculate
 from dflash_chat.engine.steps import Clock, Steps
-from dflash_chat.engine.structured import Matcher
+from dflash_chat.engine.structured import Matcher, StepGuide
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
 COST_ROUNDS = 4  # timed warm-up rounds of every verify size (the first is not counted; the fastest of the rest is)
@@ -91,10 +92,12 @@ class Drafter(Protocol):
         draws: Draws | None,
         q_out: torch.Tensor | None,
         drafts: int | None = None,
+        guide: Guide | None = None,
     ) -> torch.Tensor:
         """The first `drafts` drafts (all B-1 by default) after ids[0] at the device positions `span`, reading
         no host value: greedy, or drawn from a proposal distribution that it writes to q_out [drafts, V] for
-        the exact verify. The first k are the same whatever `drafts` >= k is."""
+        the exact verify. The first k are the same whatever `drafts` >= k is. A `guide` holds them to a grammar
+        (engine/sampling.Guide: each read on the host as it is drawn)."""
 
     def store_context(self, features: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor | None = None) -> None:
         """Context from the target features [n, K*H] at device positions [n] (rotated at `rope` [n])."""
@@ -574,6 +577,7 @@ class Engine:
             self.costs,
             lambda key: self._estimate(memory, params.greedy, key),
             fixed=self.draft != "auto",
+            held=grammar is not None,
         )
         lookup = self._lookup_tokens(last) if chooser.lookup else None
         learned: dict[str, list[int]] = {key: [0] * self.block_size for key in self._estimates()}
@@ -587,8 +591,8 @@ class Engine:
             last, len(self.tokens), params, generator, stops, grammar.words if grammar is not None else 0, delta
         )
         queued = chooser.before_read(False)
-        self._queue(queued)
-        plan = self._settle(chooser, queued, lookup)
+        self._queue(queued, grammar)
+        plan = self._settle(chooser, queued, lookup, grammar)
         while True:
             if cancel is not None and cancel.is_set():
                 yield finish("cancelled")
@@ -599,13 +603,12 @@ class Engine:
                 return
             masks = None
             if grammar is not None:
-                plan = self._force(plan, grammar, stats)
-                steps.stage_drafts(plan.T)
-                masks = partial(self._mask, plan.T, grammar, stats)
+                plan, guide = self._hold_drafts(plan, chooser, grammar, stats)
+                masks = partial(self._mask, plan.T, grammar, guide, stats)
             clock.timed("verify", plan.T, self._verify, plan.T, remaining, masks)
             ended = clock.ended()  # before the next draft is queued: it belongs to the next step
             queued = chooser.before_read(plan.method == "lookup")
-            self._queue(queued)  # before the read: the device drafts while the host reads
+            self._queue(queued, grammar)  # before the read: the device drafts while the host reads
             out = steps.read()
             if grammar is not None:
                 held = time.perf_counter()
@@ -615,7 +618,7 @@ class Engine:
             self.tokens.extend(out.tokens[:-1])
             if lookup is not None:
                 lookup.extend(out.tokens)
-            if plan.T > 1 and plan.method != speculation.GRAMMAR:
+            if plan.T > 1:
                 self._estimate(memory, params.greedy, plan.estimate).observe(plan.drafts, out.accepted)
                 learned[plan.estimate][min(out.accepted, plan.drafts)] += 1
             draft_s, verify_s = self._count(ended, stats)
@@ -627,31 +630,39 @@ class Engine:
             if last in stops:
                 yield finish("stop")
                 return
-            plan = self._settle(chooser, queued, lookup)
+            plan = self._settle(chooser, queued, lookup, grammar)
 
-    def _force(self, plan: Plan, grammar: Matcher, stats: GenerationStats) -> Plan:
-        """Where the grammar forces the next tokens (engine/structured.py), they are the step's first drafts, free
-        to verify: a plain step verifies them instead, a model's first drafts are replaced by them."""
+    def _hold_drafts(
+        self, plan: Plan, chooser: Chooser, grammar: Matcher, stats: GenerationStats
+    ) -> tuple[Plan, StepGuide]:
+        """A constrained step's drafts, drawn held to the grammar (engine/structured.py): a model's each from its
+        proposal masked to what the grammar allows there; fixed ones (lookup's, or the tokens the grammar forces,
+        where that plan is worth more: speculation.Chooser.forced) end before the first the grammar refuses."""
         held = time.perf_counter()
         forced = grammar.forced_run(self.block_size - 1)
-        if forced and plan.T == 1:
-            T = max((T for T in self.sizes if T <= len(forced) + 1), default=1)
-            if T > 1:
-                plan = Plan(speculation.GRAMMAR, T, speculation.GRAMMAR, tuple(forced[: T - 1]))
-                self.steps.place(list(plan.tokens))
-                stats.forced_drafts += T - 1
-        elif forced:
-            k = min(len(forced), plan.T - 1)
-            self.steps.rewrite(forced[:k], list(range(k)))
-            stats.forced_drafts += k
+        plan = chooser.forced(plan, forced, self.sizes) if forced else plan
+        guide = grammar.guide(plan.T, self.device)
         stats.constraint_s += time.perf_counter() - held
-        return plan
+        if plan.method in speculation.MODELS:
+            # timed apart from the method's unheld drafts: read row by row on the host, it costs another figure
+            self.clock.timed(plan.method + HELD, plan.T, self.steps.draft, plan.T, plan.method, guide)
+        elif plan.T > 1:
+            walked = guide.walk(list(plan.tokens))
+            fits = [T for T in self.sizes if T <= walked + 1]
+            T = max(fits) if fits else plan.T  # a fixed draft setting has no shorter verify: the refused is rejected
+            plan = replace(plan, T=T, tokens=plan.tokens[: T - 1]) if T > 1 else PLAIN_STEP
+            if T > 1:
+                self.clock.timed(plan.method, T, self.steps.place, list(plan.tokens))
+        stats.constraint_s += guide.seconds
+        stats.forced_drafts += plan.drafts if plan.method == speculation.GRAMMAR else 0
+        return plan, guide
 
-    def _mask(self, T: int, grammar: Matcher, stats: GenerationStats) -> None:
-        """The verify's masks, computed on the host while the device runs its forward."""
+    def _mask(self, T: int, grammar: Matcher, guide: StepGuide, stats: GenerationStats) -> None:
+        """The verify's masks (the guide's, and the row after its drafts), on the host while the device runs its
+        forward."""
         held = time.perf_counter()
         assert self.steps.bitmask is not None, "a constrained answer's steps have a bitmask"
-        grammar.fill(self.steps.bitmask, self.steps.staged_drafts(T))
+        grammar.finish(self.steps.bitmask, T, guide)
         stats.constraint_s += time.perf_counter() - held
 
     def _lookup_tokens(self, last: int) -> PromptLookup:
@@ -662,24 +673,29 @@ class Engine:
         return self.lookup
 
     def _estimates(self) -> list[str]:
-        """The acceptance estimates of the methods in use."""
+        """The acceptance estimates of the methods in use (and of a grammar's forced tokens)."""
         keys = [m for m in speculation.MODELS if m in self.method_sizes]
-        return keys + (["lookup", "lookup-long"] if "lookup" in self.method_sizes else [])
+        return keys + (["lookup", "lookup-long"] if "lookup" in self.method_sizes else []) + [speculation.GRAMMAR]
 
     def _positions(self, estimate: str) -> int:
+        if estimate == speculation.GRAMMAR:
+            return max(self.sizes) - 1
         return self.most["lookup" if estimate.startswith("lookup") else estimate]
 
-    def _queue(self, plan: Plan | None) -> None:
-        """Queue a model's draft for `plan` (nothing for a plain step, or none)."""
-        if plan is not None and plan.T > 1:
+    def _queue(self, plan: Plan | None, grammar: Matcher | None = None) -> None:
+        """Queue a model's draft for `plan` (nothing for a plain step, or none; nor in a constrained answer, whose
+        drafts are drawn after the read, held to the grammar where it is then: `_hold_drafts`)."""
+        if plan is not None and plan.T > 1 and grammar is None:
             self.clock.timed(plan.method, plan.T, self._draft_step, plan)
 
-    def _settle(self, chooser: Chooser, queued: Plan | None, lookup: PromptLookup | None) -> Plan:
+    def _settle(
+        self, chooser: Chooser, queued: Plan | None, lookup: PromptLookup | None, grammar: Matcher | None = None
+    ) -> Plan:
         """The step's plan once its tokens before it are read (speculation.Chooser.after_read); its drafts
-        placed or queued when they differ from the queued plan's."""
+        placed or queued when they differ from the queued plan's (a constrained answer's: by `_hold_drafts`)."""
         match = lookup.propose(speculation.LOOKUP_MOST) if lookup is not None else None
         plan = chooser.after_read(queued, match)
-        if plan is not queued and plan.T > 1:
+        if plan is not queued and plan.T > 1 and grammar is None:
             self.clock.timed(plan.method, plan.T, self._draft_step, plan)
         return plan
 

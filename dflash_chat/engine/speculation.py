@@ -16,7 +16,9 @@ after the read, against the queued plan with that plan's draft already paid: a l
 tokens just read pre-empts a model draft for that step. While prompt lookup is drafting (a copy in progress)
 no model draft is queued: the next step waits for the read, and a model drafts only if lookup has nothing
 better. A method that does not win is tried at its shortest size now and then, less often each time it does
-not pay (draft_length.AutoDraft.book), so a change of text finds the method that now wins.
+not pay (draft_length.AutoDraft.book), so a change of text finds the method that now wins. In an answer held to a
+grammar (engine/structured.py), the tokens it forces are a method of their own (`grammar`, with its estimate):
+a step's plan is reweighed once they are known (`Chooser.forced`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash_chat.engine import rules
-from dflash_chat.engine.draft_length import AutoDraft, Costs, verify_sizes
+from dflash_chat.engine.draft_length import HELD, AutoDraft, Costs, verify_sizes
 from dflash_chat.engine.errors import MissingMethod
 from dflash_chat.engine.lookup import Match
 
@@ -42,7 +44,7 @@ LONG_MATCH = 8  # a match of at least this many tokens is a long one: it has its
 @dataclass(frozen=True)
 class Plan:
     """One step: `method` drafts T - 1 tokens (T = 1: a plain step); `estimate`: the acceptance estimate it
-    learns from (a method's, or lookup's for its match length); `tokens`: lookup's proposal."""
+    learns from (a method's, or lookup's for its match length); `tokens`: lookup's proposal (or the grammar's)."""
 
     method: str
     T: int
@@ -128,17 +130,25 @@ def estimate_of(method: str, match: Match | None = None) -> str:
 class Chooser:
     """The plans of one answer's steps (module docstring), from the conversation's estimates and the engine's
     costs. `estimate(key)` gives the conversation's estimate of an estimate key (draft_length.DraftMemory);
-    `fixed`: the draft setting is a number (each method drafts at its one size; nothing is tried)."""
+    `fixed`: the draft setting is a number (each method drafts at its one size; nothing is tried); `held`: the
+    answer is held to a grammar (a model's drafts cost what held drafts do: draft_length.HELD)."""
 
-    def __init__(self, sizes: dict[str, list[int]], plain: bool, costs: Costs | None, estimate, fixed: bool):
+    def __init__(
+        self, sizes: dict[str, list[int]], plain: bool, costs: Costs | None, estimate, fixed: bool, held: bool = False
+    ):
         self.sizes, self.plain, self.costs, self.estimate, self.fixed = sizes, plain, costs, estimate, fixed
         self.models = [m for m in MODELS if m in sizes]
         self.lookup = "lookup" in sizes
+        self.held = held
+
+    def _cost_kind(self, method: str) -> str:
+        """The costs' name of a method's drafts in this answer."""
+        return method + HELD if self.held and method in MODELS else method
 
     def _auto(self, key: str, method: str, sizes: list[int] | None = None) -> AutoDraft:
         assert self.costs is not None, "weighing plans needs the step costs"
         sizes = self.sizes[method] if sizes is None else sizes
-        return AutoDraft(([1] if self.plain else []) + sizes, self.estimate(key), self.costs, method)
+        return AutoDraft(([1] if self.plain else []) + sizes, self.estimate(key), self.costs, self._cost_kind(method))
 
     def _model_plans(self) -> list[tuple[float, Plan]]:
         """(expected tokens per second, plan) of a plain step and of each model method at its best size."""
@@ -197,6 +207,30 @@ class Chooser:
         T, rate = auto.best()
         T = auto.book(T if rate > self._rate(queued) else 1)  # a try of the shortest size now and then
         return Plan("lookup", T, key, tuple(match.tokens[: T - 1])) if T > 1 else None
+
+    def forced(self, plan: Plan, forced: list[int], sizes: list[int]) -> Plan:
+        """The step's plan once a grammar forces `forced` next (its text as the tokenizer writes it): the grammar's
+        own plan, which verifies them as drafts with no model run, where its acceptance estimate makes it worth
+        more per second than `plan`. A model whose drafts are held to the grammar draws forced tokens itself, in
+        the tokens it would write, and the target does not always write the forced text's tokens. A fixed draft
+        setting takes it for plain steps only."""
+        fits = [T for T in sizes if 1 < T <= len(forced) + 1]
+        if not fits:
+            return plan
+        grammars = [Plan(GRAMMAR, T, GRAMMAR, tuple(forced[: T - 1])) for T in fits]
+        if self.fixed or self.costs is None:
+            return grammars[-1] if plan.T == 1 else plan
+        best = max(grammars, key=self._unpaid)
+        return best if self._unpaid(best) > self._unpaid(plan) else plan
+
+    def _unpaid(self, plan: Plan) -> float:
+        """Expected tokens per second of a plan whose draft is still to pay."""
+        assert self.costs is not None
+        if plan.T == 1:
+            return 1 / self.costs.step(1)
+        return self.estimate(plan.estimate).expected()[plan.drafts] / self.costs.step(
+            plan.T, self._cost_kind(plan.method)
+        )
 
     def _rate(self, queued: Plan | None) -> float:
         """Expected tokens per second of the queued plan, its draft paid (None: the best a model offers now)."""

@@ -5,36 +5,42 @@ answer must be: a JSON schema, or a structural tag (xgrammar's: free text with t
 a reasoning block before them). `Grammars` compiles one per tokenizer, with a cache (an agent resends the same
 tools every turn) and a bound on compile time; its `matcher` is the one object the loop holds per answer:
 
-- `forced_run(k)`: the tokens the grammar forces next (the closing tags, a required key): the loop makes them
-  the step's first drafts, free to verify (a plain step verifies them instead), before the forward;
-- `fill(bitmask, drafts)`: the allowed tokens at the answer's next position and after each draft in turn,
-  into rows of a bitmask (32 tokens a word, as xgrammar writes it), up to the first draft the grammar
-  refuses; rows past it allow everything (the verify stops at that draft whatever they say). The loop runs it
-  on the host while the device runs the verify's forward; the rule that reads it runs after;
+- `forced_run(k)`: the tokens the grammar forces next (the closing tags, a required key), as the tokenizer
+  writes their text: a step no model drafts may verify them as free drafts (speculation.Chooser.forced);
+- `guide(T)`: the step's drafts held to the grammar as they are drawn (`StepGuide`, after the read of the step
+  before): each row's mask, the grammar after the drafts before it, is computed on the host into the rows the
+  verify reads; a model's draft is drawn from its q masked by it (engine/sampling.guided_draft: where the
+  grammar allows one token, that token, in the tokens the model would write), fixed drafts (lookup's, the
+  forced ones) are walked up to the first the grammar refuses;
+- `finish(bitmask, T, guide)`: the verify's rows, the guide's and the one after its last draft, copied to the
+  device's bitmask; rows past a refused draft or a drafted end allow everything (the verify stops there
+  whatever they say). The loop runs it on the host while the device runs the verify's forward;
 - `settle(kept, accepted)`: after the verify, what was rejected is rolled back, the target's own token taken.
 
 Why this stays exact (engine/sampling.py): the verify masks the target's logits at each row with the
-grammar's mask after the tokens before it, so p is the constrained distribution. Drafts are proposals
-drawn from their own q, unmasked; the exact rule holds for any q, and a draft the grammar refuses has
-p(d) = 0, so it is rejected and its row draws from norm(max(0, p - q)) as for any rejection. A forced draft
-has a one-hot q and p(d) = 1. Greedy output is plain constrained decoding's whatever was drafted.
+grammar's mask after the tokens before it, so p is the constrained distribution; a model's draft at that row
+was drawn from q masked by the same mask and renormalised, and that q is what the rule reads. The exact rule
+holds for any q the draft was drawn from; masking it only spares drafts certain to be rejected. A fixed draft
+(lookup's, a forced one) has a one-hot q. Greedy output is plain constrained decoding's whatever was drafted.
 
 The grammar engine is xgrammar (vLLM's and SGLang's): its masks on Qwen's vocabularies took a few
 microseconds at the median here, against tens for llguidance (bench: the constraint's cost per token), and
-it ships Qwen3.5/3.6's call format (`qwen_xml`). Only this module imports it.
+it ships Qwen3.5/3.6's call format (`qwen_xml`). Only this module and its compile worker
+(engine/compile_worker.py: compiles run in a child process, ended past their bound) import it.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
-from dflash_chat.engine.constraint import Constraint, GrammarError, first_line
+from dflash_chat.engine.compile_worker import CompileFailed, CompileTimeout, CompileWorker
+from dflash_chat.engine.constraint import Constraint, GrammarError
 
 COMPILE_SECONDS = 30.0  # past this a grammar is refused (a 400 in serve); an agent's tools: 1-3 s, once
 CACHE_SIZE = 64  # compiled grammars kept per tokenizer
@@ -51,8 +57,11 @@ class Filled:
 class Grammars:
     """The grammar engine for one tokenizer: compiles constraints (cached) and makes matchers."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...], *, words: list[str] | None = None):
-        """`tokenizer`: a transformers tokenizer; or None with `words`, each token's text (a raw vocabulary)."""
+    def __init__(
+        self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...], *, words: list[str] | list[bytes] | None = None
+    ):
+        """`tokenizer`: a transformers tokenizer; or None with `words`, each token's text or bytes (a raw
+        vocabulary, as a tiktoken file holds it)."""
         import xgrammar as xgr
 
         self._xgr = xgr
@@ -61,17 +70,16 @@ class Grammars:
         self.encode = None if tokenizer is None else partial(tokenizer.encode, add_special_tokens=False)
         if tokenizer is None:
             self.info = xgr.TokenizerInfo(
-                list(words or ()), xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=list(stop_ids)
+                words or [], xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=list(stop_ids)
             )
         else:
             self.info = xgr.TokenizerInfo.from_huggingface(
                 tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids)
             )
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self.worker = CompileWorker(self.info.serialize_json)
         self.words = (vocab_size + 31) // 32
         self._cache: OrderedDict[tuple[str, str], object] = OrderedDict()
         self._lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self._controls: torch.Tensor | None = None
 
     def compile(self, constraint: Constraint, timeout: float = COMPILE_SECONDS):
@@ -81,33 +89,21 @@ class Grammars:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        future = self._pool.submit(self._compile, constraint)
         try:
-            compiled = future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            # the compile cannot be interrupted: a new worker takes the next ones while it runs out
-            self._pool.shutdown(wait=False)
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+            # in a child process: one past the bound is ended, not left running (engine/compile_worker.py)
+            text = self.worker.compile(constraint.kind, constraint.spec, timeout)
+            compiled = self._xgr.CompiledGrammar.deserialize_json(text, self.info)
+        except CompileTimeout:
             raise GrammarError(
                 f"{constraint.label}: its schema took over {timeout:g} s to compile; simplify it"
             ) from None
+        except CompileFailed as exc:
+            raise GrammarError(f"{constraint.label}: {exc}") from None
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled
-
-    def _compile(self, constraint: Constraint):
-        try:
-            if constraint.kind == "json_schema":
-                return self.compiler.compile_json_schema(constraint.spec, any_whitespace=False, strict_mode=False)
-            if constraint.kind == "structural_tag":
-                return self.compiler.compile_structural_tag(constraint.spec)
-            if constraint.kind == "ebnf":
-                return self.compiler.compile_grammar(constraint.spec)
-        except Exception as exc:  # noqa: BLE001 - xgrammar's errors are many kinds; each becomes the user's message
-            raise GrammarError(f"{constraint.label}: {first_line(exc)}") from None
-        raise GrammarError(f"unknown constraint kind {constraint.kind!r}")
 
     def controls(self) -> torch.Tensor:
         """The tokens that hold a control character (a byte below 0x20), as a bitmask row: a one-line JSON answer
@@ -143,42 +139,49 @@ class Matcher:
         self.words = grammars.words
         self.host = torch.empty((1, self.words), dtype=torch.int32)  # grown to the verify's rows
         self.masks = 0  # masks computed (the cost figure's count)
-        self.walked = 0  # drafts the last `fill` accepted into the matcher
+        self.walked = 0  # drafts the last step accepted into the matcher
         self.forcing = True  # its forced tokens are proposed as drafts (bench turns it off to compare)
+        self.opening = False  # host row 0 holds the answer's first mask (computed once: the check, then `first`)
 
     def check_satisfiable(self, label: str) -> None:
-        row = torch.empty((1, self.words), dtype=torch.int32)
-        self.fill_row(row, 0)
-        if not _allowed(row[0], self.grammars.vocab_size):
+        self.fill_row(self.host, 0)
+        if not _allowed(self.host[0], self.grammars.vocab_size):
             raise GrammarError(f"{label}: its schema allows no answer at all; check it")
+        self.opening = True
 
     def first(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits [V] of the answer's first token with what the grammar refuses at -inf."""
-        self._rows(1)
-        self.fill_row(self.host, 0)
-        return apply(logits[None], self.host.to(logits.device))[0]
+        if not self.opening:
+            self.fill_row(self.host, 0)
+        self.opening = False
+        return apply(logits[None], self.host[:1].to(logits.device))[0]
+
+    def guide(self, T: int, device: torch.device) -> StepGuide:
+        """The guide of a step that verifies T tokens."""
+        self._rows(T)
+        self.opening = False
+        return StepGuide(self, device)
 
     def fill(self, bitmask: torch.Tensor, drafts: list[int]) -> Filled:
-        """Rows 0..len(drafts) of `bitmask` (on any device): the allowed tokens at the next position and after
-        each allowed draft; the drafts walked are accepted into the matcher (`settle` rolls back what the verify
-        rejects). Past the first refused draft, or a drafted end of the answer, the rows allow everything (the
-        verify stops there whatever they say)."""
-        T = len(drafts) + 1
-        self._rows(T)
-        host = self.host
-        walked = rows = 0
-        for i in range(T):
-            self.fill_row(host, i)
-            rows = i + 1
-            if i == T - 1 or not self.raw.accept_token(drafts[i]):
-                break
-            walked += 1
-            if self.raw.is_terminated():
-                break
-        host[rows:T].fill_(-1)
-        bitmask[:T].copy_(host[:T], non_blocking=True)
-        self.walked = walked
-        return Filled(rows, walked)
+        """Rows 0..len(drafts) of `bitmask` for fixed drafts (`StepGuide.walk`, then `finish`)."""
+        guide = self.guide(len(drafts) + 1, bitmask.device)
+        guide.walk(drafts)
+        return self.finish(bitmask, len(drafts) + 1, guide)
+
+    def finish(self, bitmask: torch.Tensor, T: int, guide: StepGuide) -> Filled:
+        """Rows 0..T-1 of `bitmask` (on any device) for a verify of T after `guide` walked its drafts: the allowed
+        tokens at the next position and after each draft walked, the last row computed here (the loop runs it
+        while the device runs the verify's forward). The drafts walked stay accepted into the matcher (`settle`
+        rolls back what the verify rejects). Past the first refused draft, or a drafted end of the answer, the
+        rows allow everything (the verify stops there whatever they say)."""
+        rows = min(guide.rows, T)
+        if rows < T and guide.open:
+            self.fill_row(self.host, rows)
+            rows += 1
+        self.host[rows:T].fill_(-1)
+        bitmask[:T].copy_(self.host[:T], non_blocking=True)
+        self.walked = guide.walked
+        return Filled(rows, guide.walked)
 
     def forced_run(self, most: int) -> list[int]:
         """The tokens the grammar forces from here, up to `most` (the matcher is left where it was): the text it
@@ -219,6 +222,7 @@ class Matcher:
 
     def advance(self, tokens: list[int]) -> None:
         """Take tokens the answer emitted outside a verify (its first)."""
+        self.opening = self.opening and not tokens
         for token in tokens:
             if not self.raw.accept_token(token):
                 raise AssertionError(f"token {token} was masked in, yet the grammar refuses it")
@@ -237,6 +241,58 @@ class Matcher:
     def _rows(self, T: int) -> None:
         if self.host.shape[0] < T:
             self.host = torch.empty((T, self.words), dtype=torch.int32)
+
+
+class StepGuide:
+    """One step's drafts walked through the grammar as they are drawn (engine/sampling.Guide), row after row:
+    row t's mask (the grammar after the drafts before it) goes into the matcher's host rows, which the verify
+    reads too, so each mask is computed once; the draft drawn there is accepted into the matcher. A draft the
+    grammar refuses (a fixed proposal's) or the end of the answer ends the walk: past it the guide holds nothing."""
+
+    def __init__(self, matcher: Matcher, device: torch.device) -> None:
+        self.matcher, self.device = matcher, device
+        self.rows = 0  # mask rows computed
+        self.walked = 0  # drafts accepted into the matcher
+        self.open = True
+        self.seconds = 0.0  # host time spent in the grammar
+
+    def allowed(self, row: int) -> torch.Tensor | None:
+        if not self._fill(row):
+            return None
+        host = self.matcher.host[row : row + 1]
+        return allowed_tokens(host.to(self.device), self.matcher.grammars.vocab_size)[0] if host.any() else None
+
+    def _fill(self, row: int) -> bool:
+        """Row `row`'s mask (False: the walk has ended)."""
+        if not self.open:
+            return False
+        start = time.perf_counter()
+        self.matcher.fill_row(self.matcher.host, row)
+        self.rows = row + 1
+        self.seconds += time.perf_counter() - start
+        return True
+
+    def take(self, row: int, token) -> None:
+        if not self.open:
+            return
+        value = int(token)
+        start = time.perf_counter()
+        word = int(self.matcher.host[row, value >> 5]) if value < self.matcher.grammars.vocab_size else 0
+        if (word >> (value & 31)) & 1 and self.matcher.raw.accept_token(value):
+            self.walked += 1
+            self.open = not self.matcher.raw.is_terminated()
+        else:
+            self.open = False
+        self.seconds += time.perf_counter() - start
+
+    def walk(self, tokens: list[int]) -> int:
+        """Fixed drafts (lookup's, the grammar's forced ones) walked up to the first the grammar refuses: how many
+        it took."""
+        for row, token in enumerate(tokens):
+            if not self._fill(row):
+                break
+            self.take(row, token)
+        return self.walked
 
 
 def apply(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

@@ -103,6 +103,16 @@ def _held(node, at: str):
             raise GrammarError(f"'{at}' uses {words}, which an answer cannot be held to here: leave it out")
     if node.get("uniqueItems") is True:
         raise GrammarError(f"'{at}' uses 'uniqueItems', which an answer cannot be held to here: leave it out")
+    # the grammar engine reads a string's length past a `pattern` or a `format`: a pattern with one is refused; a
+    # format (an annotation, which validators do not assert by default) gives way to the length
+    lengths = [key for key in ("minLength", "maxLength") if key in node]
+    if lengths and "pattern" in node:
+        raise GrammarError(
+            f"'{at}' has both 'pattern' and '{lengths[0]}', which an answer cannot be held to together here: "
+            "write the length into the pattern"
+        )
+    if lengths and "format" in node:
+        node = {key: value for key, value in node.items() if key != "format"}
     out = {}
     for key, value in node.items():
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):

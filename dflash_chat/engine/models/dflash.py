@@ -27,7 +27,7 @@ from dflash_chat.engine.models.attention import Projections, attend, attend_cach
 from dflash_chat.engine.models.config import DrafterConfig, RopeScaling
 from dflash_chat.engine.models.layers import MLP, PreNormBlock, RMSNorm, Rotary
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.sampling import Draws, draft_tokens
+from dflash_chat.engine.sampling import Draws, Guide, draft_tokens, guided_draft, q_row
 from dflash_chat.engine.sampling_params import SamplingParams
 
 
@@ -241,10 +241,12 @@ class DFlashDrafter(nn.Module):
         draws: Draws | None,
         q_out: torch.Tensor | None,
         drafts: int | None = None,
+        guide: Guide | None = None,
     ) -> torch.Tensor:
         """The first `drafts` drafts (all B-1 by default) after ids[0] (the step seam's call), from the block's
-        hidden states of those rows (see `pick`). Reads no host value."""
-        return self.pick(self._draft(ids, span)[:drafts], ids[:1], params, draws, q_out)
+        hidden states of those rows (see `pick`). Reads no host value, unless a `guide` holds the drafts to a
+        grammar (it reads each draft as it is drawn)."""
+        return self.pick(self._draft(ids, span)[:drafts], ids[:1], params, draws, q_out, guide)
 
     def pick(
         self,
@@ -253,15 +255,19 @@ class DFlashDrafter(nn.Module):
         params: SamplingParams,
         draws: Draws | None,
         q_out: torch.Tensor | None,
+        guide: Guide | None = None,
     ) -> torch.Tensor:
         """Drafts from the drafted rows' hidden states [D, H]: the draft logits' argmax when greedy, else drawn
         from their processed distribution, written to `q_out` [D, V] for the verify. A DFlash2 drafter walks
         its candidate selector instead (`CandidateSelector.walk`: each step depends only on the steps before
-        it, so the first k are the same for any number of rows)."""
+        it, so the first k are the same for any number of rows). With a `guide`, row after row held to it."""
         logits, q = self.logits(hidden), (q_out[: hidden.shape[0]] if q_out is not None else None)
         selector = getattr(self, "candidate_selector", None)  # a submodule only DFlash2 registers
         if selector is not None:
-            return selector.walk(logits, hidden, anchor, params, draws, q)
+            return selector.walk(logits, hidden, anchor, params, draws, q, guide)
+        if guide is not None:
+            rows = range(logits.shape[0])
+            return torch.cat([guided_draft(logits[t : t + 1], t, params, draws, q_row(q, t), guide) for t in rows])
         return draft_tokens(logits, params, draws, q)
 
     @torch.no_grad()

@@ -23,7 +23,7 @@ from torch import nn
 
 from dflash_chat.engine.models.config import DFlash2Config, DrafterConfig
 from dflash_chat.engine.models.dflash import DFlashDrafter, DraftLayer
-from dflash_chat.engine.sampling import Draws
+from dflash_chat.engine.sampling import Draws, Guide, draw_row, q_row
 from dflash_chat.engine.sampling_params import SamplingParams
 
 
@@ -115,11 +115,14 @@ class CandidateSelector(nn.Module):
         params: SamplingParams,
         draws: Draws | None,
         q_out: torch.Tensor | None,
+        guide: Guide | None = None,
     ) -> torch.Tensor:
         """The path [D] from the anchor (a 1-element id tensor), on the device: each step's best candidate when
         greedy, else one drawn from softmax(scores / T) (exponential race on the step's draft noise), whose
         distribution over the vocabulary goes to q_out [D, V]. The scores are computed for every step and
-        predecessor first; the walk itself only gathers."""
+        predecessor first; the walk itself only gathers. With a `guide`, `guided_walk`."""
+        if guide is not None:
+            return self.guided_walk(logits, hidden, anchor, params, draws, q_out, guide)
         unary, ids, successors, projected = self.candidates(logits, hidden)
         # step t's predecessors: the anchor for t = 0 (every row alike), else position t - 1's candidates
         predecessors = torch.cat((anchor.reshape(1, 1).expand(1, ids.shape[1]), ids[:-1]))
@@ -140,6 +143,48 @@ class CandidateSelector(nn.Module):
                 q_out[t].scatter_(0, ids[t], q[0])
             path.append(ids[t].index_select(0, at))
         return torch.cat(path)
+
+    def guided_walk(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        anchor: torch.Tensor,
+        params: SamplingParams,
+        draws: Draws | None,
+        q_out: torch.Tensor | None,
+        guide: Guide,
+    ) -> torch.Tensor:
+        """The walk held to a grammar, one step after another: each step's candidates are the top K of its logits
+        the grammar allows there, scored after the token actually drafted before it; where nothing it allows is
+        among the K, the step draws from the masked logits as a DFlash drafter does. Where the grammar allows
+        everything, the same path as `walk`."""
+        path, before = [], anchor.reshape(1)
+        for t in range(logits.shape[0]):
+            q, allowed = q_row(q_out, t), guide.allowed(t)
+            row = logits[t : t + 1] if allowed is None else logits[t : t + 1].masked_fill(~allowed, float("-inf"))
+            found = self.candidates(row, hidden[t : t + 1])
+            if bool(found[0][0, 0].isfinite()):
+                token = self._step(found, before, t, params, draws, q)
+            else:
+                token = draw_row(row, t, params, draws, q)
+            guide.take(t, token)
+            path.append(token)
+            before = token
+        return torch.cat(path)
+
+    def _step(self, found, before, t: int, params: SamplingParams, draws: Draws | None, q) -> torch.Tensor:
+        """One position's draft [1] among its candidates `found` (`candidates` of one row) after the token `before`
+        [1]: the best, or one drawn from softmax(scores / T), whose distribution over the vocabulary goes to q."""
+        unary, ids, successors, projected = found
+        scores = self.scores(unary, successors, projected, before.reshape(1, 1))[:, 0]  # [1, K]
+        if params.greedy:
+            at = scores.argmax(dim=-1)
+        else:
+            assert draws is not None and q is not None, "a sampled walk needs the step's draws and q_out"
+            weights = torch.softmax(scores / params.temperature, dim=-1)
+            q.zero_()[0].scatter_(0, ids[0], weights[0])
+            at = (weights / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
+        return ids[0].index_select(0, at)
 
 
 class DFlash2Drafter(DFlashDrafter):

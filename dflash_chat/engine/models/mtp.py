@@ -33,7 +33,7 @@ from dflash_chat.engine.models.image_prompt import mrope_axes, mrope_cos_sin
 from dflash_chat.engine.models.layers import RMSNorm, Rotary
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.models.target import DecoderLayer, add_norm
-from dflash_chat.engine.sampling import sample_processed
+from dflash_chat.engine.sampling import Guide, guided_draft, q_row, sample_processed
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.state import AttentionCache
 
@@ -175,18 +175,23 @@ class MTPHead(nn.Module):
         q_out: torch.Tensor | None,
         drafts: int,
         shift: torch.Tensor | None = None,
+        guide: Guide | None = None,
     ) -> torch.Tensor:
         """`drafts` tokens after `last_id` [1] (the token at the committed length `start`, a device scalar),
         the layer chained on its own output from `last`; sampled from their processed distributions at T > 0,
-        which go to q_out [drafts, V]. Reads no host value; `bound`: cache rows an uncaptured query reads;
-        `shift`: the rows rotate at their positions plus it (a 0-d device tensor: the prompt's M-RoPE offset)."""
+        which go to q_out [drafts, V]. Reads no host value, unless a `guide` holds the drafts to a grammar (it
+        reads each as it is drawn); `bound`: cache rows an uncaptured
+        query reads; `shift`: the rows rotate at their positions plus it (a 0-d device tensor: the prompt's
+        M-RoPE offset)."""
         offsets = torch.zeros(1, dtype=torch.long, device=start.device)
         hidden, token, out = self.last, last_id.reshape(1), []
         for j in range(drafts):
             span = Span.fixed(start + (j - 1), offsets, bound, shift)
             hidden = self.forward(hidden, token, span)
             logits = self.logits(hidden)
-            if params.greedy:
+            if guide is not None:
+                token = guided_draft(logits, j, params, draws, q_row(q_out, j), guide)
+            elif params.greedy:
                 token = logits.argmax(dim=-1)
             else:
                 assert draws is not None and q_out is not None, "sampled drafts need the step's draws and q_out"

@@ -11,7 +11,7 @@ import torch
 
 from dflash_chat.engine.images import ChunkInput
 from dflash_chat.engine.models.span import Span
-from dflash_chat.engine.sampling import Draws, accept, noise_columns
+from dflash_chat.engine.sampling import Draws, Guide, accept, noise_columns
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.structured import apply as apply_mask
 
@@ -88,8 +88,6 @@ class Steps:
         self.proposed = torch.zeros(self.B, dtype=torch.long, pin_memory=dev.type == "cuda")  # lookup's, on the host
         self.result = torch.zeros(self.B + 2, **long)  # [tokens (first T), ..., n, accepted]
         self.host = torch.zeros(self.B + 2, dtype=torch.long, pin_memory=dev.type == "cuda")
-        self.staged = torch.zeros(self.B, dtype=torch.long, pin_memory=dev.type == "cuda")  # drafts, for a grammar
-        self.staged_ready: torch.cuda.Event | None = None
         self.ready: torch.cuda.Event | None = None  # the event after the result's copy to the host (CUDA)
         self.outputs: dict[int, tuple] = {}  # T -> (logits, feats) of the last verify of that size
         self.q: torch.Tensor | None = None  # [B-1, V]: the drafts' processed distributions (sampling)
@@ -97,6 +95,7 @@ class Steps:
         self.params = SamplingParams()
         self.masked = False  # the answer is held to a grammar: the verify reads `bitmask`
         self.bitmask: torch.Tensor | None = None  # [B, words]: the allowed tokens of each verify row
+        self.guide: Guide | None = None  # the draft being drawn is held to a grammar (`draft`)
         self.generator: torch.Generator | None = None
         self.length = 0  # committed positions, on the host (known after each read)
         self.host_s = 0.0  # host time in the decode entry points: issuing them and reading results (not the wait)
@@ -152,7 +151,7 @@ class Steps:
         self.flush_context()
         self.block[:1].copy_(self.ids[:1])
         span = self._span(self.drafter.block_size)
-        drafts = self.drafter.propose(self.block, span, self.params, self.draws, self.q, T - 1)
+        drafts = self.drafter.propose(self.block, span, self.params, self.draws, self.q, T - 1, self.guide)
         self.ids[1:T].copy_(drafts)
 
     def _draft_mtp(self, T: int) -> None:
@@ -160,7 +159,7 @@ class Steps:
         assert self.mtp is not None, "a target without an MTP layer has no MTP draft step"
         self.flush_context()
         drafts = self.mtp.propose(
-            self.ids[:1], self.start, self._bound(T), self.params, self.draws, self.q, T - 1, self.delta
+            self.ids[:1], self.start, self._bound(T), self.params, self.draws, self.q, T - 1, self.delta, self.guide
         )
         self.ids[1:T].copy_(drafts)
 
@@ -323,16 +322,28 @@ class Steps:
             if self.B > 1:
                 self.q = torch.zeros(self.B - 1, self.target.cfg.vocab_size, device=self.device)
 
-    def draft(self, T: int, method: str = "dflash") -> None:
+    def draft(self, T: int, method: str = "dflash", guide: Guide | None = None) -> None:
         """Queue the T - 1 drafts of a model (`method` "dflash" or "mtp") after the last token that a verify of T
         reads. The first T - 1 are the same for every T: the DFlash drafter runs its whole block (its rows
-        attend to each other), the MTP layer drafts one token after another."""
+        attend to each other), the MTP layer drafts one token after another. With a `guide` (a grammar holds
+        the answer) the drafts are drawn held to it, reading each on the host: uncaptured, and its time is the
+        grammar's, not the steps' host time."""
         issued = time.perf_counter()
         if not self.params.greedy:
             draws, generator = self._randomness()
-            draws.fill_drafts(generator, self.draft_columns if method == "dflash" else self.columns, T - 1)
-        self._run(Entry(DRAFT_STEPS[method], T, self._sampling()))
-        self.host_s += time.perf_counter() - issued
+            columns = self.draft_columns if method == "dflash" else self.columns
+            draws.fill_drafts(generator, None if guide is not None else columns, T - 1)
+        entry = Entry(DRAFT_STEPS[method], T, self._sampling())
+        if guide is None:
+            self._run(entry)
+            self.host_s += time.perf_counter() - issued
+            return
+        self.guide = guide
+        try:
+            with torch.no_grad():
+                entry(self)
+        finally:
+            self.guide = None
 
     def place(self, tokens: list[int]) -> None:
         """Fixed drafts from the host (prompt lookup's) for a verify of len(tokens) + 1: a deterministic
@@ -345,20 +356,6 @@ class Steps:
             assert self.q is not None, "sampled drafts need their q"
             self.q[:k].zero_().scatter_(1, self.ids[1 : k + 1, None], 1.0)
         self.host_s += time.perf_counter() - issued
-
-    def rewrite(self, tokens: list[int], rows: list[int]) -> None:
-        """Replace the drafts at `rows` (0-based among the drafts) by `tokens`, as fixed proposals (a one-hot q, as
-        `place`): the grammar's forced tokens."""
-        if not rows:
-            return
-        index = torch.tensor(rows, dtype=torch.long)
-        values = torch.tensor(tokens, dtype=torch.long)
-        self.ids[1:].index_copy_(0, index.to(self.device), values.to(self.device))
-        if not self.params.greedy:
-            assert self.q is not None, "sampled drafts need their q"
-            at = index.to(self.device)
-            self.q.index_fill_(0, at, 0.0)
-            self.q.index_put_((at, values.to(self.device)), torch.ones(len(rows), device=self.device))
 
     def verify(self, T: int, remaining: int, between: Callable[[], None] | None = None) -> None:
         """Verify [last, d1..d(T-1)]: the target's forward and the verify rule; `remaining` >= 1 tokens may come.
@@ -376,23 +373,6 @@ class Steps:
         issued = time.perf_counter()
         self._run(Entry(Steps._accept, T, self._accepting()))
         self.host_s += time.perf_counter() - issued
-
-    def stage_drafts(self, T: int) -> None:
-        """Queue the copy of the drafts a verify of T reads to the host (`staged_drafts` reads it), so that reading
-        them waits for the draft only, not for work queued after it."""
-        if T > 1:
-            self.staged[: T - 1].copy_(self.ids[1:T], non_blocking=True)
-            if self.device.type == "cuda":
-                self.staged_ready = torch.cuda.Event()
-                self.staged_ready.record()
-
-    def staged_drafts(self, T: int) -> list[int]:
-        if T == 1:
-            return []
-        if self.staged_ready is not None:
-            self.staged_ready.synchronize()
-            self.staged_ready = None
-        return self.staged[: T - 1].tolist()
 
     def _randomness(self) -> tuple[Draws, torch.Generator]:
         """A sampled step's draws and generator (`begin` sets them)."""

@@ -1,0 +1,205 @@
+"""Grammar compiles in a child process (engine/structured.py's `Grammars.compile`).
+
+xgrammar's compile cannot be interrupted (its issue #298), and a pathological schema can take minutes: run in a
+thread, one past its bound would be abandoned but go on eating a core. In a child process it is ended with the
+process; the next compile starts a new one. The child holds its own compiler for the tokenizer (its vocabulary
+sent once, serialized) and answers each compile with the compiled grammar, serialized (xgrammar's JSON), or the
+error's first line. It is this module run with `python -m` (not multiprocessing: its spawn re-runs the parent's
+main module, which a script without a main guard cannot take, and forking a process that runs threads is unsafe);
+it imports nothing of the app. Messages are pickled, each after its length, over the child's stdin and stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+START_SECONDS = 120.0  # a worker that is not up by then is broken (it takes a second or two)
+_LENGTH = struct.Struct("<Q")
+
+
+class CompileTimeout(Exception):
+    """The compile passed its bound; its process was ended."""
+
+
+class CompileFailed(Exception):
+    """The grammar engine refused the grammar; the message is its error's first line."""
+
+
+class CompileWorker:
+    def __init__(self, vocabulary: Callable[[], str]) -> None:
+        """`vocabulary()`: the tokenizer's xgrammar TokenizerInfo as JSON (made in the background, once)."""
+        self._process: subprocess.Popen | None = None
+        self._vocabulary = vocabulary
+        self._info: str | None = None
+        self._lock = threading.Lock()  # one compile at a time, as one thread did before
+        self._replies: queue.Queue = queue.Queue()
+        self.started = 0  # processes started
+        threading.Thread(target=self._warm, daemon=True, name="grammar-worker-start").start()
+
+    def _warm(self) -> None:
+        try:
+            self.ready()
+        except CompileFailed:
+            pass  # the first compile tries again and says so
+
+    def ready(self) -> None:
+        """Wait until a worker is up (a measurement of compile time leaves the process start out)."""
+        with self._lock:
+            self._ensure()
+
+    def compile(self, kind: str, spec: str, timeout: float) -> str:
+        """The compiled grammar's JSON; CompileTimeout past `timeout` seconds, CompileFailed when it is refused."""
+        with self._lock:
+            self._ensure()
+            self._send((kind, spec))
+            status, value = self._reply(timeout)
+        if status != "ok":
+            raise CompileFailed(value)
+        return value
+
+    def close(self) -> None:
+        """End the worker (a later compile starts another)."""
+        with self._lock:
+            self._stop()
+
+    def __del__(self) -> None:
+        self._stop()
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _ensure(self) -> None:
+        if self.alive:
+            return
+        if self._info is None:
+            self._info = self._vocabulary()
+        root = str(Path(__file__).resolve().parents[2])  # where this package is, wherever the parent found it
+        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": path},
+            bufsize=0,  # raw pipes: no buffer lock for interpreter shutdown to find held by the reader thread
+        )
+        self._replies = queue.Queue()
+        threading.Thread(
+            target=_read_replies, args=(self._process.stdout, self._replies), daemon=True, name="grammar-worker"
+        ).start()
+        self.started += 1
+        self._send(self._info)
+        # the start (an interpreter, xgrammar, the vocabulary) is not the compile's: its bound counts from here
+        try:
+            self._reply(START_SECONDS)
+        except CompileTimeout:
+            raise CompileFailed("the grammar compiler did not start") from None
+
+    def _send(self, message) -> None:
+        assert self._process is not None and self._process.stdin is not None
+        try:
+            _write(self._process.stdin, message)
+        except OSError:  # it died
+            self._stop()
+            raise CompileFailed("the grammar compiler stopped") from None
+
+    def _reply(self, timeout: float):
+        """The worker's next message; CompileTimeout when none comes in `timeout` seconds, CompileFailed when it
+        died (either way its process is ended)."""
+        try:
+            reply = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            self._stop()
+            raise CompileTimeout from None
+        if reply is None:
+            self._stop()
+            raise CompileFailed("the grammar compiler stopped while compiling it")
+        return reply
+
+    def _stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            if self._process.stdin is not None:
+                self._process.stdin.close()  # its stdout is the reader thread's, which closes it at the end
+        self._process = None
+
+
+def _read_replies(stream, replies: queue.Queue) -> None:
+    """The parent's reader of one worker's messages (None once it ends)."""
+    while True:
+        try:
+            message = _read(stream)
+        except (OSError, ValueError, EOFError, pickle.UnpicklingError):
+            message = None
+        replies.put(message)
+        if message is None:
+            stream.close()
+            return
+
+
+def _write(stream, message) -> None:
+    data = memoryview(_LENGTH.pack(len(payload := pickle.dumps(message))) + payload)
+    while data:  # a raw pipe may take part of it
+        data = data[stream.write(data) :]
+    stream.flush()
+
+
+def _read(stream):
+    """The next message on `stream`; None at its end."""
+    head = _exactly(stream, _LENGTH.size)
+    if head is None:
+        return None
+    data = _exactly(stream, _LENGTH.unpack(head)[0])
+    return None if data is None else pickle.loads(data)
+
+
+def _exactly(stream, size: int) -> bytes | None:
+    """`size` bytes from `stream` (a raw pipe returns what it has); None at its end."""
+    parts, left = [], size
+    while left:
+        part = stream.read(left)
+        if not part:
+            return None
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def serve(stdin, stdout) -> None:
+    """The child: a compiler for the vocabulary it is sent first, then one compile per request until stdin ends."""
+    import xgrammar as xgr
+
+    info = xgr.TokenizerInfo.deserialize_json(_read(stdin))
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    _write(stdout, "ready")
+    while (request := _read(stdin)) is not None:
+        kind, spec = request
+        try:
+            _write(stdout, ("ok", _compile(compiler, kind, spec).serialize_json()))
+        except Exception as exc:  # noqa: BLE001 - xgrammar's errors are many kinds; each becomes the user's message
+            text = str(exc).strip() or type(exc).__name__
+            _write(stdout, ("error", text.splitlines()[0][:300]))
+
+
+def _compile(compiler, kind: str, spec: str):
+    if kind == "json_schema":
+        return compiler.compile_json_schema(spec, any_whitespace=False, strict_mode=False)
+    if kind == "structural_tag":
+        return compiler.compile_structural_tag(spec)
+    if kind == "ebnf":
+        return compiler.compile_grammar(spec)
+    raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+if __name__ == "__main__":
+    serve(sys.stdin.buffer, sys.stdout.buffer)
