@@ -582,6 +582,7 @@ class Engine:
             return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, learned)
 
         steps, clock = self.steps, self.clock
+        begun, busy = decode_t0, clock.busy  # a step's host time: its wall time less the model calls in it
         delta = images.delta if images is not None else 0
         steps.begin(
             last, len(self.tokens), params, generator, stops, grammar.words if grammar is not None else 0, delta
@@ -606,7 +607,9 @@ class Engine:
             ended = clock.ended()  # before the next draft is queued: it belongs to the next step
             queued = chooser.before_read(plan.method == "lookup")
             self._queue(queued)  # before the read: the device drafts while the host reads
+            read = time.perf_counter()
             out = steps.read()
+            read = time.perf_counter() - read
             if grammar is not None:
                 held = time.perf_counter()
                 grammar.settle(out.tokens, out.accepted)
@@ -622,7 +625,9 @@ class Engine:
             drafted = min(plan.drafts, remaining - 1)
             step = Step(out.tokens, drafted, min(out.accepted, drafted), draft_s, verify_s, plan.method)
             stats.count(step)
+            stats.count_host(plan.method, time.perf_counter() - begun - (clock.busy - busy) - read)
             yield step
+            begun, busy = time.perf_counter(), clock.busy
             last = out.tokens[-1]
             if last in stops:
                 yield finish("stop")
