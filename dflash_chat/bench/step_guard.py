@@ -1,11 +1,12 @@
 """`dflash-chat bench --demo --against REV`: this tree's decode steps against an earlier commit's, in one run.
 
 A guard for the per-step time: a step that grew shows here before it lands. The commit is checked out into a
-temporary git worktree (removed afterwards), and the same measure (bench/step_probe.py) runs in a fresh process
-in each tree in turn, `pairs` times (the earlier tree first in odd pairs, this one first in even ones), so a busy
-stretch of the machine hits both alike; each figure is the median over the pairs. Per step kind both trees have:
-the plain step, the DFlash drafter's verify of 16 and its draft of 15, the MTP and lookup steps, each kind's whole
-step (decode seconds over steps) and tokens/s, this tree's over the earlier one's; and each tree's DFlash over
+temporary git worktree (removed afterwards), and the same measure (bench/step_probe.py) runs in a process of its
+own in each tree, both loaded at once; they take turns answer by answer (each prompt with each kind, the order
+flipped every answer), so a busy moment of the machine hits both trees alike, and each prompt is answered `pairs`
+times by each: the fastest of an answer's runs counts (a busy machine only ever adds time). Per step kind both
+trees have: the plain step, the DFlash drafter's verify of 16 and its draft of 15, the MTP and lookup steps,
+each kind's whole step (decode seconds over steps), this tree's over the earlier one's; and each tree's DFlash over
 plain (decode tokens/s). Where a tree counts it, the decode loop's host time per step (GenerationStats.host_s:
 choosing, bookkeeping and stats, apart from the model calls) per kind and, for `auto`, per method.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,25 +107,85 @@ def per_step(kind: dict) -> dict:
     return out
 
 
-def medians(runs: list[dict]) -> dict:
-    """kind -> each figure's median over the runs (of the kinds every run has)."""
-    kinds = set.intersection(*(set(r["kinds"]) for r in runs)) if runs else set()
+class Served:
+    """The step probe answering on request in `tree`, in a process of its own (its package first on the path)."""
+
+    def __init__(self, tree: Path, *, threads: int, prompts: int, tokens: int):
+        source = Path(step_probe.__file__).read_text()
+        args = ["--threads", str(threads), "--prompts", str(prompts), "--tokens", str(tokens), "--serve"]
+        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
+        self.tree, self.errors = tree, tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", source, *args],
+            cwd=tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            text=True,
+        )
+        self.ready = self._line()  # {"kinds": [...], "prompts": n}
+
+    def _line(self) -> dict:
+        assert self.process.stdout is not None, "the probe's output is a pipe"
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            self.errors.seek(0)
+            last = (self.errors.read().strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"the step probe failed in {self.tree}: {last}")
+        return json.loads(line)
+
+    def ask(self, kind: str, index: int) -> dict:
+        """One answer of prompt `index` by `kind`: its figures (step_probe's, of one answer)."""
+        assert self.process.stdin is not None, "the probe's input is a pipe"
+        self.process.stdin.write(f"{kind} {index}\n")
+        self.process.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+        self.errors.close()
+
+
+def fastest(runs: list[dict]) -> dict:
+    """Of one answer's runs, the one with the least decode time."""
+    return min(runs, key=lambda r: r["decode_s"])
+
+
+def total(answers: list[dict]) -> dict:
+    """One kind's figures summed over its answers (step_probe's shape)."""
+    out = {name: sum(a[name] for a in answers) for name in ("steps", "new_tokens", "decode_s", "draft_s", "verify_s")}
+    out["answers"] = sum(a["answers"] for a in answers)
+    host = [a["host_s"] for a in answers]
+    out["host_s"] = None if None in host else sum(host)
+    methods: dict[str, dict] = {}
+    for a in answers:
+        for name, m in a["methods"].items():
+            row = methods.setdefault(name, {"steps": 0, "drafted": 0, "accepted": 0, "host_s": 0.0})
+            for key in ("steps", "drafted", "accepted"):
+                row[key] += m[key]
+            row["host_s"] = None if row["host_s"] is None or m["host_s"] is None else row["host_s"] + m["host_s"]
+    out["methods"] = methods
+    return out
+
+
+def summary(answers: dict[str, list[list[dict]]]) -> dict:
+    """kind -> [prompt -> its runs] to kind -> per-step figures (each answer's fastest run, summed over the
+    prompts), and DFlash over plain where both ran."""
     out: dict = {}
     for kind in step_probe.KINDS:
-        if kind not in kinds:
-            continue
-        rows = [per_step(r["kinds"][kind]) for r in runs]
-        figures = {key: statistics.median(row[key] for row in rows) for key in rows[0] if key != "host_us_by_method"}
-        if all("host_us_by_method" in row for row in rows):
-            methods = set.intersection(*(set(row["host_us_by_method"]) for row in rows))
-            figures["host_us_by_method"] = {
-                m: statistics.median(row["host_us_by_method"][m] for row in rows) for m in sorted(methods)
-            }
-        out[kind] = figures
-    if "plain" in out and "dflash" in out:
-        out["dflash_over_plain"] = statistics.median(
-            per_step(r["kinds"]["dflash"])["tokens_per_s"] / per_step(r["kinds"]["plain"])["tokens_per_s"] for r in runs
-        )
+        if kind in answers:
+            out[kind] = per_step(total([fastest(runs) for runs in answers[kind]]))
+    if "plain" in out and "dflash" in out and out["plain"]["tokens_per_s"]:
+        out["dflash_over_plain"] = out["dflash"]["tokens_per_s"] / out["plain"]["tokens_per_s"]
     return out
 
 
@@ -151,19 +211,34 @@ def ratios(this: dict, earlier: dict) -> dict:
 
 
 def run(rev: str, *, threads: int, prompts: int, tokens: int, pairs: int, log=print) -> dict:
-    """The comparison with commit `rev`: each tree's runs, medians and the ratios (module docstring)."""
+    """The comparison with commit `rev`: each tree's answers, their figures and the ratios (module docstring)."""
     commit = resolve(rev)
     head = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    runs: dict[str, list[dict]] = {"this": [], "earlier": []}
-    with worktree(commit) as earlier:
-        trees = {"this": ROOT, "earlier": earlier}
-        for i in range(pairs):
-            order = ("earlier", "this") if i % 2 == 0 else ("this", "earlier")
-            for side in order:
-                log(f"pair {i + 1}/{pairs}: {side} tree")
-                runs[side].append(probe(trees[side], threads=threads, prompts=prompts, tokens=tokens))
-    this, before = medians(runs["this"]), medians(runs["earlier"])
+    answers: dict[str, dict[str, list[list[dict]]]] = {"this": {}, "earlier": {}}
+    with worktree(commit) as earlier_tree:
+        served: dict[str, Served] = {}
+        try:
+            for side, tree in (("earlier", earlier_tree), ("this", ROOT)):
+                log(f"loading the {side} tree's engines")
+                served[side] = Served(tree, threads=threads, prompts=prompts, tokens=tokens)
+            kinds = {side: p.ready["kinds"] for side, p in served.items()}
+            count = min(p.ready["prompts"] for p in served.values())
+            for side in served:
+                answers[side] = {kind: [[] for _ in range(count)] for kind in kinds[side]}
+            turn = 0
+            for pair in range(pairs):
+                for index in range(count):
+                    for kind in kinds["this"]:
+                        sides = [side for side in ("earlier", "this") if kind in kinds[side]]
+                        for side in sides if turn % 2 == 0 else sides[::-1]:
+                            answers[side][kind][index].append(served[side].ask(kind, index))
+                        turn += 1
+                log(f"pair {pair + 1}/{pairs} done")
+        finally:
+            for p in served.values():
+                p.close()
+    this, before = summary(answers["this"]), summary(answers["earlier"])
     return {
         "setup": {
             "against": rev,
@@ -171,15 +246,16 @@ def run(rev: str, *, threads: int, prompts: int, tokens: int, pairs: int, log=pr
             "this_commit": head,
             "this_tree_modified": dirty,
             "threads": threads,
-            "prompts": prompts,
+            "prompts": count,
             "tokens": tokens,
             "pairs": pairs,
-            "measure": "bench/step_probe.py in a fresh process per run, the trees in turn; medians over the pairs",
+            "measure": "bench/step_probe.py in a process per tree, both loaded; the trees take turns answer by "
+            "answer; each answer's fastest of `pairs` runs counts",
         },
         "this": this,
         "earlier": before,
         "ratios": ratios(this, before),
-        "runs": runs,
+        "answers": answers,
     }
 
 
@@ -188,7 +264,8 @@ def format_report(f: dict) -> str:
     lines = [
         f"this tree ({s['this_commit'][:9]}{', modified' if s['this_tree_modified'] else ''}) against "
         f"{s['against']} ({s['earlier_commit'][:9]}): the demo pair, {s['prompts']} code prompts, {s['tokens']} new "
-        f"tokens at most, greedy, {s['threads']} thread(s); medians of {s['pairs']} runs of each tree in turn",
+        f"tokens at most, greedy, {s['threads']} thread(s); the trees in turn answer by answer, the fastest of "
+        f"{s['pairs']} runs of each answer",
         "per step, this tree over the earlier one (below 1: faster now):",
     ]
     for name, ratio in f["ratios"].items():

@@ -1,7 +1,8 @@
 """One tree's decode steps on the demo pair, timed: what `bench --demo --against REV` runs in each tree.
 
 Run as a script in a fresh process, with the tree to measure first on PYTHONPATH:
-`python step_probe.py --threads 1 --prompts 2 --tokens 128` prints one JSON object. It imports nothing of this
+`python step_probe.py --threads 1 --prompts 2 --tokens 128` prints one JSON object; with `--serve` it answers one
+prompt with one kind per request line (what the guard drives, answer by answer in turn with the other tree's). It imports nothing of this
 tree but what it finds in the one it measures, and knows the older layouts of the package (the demo pair in
 `dflash_chat.demo`, the prompt in `dflash_chat.chat.prompt`, an `Engine` without draft and speculate settings,
 as at c292777), so the same measure runs in both trees of a comparison (bench/step_guard.py).
@@ -135,14 +136,22 @@ def _figures(stats_list) -> dict:
     return total
 
 
-def measure(*, threads: int, count: int, tokens: int, kinds: tuple[str, ...] = KINDS, device: str = "cpu") -> dict:
+def _ready(*, threads: int, count: int, tokens: int, kinds: tuple[str, ...], device: str):
+    """(kind -> engine, the prompts, the stop ids), each engine warmed up by one answer (first calls pay for
+    allocations, and auto for measuring its step costs)."""
     import torch
 
     torch.set_num_threads(threads)
     made, tokenizer, stops = engines(kinds, device)
     ids = prompts(tokenizer, count)
-    for engine in made.values():  # first calls pay for allocations (and auto for measuring its step costs)
+    for engine in made.values():
         answer(engine, ids[0], tokens, stops)
+    return made, ids, stops
+
+
+def measure(*, threads: int, count: int, tokens: int, kinds: tuple[str, ...] = KINDS, device: str = "cpu") -> dict:
+    """Every prompt answered by each kind in turn; each kind's figures summed over its answers."""
+    made, ids, stops = _ready(threads=threads, count=count, tokens=tokens, kinds=kinds, device=device)
     runs: dict[str, list] = {kind: [] for kind in made}
     for prompt in ids:
         for kind, engine in made.items():
@@ -155,17 +164,35 @@ def measure(*, threads: int, count: int, tokens: int, kinds: tuple[str, ...] = K
     }
 
 
+def serve(*, threads: int, count: int, tokens: int, kinds: tuple[str, ...] = KINDS, device: str = "cpu") -> None:
+    """Answer on request, so that another tree's probe can take turns with this one answer by answer: a first line
+    {"kinds": [...], "prompts": n} once ready, then for each line "KIND INDEX" read, that answer's figures as one
+    JSON line (a `measure` kind of one answer); "quit" or the end of the input ends it."""
+    made, ids, stops = _ready(threads=threads, count=count, tokens=tokens, kinds=kinds, device=device)
+    print(json.dumps({"kinds": list(made), "prompts": len(ids)}), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            return
+        kind, index = words[0], int(words[1])
+        print(json.dumps(_figures([answer(made[kind], ids[index], tokens, stops)])), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description="one tree's decode steps on the demo pair, timed")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--device", default="cpu")
+    p.add_argument("--serve", action="store_true", help="answer on request, one answer a line (see serve())")
     args = p.parse_args(argv)
     kinds = tuple(k for k in args.kinds.split(",") if k)
-    figures = measure(threads=args.threads, count=args.prompts, tokens=args.tokens, kinds=kinds, device=args.device)
-    print(json.dumps(figures))
+    given = dict(threads=args.threads, count=args.prompts, tokens=args.tokens, kinds=kinds, device=args.device)
+    if args.serve:
+        serve(**given)
+    else:
+        print(json.dumps(measure(**given)))
     return 0
 
 

@@ -24,32 +24,32 @@ def _kind(steps: int, verify_s: float, draft_s: float = 0.0, host_s: float | Non
     }
 
 
-def _run(scale: float, host: bool) -> dict:
+def _answers(scales: list[float], host: bool) -> dict:
+    """kind -> [prompt -> its runs], one run per scale (a slower machine stretches every figure of a run)."""
     kinds = {
-        "plain": _kind(10, 0.1 * scale, host_s=0.0004 if host else None),
-        "dflash": _kind(4, 0.08 * scale, 0.02 * scale, host_s=0.0002 if host else None),
+        "plain": [[_kind(10, 0.1 * x, host_s=0.0004 if host else None) for x in scales]],
+        "dflash": [[_kind(4, 0.08 * x, 0.02 * x, host_s=0.0002 if host else None) for x in scales]],
     }
     if host:
-        kinds["auto"] = _kind(
-            5,
-            0.1 * scale,
-            0.02,
-            0.0005,
-            {"dflash": {"steps": 4, "host_s": 0.0004}, "plain": {"steps": 1, "host_s": 1e-4}},
-        )
-    return {"threads": 1, "prompts": 1, "tokens": 8, "kinds": kinds}
+        methods = {
+            "dflash": {"steps": 4, "drafted": 40, "accepted": 9, "host_s": 0.0004},
+            "plain": {"steps": 1, "drafted": 0, "accepted": 0, "host_s": 1e-4},
+        }
+        kinds["auto"] = [[_kind(5, 0.1 * x, 0.02, 0.0005, methods) for x in scales]]
+    return kinds
 
 
-def test_medians_and_ratios_cover_the_kinds_both_trees_have():
-    this = step_guard.medians([_run(1.0, True), _run(1.2, True), _run(3.0, True)])  # a busy run does not count
-    earlier = step_guard.medians([_run(2.0, False), _run(2.0, False)])
-    assert this["plain"]["verify_ms"] == pytest.approx(12.0) and earlier["plain"]["verify_ms"] == pytest.approx(20.0)
+def test_each_answers_fastest_run_counts_and_the_ratios_cover_the_kinds_both_trees_have():
+    this = step_guard.summary(_answers([3.0, 1.0, 1.2], True))  # a busy run does not count
+    earlier = step_guard.summary(_answers([2.0, 2.5], False))
+    assert this["plain"]["verify_ms"] == pytest.approx(10.0) and earlier["plain"]["verify_ms"] == pytest.approx(20.0)
     assert this["plain"]["host_us"] == pytest.approx(40.0) and "host_us" not in earlier["plain"]
     assert this["auto"]["host_us_by_method"] == pytest.approx({"dflash": 100.0, "plain": 100.0})
-    assert this["dflash_over_plain"] == pytest.approx((8 / 0.121) / (20 / 0.121))  # decode tok/s of each
+    # decode tok/s of each: 8 tokens after the first in 0.101 s against 20 in 0.101 s
+    assert this["dflash_over_plain"] == pytest.approx(8 / 20)
     ratios = step_guard.ratios(this, earlier)
     assert set(ratios) == {"plain step", "verify 16", "draft 15", "dflash step"}  # auto only in this tree
-    assert ratios["verify 16"] == pytest.approx(0.6) and ratios["draft 15"] == pytest.approx(0.6)
+    assert ratios["verify 16"] == pytest.approx(0.5) and ratios["draft 15"] == pytest.approx(0.5)
     figures = {
         "setup": {
             "this_commit": "a" * 40,
@@ -66,7 +66,7 @@ def test_medians_and_ratios_cover_the_kinds_both_trees_have():
         "ratios": ratios,
     }
     text = step_guard.format_report(figures)
-    assert any(line.split()[:3] == ["verify", "16", "0.60x"] for line in text.splitlines())
+    assert any(line.split()[:3] == ["verify", "16", "0.50x"] for line in text.splitlines())
     assert "host time per step, this tree" in text and "auto by method" in text
     assert "host time per step, earlier tree" not in text  # it did not count its host time
 
@@ -149,7 +149,8 @@ def test_bench_demo_against_a_commit_reports_both_trees_and_their_ratios(capsys)
     f = json.loads(capsys.readouterr().out)
     assert f["setup"]["against"] == "HEAD" and f["setup"]["pairs"] == 1 and f["setup"]["threads"] == 1
     assert f["setup"]["earlier_commit"] == step_guard.git("rev-parse", "HEAD")
-    assert len(f["runs"]["this"]) == len(f["runs"]["earlier"]) == 1
+    assert all(len(runs) == 1 for runs in f["answers"]["earlier"]["plain"])  # one prompt, one run of it
+    assert set(f["answers"]["this"]) == set(step_probe.KINDS) and f["setup"]["prompts"] == 1
     assert {"plain step", "verify 16", "draft 15", "dflash step"} <= set(f["ratios"])
     assert all(r > 0 for r in f["ratios"].values())
     assert f["this"]["auto"]["host_us"] > 0 and f["this"]["dflash_over_plain"] > 0
