@@ -700,14 +700,17 @@ class Engine:
 
     def _count(self, ended, stats: GenerationStats) -> tuple[float, float]:
         """(draft, verify) seconds of intervals that ended, added to the stats and to the step costs."""
-        totals = {"draft": 0.0, "verify": 0.0}
+        draft = verify = 0.0
         for interval, seconds in ended:
-            totals["verify" if interval.kind == "verify" else "draft"] += seconds
+            if interval.kind == "verify":
+                verify += seconds
+            else:
+                draft += seconds
             if self.costs is not None:
                 self.costs.observe(interval.kind, interval.size, seconds)
-        stats.draft_s += totals["draft"]
-        stats.verify_s += totals["verify"]
-        return totals["draft"], totals["verify"]
+        stats.draft_s += draft
+        stats.verify_s += verify
+        return draft, verify
 
     def _peak_memory(self) -> int:
         if self.device.type == "cuda":

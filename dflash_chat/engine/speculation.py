@@ -134,11 +134,18 @@ class Chooser:
         self.sizes, self.plain, self.costs, self.estimate, self.fixed = sizes, plain, costs, estimate, fixed
         self.models = [m for m in MODELS if m in sizes]
         self.lookup = "lookup" in sizes
+        self._autos: dict[tuple, AutoDraft] = {}  # built once an answer: a conversation's estimates stay its own
 
     def _auto(self, key: str, method: str, sizes: list[int] | None = None) -> AutoDraft:
         assert self.costs is not None, "weighing plans needs the step costs"
         sizes = self.sizes[method] if sizes is None else sizes
-        return AutoDraft(([1] if self.plain else []) + sizes, self.estimate(key), self.costs, method)
+        at = (key, method, *sizes)
+        auto = self._autos.get(at)
+        if auto is None:
+            auto = self._autos[at] = AutoDraft(
+                ([1] if self.plain else []) + sizes, self.estimate(key), self.costs, method
+            )
+        return auto
 
     def _model_plans(self) -> list[tuple[float, Plan]]:
         """(expected tokens per second, plan) of a plain step and of each model method at its best size."""
