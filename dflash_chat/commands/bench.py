@@ -56,9 +56,10 @@ def register(subparsers) -> None:
     p.add_argument(
         "--against",
         metavar="REV",
-        help="with --demo: this tree's decode steps against commit REV's, measured in one run (each tree in a fresh "
-        "process in turn, --repeats pairs, default 3; --prompts code prompts, default 4): per step kind this tree's "
-        "time over REV's, each tree's DFlash over plain and its host time per step (a guard: a step that grew shows "
+        help="with --demo: this tree's decode steps against commit REV's, measured in one run (REV checked out into "
+        "a temporary git worktree; a process per tree, the two taking turns answer by answer; each answer's fastest "
+        "of --repeats runs counts, default 3; --prompts code prompts, default 4): per step kind this tree's time "
+        "over REV's, each tree's DFlash over plain and its host time per step (a guard: a step that grew shows "
         "before it lands)",
     )
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
@@ -344,7 +345,7 @@ def _check(args) -> None:
     if args.repeats and (not (args.demo or args.tools) or args.http):
         raise UserError(
             "--repeats goes with --demo or --tools (their answers are run that many times, the median counts; with "
-            "--against, the runs of each tree)"
+            "--against, the runs of each answer in each tree)"
         )
     if args.target and not args.drafter:
         raise UserError("give --drafter DIR with --target DIR")
