@@ -86,7 +86,10 @@ def mix(
     chunks = Chunks.of(q, k, v, g, beta, chunk=min(CHUNK, 1 << (T - 1).bit_length()))
     if solved is not None and not update and chunks.u.shape[1] == 1 and state.device.type == "cpu":
         solved.append(chunks)
-    out = chunks.scan(state if update else state.clone())
+    if not update and chunks.u.shape[1] == 1 and not available(state):
+        out = chunks.first(state)  # a verify's block: its outputs, and no state after it to compute
+    else:
+        out = chunks.scan(state if update else state.clone())
     return out if outputs else None
 
 
@@ -192,6 +195,13 @@ class Chunks:
         weight = torch.where(live, last - G, float("-inf")).exp()  # [H, C]: 0 from `keep` on
         fresh = u - w @ state  # before the state decays in place
         state.mul_(last.exp()[..., None]).add_((k * weight[..., None]).transpose(-1, -2) @ fresh)
+
+    def first(self, state: torch.Tensor) -> torch.Tensor:
+        """Outputs [T, H, V] (float32) of the first chunk from `state` [H, K, V], which is left as it is: what
+        `scan` gives a one-chunk sequence, without carrying the state through it."""
+        fresh = self.u[:, 0] - self.w[:, 0] @ state
+        out = self.q[:, 0] @ state + self.attn[:, 0] @ fresh
+        return out[:, : self.tokens].transpose(0, 1)
 
     def scan(self, state: torch.Tensor) -> torch.Tensor:
         """Outputs [T, H, V] (float32), taking `state` [H, K, V] through every chunk in place."""
