@@ -97,9 +97,10 @@ def _main(argv: list[str] | None) -> int:
     except SystemExit as exc:  # --help, --version, or a flag refused (already said in one line)
         return int(exc.code or 0)
     handler = getattr(args, "handler", None) or _command("chat").main
-    from dflash_chat import paths
+    from dflash_chat import cpu_threads, paths
 
     paths.place_torch_caches()
+    cpu_threads.place_wait_policy()
     try:
         _check_environment()
         return int(handler(args) or 0)

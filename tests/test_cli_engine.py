@@ -1,6 +1,7 @@
 """`dflash-chat run` and `dflash-chat bench` end to end on tiny pairs."""
 
 import json
+import os
 
 import pytest
 
@@ -302,7 +303,7 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
     record = json.loads(capsys.readouterr().out)
     setup = record["setup"]
     assert setup["prompts_per_class"] == {name: 1 for name in CLASSES} and setup["max_new_tokens"] == 12
-    assert setup["repeats"] == 2
+    assert setup["repeats"] == 2 and setup["load"] == 0 and "wait_policy" in setup
     app = Settings()
     assert list(record["temperatures"]) == ["0", format(app.temperature, "g")]
     greedy, sampled = record["temperatures"].values()
@@ -493,3 +494,28 @@ def test_bench_structured_holds_every_methods_answers_to_the_grammar_and_says_wh
                 assert 0 <= f["valid"] <= 1 and 0 <= f["cut"] <= 1 and f["valid"] + f["cut"] <= 1
     assert figures["masks"]["p99_us"] >= figures["masks"]["p50_us"] > 0
     assert set(figures["compile_s"]) == {"json", "calls"}
+
+
+def test_bench_load_busies_cores_for_the_run_and_stops_them_after():
+    import time
+
+    from dflash_chat.bench.load import busy_cores
+
+    def cpu_seconds(pid: int) -> float:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    with busy_cores(1) as pids:
+        assert len(pids) == 1
+        time.sleep(1.5)  # a spawned child's first second goes to starting Python
+        before = cpu_seconds(pids[0])
+        time.sleep(0.6)
+        assert cpu_seconds(pids[0]) - before > 0.1  # it runs (a shared core: at least a share of it)
+    assert not os.path.exists(f"/proc/{pids[0]}") or "Z" in open(f"/proc/{pids[0]}/stat").read().split()[2]
+
+
+@pytest.mark.parametrize("mode", [[], ["--synthetic", "qwen3.6-27b"], ["--demo", "--http"]])
+def test_bench_refuses_load_where_no_engine_runs_beside_it(mode, capsys):
+    assert main(on_cpu("bench", *mode, "--load", "1")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--load goes with --demo" in err

@@ -332,3 +332,28 @@ def test_torch_compiles_into_the_apps_cache_folder_not_tmpdir(tmp_path, monkeypa
     assert cache_dir() == seen[0]  # where torch itself now puts it
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert main(["models"]) == 0 and seen[-1] == str(tmp_path / "mine")
+
+
+# libgomp shows its default policy (spin 300000 times, then sleep) as PASSIVE too: the spin count tells them apart
+@pytest.mark.parametrize(
+    ("mine", "seen"),
+    [(None, ["OMP_WAIT_POLICY = 'PASSIVE'", "GOMP_SPINCOUNT = '0'"]), ("ACTIVE", ["OMP_WAIT_POLICY = 'ACTIVE'"])],
+)
+def test_torchs_openmp_threads_sleep_at_barriers_unless_the_user_chose(mine, seen, tmp_path):
+    """Every command loads torch with OpenMP's PASSIVE wait policy (spinning threads collapse decoding on a busy
+    machine: dflash_chat/cpu_threads.py); OpenMP itself reports the policy it took, as it loads."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from dflash_chat import cli\nfrom dflash_chat.commands import models\n"
+        "models.run = lambda args: 0\nassert cli.main(['models']) == 0\nimport torch\ntorch.ones(4).sum()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env |= {"OMP_DISPLAY_ENV": "VERBOSE", "DFLASH_CHAT_HOME": str(tmp_path)} | (
+        {"OMP_WAIT_POLICY": mine} if mine else {}
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert all(line in done.stderr for line in seen), done.stderr

@@ -389,7 +389,8 @@ def format_report(f: dict) -> str:
         "embedded demo pair (real trained drafters, the target's own MTP layer); plain decoding and each drafting "
         "method with the same engine, per prompt in turn",
         f"prompts: {counts}; {s['max_new_tokens']} new tokens at most, thinking off, {s['device']} {s['dtype']}{threads}"
-        + (f"; each answer the median of {s['repeats']} runs" if s.get("repeats", 1) > 1 else ""),
+        + (f"; each answer the median of {s['repeats']} runs" if s.get("repeats", 1) > 1 else "")
+        + (f"; {_count(s['load'], 'busy process')} beside it (--load)" if s.get("load") else ""),
         "fixed 16: a drafter alone, 15 drafts verified per step; MTP depth N: the MTP layer alone, N drafts; "
         "lookup 15: prompt lookup alone; auto: the app's defaults, method and drafts chosen per step (0 = a plain "
         "step); τ: tokens per step; speed: decode tok/s over plain's (all prompts, and the median per prompt); host: "

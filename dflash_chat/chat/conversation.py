@@ -1,5 +1,8 @@
 """A conversation as the app holds it: plain messages, no UI and no torch.
 
+A user message may hold images (`images`: chat/images.py attachments, the bytes stored by content hash); its turn
+is then a content of parts, the images before the text, as Qwen's template and OpenAI's API take them.
+
 An answer may call tools: its `tool_calls`, each answered by a later "tool" message (`tool_call_id`) that
 holds the result as the model reads it (chat/tools/results.py) and how the call went (`status`).
 """
@@ -10,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_chat.chat.images import Attachment
 from dflash_chat.chat.tools.choice import ChatTools
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.runtime.tool_calls import ToolCall
@@ -34,6 +38,7 @@ class Message:
     note: str = ""  # why an answer ended early (a cut stream, an error), in words
     tool_calls: tuple[ToolCall, ...] = ()  # an answer's calls
     tool_call_id: str = ""  # a tool message: the call it answers
+    images: tuple[Attachment, ...] = ()  # a user message's images, in the order they were attached
 
 
 @dataclass
@@ -53,21 +58,35 @@ class Conversation:
         """The tool message that answers call `call_id`, if there is one yet."""
         return next((m for m in self.messages if m.role == "tool" and m.tool_call_id == call_id), None)
 
-    def chat_turns(self, system_prompt: str = "") -> list[dict[str, Any]]:
+    def chat_turns(self, system_prompt: str = "", *, images: bool = True) -> list[dict[str, Any]]:
         """The messages a chat template takes. Thinking is left out of earlier answers,
         as Qwen's templates do; answers that failed before producing text (or a call) are skipped.
-        A call's arguments are a mapping, as templates take them (remote.py sends them as JSON text)."""
+        A call's arguments are a mapping, as templates take them (remote.py sends them as JSON text).
+        A message's images are parts holding their Attachment (the answer's worker puts the image in its place);
+        `images` False (a model that reads none): a line in the text names each, so the chat goes on."""
         turns: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
         for message in self.messages:
             if message.role == "assistant" and not message.content and not message.tool_calls:
                 continue
-            turn: dict[str, Any] = {"role": message.role, "content": message.content}
+            turn: dict[str, Any] = {"role": message.role, "content": _content(message, images)}
             if message.tool_calls:
                 turn["tool_calls"] = [_call_turn(call) for call in message.tool_calls]
             if message.role == "tool":
                 turn["tool_call_id"] = message.tool_call_id
             turns.append(turn)
         return turns
+
+
+def _content(message: Message, images: bool) -> str | list[dict[str, Any]]:
+    if not message.images:
+        return message.content
+    if not images:
+        unseen = "".join(
+            f"[image {image.reference()}: not shown, this model reads no images]\n" for image in message.images
+        )
+        return unseen + message.content
+    parts: list[dict[str, Any]] = [{"type": "image", "image": image} for image in message.images]
+    return parts + [{"type": "text", "text": message.content}] if message.content else parts
 
 
 def _call_turn(call: ToolCall) -> dict[str, Any]:

@@ -4,6 +4,9 @@ Each message is written when it is sent or as its answer streams: an answer
 is saved as "partial" while it is written and updated when it ends, so a
 crash keeps everything before it and the part of the answer already seen.
 
+A message's images are a JSON list of their attachments in its `images` column (chat/images.py): the hash
+names the file that holds the bytes, in the images folder beside the history (`images_folder`).
+
 A history that cannot be used (a read-only file or folder, a file another
 program holds locked, a full disk) raises HistoryUnavailable, whose message
 says in words what is wrong and what to do; when it cannot even be opened,
@@ -13,7 +16,6 @@ says in words what is wrong and what to do; when it cannot even be opened,
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -22,23 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_chat.chat.conversation import (
-    CANCELLED,
-    COMPLETE,
-    DENIED,
-    ERROR,
-    PARTIAL,
-    SKIPPED,
-    TIMEOUT,
     Conversation,
     Message,
 )
 from dflash_chat.chat.history_search import SearchIndex
+from dflash_chat.chat.images import attachments_from_json, attachments_to_json
 from dflash_chat.chat.tools.choice import ChatTools
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.errors import UserError
 from dflash_chat.runtime.tool_calls import ToolCall
 
-SCHEMA_VERSION = 3  # 2: messages.note (why an answer ended early); 3: tool calls, each chat's tools, search
+SCHEMA_VERSION = 4  # 2: messages.note (why an answer ended early); 3: tool calls, each chat's tools, search; 4: images
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -58,7 +54,8 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL,
     note TEXT NOT NULL DEFAULT '',
     tool_calls TEXT,
-    tool_call_id TEXT NOT NULL DEFAULT ''
+    tool_call_id TEXT NOT NULL DEFAULT '',
+    images TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
@@ -66,6 +63,7 @@ UPGRADES = {  # from a version to the next: columns added, nothing else touched
     1: "ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT '';",
     2: "ALTER TABLE conversations ADD COLUMN tools TEXT; ALTER TABLE messages ADD COLUMN tool_calls TEXT; "
     "ALTER TABLE messages ADD COLUMN tool_call_id TEXT NOT NULL DEFAULT '';",
+    3: "ALTER TABLE messages ADD COLUMN images TEXT;",
 }
 
 
@@ -180,6 +178,11 @@ class HistoryStore:
                 raise
             self.db.execute("COMMIT")
 
+    @property
+    def images_folder(self) -> Path:
+        """Where the chats' images are kept, by content hash (chat/images.py: ImageStore)."""
+        return self.path.parent / "images"
+
     def close(self) -> None:
         try:
             self.db.close()
@@ -212,10 +215,19 @@ class HistoryStore:
         with self._writing():
             self.db.execute("UPDATE conversations SET tools = ? WHERE id = ?", (tools.to_json(), conversation_id))
 
-    def delete(self, conversation_id: int) -> None:
+    def delete(self, conversation_id: int) -> set[str]:
+        """Delete the chat; returns the hashes of its images that no other message holds (their files can go)."""
         with self._writing():
+            held = self._image_digests("WHERE conversation_id = ?", (conversation_id,))
             self.search_index.conversation_removed(conversation_id)
             self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            return held - self._image_digests("WHERE images IS NOT NULL", ()) if held else set()
+
+    def _image_digests(self, where: str, args: tuple) -> set[str]:
+        rows = self.db.execute(f"SELECT images FROM messages {where}", args)
+        return {
+            image.digest for (text,) in rows for image in attachments_from_json(text if isinstance(text, str) else None)
+        }
 
     def summaries(self, search: str = "") -> list[ConversationSummary]:
         """Every saved chat, the latest first; with `search`, those whose title or one of whose messages
@@ -249,10 +261,11 @@ class HistoryStore:
                     note=_text(note),
                     tool_calls=_calls_from_json(calls if isinstance(calls, str) else None),
                     tool_call_id=_text(call_id),
+                    images=attachments_from_json(images if isinstance(images, str) else None),
                 )
-                for message_id, role, content, thinking, status, stats, note, calls, call_id in self.db.execute(
-                    "SELECT id, role, content, thinking, status, stats, note, tool_calls, tool_call_id FROM messages "
-                    "WHERE conversation_id = ? ORDER BY id",
+                for message_id, role, content, thinking, status, stats, note, calls, call_id, images in self.db.execute(
+                    "SELECT id, role, content, thinking, status, stats, note, tool_calls, tool_call_id, images "
+                    "FROM messages WHERE conversation_id = ? ORDER BY id",
                     (conversation_id,),
                 )
             ]
@@ -266,7 +279,7 @@ class HistoryStore:
             now = self.clock()
             cursor = self.db.execute(
                 "INSERT INTO messages (conversation_id, role, content, thinking, status, stats, created, note, "
-                "tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "tool_calls, tool_call_id, images) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     message.role,
@@ -278,6 +291,7 @@ class HistoryStore:
                     message.note,
                     _calls_to_json(message.tool_calls),
                     message.tool_call_id,
+                    attachments_to_json(message.images),
                 ),
             )
             self._touch(conversation_id, now)
@@ -324,61 +338,6 @@ class HistoryStore:
 
 
 _MEMORY_NOTE = "This session's chats are kept until you quit, and not saved."
-
-
-def to_markdown(conversation: Conversation) -> str:
-    """A conversation as a Markdown document (thinking, and each tool call with its result, kept in a
-    collapsed <details>)."""
-    lines = [f"# {conversation.title}", ""]
-    for message in conversation.messages:
-        if message.role == "tool":
-            continue  # shown with the call it answers
-        lines.append("## You" if message.role == "user" else "## Assistant")
-        lines.append("")
-        if message.thinking:
-            lines += ["<details><summary>Thinking</summary>", "", message.thinking.strip(), "", "</details>", ""]
-        lines.append(message.content.rstrip())
-        if message.role == "assistant" and message.status != COMPLETE:
-            why = f": {message.note}" if message.note else ""
-            lines += ["", f"*({status_note(message.status)}{why})*"]
-        for call in message.tool_calls:
-            lines += ["", *_call_markdown(call, conversation.result(call.id))]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _call_markdown(call: ToolCall, result: Message | None) -> list[str]:
-    how = call_state(result.status) if result is not None else "no result"
-    lines = [f"<details><summary>Tool call: {call.name} ({how})</summary>", "", "```json", call.arguments, "```"]
-    if result is not None:
-        lines += ["", "```", result.content, "```"]
-    return [*lines, "", "</details>"]
-
-
-def call_state(status: str) -> str:
-    """How a tool call went, as its block in the chat and the Markdown export say it."""
-    return {
-        COMPLETE: "done",
-        ERROR: "failed",
-        TIMEOUT: "timed out",
-        DENIED: "declined",
-        CANCELLED: "stopped",
-        SKIPPED: "not run: round limit",
-    }.get(status, status)
-
-
-def status_note(status: str) -> str:
-    return {
-        PARTIAL: "interrupted: the app stopped while this answer was written",
-        "cancelled": "stopped",
-        "cut": "cut short",
-        "error": "failed",
-    }.get(status, status)
-
-
-def export_filename(title: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", title).strip("-").lower()[:60]
-    return f"{slug or 'conversation'}.md"
 
 
 def _free_name(path: Path) -> Path:

@@ -7,6 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from dflash_chat.bench.load import busy_cores, wait_policy
 from dflash_chat.commands.run import check_device
 from dflash_chat.errors import UserError
 from dflash_chat.settings import flag, ranged
@@ -121,6 +122,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("--threads", type=ranged(int, 1, 4096), help="torch CPU threads")
     p.add_argument(
+        "--load",
+        type=ranged(int, 0, 256),
+        default=0,
+        help="--demo, --structured, --tools: N processes beside the run that keep a core busy each (a busy machine, "
+        "as a user's is)",
+    )
+    p.add_argument(
         "--vs-transformers",
         action="store_true",
         help="also time transformers' own generate() on the same tiny random target",
@@ -210,6 +218,7 @@ def _demo(args) -> int:
         device=args.device or "cpu",
         repeats=args.repeats or DEMO_REPEATS,
     )
+    figures["setup"] |= {"load": args.load, "wait_policy": wait_policy()}
     print(json.dumps(figures) if args.json else demo_pair.format_report(figures))
     return 0 if figures["identical"] else 1
 
@@ -227,6 +236,7 @@ def _against(args) -> int:
         pairs=args.repeats or AGAINST_PAIRS,
         log=log,
     )
+    figures["setup"] |= {"load": args.load, "wait_policy": wait_policy()}  # the probes inherit the wait policy
     print(json.dumps(figures) if args.json else step_guard.format_report(figures))
     return 0
 
@@ -342,6 +352,8 @@ def _check(args) -> None:
         from dflash_chat.bench.demo_pair import sampling_legs
 
         sampling_legs(args.temperature, args.top_p, args.top_k)  # refuses what does not go together
+    if args.load and (not (args.demo or args.tools or args.structured) or args.http):
+        raise UserError("--load goes with --demo, --tools or --structured (it busies cores beside the engine)")
     if args.repeats and (not (args.demo or args.tools) or args.http):
         raise UserError(
             "--repeats goes with --demo or --tools (their answers are run that many times, the median counts; with "
@@ -372,14 +384,15 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.http:
         return _http(args)
-    if args.tools:
-        return _tools(args)
-    if args.structured:
-        return _structured(args)
-    if args.against:
-        return _against(args)
-    if args.demo:
-        return _demo(args)
+    with busy_cores(args.load):
+        if args.tools:
+            return _tools(args)
+        if args.structured:
+            return _structured(args)
+        if args.against:
+            return _against(args)
+        if args.demo:
+            return _demo(args)
     if args.synthetic:
         return _synthetic(args)
     return _pair(args)

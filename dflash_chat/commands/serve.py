@@ -12,6 +12,7 @@ import os
 import sys
 
 from dflash_chat.models import hardware
+from dflash_chat.serve import MAX_BODY
 from dflash_chat.settings import flag, ranged
 
 API_KEY_ENV = "DFLASH_CHAT_API_KEY"
@@ -66,9 +67,15 @@ def register(subparsers) -> None:
     p.add_argument(
         "--max-body",
         type=ranged(int, 1024, 1 << 30),
-        default=4 * 1024 * 1024,
+        default=MAX_BODY,
         metavar="BYTES",
-        help="largest request body taken (default 4 MiB); past it, 413",
+        help=f"largest request body taken (default {MAX_BODY // 2**20} MiB: images come inline, base64); past it, 413",
+    )
+    p.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch images that requests name by http(s) URL (the server then reaches any address a client names, "
+        "its own network's too); without it only inline data: URLs and base64 images are read",
     )
     p.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: its own)")
     add_model_arguments(p)
@@ -150,6 +157,7 @@ def main(args: argparse.Namespace) -> int:
         allow_origins=tuple(args.allow_origin),
         allow_hosts=tuple(args.allow_host),
         max_answer=args.max_tokens,
+        allow_image_urls=args.allow_image_urls,
     )
     loader = start_loading(served, request, settings)
     return serve_forever(served, loader, args.host, args.port)

@@ -4,6 +4,8 @@ They are built by `python -m dflash_chat.train demo` (see dflash_chat/train/) an
 download. They are a tiny demo model: fine for trying the app and measuring DFlash, not for real work.
 Two drafters ship beside the target: the DFlash one (drafter/) and a DFlash2 one made from it
 (drafter2/). `demo.json` names the one `--demo` runs, the faster in `bench --demo` (which measures both).
+A vision tower ships beside them (vision/, written by the recipe's `vision` stage, train/vision.py): random weights
+that see nothing meaningful, there so that images go the whole way through the demo (the chat, `serve --demo`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ DRAFTER_DIRS = {"dflash": "drafter", "dflash2": "drafter2"}  # kind -> folder in
 CHOICE_FILE = "demo.json"
 HELDOUT_FILE = "heldout_prompts.json"  # written beside a shipped pair by the training recipe's ship stage
 TOOL_PROMPTS_FILE = "tool_prompts.json"  # the held-out tool chats, written by the recipe's tools stage
+VISION_DIR = "vision"  # the demo's random vision tower, a model folder of `visual.*` tensors
 
 
 def demo_heldout_prompts() -> list[list[dict]]:
@@ -73,6 +76,19 @@ def chosen_kind() -> str:
     except (OSError, ValueError, AttributeError):
         return "dflash"
     return kind if kind in demo_drafters() else "dflash"
+
+
+def demo_vision() -> Path | None:
+    """The demo's vision tower folder, or None when this build lacks it or the demo target's tokenizer lacks the
+    image token (a target shipped without the recipe's vision stage): the demo then reads no images, and loads."""
+    folder = demo_dir() / VISION_DIR
+    if not (_complete(folder) and (folder / "preprocessor_config.json").is_file()):
+        return None
+    try:
+        tokens = (demo_dir() / "target" / "tokenizer.json").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return folder if '"<|image_pad|>"' in tokens else None
 
 
 def _complete(directory: Path) -> bool:

@@ -51,6 +51,12 @@ class Decoded:
 def decode_file(path: str | Path) -> Decoded:
     """The image in a file; ImageError for a missing, unreadable, oversized or bad one."""
     path = Path(path).expanduser()
+    return decode_bytes(read_file(path), path.name or str(path))
+
+
+def read_file(path: str | Path) -> bytes:
+    """An image file's bytes, as `decode_bytes` takes them; ImageError for a missing, unreadable or oversized one."""
+    path = Path(path).expanduser()
     name = path.name or str(path)
     try:
         size = path.stat().st_size
@@ -58,14 +64,13 @@ def decode_file(path: str | Path) -> Decoded:
             raise ImageError(f"{path} is a folder, not an image: give the image file's path")
         if size > MAX_BYTES:
             raise ImageError(_too_many_bytes(name, size))
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise ImageError(f"{path}: no such file; check the path") from None
     except PermissionError:
         raise ImageError(f"{path}: permission denied; make the file readable") from None
     except OSError as exc:
         raise ImageError(f"{path} cannot be read ({exc.strerror or exc}); check the path") from None
-    return decode_bytes(data, name)
 
 
 def decode_data_url(url: str, name: str = "the image") -> Decoded:

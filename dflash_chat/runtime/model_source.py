@@ -91,11 +91,13 @@ def load_device(source: ModelSource) -> str | None:
 
 
 def demo_source() -> ModelSource:
-    """The built-in demo pair; UserError (saying what to pass instead) when this install lacks it."""
-    from dflash_chat.models.demo import demo_paths
+    """The built-in demo pair, with its vision tower where it ships; UserError (saying what to pass instead) when
+    this install lacks the pair."""
+    from dflash_chat.models.demo import demo_paths, demo_vision
 
     target, drafter = demo_paths()
-    return ModelSource(str(target), str(drafter), demo=True)
+    tower = demo_vision()
+    return ModelSource(str(target), str(drafter), demo=True, vision=str(tower) if tower else None, vision_chosen=True)
 
 
 def catalog_name(name: str) -> str:

@@ -261,19 +261,28 @@ def continuing_prompt(
     held: list[Transcript],
     tool_use: ToolUse | None = None,
     prefill: str = "",
+    vision: Vision | None = None,
 ) -> Prompt:
     """`next_prompt` for a chat that may continue any of `held`: what the engine holds first, then the
     conversations it parked (engine/parked.py), newest first. A parked conversation comes back only when the
     prompt starts with exactly its tokens, so its next turn is built as the held one's is: an exact continuation
-    (a re-render would part from it at the empty think block the template writes into the newest answer only)."""
+    (a re-render would part from it at the empty think block the template writes into the newest answer only).
+    Turns with images match by the images' pixels, and the engine holds their tokens by content hash, so an earlier
+    image sent again continues its conversation; `vision` shows the turns' images (as `next_prompt`)."""
     for previous in held:
         if turns == previous.turns or turns[: len(previous.turns) + 1] == _answered(previous):
             prompt = next_prompt(
-                tokenizer, turns, thinking=thinking, previous=previous, tool_use=tool_use, prefill=prefill
+                tokenizer,
+                turns,
+                thinking=thinking,
+                previous=previous,
+                tool_use=tool_use,
+                prefill=prefill,
+                vision=vision,
             )
             if prompt is previous.prompt or prompt.ids[: len(previous.ids)] == previous.ids:
                 return prompt
-    return next_prompt(tokenizer, turns, thinking=thinking, tool_use=tool_use, prefill=prefill)
+    return next_prompt(tokenizer, turns, thinking=thinking, tool_use=tool_use, prefill=prefill, vision=vision)
 
 
 def _answered(previous: Transcript) -> list[Turn]:

@@ -6,7 +6,9 @@ assistant's `tool_use` blocks its tool calls and its `thinking` blocks its reaso
 message of text the answer's beginning (a prefill: the model goes on from it); `tools`
 (`input_schema`) and `tool_choice` (auto, any, tool, none) a ToolUse; `thinking` the thinking switch.
 Fields Anthropic lets clients send that we do not use (`metadata`, `cache_control`, `anthropic-beta`
-headers) are accepted and ignored; an image or a document is a 400 until they are supported. The answer
+headers) are accepted and ignored. A user's `image` blocks (and a tool_result's: Claude Code reads image files so)
+are the turn's images, their source base64 data or, with --allow-image-urls, a URL (serve/images.py); a document
+is a 400 until documents are supported, and so is an image in the system prompt. The answer
 is written as Anthropic writes it: content blocks (thinking, text, tool_use with `input` typed by the
 schema), `stop_reason`, `usage` (`cache_read_input_tokens` are the prompt tokens the engine reused), and
 as its server-sent events when streamed; errors in its shape.
@@ -25,8 +27,9 @@ from dflash_chat.runtime.tool_calls import ToolCall, ToolSpec
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import ApiError, bad_request
+from dflash_chat.serve.images import source_part
 from dflash_chat.serve.openai_chat import figures
-from dflash_chat.serve.requests import ChatRequest, Streaming, optional, output_format, text_content
+from dflash_chat.serve.requests import ChatRequest, Streaming, content_parts, optional, output_format, text_content
 from dflash_chat.serve.requests import sampling as checked_sampling
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
@@ -44,7 +47,7 @@ ERROR_TYPES = {
 KIND_TYPES = {"server_error": "api_error", "service_unavailable": "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens"}
 MIN_THINKING_BUDGET = 1024  # tokens: the least `thinking.budget_tokens` Anthropic's API takes
-UNSUPPORTED = ("image", "document", "search_result", "container_upload")
+UNSUPPORTED = ("document", "search_result", "container_upload")
 
 # reading
 
@@ -120,8 +123,10 @@ def _text_blocks(content, where: str) -> str:
         raise bad_request(f"'{where}' must be a string or a list of text blocks.", where)
     for i, block in enumerate(content if isinstance(content, list) else ()):
         kind = block.get("type") if isinstance(block, Mapping) else None
+        at = f"{where}[{i}]"
+        if kind == "image":
+            raise bad_request(f"'{at}' is an image block: images go in user messages, not the system prompt.", at)
         if kind in UNSUPPORTED:
-            at = f"{where}[{i}]"
             raise bad_request(f"'{at}' is a {kind} block: only text is supported here for now.", f"{at}.type")
     return text_content(content, where, separator="\n\n" if where == "system" else "")
 
@@ -171,13 +176,15 @@ def _assistant(blocks: list, where: str) -> list[Turn]:
 
 
 def _user(blocks: list, where: str, calls: set[str]) -> list[Turn]:
-    """The user's tool results as tool turns, then the user's text as one user turn."""
+    """The user's tool results as tool turns, then the user's text and images as one user turn."""
     results: list[Turn] = []
-    text = []
+    parts: list[dict] = []
     for i, block in enumerate(blocks):
         at, kind = f"{where}.content[{i}]", _kind(block, f"{where}.content[{i}]")
         if kind == "text":
-            text.append(_string(block, "text", at))
+            parts.append({"type": "text", "text": _string(block, "text", at)})
+        elif kind == "image":
+            parts.append(_image(block, at))
         elif kind == "tool_result":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str) or call_id not in calls:
@@ -186,15 +193,53 @@ def _user(blocks: list, where: str, calls: set[str]) -> list[Turn]:
                     "message made.",
                     f"{at}.tool_use_id",
                 )
-            output = _text_blocks(block.get("content", ""), f"{at}.content")
+            output = content_parts(block.get("content", ""), f"{at}.content", ("text",), _image_or_none, RESULT_SHAPE)
             if block.get("is_error") is True:
-                output = f"Error: {output}"
+                output = (
+                    f"Error: {output}" if isinstance(output, str) else [{"type": "text", "text": "Error: "}, *output]
+                )
             results.append({"role": "tool", "content": output, "tool_call_id": call_id})
         elif kind in UNSUPPORTED:
             raise bad_request(f"'{at}' is a {kind} block: only text is supported here for now.", f"{at}.type")
         else:
             raise bad_request(f"'{at}' is a {kind} block, which a user message cannot hold here.", f"{at}.type")
-    return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
+    if not parts and results:
+        return results
+    images = any(part["type"] == "image" for part in parts)
+    return [*results, {"role": "user", "content": parts if images else "".join(p["text"] for p in parts)}]
+
+
+RESULT_SHAPE = 'text and image blocks ({"type": "text", "text": ...}, {"type": "image", "source": ...})'
+
+
+def _image(block: Mapping, at: str) -> dict:
+    """An `image` block as a turn's image part: its source base64 data (with its media type) or a URL."""
+    source = block.get("source")
+    if not isinstance(source, Mapping):
+        source = {}
+    kind = source.get("type")
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not isinstance(data, str):
+            raise bad_request(
+                f"'{at}.source' must hold the image's 'media_type' and its base64 'data'.", f"{at}.source"
+            )
+        return source_part(f"data:{media};base64,{data}", f"{at}.source.data")
+    if kind == "url":
+        return source_part(source.get("url"), f"{at}.source.url")
+    if kind == "file":
+        raise bad_request(
+            f"'{at}.source' names a file_id: this server keeps no files; send the image as base64 data.", f"{at}.source"
+        )
+    raise bad_request(
+        f"'{at}.source' must be an image block's source: "
+        '{"type": "base64", "media_type": "image/png", "data": ...} or {"type": "url", "url": ...}.',
+        f"{at}.source",
+    )
+
+
+def _image_or_none(block: Mapping, at: str) -> dict | None:
+    return _image(block, at) if block.get("type") == "image" else None
 
 
 def _kind(block, at: str) -> str:

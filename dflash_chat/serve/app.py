@@ -142,7 +142,8 @@ def build_routes(served: Served) -> FastAPI:
     async def count_tokens(request: Request):
         parsed = anthropic.messages_request(await body_of(request), served.settings, counting=True)
         served.check_model(None)
-        prompt = await anyio.to_thread.run_sync(served.prompt, parsed)
+        shown = await anyio.to_thread.run_sync(served.shown, parsed)
+        prompt = await anyio.to_thread.run_sync(served.prompt, shown)
         return {"input_tokens": len(prompt.ids)}
 
     return app

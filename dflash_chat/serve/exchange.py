@@ -75,6 +75,7 @@ async def answer(
     served.check_tokens(parsed)
     if served.draining:
         raise ApiError(503, SHUTTING_DOWN, type="service_unavailable", code="shutting_down")
+    parsed = await anyio.to_thread.run_sync(served.shown, parsed)
     prompt = await anyio.to_thread.run_sync(served.prompt, parsed)
     prompt_tokens = len(prompt.ids)
     parsed, room = served.fit(parsed, prompt_tokens)

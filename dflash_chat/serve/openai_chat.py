@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.engine.rules import shown
@@ -30,15 +31,16 @@ from dflash_chat.runtime.tool_calls import ToolCall, ToolSpec
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import bad_request, error_body
+from dflash_chat.serve.images import source_part
 from dflash_chat.serve.requests import (
     KNOBS,
     ChatRequest,
     CompletionRequest,
     Streaming,
+    content_parts,
     is_int,
     optional,
     output_format,
-    text_content,
 )
 from dflash_chat.serve.requests import (
     sampling as checked_sampling,
@@ -110,7 +112,7 @@ def _turn(message, index: int) -> Turn:
     role = message.get("role")
     if not isinstance(role, str) or role not in ROLES:
         raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}; got {shown(role)}.", f"{where}.role")
-    turn: Turn = {"role": ROLES[role], "content": text_content(message.get("content"), f"{where}.content")}
+    turn: Turn = {"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content", ROLES[role])}
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
@@ -121,6 +123,32 @@ def _turn(message, index: int) -> Turn:
     if role == "assistant" and message.get("tool_calls") is not None:
         turn["tool_calls"] = _calls(message["tool_calls"], f"{where}.tool_calls")
     return turn
+
+
+TEXT_SHAPE = 'text parts ({"type": "text", "text": ...})'
+IMAGE_SHAPE = (
+    'text parts ({"type": "text", "text": ...}) and image_url parts ({"type": "image_url", "image_url": {"url": ...}})'
+)
+
+
+def _content(content, where: str, role: str) -> str | list[dict]:
+    """A message's content: text, or (a user's) text and images."""
+    if role != "user":
+        return content_parts(content, where, ("text",), partial(_no_image, role), TEXT_SHAPE)
+    return content_parts(content, where, ("text",), _image, IMAGE_SHAPE)
+
+
+def _image(part: Mapping, at: str) -> dict | None:
+    """An `image_url` part (its `image_url` an object with the `url`, or the URL itself), or None."""
+    if part.get("type") != "image_url":
+        return None
+    value = part.get("image_url")
+    return source_part(value.get("url") if isinstance(value, Mapping) else value, f"{at}.image_url")
+
+
+def _no_image(role: str, part: Mapping, at: str) -> None:
+    if part.get("type") == "image_url":
+        raise bad_request(f"'{at}' is an image in a {role} message: only user messages may hold images.", at)
 
 
 def _calls(calls, where: str) -> list[dict]:

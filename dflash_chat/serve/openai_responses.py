@@ -8,7 +8,8 @@ off). `previous_response_id` continues a stored response's conversation, kept in
 use (reasoning items, `include`, `text`, `prompt_cache_key`) are accepted and ignored. Built-in tools
 (`web_search`, `file_search`, Codex's `namespace` groups, ...: OpenAI's servers run them, nothing here does) are
 left out, of the prompt and of the `tools` the response says it took: Codex sends some with every request.
-Images are a 400 until they are supported.
+A user message's `input_image` parts (and a function_call_output's) are the turn's images, by a data URL or, with
+--allow-image-urls, an http(s) URL (serve/images.py); a `file_id` is a 400 (this server keeps no files).
 The answer is written as a response object with `message` and `function_call` output items, and when
 streamed as its typed events, each with its `sequence_number`.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from dflash_chat.engine.rules import shown
 from dflash_chat.runtime.bridge import StreamChunk, StreamEnd
@@ -26,8 +28,9 @@ from dflash_chat.runtime.tool_calls import ToolCall, ToolSpec
 from dflash_chat.runtime.tool_use import ToolUse
 from dflash_chat.serve import tools as checked_tools
 from dflash_chat.serve.errors import bad_request
+from dflash_chat.serve.images import source_part
 from dflash_chat.serve.openai_chat import figures
-from dflash_chat.serve.requests import ChatRequest, Streaming, optional, output_format, text_content
+from dflash_chat.serve.requests import ChatRequest, Streaming, content_parts, optional, output_format
 from dflash_chat.serve.requests import sampling as checked_sampling
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
@@ -94,7 +97,9 @@ def _input(value, calls: set[str]) -> list[Turn]:
                 raise bad_request(
                     f"'{where}.role' must be one of {', '.join(ROLES)}; got {shown(role)}.", f"{where}.role"
                 )
-            turns.append({"role": ROLES[role], "content": _text(item.get("content"), f"{where}.content")})
+            turns.append(
+                {"role": ROLES[role], "content": _content(item.get("content"), f"{where}.content", ROLES[role])}
+            )
         elif kind == "function_call":
             call = _call(item, where)
             calls.add(call["id"])
@@ -110,17 +115,39 @@ def _input(value, calls: set[str]) -> list[Turn]:
                     f"{where}.call_id",
                 )
             turns.append(
-                {"role": "tool", "content": _text(item.get("output"), f"{where}.output"), "tool_call_id": call_id}
+                {"role": "tool", "content": _content(item.get("output"), f"{where}.output"), "tool_call_id": call_id}
             )
         elif kind not in IGNORED_ITEMS:
             raise bad_request(f"'{where}.type' {shown(kind)} is not an input item this server reads.", f"{where}.type")
     return turns
 
 
-def _text(content, where: str) -> str:
-    if isinstance(content, list) and any(isinstance(p, Mapping) and p.get("type") == "input_image" for p in content):
-        raise bad_request(f"'{where}' holds an image: only text is supported for now.", where)
-    return text_content(content, where, TEXT_PARTS)
+IMAGE_SHAPE = 'text and image parts ({"type": "input_text", "text": ...}, {"type": "input_image", "image_url": ...})'
+
+
+def _content(content, where: str, role: str = "tool") -> str | list[dict]:
+    """A message's content or a call's output: text, or (a user's, a call's output) text and images."""
+    if role in ("user", "tool"):
+        return content_parts(content, where, TEXT_PARTS, _image, IMAGE_SHAPE)
+    return content_parts(content, where, TEXT_PARTS, partial(_no_image, role), 'text parts ({"type": "input_text"})')
+
+
+def _image(part: Mapping, at: str) -> dict | None:
+    """An `input_image` part by its `image_url` (a data URL, or http(s)), or None; a file id is refused."""
+    if part.get("type") != "input_image":
+        return None
+    if part.get("image_url") is None and part.get("file_id") is not None:
+        raise bad_request(
+            f"'{at}' names a file_id: this server keeps no files; send the image in 'image_url' as a data URL "
+            "(data:image/png;base64,...).",
+            f"{at}.file_id",
+        )
+    return source_part(part.get("image_url"), f"{at}.image_url")
+
+
+def _no_image(role: str, part: Mapping, at: str) -> None:
+    if part.get("type") == "input_image":
+        raise bad_request(f"'{at}' is an image in a {role} message: only user messages may hold images.", at)
 
 
 def _call(item: Mapping, where: str) -> dict:

@@ -10,7 +10,7 @@ rules the settings and the flags use (engine/rules.py): a wrong field is a 400 t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -191,6 +191,29 @@ def text_content(content, where: str, kinds: tuple[str, ...] = ("text",), separa
             texts.append(part["text"])
         return separator.join(texts)
     raise bad_request(f"'{where}' must be a string or a list of text parts.", where)
+
+
+def content_parts(
+    content, where: str, kinds: tuple[str, ...], image: Callable[[Mapping, str], dict | None], shape: str
+) -> str | list[dict]:
+    """A content that may hold images: its text as `text_content` joins it when it holds none, else its text and image
+    parts in order (text parts as `{"type": "text"}`). `image(part, at)`: the dialect's image part read into a turn's
+    image part (serve/images.py), None for a part that is no image; `shape` names the parts taken, for the 400."""
+    if not isinstance(content, list):
+        return text_content(content, where, kinds)
+    parts: list[dict] = []
+    for index, part in enumerate(content):
+        at = f"{where}[{index}]"
+        if isinstance(part, Mapping) and part.get("type") in kinds and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+            continue
+        shown = image(part, at) if isinstance(part, Mapping) else None
+        if shown is None:
+            raise bad_request(f"'{where}' may only hold {shape}.", where)
+        parts.append(shown)
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
 
 
 def optional(body: Mapping, name: str, kind: type):

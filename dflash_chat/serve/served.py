@@ -24,6 +24,7 @@ from dflash_chat.runtime.bridge import StreamEnd
 from dflash_chat.runtime.constraint import GrammarError
 from dflash_chat.runtime.prompt import Prompt, TemplateRefused, Turn, continuing_prompt, encode
 from dflash_chat.runtime.session import EngineSession
+from dflash_chat.serve import MAX_BODY, images
 from dflash_chat.serve.errors import SERVER_FAULT, ApiError, bad_request, log
 from dflash_chat.serve.metrics import Metrics
 from dflash_chat.serve.openai_chat import finish_reason
@@ -31,7 +32,6 @@ from dflash_chat.serve.requests import ChatRequest, CompletionRequest
 from dflash_chat.serve.scheduler import Job, Scheduler
 from dflash_chat.settings import Settings
 
-MAX_BODY = 4 * 1024 * 1024  # bytes; a long chat is far smaller
 BODY_TIMEOUT_S = 10.0  # a body must have arrived whole by then (a short one would hold the connection)
 DRAIN = object()  # put in each open answer's queue when the server shuts down
 CLIENTS = "clients"  # the answering service's key for what the engine holds: one for every client
@@ -66,8 +66,10 @@ class Served:
         allow_origins: tuple[str, ...] = (),
         allow_hosts: tuple[str, ...] = (),
         max_answer: int | None = None,
+        allow_image_urls: bool = False,
     ) -> None:
-        """`max_answer`: the most tokens one answer may have, whatever a request asks (None: the context's room)."""
+        """`max_answer`: the most tokens one answer may have, whatever a request asks (None: the context's room);
+        `allow_image_urls`: images named by http(s) URLs are fetched (else only data URLs are read)."""
         if api_key is not None and not api_key.strip():
             raise ValueError("an empty API key")  # the command refuses it in words first
         self.name = name  # None until the model manager's choice is loaded
@@ -75,6 +77,7 @@ class Served:
         self.api_key = api_key
         self.max_body = max_body
         self.max_answer = max_answer
+        self.allow_image_urls = allow_image_urls
         self.body_timeout_s = body_timeout_s
         self.metrics_auth = metrics_auth
         self.allow_origins = allow_origins
@@ -183,6 +186,27 @@ class Served:
                 code="model_not_found",
             )
 
+    def shown(self, request: ChatRequest | CompletionRequest) -> ChatRequest | CompletionRequest:
+        """The request with its images decoded (fetched where URLs are allowed) for the prompt; a model loaded without
+        a vision tower, or an image that cannot be shown, is a 400 that says what to do (serve/images.py). Off the
+        event loop: decoding a large image takes a while."""
+        if not isinstance(request, ChatRequest) or not images.sources(request.turns):
+            return request
+        session = self.session
+        assert session is not None, "check_model comes first"
+        if session.vision is None:
+            raise bad_request(self._no_vision(), images.sources(request.turns)[0].where, "images_not_supported")
+        return replace(request, turns=images.shown(request.turns, self.allow_image_urls))
+
+    def _no_vision(self) -> str:
+        why = (
+            "the vision setting is off: restart serve with --vision auto"
+            if self.settings.vision == "off"
+            else "serve a model with one (a catalog model fetches its tower; a GGUF target takes its mmproj-*.gguf "
+            "with --mmproj FILE), or give the GPU room for it (see dflash-chat models)"
+        )
+        return f"This model was loaded without a vision tower, so it reads no images: {why}."
+
     def prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
         """The prompt as the engine gets it, rendered once, on a tokenizer of its own (never the engine
         thread's): a chat continues what the engine holds of the clients' chat (runtime/answering.py)."""
@@ -220,6 +244,7 @@ class Served:
                 held=held,
                 tool_use=request.tools,
                 prefill=request.prefill,
+                vision=self.service.session.vision,
             )
         except TemplateRefused as exc:
             raise bad_request(

@@ -8,7 +8,19 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_data"
-STAGES = ("prepare", "target", "tools", "retrain", "drafter", "dflash2", "finetune", "calibrate", "mtp", "ship")
+STAGES = (
+    "prepare",
+    "target",
+    "tools",
+    "retrain",
+    "drafter",
+    "dflash2",
+    "finetune",
+    "calibrate",
+    "mtp",
+    "ship",
+    "vision",
+)
 DEFAULT_STAGES = ("prepare", "target", "drafter", "ship")
 # the run that trained the shipped demo target's MTP layer (docs/ARCHITECTURE.md, The MTP layer)
 MTP_COMMAND = (
@@ -51,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "drafter's selector scale to sampled answers; mtp trains the target's own MTP layer (the target frozen: "
         "work/target when `target` is among the stages, else --out's) and writes the target with the layer inside "
         "its safetensors to work/target for ship (the drafter stages' --drafter-steps, --max-drafter-minutes and "
-        "--generated apply)",
+        "--generated apply); vision gives --out's target the vision tokens and writes the demo's random vision "
+        "tower to --out/vision (train/vision.py; ship ends with it too)",
     )
     demo.add_argument(
         "--finetune",

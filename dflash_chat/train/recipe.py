@@ -23,6 +23,7 @@ from dflash_chat.train.stages.prepare import prepare, train_target_stage
 from dflash_chat.train.stages.retrain import RETRAIN_STEPS, RetrainSettings, retrain_stage
 from dflash_chat.train.stages.ship import ship
 from dflash_chat.train.stages.tools import TOOLS_STEPS, tools_settings, tools_stage
+from dflash_chat.train.vision import vision_stage
 
 TARGET_SHARE = 0.55  # of the time budget, for the target stage
 DRAFTER_SHARE = 0.35  # for the drafter stage, its data included
@@ -56,6 +57,8 @@ def run_stages(args: argparse.Namespace, stages: list[str], device: str, log: Lo
             stage(args, chosen, device, log)
     if "ship" in stages:
         ship(args.work, args.out, log=log)
+    if "vision" in stages:
+        vision_stage(args.out, log=log)  # the shipped tower is seed 0's, whatever the run's seed
 
 
 class _Training(TypedDict):

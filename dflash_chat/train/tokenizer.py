@@ -16,8 +16,19 @@ MASK_TOKEN = "<|mask|>"
 # Past assistant turns drop their reasoning; the last one (after the last user turn) keeps it.
 # With `tools`, the system turn lists them (one JSON object a line in <tools>) and says how to call one;
 # an assistant's calls are written in the Qwen3-Coder form (runtime/tool_calls.py reads them back), and
-# the tools' answers go back in one user turn of <tool_response> blocks, as Qwen3.6's template does.
+# the tools' answers go back in one user turn of <tool_response> blocks, as Qwen3.6's template does. A content of
+# parts is written as Qwen3.5's is: text parts as they are, each image part as its vision tokens (train/vision.py).
 CHAT_TEMPLATE = """\
+{%- macro render_content(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- elif content is iterable and content is not mapping -%}
+{%- for item in content -%}
+{%- if item.type == 'image' or 'image' in item -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+{%- elif item.type == 'text' -%}{{- item.text -}}
+{%- endif -%}
+{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
 {%- set ns = namespace(last_user=-1, system='') -%}
 {%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
 {%- if messages and messages[0].role == 'system' -%}{%- set ns.system = messages[0].content -%}{%- endif -%}
@@ -31,7 +42,7 @@ CHAT_TEMPLATE = """\
 {{- '<|im_end|>\\n' -}}
 {%- endif -%}
 {%- for m in messages -%}
-{%- set content = m.content if m.content is string else '' -%}
+{%- set content = render_content(m.content) -%}
 {%- if m.role == 'system' and loop.first and tools -%}
 {%- elif m.role == 'assistant' -%}
 {%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}

@@ -166,7 +166,7 @@ class DFlashChatApp(App):
 
     @work
     async def action_open_history(self) -> None:
-        chosen = await self.push_screen_wait(HistoryScreen(self.store, self.export_dir))
+        chosen = await self.push_screen_wait(HistoryScreen(self.store, self.export_dir, self.chat.images))
         await self.chat.conversation_deleted()
         if chosen is not None:
             await self.chat.open_conversation(chosen)

@@ -12,11 +12,16 @@ A message to a chat that offers tools runs as an agent loop (chat/agent.py): the
 servers the chat needs (chat/tools/servers.py), shows each call the model makes as a block, asks before
 it runs (ui/confirm_call_screen.py), and answers again once the calls have their results. Esc stops all
 of it; what was written is kept.
+
+Images go with the next message (chat/attach.py): a `/image PATH` line, the attach key's path dialog, or a pasted
+path. Each is read and stored in a worker, then waits as a chip above the message box (ui/widgets/image_chips.py)
+until the message is sent; a model that reads no images says so, and nothing is sent.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -32,10 +37,12 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Switch
 
 from dflash_chat import paths
+from dflash_chat.chat import attach
 from dflash_chat.chat.agent import AgentLoop, PendingCall
 from dflash_chat.chat.backends.base import AnswerRequest, Backend, BackendEvent
 from dflash_chat.chat.conversation import CANCELLED, COMPLETE, CUT, ERROR, PARTIAL, Conversation, Message
 from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.images import Attachment, ImageStore, Preview
 from dflash_chat.chat.recorder import Recorder
 from dflash_chat.chat.tools import results
 from dflash_chat.chat.tools.results import ToolResult
@@ -49,9 +56,11 @@ from dflash_chat.runtime.tool_calls import ToolCall
 from dflash_chat.settings import Settings
 from dflash_chat.ui import messages, status_text
 from dflash_chat.ui.confirm_call_screen import ALWAYS, NO, STOP, YES, ConfirmCallScreen
+from dflash_chat.ui.dialogs import TextDialog
 from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.notices import PlainNotices
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
+from dflash_chat.ui.widgets.image_chips import ImageChip, PendingImages
 from dflash_chat.ui.widgets.load_bar import LoadBar
 from dflash_chat.ui.widgets.prompt_input import PromptInput
 from dflash_chat.ui.widgets.stats_panel import StatsPanel
@@ -120,12 +129,15 @@ class ChatScreen(PlainNotices, Screen):
         self.waiting: Conversation | None = None  # a chat whose last message waits for the model to be ready
         self.last_prompt: Prompt | None = None
         self.last_end: StreamEnd | None = None
+        self.images = ImageStore(store.images_folder)  # the chats' images, by content hash
+        self.pending: list[tuple[Attachment, Preview | None]] = []  # the images the next message will hold
+        self.attaching = 0  # images being read for it
         self._prompts = prompts or []
         self.set_reactive(ChatScreen.thinking, settings.thinking)
 
     # the backend's threads and messages
 
-    def _post(self, event: BackendEvent) -> None:
+    def _post(self, event: BackendEvent | attach.AttachEvent) -> None:
         self.post_message(messages.message_for(event))  # from a worker thread: never blocks it
 
     def _spawn(self, body: Callable[[], None], group: str) -> None:
@@ -143,6 +155,7 @@ class ChatScreen(PlainNotices, Screen):
             with Vertical(id="chat-column"):
                 yield ChatView(id="chat")
                 yield LoadBar(id="load-bar")
+                yield PendingImages(id="pending-images")
                 yield PromptInput(
                     self._prompts, id="prompt", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: new line)"
                 )
@@ -150,6 +163,7 @@ class ChatScreen(PlainNotices, Screen):
         yield Footer()
 
     async def on_mount(self) -> None:
+        self.query_one(PendingImages).display = False
         self.panel.set_thinking(self.thinking)
         self.query_one(PromptInput).focus()
         await self.chat_view.show(self.conversation, self.notice())
@@ -263,7 +277,15 @@ class ChatScreen(PlainNotices, Screen):
         self.notify(status_text.ready_text(self.backend, message.event.seconds))
         waiting, self.waiting = self.waiting, None
         if waiting is self.conversation and waiting.messages and waiting.messages[-1].role == "user":
-            await self.start_loop()  # the message sent while the model loaded
+            refused = self.backend.images_refused() if waiting.messages[-1].images else ""
+            if refused:  # its images would not be seen: the message stays
+                self.notify(
+                    f"Your message was not answered: {refused} Ctrl+R answers it without its images.",
+                    severity="warning",
+                    timeout=20,
+                )
+            else:
+                await self.start_loop()  # the message sent while the model loaded
         for note in getattr(message.event.model, "notes", ()):  # what was fitted to the pair (engine/load.py)
             self.notify(note, severity="warning", timeout=15)
 
@@ -297,23 +319,114 @@ class ChatScreen(PlainNotices, Screen):
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
         text = event.text.strip()
-        if not text:
+        if attach.is_command(text):
+            self.attach_typed(event.input, text)
+            return
+        if not text and not self.pending:
+            return
+        if self.attaching:
+            self.notify("An image is still being read: send again in a moment.", severity="warning")
+            return
+        images = tuple(image for image, _ in self.pending)
+        refused = self.backend.images_refused() if images else ""
+        if refused:
+            self.notify(
+                f"Not sent: {refused} Remove the images (Delete on a chip) to send the text.",
+                severity="warning",
+                timeout=20,
+            )
             return
         if not self._can_answer(or_wait=True):
             return
         event.input.clear()
         event.input.remember(text)
         if self.conversation.id is None:
-            self.recorder.start(self.conversation, text)
-        message = Message("user", text)
+            self.recorder.start(self.conversation, text or ", ".join(image.name for image in images))
+        message = Message("user", text, images=images)
         self.conversation.messages.append(message)
         self.recorder.add(self.conversation, message)
-        await self.chat_view.add_user(text)
+        self.pending = []
+        await self.query_one(PendingImages).show(self.pending)
+        await self.chat_view.add_user(message)
         if self.backend.model is None:  # shown and saved now, answered once the model is ready
             self.waiting = self.conversation
             self.notify(f"Sent once the model is ready. {status_text.no_model_yet(self.backend.status)}")
             return
         await self.start_loop()
+
+    # images for the next message (chat/attach.py)
+
+    def attach(self, paths: list[str], *, typed: bool = False) -> bool:
+        """Read and store the images at `paths` in a worker (each arrives as ImageAttached or ImageRefused); False
+        when the model reads no images (said in a notice)."""
+        refused = self.backend.images_refused()
+        if refused:
+            self.notify(refused, severity="warning", timeout=20)
+            return False
+        self.attaching += len(paths)
+        self.run_worker(partial(attach.read_images, paths, self.images, self._post, typed), thread=True, group="images")
+        return True
+
+    def attach_typed(self, box: PromptInput, text: str) -> None:
+        """The box's /image lines: their images attached, the rest of the text left in the box."""
+        try:
+            paths, rest = attach.command_paths(text)
+        except ValueError as exc:
+            self.notify(str(exc), severity="warning")
+            return
+        if self.attach(paths, typed=True):
+            box.load_text(rest)
+            box.move_cursor(box.document.end)
+
+    def action_attach_image(self) -> None:
+        """The attach key: a dialog asks for the image's path."""
+        if refused := self.backend.images_refused():
+            self.notify(refused, severity="warning", timeout=20)
+            return
+        dialog = TextDialog(
+            "Attach an image: its path", placeholder="~/Pictures/screenshot.png (quote paths with spaces)"
+        )
+        self.app.push_screen(dialog, callback=self.path_given)
+
+    def path_given(self, path: str | None) -> None:
+        if path and path.strip():
+            self.attach(attach.typed_paths(path.strip()))
+        self.query_one(PromptInput).focus()
+
+    @on(PromptInput.ImagesPasted)
+    def images_pasted(self, event: PromptInput.ImagesPasted) -> None:
+        if not self.attach(event.paths):
+            event.input.insert(event.text)  # the model reads no images: the paste is typed after all
+
+    async def on_image_attached(self, message: messages.ImageAttached) -> None:
+        event = message.event
+        self.attaching = max(0, self.attaching - 1)
+        if event.note:
+            self.notify(event.note, severity="warning", timeout=15)
+        same = next((image for image, _ in self.pending if image.digest == event.image.digest), None)
+        if same is not None:
+            self.notify(f"{event.image.name} is attached already (the same image as {same.name}).")
+            return
+        self.pending.append((event.image, event.preview))
+        await self.query_one(PendingImages).show(self.pending)
+
+    async def on_image_refused(self, message: messages.ImageRefused) -> None:
+        event = message.event
+        self.attaching = max(0, self.attaching - 1)
+        self.notify(event.error, title="Image not attached", severity="error", timeout=20)
+        if event.typed:  # the /image line goes back into the box, as it was typed
+            box = self.query_one(PromptInput)
+            line = f"{attach.COMMAND} {shlex.quote(event.path)}"
+            box.load_text(f"{line}\n{box.text}" if box.text else line)
+            box.move_cursor(box.document.end)
+
+    @on(ImageChip.Removed)
+    async def image_removed(self, event: ImageChip.Removed) -> None:
+        self.pending = [(image, preview) for image, preview in self.pending if image is not event.chip.image]
+        await self.query_one(PendingImages).show(self.pending)
+        self.query_one(PromptInput).focus()
+
+    # the answer
 
     async def start_loop(self) -> None:
         """Answer the message as an agent loop: first the tool servers the chat needs, then the answer."""
@@ -341,7 +454,7 @@ class ChatScreen(PlainNotices, Screen):
 
     async def answer(self) -> None:
         settings = self.settings
-        turns = self.conversation.chat_turns(settings.system_prompt)
+        turns = self.conversation.chat_turns(settings.system_prompt, images=not self.backend.images_refused())
         tools = self.loop.tool_use() if self.loop is not None else None
         message = Message("assistant", status=PARTIAL)
         self.conversation.messages.append(message)
@@ -356,6 +469,7 @@ class ChatScreen(PlainNotices, Screen):
             draft=settings.draft,
             speculate=settings.speculate,
             tools=tools,
+            images=self.images,
         )
         self.turn = Turn(self.conversation, message, widget, request, self.backend.model)
         self.backend.answer(request)
@@ -395,7 +509,11 @@ class ChatScreen(PlainNotices, Screen):
             await turn.widget.show_calls(end.tool_calls)
         if end.stats is not None:
             self.panel.show_final(
-                end.stats, thinking=turn.thinking, remote=self.backend.remote, source=end.acceptance_source
+                end.stats,
+                thinking=turn.thinking,
+                remote=self.backend.remote,
+                source=end.acceptance_source,
+                images=any(isinstance(t.get("content"), list) for t in turn.request.turns),  # parts: images
             )
         if end.error:
             self.notify(end.error, severity="error", timeout=15)

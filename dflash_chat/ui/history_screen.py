@@ -1,4 +1,5 @@
-"""The saved conversations: search, open, rename, delete, export to Markdown.
+"""The saved conversations: search, open, rename, delete (with the files of its images that no other chat holds),
+export to Markdown (a chat's images copied beside it).
 
 The search field (/ moves to it) filters the list as you type: chats whose title, or one of whose messages,
 holds every word typed (chat/history_search.py: SQLite FTS5, or LIKE where FTS5 is missing). Enter or Down
@@ -19,7 +20,9 @@ from textual.widgets import DataTable, Footer, Input, Label
 from textual.widgets.data_table import RowKey
 
 from dflash_chat.chat.conversation import Conversation
-from dflash_chat.chat.history import HistoryStore, export_filename, to_markdown
+from dflash_chat.chat.history import HistoryStore
+from dflash_chat.chat.images import ImageStore
+from dflash_chat.chat.markdown import export_filename, export_markdown
 from dflash_chat.errors import UserError
 from dflash_chat.ui.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.ui.notices import PlainNotices
@@ -47,10 +50,11 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
         Binding("escape", "close", "Back", id="history-close"),
     ]
 
-    def __init__(self, store: HistoryStore, export_dir: Path | None = None) -> None:
+    def __init__(self, store: HistoryStore, export_dir: Path | None = None, images: ImageStore | None = None) -> None:
         super().__init__()
         self.store = store
         self.export_dir = export_dir or Path.cwd()
+        self.images = images  # where the chats' images are kept
 
     def compose(self):
         yield Label("History", id="history-title")
@@ -161,7 +165,13 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
             return
         conversation_id, conversation = selected
         if await self.app.push_screen_wait(ConfirmDialog(f"Delete “{conversation.title}”? This cannot be undone.")):
-            self._change(lambda: self.store.delete(conversation_id))
+            self._change(lambda: self._delete(conversation_id))
+
+    def _delete(self, conversation_id: int) -> None:
+        """The chat deleted, and the files of its images that no other chat holds."""
+        gone = self.store.delete(conversation_id)
+        if self.images is not None and gone:
+            self.images.forget(gone)
 
     @work
     async def action_export(self) -> None:
@@ -178,7 +188,7 @@ class HistoryScreen(PlainNotices, Screen[int | None]):
             return  # a file of the user's is only replaced when they say so
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(to_markdown(conversation), encoding="utf-8")
+            export_markdown(conversation, path, self.store.images_folder)
         except (OSError, ValueError) as exc:
             why = getattr(exc, "strerror", None) or exc
             self.notify(f"could not write {path}: {why}. Pick another path.", severity="error", timeout=20)

@@ -33,6 +33,13 @@ COMMANDS = (
     Command("new-chat", "ctrl+n", "new_chat", "New chat", "Start a new conversation", True),
     Command("history", "ctrl+o", "history", "History", "Open, rename, delete or export saved chats", True),
     Command("tools", "f3", "tools", "Tools", "MCP servers, and the tools this chat offers", True),
+    Command(
+        "attach-image",
+        "f4",
+        "attach_image",
+        "Attach image",
+        "Attach an image to the next message by its path (or type /image PATH, or paste the path)",
+    ),
     Command("regenerate", "ctrl+r", "regenerate", "Regenerate", "Write the last answer again"),
     Command("copy-answer", "ctrl+l", "copy_answer", "Copy last answer", "Copy the last answer to the clipboard"),
     Command("copy-code", "ctrl+b", "copy_code", "Copy last code block", "Copy the last code block of the last answer"),

@@ -1,5 +1,6 @@
-"""One Textual message per kind of backend event (runtime/events.py, chat/events.py) and tool event (the
-servers' state, the agent loop's workers), posted from worker threads.
+"""One Textual message per kind of backend event (runtime/events.py, chat/events.py), tool event (the
+servers' state, the agent loop's workers) and image read for the next message (chat/attach.py), posted from
+worker threads.
 
 A backend posts plain event data through a `post` callback (post_message never blocks the worker);
 `message_for` gives each event its own message, so Textual delivers it on the UI thread to the chat
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from dflash_chat.chat import agent
+from dflash_chat.chat import agent, attach
 from dflash_chat.chat import events as answer_events
 from dflash_chat.chat.backends.base import BackendEvent
 from dflash_chat.chat.tools.servers import ServerChanged
@@ -86,6 +87,16 @@ class ToolCallDone(Message):
     event: agent.ToolCallDone
 
 
+@dataclass
+class ImageAttached(Message):
+    event: attach.ImageAttached
+
+
+@dataclass
+class ImageRefused(Message):
+    event: attach.ImageRefused
+
+
 MESSAGES: dict[type, type[Message]] = {
     StreamChunk: AnswerChunk,
     answer_events.PromptSent: PromptSent,
@@ -100,10 +111,12 @@ MESSAGES: dict[type, type[Message]] = {
     ServerChanged: ToolServerChanged,
     agent.ServersWaited: ServersWaited,
     agent.ToolCallDone: ToolCallDone,
+    attach.ImageAttached: ImageAttached,
+    attach.ImageRefused: ImageRefused,
 }
 
 
-def message_for(event: BackendEvent) -> Message:
+def message_for(event: BackendEvent | attach.AttachEvent) -> Message:
     """The message that carries `event` to its handler."""
     kind = MESSAGES.get(type(event))
     if kind is None:

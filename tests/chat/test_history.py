@@ -10,9 +10,8 @@ from dflash_chat.chat.history import (
     HistoryCorruptError,
     HistoryStore,
     HistoryUnavailable,
-    export_filename,
-    to_markdown,
 )
+from dflash_chat.chat.markdown import export_filename, to_markdown
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.errors import UserError
 
@@ -411,9 +410,11 @@ CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
 
 
 def test_a_history_written_by_the_previous_schema_loads_searches_and_takes_tool_calls(tmp_path):
-    """A file exactly as schema 2 (the one before tools) wrote it: its CREATE statements, its rows."""
+    """A file exactly as schema 2 (the one before tools) wrote it: its CREATE statements, its rows; upgraded, it
+    takes tool calls and images."""
     import sqlite3
 
+    from dflash_chat.chat.images import Attachment
     from dflash_chat.runtime.tool_calls import ToolCall
 
     path = tmp_path / "v2.sqlite3"
@@ -440,7 +441,10 @@ def test_a_history_written_by_the_previous_schema_loads_searches_and_takes_tool_
     store.add(1, Message("tool", "sunny", tool_call_id="c1"))
     again = store_at(path).load(1)
     assert again.messages[2].tool_calls[0].name == "weather" and again.messages[3].tool_call_id == "c1"
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    image = Attachment("ab" * 32, "kettle.png", 40, 24, 1234, "PNG")
+    store.add(1, Message("user", "and this one?", images=(image,)))
+    assert store_at(path).load(1).messages[4].images == (image,)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
 
 
 def test_a_read_only_history_of_the_previous_schema_is_kept_as_it_is(tmp_path):

@@ -132,3 +132,14 @@ def test_the_mmproj_check_reads_only_the_header_without_torch(mmproj):
         f"check_mmproj({str(mmproj)!r}, 'auto'); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_demo_loads_its_own_tower_unless_vision_is_off():
+    from dflash_chat.models.demo import demo_available, demo_vision
+
+    if not demo_available() or demo_vision() is None:
+        pytest.skip("the demo pair and its vision tower are not in demo_data")
+    source = resolve(Settings(), demo=True)
+    assert isinstance(source, ModelSource) and source.demo and source.vision == str(demo_vision())
+    assert vision_to_load(source, "auto") == str(demo_vision())
+    assert vision_to_load(source, "off") is False

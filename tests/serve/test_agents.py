@@ -1,7 +1,9 @@
 """The coding agents people run, driven for real against `serve --demo`: Claude Code (Anthropic Messages),
 Codex CLI (Responses) and opencode (chat completions), each one-shot with its default settings and an
 isolated HOME, and each once through `dflash-chat launch`. Each must exit 0 with the model's text, and serve
-must log no refusal (4xx) or failure (5xx) for their requests.
+must log no refusal (4xx) or failure (5xx) for their requests. Each also sends an image the way its one-shot mode
+attaches one (`codex exec -i`, `opencode run -f`, Claude Code's stream-json input), which the demo's vision tower
+shows to the model.
 
 The agents are the pinned npm packages tools/test.sh installs into a cache folder when npm is present
 (DFLASH_CHAT_AGENTS_BIN names their bin folder; without it, the cache folder tools/test.sh uses); without them
@@ -101,10 +103,11 @@ def said(out: str, answers: list[str]) -> bool:
 
 @pytest.fixture(scope="module")
 def long_pair():
+    """The demo pair at an agent's context, with its (random) vision tower: the agents' images reach the prompt."""
     from dflash_chat.engine.load import load_pair
-    from dflash_chat.models.demo import demo_paths
+    from dflash_chat.models.demo import demo_paths, demo_vision
 
-    return load_pair(*demo_paths(), device="cpu", max_context=CONTEXT)
+    return load_pair(*demo_paths(), device="cpu", max_context=CONTEXT, vision=demo_vision())
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +193,46 @@ def test_codex_exec_output_schema_gets_json_valid_for_it(server, tmp_path, refus
     assert refusals() == []
 
 
+@pytest.fixture
+def shown_images(monkeypatch):
+    """How many images each answer's prompt showed the model, answer by answer."""
+    from dflash_chat.runtime import session
+
+    answer, counts = session.EngineSession.answer, []
+
+    def counted(self, prompt, *args, **kwargs):
+        counts.append(len(prompt.images))
+        return answer(self, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(session.EngineSession, "answer", counted)
+    return counts
+
+
+def screenshot(path: Path) -> Path:
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (320, 200), "white")
+    ImageDraw.Draw(image).rectangle((80, 50, 240, 150), fill=(200, 30, 30))
+    image.save(path)
+    return path
+
+
+def test_codex_exec_sends_an_image(server, tmp_path, refusals, brief_answers, shown_images):
+    """`codex exec -i shot.png`: the image goes to serve as a Responses `input_image` data URL, and the demo's
+    tower shows it to the model (random weights: the answer says nothing true of it)."""
+    served, url = server
+    if served.session is None or served.session.vision is None:
+        pytest.skip("the demo's vision tower is not in demo_data")
+    provider = f'{{name="dflash-chat", base_url="{url}/v1", env_key="DFC_KEY", wire_api="responses"}}'
+    config = ["-c", "model_provider=dfc", "-c", f"model_providers.dfc={provider}", "-c", f'model="{served.name}"']
+    shot = screenshot(tmp_path / "shot.png")
+    argv = [agent("codex"), *config, "exec", "--skip-git-repo-check", "What is in this picture?", "-i", str(shot)]
+    out = run_agent(argv, isolated(tmp_path, DFC_KEY=KEY), tmp_path)
+    assert said(out, brief_answers)
+    assert shown_images and shown_images[0] == 1
+    assert refusals() == []
+
+
 def test_opencode_speaks_chat_completions(server, tmp_path, refusals, brief_answers):
     served, url = server
     provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{url}/v1", "apiKey": KEY}}
@@ -197,6 +240,53 @@ def test_opencode_speaks_chat_completions(server, tmp_path, refusals, brief_answ
     (tmp_path / "opencode.json").write_text(json.dumps({"provider": {"dfc": provider}}))
     out = run_agent([agent("opencode"), "run", "-m", f"dfc/{served.name}", TASK], isolated(tmp_path), tmp_path)
     assert said(out, brief_answers)
+    assert refusals() == []
+
+
+def test_claude_code_sends_an_image_block(server, tmp_path, refusals, brief_answers, shown_images):
+    """Claude Code one-shot with an image: `-p --input-format stream-json` takes the user's message as Anthropic
+    content blocks on stdin (its one-shot mode's way to attach one), and serve gets the `image` block."""
+    import base64
+
+    served, url = server
+    if served.session is None or served.session.vision is None:
+        pytest.skip("the demo's vision tower is not in demo_data")
+    data = base64.b64encode(screenshot(tmp_path / "shot.png").read_bytes()).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+    content = [{"type": "text", "text": "What is in this picture?"}, image]
+    message = {"type": "user", "message": {"role": "user", "content": content}}
+    env = isolated(tmp_path, ANTHROPIC_BASE_URL=url, ANTHROPIC_AUTH_TOKEN=KEY, ANTHROPIC_MODEL=served.name)
+    argv = [agent("claude"), "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"]
+    done = subprocess.run(
+        argv, env=env, cwd=tmp_path, input=json.dumps(message) + "\n", capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    results = [event for event in events if event.get("type") == "result"]
+    assert results and said(results[-1].get("result", ""), brief_answers), done.stdout[-3000:]
+    assert 1 in shown_images
+    assert refusals() == []
+
+
+def test_opencode_run_sends_an_attached_image(server, tmp_path, refusals, brief_answers, shown_images):
+    """`opencode run -f shot.png`: the image goes to serve as a chat completions `image_url` data URL."""
+    served, url = server
+    if served.session is None or served.session.vision is None:
+        pytest.skip("the demo's vision tower is not in demo_data")
+    provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{url}/v1", "apiKey": KEY}}
+    provider["models"] = {
+        served.name: {
+            "name": served.name,
+            "attachment": True,
+            "modalities": {"input": ["text", "image"], "output": ["text"]},
+        }
+    }
+    (tmp_path / "opencode.json").write_text(json.dumps({"provider": {"dfc": provider}}))
+    shot = screenshot(tmp_path / "shot.png")
+    argv = [agent("opencode"), "run", "-m", f"dfc/{served.name}", "-f", str(shot), "--", "What is in this picture?"]
+    out = run_agent(argv, isolated(tmp_path), tmp_path)
+    assert said(out, brief_answers)
+    assert shown_images and shown_images[0] == 1
     assert refusals() == []
 
 

@@ -59,7 +59,11 @@ def test_malformed_json_is_400(server, content, words):
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content[0].image_url",
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages[0].content"),
         ({"temperature": "hot"}, "temperature"),
         ({"temperature": 5}, "temperature"),
         ({"top_p": 0}, "top_p"),

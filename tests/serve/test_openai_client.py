@@ -238,3 +238,31 @@ def test_stop_strings_end_the_answer_before_them(served_demo):
     chunks = list(streamed)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full[: full.index(word)]
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+
+
+def test_serve_demo_reads_an_image_with_its_shipped_tower(served_demo):
+    """`serve --demo` loads the demo's vision tower with the pair (its model pick), so an image_url part is answered
+    and its tokens are counted."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from dflash_chat.models.demo import demo_vision
+
+    if demo_vision() is None:
+        pytest.skip("the demo's vision tower is not in demo_data")
+    url, _ = served_demo
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 64), (30, 160, 30)).save(picture, "PNG")
+    image = {
+        "type": "image_url",
+        "image_url": {"url": f"data:image/png;base64,{base64.b64encode(picture.getvalue()).decode()}"},
+    }
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    ask = {"model": "dflash-chat-demo", "max_tokens": 4, "temperature": 0}
+    shown = client.chat.completions.create(
+        messages=[{"role": "user", "content": [image, {"type": "text", "text": "Colour?"}]}], **ask
+    )
+    plain = client.chat.completions.create(messages=[{"role": "user", "content": "Colour?"}], **ask)
+    assert shown.usage.prompt_tokens == plain.usage.prompt_tokens + 4 + 2  # 64 x 64: a 2 x 2 grid of merged patches

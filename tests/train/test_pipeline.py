@@ -189,6 +189,34 @@ def test_trained_pair_runs_losslessly_through_the_engine(trained):
     assert report.mean_acceptance_length >= 1.0
 
 
+def test_the_vision_stage_gives_a_shipped_pair_a_tower_it_reads_images_with(trained, tmp_path):
+    """The recipe's vision stage on what a run ships (not only on the demo in demo_data): its tokenizer's bytes take
+    the vision tokens, and the pair loads the tower and answers a turn with an image."""
+    import threading
+
+    from PIL import Image
+
+    from dflash_chat.engine.load import load_pair
+    from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.runtime.images import image_part
+    from dflash_chat.runtime.session import EngineSession
+    from dflash_chat.train.vision import vision_stage
+
+    _, out, _, _, _ = trained
+    shipped = tmp_path / "out"
+    shutil.copytree(out, shipped)
+    tower = vision_stage(shipped, log=lambda _: None)
+    pair = load_pair(shipped / "target", shipped / "drafter", device="cpu", max_context=512, vision=tower)
+    session = EngineSession(pair)
+    picture = Image.new("RGB", (100, 70), (200, 30, 30))  # 96 x 64 within the pixel budget: 6 tokens
+    turns = [{"role": "user", "content": [image_part(picture), {"type": "text", "text": "what is it?"}]}]
+    prompt = session.chat_prompt(turns, False, None)
+    assert [image.tokens for image in prompt.images] == [6]
+    assert prompt.ids.count(pair.engine.image_token_id) == 6
+    end = session.answer(prompt, SamplingParams(max_new_tokens=4), threading.Event(), lambda chunk: None)
+    assert end.reason in ("length", "stop") and end.stats is not None and end.stats.prompt_tokens == len(prompt.ids)
+
+
 def test_the_mtp_stage_trains_the_targets_own_mtp_layer_and_ships_it_inside(trained, tmp_path):
     """The mtp stage (the target frozen) lifts the layer's held-out teacher-forced agreement, writes the target
     with the layer inside its safetensors (`mtp.*`, `mtp_num_hidden_layers`) to work/target, leaves the

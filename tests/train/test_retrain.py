@@ -20,6 +20,7 @@ from dflash_chat.train.stages.retrain import (
     RetrainData,
     RetrainSettings,
     cached_data,
+    induction_runs,
     measure,
     retrain_stage,
     retrain_step,
@@ -72,6 +73,7 @@ def data() -> RetrainData:
 
 def settings(path, **changes) -> RetrainSettings:
     fields = {"steps": 4, "lr": 1e-2, "warmup": 1, "tool_batch": 2, "copy_batch": 2, "window_batch": 2}
+    fields |= {"induction_batch": 2, "induction_run": 6}
     fields |= {"seq_len": 16, "log_every": 1, "eval_every": 2, "path": path, **changes}
     return RetrainSettings(**fields)
 
@@ -107,7 +109,7 @@ def test_a_resumed_run_takes_the_steps_an_unbroken_one_takes(tokenizer, data, tm
     assert not torch.equal(first.state_dict()["lm_head.weight"], whole.state_dict()["lm_head.weight"])
     written = json.loads((tmp_path / "parts" / "checkpoint_curve.json").read_text())
     assert without_times(written) == without_times(done.curve)
-    assert set(done.curve[1]) >= {"loss", "tools", "copy", "text", "heldout_loss", "call_right", "copy_tokens"}
+    assert set(done.curve[1]) >= {"loss", "tools", "copy", "text", "induction", "heldout_loss", "copy_tokens"}
     assert not list((tmp_path / "parts").glob("*.partial"))
 
 
@@ -171,6 +173,15 @@ def test_the_stage_goes_on_from_its_checkpoint_and_writes_the_target_when_done(t
     assert (work / "target" / "model.safetensors").exists()
     curve = json.loads((work / "retrain" / "checkpoint_curve.json").read_text())
     assert [row["step"] for row in curve] == [0, 2, 4] and all(0 <= row["copy_tokens"] <= 1 for row in curve)
+
+
+def test_an_induction_run_is_corpus_tokens_then_the_same_again_labelled_where_it_can_be_read():
+    tokens = torch.arange(1000, 1100)
+    ids, labels = induction_runs(tokens, 3, 5, torch.Generator().manual_seed(0))
+    assert ids.shape == labels.shape == (3, 10)
+    assert torch.equal(ids[:, :5], ids[:, 5:]) and bool(((ids >= 1000) & (ids < 1100)).all())
+    assert bool((labels[:, :6] == -100).all()) and torch.equal(labels[:, 6:], ids[:, 6:])
+    assert not torch.equal(ids[0], ids[1])  # each row its own run
 
 
 def test_the_data_is_kept_for_the_next_chunk_and_made_again_from_other_settings(data, tmp_path):

@@ -169,3 +169,40 @@ def test_the_panel_once_an_answer_ends(snap_compare, home, size):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 30), (120, 36)], ids=["80-columns", "120-columns"])
+def test_images_as_chips_waiting_and_in_a_sent_message(snap_compare, home, tmp_path, size):
+    """Two images waiting above the message box (a preview, the name and size, a ✕ each), and a sent message's
+    image as a chip in the chat."""
+    from PIL import Image
+
+    from dflash_chat.chat.conversation import Message
+    from dflash_chat.chat.history import HistoryStore
+    from dflash_chat.chat.images import Attachment
+
+    wide = Image.new("RGB", (40, 24), (220, 40, 40))
+    wide.paste((250, 210, 40), (20, 0, 40, 24))  # red on the left, yellow on the right
+    wide.save(tmp_path / "red and yellow.png")
+    tall = Image.new("RGB", (16, 48), (40, 90, 220))
+    tall.paste((40, 200, 90), (0, 24, 16, 48))  # blue above green
+    tall.save(tmp_path / "tall.png")
+    store = HistoryStore(paths.history_db(), clock=lambda: 1_767_225_600.0)
+    cid = store.create("A chart")
+    chart = Attachment("0123abcd" * 8, "sales chart.png", 1280, 720, 81_234, "PNG")
+    store.add(cid, Message("user", "What does this chart show?", images=(chart,)))
+    store.add(cid, Message("assistant", "Sales rise every month, fastest in March."))
+    store.close()
+    app = DFlashChatApp(Settings())
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: app.chat.is_mounted and app.chat.query("ChatView"), 30, "chat screen")
+        await app.chat.open_conversation(cid)
+        box = app.chat.query_one(TextArea)
+        box.insert(f'/image "{tmp_path / "red and yellow.png"}" "{tmp_path / "tall.png"}"')
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.chat.pending) == 2, 30, "the chips")
+        steady(app.screen)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

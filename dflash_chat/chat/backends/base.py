@@ -24,6 +24,7 @@ from dflash_chat.runtime.events import LoadEvent, Status
 
 if TYPE_CHECKING:
     from dflash_chat.chat.conversation import Conversation
+    from dflash_chat.chat.images import ImageStore
     from dflash_chat.engine.load import LoadedPair
     from dflash_chat.engine.sampling_params import SamplingParams
     from dflash_chat.models.hardware import Choice
@@ -50,6 +51,7 @@ class AnswerRequest:
     draft: str | int = "auto"  # drafts per step, for a local engine (the draft setting)
     speculate: str = "auto"  # which method drafts, for a local engine (the speculate setting)
     tools: ToolUse | None = None  # the tools the answer may call (their calls come back in StreamEnd.tool_calls)
+    images: ImageStore | None = None  # where the turns' images are (their parts hold chat/images.py Attachments)
 
 
 class Backend:
@@ -104,6 +106,11 @@ class Backend:
 
     def downloaded(self, request: Pick, choice: Choice, files: ModelFiles | None) -> None:
         """After the download screen (a DownloadNeeded): load what it fetched; None: it stopped."""
+
+    def images_refused(self) -> str:
+        """Why the model cannot be sent images, in one line that says what to do; '' when it can (or cannot be known
+        yet: nothing loaded, or a server, which answers for itself)."""
+        return ""
 
     def answer(self, request: AnswerRequest) -> None:
         """Start writing an answer: PromptSent?, StreamChunk..., then AnswerEnded, all through `post`."""

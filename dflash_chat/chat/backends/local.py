@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from dflash_chat.chat.backends.base import AnswerRequest, Backend
 from dflash_chat.chat.events import AnswerEnded, PromptSent
+from dflash_chat.chat.images import engine_turns
 from dflash_chat.errors import one_line
 from dflash_chat.runtime.answering import AnsweringService
 from dflash_chat.runtime.bridge import StreamEnd
@@ -126,6 +127,18 @@ class LocalBackend(Backend):
             return ""
         return "off" if self.loader.options.vision == "off" else "no room"
 
+    def images_refused(self) -> str:
+        pair = self.pair
+        if pair is None or pair.vision is not None:
+            return ""
+        if self.settings.vision == "off":
+            how = "the vision setting is off: set vision to auto in Settings (Ctrl+S)"
+        elif self._vision_row() == "no room":
+            how = "its vision tower was left out, as it does not fit beside the model here (`dflash-chat models` says why)"
+        else:
+            how = "it has no vision tower: choose a vision model, or give a GGUF its tower with --mmproj FILE"
+        return f"This model reads no images: {how}."
+
     # lifecycle (UI thread)
 
     def begin(self) -> None:
@@ -190,14 +203,15 @@ class LocalBackend(Backend):
         try:
             # here, not on the UI thread: it rebuilds the engine's steps
             session.use_draft(request.draft, request.speculate)
-            prompt = session.chat_prompt(request.turns, request.thinking, previous, request.tools)
+            turns = engine_turns(request.turns, request.images) if request.images is not None else request.turns
+            prompt = session.chat_prompt(turns, request.thinking, previous, request.tools)
             post(PromptSent(prompt))
             end = session.answer(prompt, request.sampling, request.cancel, post, memory=memory, tools=request.tools)
         except Exception as exc:  # noqa: BLE001 - a failed answer must not take the app down
             error = StreamEnd("error", "", "", None, one_line(exc, "generation"))
             post(AnswerEnded(error, None, session.pair, request.chat))
             return
-        post(AnswerEnded(end, session.held(request.turns, prompt, end), session.pair, request.chat))
+        post(AnswerEnded(end, session.held(turns, prompt, end), session.pair, request.chat))
 
 
 def drafter_name(pair, *, demo: bool) -> str:

@@ -20,6 +20,8 @@ import time
 from dflash_chat.chat.backends.base import AnswerRequest, Backend, Post, Spawn
 from dflash_chat.chat.backends.remote_stream import MAX_ERROR_BODY, Reader, with_acceptance
 from dflash_chat.chat.events import AnswerEnded
+from dflash_chat.chat.images import openai_turns
+from dflash_chat.errors import UserError
 from dflash_chat.runtime import openai_protocol
 from dflash_chat.runtime.endpoint import (
     Endpoint,
@@ -171,7 +173,7 @@ class HttpBackend(Backend):
 
     def _why(self, exc: Exception, reader: Reader | None = None) -> str:
         """Any failure talking to the server, as one plain sentence (never a Python exception's text)."""
-        if isinstance(exc, ServerError):
+        if isinstance(exc, (ServerError, UserError)):  # an image of the chat that cannot be read
             return str(exc)
         httpx, host = httpx_module(), self.endpoint.host
         after = f" after {tokens_text(reader.new_tokens())}" if reader is not None and reader.opened_at else ""
@@ -198,9 +200,10 @@ class HttpBackend(Backend):
         self.spawn(lambda: self._detached(lambda: self._answer(served, request)), "generate")
 
     def _body(self, served: ServedModel, request: AnswerRequest) -> dict:
+        turns = openai_turns(request.turns, request.images) if request.images is not None else request.turns
         body = {
             "model": served.id,
-            "messages": [openai_protocol.message_body(turn) for turn in request.turns],
+            "messages": [openai_protocol.message_body(turn) for turn in turns],
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "chat_template_kwargs": {"enable_thinking": request.thinking},

@@ -3,8 +3,14 @@ copy, with the corpus it first trained on beside them so that its prose and code
 
 Each step takes `tool_batch` tool chats (as the tools stage makes them: names from the training half of the
 word pools, results quoted in the answers after them, questions no tool fits), `copy_batch` copy tasks
-(train/copy_corpus.py) and `window_batch` windows of the packed corpus; the step's loss is the three losses
-added. The run is resumable (train/resumable.py): its checkpoint and curve live in work/retrain/, so it goes in
+(train/copy_corpus.py), `window_batch` windows of the packed corpus and `induction_batch` induction runs (a run of
+corpus tokens drawn at random, then the same run again); the step's loss is the four losses added. The runs are
+there because the copy tasks alone did not teach copying: over 550 steps their held-out copy tokens stayed at
+33-35 %, while the target, which had no induction at all (a repeated random run scored at chance), learnt to
+repeat runs within about 150 steps of them (bench/results/train-issue46-induction-probe.json). Steps 0-550
+of the run took no runs; they join from the checkpoint of step 550 on.
+
+The run is resumable (train/resumable.py): its checkpoint and curve live in work/retrain/, so it goes in
 chunks (`--max-target-minutes`), each started by the same command. Every `eval_every` steps the curve gets:
 the corpus's held-out loss, and teacher-forced on held-out chats (tools named from the held-out words, code
 the target never saw) the share of calls whose every token is ranked first and the share of their tokens,
@@ -43,6 +49,8 @@ class RetrainSettings(Checkpointing):
     tool_batch: int = 4
     copy_batch: int = 8
     window_batch: int = 2
+    induction_batch: int = 8
+    induction_run: int = 48  # tokens in a run; the sequence is the run twice
     seq_len: int = 256
     log_every: int = 10
     save_seconds: float = 240.0
@@ -163,9 +171,26 @@ def retrain_step(model, data: RetrainData, settings: RetrainSettings, pad_id: in
             "copy": _answer_loss(model, copies, pad_id, device),
             "text": model(input_ids=windows, labels=windows).loss,
         }
+        if settings.induction_batch:
+            ids, labels = induction_runs(data.tokens, settings.induction_batch, settings.induction_run, draws.gen)
+            figures["induction"] = model(input_ids=ids.to(device), labels=labels.to(device)).loss
         return sum(figures.values()), {k: v.detach() for k, v in figures.items()}
 
     return step
+
+
+def induction_runs(
+    tokens: torch.Tensor, batch: int, run: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, labels) [batch, 2 * run]: runs of tokens drawn one by one from `tokens` (so with the corpus's
+    frequencies, and no special token), each followed by itself again; labelled where the repeat can be read
+    from the first run (its first token can not: nothing says where the repeat starts)."""
+    picked = torch.randint(0, len(tokens), (batch, run), generator=gen)
+    first = tokens[picked]
+    ids = torch.cat([first, first], dim=1)
+    labels = ids.clone()
+    labels[:, : run + 1] = -100
+    return ids, labels
 
 
 def _answer_loss(model, chats: list[Chat], pad_id: int, device: str) -> torch.Tensor:

@@ -9,18 +9,25 @@ from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.chat.conversation import COMPLETE, Conversation, Message
-from dflash_chat.chat.history import status_note
+from dflash_chat.chat.images import Attachment
+from dflash_chat.chat.markdown import status_note
 from dflash_chat.runtime.tool_calls import ToolCall
+from dflash_chat.ui.widgets.image_chips import MessageImages
 from dflash_chat.ui.widgets.tool_call_block import ToolCallBlock
 
 
 class UserMessage(Vertical):
-    def __init__(self, text: str) -> None:
+    """What the user sent: its images as chips (ui/widgets/image_chips.py), then its text."""
+
+    def __init__(self, text: str, images: tuple[Attachment, ...] = ()) -> None:
         super().__init__(classes="message user")
         self.text = text
+        self.images = images
         self.border_title = "you"
 
     def compose(self):
+        if self.images:
+            yield MessageImages(self.images)
         yield Markdown(self.text)
 
 
@@ -122,9 +129,9 @@ class ChatView(VerticalScroll):
             await self.mount_all(widgets)
         self.anchor()
 
-    async def add_user(self, text: str) -> UserMessage:
+    async def add_user(self, message: Message) -> UserMessage:
         await self.query(Notice).remove()
-        widget = UserMessage(text)
+        widget = UserMessage(message.content, message.images)
         await self.mount(widget)
         self.anchor()
         return widget
@@ -142,5 +149,5 @@ class ChatView(VerticalScroll):
     @staticmethod
     def _widget_for(message: Message, results: Mapping[str, Message]):
         if message.role == "user":
-            return UserMessage(message.content)
+            return UserMessage(message.content, message.images)
         return AssistantMessage(message, results)

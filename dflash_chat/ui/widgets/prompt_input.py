@@ -1,5 +1,6 @@
 """The message box: multi-line; Enter sends, Shift+Enter / Ctrl+J add a line,
-Up/Down on the first/last line walk through earlier prompts."""
+Up/Down on the first/last line walk through earlier prompts. A paste that is only the paths of image files (a
+file dropped on the terminal) attaches them instead of typing them (chat/attach.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
+from dflash_chat.chat.attach import pasted_paths
 from dflash_chat.ui.paste import clean
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
@@ -19,6 +21,12 @@ class PromptInput(TextArea):
     class Submitted(Message):
         input: PromptInput
         text: str
+
+    @dataclass
+    class ImagesPasted(Message):
+        input: PromptInput
+        paths: list[str]
+        text: str  # as pasted (cleaned)
 
     def __init__(self, prompts: list[str] | None = None, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
@@ -43,6 +51,10 @@ class PromptInput(TextArea):
     async def _on_paste(self, event: events.Paste) -> None:
         # runs before TextArea's own handler (Textual dispatches along the MRO), which inserts event.text
         event.text = clean(event.text)  # pasted control characters never reach the message
+        paths = pasted_paths(event.text)
+        if paths:
+            event.prevent_default()  # TextArea's handler would type the paths
+            self.post_message(self.ImagesPasted(self, paths, event.text))
 
     def remember(self, text: str) -> None:
         if text and (not self.prompts or self.prompts[-1] != text):

@@ -1,6 +1,8 @@
 """The side panel: speed and draft acceptance (live while an answer streams, then the
 engine's own figures, or a server's with where they came from), tokens, model and memory, and the
-thinking switch."""
+thinking switch with the mean acceptance of the answers with thinking off and on. Answers to prompts with images
+are kept out of that comparison and shown beside it ("acceptance, images"): the drafters were trained on text and
+see an image only through the target's features, so those answers would move it for a reason that is not thinking."""
 
 from __future__ import annotations
 
@@ -96,6 +98,7 @@ class StatsPanel(VerticalScroll):
         super().__init__(**kwargs)
         self.histogram: list[int] = []
         self.by_thinking: dict[bool, list[float]] = {True: [], False: []}
+        self.with_images: list[float] = []  # the acceptance of answers to prompts with images
         self._rows: dict[str, tuple[tuple[str, str], ...]] = {}  # section id -> its (name, value) rows on screen
 
     def compose(self):
@@ -127,14 +130,21 @@ class StatsPanel(VerticalScroll):
         self._show_sparkline(live.recent_lengths if speculative else [])
 
     def show_final(
-        self, stats: GenerationStats, thinking: bool | None = None, *, remote: bool = False, source: str | None = None
+        self,
+        stats: GenerationStats,
+        thinking: bool | None = None,
+        *,
+        remote: bool = False,
+        source: str | None = None,
+        images: bool = False,
     ) -> None:
-        """The answer's figures; `remote`: a server's answer, its draft figures from `source` (or none)."""
+        """The answer's figures; `remote`: a server's answer, its draft figures from `source` (or none); `images`:
+        its prompt held images."""
         self.show_figures(stats, speculative=stats.speculative, source=(source or NO_FIGURES) if remote else None)
         self.histogram = list(stats.acceptance_histogram)
         self._show_histogram()
         if thinking is not None and stats.speculative and stats.drafted:
-            self.by_thinking[thinking].append(stats.acceptance_rate)
+            (self.with_images if images else self.by_thinking[thinking]).append(stats.acceptance_rate)
             self._show_thinking_effect()
 
     def show_figures(
@@ -164,10 +174,15 @@ class StatsPanel(VerticalScroll):
         )
         extra = (method_rows(spec) if spec else ()) + ((("from", source),) if source else ())
         self._show_rows("draft", draft + extra, layout=False)
+        image_tokens = getattr(f, "image_tokens", 0)  # the engine's figures of a prompt with images
+        images = (
+            (("images", f"{image_tokens} · {format_seconds(getattr(f, 'vision_s', 0.0))}"),) if image_tokens else ()
+        )
         self._show_rows(
             "tokens",
             (
                 ("prompt", f"{f.prompt_tokens} ({f.reused_tokens} reused)" if f else DASH),
+                *images,  # their tokens (in the prompt's) and the vision tower's time
                 ("new", str(f.new_tokens) if f else DASH),
             ),
             layout=False,
@@ -220,6 +235,8 @@ class StatsPanel(VerticalScroll):
             for mode, label in ((False, "off"), (True, "on"))
             if (rates := self.by_thinking[mode])
         )
+        if self.with_images:
+            rows += (("acceptance, images", format_rate(sum(self.with_images) / len(self.with_images))),)
         if rows:
             self._show_rows("thinking-effect", rows)
         else:

@@ -9,7 +9,7 @@ import json
 from textual.widgets import Collapsible, Static
 
 from dflash_chat.chat.conversation import Message
-from dflash_chat.chat.history import call_state
+from dflash_chat.chat.markdown import call_state
 from dflash_chat.runtime.tool_calls import ToolCall
 
 SHOWN_CHARS = 2_000  # of a result, on screen
