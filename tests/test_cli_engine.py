@@ -325,6 +325,10 @@ def test_bench_demo_measures_every_class_draft_setting_and_temperature(capsys):
                     method = {"mtp": "mtp", "lookup": "lookup"}.get(key.split("/")[0], "dflash")
                     assert set(d["methods"]) <= {method, "plain"}
                     assert sum(m["steps"] for m in d["methods"].values()) == sum(d["draft_histogram"])
+            # the decode loop's host time per step around the model calls, for every engine and each auto method
+            assert c["plain"]["host_us_per_step"] > 0
+            for d in c["drafts"].values():
+                assert d["host_us_per_step"] > 0 and all(m["host_us_per_step"] > 0 for m in d["methods"].values())
             for d in c["drafts"].values():
                 assert d["tau"] >= 1.0 and 0.0 <= d["acceptance_rate"] <= 1.0 and d["mean_draft_length"] >= 0.0
                 assert d["speedup"] > 0 and d["median_speedup"] == pytest.approx(d["per_prompt_speedup"][0])
@@ -376,7 +380,7 @@ def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
             "code": {
                 "title": "held-out code questions (chat template)",
                 "prompts": 2,
-                "plain": {"tokens_per_s": 50.0},
+                "plain": {"tokens_per_s": 50.0, "host_us_per_step": 31.0},
                 "drafts": {
                     "15": {
                         "tokens_per_s": 100.0,
@@ -386,6 +390,7 @@ def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
                         "acceptance_rate": 0.25,
                         "mean_draft_length": 15.0,
                         "identical": True,
+                        "host_us_per_step": 42.0,
                     },
                     "auto": {
                         "tokens_per_s": 110.0,
@@ -402,7 +407,9 @@ def test_bench_demo_report_keeps_its_plain_text_lines(capsys):
     }
     setup = {"prompts_per_class": {"code": 2}, "max_new_tokens": 8, "device": "cpu", "dtype": "float32", "threads": 1}
     text = format_report({"setup": setup, "temperatures": {"0": leg}, "identical": False})
-    assert "temperature 0 (greedy)" in text and "2 prompts, plain decode 50.0 tok/s" in text
+    assert "temperature 0 (greedy)" in text and "2 prompts, plain decode 50.0 tok/s (host 31 µs/step)" in text
+    assert "(host 42 µs/step)" in text  # the fixed 16's row; the auto row's figures have none (older JSON): left out
+    assert text.count("µs/step") == 2
     assert "fixed 16" in text and "2.00x (median 2.10x)" in text and "τ  5.00" in text and "acceptance  25.0%" in text
     assert "identical: NO" in text and text.endswith("identical greedy output: NO: a method changed the output (a bug)")
 

@@ -26,6 +26,7 @@ class Totals(AcceptanceFigures):
     draft_s: float
     verify_s: float
     answers: int
+    host_s: float = 0.0  # the decode loop's host seconds outside the model calls (GenerationStats.host_s)
 
     @classmethod
     def of(cls, runs: list[Run]) -> Totals:
@@ -41,10 +42,15 @@ class Totals(AcceptanceFigures):
             total("draft_s"),
             total("verify_s"),
             answers=len(runs),
+            host_s=total("host_s"),
         )
 
     def ms_per_step(self, seconds: float) -> float:
         return 1000 * seconds / self.steps if self.steps else 0.0
+
+    @property
+    def host_us_per_step(self) -> float:
+        return 1e6 * self.host_s / self.steps if self.steps else 0.0
 
 
 # top-2 logit gap below which rounding may legitimately pick either token: a 16-token verify and a
@@ -147,6 +153,15 @@ class Comparison:
         ar = Totals.of(self.ar)
         return ar.ms_per_step(ar.verify_s)
 
+    @property
+    def host_us_per_step(self) -> float:
+        """The decode loop's host time per step around the model calls (µs), over all prompts."""
+        return Totals.of(self.spec).host_us_per_step
+
+    @property
+    def ar_host_us_per_step(self) -> float:
+        return Totals.of(self.ar).host_us_per_step
+
     def as_dict(self) -> dict:
         return {
             "prompts": len(self.ar),
@@ -165,6 +180,8 @@ class Comparison:
             "ar_ms_per_step": self.ar_ms_per_step,
             "draft_ms_per_step": self.draft_ms_per_step,
             "verify_ms_per_step": self.verify_ms_per_step,
+            "ar_host_us_per_step": self.ar_host_us_per_step,
+            "host_us_per_step": self.host_us_per_step,
         }
 
 

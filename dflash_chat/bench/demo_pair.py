@@ -441,6 +441,7 @@ def class_figures(comparisons: dict, greedy: bool) -> dict:
             "draft_histogram": c.draft_histogram,
             "draft_ms_per_step": c.draft_ms_per_step,
             "verify_ms_per_step": c.verify_ms_per_step,
+            "host_us_per_step": c.host_us_per_step,
             "methods": _methods(c.spec),
         }
     return {
@@ -450,13 +451,15 @@ def class_figures(comparisons: dict, greedy: bool) -> dict:
             "new_tokens": Totals.of(any_c.ar).new_tokens,
             "image_tokens": sum(r.stats.image_tokens for r in any_c.ar),
             "ms_per_step": any_c.ar_ms_per_step,
+            "host_us_per_step": any_c.ar_host_us_per_step,
         },
         "drafts": drafts,
     }
 
 
 def _methods(runs: list[Run]) -> dict:
-    """Each method's steps, drafts, acceptance and share of the steps, over `runs` (plain steps as "plain")."""
+    """Each method's steps, drafts, acceptance, share of the steps and the decode loop's host time per step (µs),
+    over `runs` (plain steps as "plain")."""
     totals: dict[str, MethodStats] = {}
     steps = 0
     for r in runs:
@@ -464,7 +467,8 @@ def _methods(runs: list[Run]) -> dict:
         for name, m in r.stats.methods.items():
             t = totals.setdefault(name, MethodStats())
             t.steps, t.drafted, t.accepted = t.steps + m.steps, t.drafted + m.drafted, t.accepted + m.accepted
-    return {name: t.as_dict(steps) for name, t in totals.items()}
+            t.host_s += m.host_s
+    return {name: t.as_dict(steps) | {"host_us_per_step": 1e6 * t.host_s / t.steps} for name, t in totals.items()}
 
 
 def format_report(f: dict) -> str:
@@ -479,7 +483,8 @@ def format_report(f: dict) -> str:
         + (f"; {_count(s['load'], 'busy process')} beside it (--load)" if s.get("load") else ""),
         "fixed 16: a drafter alone, 15 drafts verified per step; MTP depth N: the MTP layer alone, N drafts; "
         "lookup 15: prompt lookup alone; auto: the app's defaults, method and drafts chosen per step (0 = a plain "
-        "step); τ: tokens per step; speed: decode tok/s over plain's (all prompts, and the median per prompt)",
+        "step); τ: tokens per step; speed: decode tok/s over plain's (all prompts, and the median per prompt); host: "
+        "the decode loop's time per step around the model calls (choosing, bookkeeping, stats; per method for auto)",
     ]
     for leg in f["temperatures"].values():
         title = Sampling(leg["temperature"], leg["top_p"], leg["top_k"]).title
@@ -491,6 +496,7 @@ def format_report(f: dict) -> str:
         for c in leg["classes"].values():
             lines.append(
                 f"  {c['title']}: {_count(c['prompts'], 'prompt')}, plain decode {c['plain']['tokens_per_s']:.1f} tok/s"
+                + _host(c["plain"])
             )
             for key, d in c["drafts"].items():
                 label = draft_label(key)
@@ -498,10 +504,13 @@ def format_report(f: dict) -> str:
                     f"    {label:<16} {d['tokens_per_s']:7.1f} tok/s  {d['speedup']:5.2f}x (median {d['median_speedup']:.2f}x)"
                     f"  τ {d['tau']:5.2f}  acceptance {d['acceptance_rate']:6.1%}  mean draft {d['mean_draft_length']:5.2f}"
                 )
+                row += _host(d)
                 if d["identical"] is not None:
                     row += f"  identical: {'yes' if d['identical'] else 'NO'}"
                 if method_of(key) == "auto" and d.get("methods"):
-                    row += "  steps: " + ", ".join(f"{m} {v['share']:.0%}" for m, v in d["methods"].items())
+                    row += "  steps: " + ", ".join(
+                        f"{m} {v['share']:.0%}{_host(v, '')}" for m, v in d["methods"].items()
+                    )
                 lines.append(row)
     faster = f.get("faster") or {}
     if len(faster.get("mean_speedup") or {}) > 1:
@@ -514,6 +523,12 @@ def format_report(f: dict) -> str:
     lines += _goal_lines(f.get("goals"))
     lines += ["", f"identical greedy output: {'yes' if f['identical'] else 'NO: a method changed the output (a bug)'}"]
     return "\n".join(lines)
+
+
+def _host(figures: dict, unit: str = "/step") -> str:
+    """The decode loop's host time per step, where the figures have it (older JSON does not)."""
+    us = figures.get("host_us_per_step")
+    return "" if us is None else f" (host {us:.0f} µs{unit})"
 
 
 def _goal_lines(g: dict | None) -> list[str]:

@@ -3,7 +3,8 @@ One file past 500 lines: every figure is measured on the one random-weight pair 
 
 One run measures, on whatever device is there: the weight bytes a decode step reads and the device's
 copy bandwidth (so the step's floor), the autoregressive step against that floor, the B-token verify
-against the autoregressive step, the draft step and the accept + commit, the host time per step, the
+against the autoregressive step, the draft step and the accept + commit, the host time per step (in the steps'
+entry points, and the decode loop's own around them: GenerationStats.host_s), the
 kernels each entry point launches (torch profiler), end to end tokens/s of autoregressive decoding
 and of DFlash at forced acceptance lengths (the real drafter runs at its real cost; its proposals are
 replaced by an error-injecting oracle's, so the acceptance is what the run asks for), and the target's own
@@ -235,6 +236,7 @@ def run(setup: Setup, log=print) -> dict:
     ar_run = _generate(ar, prompt, params)
     if ar_run.stats.steps:
         r["ar_host_ms_per_step"] = 1e3 * (ar.steps.host_s - host0) / ar_run.stats.steps
+        r["ar_loop_host_us_per_step"] = 1e6 * ar_run.stats.host_s / ar_run.stats.steps
     reference = prompt + ar_run.tokens
     oracle = OracleDrafter(reference, cfg.vocab_size, block_size=drafter.block_size, mode="fixed", accept_prob=2)
     t0 = time.perf_counter()
@@ -360,6 +362,10 @@ def _mtp_steps(r: Report, target, prompt, setup: Setup, device) -> None:
         steps[str(depth)] = {"draft_ms": ms, "over_ar_step": ms / r["ar_step_ms"]}
     r["mtp"] = steps
     r["mtp_step_over_ar"] = steps["1"]["over_ar_step"]
+    engine.set_draft(MTP_AUTO[-1])  # the decode loop's host time per step around the MTP layer's steps
+    run = _generate(engine, prompt, SamplingParams(max_new_tokens=setup.tokens))
+    if run.stats.steps:
+        r["mtp_loop_host_us_per_step"] = 1e6 * run.stats.host_s / run.stats.steps
     del engine, mtp
     _free(device)
 
@@ -389,6 +395,10 @@ def _end_to_end(r: Report, ar_run, spec, oracle, reference, prompt, params) -> N
             }
             if stats.steps:
                 entry["host_ms_per_step"] = 1e3 * (spec.steps.host_s - host0) / stats.steps
+                entry["loop_host_us_per_step"] = 1e6 * stats.host_s / stats.steps
+                entry["loop_host_us_by_method"] = {
+                    name: 1e6 * m.host_s / m.steps for name, m in stats.methods.items() if m.steps
+                }
             runs.append(entry)
     r["dflash"] = runs
 
@@ -479,9 +489,11 @@ def format_report(f: dict) -> str:
         lines.append(f"  accept + commit          {f['accept_commit_ms']:8.3f} ms")
     lines.append("  kernels per call         " + ", ".join(f"{name} {n}" for name, n in k.items()))
     host = f", host {f['ar_host_ms_per_step']:.3f} ms/step" if "ar_host_ms_per_step" in f else ""
+    host += _loop_host(f.get("ar_loop_host_us_per_step"))
     lines.append(f"  AR decode                {f['ar_tokens_per_s']:8.1f} tok/s{host}")
     for d in f["dflash"]:
         host = f", host {d['host_ms_per_step']:.3f} ms/step" if "host_ms_per_step" in d else ""
+        host += _loop_host(d.get("loop_host_us_per_step"))
         lines.append(
             f"  DFlash draft {d['draft']:>4} at length {d['forced_acceptance_length']} {d['tokens_per_s']:8.1f} tok/s   "
             f"{d['speedup_vs_ar']:.2f}x AR (measured {d['mean_acceptance_length']:.2f} tokens/step, "
@@ -493,6 +505,7 @@ def format_report(f: dict) -> str:
             f"  MTP draft, 1 deep        {f['mtp']['1']['draft_ms']:8.3f} ms   {f['mtp_step_over_ar']:.0%} of an AR step "
             f"(its weights and the LM head: {f['mtp_bytes_over_ar']:.0%} of the AR step's bytes); 2 deep "
             f"{f['mtp']['2']['over_ar_step']:.0%}, 3 deep {f['mtp']['3']['over_ar_step']:.0%}"
+            + _loop_host(f.get("mtp_loop_host_us_per_step"))
         )
     if "vision" in f:
         from dflash_chat.bench.synthetic_vision import image_lines
@@ -514,6 +527,11 @@ def format_report(f: dict) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _loop_host(us: float | None) -> str:
+    """The decode loop's own host time per step (choosing, bookkeeping, stats), where measured."""
+    return "" if us is None else f", loop {us:.0f} µs/step"
 
 
 def save(figures: dict, folder: str | os.PathLike) -> Path:

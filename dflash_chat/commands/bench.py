@@ -16,6 +16,8 @@ from dflash_chat.settings import flag, ranged
 PROMPTS = 4
 DEMO_PROMPTS = 8  # per class
 DEMO_REPEATS = 3  # runs of each answer, the median counts (bench/demo_pair.py)
+AGAINST_PROMPTS = 4  # code prompts of `--demo --against`
+AGAINST_PAIRS = 3  # runs of each tree, in turn
 TOOLS_PROMPTS = 48  # per class of `--tools`: every held-out chat with a call (16 without, 12 prose questions)
 SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.8-27b")  # bench/synthetic_models.py holds their shapes
 
@@ -52,6 +54,15 @@ def register(subparsers) -> None:
         "the share valid for the schema with and without the constraint, the share cut inside a value, τ and "
         "speedup, and the constraint's cost; the mask's cost per token on Qwen3's 151k vocabulary and each "
         "schema's compile time (greedy answers must be the same under every method, else the exit status is 1)",
+    )
+    p.add_argument(
+        "--against",
+        metavar="REV",
+        help="with --demo: this tree's decode steps against commit REV's, measured in one run (REV checked out into "
+        "a temporary git worktree; a process per tree, the two taking turns answer by answer; each answer's fastest "
+        "of --repeats runs counts, default 3; --prompts code prompts, default 4): per step kind this tree's time "
+        "over REV's, each tree's DFlash over plain and its host time per step (a guard: a step that grew shows "
+        "before it lands)",
     )
     p.add_argument("--target", help="a target folder, with --drafter: measure that pair")
     p.add_argument("--drafter")
@@ -223,6 +234,24 @@ def _demo(args) -> int:
     return 0 if figures["identical"] else 1
 
 
+def _against(args) -> int:
+    """This tree's per-step times against an earlier commit's (dflash_chat/bench/step_guard.py)."""
+    from dflash_chat.bench import step_guard
+
+    log = (lambda *_: None) if args.json else (lambda line: print(line, flush=True))
+    figures = step_guard.run(
+        args.against,
+        threads=args.threads or 1,
+        prompts=args.prompts,
+        tokens=args.tokens,
+        pairs=args.repeats or AGAINST_PAIRS,
+        log=log,
+    )
+    figures["setup"] |= {"load": args.load, "wait_policy": wait_policy()}  # the probes inherit the wait policy
+    print(json.dumps(figures) if args.json else step_guard.format_report(figures))
+    return 0
+
+
 def _structured(args) -> int:
     """The demo pair on answers held to a grammar (dflash_chat/bench/structured.py)."""
     from dflash_chat.bench import demo_pair, structured
@@ -302,6 +331,10 @@ def _check(args) -> None:
         raise UserError(f"{', '.join(synthetic_only)} go with --synthetic MODEL")
     if args.image and (args.http or not (args.synthetic or args.demo)):
         raise UserError("--image goes with --synthetic MODEL (the vision tower's cost) or --demo (its image class)")
+    if args.against and (not args.demo or args.tools or args.structured or args.http or args.target or args.synthetic):
+        raise UserError("--against REV compares the demo pair's steps with commit REV's: use it with --demo alone")
+    if args.against and (args.temperature is not None or args.top_p is not None or args.top_k is not None):
+        raise UserError("--against measures greedy steps: leave out --temperature, --top-p and --top-k")
     if args.structured and (args.demo or args.tools or args.target or args.synthetic or args.http):
         raise UserError("--structured measures the demo pair on its own: leave out the other modes")
     if args.tools and (args.demo or args.target or args.synthetic or args.http or args.vs_transformers):
@@ -337,7 +370,8 @@ def _check(args) -> None:
         raise UserError("--load goes with --demo, --tools or --structured (it busies cores beside the engine)")
     if args.repeats and (not (args.demo or args.tools) or args.http):
         raise UserError(
-            "--repeats goes with --demo or --tools (their answers are run that many times, the median counts)"
+            "--repeats goes with --demo or --tools (their answers are run that many times, the median counts; with "
+            "--against, the runs of each answer in each tree)"
         )
     if args.target and not args.drafter:
         raise UserError("give --drafter DIR with --target DIR")
@@ -350,7 +384,9 @@ def main(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.prompts is None:
         args.prompts = (
-            TOOLS_PROMPTS
+            AGAINST_PROMPTS
+            if args.against
+            else TOOLS_PROMPTS
             if args.tools
             else DEMO_PROMPTS
             if (args.demo and not args.http) or args.structured
@@ -367,6 +403,8 @@ def main(args: argparse.Namespace) -> int:
             return _tools(args)
         if args.structured:
             return _structured(args)
+        if args.against:
+            return _against(args)
         if args.demo:
             return _demo(args)
     if args.synthetic:

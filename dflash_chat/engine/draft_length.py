@@ -94,6 +94,8 @@ class Acceptance:
     probe_every: int = PROBE_FIRST
     whole: int = 0  # drafts of the last step when it accepted every one (0: it did not, or was plain)
     probed: bool = False  # the last step was a try of a short draft while plain steps won
+    # `expected()` as last computed: auto reads it several times a step, and only `observe` changes it
+    _expected: list[float] | None = field(default=None, init=False, repr=False, compare=False)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A step verified `drafted` drafts and accepted the first `accepted`: positions up to the first
@@ -102,6 +104,7 @@ class Acceptance:
             self.tries[j] = self.tries[j] * DECAY + 1.0
             self.hits[j] = self.hits[j] * DECAY + (1.0 if j < accepted else 0.0)
         self.whole = drafted if accepted >= drafted else 0
+        self._expected = None
 
     def rates(self) -> list[float]:
         P = self.prior
@@ -117,12 +120,16 @@ class Acceptance:
         return self.expected()[drafts]
 
     def expected(self) -> list[float]:
-        """Expected tokens of a step verifying k drafts, for every k from 0 (one pass over the rates)."""
-        out, run = [1.0], 1.0
-        for rate in self.rates():
-            run *= rate
-            out.append(out[-1] + run)
-        return out
+        """Expected tokens of a step verifying k drafts, for every k from 0 (one pass over the rates; computed
+        again only after an observation). The caller must not change the list."""
+        if self._expected is None:
+            out, run, total = [1.0], 1.0, 1.0
+            for rate in self.rates():
+                run *= rate
+                total += run
+                out.append(total)
+            self._expected = out
+        return self._expected
 
 
 @dataclass
@@ -205,25 +212,44 @@ class Costs:
     drift: float = 1.0
     own: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, T) -> its own correction
     seen: dict[tuple[str, int], int] = field(default_factory=dict)  # (kind, T) -> timings counted
+    # `steps` as computed since the last timing: (method, sizes) -> its answer (auto asks again within a step)
+    _steps: dict[tuple[str, tuple[int, ...]], dict[int, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _sizes: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def step(self, T: int, method: str = "dflash") -> float:
-        return self.steps(sorted({size for size in self.verify if size < T} | {T}), method)[T]
+        return self.steps(self._upto(T), method)[T]
+
+    def _upto(self, T: int) -> list[int]:
+        """The verify sizes below T, and T (what a step of T is floored by)."""
+        sizes = self._sizes.get(T)
+        if sizes is None:
+            sizes = self._sizes[T] = sorted({size for size in self.verify if size < T} | {T})
+        return sizes
 
     def steps(self, sizes: list[int], method: str = "dflash") -> dict[int, float]:
         """Seconds of a step of each size (ascending) drafted by `method`, in one pass: each at least those of the
         sizes below it (more tokens never cost less; a warm-up that a busy moment hit measured the 8-token step
-        below the 4-token one, and auto then started fresh answers at 8 drafts where 16 accept every one)."""
-        out, floor = {}, 0.0
-        for T in sizes:
-            floor = out[T] = max(floor, self._step(T, method))
+        below the 4-token one, and auto then started fresh answers at 8 drafts where 16 accept every one). The
+        caller must not change the dict."""
+        key = (method, tuple(sizes))
+        out = self._steps.get(key)
+        if out is None:
+            verify, draft, own, drift = self.verify, self.draft.get(method.removesuffix(HELD), {}), self.own, self.drift
+            out, floor = {}, 0.0
+            for T in sizes:  # drift * (verify's seconds + the method's draft's), each with its own correction
+                # (a held draft's warm-up figure is its method's: _base)
+                seconds = verify.get(T, 0.0) * own.get(("verify", T), 1.0)
+                if T > 1:
+                    seconds += draft.get(T, 0.0) * own.get((method, T), 1.0)
+                floor = out[T] = max(floor, drift * seconds)
+            self._steps[key] = out
         return out
 
     def verify_only(self, T: int) -> float:
         """Seconds of a verify of T alone (its draft already paid)."""
         return self.drift * self._seconds("verify", T)
-
-    def _step(self, T: int, method: str) -> float:
-        return self.drift * (self._seconds("verify", T) + (self._seconds(method, T) if T > 1 else 0.0))
 
     def _base(self, kind: str, T: int) -> float:
         """The warm-up figure (a held draft's is its method's: the loop's timings give it its own correction)."""
@@ -237,6 +263,7 @@ class Costs:
         base = self._base(kind, T)
         if base <= 0:
             return
+        self._steps.clear()
         own = self.own.get((kind, T), 1.0)
         expected = own * self.drift  # the timing's current figure over its warm-up one
         ratio = min(max(seconds / base, expected / OUTLIER), expected * OUTLIER)
@@ -260,14 +287,17 @@ class AutoDraft:
         up after a step that accepted every draft (that says nothing of the positions past it, and a size that
         never runs never has its cost measured in the loop; a lucky try while other steps won is left to the
         estimate)."""
-        a, drafting = self.acceptance, [T for T in self.sizes if T > 1]
+        a = self.acceptance
         expected = a.expected()
-        seconds = self.costs.steps(self.sizes, self.method)  # once per step: each walks every size
-        rate = {T: expected[T - 1] / seconds[T] for T in drafting}
-        best = max(drafting, key=lambda T: rate[T])
+        seconds = self.costs.steps(self.sizes, self.method)
+        best, rate = 0, 0.0
+        for T in self.sizes:  # ascending: a tie goes to the shorter draft
+            if T > 1 and (best == 0 or expected[T - 1] / seconds[T] > rate):
+                best, rate = T, expected[T - 1] / seconds[T]
         if a.whole and not a.probed:
-            return max(best, next((T for T in drafting if T > a.whole + 1), drafting[-1])), rate[best]
-        return best, rate[best]
+            grown = next((T for T in self.sizes if T > 1 and T > a.whole + 1), self.sizes[-1])
+            return max(best, grown), rate
+        return best, rate
 
     def choose(self) -> int:
         """The verify size of the next step, this method being the only one: its best size, or a plain step

@@ -32,6 +32,7 @@ class MethodStats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    host_s: float = 0.0  # the decode loop's host seconds in its steps, outside the model calls (GenerationStats)
 
     @property
     def acceptance_rate(self) -> float:
@@ -44,6 +45,7 @@ class MethodStats:
             "accepted": self.accepted,
             "acceptance_rate": self.acceptance_rate,
             "share": self.steps / all_steps if all_steps else 0.0,
+            "host_s": self.host_s,
         }
 
 
@@ -110,6 +112,9 @@ class GenerationStats(AcceptanceFigures):
     forced_drafts: int = 0  # drafts the grammar forced (its only allowed token), free to verify
     image_tokens: int = 0  # the prompt's tokens that are images' (counted in prompt_tokens too)
     vision_s: float = 0.0  # seconds the vision tower ran for the prompt's images (within prefill_s)
+    # host seconds of the decode loop outside the model calls (the steps' entry points and their host reads):
+    # choosing each step's plan, bookkeeping, stats; not the time the caller holds each Step event
+    host_s: float = 0.0
 
     def __post_init__(self) -> None:
         # per method ("plain" too: the steps without drafts), in the order the answer first used them; no field,
@@ -140,6 +145,7 @@ class GenerationStats(AcceptanceFigures):
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
+            "host_s": self.host_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "speculative": self.speculative,
             "speculate": self.speculate,
@@ -159,6 +165,11 @@ class GenerationStats(AcceptanceFigures):
         figures.steps += 1
         figures.drafted += step.drafted
         figures.accepted += step.accepted
+
+    def count_host(self, method: str, seconds: float) -> None:
+        """Add the decode loop's host seconds of a step of `method` (counted already) to the figures."""
+        self.host_s += seconds
+        self.methods[method].host_s += seconds
 
 
 @dataclass(frozen=True)

@@ -68,12 +68,13 @@ class PromptLookup:
             length = self._matched(candidate, end)
             if length > best_length:
                 best, best_length = candidate, length
+                if length == MAX_MATCH:  # no older occurrence can match longer
+                    break
         if best < 0:
             return None
         proposal = self.tokens[best + 1 : best + 1 + most]
-        stand_in = next((i for i, token in enumerate(proposal) if token < 0), None)
-        if stand_in is not None:  # an image's tokens are held as negative keys (engine/images.py): never drafts
-            proposal = proposal[:stand_in]
+        if proposal and min(proposal) < 0:  # an image's tokens are held as negative keys (engine/images.py)
+            proposal = proposal[: next(i for i, token in enumerate(proposal) if token < 0)]  # never drafted
         return Match(proposal, best_length) if proposal else None
 
     def _matched(self, candidate: int, end: int) -> int:

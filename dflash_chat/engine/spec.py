@@ -586,6 +586,7 @@ class Engine:
             return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, learned)
 
         steps, clock = self.steps, self.clock
+        begun, busy = decode_t0, clock.busy  # a step's host time: its wall time less the model calls in it
         delta = images.delta if images is not None else 0
         steps.begin(
             last, len(self.tokens), params, generator, stops, grammar.words if grammar is not None else 0, delta
@@ -609,7 +610,9 @@ class Engine:
             ended = clock.ended()  # before the next draft is queued: it belongs to the next step
             queued = chooser.before_read(plan.method == "lookup")
             self._queue(queued, grammar)  # before the read: the device drafts while the host reads
+            read = time.perf_counter()
             out = steps.read()
+            read = time.perf_counter() - read
             if grammar is not None:
                 held = time.perf_counter()
                 grammar.settle(out.tokens, out.accepted)
@@ -625,7 +628,9 @@ class Engine:
             drafted = min(plan.drafts, remaining - 1)
             step = Step(out.tokens, drafted, min(out.accepted, drafted), draft_s, verify_s, plan.method)
             stats.count(step)
+            stats.count_host(plan.method, time.perf_counter() - begun - (clock.busy - busy) - read)
             yield step
+            begun, busy = time.perf_counter(), clock.busy
             last = out.tokens[-1]
             if last in stops:
                 yield finish("stop")
@@ -711,14 +716,17 @@ class Engine:
 
     def _count(self, ended, stats: GenerationStats) -> tuple[float, float]:
         """(draft, verify) seconds of intervals that ended, added to the stats and to the step costs."""
-        totals = {"draft": 0.0, "verify": 0.0}
+        draft = verify = 0.0
         for interval, seconds in ended:
-            totals["verify" if interval.kind == "verify" else "draft"] += seconds
+            if interval.kind == "verify":
+                verify += seconds
+            else:
+                draft += seconds
             if self.costs is not None:
                 self.costs.observe(interval.kind, interval.size, seconds)
-        stats.draft_s += totals["draft"]
-        stats.verify_s += totals["verify"]
-        return totals["draft"], totals["verify"]
+        stats.draft_s += draft
+        stats.verify_s += verify
+        return draft, verify
 
     def _peak_memory(self) -> int:
         if self.device.type == "cuda":

@@ -140,6 +140,8 @@ class Chooser:
         self.models = [m for m in MODELS if m in sizes]
         self.lookup = "lookup" in sizes
         self.held = held
+        self._autos: dict[tuple, AutoDraft] = {}  # built once an answer: a conversation's estimates stay its own
+        self._plans: dict[tuple[str, int], Plan] = {}  # a model method's plan of each size (plans are values)
 
     def _cost_kind(self, method: str) -> str:
         """The costs' name of a method's drafts in this answer."""
@@ -147,8 +149,20 @@ class Chooser:
 
     def _auto(self, key: str, method: str, sizes: list[int] | None = None) -> AutoDraft:
         assert self.costs is not None, "weighing plans needs the step costs"
-        sizes = self.sizes[method] if sizes is None else sizes
-        return AutoDraft(([1] if self.plain else []) + sizes, self.estimate(key), self.costs, self._cost_kind(method))
+        at = (key, method) if sizes is None else (key, method, *sizes)
+        auto = self._autos.get(at)
+        if auto is None:
+            sizes = self.sizes[method] if sizes is None else sizes
+            auto = self._autos[at] = AutoDraft(
+                ([1] if self.plain else []) + sizes, self.estimate(key), self.costs, self._cost_kind(method)
+            )
+        return auto
+
+    def _plan(self, method: str, T: int) -> Plan:
+        plan = self._plans.get((method, T))
+        if plan is None:
+            plan = self._plans[method, T] = Plan(method, T, method)
+        return plan
 
     def _model_plans(self) -> list[tuple[float, Plan]]:
         """(expected tokens per second, plan) of a plain step and of each model method at its best size."""
@@ -156,7 +170,7 @@ class Chooser:
         plans = [(1 / self.costs.step(1), PLAIN_STEP)] if self.plain else []
         for method in self.models:
             T, rate = self._auto(method, method).best()
-            plans.append((rate, Plan(method, T, method)))
+            plans.append((rate, self._plan(method, T)))
         return plans
 
     def before_read(self, lookup_drafting: bool) -> Plan | None:
@@ -165,7 +179,7 @@ class Chooser:
         if self.lookup and (lookup_drafting or not self.models):
             return None
         if self.costs is None:  # one model method at a fixed size
-            return Plan(self.models[0], self.sizes[self.models[0]][0], self.models[0]) if self.models else PLAIN_STEP
+            return self._plan(self.models[0], self.sizes[self.models[0]][0]) if self.models else PLAIN_STEP
         rate, plan = max(self._model_plans(), key=lambda pair: pair[0])  # ties: plain, then METHODS' order
         return plan if self.fixed else self._booked(plan)
 
@@ -176,7 +190,7 @@ class Chooser:
         for method in self.models:
             T = self._auto(method, method).book(plan.T if method == plan.method else 1)
             if T > 1 and method != plan.method and chosen is plan:
-                chosen = Plan(method, T, method)
+                chosen = self._plan(method, T)
         return chosen
 
     def after_read(self, queued: Plan | None, match: Match | None) -> Plan:

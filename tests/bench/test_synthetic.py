@@ -152,6 +152,10 @@ def test_bench_synthetic_runs_on_the_cpu(tmp_path):
     runs = {(d["draft"], d["forced_acceptance_length"]): d for d in figures["dflash"]}
     assert set(runs) == {("15", 1), ("15", 3), ("15", 6), ("auto", 1), ("auto", 6)}
     assert all(d["identical_to_ar"] for d in runs.values())
+    # the decode loop's own host time per step, apart from the steps' entry points: every kind of step it ran
+    assert figures["ar_loop_host_us_per_step"] > 0 and figures["mtp_loop_host_us_per_step"] > 0
+    assert all(d["loop_host_us_per_step"] > 0 and d["loop_host_us_by_method"] for d in runs.values())
+    assert set(runs["15", 6]["loop_host_us_by_method"]) <= {"dflash", "plain"}
     whole = {n: runs["15", n] for n in (1, 3, 6)}
     assert whole[6]["mean_acceptance_length"] > whole[3]["mean_acceptance_length"] > whole[1]["mean_acceptance_length"]
     assert runs["auto", 1]["mean_draft_length"] < whole[1]["mean_draft_length"]  # no drafts accepted: auto drafts less

@@ -263,3 +263,30 @@ def test_a_held_draft_has_a_figure_of_its_own_that_leaves_the_methods_and_the_dr
         costs.observe("dflash" + HELD, 16, 0.6)
     assert costs.drift == 1.0 and costs.step(16, "dflash") == pytest.approx(1.5)
     assert costs.step(16, "dflash" + HELD) == pytest.approx(1.9, abs=0.01)
+
+
+def test_what_auto_reads_each_step_is_kept_until_a_step_teaches_it():
+    """Acceptance.expected and Costs.steps are computed once and kept until the next observation (auto reads them
+    several times a step): what they give is always what a fresh computation of the same counts gives."""
+    import random
+
+    rng = random.Random(5)
+    a = Acceptance([0.0] * 15, [0.0] * 15, PRIOR_GREEDY)
+    costs = Costs(
+        {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.1, 16: 1.3}, {"dflash": {4: 0.15, 8: 0.15, 16: 0.15}, "mtp": {2: 0.1}}
+    )
+    for _ in range(40):
+        first = a.expected()
+        assert a.expected() is first  # kept
+        drafted = rng.choice([3, 7, 15])
+        a.observe(drafted, rng.randrange(drafted + 1))
+        fresh = Acceptance(list(a.tries), list(a.hits), a.prior)
+        assert a.expected() == fresh.expected() and a.expected() is not first
+        for method, sizes in (("dflash", [1, 4, 8, 16]), ("mtp", [1, 2]), ("lookup", [1, 2, 4])):
+            assert costs.steps(sizes, method) is costs.steps(list(sizes), method)
+        kind, T = rng.choice([("verify", 1), ("verify", 4), ("verify", 16), ("dflash", 8), ("mtp", 2)])
+        costs.observe(kind, T, rng.uniform(0.05, 2.0))
+        again = Costs(costs.verify, costs.draft, costs.drift, dict(costs.own), dict(costs.seen))
+        for method, sizes in (("dflash", [1, 4, 8, 16]), ("mtp", [1, 2]), ("lookup", [1, 2, 4])):
+            assert costs.steps(sizes, method) == again.steps(sizes, method)
+            assert costs.step(sizes[-1], method) == again.step(sizes[-1], method)

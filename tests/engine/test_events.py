@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 import torch
 
 from dflash_chat.bench.oracle import OracleDrafter
@@ -89,3 +90,28 @@ def test_chunked_prefill_gives_the_same_answer(tiny_dirs, monkeypatch):
     assert chunked == whole and finished.stats.prompt_tokens == 50
     ar, _, _ = run(Engine(target, None, max_context=256), prompt, params)
     assert ar == whole
+
+
+def test_the_host_time_per_step_is_the_loops_own(tiny_dirs):
+    """GenerationStats.host_s: the decode loop's host time around the model calls, per method too. It is a part of
+    the decode apart from the drafts and verifies, and the time the caller holds each step is not in it."""
+    import time
+
+    target_dir, drafter_dir, _ = tiny_dirs["qwen3_5"]
+    target = load_target(target_dir, "cpu", torch.float32)
+    engine = Engine(target, load_drafter(drafter_dir, target), max_context=256)  # auto: plain, DFlash and lookup
+    held, finished = 0.02, None
+    for event in engine.generate([4, 5, 6, 7] * 4, SamplingParams(max_new_tokens=40)):
+        if isinstance(event, Step):
+            time.sleep(held)  # a slow reader of the stream
+        finished = event
+    assert isinstance(finished, Finished)
+    s = finished.stats
+    assert s.steps > 1 and s.host_s > 0
+    assert all(m.host_s > 0 for m in s.methods.values())
+    assert sum(m.host_s for m in s.methods.values()) == pytest.approx(s.host_s)
+    assert s.host_s + s.draft_s + s.verify_s <= s.decode_s
+    assert s.host_s < held * s.steps / 2  # the reader's time is not the loop's
+    record = s.as_dict()
+    assert record["host_s"] == s.host_s
+    assert {m: v["host_s"] for m, v in record["methods"].items()} == {m: v.host_s for m, v in s.methods.items()}

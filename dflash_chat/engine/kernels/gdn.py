@@ -86,13 +86,16 @@ def mix(
     chunks = Chunks.of(q, k, v, g, beta, chunk=min(CHUNK, 1 << (T - 1).bit_length()))
     if solved is not None and not update and chunks.u.shape[1] == 1 and state.device.type == "cpu":
         solved.append(chunks)
-    out = chunks.scan(state if update else state.clone())
+    if not update and chunks.u.shape[1] == 1 and not available(state):
+        out = chunks.first(state)  # a verify's block: its outputs, and no state after it to compute
+    else:
+        out = chunks.scan(state if update else state.clone())
     return out if outputs else None
 
 
 def masked_gates(g: torch.Tensor, beta: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """g and beta [T, H] with the tokens from `keep` on made no-ops (decay 1, beta 0)."""
-    live = torch.arange(g.shape[0], device=g.device)[:, None] < keep
+    live = _rows(g.shape[0], g.device)[:, None] < keep
     return torch.where(live, g.float(), 0.0), torch.where(live, beta.float(), 0.0)
 
 
@@ -102,13 +105,13 @@ def prepare(
     """(q, k [T, key_heads, K] float32, normalised; v [T, value_heads, V]; g, beta [T, value_heads] float32)."""
     T = qkv.shape[0]
     q, k, v = torch.split(qkv, [heads.key_total, heads.key_total, heads.value_heads * heads.value_dim], dim=-1)
-    q = q.reshape(T, heads.key_heads, heads.key_dim).float()
-    k = k.reshape(T, heads.key_heads, heads.key_dim).float()
+    q = _float(q.reshape(T, heads.key_heads, heads.key_dim))
+    k = _float(k.reshape(T, heads.key_heads, heads.key_dim))
     v = v.reshape(T, heads.value_heads, heads.value_dim)
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * heads.key_dim**-0.5
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    beta = torch.sigmoid(b.float())
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    beta = torch.sigmoid(_float(b))
+    g = -_float(A_log).exp() * F.softplus(_float(a) + _float(dt_bias))
     return q, k, v, g, beta
 
 
@@ -146,9 +149,8 @@ class Chunks:
         """q, k [T, H, K] (per value head); v [T, H, V]; g, beta [T, H]."""
         T, H = g.shape
         pad = -T % chunk
-        q, k, v, g, beta = (
-            torch.nn.functional.pad(x.float(), (0, 0) * (x.dim() - 2) + (0, 0, 0, pad)) for x in (q, k, v, g, beta)
-        )
+        # a verify's block is one whole chunk: nothing to pad, and float32 inputs need no copy
+        q, k, v, g, beta = (_float(x) if not pad else _padded(x.float(), pad) for x in (q, k, v, g, beta))
         n = (T + pad) // chunk
 
         def split(x):  # [T', H, *] -> [H, N, C, *]
@@ -156,26 +158,20 @@ class Chunks:
 
         q, k, v, g, beta = (split(x) for x in (q, k, v, g, beta))
         G = g.cumsum(-1)  # [H, N, C]
-        lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-        diff = G[..., :, None] - G[..., None, :]
-        decay_ij = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
-        a = (
-            (beta[..., None] * k)
-            @ k.transpose(-1, -2)
-            * decay_ij
-            * (~torch.eye(chunk, dtype=torch.bool, device=q.device))
-        )
-        eye = torch.eye(chunk, device=q.device).expand_as(a)
+        decay_ij = (G[..., :, None] - G[..., None, :]).masked_fill_(_above(chunk, q.device), float("-inf")).exp()
+        # the strictly lower triangle of I + A: the solve is unitriangular, it reads no other entry
+        a = ((beta[..., None] * k) @ k.transpose(-1, -2) * decay_ij).tril_(-1)
+        exp_G = G.exp()
         solve = torch.linalg.solve_triangular(
-            eye + a,
-            torch.cat((beta[..., None] * v, (beta * G.exp())[..., None] * k), dim=-1),
+            a,
+            torch.cat((beta[..., None] * v, (beta * exp_G)[..., None] * k), dim=-1),
             upper=False,
             unitriangular=True,
         )
         u, w = solve.split([v.shape[-1], k.shape[-1]], dim=-1)
         last = G[..., -1:]
         return cls(
-            q * G.exp()[..., None],
+            q * exp_G[..., None],
             k * (last - G).exp()[..., None],
             w.contiguous(),
             u.contiguous(),
@@ -195,10 +191,17 @@ class Chunks:
         assert self.G is not None and self.keys is not None and self.u.shape[1] == 1, "one chunk, from Chunks.of"
         G, k, u, w = self.G[:, 0], self.keys[:, 0], self.u[:, 0], self.w[:, 0]
         last = torch.where(keep > 0, G.index_select(1, (keep - 1).clamp(min=0).reshape(1)), 0.0)  # [H, 1]
-        live = torch.arange(G.shape[1], device=state.device) < keep
+        live = _rows(G.shape[1], state.device) < keep
         weight = torch.where(live, last - G, float("-inf")).exp()  # [H, C]: 0 from `keep` on
         fresh = u - w @ state  # before the state decays in place
         state.mul_(last.exp()[..., None]).add_((k * weight[..., None]).transpose(-1, -2) @ fresh)
+
+    def first(self, state: torch.Tensor) -> torch.Tensor:
+        """Outputs [T, H, V] (float32) of the first chunk from `state` [H, K, V], which is left as it is: what
+        `scan` gives a one-chunk sequence, without carrying the state through it."""
+        fresh = self.u[:, 0] - self.w[:, 0] @ state
+        out = self.q[:, 0] @ state + self.attn[:, 0] @ fresh
+        return out[:, : self.tokens].transpose(0, 1)
 
     def scan(self, state: torch.Tensor) -> torch.Tensor:
         """Outputs [T, H, V] (float32), taking `state` [H, K, V] through every chunk in place."""
@@ -214,6 +217,34 @@ class Chunks:
         return out.reshape(out.shape[0], -1, out.shape[-1])[:, : self.tokens].transpose(0, 1)
 
 
+def _float(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def _padded(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """x [T, H, *] with `pad` rows of zeros after it (tokens that change nothing once their gates are 0)."""
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, 0, 0, pad))
+
+
+_CONSTANTS: dict[tuple, torch.Tensor] = {}  # the masks and indices every chunk of a size reads, made once per device
+
+
+def _above(chunk: int, device: torch.device) -> torch.Tensor:
+    """[C, C] bool: True above the diagonal (j > i)."""
+    key = ("above", chunk, device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.ones(chunk, chunk, dtype=torch.bool, device=device).triu(1)
+    return _CONSTANTS[key]
+
+
+def _rows(n: int, device: torch.device) -> torch.Tensor:
+    """[n] int64: 0 .. n - 1."""
+    key = ("rows", n, device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.arange(n, device=device)
+    return _CONSTANTS[key]
+
+
 def chunked(q, k, v, g, beta, state: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
     """The same recurrence, a chunk at a time (prefill, a verify's outputs): the triangular systems of all
     chunks are solved at once, then one pass over the chunks carries the state (see `Chunks`)."""
@@ -224,7 +255,7 @@ def reference(q, k, v, g, beta, state, *, update: bool, outputs: bool = True, ke
     """The recurrence token by token on prepared inputs (q, k at key heads), as `mix` specifies it."""
     T, H = g.shape
     q, k = per_value_head(q, H), per_value_head(k, H)
-    g, beta = g.float(), beta.float()
+    g, beta = _float(g), _float(beta)
     if keep is not None:
         g, beta = masked_gates(g, beta, keep)
     s = state if update else state.clone()
@@ -232,11 +263,11 @@ def reference(q, k, v, g, beta, state, *, update: bool, outputs: bool = True, ke
     decay = g.exp()
     for t in range(T):
         s.mul_(decay[t][:, None, None])
-        kt = k[t].float()
-        delta = (v[t].float() - torch.einsum("hkv,hk->hv", s, kt)) * beta[t][:, None]
+        kt = _float(k[t])
+        delta = (_float(v[t]) - torch.einsum("hkv,hk->hv", s, kt)) * beta[t][:, None]
         s.add_(kt[:, :, None] * delta[:, None, :])
         if out is not None:
-            out[t] = torch.einsum("hkv,hk->hv", s, q[t].float())
+            out[t] = torch.einsum("hkv,hk->hv", s, _float(q[t]))
     return out
 
 

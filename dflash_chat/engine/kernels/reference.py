@@ -81,8 +81,10 @@ def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if window.device.type != "cpu":
         w = weight.to(window.dtype)[:, None, :]
         return F.conv1d(window.t()[None], w, groups=window.shape[1])[0].t()
-    k = weight.shape[-1]
-    return (window.unfold(0, k, 1).float() * weight.float()).sum(dim=-1).to(window.dtype)
+    k, f32 = weight.shape[-1], torch.float32
+    windows, weight = window.unfold(0, k, 1), weight if weight.dtype == f32 else weight.float()
+    out = ((windows if windows.dtype == f32 else windows.float()) * weight).sum(dim=-1)
+    return out if out.dtype == window.dtype else out.to(window.dtype)
 
 
 def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

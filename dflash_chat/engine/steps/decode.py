@@ -77,6 +77,7 @@ class Steps:
         long = dict(dtype=torch.long, device=dev)
         self.start = torch.zeros((), **long)  # committed length
         self.delta = torch.zeros((), **long)  # the prompt's M-RoPE offset: a token at n rotates at n + delta
+        self.shifted = False  # the answer's delta is not 0 (uncaptured steps skip adding a 0 offset)
         self.remaining = torch.zeros((), **long)  # tokens the answer may still emit
         self.stop_ids = torch.full((MAX_STOPS,), -1, **long)
         self.offsets = torch.arange(max(self.B, drafter.block_size if drafter else 1), **long)
@@ -139,7 +140,12 @@ class Steps:
         """T positions from the device's committed length. Uncaptured steps read only the cache rows that can
         be in use: the host's length may lag by one step's tokens (<= B), as a draft is queued before the
         read of the step it follows; rows past the device's length are masked."""
-        return Span.fixed(self.start, self.offsets[:T], self._bound(T), self.delta)
+        return Span.fixed(self.start, self.offsets[:T], self._bound(T), self._shift())
+
+    def _shift(self) -> torch.Tensor | None:
+        """The rotary's offset from the positions: the device delta in a captured step (one graph serves every
+        answer); uncaptured, none where the answer's delta is 0."""
+        return self.delta if self.static or self.shifted else None
 
     def _bound(self, T: int) -> int:
         return self.rows if self.static else min(self.rows, self.length + len(self.offsets) + T)
@@ -159,7 +165,7 @@ class Steps:
         assert self.mtp is not None, "a target without an MTP layer has no MTP draft step"
         self.flush_context()
         drafts = self.mtp.propose(
-            self.ids[:1], self.start, self._bound(T), self.params, self.draws, self.q, T - 1, self.delta, self.guide
+            self.ids[:1], self.start, self._bound(T), self.params, self.draws, self.q, T - 1, self._shift(), self.guide
         )
         self.ids[1:T].copy_(drafts)
 
@@ -310,6 +316,7 @@ class Steps:
         self.length = length
         self.start.fill_(length)
         self.delta.fill_(delta)
+        self.shifted = delta != 0
         self.ids[:1].fill_(last)
         self.params, self.generator = params, generator
         self.masked = mask_words > 0
@@ -410,6 +417,7 @@ class Steps:
         self.deferred = []
         self.start.zero_()
         self.delta.zero_()
+        self.shifted = False
         self.state.reset()
         if self.drafter is not None:
             self.drafter.truncate(0)
