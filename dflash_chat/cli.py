@@ -83,11 +83,39 @@ def _command(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    interrupted = _watch_ctrl_c()
     try:  # a Ctrl+C while the commands' modules import (the first second) ends as quietly as a later one
         return _main(argv)
     except KeyboardInterrupt:
         print("dflash-chat: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        # a Ctrl+C inside a C extension's import (numpy's, under torch's) leaves it half made, and the import
+        # after it fails with an ImportError: the Ctrl+C is what the user did
+        if not interrupted:
+            raise
+        print("dflash-chat: interrupted", file=sys.stderr)
+        return 130
+
+
+def _watch_ctrl_c() -> list[bool]:
+    """A list that gets an item when SIGINT arrives (which still raises KeyboardInterrupt, as Python's own handler
+    does); left alone where SIGINT is not Python's to handle (ignored, or a thread other than the main one)."""
+    import signal
+    import threading
+
+    seen: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        return seen
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return seen
+
+    def on_sigint(signum, frame):
+        seen.append(True)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    return seen
 
 
 def _main(argv: list[str] | None) -> int:

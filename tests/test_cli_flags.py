@@ -369,3 +369,35 @@ def test_torchs_openmp_threads_sleep_at_barriers_unless_the_user_chose(mine, see
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert all(line in done.stderr for line in seen), done.stderr
+
+
+def test_an_import_broken_by_a_ctrl_c_is_the_ctrl_c_not_a_traceback(monkeypatch, capsys):
+    """A Ctrl+C inside a C extension's import (numpy's, under torch's) leaves it half made, and the next import of
+    it raises ImportError: that is the user's Ctrl+C (one line, 130); the same ImportError with no Ctrl+C is a bug
+    and stays one."""
+    import os
+    import signal
+
+    from dflash_chat.commands import models
+
+    def interrupted_import(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs its handler before the next line
+        except KeyboardInterrupt:
+            pass  # what an extension's init does with it: lost, the module left half made
+        raise ImportError("cannot load module more than once per process")
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        monkeypatch.setattr(models, "run", interrupted_import)
+        assert main(["models"]) == 130
+        assert capsys.readouterr().err.strip() == "dflash-chat: interrupted"
+
+        def broken_import(args):
+            raise ImportError("cannot load module more than once per process")
+
+        monkeypatch.setattr(models, "run", broken_import)
+        with pytest.raises(ImportError):
+            main(["models"])
+    finally:
+        signal.signal(signal.SIGINT, before)

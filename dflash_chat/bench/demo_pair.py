@@ -1,5 +1,5 @@
-"""`dflash-chat bench --demo`: what a user of the demo pair gets, per kind of prompt, drafting method, draft
-setting and temperature.
+"""`dflash-chat bench --demo`: what a user of the demo pair gets, per kind of prompt, method, draft and temperature.
+One file past 500 lines: the classes, the interleaved runs and the report share one figures dict, made and shown here.
 
 Four classes of prompts on the embedded demo pair (a tiny target trained on the Python standard
 library, its own MTP layer inside its safetensors, and its DFlash drafters):
