@@ -83,7 +83,7 @@ def _command(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    interrupted = _watch_ctrl_c()
+    interrupted, restore = _watch_ctrl_c()
     try:  # a Ctrl+C while the commands' modules import (the first second) ends as quietly as a later one
         return _main(argv)
     except KeyboardInterrupt:
@@ -96,26 +96,28 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("dflash-chat: interrupted", file=sys.stderr)
         return 130
+    finally:
+        restore()
 
 
-def _watch_ctrl_c() -> list[bool]:
-    """A list that gets an item when SIGINT arrives (which still raises KeyboardInterrupt, as Python's own handler
-    does); left alone where SIGINT is not Python's to handle (ignored, or a thread other than the main one)."""
+def _watch_ctrl_c():
+    """(a list that gets an item when SIGINT arrives, which still raises KeyboardInterrupt as Python's own handler
+    does; a function that puts the handler before it back). Left alone where SIGINT is not Python's to handle
+    (ignored, or set by whoever called main), or off the main thread."""
     import signal
     import threading
 
     seen: list[bool] = []
-    if threading.current_thread() is not threading.main_thread():
-        return seen
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return seen
+    before = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or before is not signal.default_int_handler:
+        return seen, lambda: None
 
     def on_sigint(signum, frame):
         seen.append(True)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
-    return seen
+    return seen, lambda: signal.signal(signal.SIGINT, before)
 
 
 def _main(argv: list[str] | None) -> int:
