@@ -111,7 +111,7 @@ def test_bench_against_refuses_in_one_line(argv, words, capsys):
     assert err.count("\n") == 0 and words in err
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=10)
 def test_the_probe_measures_every_kind_of_step_with_its_host_time():
     """The probe, as the guard runs it (its own process, this tree on the path): every kind, the loop's host time
     per kind and per method."""
@@ -124,7 +124,7 @@ def test_the_probe_measures_every_kind_of_step_with_its_host_time():
     assert set(out["kinds"]["plain"]["methods"]) == {"plain"} and out["kinds"]["dflash"]["draft_s"] > 0
 
 
-@pytest.mark.slow(seconds=90)
+@pytest.mark.slow(seconds=25)
 def test_bench_demo_against_a_commit_reports_both_trees_and_their_ratios(capsys):
     worktrees = set(step_guard.git("worktree", "list").splitlines())
     assert (

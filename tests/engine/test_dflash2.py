@@ -313,6 +313,7 @@ def test_greedy_dflash2_equals_greedy_plain_decoding(arch, dflash2_dirs):
         spec.reset()
 
 
+@pytest.mark.slow(seconds=27)
 def test_sampled_dflash2_output_has_the_target_distribution(tmp_path_factory):
     """Tokens 1-3 of 800 seeded generations at T 0.9 / top-k 10 with a mismatched DFlash2 drafter (q over its
     4 candidates) against the exact marginals. Its logits are scaled up (output_multiplier 6) so its q is

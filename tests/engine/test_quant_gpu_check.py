@@ -26,7 +26,7 @@ def _load_script():
     return gpu_check
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=60)
 def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
     out = tmp_path / "report.json"
     printed = interpreted([SCRIPT, "--dry-run", "--json", out], timeout=900)  # skips without triton

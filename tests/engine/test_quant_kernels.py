@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 @pytest.mark.parametrize(
     "group",
     [
-        pytest.param("matmul", marks=pytest.mark.slow(seconds=55)),
+        pytest.param("matmul", marks=pytest.mark.slow(seconds=85)),
         pytest.param("experts", marks=pytest.mark.slow(seconds=50)),
         "glue",
     ],

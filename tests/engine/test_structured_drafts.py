@@ -102,7 +102,7 @@ def test_greedy_held_drafts_give_plain_constrained_decoding_token_for_token(meth
         assert seen and all(ok for ok, _ in seen), method
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=21)
 @pytest.mark.parametrize("method", ("dflash", "dflash2", "mtp"))
 def test_sampled_held_drafts_keep_the_constrained_distribution(method, folders, grammars):
     """Tokens 1-3 of 600 seeded answers at T 0.7 with drafts drawn from the masked q against the exact marginals
