@@ -26,6 +26,7 @@ import torch
 
 from dflash_chat.bench import synthetic_models
 from dflash_chat.bench.oracle import OracleDrafter
+from dflash_chat.bench.timing import time_call
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.steps.decode import Entry, Steps
 from dflash_chat.models.sizes import rate_text, size_text
@@ -134,29 +135,6 @@ class Report:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def time_call(fn, device: torch.device, repeats: int, between=None) -> float:
-    """Median seconds of fn() over `repeats` calls after two warm-up calls (device time on CUDA)."""
-    samples = []
-    for i in range(repeats + 2):
-        if between is not None:
-            between()
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            seconds = begin.elapsed_time(end) / 1000
-        else:
-            t0 = time.perf_counter()
-            fn()
-            seconds = time.perf_counter() - t0
-        if i >= 2:
-            samples.append(seconds)
-    samples.sort()
-    return samples[len(samples) // 2]
 
 
 def copy_bandwidth(device: torch.device) -> float:

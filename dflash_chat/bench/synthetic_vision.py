@@ -59,7 +59,7 @@ def measure(target, model: str, sizes, *, layers, prompt_tokens: int, decode: st
 
     from dflash_chat.bench import synthetic_models
     from dflash_chat.bench.live_memory import peak_bytes, peak_method
-    from dflash_chat.bench.synthetic import time_call
+    from dflash_chat.bench.timing import time_call
     from dflash_chat.engine.images import prepare
     from dflash_chat.engine.memory import VisionShape, vision_weight_bytes, vision_workspace_bytes
     from dflash_chat.engine.spec import Engine
