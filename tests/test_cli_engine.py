@@ -204,7 +204,7 @@ def test_bench_refuses_vs_transformers_without_the_random_target_before_loading(
     assert err.count("\n") == 0 and "--vs-transformers" in err and "does not exist" not in err
 
 
-@pytest.mark.parametrize("mode", [[], ["--synthetic", "qwen3.6-27b"], ["--demo", "--http"]])
+@pytest.mark.parametrize("mode", [[], ["--structured"], ["--demo", "--http"]])
 def test_bench_refuses_repeats_where_answers_are_not_repeated(mode, capsys):
     assert main(on_cpu("bench", *mode, "--repeats", "2")) == 2
     err = capsys.readouterr().err.strip()
@@ -520,7 +520,7 @@ def test_bench_load_busies_cores_for_the_run_and_stops_them_after():
     assert not os.path.exists(f"/proc/{pids[0]}") or "Z" in open(f"/proc/{pids[0]}/stat").read().split()[2]
 
 
-@pytest.mark.parametrize("mode", [[], ["--synthetic", "qwen3.6-27b"], ["--demo", "--http"]])
+@pytest.mark.parametrize("mode", [[], ["--structured"], ["--demo", "--http"]])
 def test_bench_refuses_load_where_no_engine_runs_beside_it(mode, capsys):
     assert main(on_cpu("bench", *mode, "--load", "1")) == 2
     err = capsys.readouterr().err.strip()

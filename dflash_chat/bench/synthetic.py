@@ -46,14 +46,17 @@ class Setup:
     tokens: int = 64
     prompt_tokens: int = 256
     repeats: int = 20
+    warmups: int = 2  # untimed calls before them: on a GPU the first calls pay for autotuning and allocation
     vs_transformers: bool = False
     # (width, height) of each image of the vision leg (bench/synthetic_vision.py)
     images: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def on(cls, device: str | None, *, quant: str | None, vocab: int | None, **given) -> Setup:
+    def on(
+        cls, device: str | None, *, quant: str | None, vocab: int | None, repeats: int | None = None, **given
+    ) -> Setup:
         """The setup for `device` (None: the default one): on the CPU bf16 weights, a 4096-token vocabulary,
-        a shorter prompt and fewer repeats, where the real sizes would take minutes per token."""
+        a shorter prompt, fewer repeats and one warm-up call, where the real sizes would take minutes per token."""
         from dflash_chat.engine.load import default_device
 
         chosen = torch.device(device) if device else default_device()
@@ -63,7 +66,8 @@ class Setup:
             vocab=vocab or (4096 if on_cpu else None),
             device=str(chosen),
             prompt_tokens=32 if on_cpu else 256,
-            repeats=3 if on_cpu else 20,
+            repeats=repeats or (3 if on_cpu else 20),
+            warmups=1 if on_cpu else 2,
             **given,
         )
 
@@ -248,6 +252,7 @@ def run(setup: Setup, log=print) -> dict:
             prompt_tokens=setup.prompt_tokens,
             decode=setup.decode,
             repeats=setup.repeats,
+            warmups=setup.warmups,
         )
         _free(device)
     if setup.vs_transformers:
@@ -272,7 +277,7 @@ def _free(device) -> None:
 
 def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
     """Each entry point timed on its own, from a state after a real prefill."""
-    reps = setup.repeats
+    reps, warm = setup.repeats, setup.warmups
     B = spec.block_size
     for engine in (ar, spec):
         engine.reset()
@@ -287,16 +292,18 @@ def _steps(r: Report, ar, spec, prompt, setup: Setup, device) -> None:
         (lambda: s._run(Entry(Steps._verify, B))),
         (lambda: s._run(Entry(Steps._draft, B))),
     )
-    r["ar_step_ms"] = 1e3 * time_call(decode, device, reps)
-    r["verify_ms"] = 1e3 * time_call(verify, device, reps)
-    r["draft_ms"] = 1e3 * time_call(draft, device, reps)
+    r["ar_step_ms"] = 1e3 * time_call(decode, device, reps, warmups=warm)
+    r["verify_ms"] = 1e3 * time_call(verify, device, reps, warmups=warm)
+    r["draft_ms"] = 1e3 * time_call(draft, device, reps, warmups=warm)
     start = int(s.start.item())
 
     def accept_commit():
         s._run(Entry(Steps._accept, B))
         s._run(Entry(Steps._commit, B))
 
-    r["accept_commit_ms"] = 1e3 * time_call(accept_commit, device, reps, between=lambda: s.start.fill_(start))
+    r["accept_commit_ms"] = 1e3 * time_call(
+        accept_commit, device, reps, between=lambda: s.start.fill_(start), warmups=warm
+    )
     s.start.fill_(start)
     was = a.graphs, s.graphs
     a.graphs = s.graphs = None  # count the kernels of the uncaptured steps
@@ -324,7 +331,10 @@ def _mtp_steps(r: Report, target, prompt, setup: Setup, device) -> None:
 
     mtp = synthetic_models.build_mtp(target, setup.quant)
     context = setup.prompt_tokens + setup.tokens + 64
-    engine = Engine(target, None, mtp=mtp, max_context=context, decode=setup.decode, draft="auto", speculate="mtp")
+    # the deepest size auto chooses, fixed: a draft setting of auto would time every size first (on the CPU at
+    # real shapes, most of a minute), and the steps below are run at each depth by hand
+    deepest = MTP_AUTO[-1]
+    engine = Engine(target, None, mtp=mtp, max_context=context, decode=setup.decode, draft=deepest, speculate="mtp")
     for _ in engine.generate(prompt, SamplingParams(max_new_tokens=2)):
         pass
     s = engine.steps
@@ -336,11 +346,13 @@ def _mtp_steps(r: Report, target, prompt, setup: Setup, device) -> None:
     r["mtp_bytes_over_ar"] = (r["mtp_weight_bytes"] + head) / r["weight_bytes_per_token"]
     steps = {}
     for depth in MTP_AUTO:
-        ms = 1e3 * time_call(lambda d=depth: s._run(Entry(Steps._draft_mtp, d + 1)), device, setup.repeats)
+        ms = 1e3 * time_call(
+            lambda d=depth: s._run(Entry(Steps._draft_mtp, d + 1)), device, setup.repeats, warmups=setup.warmups
+        )
         steps[str(depth)] = {"draft_ms": ms, "over_ar_step": ms / r["ar_step_ms"]}
     r["mtp"] = steps
     r["mtp_step_over_ar"] = steps["1"]["over_ar_step"]
-    engine.set_draft(MTP_AUTO[-1])  # the decode loop's host time per step around the MTP layer's steps
+    # the decode loop's host time per step around the MTP layer's steps
     run = _generate(engine, prompt, SamplingParams(max_new_tokens=setup.tokens))
     if run.stats.steps:
         r["mtp_loop_host_us_per_step"] = 1e6 * run.stats.host_s / run.stats.steps

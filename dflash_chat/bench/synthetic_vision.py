@@ -52,7 +52,9 @@ def random_image(width: int, height: int, seed: int):
     return Image.fromarray(pixels)
 
 
-def measure(target, model: str, sizes, *, layers, prompt_tokens: int, decode: str, repeats: int) -> dict:
+def measure(
+    target, model: str, sizes, *, layers, prompt_tokens: int, decode: str, repeats: int, warmups: int = 2
+) -> dict:
     """The figures of the module docstring for the images of `sizes` ((width, height) each) in one prompt of
     `prompt_tokens` text tokens, on `target`'s device and dtype."""
     import torch
@@ -83,7 +85,7 @@ def measure(target, model: str, sizes, *, layers, prompt_tokens: int, decode: st
         "full_weight_bytes": vision_weight_bytes(VisionShape.of(full), e),
         "peak_method": peak_method(device),
     }
-    out["tower_ms"] = 1e3 * time_call(lambda: tower(pixels, grids), device, repeats)
+    out["tower_ms"] = 1e3 * time_call(lambda: tower(pixels, grids), device, repeats, warmups=warmups)
     out["tower_peak_bytes"] = peak_bytes(lambda: tower(pixels, grids), device)
     patches_budget = VisionShape.of(tower.cfg, out["patches"] * patch * patch)
     out["tower_peak_estimate_bytes"] = vision_workspace_bytes(patches_budget, e)

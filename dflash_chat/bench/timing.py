@@ -7,10 +7,10 @@ import time
 import torch
 
 
-def time_call(fn, device: torch.device, repeats: int, between=None) -> float:
-    """Median seconds of fn() over `repeats` calls after two warm-up calls (device time on CUDA)."""
+def time_call(fn, device: torch.device, repeats: int, between=None, warmups: int = 2) -> float:
+    """Median seconds of fn() over `repeats` calls after `warmups` untimed ones (device time on CUDA)."""
     samples = []
-    for i in range(repeats + 2):
+    for i in range(repeats + warmups):
         if between is not None:
             between()
         if device.type == "cuda":
@@ -24,7 +24,7 @@ def time_call(fn, device: torch.device, repeats: int, between=None) -> float:
             t0 = time.perf_counter()
             fn()
             seconds = time.perf_counter() - t0
-        if i >= 2:
+        if i >= warmups:
             samples.append(seconds)
     samples.sort()
     return samples[len(samples) // 2]

@@ -99,7 +99,9 @@ def register(subparsers) -> None:
         default=None,
         help=f"--demo: runs of each answer, in turn with the other settings' (default {DEMO_REPEATS}); the one "
         "with the median decode time per token counts (one busy moment of the machine moved a class's figures "
-        "by 5-10%% between runs); --tools: the same (default 1: its figures are shares over many turns)",
+        "by 5-10%% between runs); --tools: the same (default 1: its figures are shares over many turns); "
+        "--synthetic: timed calls of each step, after the warm-up, the median counting (default 20 on a GPU, 3 on "
+        "the CPU)",
     )
     p.add_argument("--tokens", type=flag("max_new_tokens"), default=128, help="new tokens per prompt")
     # --demo's sampled leg; None: the app's default (settings.py)
@@ -312,6 +314,7 @@ def _synthetic(args) -> int:
         tokens=args.tokens,
         vs_transformers=args.vs_transformers,
         images=tuple(args.image or ()),
+        repeats=args.repeats,
     )
     log = (lambda *_: None) if args.json else print
     figures = synthetic.run(setup, log=log)
@@ -368,10 +371,10 @@ def _check(args) -> None:
         sampling_legs(args.temperature, args.top_p, args.top_k)  # refuses what does not go together
     if args.load and (not (args.demo or args.tools or args.structured) or args.http):
         raise UserError("--load goes with --demo, --tools or --structured (it busies cores beside the engine)")
-    if args.repeats and (not (args.demo or args.tools) or args.http):
+    if args.repeats and (not (args.demo or args.tools or args.synthetic) or args.http):
         raise UserError(
-            "--repeats goes with --demo or --tools (their answers are run that many times, the median counts; with "
-            "--against, the runs of each answer in each tree)"
+            "--repeats goes with --demo, --tools or --synthetic (their answers or steps are run that many times, "
+            "the median counts; with --against, the runs of each answer in each tree)"
         )
     if args.target and not args.drafter:
         raise UserError("give --drafter DIR with --target DIR")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -19,6 +20,10 @@ from dflash_chat.engine.weights.quant_tensor import QuantTensor
 from tests.engine.quant_helpers import random_rows
 
 QUANT = list(configs.TILINGS)
+# one format of each tiling (the kernels' index arithmetic follows the tiling; a format's own bits are its dequantize,
+# checked exactly for every format below and through every kernel kind in tools/gpu_check.py's dry run, which
+# test_quant_gpu_check.py runs): every launch variant and activation dtype runs on these
+TILED = list({replace(t, unit_bytes=0): name for name, t in reversed(configs.TILINGS.items())}.values())[::-1]
 
 
 def _x(m: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -34,14 +39,21 @@ def _check(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> None
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
-def check_matmul(name: str) -> None:
+def check_dequantize(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dequantize kernel against the torch path, bit for bit, flat and batched: (packed, its values)."""
     fmt = formats.FORMATS[name]
     n, k = 40, 512  # N not a multiple of BLOCK_N; two units of K
     packed = torch.from_numpy(random_rows(fmt, n, k, seed=fmt.ggml_type))
     ref = formats.dequantize(packed, fmt)
-
     assert torch.equal(triton_quant.dequantize(packed, fmt, k, torch.float32), ref), f"{name}: dequantize differs"
     assert torch.equal(triton_quant.dequantize(packed.reshape(2, 20, -1), fmt, k, torch.float32), ref.reshape(2, 20, k))
+    return packed, ref
+
+
+def check_matmul(name: str) -> None:
+    fmt = formats.FORMATS[name]
+    packed, ref = check_dequantize(name)
+    n, k = ref.shape
 
     gemv, gemm = configs.Launch("gemv", 16, 1, 1, 4), configs.Launch("gemm", 16, 16, 1, 4)
     cases = [  # M, dtype, launch: FMA and tensor-core kernels, with and without split-K, every activation dtype
@@ -237,10 +249,12 @@ def main(argv: list[str]) -> None:
     assert kernels.use_triton(torch.zeros(1)), "interpreter mode should route to Triton"
     group, names = argv[0], argv[1:]
     if group == "matmul":
-        for name in names or QUANT:
+        for name in names or TILED:
             check_matmul(name)
+        for name in [] if names else [n for n in QUANT if n not in TILED]:
+            check_dequantize(name)
     elif group == "experts":
-        for name in names or [*QUANT, "F32", "F16", "BF16"]:
+        for name in names or [*TILED, "F32", "F16", "BF16"]:
             check_experts(name)
         check_experts_module()
         check_moe_glue()

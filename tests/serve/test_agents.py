@@ -152,14 +152,6 @@ def run_agent(argv: list[str], env: dict[str, str], cwd: Path) -> str:
     return done.stdout
 
 
-def test_claude_code_speaks_anthropic_messages(server, tmp_path, refusals, brief_answers):
-    served, url = server
-    env = isolated(tmp_path, ANTHROPIC_BASE_URL=url, ANTHROPIC_AUTH_TOKEN=KEY, ANTHROPIC_MODEL=served.name)
-    out = run_agent([agent("claude"), "-p", TASK], env, tmp_path)
-    assert said(out, brief_answers)
-    assert refusals() == []
-
-
 def test_codex_exec_output_schema_gets_json_valid_for_it(server, tmp_path, refusals, brief_answers):
     """`codex exec --output-schema FILE` sends the schema as Responses' `text.format`: the demo's answer, held to
     it, is JSON valid for it, and codex prints it as the last message."""
@@ -225,7 +217,8 @@ def test_codex_speaks_responses_and_sends_an_image(server, tmp_path, refusals, b
 
 def test_claude_code_sends_an_image_block(server, tmp_path, refusals, brief_answers, shown_images):
     """Claude Code one-shot with an image: `-p --input-format stream-json` takes the user's message as Anthropic
-    content blocks on stdin (its one-shot mode's way to attach one), and serve gets the `image` block."""
+    content blocks on stdin (its one-shot mode's way to attach one), and serve gets the `image` block. (Its plain
+    `claude -p TASK` runs in test_launch_runs_each_agent_on_the_demo: each agent run is most of a minute.)"""
     import base64
 
     served, url = server
