@@ -60,6 +60,7 @@ from dflash_chat.ui.confirm_call_screen import ALWAYS, NO, STOP, YES, ConfirmCal
 from dflash_chat.ui.dialogs import TextDialog
 from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.notices import PlainNotices
+from dflash_chat.ui.widgets import image_preview
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
 from dflash_chat.ui.widgets.image_chips import ImageChip, PendingImages
 from dflash_chat.ui.widgets.load_bar import LoadBar
@@ -420,6 +421,12 @@ class ChatScreen(PlainNotices, Screen):
             line = f"{attach.COMMAND} {shlex.quote(event.path)}"
             box.load_text(f"{line}\n{box.text}" if box.text else line)
             box.move_cursor(box.document.end)
+
+    def on_screen_suspend(self) -> None:
+        image_preview.refresh_previews(self)  # behind a dialog: half-blocks (ui/widgets/image_preview.py)
+
+    def on_screen_resume(self) -> None:
+        image_preview.refresh_previews(self)
 
     async def show_pending(self) -> None:
         """The chips of the images the next message holds, previewed as this terminal can (the previews setting)."""

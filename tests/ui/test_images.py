@@ -469,3 +469,38 @@ def test_the_settings_screen_turns_previews_to_half_blocks_and_back(home, tmp_pa
             return seen
 
     assert run(main()) == [("blocks", None), ("auto", "kitty")]
+
+
+def test_behind_a_dialog_a_preview_is_half_blocks_and_the_image_comes_back_after(home, tmp_path, monkeypatch):
+    """Dimmed under a dialog, a placeholder's colour would name no image, and a sixel would cover the dialog."""
+    from dflash_chat.ui import terminal_graphics as graphics
+
+    shot = picture(tmp_path / "shot.png")
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            sent: list[str] = []
+            await attach_one(pilot, app, shot, sent)
+            phases = [(app.export_screenshot().count(graphics.PLACEHOLDER), sum("\x1bPq" in s for s in sent))]
+            sent.clear()
+            await pilot.press("f4")
+            await wait_for(pilot, lambda: isinstance(app.screen, TextDialog), 10, "the path dialog")
+            await pilot.pause()
+            sent.clear()
+            app.screen.refresh()  # the dialog and the chat behind it painted again
+            await pilot.pause()
+            phases.append((app.export_screenshot().count(graphics.PLACEHOLDER), sum("\x1bPq" in s for s in sent)))
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.screen is app.chat, 10, "the dialog closed")
+            await pilot.pause()
+            phases.append((app.export_screenshot().count(graphics.PLACEHOLDER), sum("\x1bPq" in s for s in sent)))
+            return phases
+
+    monkeypatch.setenv("TERM", "xterm-kitty")
+    (before, _), (behind, _), (after, _) = run(main())
+    assert before > 0 and behind == 0 and after == before
+    monkeypatch.setenv("TERM", "foot")
+    monkeypatch.setattr(graphics, "cell_pixels", lambda: (10, 20))
+    (_, drawn), (_, drawn_behind), (_, drawn_after) = run(main())
+    assert drawn > 0 and drawn_behind == 0 and drawn_after > 0  # drawn again once the chat is in front

@@ -5,7 +5,10 @@ how, from the environment), else half-block cells. Both take the same cells, so 
   the colour that names it.
 - sixel: the cells are blank text; each frame that painted them is followed by the image drawn over them
   (`draw_due`, from the app's post_display_hook), sized by the cells' pixels. It is drawn only while the preview
-  is whole on the screen in front (a sixel is not clipped, and would cover a dialog): blank cells meanwhile.
+  is whole on the screen (a sixel is not clipped): blank cells while it is scrolled partly out of view.
+- Under a dialog (the chat screen not in front) both are half-blocks, dimmed with the rest: a dimmed placeholder's
+  colour names no image, and a sixel would cover the dialog. The chat screen refreshes its previews as it goes
+  behind a dialog and comes back (`refresh_previews`).
 - Any failure of either (a terminal size not reported, an image that cannot be encoded, no terminal to write to)
   turns that preview to half-blocks for good: never a traceback.
 """
@@ -96,6 +99,8 @@ class ImagePreview(Widget):
             self.image_id = None
 
     def render(self) -> Text:
+        if not self._in_front():
+            return block_text(self.preview)  # under a dialog: dimmed as text is, and never over the dialog
         try:
             if self.protocol == "kitty" and self.image_id is not None:
                 return self._placeholders(self.image_id)
@@ -116,13 +121,19 @@ class ImagePreview(Widget):
             _due.add(self)
         return lines
 
+    def _in_front(self) -> bool:
+        try:
+            return self.screen.is_active
+        except Exception:  # noqa: BLE001 - not on a screen (yet)
+            return False
+
     def _drawable(self, crop: Region) -> bool:
         """Whether the whole preview is painted now, on the screen in front."""
-        if crop != Region(0, 0, self.region.width, self.region.height):
+        if crop != Region(0, 0, self.region.width, self.region.height) or not self._in_front():
             return False
         try:
-            return self.screen.is_active and self.screen.find_widget(self).visible_region == self.region
-        except Exception:  # noqa: BLE001 - no screen, or not placed on it yet: drawn with the next frame
+            return self.screen.find_widget(self).visible_region == self.region
+        except Exception:  # noqa: BLE001 - not placed on the screen yet: drawn with the next frame
             return False
 
     def _sixel_image(self) -> Any:
@@ -146,6 +157,12 @@ class ImagePreview(Widget):
         except Exception as exc:  # noqa: BLE001
             self._sixel = None
             self.fall_back(exc)
+
+
+def refresh_previews(screen: Widget) -> None:
+    """Paint the screen's previews again (it went behind a dialog, or came back)."""
+    for preview in screen.query(ImagePreview):
+        preview.refresh()
 
 
 def draw_due() -> None:
