@@ -3,18 +3,17 @@ their number (KEPT_RESPONSES) and by the bytes of the images they hold (MAX_IMAG
 
 A stored response holds its whole conversation, so its images are the part that can be large: a request's text fits
 the model's context once it was answered, but an image's file may be megabytes whatever its tokens (it is resized into
-the tower's budget). Each image is held once, by its content hash (the SHA-256 of its bytes, as runtime/image_decode.py
-names an image: a data URL's base64 is decoded, so the same picture sent again is the same entry), however many
-responses hold it: each response of a conversation continued by id holds every image before it, and Codex sends the
-same screenshot again. Past either bound the least recently stored or continued responses are dropped whole, with the
-images no other response holds; a response whose own images are over MAX_IMAGE_BYTES is not kept (nor is any
-other dropped for it).
+the tower's budget). Each image is held once, by its content hash (the SHA-256 of its bytes that serve/images.py took
+when it decoded the image for the answer, as runtime/image_decode.py names an image), however many responses hold
+it: each response of a conversation continued by id holds every image before it, and Codex sends the same screenshot
+again. It is held as the request sent it (a data URL's text, counted by its length; an http(s) URL is its own entry,
+fetched again when continued), so storing and continuing cost no decoding. Past either bound the least recently
+stored or continued responses are dropped whole, with the images no other response holds; a response whose own
+images are over MAX_IMAGE_BYTES is not kept (nor is any other dropped for it).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import threading
 from collections import OrderedDict
@@ -37,32 +36,12 @@ class _Held:
     where: str
 
 
-@dataclass(frozen=True)
-class _Image:
-    """One image's content: a data URL's header ('data:image/png;base64') and its bytes, or a URL as it came."""
-
-    header: str
-    data: bytes
-
-    @property
-    def url(self) -> str:
-        if not self.header:
-            return self.data.decode()
-        return f"{self.header},{base64.b64encode(self.data).decode('ascii')}"
-
-
-def _entry(url: str) -> tuple[str, _Image]:
-    """The stored form of an image URL and its key: a data URL's bytes by their SHA-256, any other URL as its text."""
-    header, comma, payload = url.partition(",")
-    if comma and header[:5].lower() == "data:" and header.lower().endswith(";base64"):
-        try:
-            data = base64.b64decode("".join(payload.split()), validate=True)
-        except (binascii.Error, ValueError):
-            pass  # answered, so read once; kept as it came all the same
-        else:
-            return hashlib.sha256(data).hexdigest(), _Image(header, data)
-    text = url.encode()
-    return "url:" + hashlib.sha256(text).hexdigest(), _Image("", text)
+def _key(source: ImageSource) -> str:
+    """A data URL's entry is its image's content hash (serve decoded it for the answer); any other URL's, its text."""
+    digest = source.read.get("digest")
+    if digest and source.url[:5].lower() == "data:":
+        return digest
+    return "url:" + hashlib.sha256(source.url.encode()).hexdigest()
 
 
 class ResponseStore:
@@ -72,7 +51,7 @@ class ResponseStore:
         self.max_responses = max_responses
         self.max_image_bytes = max_image_bytes
         self._responses: OrderedDict[str, tuple[list[Turn], frozenset[str]]] = OrderedDict()  # id -> turns, keys
-        self._images: dict[str, _Image] = {}
+        self._images: dict[str, str] = {}  # key -> the image's URL as a request sent it
         self._holders: dict[str, int] = {}  # key -> how many stored responses hold the image
         self.image_bytes = 0  # of the images held, each counted once
         self._lock = threading.Lock()
@@ -83,16 +62,16 @@ class ResponseStore:
     def remember(self, response_id: str, turns: list[Turn]) -> None:
         """Keep a response's conversation; the oldest go while either bound is passed. One whose own images are over
         the byte bound is not kept, and drops nothing."""
-        entries: dict[str, _Image] = {}
+        entries: dict[str, str] = {}
         stored = [_stored_turn(turn, entries) for turn in turns]
         with self._lock:
             self._drop(response_id)
-            if sum(len(image.data) for image in entries.values()) > self.max_image_bytes:
+            if sum(map(len, entries.values())) > self.max_image_bytes:
                 return  # it could only be kept by dropping every other, and then itself
-            for key, image in entries.items():
+            for key, url in entries.items():
                 if key not in self._images:
-                    self._images[key] = image
-                    self.image_bytes += len(image.data)
+                    self._images[key] = url
+                    self.image_bytes += len(url)
                 self._holders[key] = self._holders.get(key, 0) + 1
             self._responses[response_id] = (stored, frozenset(entries))
             while self._responses and (
@@ -101,8 +80,8 @@ class ResponseStore:
                 self._drop(next(iter(self._responses)))
 
     def recall(self, response_id: str) -> list[Turn] | None:
-        """The response's turns, its images as the request sent them (data URLs rebuilt), or None when it is not
-        kept; a response continued counts as recently stored."""
+        """The response's turns, its images as a request sent them, or None when it is not kept; a response
+        continued counts as recently stored."""
         with self._lock:
             kept = self._responses.get(response_id)
             if kept is None:
@@ -117,22 +96,22 @@ class ResponseStore:
             self._holders[key] -= 1
             if not self._holders[key]:
                 del self._holders[key]
-                self.image_bytes -= len(self._images.pop(key).data)
+                self.image_bytes -= len(self._images.pop(key))
 
 
-def _stored_turn(turn: Turn, entries: dict[str, _Image]) -> Turn:
+def _stored_turn(turn: Turn, entries: dict[str, str]) -> Turn:
     """The turn with each image source replaced by its entry's key (the entry put in `entries`)."""
     return _with_images(turn, ImageSource, lambda source: _store(source, entries))
 
 
-def _store(source: ImageSource, entries: dict[str, _Image]) -> _Held:
-    key, image = _entry(source.url)
-    entries.setdefault(key, image)
+def _store(source: ImageSource, entries: dict[str, str]) -> _Held:
+    key = _key(source)
+    entries.setdefault(key, source.url)
     return _Held(key, source.where)
 
 
-def _sent_turn(turn: Turn, images: dict[str, _Image]) -> Turn:
-    return _with_images(turn, _Held, lambda held: ImageSource(images[held.key].url, held.where))
+def _sent_turn(turn: Turn, images: dict[str, str]) -> Turn:
+    return _with_images(turn, _Held, lambda held: ImageSource(images[held.key], held.where))
 
 
 def _with_images(turn: Turn, kind: type, convert: Callable[[Any], Any]) -> Turn:

@@ -7,6 +7,7 @@ images where none belong refused with a 400 in each dialect's shape."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import io
 import threading
@@ -184,7 +185,7 @@ def test_stored_responses_keep_their_images_within_a_byte_bound(server, monkeypa
     from dflash_chat.serve.response_store import ResponseStore
 
     pictures = [png(64, 48, (40 * n, 200 - 40 * n, 90)) for n in range(4)]
-    store = ResponseStore(max_image_bytes=2 * max(map(len, pictures)) + 8)
+    store = ResponseStore(max_image_bytes=2 * max(len(data_url(p)) for p in pictures) + 8)
     monkeypatch.setattr(server[0], "responses", store)
 
     def ask(picture: bytes, previous: str | None = None):
@@ -206,6 +207,8 @@ def test_stored_responses_keep_their_images_within_a_byte_bound(server, monkeypa
     assert f"'previous_response_id' '{ids[0]}' is not a response this server keeps" in message
     assert message.endswith("send the whole conversation in 'input' instead.")
     assert store.recall(chained.json()["id"]) is not None and store.image_bytes <= store.max_image_bytes
+    # held by the hash serve took as it decoded each image for the answer
+    assert set(store._images) == {hashlib.sha256(p).hexdigest() for p in (pictures[3], pictures[0])}
 
 
 class _Images(http.server.BaseHTTPRequestHandler):

@@ -1,5 +1,6 @@
-"""The store behind previous_response_id (serve/response_store.py): each image held once by its content however many
-responses hold it, its bytes bounded by dropping whole old responses, the newest still continued as they were sent."""
+"""The store behind previous_response_id (serve/response_store.py): each image held once by its content (the hash serve
+took when it decoded the image) however many responses hold it, its bytes bounded by dropping whole old responses,
+the newest still continued as they were sent."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import base64
 import hashlib
 import io
 
-from dflash_chat.serve.images import ImageSource
+from dflash_chat.serve.images import ImageSource, shown
 from dflash_chat.serve.response_store import ResponseStore
 
 
@@ -38,17 +39,23 @@ def answer(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
 
+def answered(*turns: dict) -> list[dict]:
+    """The turns as a request that was answered leaves them: serve decoded each image for the prompt."""
+    shown(list(turns), allow_urls=False)
+    return list(turns)
+
+
 def test_an_image_is_held_once_by_content_and_comes_back_as_it_was_sent():
     store = ResponseStore()
     shot = png(1)
     url = data_url(shot)
     wrapped = "data:image/png;base64," + "\n".join(url[22:][i : i + 76] for i in range(0, len(url) - 22, 76))
-    first = [user("what is it?", url), answer("a square")]
+    first = answered(user("what is it?", url), answer("a square"))
     store.remember("resp_1", first)
-    chained = [*store.recall("resp_1"), user("and this one, the same?", wrapped), answer("yes")]
+    chained = answered(*store.recall("resp_1"), user("and this one, the same?", wrapped), answer("yes"))
     store.remember("resp_2", chained)
-    store.remember("resp_3", [user("again", url), answer("still")])  # another conversation, the same picture
-    assert store.image_bytes == len(shot)  # three responses, four parts: one image held
+    store.remember("resp_3", answered(user("again", url), answer("still")))  # another chat, the same picture
+    assert store.image_bytes == len(url)  # three responses, four parts: one image held, as it was first sent
     assert store.recall("resp_1") == first
     back = store.recall("resp_2")
     assert [p["image"].url for t in back if isinstance(t["content"], list) for p in t["content"] if "image" in p] == [
@@ -56,21 +63,23 @@ def test_an_image_is_held_once_by_content_and_comes_back_as_it_was_sent():
         url,  # the line-wrapped base64 is the same bytes: it comes back as the first sending wrote it
     ]
     assert back[0]["content"][0]["image"].where == "input[0].content[0].image_url"
-    assert hashlib.sha256(base64.b64decode(url[22:])).hexdigest() in store._images  # the content's hash names it
+    assert list(store._images) == [hashlib.sha256(shot).hexdigest()]  # the content's hash names it
 
 
 def test_many_responses_with_images_stay_under_the_byte_bound_and_the_newest_still_chain():
     pictures = [png(seed) for seed in range(40)]
-    size = len(pictures[0])
+    size = len(data_url(pictures[0]))
     store = ResponseStore(max_image_bytes=10 * size + size // 2)  # room for ten of them
     turns: list[dict] = []
     held = []
     for n, picture in enumerate(pictures):
-        turns = [*(store.recall(f"resp_{n - 1}") or []), user(f"picture {n}?", data_url(picture)), answer(f"{n}")]
+        turns = answered(
+            *(store.recall(f"resp_{n - 1}") or []), user(f"picture {n}?", data_url(picture)), answer(f"{n}")
+        )
         store.remember(f"resp_{n}", turns)
         held.append(store.image_bytes)
         if n % 7 == 6:  # a new conversation now and then, each turn with a new picture
-            store.remember(f"resp_{n}", [user(f"picture {n}?", data_url(picture)), answer(f"{n}")])
+            store.remember(f"resp_{n}", answered(user(f"picture {n}?", data_url(picture)), answer(f"{n}")))
     assert max(held) <= store.max_image_bytes
     newest = store.recall("resp_39")
     assert newest is not None and newest[-1] == answer("39")
@@ -83,7 +92,7 @@ def test_many_responses_with_images_stay_under_the_byte_bound_and_the_newest_sti
 
 def test_a_response_continued_is_kept_over_older_ones_and_one_over_the_bound_is_not_kept():
     pictures = [png(seed) for seed in range(4)]
-    size = len(pictures[0])
+    size = len(data_url(pictures[0]))
     store = ResponseStore(max_image_bytes=2 * size + size // 2, max_responses=3)
     store.remember("resp_a", [user("a", data_url(pictures[0])), answer("a")])
     store.remember("resp_b", [user("b", data_url(pictures[1])), answer("b")])
