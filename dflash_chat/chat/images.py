@@ -91,12 +91,13 @@ def preview_of(image, cells: tuple[int, int] = PREVIEW_CELLS) -> Preview:
     scale = min(columns / max(width, 1), rows * 2 / max(height, 1))
     across = max(1, round(width * scale))
     down = max(2, min(rows * 2, round(height * scale / 2) * 2))
-    rgb = image.convert("RGB")
+    rgb = image if image.mode == "RGB" else image.convert("RGB")  # decoded images are RGB: no copy of a large one
     small = rgb.resize((across, down), Image.Resampling.BOX)
     raw = small.tobytes()
     pixels = [(raw[i], raw[i + 1], raw[i + 2]) for i in range(0, len(raw), 3)]
-    thumbnail = rgb.copy()
-    thumbnail.thumbnail((across * CELL_PIXELS[0], down // 2 * CELL_PIXELS[1]), Image.Resampling.LANCZOS)
+    fit = min(1.0, across * CELL_PIXELS[0] / max(width, 1), down // 2 * CELL_PIXELS[1] / max(height, 1))
+    size = (max(1, round(width * fit)), max(1, round(height * fit)))
+    thumbnail = rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
     return Preview(tuple(tuple(pixels[y * across : (y + 1) * across]) for y in range(down)), thumbnail)
 
 
