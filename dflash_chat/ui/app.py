@@ -69,6 +69,11 @@ class DFlashChatApp(App):
         servers = ToolServers(settings.mcp, self.store.path.parent)  # their logs beside the history
         self.chat = ChatScreen(settings, self.store, backend, self._recent_prompts(), servers)
 
+    def on_exit_app(self) -> None:
+        """Before the screens go: the terminal frees the images of the chips' previews (ui/widgets/image_preview.py)."""
+        for preview in self.chat.query(image_preview.ImagePreview):
+            preview.release()
+
     def post_display_hook(self) -> None:
         """After each frame: the sixel previews it painted are drawn over their cells (ui/widgets/image_preview.py)."""
         image_preview.draw_due()

@@ -1,5 +1,6 @@
 """The chat in a real pty, through Textual's own driver: in kitty (TERM=xterm-kitty) an attached image reaches the
-terminal as kitty's transmission and placeholder cells in the colour that names it, and nothing is asked of the
+terminal as kitty's transmission and placeholder cells in the colour that names it, is freed as the app closes, and
+nothing is asked of the
 terminal for it (this pty answers nothing, as a terminal that does not know a query)."""
 
 from __future__ import annotations
@@ -64,4 +65,6 @@ def test_kitty_gets_the_image_through_textuals_driver_and_no_query(home, tmp_pat
     assert sent is not None, "the image was not sent"
     r, g, b = graphics.kitty_colour(int(sent[1]))
     assert f"\x1b[38;2;{r};{g};{b}" in out[: out.index(graphics.PLACEHOLDER)][-80:]  # the cells name the image
+    freed = out.find(f"\x1b_Ga=d,d=I,i={sent[1]},q=2\x1b\\")
+    assert 0 < freed < out.rindex("\x1b[?1049l")  # freed as the app closed, before it left the screen
     assert "a=q" not in out and "\x1b[16t" not in out and "\x1b[14t" not in out  # nothing asked of the terminal

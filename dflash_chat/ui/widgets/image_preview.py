@@ -91,6 +91,10 @@ class ImagePreview(Widget):
             self.fall_back(exc)
 
     def on_unmount(self) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Free kitty's copy of the image (the chip is gone, or the app is closing)."""
         if self.image_id is not None:
             try:
                 write(self.app, graphics.kitty_delete(self.image_id))
