@@ -1,7 +1,6 @@
 """The chat in a real pty, through Textual's own driver: in kitty (TERM=xterm-kitty) an attached image reaches the
 terminal as kitty's transmission and placeholder cells in the colour that names it, is freed as the app closes, and
-nothing is asked of the
-terminal for it (this pty answers nothing, as a terminal that does not know a query)."""
+nothing is asked of the terminal for it (this pty answers nothing, as a terminal that does not know a query)."""
 
 from __future__ import annotations
 
