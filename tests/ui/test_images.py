@@ -504,3 +504,36 @@ def test_behind_a_dialog_a_preview_is_half_blocks_and_the_image_comes_back_after
     monkeypatch.setattr(graphics, "cell_pixels", lambda: (10, 20))
     (_, drawn), (_, drawn_behind), (_, drawn_after) = run(main())
     assert drawn > 0 and drawn_behind == 0 and drawn_after > 0  # drawn again once the chat is in front
+
+
+def test_a_sixel_is_not_drawn_over_what_covers_its_cells(home, tmp_path, monkeypatch):
+    """A tooltip or a notice over the preview: the image (drawn after the frame) would cover it, so it waits."""
+    from textual.widgets import Static
+
+    from dflash_chat.ui import terminal_graphics as graphics
+
+    monkeypatch.setenv("TERM", "foot")
+    monkeypatch.setattr(graphics, "cell_pixels", lambda: (10, 20))
+    shot = picture(tmp_path / "shot.png")
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            sent: list[str] = []
+            preview = await attach_one(pilot, app, shot, sent)
+            region = preview.region
+            cover = Static("over it")
+            cover.styles.overlay = "screen"
+            cover.styles.position = "absolute"
+            cover.styles.offset = (region.x + 2, region.y)
+            await app.chat.mount(cover)
+            sent.clear()
+            preview.refresh()
+            await pilot.pause()
+            covered = sum("\x1bPq" in s for s in sent)
+            await cover.remove()
+            await pilot.pause()
+            return covered, sum("\x1bPq" in s for s in sent)
+
+    covered, uncovered = run(main())
+    assert covered == 0 and uncovered > 0

@@ -5,7 +5,8 @@ how, from the environment), else half-block cells. Both take the same cells, so 
   the colour that names it.
 - sixel: the cells are blank text; each frame that painted them is followed by the image drawn over them
   (`draw_due`, from the app's post_display_hook), sized by the cells' pixels. It is drawn only while the preview
-  is whole on the screen (a sixel is not clipped): blank cells while it is scrolled partly out of view.
+  is whole on the screen with nothing over it (a sixel is not clipped, and is drawn after the frame): blank cells
+  while it is scrolled partly out of view, or a tooltip or notice covers part of it.
 - Under a dialog (the chat screen not in front) both are half-blocks, dimmed with the rest: a dimmed placeholder's
   colour names no image, and a sixel would cover the dialog. The chat screen refreshes its previews as it goes
   behind a dialog and comes back (`refresh_previews`).
@@ -132,11 +133,17 @@ class ImagePreview(Widget):
             return False
 
     def _drawable(self, crop: Region) -> bool:
-        """Whether the whole preview is painted now, on the screen in front."""
-        if crop != Region(0, 0, self.region.width, self.region.height) or not self._in_front():
+        """Whether the whole preview is painted now, on the screen in front, nothing over it (a tooltip, a notice:
+        the sixel, drawn after the frame, would cover them)."""
+        region = self.region
+        if crop != Region(0, 0, region.width, region.height) or not self._in_front():
             return False
         try:
-            return self.screen.find_widget(self).visible_region == self.region
+            screen = self.screen
+            if screen.find_widget(self).visible_region != region:
+                return False
+            cells = ((x, y) for y in range(region.y, region.bottom) for x in range(region.x, region.right))
+            return all(screen.get_widget_at(x, y)[0] is self for x, y in cells)
         except Exception:  # noqa: BLE001 - not placed on the screen yet: drawn with the next frame
             return False
 
