@@ -176,6 +176,6 @@ def _runs(bits: list[int]) -> str:
     return "".join(out)
 
 
-def sixel_at(column: int, row: int, image: Any) -> str:
-    """The image drawn with its top left at a screen cell (0-based), the cursor put back where it was."""
-    return f"\x1b7\x1b[{row + 1};{column + 1}H{sixel(image)}\x1b8"
+def sixel_at(column: int, row: int, sixel_text: str) -> str:
+    """A sixel image drawn with its top left at a screen cell (0-based), the cursor put back where it was."""
+    return f"\x1b7\x1b[{row + 1};{column + 1}H{sixel_text}\x1b8"

@@ -153,5 +153,5 @@ def test_sixel_draws_the_image_pixel_for_pixel():
     assert rows[0] == [red] * 5 + [blue] * 8 and rows[3] == rows[0]
     assert rows[4] == [red] * 13 and rows[7] == [green] * 2 + [red] * 11
     assert not graphics.sixel(image).endswith("-\x1b\\")  # no line feed after the last band
-    at = graphics.sixel_at(4, 9, image)
+    at = graphics.sixel_at(4, 9, graphics.sixel(image))
     assert at.startswith("\x1b7\x1b[10;5H\x1bPq") and at.endswith("\x1b\\\x1b8")  # the cursor put back

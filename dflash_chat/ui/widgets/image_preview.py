@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any
 
 from rich.color import Color
 from rich.style import Style
@@ -66,7 +65,7 @@ class ImagePreview(Widget):
         self.preview = preview
         self.protocol = protocol
         self.image_id: int | None = None  # kitty: the id the terminal holds the thumbnail under
-        self._sixel: tuple[tuple[int, int], Any] | None = None  # the cell size it was made for, and the image
+        self._sixel: tuple[tuple[int, int], str] | None = None  # the cell size it was made for, and its sequence
 
     def get_content_width(self, container: Size, viewport: Size) -> int:
         return self.preview.columns
@@ -109,7 +108,7 @@ class ImagePreview(Widget):
         try:
             if self.protocol == "kitty" and self.image_id is not None:
                 return self._placeholders(self.image_id)
-            if self.protocol == "sixel" and self._sixel_image() is not None:
+            if self.protocol == "sixel" and self._sixel_text():
                 return Text("\n".join(" " * self.preview.columns for _ in range(self.preview.rows)))
         except Exception as exc:  # noqa: BLE001
             self.fall_back(exc)
@@ -147,15 +146,16 @@ class ImagePreview(Widget):
         except Exception:  # noqa: BLE001 - not placed on the screen yet: drawn with the next frame
             return False
 
-    def _sixel_image(self) -> Any:
-        """The thumbnail at the cells' pixel size (kept until that changes), or None where the size is unknown."""
+    def _sixel_text(self) -> str:
+        """The thumbnail as sixel at the cells' pixel size, encoded once for each size; a RuntimeError where the
+        terminal reports no size."""
         cell = graphics.cell_pixels()
         if cell is None:
             raise RuntimeError("the terminal reports no cell size in pixels")
         if self._sixel is None or self._sixel[0] != cell:
             image = self.preview.thumbnail.copy()
             image.thumbnail((self.preview.columns * cell[0], self.preview.rows * cell[1]))
-            self._sixel = (cell, image)
+            self._sixel = (cell, graphics.sixel(image))
         return self._sixel[1]
 
     def draw_sixel(self) -> None:
