@@ -60,6 +60,7 @@ class Settings:
     draft: str | int = "auto"  # drafts each step verifies: "auto", "off" or a number (engine/draft_length.py)
     speculate: str = "auto"  # which method drafts: "auto", "dflash", "mtp", "lookup" or "none" (engine/speculation.py)
     vision: str = "auto"  # the vision tower: "auto" (loaded where it fits, models/hardware.py) or "off"
+    previews: str = "auto"  # how attached images are previewed: auto, kitty, sixel or blocks (ui/terminal_graphics.py)
     # MiB of prompt checkpoints kept so a branching request resumes near the branch (engine/prefix_cache.py)
     prefix_cache_mib: int = rules.PREFIX_CACHE_MIB_DEFAULT
     # MiB of host memory for conversations another request displaced, so they resume later (engine/parked.py)
@@ -135,6 +136,7 @@ def _one_of(*options: str) -> Callable[[Any], str]:
 
 
 DECODE_PATHS = ("auto", "graphs", "fixed")
+PREVIEWS = ("auto", "kitty", "sixel", "blocks")  # the previews setting (ui/terminal_graphics.py reads it)
 OLD_DECODE_NAMES = {"eager": "fixed"}  # the variable-shape eager steps are gone; the fixed ones run uncaptured
 
 
@@ -159,6 +161,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "draft": rules.draft,
     "speculate": rules.speculate,
     "vision": rules.vision,
+    "previews": _one_of(*PREVIEWS),
     "prefix_cache_mib": rules.PREFIX_CACHE_MIB.parse,
     "prefix_cache_ram_mib": rules.PREFIX_CACHE_RAM_MIB.parse,
     "keymap": _keymap,
@@ -186,6 +189,9 @@ DESCRIPTIONS: dict[str, str] = {
     "drafter), mtp (the model's own MTP layer), lookup (copied from the chat), none (plain decoding)",
     "vision": "the model's vision tower, which reads images: auto (loaded where it fits beside the model and its "
     "context; `dflash-chat models` says whether it does) or off (never loaded: its memory goes to the context)",
+    "previews": "how an attached image's chip shows it: auto (the image itself where the terminal draws images: "
+    "kitty and Ghostty, or sixel in WezTerm, iTerm2, foot, mlterm, contour and Konsole; else coloured half-blocks), "
+    "kitty, sixel or blocks",
     "prefix_cache_mib": "MiB of prompt checkpoints kept on the model's device so a request that shares only the start of "
     "an earlier one (the same system prompt and tools) resumes there instead of prefilling it again (0 = off)",
     "prefix_cache_ram_mib": "MiB of host memory for whole conversations set aside while another one (a second chat, "

@@ -81,6 +81,8 @@ def test_only_changed_values_are_written(home):
             r"vision must be auto \(the vision tower loads where it fits beside the model\) or off, got 'on'",
         ),
         ("vision", False, "auto .* or off, got False"),
+        ("previews", "graphics", r"previews must be one of auto, kitty, sixel, blocks, got 'graphics'"),
+        ("previews", 3, "previews must be one of auto, kitty, sixel, blocks, got 3"),
         ("prefix_cache_mib", "-1", "prefix_cache_mib must be a whole number from 0 to 1048576"),
         ("prefix_cache_mib", "lots", "prefix_cache_mib must be a whole number"),
         ("prefix_cache_mib", 1.5, "whole number"),
@@ -105,6 +107,18 @@ def test_draft_is_a_word_or_a_number_and_eager_is_fixed():
     assert settings.parse_assignment("draft=3") == ("draft", 3)
     assert settings.parse_assignment("speculate=MTP") == ("speculate", "mtp")
     assert settings.parse_assignment("vision= OFF") == ("vision", "off") and settings.Settings().vision == "auto"
+    assert settings.parse_assignment("previews= Kitty") == ("previews", "kitty") and Settings().previews == "auto"
+
+
+def test_a_bad_previews_value_in_the_file_is_one_line_and_the_default_meanwhile(home):
+    write_config('previews = "sixels"\ntemperature = 0.2\n')
+    current, problems = settings.read()
+    assert current == Settings(temperature=0.2)
+    assert len(problems) == 1 and "\n" not in problems[0]
+    assert problems[0].endswith(
+        "previews must be one of auto, kitty, sixel, blocks, got 'sixels'; fix or remove that line (using 'auto' "
+        "meanwhile)"
+    )
 
 
 def test_parse_assignment():

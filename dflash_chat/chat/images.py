@@ -59,13 +59,31 @@ class Attachment:
         return f"{self.name} ({self.width}×{self.height}, sha256 {self.digest[:12]})"
 
 
-Preview = tuple[tuple[tuple[int, int, int], ...], ...]  # rows of RGB pixels, an even number of rows
-PREVIEW_CELLS = (8, 2)  # the most columns and rows a chip's preview takes: 8 x 4 pixels
+PREVIEW_CELLS = (8, 2)  # the most columns and rows a chip's preview takes: 8 x 4 half-block pixels
+CELL_PIXELS = (20, 40)  # the most pixels a terminal cell is wide and high (a 2x screen's): a thumbnail's cell
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a chip shows of an image (ui/widgets/image_preview.py): `cells`, rows of RGB pixels (an even number,
+    two to a half-block cell); and `thumbnail`, a small RGB Pillow image of the same aspect, for a terminal that draws
+    images (as many cells, each up to CELL_PIXELS)."""
+
+    cells: tuple[tuple[tuple[int, int, int], ...], ...]
+    thumbnail: Any
+
+    @property
+    def columns(self) -> int:
+        return len(self.cells[0])
+
+    @property
+    def rows(self) -> int:
+        return len(self.cells) // 2
 
 
 def preview_of(image, cells: tuple[int, int] = PREVIEW_CELLS) -> Preview:
     """A Pillow image as a preview of at most `cells` (columns, rows) of half-block cells (two pixels each, about
-    square), its aspect kept. Plain data: the attaching worker makes it, ui/widgets/image_chips.py draws it."""
+    square), its aspect kept. The attaching worker makes it, so the UI thread never resizes a large image."""
     from PIL import Image
 
     columns, rows = cells
@@ -73,10 +91,14 @@ def preview_of(image, cells: tuple[int, int] = PREVIEW_CELLS) -> Preview:
     scale = min(columns / max(width, 1), rows * 2 / max(height, 1))
     across = max(1, round(width * scale))
     down = max(2, min(rows * 2, round(height * scale / 2) * 2))
-    small = image.convert("RGB").resize((across, down), Image.Resampling.BOX)
+    rgb = image if image.mode == "RGB" else image.convert("RGB")  # decoded images are RGB: no copy of a large one
+    small = rgb.resize((across, down), Image.Resampling.BOX)
     raw = small.tobytes()
     pixels = [(raw[i], raw[i + 1], raw[i + 2]) for i in range(0, len(raw), 3)]
-    return tuple(tuple(pixels[y * across : (y + 1) * across]) for y in range(down))
+    fit = min(1.0, across * CELL_PIXELS[0] / max(width, 1), down // 2 * CELL_PIXELS[1] / max(height, 1))
+    size = (max(1, round(width * fit)), max(1, round(height * fit)))
+    thumbnail = rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+    return Preview(tuple(tuple(pixels[y * across : (y + 1) * across]) for y in range(down)), thumbnail)
 
 
 def attachments_to_json(images: tuple[Attachment, ...]) -> str | None:

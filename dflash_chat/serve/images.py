@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_chat.runtime.image_decode import MAX_BYTES, ImageError, decode_bytes, decode_data_url
@@ -28,10 +28,13 @@ URL_SCHEMES = ("data:", "http://", "https://")
 
 @dataclass(frozen=True)
 class ImageSource:
-    """An image a request names: a data URL or an http(s) URL, and the request's field that holds it."""
+    """An image a request names: a data URL or an http(s) URL, and the request's field that holds it. `read` holds
+    the SHA-256 of the image's bytes ("digest", as runtime/image_decode.py names an image) once `shown` has decoded
+    it, so what keeps the request (serve/response_store.py) never reads the image again."""
 
     url: str
     where: str
+    read: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
 def source_part(url: Any, where: str) -> dict[str, Any]:
@@ -90,6 +93,7 @@ def _decoded(source: ImageSource, allow_urls: bool, fetch: Callable[[str, str], 
             decoded = decode_bytes(fetch(source.url, source.where), name)
     except ImageError as exc:
         raise bad_request(str(exc), source.where, "invalid_image") from None
+    source.read["digest"] = decoded.digest
     return image_part(decoded.image)
 
 

@@ -4,8 +4,8 @@ A body is read into the internal ChatRequest: `instructions` becomes the system 
 or items: `message` with text parts, `function_call`, `function_call_output`) the turns, Responses' flat
 function `tools` and `tool_choice` a ToolUse, `reasoning.effort` the thinking switch (none or minimal:
 off). `previous_response_id` continues a stored response's conversation, kept in memory only
-(Served.remember: a bounded store, never on disk), an unknown one is a 400. Items and fields we do not
-use (reasoning items, `include`, `text`, `prompt_cache_key`) are accepted and ignored. Built-in tools
+(serve/response_store.py: bounded by count and by its images' bytes, never on disk); an unknown or dropped one is a
+400. Items and fields we do not use (reasoning items, `include`, `text`, `prompt_cache_key`) are accepted and ignored. Built-in tools
 (`web_search`, `file_search`, Codex's `namespace` groups, ...: OpenAI's servers run them, nothing here does) are
 left out, of the prompt and of the `tools` the response says it took: Codex sends some with every request.
 A user message's `input_image` parts (and a function_call_output's) are the turn's images, by a data URL or, with
@@ -32,6 +32,7 @@ from dflash_chat.serve.images import source_part
 from dflash_chat.serve.openai_chat import figures
 from dflash_chat.serve.requests import ChatRequest, Streaming, content_parts, optional, output_format
 from dflash_chat.serve.requests import sampling as checked_sampling
+from dflash_chat.serve.response_store import KEPT_RESPONSES, MAX_IMAGE_BYTES
 from dflash_chat.serve.writer import sse
 from dflash_chat.settings import Settings
 
@@ -51,8 +52,9 @@ def responses_request(body: Mapping, defaults: Settings, previous: Callable[[str
         kept = previous(earlier)
         if kept is None:
             raise bad_request(
-                f"'previous_response_id' {shown(earlier)} is not a response this server keeps (they live in "
-                "memory, the last few hundred, until it restarts): send the whole input instead.",
+                f"'previous_response_id' {shown(earlier)} is not a response this server keeps (it keeps the last "
+                f"{KEPT_RESPONSES} and {MAX_IMAGE_BYTES // 2**20} MiB of their images, in memory, dropping the oldest "
+                "first): send the whole conversation in 'input' instead.",
                 "previous_response_id",
             )
         turns = list(kept)

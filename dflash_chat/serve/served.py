@@ -13,7 +13,6 @@ import copy
 import hmac
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from fastapi import Request
@@ -29,13 +28,13 @@ from dflash_chat.serve.errors import SERVER_FAULT, ApiError, bad_request, log
 from dflash_chat.serve.metrics import Metrics
 from dflash_chat.serve.openai_chat import finish_reason
 from dflash_chat.serve.requests import ChatRequest, CompletionRequest
+from dflash_chat.serve.response_store import ResponseStore
 from dflash_chat.serve.scheduler import Job, Scheduler
 from dflash_chat.settings import Settings
 
 BODY_TIMEOUT_S = 10.0  # a body must have arrived whole by then (a short one would hold the connection)
 DRAIN = object()  # put in each open answer's queue when the server shuts down
 CLIENTS = "clients"  # the answering service's key for what the engine holds: one for every client
-KEPT_RESPONSES = 256  # /v1/responses answers a later request may continue (previous_response_id), in memory
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ class Served:
         self.load_error: str | None = None
         self.metrics: Metrics | None = None
         self.scheduler = Scheduler(max_waiting, on_change=self._queue_changed)
-        self._responses: OrderedDict[str, list[Turn]] = OrderedDict()  # response id -> its conversation's turns
+        self.responses = ResponseStore()  # what previous_response_id continues
         self._checker: object = None  # a tokenizer of its own for checking requests, never the engine thread's
         self._checker_lock = threading.Lock()
 
@@ -111,15 +110,11 @@ class Served:
         return self.service.session.spec_tokens if self.service is not None else 0
 
     def remember(self, response_id: str, turns: list[Turn]) -> None:
-        """A response a later request may continue (Responses' previous_response_id): the last KEPT_RESPONSES,
-        in memory only."""
-        self._responses[response_id] = turns
-        self._responses.move_to_end(response_id)
-        while len(self._responses) > KEPT_RESPONSES:
-            self._responses.popitem(last=False)
+        """A response a later request may continue (Responses' previous_response_id): serve/response_store.py."""
+        self.responses.remember(response_id, turns)
 
     def recall(self, response_id: str) -> list[Turn] | None:
-        return self._responses.get(response_id)
+        return self.responses.recall(response_id)
 
     def _queue_changed(self, running: int, waiting: int) -> None:
         if self.metrics is not None:

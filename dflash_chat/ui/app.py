@@ -28,6 +28,7 @@ from dflash_chat.ui.chat_screen import ChatScreen
 from dflash_chat.ui.history_screen import HistoryScreen
 from dflash_chat.ui.settings_screen import SettingsScreen
 from dflash_chat.ui.themes import DEFAULT_THEME, discover_themes
+from dflash_chat.ui.widgets import image_preview
 
 STYLESHEET = Path(__file__).with_name("app.tcss")  # every rule of the app's look, screens and widgets alike
 STICKY_S = 7 * 24 * 3600  # a notice about the user's own files stays until dismissed (click it, or the palette)
@@ -67,6 +68,15 @@ class DFlashChatApp(App):
             backend = _backend_for(settings, source)
         servers = ToolServers(settings.mcp, self.store.path.parent)  # their logs beside the history
         self.chat = ChatScreen(settings, self.store, backend, self._recent_prompts(), servers)
+
+    def on_exit_app(self) -> None:
+        """Before the screens go: the terminal frees the images of the chips' previews (ui/widgets/image_preview.py)."""
+        for preview in self.chat.query(image_preview.ImagePreview):
+            preview.release()
+
+    def post_display_hook(self) -> None:
+        """After each frame: the sixel previews it painted are drawn over their cells (ui/widgets/image_preview.py)."""
+        image_preview.draw_due()
 
     @property
     def settings(self) -> Settings:

@@ -20,6 +20,7 @@ until the message is sent; a model that reads no images says so, and nothing is 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import threading
@@ -54,11 +55,12 @@ from dflash_chat.runtime.model_source import Pick
 from dflash_chat.runtime.prompt import Prompt
 from dflash_chat.runtime.tool_calls import ToolCall
 from dflash_chat.settings import Settings
-from dflash_chat.ui import messages, status_text
+from dflash_chat.ui import messages, status_text, terminal_graphics
 from dflash_chat.ui.confirm_call_screen import ALWAYS, NO, STOP, YES, ConfirmCallScreen
 from dflash_chat.ui.dialogs import TextDialog
 from dflash_chat.ui.keymap import COMMANDS
 from dflash_chat.ui.notices import PlainNotices
+from dflash_chat.ui.widgets import image_preview
 from dflash_chat.ui.widgets.chat_view import AssistantMessage, ChatView
 from dflash_chat.ui.widgets.image_chips import ImageChip, PendingImages
 from dflash_chat.ui.widgets.load_bar import LoadBar
@@ -346,7 +348,7 @@ class ChatScreen(PlainNotices, Screen):
         self.conversation.messages.append(message)
         self.recorder.add(self.conversation, message)
         self.pending = []
-        await self.query_one(PendingImages).show(self.pending)
+        await self.show_pending()
         await self.chat_view.add_user(message)
         if self.backend.model is None:  # shown and saved now, answered once the model is ready
             self.waiting = self.conversation
@@ -408,7 +410,7 @@ class ChatScreen(PlainNotices, Screen):
             self.notify(f"{event.image.name} is attached already (the same image as {same.name}).")
             return
         self.pending.append((event.image, event.preview))
-        await self.query_one(PendingImages).show(self.pending)
+        await self.show_pending()
 
     async def on_image_refused(self, message: messages.ImageRefused) -> None:
         event = message.event
@@ -420,10 +422,21 @@ class ChatScreen(PlainNotices, Screen):
             box.load_text(f"{line}\n{box.text}" if box.text else line)
             box.move_cursor(box.document.end)
 
+    def on_screen_suspend(self) -> None:
+        image_preview.refresh_previews(self)  # behind a dialog: half-blocks (ui/widgets/image_preview.py)
+
+    def on_screen_resume(self) -> None:
+        image_preview.refresh_previews(self)
+
+    async def show_pending(self) -> None:
+        """The chips of the images the next message holds, previewed as this terminal can (the previews setting)."""
+        protocol = terminal_graphics.protocol(self.settings.previews, os.environ)
+        await self.query_one(PendingImages).show(self.pending, protocol)
+
     @on(ImageChip.Removed)
     async def image_removed(self, event: ImageChip.Removed) -> None:
         self.pending = [(image, preview) for image, preview in self.pending if image is not event.chip.image]
-        await self.query_one(PendingImages).show(self.pending)
+        await self.show_pending()
         self.query_one(PromptInput).focus()
 
     # the answer

@@ -13,7 +13,7 @@ from dflash_chat import settings as settings_module
 from dflash_chat.engine.rules import VISION_WORDS
 from dflash_chat.errors import UserError, one_line
 from dflash_chat.runtime.model_source import drafter_value, model_value
-from dflash_chat.settings import DECODE_PATHS, DESCRIPTIONS, Settings, SettingsError
+from dflash_chat.settings import DECODE_PATHS, DESCRIPTIONS, PREVIEWS, Settings, SettingsError
 from dflash_chat.ui.notices import PlainNotices
 
 TEXT_FIELDS = (
@@ -86,6 +86,15 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
                     id="field-vision",
                     tooltip=DESCRIPTIONS["vision"],
                 )
+            with Horizontal(classes="field"):
+                yield Label("previews", classes="field-name")
+                yield Select(
+                    [(name, name) for name in PREVIEWS],
+                    value=self.current.previews,
+                    allow_blank=False,
+                    id="field-previews",
+                    tooltip=DESCRIPTIONS["previews"],
+                )
             yield Static("", id="settings-errors", markup=False)  # quotes what was typed
             with Horizontal(id="settings-buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="save")
@@ -120,6 +129,7 @@ class SettingsScreen(PlainNotices, Screen[Settings | None]):
         values["theme"] = self.query_one("#field-theme", Select).value
         values["decode"] = self.query_one("#field-decode", Select).value
         values["vision"] = self.query_one("#field-vision", Select).value
+        values["previews"] = self.query_one("#field-previews", Select).value
         return replace(self.current, **values), errors
 
     def action_save(self) -> None:

@@ -87,8 +87,11 @@ def test_a_preview_keeps_the_aspect_within_its_cells():
 
     wide = preview_of(Image.new("RGB", (400, 100), (0, 0, 255)))
     tall = preview_of(Image.new("RGB", (16, 48), (0, 255, 0)))
-    assert (len(wide[0]), len(wide)) == (8, 2) and wide[0][0] == (0, 0, 255)
-    assert (len(tall[0]), len(tall)) == (1, 4)
+    assert (wide.columns, wide.rows) == (8, 1) and wide.cells[0][0] == (0, 0, 255)
+    assert (tall.columns, tall.rows) == (1, 2)
+    # a thumbnail for terminals that draw images: the aspect kept, within as many cells of up to 20 x 40 pixels
+    assert wide.thumbnail.size == (160, 40) and wide.thumbnail.getpixel((0, 0)) == (0, 0, 255)
+    assert tall.thumbnail.size == (16, 48)  # never larger than the image
 
 
 def test_image_turns_are_saved_by_hash_and_come_back(tmp_path):

@@ -7,6 +7,7 @@ images where none belong refused with a 400 in each dialect's shape."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import io
 import threading
@@ -176,6 +177,38 @@ def test_a_responses_input_image_is_answered_and_counted(openai_client, image_to
     assert follow.usage.input_tokens_details.cached_tokens >= response.usage.input_tokens  # the kept image reused
     plain = openai_client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
     assert response.usage.input_tokens == plain.usage.input_tokens + image_tokens + 2
+
+
+def test_stored_responses_keep_their_images_within_a_byte_bound(server, monkeypatch):
+    """previous_response_id through the server, its store bounded to two of these images: the newest responses
+    still continue, the oldest was dropped whole and its id is a 400 that says to send the whole input."""
+    from dflash_chat.serve.response_store import ResponseStore
+
+    pictures = [png(64, 48, (40 * n, 200 - 40 * n, 90)) for n in range(4)]
+    store = ResponseStore(max_image_bytes=2 * max(len(data_url(p)) for p in pictures) + 8)
+    monkeypatch.setattr(server[0], "responses", store)
+
+    def ask(picture: bytes, previous: str | None = None):
+        content = [{"type": "input_text", "text": QUESTION}, {"type": "input_image", "image_url": data_url(picture)}]
+        body = {"model": MODEL, "input": [{"role": "user", "content": content}], "max_output_tokens": 2}
+        return post(server, "/v1/responses", {**body, **({"previous_response_id": previous} if previous else {})})
+
+    ids = []
+    for picture in pictures:
+        reply = ask(picture)
+        assert reply.status_code == 200, reply.text
+        ids.append(reply.json()["id"])
+        assert store.image_bytes <= store.max_image_bytes
+    chained = ask(pictures[0], ids[-1])  # the newest continues with a picture it did not hold: that goes, not it
+    assert chained.status_code == 200, chained.text
+    dropped = ask(pictures[1], ids[0])
+    message = dropped.json()["error"]["message"]
+    assert dropped.status_code == 400 and "\n" not in message, dropped.text
+    assert f"'previous_response_id' '{ids[0]}' is not a response this server keeps" in message
+    assert message.endswith("send the whole conversation in 'input' instead.")
+    assert store.recall(chained.json()["id"]) is not None and store.image_bytes <= store.max_image_bytes
+    # held by the hash serve took as it decoded each image for the answer
+    assert set(store._images) == {hashlib.sha256(p).hexdigest() for p in (pictures[3], pictures[0])}
 
 
 class _Images(http.server.BaseHTTPRequestHandler):

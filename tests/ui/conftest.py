@@ -13,6 +13,17 @@ from dflash_chat.chat.history import HistoryStore
 from dflash_chat.engine.events import GenerationStats
 from dflash_chat.settings import Settings
 
+GRAPHICS_ENV = ("KITTY_WINDOW_ID", "TERM_PROGRAM", "LC_TERMINAL", "MLTERM", "TERMINAL_NAME", "KONSOLE_VERSION")
+
+
+@pytest.fixture(autouse=True)
+def plain_terminal(monkeypatch):
+    """Tests see a terminal that draws no images, whichever one runs them (ui/terminal_graphics.py reads these), so
+    the image previews are half-blocks, as the snapshots hold them."""
+    for name in GRAPHICS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):

@@ -1,7 +1,9 @@
 """Images in the chat, through Textual's pilot: attached by a /image line, the attach key or a pasted path, shown
 as chips above the message box and removed from there, refused with a notice (nothing typed lost), refused by a
 model without a vision tower, sent to the real engine (a tiny random vision-language model built here), saved by
-content hash and shown again when the chat is opened in a new session."""
+content hash and shown again when the chat is opened in a new session; the chip's preview the image itself in a
+kitty or sixel terminal (known from the environment), half-blocks elsewhere, by the previews setting, or when the
+graphics path fails."""
 
 from __future__ import annotations
 
@@ -305,3 +307,233 @@ def test_a_message_with_images_sent_while_a_text_model_loads_waits_and_the_chat_
     assert [m.role for m in chat] == ["user", "user", "assistant"] and chat[0].images[0].name == "shot.png"
     text = prompts.messages[-1].prompt.text
     assert f"[image {chat[0].images[0].reference()}: not shown, this model reads no images]\nwhat is it?" in text
+
+
+def preview_lines(preview) -> list[list]:
+    """The preview's cells as the screen gets them: (text, foreground, background) a cell."""
+    from textual.geometry import Region
+
+    strips = preview.render_lines(Region(0, 0, preview.region.width, preview.region.height))
+    return [
+        [(s.text, s.style.color.triplet if s.style.color else None, s.style.bgcolor) for s in strip] for strip in strips
+    ]
+
+
+async def attach_one(pilot, app, path, sent: list[str]) -> object:
+    """Attach `path` with the terminal's output captured in `sent`; the chip's preview."""
+    from dflash_chat.ui.widgets.image_preview import ImagePreview
+
+    app._driver.write = sent.append  # what would go to the terminal, in order
+    await typed(pilot, app, f"/image {path}")
+    await pilot.pause()
+    return app.chat.query_one(ImagePreview)
+
+
+def test_a_kitty_terminal_gets_the_image_itself_and_the_chip_frees_it(home, tmp_path, monkeypatch):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from dflash_chat.ui import terminal_graphics as graphics
+
+    monkeypatch.setenv("TERM", "xterm-kitty")
+    shot = picture(tmp_path / "shot.png", (64, 32), (200, 30, 120))
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            sent: list[str] = []
+            preview = await attach_one(pilot, app, shot, sent)
+            shown = preview.protocol, preview.image_id, preview_lines(preview), list(sent)
+            app.chat.query_one(ImageChip).focus()
+            await pilot.press("delete")
+            await pilot.pause()
+            return shown, sent
+
+    (protocol, image_id, cells, transmitted), sent = run(main())
+    assert protocol == "kitty" and image_id is not None
+    colour = graphics.kitty_colour(image_id)
+    # 64 x 32 fits 8 x 2 cells; each cell the placeholder naming its row and column, in the colour naming the image
+    assert ["".join(text for text, _, _ in row) for row in cells] == graphics.kitty_cells(8, 2)
+    assert {fg for row in cells for _, fg, _ in row} == {colour}
+    assert len(transmitted) == 1 and transmitted[0].startswith(f"\x1b_Ga=T,U=1,f=100,i={image_id},c=8,r=2,q=2")
+    payload = "".join(part.split(";", 1)[1] for part in transmitted[0].split("\x1b\\") if part)
+    assert Image.open(io.BytesIO(base64.b64decode(payload))).size == (64, 32)  # small already: sent as it is
+    assert sent[-1] == graphics.kitty_delete(image_id)  # the chip removed: the terminal frees the image
+
+
+def test_half_blocks_where_the_terminal_draws_no_images_or_the_setting_says_so(home, tmp_path, monkeypatch):
+    from dflash_chat.ui.widgets.image_preview import block_text
+
+    shot = picture(tmp_path / "shot.png", (64, 32), (200, 30, 120))
+
+    async def main(settings):
+        app = DFlashChatApp(settings)
+        async with app.run_test(size=(120, 36)) as pilot:
+            sent: list[str] = []
+            preview = await attach_one(pilot, app, shot, sent)
+            return preview.protocol, preview.image_id, preview.render(), block_text(preview.preview), sent
+
+    for environ, settings in (({}, Settings()), ({"TERM": "xterm-kitty"}, Settings(previews="blocks"))):
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        protocol, image_id, shown, blocks, sent = run(main(settings))
+        assert (protocol, image_id) == (None, None) and shown == blocks and sent == []
+        assert shown.plain == "▀" * 8 + "\n" + "▀" * 8
+
+
+def test_a_sixel_terminal_gets_the_image_drawn_over_its_cells_after_each_frame(home, tmp_path, monkeypatch):
+    from dflash_chat.ui import terminal_graphics as graphics
+
+    monkeypatch.setenv("TERM", "foot")
+    monkeypatch.setattr(graphics, "cell_pixels", lambda: (10, 20))
+    shot = picture(tmp_path / "shot.png", (64, 32), (200, 30, 120))
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            sent: list[str] = []
+            preview = await attach_one(pilot, app, shot, sent)
+            drawn = list(sent)
+            sent.clear()
+            app.chat.query_one(ImageChip).focus()  # the chip repainted: the image drawn again over it
+            await pilot.pause()
+            return preview.protocol, preview.content_region, preview_lines(preview), drawn, sent
+
+    protocol, region, cells, drawn, again = run(main())
+    assert protocol == "sixel"
+    assert ["".join(text for text, _, _ in row) for row in cells] == [" " * 8, " " * 8]  # blank under the image
+    at = f"\x1b7\x1b[{region.y + 1};{region.x + 1}H\x1bPq"
+    assert drawn and all(d.startswith(at) and d.endswith("\x1b8") for d in drawn)
+    assert '"1;1;64;32' in drawn[0]  # the thumbnail fits 8 x 2 cells of 10 x 20 pixels: 80 x 40
+    assert again and again[-1] == drawn[-1]
+
+
+def test_a_graphics_preview_that_fails_is_half_blocks_and_the_chat_goes_on(home, tmp_path, monkeypatch):
+    """A kitty image that cannot be encoded, a sixel that cannot be drawn, a terminal that reports no cell size:
+    each chip shows half-blocks, no error reaches the user, and the image stays attached."""
+    from dflash_chat.ui import terminal_graphics as graphics
+    from dflash_chat.ui.widgets.image_preview import block_text
+
+    shot = picture(tmp_path / "shot.png", (64, 32), (200, 30, 120))
+
+    def broken(*_):
+        raise OSError("the encoder failed")
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            preview = await attach_one(pilot, app, shot, [])
+            await pilot.pause()
+            return preview.protocol, preview.render(), block_text(preview.preview), pending(app), notices(app)
+
+    cases = [
+        ("xterm-kitty", "png_bytes", broken),
+        ("foot", "sixel", broken),
+        ("foot", "cell_pixels", lambda: None),
+    ]
+    for term, name, replacement in cases:
+        with monkeypatch.context() as patch:
+            patch.setenv("TERM", term)
+            patch.setattr(graphics, "cell_pixels", lambda: (10, 20))
+            patch.setattr(graphics, name, replacement)
+            protocol, shown, blocks, attached, said = run(main())
+        assert (protocol, shown, attached, said) == (None, blocks, ["shot.png"], []), (term, name)
+
+
+def test_the_settings_screen_turns_previews_to_half_blocks_and_back(home, tmp_path, monkeypatch):
+    """In kitty, previews set to blocks on the settings screen: the next chips are half-blocks, saved in
+    config.toml; set back to auto, kitty's image again."""
+    from dflash_chat import settings as settings_module
+    from dflash_chat.ui.settings_screen import SettingsScreen
+    from dflash_chat.ui.widgets.image_preview import ImagePreview
+
+    monkeypatch.setenv("TERM", "xterm-kitty")
+    shot = picture(tmp_path / "shot.png")
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            seen = []
+            for choice in ("blocks", "auto"):
+                await pilot.press("ctrl+s")
+                await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), 30, "settings screen")
+                app.screen.query_one("#field-previews").value = choice
+                await pilot.press("ctrl+s")
+                await wait_for(pilot, lambda: app.screen is app.chat, 30, "back to chat")
+                seen.append((settings_module.load().previews, (await attach_one(pilot, app, shot, [])).protocol))
+                app.chat.query_one(ImageChip).focus()
+                await pilot.press("delete")
+                await wait_for(pilot, lambda: not app.chat.query(ImagePreview), 10, "the chip removed")
+            return seen
+
+    assert run(main()) == [("blocks", None), ("auto", "kitty")]
+
+
+def test_behind_a_dialog_a_preview_is_half_blocks_and_the_image_comes_back_after(home, tmp_path, monkeypatch):
+    """Dimmed under a dialog, a placeholder's colour would name no image, and a sixel would cover the dialog."""
+    from dflash_chat.ui import terminal_graphics as graphics
+
+    shot = picture(tmp_path / "shot.png")
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            sent: list[str] = []
+            await attach_one(pilot, app, shot, sent)
+            phases = [(app.export_screenshot().count(graphics.PLACEHOLDER), sum("\x1bPq" in s for s in sent))]
+            sent.clear()
+            await pilot.press("f4")
+            await wait_for(pilot, lambda: isinstance(app.screen, TextDialog), 10, "the path dialog")
+            await pilot.pause()
+            sent.clear()
+            app.screen.refresh()  # the dialog and the chat behind it painted again
+            await pilot.pause()
+            phases.append((app.export_screenshot().count(graphics.PLACEHOLDER), sum("\x1bPq" in s for s in sent)))
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.screen is app.chat, 10, "the dialog closed")
+            await pilot.pause()
+            phases.append((app.export_screenshot().count(graphics.PLACEHOLDER), sum("\x1bPq" in s for s in sent)))
+            return phases
+
+    monkeypatch.setenv("TERM", "xterm-kitty")
+    (before, _), (behind, _), (after, _) = run(main())
+    assert before > 0 and behind == 0 and after == before
+    monkeypatch.setenv("TERM", "foot")
+    monkeypatch.setattr(graphics, "cell_pixels", lambda: (10, 20))
+    (_, drawn), (_, drawn_behind), (_, drawn_after) = run(main())
+    assert drawn > 0 and drawn_behind == 0 and drawn_after > 0  # drawn again once the chat is in front
+
+
+def test_a_sixel_is_not_drawn_over_what_covers_its_cells(home, tmp_path, monkeypatch):
+    """A tooltip or a notice over the preview: the image (drawn after the frame) would cover it, so it waits."""
+    from textual.widgets import Static
+
+    from dflash_chat.ui import terminal_graphics as graphics
+
+    monkeypatch.setenv("TERM", "foot")
+    monkeypatch.setattr(graphics, "cell_pixels", lambda: (10, 20))
+    shot = picture(tmp_path / "shot.png")
+
+    async def main():
+        app = DFlashChatApp(Settings())
+        async with app.run_test(size=(120, 36)) as pilot:
+            sent: list[str] = []
+            preview = await attach_one(pilot, app, shot, sent)
+            region = preview.region
+            cover = Static("over it")
+            cover.styles.overlay = "screen"
+            cover.styles.position = "absolute"
+            cover.styles.offset = (region.x + 2, region.y)
+            await app.chat.mount(cover)
+            sent.clear()
+            preview.refresh()
+            await pilot.pause()
+            covered = sum("\x1bPq" in s for s in sent)
+            await cover.remove()
+            await pilot.pause()
+            return covered, sum("\x1bPq" in s for s in sent)
+
+    covered, uncovered = run(main())
+    assert covered == 0 and uncovered > 0
