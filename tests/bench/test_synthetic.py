@@ -114,7 +114,7 @@ def test_a_1024x768_image_is_768_tokens_within_the_budget():
     assert image.grid == (1, 48, 64) and image.tokens == 768 and image.pixels.shape == (3072, 1536)
 
 
-@pytest.mark.slow(seconds=190)
+@pytest.mark.slow(seconds=100)
 def test_bench_synthetic_runs_on_the_cpu(tmp_path):
     """The issue's smoke run: real 27B layer shapes, two layers, every figure printed and saved; with an image, the
     vision tower at its real width (one block, cut with the layers) beside the prefill of the same prompt. One

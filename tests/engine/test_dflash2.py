@@ -313,11 +313,12 @@ def test_greedy_dflash2_equals_greedy_plain_decoding(arch, dflash2_dirs):
         spec.reset()
 
 
-@pytest.mark.slow(seconds=27)
+@pytest.mark.slow(seconds=14)
 def test_sampled_dflash2_output_has_the_target_distribution(tmp_path_factory):
-    """Tokens 1-3 of 800 seeded generations at T 0.9 / top-k 10 with a mismatched DFlash2 drafter (q over its
+    """Tokens 1-3 of 400 seeded generations at T 0.9 / top-k 10 with a mismatched DFlash2 drafter (q over its
     4 candidates) against the exact marginals. Its logits are scaled up (output_multiplier 6) so its q is
-    peaked: a verify that used any other q than the one the drafts were drawn from would skew the output."""
+    peaked: a verify that used any other q than the one the drafts were drawn from would skew the output (with q
+    written uniform over the candidates, token 2's p is 1e-8 at 400 answers)."""
     root = tmp_path_factory.mktemp("d2-small")
     write_target(root / "target", "qwen3_5", seed=5, vocab_size=V_SMALL, tokenizer=False)
     model = load_target(root / "target", "cpu", torch.float32)
@@ -330,7 +331,7 @@ def test_sampled_dflash2_output_has_the_target_distribution(tmp_path_factory):
     exact = _exact_marginals(model, prompt, params, steps=3)
     counts = torch.zeros(3, V_SMALL)
     accepted = 0
-    for i in range(800):
+    for i in range(400):
         engine.reset()
         tokens, finished, _ = run(engine, prompt, SamplingParams(temperature=0.9, top_k=10, max_new_tokens=3, seed=i))
         accepted += finished.stats.accepted

@@ -9,7 +9,7 @@ from dflash_chat.models.demo import demo_available
 from tests.engine.helpers import run_in_interpreter
 
 
-@pytest.mark.slow(seconds=130)
+@pytest.mark.slow(seconds=55)
 def test_greedy_dflash_equals_ar_with_every_kernel(tmp_path):
     if not demo_available():
         pytest.skip("this install has no demo pair")

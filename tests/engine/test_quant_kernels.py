@@ -18,8 +18,8 @@ pytest.importorskip("triton")
 @pytest.mark.parametrize(
     "group",
     [
-        pytest.param("matmul", marks=pytest.mark.slow(seconds=85)),
-        pytest.param("experts", marks=pytest.mark.slow(seconds=50)),
+        pytest.param("matmul", marks=pytest.mark.slow(seconds=45)),
+        pytest.param("experts", marks=pytest.mark.slow(seconds=40)),
         "glue",
     ],
 )

@@ -102,11 +102,12 @@ def test_greedy_held_drafts_give_plain_constrained_decoding_token_for_token(meth
         assert seen and all(ok for ok, _ in seen), method
 
 
-@pytest.mark.slow(seconds=21)
+@pytest.mark.slow(seconds=8)
 @pytest.mark.parametrize("method", ("dflash", "dflash2", "mtp"))
 def test_sampled_held_drafts_keep_the_constrained_distribution(method, folders, grammars):
-    """Tokens 1-3 of 600 seeded answers at T 0.7 with drafts drawn from the masked q against the exact marginals
-    of plain constrained sampling; q never puts mass where the grammar refuses, and drafts are accepted."""
+    """Tokens 1-3 of 300 seeded answers at T 0.7 with drafts drawn from the masked q against the exact marginals
+    of plain constrained sampling; q never puts mass where the grammar refuses, and drafts are accepted. (With q
+    taken from the unmasked logits, DFlash's and MTP's p is 1e-17 at 250 answers.)"""
     prompt = [1, 4, 7]
     params = SamplingParams(temperature=0.7, max_new_tokens=3)
     engine = _engine(folders, method)
@@ -114,7 +115,7 @@ def test_sampled_held_drafts_keep_the_constrained_distribution(method, folders, 
     seen: list = []
     _watch_drafts(engine, seen)
     counts, accepted = torch.zeros(3, V), 0
-    for i in range(600):
+    for i in range(300):
         matcher = grammars.matcher(Constraint("ebnf", TINY_GRAMMAR))
         tokens, finished = _answer(engine, prompt, SamplingParams(**{**vars(params), "seed": i}), matcher)
         accepted += finished.stats.accepted
@@ -122,5 +123,5 @@ def test_sampled_held_drafts_keep_the_constrained_distribution(method, folders, 
             counts[pos, t] += 1
     for pos in range(3):
         assert chi_square_p(counts[pos], exact[pos]) > P_MIN, f"token {pos + 1} is not the constrained distribution"
-    assert accepted > 50
+    assert accepted > 25
     assert all(ok and outside == 0.0 for ok, outside in seen)
