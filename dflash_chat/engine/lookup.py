@@ -2,7 +2,8 @@
 
 The text so far (the prompt and the answer, as token ids) is searched for an earlier occurrence of its own
 end: the longest suffix (up to MAX_MATCH tokens, at least MIN_MATCH) that occurred before, the most recent
-occurrence among equals. The tokens that followed that occurrence are the proposal. Agentic and editing
+occurrence among equals. The tokens that followed that occurrence are the proposal (where the match
+covers its own distance to the end, the text repeats, and so does the proposal). Agentic and editing
 work copies whole runs of its context (a file it edits, a block it repeats), which this drafts for free and
 far ahead.
 
@@ -75,6 +76,8 @@ class PromptLookup:
         proposal = self.tokens[best + 1 : best + 1 + most]
         if proposal and min(proposal) < 0:  # an image's tokens are held as negative keys (engine/images.py)
             proposal = proposal[: next(i for i, token in enumerate(proposal) if token < 0)]  # never drafted
+        elif len(proposal) < most and best_length >= end - best:  # the match covers its own period: a loop
+            _repeat(proposal, end - best, most)
         return Match(proposal, best_length) if proposal else None
 
     def _matched(self, candidate: int, end: int) -> int:
@@ -83,3 +86,11 @@ class PromptLookup:
         while n < MAX_MATCH and candidate - n >= 0 and tokens[candidate - n] == tokens[end - n]:
             n += 1
         return n
+
+
+def _repeat(proposal: list[int], period: int, most: int) -> None:
+    """The text's end matched an occurrence `period` tokens before it over at least `period` tokens: it repeats with
+    that period, so the proposal goes on copying itself (as LZ77 copies an overlapping match) up to `most` tokens.
+    A model caught in a loop of a few tokens is drafted far ahead, not `period` tokens a step."""
+    while len(proposal) < most:
+        proposal.append(proposal[len(proposal) - period])

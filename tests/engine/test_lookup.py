@@ -36,9 +36,19 @@ def test_among_equal_matches_the_most_recent_wins_and_the_end_is_not_its_own_mat
     match = _lookup(text).propose(2)
     assert match is not None and match.tokens == [9, 0] and match.length == 3  # [0, 1, 2] ends at 6 and at 2
     assert _lookup([4, 5, 6, 7]).propose(3) is None  # nothing earlier
-    assert _lookup([3, 3, 3]).propose(3).tokens == [3]  # an overlapping repeat proposes itself
+    assert _lookup([3, 3, 3]).propose(3).tokens == [3, 3, 3]  # an overlapping repeat proposes itself, on
     long = list(range(100)) * 2
     assert _lookup(long).propose(1).length == MAX_MATCH  # a long match counts as MAX_MATCH
+
+
+def test_a_loop_is_proposed_as_far_as_asked():
+    """A match that covers its own distance to the end (the text repeats with that period) is copied on past the
+    end, LZ77-style; a match shorter than that distance proposes only what followed it."""
+    loop = [9, 8] + [1, 2, 3] * 4  # period 3, the end [.., 1, 2, 3] matched 9 tokens back from 3 before it
+    match = _lookup(loop).propose(8)
+    assert match is not None and match.length == 9 and match.tokens == [1, 2, 3, 1, 2, 3, 1, 2]
+    once = [1, 2, 3, 7, 7, 1, 2, 3]  # [1, 2, 3] at 0-2 matched, 5 tokens before the end: no loop
+    assert _lookup(once).propose(8).tokens == [7, 7, 1, 2, 3]
 
 
 def test_truncation_forgets_exactly_the_tokens_dropped():
