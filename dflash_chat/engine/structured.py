@@ -269,6 +269,7 @@ class Spelling:
         self.vocab = vocab
         self.tokens: list[int] = []
         self.at: dict[bytes, list[int]] = {}  # a token's text: where it was written
+        self.longest = 0  # the longest text of a token written (no start of a text past it is looked up)
 
     def extend(self, tokens: list[int]) -> None:
         if not self.vocab:
@@ -277,6 +278,7 @@ class Spelling:
             text = self.vocab[token] if token < len(self.vocab) else b""
             if text:
                 self.at.setdefault(text, []).append(len(self.tokens))
+                self.longest = max(self.longest, len(text))
             self.tokens.append(token)
 
     def spell(self, text: bytes, most: int) -> list[int]:
@@ -295,7 +297,7 @@ class Spelling:
     def _longest(self, text: bytes, most: int) -> tuple[list[int], int]:
         best: list[int] = []
         covered = 0
-        for end in range(1, len(text) + 1):
+        for end in range(1, min(len(text), self.longest) + 1):
             for start in self.at.get(text[:end], [])[-self.STARTS :]:
                 run, done = self._follow(start, text, most)
                 if done > covered:
