@@ -228,8 +228,9 @@ class Chooser:
         drafts with no model run, where its acceptance estimate (`estimate`: GRAMMAR for the text in the tokens the
         answer wrote it in before, GRAMMAR_TEXT in the tokenizer's) makes it worth more per second than `plan`.
         The forced text is certain, its tokens are not: the target may write it in others. A model whose drafts
-        are held to the grammar draws forced text itself, in the tokens it would write. A fixed draft setting
-        takes it for plain steps only."""
+        are held to the grammar draws forced text itself, in the tokens it would write: the grammar's plan replaces
+        it only where it is expected to land as many tokens too (`_tokens`). A fixed draft setting takes it for
+        plain steps only."""
         fits = [T for T in sizes if 1 < T <= len(forced) + 1]
         if not fits:
             return plan
@@ -237,7 +238,13 @@ class Chooser:
         if self.fixed or self.costs is None:
             return grammars[-1] if plan.T == 1 else plan
         best = max(grammars, key=self._unpaid)
-        return best if self._unpaid(best) > self._unpaid(plan) else plan
+        faster = self._unpaid(best) > self._unpaid(plan)
+        return best if faster and self._tokens(best) >= self._tokens(plan) else plan
+
+    def _tokens(self, plan: Plan) -> float:
+        """Expected tokens of a plan's step: a forced run that saves the model's draft yet lands fewer tokens than
+        it would is not taken (it would spend the target's verifies for the drafter's time)."""
+        return 1.0 if plan.T == 1 else self.estimate(plan.estimate).expected()[plan.drafts]
 
     def _unpaid(self, plan: Plan) -> float:
         """Expected tokens per second of a plan whose draft is still to pay."""
