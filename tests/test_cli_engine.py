@@ -487,7 +487,8 @@ def test_run_json_schema_refuses_what_is_not_a_schema_in_one_line_before_loading
 @pytest.mark.slow(seconds=60)
 def test_bench_structured_holds_every_methods_answers_to_the_grammar_and_says_what_it_costs(capsys):
     """One task of each class, both legs: the greedy answers are the same under every method, constrained answers
-    are never more often cut than unconstrained ones are invalid, and the mask cost and compile times are there."""
+    are never more often cut than unconstrained ones are invalid, and the mask cost and compile times are there;
+    the held-out schemas are accepted (or refused in words) and every finished answer to them validates."""
     assert main(on_cpu("bench", "--structured", "--prompts", "1", "--tokens", "24", "--json")) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["identical"] is True
@@ -500,6 +501,10 @@ def test_bench_structured_holds_every_methods_answers_to_the_grammar_and_says_wh
     for name in ("qwen3", "qwen3.6"):  # both real vocabularies ship in the test extras
         assert figures["masks"][name]["p99_us"] >= figures["masks"][name]["p50_us"] > 0
     assert set(figures["compile_s"]) == {"json", "calls"}
+    held = figures["heldout"]  # the held-out schemas: accepted or refused in one line, finished answers valid
+    assert held["schemas"] == 15 and held["accepted"] >= 0.9 and held["answers"] + len(held["refused"]) == 15
+    assert all("\n" not in reason and reason.startswith(f"'{name}") for name, reason in held["refused"].items())
+    assert held["valid"] in (None, 1.0) and held["finished"] == round(held["answers"] * (1 - held["cut"]))
 
 
 def test_bench_load_busies_cores_for_the_run_and_stops_them_after():

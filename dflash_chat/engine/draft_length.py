@@ -40,13 +40,14 @@ DECAY = 0.97  # weight of an observation after each newer one at the same positi
 # per-position acceptance assumed before anything is seen (optimism costs a step or two; doubt, many), greedy and
 # sampled, per estimate: a DFlash drafter's, the MTP layer's (chained drafts land less often the further they
 # go, which the positions learn), prompt lookup's for short and for long matches (engine/lookup.py), a grammar's
-# forced tokens
+# forced tokens in the answer's own tokens and in the tokenizer's
 PRIORS = {
     "dflash": (0.85, 0.7),
     "mtp": (0.8, 0.6),
     "lookup": (0.5, 0.3),
     "lookup-long": (0.9, 0.7),
-    "grammar": (0.8, 0.7),  # the tokens a grammar forces (engine/structured.py), as the tokenizer writes them
+    "grammar": (0.8, 0.7),  # the tokens a grammar forces (engine/structured.py), as the answer wrote that text
+    "grammar-text": (0.5, 0.4),  # the same, in the tokenizer's tokens: a target often writes them otherwise
 }
 PRIOR_GREEDY, PRIOR_SAMPLED = PRIORS["dflash"]
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior, in every position's estimate

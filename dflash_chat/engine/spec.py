@@ -645,7 +645,9 @@ class Engine:
         where that plan is worth more: speculation.Chooser.forced) end before the first the grammar refuses."""
         held = time.perf_counter()
         forced = grammar.forced_run(self.block_size - 1)
-        plan = chooser.forced(plan, forced, self.sizes) if forced else plan
+        if forced:
+            estimate = speculation.GRAMMAR if grammar.spelled else speculation.GRAMMAR_TEXT
+            plan = chooser.forced(plan, forced, self.sizes, estimate)
         guide = grammar.guide(plan.T, self.device)
         stats.constraint_s += time.perf_counter() - held
         if plan.method in speculation.MODELS:
@@ -680,10 +682,11 @@ class Engine:
     def _estimates(self) -> list[str]:
         """The acceptance estimates of the methods in use (and of a grammar's forced tokens)."""
         keys = [m for m in speculation.MODELS if m in self.method_sizes]
-        return keys + (["lookup", "lookup-long"] if "lookup" in self.method_sizes else []) + [speculation.GRAMMAR]
+        lookup = ["lookup", "lookup-long"] if "lookup" in self.method_sizes else []
+        return keys + lookup + [speculation.GRAMMAR, speculation.GRAMMAR_TEXT]
 
     def _positions(self, estimate: str) -> int:
-        if estimate == speculation.GRAMMAR:
+        if estimate in (speculation.GRAMMAR, speculation.GRAMMAR_TEXT):
             return max(self.sizes) - 1
         return self.most["lookup" if estimate.startswith("lookup") else estimate]
 

@@ -34,6 +34,7 @@ METHODS = ("dflash", "mtp", "lookup")  # the drafting methods, in the order a ti
 MODELS = ("dflash", "mtp")  # the methods whose drafts a model computes on the device
 PLAIN = "plain"
 GRAMMAR = "grammar"  # drafts a grammar forces (engine/structured.py): no model, accepted with certainty
+GRAMMAR_TEXT = "grammar-text"  # their estimate when they are the tokenizer's tokens, not the answer's own
 MTP_MOST = 7  # most drafts the MTP layer chains (a fixed draft setting)
 MTP_AUTO = (1, 2, 3)  # the MTP depths `auto` chooses among: chained drafts land less often the further they go
 LOOKUP_MOST = 15  # most drafts a lookup proposes
@@ -222,20 +223,28 @@ class Chooser:
         T = auto.book(T if rate > self._rate(queued) else 1)  # a try of the shortest size now and then
         return Plan("lookup", T, key, tuple(match.tokens[: T - 1])) if T > 1 else None
 
-    def forced(self, plan: Plan, forced: list[int], sizes: list[int]) -> Plan:
-        """The step's plan once a grammar forces `forced` next (its text as the tokenizer writes it): the grammar's
-        own plan, which verifies them as drafts with no model run, where its acceptance estimate makes it worth
-        more per second than `plan`. A model whose drafts are held to the grammar draws forced tokens itself, in
-        the tokens it would write, and the target does not always write the forced text's tokens. A fixed draft
-        setting takes it for plain steps only."""
+    def forced(self, plan: Plan, forced: list[int], sizes: list[int], estimate: str = GRAMMAR) -> Plan:
+        """The step's plan once a grammar forces `forced` next: the grammar's own plan, which verifies them as
+        drafts with no model run, where its acceptance estimate (`estimate`: GRAMMAR for the text in the tokens the
+        answer wrote it in before, GRAMMAR_TEXT in the tokenizer's) makes it worth more per second than `plan`.
+        The forced text is certain, its tokens are not: the target may write it in others. A model whose drafts
+        are held to the grammar draws forced text itself, in the tokens it would write: the grammar's plan replaces
+        it only where it is expected to land as many tokens too (`_tokens`). A fixed draft setting takes it for
+        plain steps only."""
         fits = [T for T in sizes if 1 < T <= len(forced) + 1]
         if not fits:
             return plan
-        grammars = [Plan(GRAMMAR, T, GRAMMAR, tuple(forced[: T - 1])) for T in fits]
+        grammars = [Plan(GRAMMAR, T, estimate, tuple(forced[: T - 1])) for T in fits]
         if self.fixed or self.costs is None:
             return grammars[-1] if plan.T == 1 else plan
         best = max(grammars, key=self._unpaid)
-        return best if self._unpaid(best) > self._unpaid(plan) else plan
+        faster = self._unpaid(best) > self._unpaid(plan)
+        return best if faster and self._tokens(best) >= self._tokens(plan) else plan
+
+    def _tokens(self, plan: Plan) -> float:
+        """Expected tokens of a plan's step: a forced run that saves the model's draft yet lands fewer tokens than
+        it would is not taken (it would spend the target's verifies for the drafter's time)."""
+        return 1.0 if plan.T == 1 else self.estimate(plan.estimate).expected()[plan.drafts]
 
     def _unpaid(self, plan: Plan) -> float:
         """Expected tokens per second of a plan whose draft is still to pay."""

@@ -81,6 +81,7 @@ class Grammars:
         self._cache: OrderedDict[tuple[str, str], object] = OrderedDict()
         self._lock = threading.Lock()
         self._controls: torch.Tensor | None = None
+        self._texts: list[bytes] | None = None
 
     def compile(self, constraint: Constraint, timeout: float = COMPILE_SECONDS):
         """The compiled grammar of `constraint` (GrammarError when it cannot be one)."""
@@ -105,12 +106,18 @@ class Grammars:
                 self._cache.popitem(last=False)
         return compiled
 
+    def texts(self) -> list[bytes]:
+        """Each token's text, as bytes (read once: xgrammar copies the whole vocabulary at each read)."""
+        if self._texts is None:
+            self._texts = list(self.info.decoded_vocab)
+        return self._texts
+
     def controls(self) -> torch.Tensor:
         """The tokens that hold a control character (a byte below 0x20), as a bitmask row: a one-line JSON answer
         holds none (its strings escape them), though xgrammar's JSON strings take them raw."""
         if self._controls is None:
             banned = torch.zeros(self.words * 32, dtype=torch.bool)
-            for token, text in enumerate(self.info.decoded_vocab[: self.vocab_size]):
+            for token, text in enumerate(self.texts()[: self.vocab_size]):
                 if any(byte < 0x20 for byte in text) and token not in self.stop_ids:
                     banned[token] = True
             weights = (1 << torch.arange(32, dtype=torch.int64)).reshape(1, 32)
@@ -142,6 +149,8 @@ class Matcher:
         self.walked = 0  # drafts the last step accepted into the matcher
         self.forcing = True  # its forced tokens are proposed as drafts (bench turns it off to compare)
         self.opening = False  # host row 0 holds the answer's first mask (computed once: the check, then `first`)
+        self.spelled = True  # the last forced run is in the tokens the answer wrote its text in (or a raw vocabulary's)
+        self.spelling = Spelling(grammars.texts() if grammars.encode is not None else [])
 
     def check_satisfiable(self, label: str) -> None:
         self.fill_row(self.host, 0)
@@ -184,14 +193,18 @@ class Matcher:
         return Filled(rows, guide.walked)
 
     def forced_run(self, most: int) -> list[int]:
-        """The tokens the grammar forces from here, up to `most` (the matcher is left where it was): the text it
-        forces (xgrammar's jump-forward string) as the tokenizer writes it, or, on a raw vocabulary, each token
-        that is the only one allowed."""
+        """The tokens the grammar forces from here, up to `most` (the matcher is left where it was). On a
+        tokenizer's vocabulary, the text it forces (xgrammar's jump-forward string) in the tokens the target
+        wrote that text in earlier in the answer (`spelled`); text it has not written yet, as the tokenizer
+        writes it (the target often writes it otherwise: the run then ends where its spelling is known). On a
+        raw vocabulary, each token that is the only one allowed."""
         if not self.forcing:
             return []
         if self.grammars.encode is not None:
             text = self.raw.find_jump_forward_string()
-            candidates = self.grammars.encode(text)[:most] if text else []
+            spelled = self.spelling.spell(text.encode(), most) if text else []
+            self.spelled = bool(spelled)
+            candidates = spelled or (self.grammars.encode(text)[:most] if text else [])
             run = []
             for token in candidates:
                 if token in self.grammars.stop_ids or not self.raw.accept_token(token):
@@ -218,11 +231,13 @@ class Matcher:
         if self.walked > drafts:
             self.raw.rollback(self.walked - drafts)
         self.walked = 0
+        self.spelling.extend(kept[:drafts])
         self.advance(kept[drafts:])
 
     def advance(self, tokens: list[int]) -> None:
         """Take tokens the answer emitted outside a verify (its first)."""
         self.opening = self.opening and not tokens
+        self.spelling.extend(tokens)
         for token in tokens:
             if not self.raw.accept_token(token):
                 raise AssertionError(f"token {token} was masked in, yet the grammar refuses it")
@@ -241,6 +256,63 @@ class Matcher:
     def _rows(self, T: int) -> None:
         if self.host.shape[0] < T:
             self.host = torch.empty((T, self.words), dtype=torch.int32)
+
+
+class Spelling:
+    """The answer's tokens so far, indexed by their text: how the target writes a text it wrote before. A weak
+    target (the demo's) writes the grammar's forced text in its own tokens, not the tokenizer's (`"`, `:` for
+    `":`), the same way each time it comes back (a key's `": "`, a value's `", "`, a call's closing tags)."""
+
+    STARTS = 4  # the latest places a token was written that a spelling may start from
+
+    def __init__(self, vocab: list[bytes]) -> None:
+        self.vocab = vocab
+        self.tokens: list[int] = []
+        self.at: dict[bytes, list[int]] = {}  # a token's text: where it was written
+        self.longest = 0  # the longest text of a token written (no start of a text past it is looked up)
+
+    def extend(self, tokens: list[int]) -> None:
+        if not self.vocab:
+            return
+        for token in tokens:
+            text = self.vocab[token] if token < len(self.vocab) else b""
+            if text:
+                self.at.setdefault(text, []).append(len(self.tokens))
+                self.longest = max(self.longest, len(text))
+            self.tokens.append(token)
+
+    def spell(self, text: bytes, most: int) -> list[int]:
+        """The longest start of `text` the answer wrote before, in the tokens it wrote it in (up to `most`): its
+        longest piece written in one run, then the longest from where that ends, and so on."""
+        run: list[int] = []
+        done = 0
+        while len(run) < most:
+            piece, length = self._longest(text[done:], most - len(run))
+            if not piece:
+                break
+            run += piece
+            done += length
+        return run
+
+    def _longest(self, text: bytes, most: int) -> tuple[list[int], int]:
+        best: list[int] = []
+        covered = 0
+        for end in range(1, min(len(text), self.longest) + 1):
+            for start in self.at.get(text[:end], [])[-self.STARTS :]:
+                run, done = self._follow(start, text, most)
+                if done > covered:
+                    best, covered = run, done
+        return best, covered
+
+    def _follow(self, start: int, text: bytes, most: int) -> tuple[list[int], int]:
+        run, done = [], 0
+        for token in self.tokens[start : start + most]:
+            piece = self.vocab[token] if token < len(self.vocab) else b""
+            if not piece or not text.startswith(piece, done):
+                break
+            run.append(token)
+            done += len(piece)
+        return run, done
 
 
 class StepGuide:

@@ -20,6 +20,13 @@ As `bench --demo` does (bench/demo_pair.py), one loaded target decodes every tur
 with the DFlash2 drafter at a fixed 16-token verify and at `auto`, in turn per prompt, greedy (the outputs
 must be identical) and sampled at the app's defaults (seed i for a class's i-th prompt). The right shares
 count every engine's answers: each is drawn from the target's distribution.
+
+Beside them, the call class's requests once more with the answer held to the call grammar (engine/structured.py,
+built as serve builds it: runtime/constraint.py), by DFlash2 at `auto`: `tool_choice` required (a call from the
+first token) and auto (free text until the model opens a call, the call then held), with the unconstrained
+answer beside them: the share of requests answered with a well-formed call (its arguments JSON), of right calls
+(the tools asked for, arguments their schemas accept) and of exact ones (the arguments asked for), each counted
+only for answers that finished, and the share cut at the token limit (a value never closed: never a call).
 """
 
 from __future__ import annotations
@@ -181,7 +188,10 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
                 **class_figures(comparisons, leg.greedy),
                 "checks": check_shares(checks),
             }
-        figures[leg.key] = {**leg_header(leg), "classes": per_class}
+        held = constrained_calls(
+            engines[draft_key(KIND, "auto")], tok, plain.grammars, classes["call"], leg, max_new_tokens
+        )
+        figures[leg.key] = {**leg_header(leg), "classes": per_class, "constrained": held}
     setup = {
         **run_setup(plain.device, classes, max_new_tokens, repeats),
         "drafter": KIND,
@@ -190,6 +200,63 @@ def run(*, prompts: int, max_new_tokens: int, legs: list[Sampling], device: str 
         "classes": CLASSES,
     }
     return {"setup": setup, "temperatures": figures, "identical": identical, "goals": goals(figures)}
+
+
+HELD = {"unconstrained": None, "required": "required", "auto": "auto"}  # figure: the answer's `tool_choice`
+
+
+def constrained_calls(engine, tokenizer, grammars, items: Turns, leg: Sampling, max_new_tokens: int) -> dict:
+    """The call requests `items` answered by `engine` free and held to the call grammar per HELD (see the module
+    docstring): per figure, its answers and the shares well-formed, right and cut."""
+    from dflash_chat.engine.events import Finished, Step
+    from dflash_chat.runtime.constraint import answer_constraint
+    from dflash_chat.runtime.prompt import build_prompt
+    from dflash_chat.runtime.tool_use import ToolUse
+
+    out = {}
+    for figure, choice in HELD.items():
+        verdicts = []
+        for i, (turns, chat) in enumerate(items):
+            assert chat is not None, "a call request comes from a tool chat"
+            use = ToolUse(chat.tools, choice or "auto")
+            prompt = build_prompt(tokenizer, turns, thinking=False, tool_use=use)
+            grammar = grammars.matcher(answer_constraint(prompt, use, None)) if choice else None
+            engine.reset()
+            tokens, reason = [], None
+            for event in engine.generate(prompt.ids, leg.params(max_new_tokens, i), grammar=grammar):
+                if isinstance(event, Step):
+                    tokens += event.token_ids
+                elif isinstance(event, Finished):
+                    reason = event.reason
+            verdicts.append(call_verdict(prompt.opening + answer_text(tokenizer, tokens), chat, reason == "length"))
+        out[figure] = {
+            "answers": len(verdicts),
+            **{k: _share(verdicts, k) for k in ("well_formed", "right", "exact", "cut")},
+        }
+    return out
+
+
+def call_verdict(text: str, chat: ToolChat, cut: bool) -> dict[str, bool]:
+    """Of one answer to a call request: a well-formed call (each call's arguments JSON), the right calls (the tools
+    asked for, arguments their schemas accept), exact ones (the arguments asked for), cut at the limit; an answer
+    cut is none of the first three."""
+    from dflash_chat.runtime.tool_calls import parse_calls
+    from dflash_chat.train.tool_checks import judge_call
+
+    _, calls = parse_calls(text, chat.tools)
+    formed = bool(calls)
+    for call in calls:
+        try:
+            call.args()
+        except ValueError:
+            formed = False
+    verdict = judge_call(text, chat)
+    return {
+        "well_formed": formed and not cut,
+        "right": verdict.valid and not cut,
+        "exact": verdict.exact and not cut,
+        "cut": cut,
+    }
 
 
 def check_shares(checks: dict[str, list[dict[str, bool]]]) -> dict:
@@ -246,6 +313,12 @@ def format_report(f: dict) -> str:
                     f"    {draft_label(key):<16} {d['tokens_per_s']:7.1f} tok/s  {d['speedup']:5.2f}x  τ {d['tau']:5.2f}"
                     + (f"  identical: {'yes' if d['identical'] else 'NO'}" if d["identical"] is not None else "")
                 )
+        lines.append("  call requests held to the call grammar (DFlash2 auto; well-formed / right / exact / cut):")
+        for figure, h in leg["constrained"].items():
+            lines.append(
+                f"    {figure:<14} {h['answers']} answers: {h['well_formed']:.0%} / {h['right']:.0%} / "
+                f"{h['exact']:.0%} / {h['cut']:.0%}"
+            )
     lines.append("")
     for leg_key, g in f["goals"].items():
         lines.append(

@@ -131,3 +131,25 @@ def test_a_grammars_forced_tokens_are_a_plan_of_their_own_weighed_by_their_estim
     fixed = _chooser({"dflash": 0.9, "mtp": 0.9, "lookup": 0.5, "grammar": 0.0}, draft=15)
     assert fixed.forced(PLAIN_STEP, [5, 6, 7], [1, 4, 16]).method == "grammar"  # a fixed setting: plain steps only
     assert fixed.forced(Plan("dflash", 16, "dflash"), [5, 6, 7], [1, 4, 16]).method == "dflash"
+
+
+def test_forced_tokens_in_the_tokenizers_spelling_are_weighed_by_their_own_estimate():
+    """Forced text in the tokenizer's tokens (not yet in the answer's own) is a plan of the grammar-text estimate:
+    a target that writes such text in other tokens lowers that one, not the estimate of text it wrote before."""
+    sizes = [1, 2, 3, 4, 8, 16]
+    chooser = _chooser({"dflash": 0.9, "mtp": 0.9, "lookup": 0.5, "grammar": 0.95, "grammar-text": 0.0})
+    assert chooser.forced(PLAIN_STEP, [5, 6], sizes) == Plan("grammar", 3, "grammar", (5, 6))
+    assert chooser.forced(PLAIN_STEP, [5, 6], sizes, "grammar-text") == PLAIN_STEP
+
+
+def test_a_forced_run_that_lands_fewer_tokens_than_the_models_draft_does_not_replace_it():
+    """A grammar's plan costs no draft, so it can be worth more per second while landing fewer tokens than the
+    model's plan (whose draft, held to the grammar, writes the forced text too): it replaces it only when it is
+    expected to land as many."""
+    sizes = [1, 2, 3, 4, 8, 16]
+    chooser = _chooser({"dflash": 0.6, "mtp": 0.6, "lookup": 0.5, "grammar": 0.95})
+    dflash = Plan("dflash", 16, "dflash")  # 2.5 tokens expected
+    one = Plan("grammar", 2, "grammar", (5,))  # 1.95 tokens expected, at a verify of 2
+    assert chooser._unpaid(one) > chooser._unpaid(dflash)  # faster per second, yet not taken
+    assert chooser.forced(dflash, [5], sizes) == dflash
+    assert chooser.forced(dflash, [5, 6], sizes) == Plan("grammar", 3, "grammar", (5, 6))  # 2.85 tokens

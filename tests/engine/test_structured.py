@@ -280,6 +280,19 @@ def test_a_const_value_is_forced_token_by_token_on_qwens_vocabulary(qwen3):
     assert tokenizer.decode(forced) == '{"n": 7}'
 
 
+def test_forced_text_the_answer_wrote_before_is_proposed_in_the_tokens_it_wrote_it_in(qwen3):
+    """The first time, the forced text is the tokenizer's tokens (a plan of their own estimate); a target that wrote
+    it in others (the demo writes `"`, `:` for `":`) gets it proposed in those the next time it is forced."""
+    tokenizer, grammars = qwen3
+    matcher = grammars.matcher(Constraint("ebnf", 'root ::= ("A" | "B") ": ok" ("C" | "D") ": ok"'))
+    one = [tokenizer.convert_tokens_to_ids(c) for c in ("A", ":", "Ġ", "o", "k", "C")]
+    matcher.advance(one[:1])
+    assert matcher.forced_run(8) == tokenizer.encode(": ok") != one[1:5] and not matcher.spelled
+    matcher.advance(one[1:])  # the target's own tokens
+    assert matcher.forced_run(8) == one[1:5] and matcher.spelled
+    assert matcher.forced_run(2) == one[1:3]
+
+
 def test_the_call_grammar_takes_what_qwens_template_and_render_call_write(tiny):
     from dflash_chat.runtime.tool_calls import render_call
 

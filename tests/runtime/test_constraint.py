@@ -220,7 +220,7 @@ def test_a_compile_past_its_bound_is_ended_with_its_process_and_the_next_one_run
     assert engine.worker.started == started + 1 and engine.worker.alive
 
 
-HELD_OUT = json.loads((Path(__file__).parent / "heldout_schemas.json").read_text())
+HELD_OUT = json.loads((Path(dflash_chat.__file__).parent / "bench" / "heldout_schemas.json").read_text())
 
 
 @pytest.mark.slow(seconds=30)

@@ -136,3 +136,7 @@ def test_bench_tools_judges_every_class_and_finds_greedy_output_identical(capsys
         assert set(shares) == {"all", "plain", "dflash2/15", "dflash2/auto"} and 0 <= shares["all"] <= 1
     assert classes["prose"]["checks"] == {} and classes["call"]["drafts"]["dflash2/15"]["tau"] >= 1.0
     assert set(figures["goals"]["0"]) == {"right_calls", "right_calls_met", "tau_call", "tau_prose", "tau_met"}
+    held = figures["temperatures"]["0"]["constrained"]  # the call request free and held to the call grammar
+    assert set(held) == {"unconstrained", "required", "auto"}
+    for h in held.values():  # a cut answer is never a call
+        assert h["answers"] == 1 and h["exact"] <= h["right"] <= h["well_formed"] <= 1 - h["cut"]
