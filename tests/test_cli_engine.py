@@ -525,7 +525,7 @@ def test_bench_load_busies_cores_for_the_run_and_stops_them_after():
     assert not os.path.exists(f"/proc/{pids[0]}") or "Z" in open(f"/proc/{pids[0]}/stat").read().split()[2]
 
 
-@pytest.mark.parametrize("mode", [[], ["--structured"], ["--demo", "--http"]])
+@pytest.mark.parametrize("mode", [[], ["--synthetic", "qwen3.6-27b"], ["--demo", "--http"]])
 def test_bench_refuses_load_where_no_engine_runs_beside_it(mode, capsys):
     assert main(on_cpu("bench", *mode, "--load", "1")) == 2
     err = capsys.readouterr().err.strip()

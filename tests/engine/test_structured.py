@@ -240,7 +240,7 @@ def qwen3():
 
 @pytest.fixture(scope="module")
 def qwen36():
-    from dflash_chat.bench.structured import qwen36_grammars
+    from dflash_chat.bench.structured_masks import qwen36_grammars
 
     found = qwen36_grammars()
     if found is None:
