@@ -6,7 +6,7 @@ process; the next compile starts a new one. The child holds its own compiler for
 sent once, serialized) and answers each compile with the compiled grammar, serialized (xgrammar's JSON), or the
 error's first line. It is this module run with `python -m` (not multiprocessing: its spawn re-runs the parent's
 main module, which a script without a main guard cannot take, and forking a process that runs threads is unsafe);
-it imports nothing of the app. Messages are pickled, each after its length, over the child's stdin and stdout.
+it imports no torch and nothing of the app but engine/constraint.py's wording of an error. Messages are pickled, each after its length, over the child's stdin and stdout.
 """
 
 from __future__ import annotations
@@ -179,6 +179,8 @@ def serve(stdin, stdout) -> None:
     """The child: a compiler for the vocabulary it is sent first, then one compile per request until stdin ends."""
     import xgrammar as xgr
 
+    from dflash_chat.engine.constraint import first_line  # json and dataclasses only: no torch in the child
+
     info = xgr.TokenizerInfo.deserialize_json(_read(stdin))
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     _write(stdout, "ready")
@@ -187,8 +189,7 @@ def serve(stdin, stdout) -> None:
         try:
             _write(stdout, ("ok", _compile(compiler, kind, spec).serialize_json()))
         except Exception as exc:  # noqa: BLE001 - xgrammar's errors are many kinds; each becomes the user's message
-            text = str(exc).strip() or type(exc).__name__
-            _write(stdout, ("error", text.splitlines()[0][:300]))
+            _write(stdout, ("error", first_line(exc)))
 
 
 def _compile(compiler, kind: str, spec: str):

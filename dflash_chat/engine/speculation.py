@@ -249,20 +249,14 @@ class Chooser:
     def _unpaid(self, plan: Plan) -> float:
         """Expected tokens per second of a plan whose draft is still to pay."""
         assert self.costs is not None
-        if plan.T == 1:
-            return 1 / self.costs.step(1)
-        return self.estimate(plan.estimate).expected()[plan.drafts] / self.costs.step(
-            plan.T, self._cost_kind(plan.method)
-        )
+        return self._tokens(plan) / self.costs.step(plan.T, self._cost_kind(plan.method))
 
     def _rate(self, queued: Plan | None) -> float:
         """Expected tokens per second of the queued plan, its draft paid (None: the best a model offers now)."""
         assert self.costs is not None
         if queued is None:
             return max((rate for rate, _ in self._model_plans()), default=0.0)
-        if queued.T == 1:
-            return 1 / self.costs.verify_only(1)
-        return self.estimate(queued.estimate).expected()[queued.drafts] / self.costs.verify_only(queued.T)
+        return self._tokens(queued) / self.costs.verify_only(queued.T)
 
 
 def _padded(tokens: list[int], k: int) -> tuple[int, ...]:

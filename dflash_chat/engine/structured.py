@@ -171,12 +171,6 @@ class Matcher:
         self.opening = False
         return StepGuide(self, device)
 
-    def fill(self, bitmask: torch.Tensor, drafts: list[int]) -> Filled:
-        """Rows 0..len(drafts) of `bitmask` for fixed drafts (`StepGuide.walk`, then `finish`)."""
-        guide = self.guide(len(drafts) + 1, bitmask.device)
-        guide.walk(drafts)
-        return self.finish(bitmask, len(drafts) + 1, guide)
-
     def finish(self, bitmask: torch.Tensor, T: int, guide: StepGuide) -> Filled:
         """Rows 0..T-1 of `bitmask` (on any device) for a verify of T after `guide` walked its drafts: the allowed
         tokens at the next position and after each draft walked, the last row computed here (the loop runs it

@@ -19,6 +19,14 @@ from tests.engine.test_sampling import P_MIN, chi_square_p
 from tests.engine.tiny import write_target
 from tests.serve.conftest import demo_available
 
+
+def fill(matcher, bitmask, drafts: list[int]):
+    """A verify's rows for fixed drafts, as the decode loop makes them: the step's guide walks them, then `finish`."""
+    guide = matcher.guide(len(drafts) + 1, bitmask.device)
+    guide.walk(drafts)
+    return matcher.finish(bitmask, len(drafts) + 1, guide)
+
+
 METHODS = ("none", "dflash", "mtp", "lookup", "auto")
 PET = {
     "type": "object",
@@ -191,7 +199,7 @@ def test_a_refused_draft_ends_the_walk_and_the_forced_tokens_are_proposed(tiny):
     assert matcher.forced_run(3) == []  # "a" or "b": nothing forced yet
     bitmask = torch.zeros(4, grammars.words, dtype=torch.int32)
     # drafts: "a" allowed, "e" allowed, "k" refused where only "f" fits
-    filled = matcher.fill(bitmask, [1, 5, 11])
+    filled = fill(matcher, bitmask, [1, 5, 11])
     assert (filled.rows, filled.advanced) == (3, 2)
     allowed = allowed_tokens(bitmask, V)
     assert allowed[0].nonzero().flatten().tolist() == [1, 2]
@@ -209,7 +217,7 @@ def test_a_drafted_end_stops_the_walk_without_asking_past_it(tiny):
     _, grammars = tiny
     matcher = grammars.matcher(Constraint("ebnf", 'root ::= "a"'))
     bitmask = torch.zeros(4, grammars.words, dtype=torch.int32)
-    filled = matcher.fill(bitmask, [1, 0, 3])  # "a", the end, then a draft after the end
+    filled = fill(matcher, bitmask, [1, 0, 3])  # "a", the end, then a draft after the end
     assert (filled.rows, filled.advanced) == (2, 2)
     assert allowed_tokens(bitmask, V)[1].nonzero().flatten().tolist() == [0] and allowed_tokens(bitmask, V)[2].all()
 
@@ -359,7 +367,7 @@ def test_a_think_end_inside_a_draft_window_is_walked_across(anchors):
     matcher = anchors.matcher(json_tag(schema, thinking=True))
     drafts = _ids("x", "</think>", "\n", "\n", "{", '"', "a", '"', ":")
     bitmask = torch.zeros(len(drafts) + 1, anchors.words, dtype=torch.int32)
-    filled = matcher.fill(bitmask, drafts)
+    filled = fill(matcher, bitmask, drafts)
     assert filled.advanced == len(drafts)  # every draft allowed where it stands
     allowed = allowed_tokens(bitmask, len(ANCHOR_WORDS))
     assert allowed[0][_ids("</think>")[0]] and allowed[0][_ids("{")[0]]  # inside thinking: anything
@@ -374,7 +382,7 @@ def test_the_end_of_the_answer_drafted_inside_a_call_is_refused_there(anchors):
     matcher = anchors.matcher(tool_calls_tag(tools, "required", thinking=False, parallel=True))
     drafts = _ids("<tool_call>", "\n", "<function=", "f", ">", "\n", "<end>", "</function>")
     bitmask = torch.zeros(len(drafts) + 1, anchors.words, dtype=torch.int32)
-    filled = matcher.fill(bitmask, drafts)
+    filled = fill(matcher, bitmask, drafts)
     assert filled.advanced == 6 and filled.rows == 7
     allowed = allowed_tokens(bitmask, len(ANCHOR_WORDS))
     assert not allowed[6][0] and allowed[6][_ids("</function>")[0]]

@@ -149,7 +149,7 @@ class Chunks:
         """q, k [T, H, K] (per value head); v [T, H, V]; g, beta [T, H]."""
         T, H = g.shape
         pad = -T % chunk
-        # a verify's block is one whole chunk: nothing to pad, and float32 inputs need no copy
+        # a verify's block is one whole chunk: nothing to pad
         q, k, v, g, beta = (_float(x) if not pad else _padded(x.float(), pad) for x in (q, k, v, g, beta))
         n = (T + pad) // chunk
 
@@ -218,6 +218,8 @@ class Chunks:
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:
+    """x as float32: `.float()` on a float32 tensor returns it too, but through the dispatcher, several times a
+    layer per step (issue 49's host time)."""
     return x if x.dtype == torch.float32 else x.float()
 
 

@@ -129,18 +129,8 @@ class CandidateSelector(nn.Module):
         scores = self.scores(unary, successors, projected, predecessors)  # [D, K, K]
         at = torch.zeros(1, dtype=torch.long, device=ids.device)  # the predecessor's index (any row for t = 0)
         path = []
-        if not params.greedy:
-            assert draws is not None and q_out is not None, "a sampled walk needs the step's draws and q_out"
-            q_out[: ids.shape[0]].zero_()
         for t in range(ids.shape[0]):
-            row = scores[t].index_select(0, at)  # [1, K]
-            if params.greedy:
-                at = row.argmax(dim=-1)
-            else:
-                assert draws is not None and q_out is not None
-                q = torch.softmax(row / params.temperature, dim=-1)
-                at = (q / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
-                q_out[t].scatter_(0, ids[t], q[0])
+            at = self._choose(scores[t].index_select(0, at), ids[t], t, params, draws, q_row(q_out, t))
             path.append(ids[t].index_select(0, at))
         return torch.cat(path)
 
@@ -174,17 +164,29 @@ class CandidateSelector(nn.Module):
 
     def _step(self, found, before, t: int, params: SamplingParams, draws: Draws | None, q) -> torch.Tensor:
         """One position's draft [1] among its candidates `found` (`candidates` of one row) after the token `before`
-        [1]: the best, or one drawn from softmax(scores / T), whose distribution over the vocabulary goes to q."""
+        [1] (`_choose`)."""
         unary, ids, successors, projected = found
         scores = self.scores(unary, successors, projected, before.reshape(1, 1))[:, 0]  # [1, K]
+        return ids[0].index_select(0, self._choose(scores, ids[0], t, params, draws, q))
+
+    def _choose(
+        self,
+        scores: torch.Tensor,
+        ids: torch.Tensor,
+        t: int,
+        params: SamplingParams,
+        draws: Draws | None,
+        q: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The index [1] of step t's draft among its candidates `ids` [K] scored `scores` [1, K]: the best, or one
+        drawn from softmax(scores / T) (an exponential race on the step's draft noise), whose distribution over
+        the vocabulary goes to q [1, V]."""
         if params.greedy:
-            at = scores.argmax(dim=-1)
-        else:
-            assert draws is not None and q is not None, "a sampled walk needs the step's draws and q_out"
-            weights = torch.softmax(scores / params.temperature, dim=-1)
-            q.zero_()[0].scatter_(0, ids[0], weights[0])
-            at = (weights / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
-        return ids[0].index_select(0, at)
+            return scores.argmax(dim=-1)
+        assert draws is not None and q is not None, "a sampled walk needs the step's draws and q_out"
+        weights = torch.softmax(scores / params.temperature, dim=-1)
+        q.zero_()[0].scatter_(0, ids, weights[0])
+        return (weights / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
 
 
 class DFlash2Drafter(DFlashDrafter):

@@ -33,7 +33,7 @@ from dflash_chat.engine.models.image_prompt import mrope_axes, mrope_cos_sin
 from dflash_chat.engine.models.layers import RMSNorm, Rotary
 from dflash_chat.engine.models.span import Span
 from dflash_chat.engine.models.target import DecoderLayer, add_norm
-from dflash_chat.engine.sampling import Guide, guided_draft, q_row, sample_processed
+from dflash_chat.engine.sampling import Guide, draw_row, guided_draft, q_row
 from dflash_chat.engine.sampling_params import SamplingParams
 from dflash_chat.engine.state import AttentionCache
 
@@ -189,13 +189,12 @@ class MTPHead(nn.Module):
             span = Span.fixed(start + (j - 1), offsets, bound, shift)
             hidden = self.forward(hidden, token, span)
             logits = self.logits(hidden)
-            if guide is not None:
-                token = guided_draft(logits, j, params, draws, q_row(q_out, j), guide)
-            elif params.greedy:
-                token = logits.argmax(dim=-1)
-            else:
-                assert draws is not None and q_out is not None, "sampled drafts need the step's draws and q_out"
-                token = sample_processed(logits, params, draws.draft_noise[j : j + 1], q_out[j : j + 1])
+            q = q_row(q_out, j)
+            token = (
+                draw_row(logits, j, params, draws, q)
+                if guide is None
+                else guided_draft(logits, j, params, draws, q, guide)
+            )
             out.append(token)
         return torch.cat(out)
 
