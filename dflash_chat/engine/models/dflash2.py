@@ -129,6 +129,8 @@ class CandidateSelector(nn.Module):
         scores = self.scores(unary, successors, projected, predecessors)  # [D, K, K]
         at = torch.zeros(1, dtype=torch.long, device=ids.device)  # the predecessor's index (any row for t = 0)
         path = []
+        if q_out is not None and not params.greedy:
+            q_out[: ids.shape[0]].zero_()  # once for every row (`_choose` writes into zeroed rows)
         for t in range(ids.shape[0]):
             at = self._choose(scores[t].index_select(0, at), ids[t], t, params, draws, q_row(q_out, t))
             path.append(ids[t].index_select(0, at))
@@ -167,6 +169,8 @@ class CandidateSelector(nn.Module):
         [1] (`_choose`)."""
         unary, ids, successors, projected = found
         scores = self.scores(unary, successors, projected, before.reshape(1, 1))[:, 0]  # [1, K]
+        if q is not None and not params.greedy:
+            q.zero_()
         return ids[0].index_select(0, self._choose(scores, ids[0], t, params, draws, q))
 
     def _choose(
@@ -180,12 +184,12 @@ class CandidateSelector(nn.Module):
     ) -> torch.Tensor:
         """The index [1] of step t's draft among its candidates `ids` [K] scored `scores` [1, K]: the best, or one
         drawn from softmax(scores / T) (an exponential race on the step's draft noise), whose distribution over
-        the vocabulary goes to q [1, V]."""
+        the vocabulary goes into q [1, V], zeroed by the caller (the walk zeroes every row with one kernel)."""
         if params.greedy:
             return scores.argmax(dim=-1)
         assert draws is not None and q is not None, "a sampled walk needs the step's draws and q_out"
         weights = torch.softmax(scores / params.temperature, dim=-1)
-        q.zero_()[0].scatter_(0, ids, weights[0])
+        q[0].scatter_(0, ids, weights[0])
         return (weights / draws.draft_noise[t : t + 1, : self.top_k]).argmax(dim=-1)
 
 
