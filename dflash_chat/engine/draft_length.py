@@ -108,12 +108,12 @@ class Acceptance:
         self._expected = None
 
     def rates(self) -> list[float]:
-        P = self.prior
+        P, weight = self.prior, PRIOR_WEIGHT
         out, before, seen = [], P, 0.0
         for h, t in zip(self.hits, self.tries, strict=True):
-            lean = seen / (seen + PRIOR_WEIGHT) if before >= P else TAIL_BLEND
-            prior = P + lean * (before - P)
-            before, seen = (h + prior * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT), t or seen  # untried: the last tried's
+            lean = seen / (seen + weight) if before >= P else TAIL_BLEND
+            before = (h + (P + lean * (before - P)) * weight) / (t + weight)
+            seen = t or seen  # untried: the last tried's
             out.append(before)
         return out
 
@@ -206,72 +206,106 @@ class Costs:
     wins) must follow it, or a stale figure could keep auto on one side for good. A timing counts at most
     OUTLIER times its figure either way: one step that a busy moment stretched must not turn auto around.
     A figure's first timings in the loop weigh as if the warm-up's figure were WARM_WEIGHT of them (1/4, 1/5,
-    ... down to COST_ALPHA): a warm-up that a busy moment skewed is corrected within a few steps of the size."""
+    ... down to COST_ALPHA): a warm-up that a busy moment skewed is corrected within a few steps of the size.
+
+    The drift scales every figure alike, so it changes no choice: auto weighs plans by the figures over it
+    (`relative`), and a timing changes only the relative figures of its own kind and size. Those are kept
+    between timings and only the tables that hold the timed size are made again (auto reads them every step,
+    and each step times a verify and a draft)."""
 
     verify: dict[int, float]
     draft: dict[str, dict[int, float]]  # method -> verify size T (> 1) -> seconds of its draft for it
     drift: float = 1.0
     own: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, T) -> its own correction
     seen: dict[tuple[str, int], int] = field(default_factory=dict)  # (kind, T) -> timings counted
-    # `steps` as computed since the last timing: (method, sizes) -> its answer (auto asks again within a step)
-    _steps: dict[tuple[str, tuple[int, ...]], dict[int, float]] = field(
+    # each kind's figures over the drift (warm-up figure times own correction): kind -> T -> seconds
+    _now: dict[str, dict[int, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # `relative` as computed: (method, sizes) -> its answer, dropped by a timing of a size in it (verify) or of
+    # its method's draft at a size in it
+    _tables: dict[tuple[str, tuple[int, ...]], dict[int, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
-    _sizes: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _readers: dict[tuple[str, int], set[tuple[str, tuple[int, ...]]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )  # (kind, T) -> the keys of the kept tables that read its figure
+    _sizes: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def step(self, T: int, method: str = "dflash") -> float:
-        return self.steps(self._upto(T), method)[T]
+        return self.drift * self.relative_step(T, method)
 
-    def _upto(self, T: int) -> list[int]:
+    def relative_step(self, T: int, method: str = "dflash") -> float:
+        """`step` over the drift."""
+        return self.relative(self._upto(T), method)[T]
+
+    def _upto(self, T: int) -> tuple[int, ...]:
         """The verify sizes below T, and T (what a step of T is floored by)."""
         sizes = self._sizes.get(T)
         if sizes is None:
-            sizes = self._sizes[T] = sorted({size for size in self.verify if size < T} | {T})
+            sizes = self._sizes[T] = tuple(sorted({size for size in self.verify if size < T} | {T}))
         return sizes
 
-    def steps(self, sizes: list[int], method: str = "dflash") -> dict[int, float]:
+    def steps(self, sizes, method: str = "dflash") -> dict[int, float]:
         """Seconds of a step of each size (ascending) drafted by `method`, in one pass: each at least those of the
         sizes below it (more tokens never cost less; a warm-up that a busy moment hit measured the 8-token step
-        below the 4-token one, and auto then started fresh answers at 8 drafts where 16 accept every one). The
-        caller must not change the dict."""
-        key = (method, tuple(sizes))
-        out = self._steps.get(key)
+        below the 4-token one, and auto then started fresh answers at 8 drafts where 16 accept every one)."""
+        drift = self.drift
+        return {T: drift * seconds for T, seconds in self.relative(tuple(sizes), method).items()}
+
+    def relative(self, sizes: tuple[int, ...], method: str = "dflash") -> dict[int, float]:
+        """`steps` over the drift, kept until a timing changes it. The caller must not change the dict."""
+        key = (method, sizes)
+        out = self._tables.get(key)
         if out is None:
-            verify, draft, own, drift = self.verify, self.draft.get(method.removesuffix(HELD), {}), self.own, self.drift
+            verify, draft = self._figures("verify"), self._figures(method)
             out, floor = {}, 0.0
-            for T in sizes:  # drift * (verify's seconds + the method's draft's), each with its own correction
-                # (a held draft's warm-up figure is its method's: _base)
-                seconds = verify.get(T, 0.0) * own.get(("verify", T), 1.0)
+            for T in sizes:  # verify's seconds + the method's draft's
+                floor = out[T] = max(floor, verify.get(T, 0.0) + draft.get(T, 0.0) if T > 1 else verify.get(T, 0.0))
+            self._tables[key] = out
+            for T in sizes:
+                self._readers.setdefault(("verify", T), set()).add(key)
                 if T > 1:
-                    seconds += draft.get(T, 0.0) * own.get((method, T), 1.0)
-                floor = out[T] = max(floor, drift * seconds)
-            self._steps[key] = out
+                    self._readers.setdefault((method, T), set()).add(key)
         return out
+
+    def _figures(self, kind: str) -> dict[int, float]:
+        """A kind's figures over the drift, T -> seconds (a held draft's warm-up figures are its method's)."""
+        figures = self._now.get(kind)
+        if figures is None:
+            base = self.verify if kind == "verify" else self.draft.get(kind.removesuffix(HELD), {})
+            figures = self._now[kind] = {T: s * self.own.get((kind, T), 1.0) for T, s in base.items()}
+        return figures
 
     def verify_only(self, T: int) -> float:
         """Seconds of a verify of T alone (its draft already paid)."""
-        return self.drift * self._seconds("verify", T)
+        return self.drift * self.relative_verify(T)
+
+    def relative_verify(self, T: int) -> float:
+        """`verify_only` over the drift."""
+        return self._figures("verify").get(T, 0.0)
 
     def _base(self, kind: str, T: int) -> float:
         """The warm-up figure (a held draft's is its method's: the loop's timings give it its own correction)."""
         return (self.verify if kind == "verify" else self.draft.get(kind.removesuffix(HELD), {})).get(T, 0.0)
-
-    def _seconds(self, kind: str, T: int) -> float:
-        return self._base(kind, T) * self.own.get((kind, T), 1.0)
 
     def observe(self, kind: str, T: int, seconds: float) -> None:
         """A timing of a verify (`kind` "verify") or of a method's draft (`kind` the method) for size T."""
         base = self._base(kind, T)
         if base <= 0:
             return
-        self._steps.clear()
         own = self.own.get((kind, T), 1.0)
         expected = own * self.drift  # the timing's current figure over its warm-up one
         ratio = min(max(seconds / base, expected / OUTLIER), expected * OUTLIER)
         seen = self.seen[kind, T] = self.seen.get((kind, T), 0) + 1
         if not kind.endswith(HELD):  # a held draft's host work says nothing of the machine's drift
             self.drift += COST_ALPHA * (ratio / own - self.drift)
-        self.own[kind, T] = own + max(COST_ALPHA, 1 / (seen + WARM_WEIGHT)) * (ratio / self.drift - own)
+        own = self.own[kind, T] = own + max(COST_ALPHA, 1 / (seen + WARM_WEIGHT)) * (ratio / self.drift - own)
+        self._figures(kind)[T] = base * own
+        self._forget(kind, T)
+
+    def _forget(self, kind: str, T: int) -> None:
+        """Drop the kept tables that read the figure of (kind, T)."""
+        for key in self._readers.pop((kind, T), ()):
+            self._tables.pop(key, None)
 
 
 @dataclass
@@ -283,20 +317,30 @@ class AutoDraft:
     costs: Costs
     method: str = "dflash"
 
+    def __post_init__(self) -> None:
+        self._sizes = tuple(self.sizes)
+        # (expected, seconds, size, rate) of the last `best`: kept while neither list is made again
+        self._kept: tuple[list[float], dict[int, float], int, float] | None = None
+
     def best(self) -> tuple[int, float]:
-        """(size, expected tokens per second) of the method's best drafting size; the size grown to the next one
-        up after a step that accepted every draft (that says nothing of the positions past it, and a size that
-        never runs never has its cost measured in the loop; a lucky try while other steps won is left to the
-        estimate)."""
+        """(size, expected tokens per second at the warm-up's pace: Costs.relative) of the method's best drafting
+        size; the size grown to the next one up after a step that accepted every draft (that says nothing of the
+        positions past it, and a size that never runs never has its cost measured in the loop; a lucky try while
+        other steps won is left to the estimate)."""
         a = self.acceptance
         expected = a.expected()
-        seconds = self.costs.steps(self.sizes, self.method)
-        best, rate = 0, 0.0
-        for T in self.sizes:  # ascending: a tie goes to the shorter draft
-            if T > 1 and (best == 0 or expected[T - 1] / seconds[T] > rate):
-                best, rate = T, expected[T - 1] / seconds[T]
+        seconds = self.costs.relative(self._sizes, self.method)
+        kept = self._kept
+        if kept is not None and kept[0] is expected and kept[1] is seconds:
+            best, rate = kept[2], kept[3]
+        else:
+            best, rate = 0, 0.0
+            for T in self._sizes:  # ascending: a tie goes to the shorter draft
+                if T > 1 and (best == 0 or expected[T - 1] / seconds[T] > rate):
+                    best, rate = T, expected[T - 1] / seconds[T]
+            self._kept = (expected, seconds, best, rate)
         if a.whole and not a.probed:
-            grown = next((T for T in self.sizes if T > 1 and T > a.whole + 1), self.sizes[-1])
+            grown = next((T for T in self._sizes if T > 1 and T > a.whole + 1), self._sizes[-1])
             return max(best, grown), rate
         return best, rate
 
@@ -304,7 +348,7 @@ class AutoDraft:
         """The verify size of the next step, this method being the only one: its best size, or a plain step
         when that is faster (with a try of a short draft now and then)."""
         T, rate = self.best()
-        plain = 1 in self.sizes and 1 / self.costs.step(1, self.method) >= rate
+        plain = 1 in self._sizes and 1 / self.costs.relative_step(1, self.method) >= rate
         return self.book(1 if plain else T)
 
     def book(self, T: int) -> int:

@@ -12,10 +12,12 @@ class Prefilled:
     seconds: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Step:
     """One verify step (or one autoregressive step): the tokens it committed, and which method drafted them
-    ("dflash", "mtp", "lookup"; "plain" for a step without drafts)."""
+    ("dflash", "mtp", "lookup"; "plain" for a step without drafts). Not frozen: the decode loop makes one every
+    step, and a frozen dataclass's __init__ sets each field through object.__setattr__ (several microseconds
+    a step once the model's forward has left the host's caches cold)."""
 
     token_ids: list[int]
     drafted: int

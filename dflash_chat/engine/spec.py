@@ -39,7 +39,7 @@ from typing import Iterator, Protocol
 import torch
 
 from dflash_chat.engine import speculation
-from dflash_chat.engine.draft_length import HELD, Costs, DraftMemory, parse_draft
+from dflash_chat.engine.draft_length import HELD, Acceptance, Costs, DraftMemory, parse_draft
 from dflash_chat.engine.errors import ContextLengthError
 from dflash_chat.engine.events import Event, Finished, GenerationStats, Prefilled, Step
 from dflash_chat.engine.images import ImagePrefill, PromptImage
@@ -571,11 +571,19 @@ class Engine:
             yield self._finish("stop", stats)
             return
         decode_t0 = time.perf_counter()
+        estimates: dict[str, Acceptance] = {}  # the answer's, by key: looked up in the memory once
+
+        def estimate(key: str) -> Acceptance:
+            found = estimates.get(key)
+            if found is None:
+                found = estimates[key] = self._estimate(memory, params.greedy, key)
+            return found
+
         chooser = Chooser(
             self.method_sizes,
             self.takes_plain,
             self.costs,
-            lambda key: self._estimate(memory, params.greedy, key),
+            estimate,
             fixed=self.draft != "auto",
             held=grammar is not None,
         )
@@ -622,7 +630,7 @@ class Engine:
             if lookup is not None:
                 lookup.extend(out.tokens)
             if plan.T > 1:
-                self._estimate(memory, params.greedy, plan.estimate).observe(plan.drafts, out.accepted)
+                estimate(plan.estimate).observe(plan.drafts, out.accepted)
                 learned[plan.estimate][min(out.accepted, plan.drafts)] += 1
             draft_s, verify_s = self._count(ended, stats)
             drafted = min(plan.drafts, remaining - 1)

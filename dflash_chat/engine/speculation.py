@@ -141,18 +141,22 @@ class Chooser:
         self.models = [m for m in MODELS if m in sizes]
         self.lookup = "lookup" in sizes
         self.held = held
-        self._autos: dict[tuple, AutoDraft] = {}  # built once an answer: a conversation's estimates stay its own
+        self._autos: dict[
+            str | tuple[str, int], AutoDraft
+        ] = {}  # built once an answer: a conversation's estimates stay its own
         self._plans: dict[tuple[str, int], Plan] = {}  # a model method's plan of each size (plans are values)
+        self._models: list[tuple[str, AutoDraft]] | None = None
 
     def _cost_kind(self, method: str) -> str:
         """The costs' name of a method's drafts in this answer."""
         return method + HELD if self.held and method in MODELS else method
 
     def _auto(self, key: str, method: str, sizes: list[int] | None = None) -> AutoDraft:
-        assert self.costs is not None, "weighing plans needs the step costs"
-        at = (key, method) if sizes is None else (key, method, *sizes)
+        """The AutoDraft of an estimate `key` for `method` at `sizes` (None: the method's own), made once."""
+        at = (key, len(sizes)) if sizes is not None else key  # a subset of a method's sizes is their first n
         auto = self._autos.get(at)
         if auto is None:
+            assert self.costs is not None, "weighing plans needs the step costs"
             sizes = self.sizes[method] if sizes is None else sizes
             auto = self._autos[at] = AutoDraft(
                 ([1] if self.plain else []) + sizes, self.estimate(key), self.costs, self._cost_kind(method)
@@ -165,12 +169,19 @@ class Chooser:
             plan = self._plans[method, T] = Plan(method, T, method)
         return plan
 
+    def _model_autos(self) -> list[tuple[str, AutoDraft]]:
+        """Each model method with its AutoDraft (made at the first plan weighed)."""
+        autos = self._models
+        if autos is None:
+            autos = self._models = [(method, self._auto(method, method)) for method in self.models]
+        return autos
+
     def _model_plans(self) -> list[tuple[float, Plan]]:
         """(expected tokens per second, plan) of a plain step and of each model method at its best size."""
         assert self.costs is not None
-        plans = [(1 / self.costs.step(1), PLAIN_STEP)] if self.plain else []
-        for method in self.models:
-            T, rate = self._auto(method, method).best()
+        plans = [(1 / self.costs.relative_step(1), PLAIN_STEP)] if self.plain else []
+        for method, auto in self._model_autos():
+            T, rate = auto.best()
             plans.append((rate, self._plan(method, T)))
         return plans
 
@@ -181,15 +192,18 @@ class Chooser:
             return None
         if self.costs is None:  # one model method at a fixed size
             return self._plan(self.models[0], self.sizes[self.models[0]][0]) if self.models else PLAIN_STEP
-        rate, plan = max(self._model_plans(), key=lambda pair: pair[0])  # ties: plain, then METHODS' order
+        best, plan = -1.0, PLAIN_STEP
+        for rate, candidate in self._model_plans():  # ties: plain, then METHODS' order
+            if rate > best:
+                best, plan = rate, candidate
         return plan if self.fixed else self._booked(plan)
 
     def _booked(self, plan: Plan) -> Plan:
         """Book the step with every model method: the winner drafts, one that has not drafted for long enough
         drafts its shortest size instead, as a try (AutoDraft.book)."""
         chosen = plan
-        for method in self.models:
-            T = self._auto(method, method).book(plan.T if method == plan.method else 1)
+        for method, auto in self._model_autos():
+            T = auto.book(plan.T if method == plan.method else 1)
             if T > 1 and method != plan.method and chosen is plan:
                 chosen = self._plan(method, T)
         return chosen
@@ -213,7 +227,7 @@ class Chooser:
             plan = Plan("lookup", T, key, _padded(match.tokens, T - 1))
             if self.costs is None or not self.models:
                 return plan
-            rate = self.estimate(key).expected()[T - 1] / self.costs.step(T, "lookup")
+            rate = self.estimate(key).expected()[T - 1] / self.costs.relative_step(T, "lookup")
             return plan if rate > self._rate(queued) else None
         fits = [T for T in self.sizes["lookup"] if T - 1 <= len(match.tokens)]
         if not fits:
@@ -249,14 +263,14 @@ class Chooser:
     def _unpaid(self, plan: Plan) -> float:
         """Expected tokens per second of a plan whose draft is still to pay."""
         assert self.costs is not None
-        return self._tokens(plan) / self.costs.step(plan.T, self._cost_kind(plan.method))
+        return self._tokens(plan) / self.costs.relative_step(plan.T, self._cost_kind(plan.method))
 
     def _rate(self, queued: Plan | None) -> float:
         """Expected tokens per second of the queued plan, its draft paid (None: the best a model offers now)."""
         assert self.costs is not None
         if queued is None:
             return max((rate for rate, _ in self._model_plans()), default=0.0)
-        return self._tokens(queued) / self.costs.verify_only(queued.T)
+        return self._tokens(queued) / self.costs.relative_verify(queued.T)
 
 
 def _padded(tokens: list[int], k: int) -> tuple[int, ...]:
