@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the DFlash drafter the dflash2 stage starts from (default: the drafter in --out); "
         "its target is the one in --out",
     )
+    demo.add_argument(
+        "--carry",
+        type=Path,
+        default=None,
+        help="retrain: the run carried between machines (its weights in float16, step, curve and random states, "
+        "without the optimizer's moments): started from when work/retrain/ has no checkpoint, written at the end "
+        "of each chunk (commit it)",
+    )
     demo.add_argument("--target-steps", type=int, default=None)
     demo.add_argument("--drafter-steps", type=int, default=None)
     demo.add_argument(

@@ -94,7 +94,7 @@ def _retrain(args: argparse.Namespace, chosen: Preset, device: str, log: Log) ->
         args.work,
         **_training("retrain", args, chosen, device, log),
         source=args.out / "target",
-        settings=RetrainSettings(steps=0, max_seconds=chosen.target.max_seconds),
+        settings=RetrainSettings(steps=0, max_seconds=chosen.target.max_seconds, carried=args.carry),
     )
 
 

@@ -6,6 +6,12 @@ data draws' random states and the learning curve so far. Started again with the 
 on from there, and the steps it takes are the ones an uninterrupted run would have taken. Every `eval_every`
 steps it appends a row to the curve (the mean losses since the row before, and what `evaluate` measures),
 also written as JSON beside the checkpoint. A process paused with SIGSTOP loses nothing: it only waits.
+
+A machine that is handed back loses its folders, so a run that outlives a session is carried in the repository:
+`carry` writes the checkpoint's weights in float16 with the step, the curve and the random states, without
+AdamW's moments (a third of the size: what a commit can hold). A run with no checkpoint that is given the carried
+file (`Checkpointing.carried`) starts from it: the same steps and draws follow, its moments start from zero and
+its learning rate warms up again over `warmup` steps (AdamW's first updates are as large as the rate allows).
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class Checkpointing(Schedule):
     save_seconds: float = 300.0
     eval_every: int = 50
     until: int | None = None  # stop (saving) after this step, as a chunk bound; None: `steps`
+    carried: Path | None = None  # a carried run (`carry`) to start from when there is no checkpoint; updated
+    # at the end of each chunk
 
 
 @dataclass
@@ -75,6 +83,8 @@ def train_resumable(
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     draws = Draws.seeded(seed)
     state = _load(settings.path, model, opt, draws, log)
+    if not state["step"] and settings.carried is not None and settings.carried.exists():
+        state = _load_carried(settings.carried, model, draws, log)
     curve_path = settings.path.with_name(settings.path.stem + "_curve.json")
 
     def measure(step: int) -> None:
@@ -105,7 +115,7 @@ def train_resumable(
             for group in opt.param_groups:
                 group["lr"] = cosine_lr(
                     state["step"], settings.steps, settings.lr, settings.warmup, settings.min_lr_ratio
-                )
+                ) * _rewarm(state, settings.warmup)
             loss, figures = step_fn(state["step"], draws)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -128,6 +138,9 @@ def train_resumable(
             log(f"stopped by {stop[0]} after step {state['step']}")
     _save(settings.path, model, opt, draws, state)
     log(f"checkpoint at step {state['step']} of {settings.steps}: {settings.path}")
+    if settings.carried is not None:
+        carry(settings.path, settings.carried)
+        log(f"carried to {settings.carried} (commit it: the next session starts from it)")
     model.eval()
     return Progress(state["step"], state["curve"], state["step"] >= settings.steps)
 
@@ -162,6 +175,38 @@ def _load(path: Path, model, opt, draws: Draws, log: Log) -> dict:
     torch.set_rng_state(saved["torch_rng"])
     log(f"resumed from {path} at step {saved['state']['step']}")
     return saved["state"]
+
+
+def carry(checkpoint: Path, out: Path) -> None:
+    """The checkpoint at `checkpoint`, as a carried run at `out` (module docstring), written atomically."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    carried = {
+        "model": {name: t.half() if t.is_floating_point() else t for name, t in saved["model"].items()},
+        **{key: saved[key] for key in ("rng", "gen", "torch_rng", "state")},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    torch.save(carried, partial)
+    os.replace(partial, out)
+
+
+def _load_carried(path: Path, model, draws: Draws, log: Log) -> dict:
+    """The loop's state from a carried run (model and draws restored, the optimizer left new)."""
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    own = model.state_dict()
+    model.load_state_dict({name: t.to(own[name].dtype) for name, t in saved["model"].items()})
+    draws.rng.setstate(saved["rng"])
+    draws.gen.set_state(saved["gen"])
+    torch.set_rng_state(saved["torch_rng"])
+    state = {**saved["state"], "carried_at": saved["state"]["step"]}
+    log(f"resumed from the carried run {path} at step {state['step']} (AdamW's moments start again)")
+    return state
+
+
+def _rewarm(state: dict, warmup: int) -> float:
+    """The learning rate's factor after a start from a carried run: rising again over `warmup` steps."""
+    since = state["step"] - state.get("carried_at", -warmup)
+    return min(1.0, (since + 1) / max(1, warmup))
 
 
 def _save(path: Path, model, opt, draws: Draws, state: dict) -> None:

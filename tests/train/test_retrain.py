@@ -113,6 +113,49 @@ def test_a_resumed_run_takes_the_steps_an_unbroken_one_takes(tokenizer, data, tm
     assert not list((tmp_path / "parts").glob("*.partial"))
 
 
+def test_a_run_carried_to_a_new_machine_goes_on_from_its_step_with_its_curve(tokenizer, data, tmp_path):
+    """A chunk with a carry file writes it (float16 weights, no optimizer moments); a new machine (no checkpoint,
+    another init) starts from it at its step, with its curve and draws, the rate warming up again; a carry file
+    that is not there is a fresh start."""
+    carried = tmp_path / "repo" / "retrain.carry.pt"
+    _, part, _ = run(tokenizer, data, settings(tmp_path / "a" / "checkpoint.pt", until=3, carried=carried))
+    saved = torch.load(carried, weights_only=False)
+    assert "optimizer" not in saved and saved["state"]["step"] == 3
+    assert {t.dtype for t in saved["model"].values() if t.is_floating_point()} == {torch.float16}
+    checkpoint = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+    assert os.path.getsize(carried) < os.path.getsize(tmp_path / "a" / "checkpoint.pt") / 4
+
+    chosen = settings(tmp_path / "b" / "checkpoint.pt", carried=carried, warmup=2)
+    model = new_target(TINY, tokenizer, 9)  # a new machine: another init, no checkpoint
+    inner = retrain_step(model, data, chosen, PAD, "cpu")
+    first: list[dict] = []
+
+    def step(done, draws):
+        if not first:
+            first.append({"step": done, **{k: v.clone() for k, v in model.state_dict().items()}})
+        return inner(done, draws)
+
+    logs: list[str] = []
+    progress = train_resumable(model, step, chosen, seed=3, log=logs.append)
+    assert any("resumed from the carried run" in line and "at step 3" in line for line in logs)
+    assert progress.finished and progress.step == 4 and first[0]["step"] == 3
+    assert [r["step"] for r in progress.curve] == [0, 2, 4]
+    assert without_times(progress.curve[:2]) == without_times(part.curve)
+    for name, weight in checkpoint["model"].items():  # the carried weights, to float16's precision
+        assert torch.equal(first[0][name], saved["model"][name].to(weight.dtype))
+        assert torch.allclose(first[0][name].float(), weight.float(), rtol=1e-3, atol=1e-4)
+
+    from dflash_chat.train.resumable import _rewarm
+
+    assert _rewarm({"step": 3, "carried_at": 3}, 2) == 0.5  # the first step after the carry: half the rate
+    assert _rewarm({"step": 4, "carried_at": 3}, 2) == 1.0
+    assert _rewarm({"step": 0}, 40) == 1.0  # a run never carried keeps its schedule
+
+    fresh = settings(tmp_path / "c" / "checkpoint.pt", carried=tmp_path / "none.pt", until=1)
+    _, started, logs = run(tokenizer, data, fresh)
+    assert started.step == 1 and not any("carried run" in line for line in logs)
+
+
 def test_sigterm_stops_after_the_step_in_flight_with_a_checkpoint(tokenizer, data, tmp_path):
     path = tmp_path / "checkpoint.pt"
     chosen = settings(path, steps=6)
