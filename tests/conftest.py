@@ -15,11 +15,24 @@ def pytest_collection_modifyitems(config, items):
     order (a file comes where its first test does), so the files with long tests start first: one started
     late would keep one worker busy while the other idles."""
 
+    installing = _agents_installing()
+
     def order(item):
+        if installing and item.get_closest_marker("agents"):
+            return (2, 0)  # last: they wait for the install (tools/test.sh) that runs beside the tests
         slow = item.get_closest_marker("slow")
         return (0, -slow.kwargs.get("seconds", 0)) if slow else (1, 0)
 
     items.sort(key=order)  # stable: ties keep their collected order
+
+
+def _agents_installing() -> bool:
+    """Whether tools/test.sh is installing the coding agents beside this run (its status file not yet written)."""
+    import os
+    from pathlib import Path
+
+    status = os.environ.get("DFLASH_CHAT_AGENTS_STATUS")
+    return bool(status) and not Path(status).exists()
 
 
 @pytest.fixture(autouse=True, scope="session")

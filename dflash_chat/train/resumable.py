@@ -9,7 +9,7 @@ also written as JSON beside the checkpoint. A process paused with SIGSTOP loses 
 
 A machine that is handed back loses its folders, so a run that outlives a session is carried in the repository:
 `carry` writes the checkpoint's weights in float16 with the step, the curve and the random states, without
-AdamW's moments (a third of the size: what a commit can hold). A run with no checkpoint that is given the carried
+AdamW's moments (a sixth of the size: what a commit can hold). A run with no checkpoint that is given the carried
 file (`Checkpointing.carried`) starts from it: the same steps and draws follow, its moments start from zero and
 its learning rate warms up again over `warmup` steps (AdamW's first updates are as large as the rate allows).
 """

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -40,18 +41,30 @@ CONTEXT = 65536  # Claude Code's system prompt and tools alone are ~16k tokens
 KEY = "sk-agents"
 TASK = "Say hello in one short sentence."
 TIMEOUT_S = 300
+INSTALL_WAIT_S = 330  # tools/test.sh's npm install is cut at 300 s
 
 pytestmark = [
     pytest.mark.slow(seconds=150),
+    pytest.mark.agents,
     pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: the agents are node programs"),
 ]
 
 
 def agent(name: str) -> str:
+    _installed()
     path = BIN / name
     if not path.exists():
         pytest.skip(f"{name} is not installed in {BIN} (tools/test.sh installs the pinned agents when npm is present)")
     return str(path)
+
+
+def _installed() -> None:
+    """Wait for tools/test.sh's install of the agents when it runs beside the tests (DFLASH_CHAT_AGENTS_STATUS: the
+    file it writes when the install ends)."""
+    status = os.environ.get("DFLASH_CHAT_AGENTS_STATUS")
+    deadline = time.monotonic() + INSTALL_WAIT_S
+    while status and not Path(status).exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 class FirstLine(StopStrings):
