@@ -68,6 +68,9 @@ from dflash_chat.engine.structured import Matcher, StepGuide
 
 DECODE_MODES = ("auto", "graphs", "fixed", "eager")
 COST_ROUNDS = 4  # timed warm-up rounds of every verify size (the first is not counted; the fastest of the rest is)
+# rounds after the second are left out once the measuring has taken this long: steps that slow (a large model on a
+# CPU) vary little from one timing to the next, and each round costs seconds
+COST_ENOUGH_S = 2.0
 
 
 class Drafter(Protocol):
@@ -260,7 +263,10 @@ class Engine:
         """Seconds of a step of each verify size, and of each method's draft for it, run on an empty state;
         the held conversation is dropped (the parked ones stay)."""
         steps, clock = self.steps, Clock(self.device)
-        for _ in range(COST_ROUNDS):  # every size in each round: a busy moment on the machine hits them alike
+        started = time.perf_counter()
+        for done in range(COST_ROUNDS):  # every size in each round: a busy moment on the machine hits them alike
+            if done >= 2 and time.perf_counter() - started > COST_ENOUGH_S:
+                break
             for T in self.sizes:
                 steps.begin(0, 1, SamplingParams(), None)  # one token held: the MTP layer's first row is there
                 for method, sizes in self.method_sizes.items():

@@ -361,3 +361,24 @@ def test_cuda_graphs_sample_drafts_on_the_device(tiny_dirs):
     captured = engine.steps.graphs
     assert any(e.run is Steps._draft and e.sampling == sampling for e in captured)  # captured for this setting
     assert any(e.run is Steps._accept and e.sampling == sampling for e in captured)
+
+
+@pytest.mark.parametrize("enough_s, rounds", [(1e9, 4), (0.0, 2)])
+def test_the_cost_warm_up_takes_fewer_rounds_when_its_steps_are_slow(tiny_dirs, monkeypatch, enough_s, rounds):
+    """auto's step costs are the fastest of the warm-up's rounds after the first (spec.COST_ROUNDS); once the
+    measuring has taken COST_ENOUGH_S (a large model on a CPU: seconds a round), it stops after the second round.
+    Either way every size and method has a figure."""
+    from dflash_chat.engine import spec
+    from dflash_chat.engine.steps import clock
+
+    monkeypatch.setattr(spec, "COST_ENOUGH_S", enough_s)
+    timed: list[tuple[str, int]] = []
+    real = clock.Clock.timed
+    monkeypatch.setattr(
+        clock.Clock, "timed", lambda self, kind, T, *a: (timed.append((kind, T)), real(self, kind, T, *a))
+    )
+    engine = _pair(tiny_dirs, "qwen3_5", draft="auto")
+    engine.warm_up()
+    assert engine.costs is not None and set(engine.costs.verify) == set(engine.sizes)
+    assert timed.count(("verify", max(engine.sizes))) == rounds
+    assert all(engine.costs.draft[m][T] > 0 for m, sizes in engine.method_sizes.items() for T in sizes)
