@@ -6,11 +6,16 @@ process; the next compile starts a new one. The child holds its own compiler for
 sent once, serialized) and answers each compile with the compiled grammar, serialized (xgrammar's JSON), or the
 error's first line. It is this module run with `python -m` (not multiprocessing: its spawn re-runs the parent's
 main module, which a script without a main guard cannot take, and forking a process that runs threads is unsafe);
-it imports no torch and nothing of the app but engine/constraint.py's wording of an error. Messages are pickled, each after its length, over the child's stdin and stdout.
+it imports nothing of the app but engine/constraint.py's wording of an error. Messages are pickled, each after its length, over the child's stdin and stdout.
+
+Starting a child costs seconds of a core (an interpreter, xgrammar and the torch it imports), so a process keeps
+one worker per vocabulary (`shared`, the SHARED_MOST used last): an engine loaded again with the same tokenizer
+(another model of one family, the next app a test starts) finds its child up.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import queue
@@ -18,10 +23,12 @@ import struct
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 START_SECONDS = 120.0  # a worker that is not up by then is broken (it takes a second or two)
+SHARED_MOST = 2  # workers a process keeps for reuse, one per vocabulary
 _LENGTH = struct.Struct("<Q")
 
 
@@ -132,6 +139,25 @@ class CompileWorker:
             if self._process.stdin is not None:
                 self._process.stdin.close()  # its stdout is the reader thread's, which closes it at the end
         self._process = None
+
+
+_shared: OrderedDict[str, CompileWorker] = OrderedDict()  # by the vocabulary's digest, the latest used last
+_shared_lock = threading.Lock()
+
+
+def shared(vocabulary: str) -> CompileWorker:
+    """The process's worker for `vocabulary` (an xgrammar TokenizerInfo's JSON), made when there is none; one
+    beyond the SHARED_MOST latest is closed (a holder's next compile starts it again)."""
+    key = hashlib.sha256(vocabulary.encode()).hexdigest()
+    with _shared_lock:
+        worker = _shared.get(key)
+        if worker is None:
+            worker = _shared[key] = CompileWorker(lambda: vocabulary)
+        _shared.move_to_end(key)
+        evicted = [_shared.popitem(last=False)[1] for _ in range(len(_shared) - SHARED_MOST)]
+    for old in evicted:
+        old.close()
+    return worker
 
 
 def _read_replies(stream, replies: queue.Queue) -> None:

@@ -39,7 +39,8 @@ from functools import partial
 
 import torch
 
-from dflash_chat.engine.compile_worker import CompileFailed, CompileTimeout, CompileWorker
+from dflash_chat.engine import compile_worker
+from dflash_chat.engine.compile_worker import CompileFailed, CompileTimeout
 from dflash_chat.engine.constraint import Constraint, GrammarError
 
 COMPILE_SECONDS = 30.0  # past this a grammar is refused (a 400 in serve); an agent's tools: 1-3 s, once
@@ -76,7 +77,7 @@ class Grammars:
             self.info = xgr.TokenizerInfo.from_huggingface(
                 tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids)
             )
-        self.worker = CompileWorker(self.info.serialize_json)
+        self.worker = compile_worker.shared(self.info.serialize_json())
         self.words = (vocab_size + 31) // 32
         self._cache: OrderedDict[tuple[str, str], object] = OrderedDict()
         self._lock = threading.Lock()

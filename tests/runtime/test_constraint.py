@@ -220,6 +220,31 @@ def test_a_compile_past_its_bound_is_ended_with_its_process_and_the_next_one_run
     assert engine.worker.started == started + 1 and engine.worker.alive
 
 
+def test_engines_of_one_vocabulary_share_one_compile_worker_and_others_get_their_own(grammars):
+    """A child costs seconds of a core to start (xgrammar imports torch): a second engine of the same tokenizer
+    compiles in the first one's child; another vocabulary has its own, and one past the SHARED_MOST latest is
+    closed, its holder's next compile starting it again."""
+    from dflash_chat.engine import compile_worker
+
+    tokenizer, first = grammars
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    first.worker.ready()
+    child = first.worker._process
+    again = Grammars(tokenizer, len(tokenizer), (end,))
+    assert again.worker is first.worker and again.worker._process is child
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    assert again.matcher(json_tag(schema, thinking=False)).forced_run(4) and first.worker._process is child
+    others = [Grammars(tokenizer, len(tokenizer), (end + 1 + i,)) for i in range(compile_worker.SHARED_MOST)]
+    assert len({id(g.worker) for g in others}) == compile_worker.SHARED_MOST and first.worker not in [
+        g.worker for g in others
+    ]
+    assert not first.worker.alive  # closed as the oldest of three vocabularies
+    started = first.worker.started
+    fresh = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert first.matcher(json_tag(fresh, thinking=False)).forced_run(4)
+    assert first.worker.alive and first.worker.started == started + 1
+
+
 HELD_OUT = json.loads((Path(dflash_chat.__file__).parent / "bench" / "heldout_schemas.json").read_text())
 
 
