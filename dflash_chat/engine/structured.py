@@ -26,7 +26,7 @@ holds for any q the draft was drawn from; masking it only spares drafts certain 
 The grammar engine is xgrammar (vLLM's and SGLang's): its masks on Qwen's vocabularies took a few
 microseconds at the median here, against tens for llguidance (bench: the constraint's cost per token), and
 it ships Qwen3.5/3.6's call format (`qwen_xml`). Only this module and its compile worker
-(engine/compile_worker.py: compiles run in a child process, ended past their bound) import it.
+(engine/compile_worker.py: each compile runs first in a child process, ended past its bound, then here) import it.
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ class Grammars:
         self._lock = threading.Lock()
         self._controls: torch.Tensor | None = None
         self._texts: list[bytes] | None = None
+        self._xgr_compiler = None
+        self._compiling = threading.Lock()
 
     def compile(self, constraint: Constraint, timeout: float = COMPILE_SECONDS):
         """The compiled grammar of `constraint` (GrammarError when it cannot be one)."""
@@ -92,9 +94,11 @@ class Grammars:
                 self._cache.move_to_end(key)
                 return self._cache[key]
         try:
-            # in a child process: one past the bound is ended, not left running (engine/compile_worker.py)
-            text = self.worker.compile(constraint.kind, constraint.spec, timeout)
-            compiled = self._xgr.CompiledGrammar.deserialize_json(text, self.info)
+            # first in a child process: one past the bound is ended, not left running; then here, as fast
+            # (engine/compile_worker.py)
+            self.worker.check(constraint.kind, constraint.spec, timeout)
+            with self._compiling:  # one compile at a time here, as in the child (it releases the GIL)
+                compiled = compile_worker.compile_grammar(self._compiler(), constraint.kind, constraint.spec)
         except CompileTimeout:
             raise GrammarError(
                 f"{constraint.label}: its schema took over {timeout:g} s to compile; simplify it"
@@ -106,6 +110,12 @@ class Grammars:
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled
+
+    def _compiler(self):
+        """This process's compiler for the vocabulary (made at the first compile)."""
+        if self._xgr_compiler is None:
+            self._xgr_compiler = self._xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        return self._xgr_compiler
 
     def texts(self) -> list[bytes]:
         """Each token's text, as bytes (read once: xgrammar copies the whole vocabulary at each read)."""
