@@ -41,7 +41,7 @@ import torch
 
 from dflash_chat.engine import compile_worker
 from dflash_chat.engine.compile_worker import CompileFailed, CompileTimeout
-from dflash_chat.engine.constraint import Constraint, GrammarError
+from dflash_chat.engine.constraint import Constraint, GrammarError, first_line
 
 COMPILE_SECONDS = 30.0  # past this a grammar is refused (a 400 in serve); an agent's tools: 1-3 s, once
 CACHE_SIZE = 64  # compiled grammars kept per tokenizer
@@ -98,7 +98,10 @@ class Grammars:
             # (engine/compile_worker.py)
             self.worker.check(constraint.kind, constraint.spec, timeout)
             with self._compiling:  # one compile at a time here, as in the child (it releases the GIL)
-                compiled = compile_worker.compile_grammar(self._compiler(), constraint.kind, constraint.spec)
+                try:
+                    compiled = compile_worker.compile_grammar(self._compiler(), constraint.kind, constraint.spec)
+                except Exception as exc:  # noqa: BLE001 - as the child words xgrammar's many kinds of error
+                    raise CompileFailed(first_line(exc)) from None
         except CompileTimeout:
             raise GrammarError(
                 f"{constraint.label}: its schema took over {timeout:g} s to compile; simplify it"

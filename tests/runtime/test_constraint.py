@@ -245,6 +245,34 @@ def test_engines_of_one_vocabulary_share_one_compile_worker_and_others_get_their
     assert first.worker.alive and first.worker.started == started + 1
 
 
+def test_a_grammar_the_child_compiled_is_compiled_here_and_a_failure_here_is_words(grammars, monkeypatch):
+    """The child only proves the compile ends in time: the grammar used is compiled in this process (xgrammar's JSON
+    of a compiled grammar was 134 MB for Claude Code's tools); should that fail, it is a GrammarError in one line."""
+    from dflash_chat.engine import compile_worker
+
+    tokenizer, _ = grammars
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    fresh = Grammars(tokenizer, len(tokenizer), (end,))
+    compiled: list[str] = []
+    real = compile_worker.compile_grammar
+
+    def spy(compiler, kind, spec):
+        compiled.append(kind)
+        return real(compiler, kind, spec)
+
+    monkeypatch.setattr(compile_worker, "compile_grammar", spy)  # the parent's; the child runs its own module
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    assert fresh.matcher(json_tag(schema, thinking=False)).forced_run(4) and compiled == ["json_schema"]
+
+    def broken(compiler, kind, spec):
+        raise RuntimeError("the compiler broke\nits long story")
+
+    monkeypatch.setattr(compile_worker, "compile_grammar", broken)
+    other = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with pytest.raises(GrammarError, match="the compiler broke$"):
+        fresh.compile(json_tag(other, thinking=False))
+
+
 HELD_OUT = json.loads((Path(dflash_chat.__file__).parent / "bench" / "heldout_schemas.json").read_text())
 
 
