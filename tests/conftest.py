@@ -27,12 +27,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _agents_installing() -> bool:
-    """Whether tools/test.sh is installing the coding agents beside this run (its status file not yet written)."""
+    """Whether tools/test.sh started installing the coding agents beside this run. Decided by the script once, not
+    by whether the install has ended: every xdist worker must collect the tests in the same order."""
     import os
-    from pathlib import Path
 
-    status = os.environ.get("DFLASH_CHAT_AGENTS_STATUS")
-    return bool(status) and not Path(status).exists()
+    return bool(os.environ.get("DFLASH_CHAT_AGENTS_STATUS"))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,5 +1,5 @@
-"""The suite's own order (tests/conftest.py): the longest slow tests first, and the coding agents' tests last while
-tools/test.sh still installs the agents beside the run (their tests wait for the install to end)."""
+"""The suite's own order (tests/conftest.py): the longest slow tests first, and the coding agents' tests last when
+tools/test.sh installs the agents beside the run (their tests wait for the install to end)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def ordered(items: list[Item]) -> list[str]:
     return [item.name for item in items]
 
 
-def test_agents_go_last_while_their_install_runs_and_by_their_length_once_it_ended(tmp_path, monkeypatch):
+def test_agents_go_last_when_their_install_runs_beside_the_suite_and_by_their_length_otherwise(tmp_path, monkeypatch):
     items = lambda: [  # noqa: E731
         Item("quick"),
         Item("agents", pytest.mark.slow(seconds=150), pytest.mark.agents),
@@ -33,9 +33,9 @@ def test_agents_go_last_while_their_install_runs_and_by_their_length_once_it_end
     status = tmp_path / "install-status"
     monkeypatch.setenv("DFLASH_CHAT_AGENTS_STATUS", str(status))
     assert ordered(items()) == ["kernels", "quick", "agents"]
-    status.write_text("installed\n")
-    assert ordered(items()) == ["agents", "kernels", "quick"]
-    monkeypatch.delenv("DFLASH_CHAT_AGENTS_STATUS")
+    status.write_text("installed\n")  # the order stays: each xdist worker must collect the same one
+    assert ordered(items()) == ["kernels", "quick", "agents"]
+    monkeypatch.delenv("DFLASH_CHAT_AGENTS_STATUS")  # no install beside the run: by their length
     assert ordered(items()) == ["agents", "kernels", "quick"]
 
 

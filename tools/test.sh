@@ -20,7 +20,7 @@ pip install -q -e ".[test]"
 # The coding agents tests/serve/test_agents.py drives, pinned, from npm into a cache folder (when npm is here;
 # without them those tests skip): installed once per set of pins, in the background beside the checks and the
 # tests (a clean machine takes a minute or more); the agents' tests then run last and wait for it
-# (DFLASH_CHAT_AGENTS_STATUS names the file that says it ended).
+# (DFLASH_CHAT_AGENTS_STATUS, set only then, names the file that says it ended).
 AGENTS="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
 AGENTS_DIR="${DFLASH_CHAT_AGENTS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash-chat-test-agents}"
 AGENTS_PID=""
