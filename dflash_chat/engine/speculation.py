@@ -132,7 +132,8 @@ class Chooser:
     """The plans of one answer's steps (module docstring), from the conversation's estimates and the engine's
     costs. `estimate(key)` gives the conversation's estimate of an estimate key (draft_length.DraftMemory);
     `fixed`: the draft setting is a number (each method drafts at its one size; nothing is tried); `held`: the
-    answer is held to a grammar (a model's drafts cost what held drafts do: draft_length.HELD)."""
+    answer is held to a grammar (a model's drafts cost what held drafts do: draft_length.HELD). Plans are rated in
+    tokens per second at the warm-up's pace (draft_length.Costs.relative): the costs' drift changes no choice."""
 
     def __init__(
         self, sizes: dict[str, list[int]], plain: bool, costs: Costs | None, estimate, fixed: bool, held: bool = False
@@ -141,9 +142,8 @@ class Chooser:
         self.models = [m for m in MODELS if m in sizes]
         self.lookup = "lookup" in sizes
         self.held = held
-        self._autos: dict[
-            str | tuple[str, int], AutoDraft
-        ] = {}  # built once an answer: a conversation's estimates stay its own
+        # built once an answer: a conversation's estimates stay its own
+        self._autos: dict[str | tuple[str, int], AutoDraft] = {}
         self._plans: dict[tuple[str, int], Plan] = {}  # a model method's plan of each size (plans are values)
         self._models: list[tuple[str, AutoDraft]] | None = None
 
