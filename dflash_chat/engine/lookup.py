@@ -81,11 +81,17 @@ class PromptLookup:
         return Match(proposal, best_length) if proposal else None
 
     def _matched(self, candidate: int, end: int) -> int:
-        """Tokens (up to MAX_MATCH) ending at `candidate` that equal those ending at `end`."""
-        n, tokens = 0, self.tokens
-        while n < MAX_MATCH and candidate - n >= 0 and tokens[candidate - n] == tokens[end - n]:
-            n += 1
-        return n
+        """Tokens (up to MAX_MATCH) ending at `candidate` that equal those ending at `end` (candidate < end). Found by
+        halving over slices compared whole (a run of n that matches holds every shorter one): a query runs every step,
+        and a token-by-token loop over a repetitive text's many long matches cost tens of microseconds a step."""
+        tokens, matched, most = self.tokens, 0, min(MAX_MATCH, candidate + 1)
+        while matched < most:
+            n = (matched + most + 1) // 2
+            if tokens[candidate - n + 1 : candidate + 1] == tokens[end - n + 1 : end + 1]:
+                matched = n
+            else:
+                most = n - 1
+        return matched
 
 
 def _repeat(proposal: list[int], period: int, most: int) -> None:

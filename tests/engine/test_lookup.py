@@ -118,3 +118,27 @@ def test_sampled_lookup_drafting_has_the_target_distribution(small_targets):
     for pos in range(3):
         assert chi_square_p(counts[pos], exact[pos]) > P_MIN, f"token {pos + 1} is not distributed as the target's"
     assert 0 < accepted < drafted  # drafts were accepted and rejected: both branches ran
+
+
+def test_a_matchs_length_is_the_token_by_token_count_on_repetitive_texts():
+    """The match length (found by halving over slices) is the count of equal tokens back from both ends, at most
+    MAX_MATCH and never past the text's start, on every pair of positions of short repetitive texts."""
+    import random
+
+    from dflash_chat.engine import lookup
+
+    def counted(tokens: list[int], candidate: int, end: int) -> int:
+        n = 0
+        while n < lookup.MAX_MATCH and candidate - n >= 0 and tokens[candidate - n] == tokens[end - n]:
+            n += 1
+        return n
+
+    rng = random.Random(0)
+    for _ in range(60):
+        period = [rng.randrange(3) for _ in range(rng.randint(2, 40))]
+        index = lookup.PromptLookup()
+        index.extend((period * 6)[: rng.randint(3, 150)])
+        tokens = index.tokens
+        for end in range(1, len(tokens)):
+            for candidate in range(end):
+                assert index._matched(candidate, end) == counted(tokens, candidate, end), (candidate, end)
