@@ -227,7 +227,8 @@ class Costs:
     )
     _readers: dict[tuple[str, int], set[tuple[str, tuple[int, ...]]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
-    )  # (kind, T) -> the keys of the kept tables that read its figure
+    )  # (kind, T) -> the keys of the tables that read its figure
+    _tables_made: set[tuple[str, tuple[int, ...]]] = field(default_factory=set, init=False, repr=False, compare=False)
     _sizes: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def step(self, T: int, method: str = "dflash") -> float:
@@ -260,11 +261,13 @@ class Costs:
             out, floor = {}, 0.0
             for T in sizes:  # verify's seconds + the method's draft's
                 floor = out[T] = max(floor, verify.get(T, 0.0) + draft.get(T, 0.0) if T > 1 else verify.get(T, 0.0))
+            if key not in self._tables_made:  # a table reads the same figures each time it is made
+                self._tables_made.add(key)
+                for T in sizes:
+                    self._readers.setdefault(("verify", T), set()).add(key)
+                    if T > 1:
+                        self._readers.setdefault((method, T), set()).add(key)
             self._tables[key] = out
-            for T in sizes:
-                self._readers.setdefault(("verify", T), set()).add(key)
-                if T > 1:
-                    self._readers.setdefault((method, T), set()).add(key)
         return out
 
     def _figures(self, kind: str) -> dict[int, float]:
@@ -304,7 +307,7 @@ class Costs:
 
     def _forget(self, kind: str, T: int) -> None:
         """Drop the kept tables that read the figure of (kind, T)."""
-        for key in self._readers.pop((kind, T), ()):
+        for key in self._readers.get((kind, T), ()):
             self._tables.pop(key, None)
 
 
