@@ -225,10 +225,6 @@ class Costs:
     _tables: dict[tuple[str, tuple[int, ...]], dict[int, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
-    _readers: dict[tuple[str, int], set[tuple[str, tuple[int, ...]]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )  # (kind, T) -> the keys of the tables that read its figure
-    _tables_made: set[tuple[str, tuple[int, ...]]] = field(default_factory=set, init=False, repr=False, compare=False)
     _sizes: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def step(self, T: int, method: str = "dflash") -> float:
@@ -261,12 +257,6 @@ class Costs:
             out, floor = {}, 0.0
             for T in sizes:  # verify's seconds + the method's draft's
                 floor = out[T] = max(floor, verify.get(T, 0.0) + draft.get(T, 0.0) if T > 1 else verify.get(T, 0.0))
-            if key not in self._tables_made:  # a table reads the same figures each time it is made
-                self._tables_made.add(key)
-                for T in sizes:
-                    self._readers.setdefault(("verify", T), set()).add(key)
-                    if T > 1:
-                        self._readers.setdefault((method, T), set()).add(key)
             self._tables[key] = out
         return out
 
@@ -307,8 +297,9 @@ class Costs:
 
     def _forget(self, kind: str, T: int) -> None:
         """Drop the kept tables that read the figure of (kind, T)."""
-        for key in self._readers.get((kind, T), ()):
-            self._tables.pop(key, None)
+        stale = [key for key in self._tables if T in key[1] and kind in ("verify", key[0])]  # a handful of tables
+        for key in stale:
+            del self._tables[key]
 
 
 @dataclass
