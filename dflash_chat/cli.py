@@ -103,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 def _watch_ctrl_c():
     """(a list that gets an item when SIGINT arrives, which still raises KeyboardInterrupt as Python's own handler
     does; a function that puts the handler before it back). Left alone where SIGINT is not Python's to handle
-    (ignored, or set by whoever called main), or off the main thread."""
+    (ignored, or set by whoever called main), or off the main thread.
+
+    A Ctrl+C that lands while a module imports is raised once the import is over: thrown inside one, it can
+    pass through C++ that cannot carry it (torch.distributed's init: the process aborts, SIGABRT), or be caught
+    and lost by a library's `try: import x except: ...` (the command then runs on as if no key was pressed)."""
+    import os
     import signal
     import threading
 
@@ -111,13 +116,39 @@ def _watch_ctrl_c():
     before = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or before is not signal.default_int_handler:
         return seen, lambda: None
+    watching = [True]
+
+    def again():
+        if watching:
+            os.kill(os.getpid(), signal.SIGINT)
 
     def on_sigint(signum, frame):
         seen.append(True)
+        if _importing(frame):
+            timer = threading.Timer(IMPORT_RETRY_S, again)
+            timer.daemon = True
+            timer.start()
+            return
         raise KeyboardInterrupt
 
+    def restore():
+        watching.clear()
+        signal.signal(signal.SIGINT, before)
+
     signal.signal(signal.SIGINT, on_sigint)
-    return seen, lambda: signal.signal(signal.SIGINT, before)
+    return seen, restore
+
+
+IMPORT_RETRY_S = 0.02  # how soon a Ctrl+C held back by an import is tried again
+
+
+def _importing(frame) -> bool:
+    """Whether the code at `frame` runs inside an import (importlib's frames are below it)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib."):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _main(argv: list[str] | None) -> int:
