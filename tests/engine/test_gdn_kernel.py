@@ -27,10 +27,11 @@ def test_a_masked_commit_runs_only_the_kept_tokens(keep):
     close(masked, plain)
 
 
-@pytest.mark.parametrize("T", [4, 9, 16])
+@pytest.mark.parametrize("T", [2, 3, 4, 9, 16])
 def test_a_commit_from_the_verifys_kept_solve_equals_running_only_the_kept_tokens(T):
-    """On the CPU a speculative block's one-chunk solve is kept: its commit to any `keep` (0 leaves the
-    state) equals the token-by-token recurrence over the kept tokens, without a second solve."""
+    """On the CPU a speculative block's one-chunk solve is kept (a block of 2 or 3 tokens too, which mix would
+    otherwise run token by token): its commit to any `keep` (0 leaves the state) equals the token-by-token
+    recurrence over the kept tokens, without a second solve."""
     x, state = inputs(T, seed=T)
     solved: list = []
     gdn.mix(*x, state, HEADS, update=False, solved=solved)
@@ -45,7 +46,7 @@ def test_a_commit_from_the_verifys_kept_solve_equals_running_only_the_kept_token
 
 
 def test_only_a_speculative_one_chunk_solve_is_kept():
-    for T, update in ((3, False), (16, True), (70, False)):  # token by token, a state update, two chunks
+    for T, update in ((1, False), (3, True), (16, True), (70, False)):  # one token, state updates, two chunks
         x, state = inputs(T, seed=T)
         solved: list = []
         gdn.mix(*x, state, HEADS, update=update, solved=solved)
