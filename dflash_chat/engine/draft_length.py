@@ -13,7 +13,7 @@ from two things:
   way down to it (drafts that keep failing early say the later ones would fail too), so a position far
   past the last one tried drifts back to P;
 - the seconds of a step of each size, and of each method's draft for it, on this device and model (`Costs`):
-  measured at warm-up, then refreshed from the step timings.
+  measured at warm-up, then refreshed from the step timings, a few steps' at a time (spec.COST_EVERY).
 Expected tokens of a step verifying k drafts: 1 + sum_{j<=k} prod_{i<=j} a_i. A plain step teaches the
 estimate nothing, so while plain steps win a short draft is tried now and then, less often each time it
 does not pay.
@@ -210,8 +210,8 @@ class Costs:
 
     The drift scales every figure alike, so it changes no choice: auto weighs plans by the figures over it
     (`relative`), and a timing changes only the relative figures of its own kind and size. Those are kept
-    between timings and only the tables that hold the timed size are made again (auto reads them every step,
-    and each step times a verify and a draft)."""
+    between timings and only the tables that hold a timed size are made again (auto reads them every step,
+    and each step times a verify and a draft: the loop hands them over a few steps at a time, `observe_all`)."""
 
     verify: dict[int, float]
     draft: dict[str, dict[int, float]]  # method -> verify size T (> 1) -> seconds of its draft for it
@@ -282,9 +282,23 @@ class Costs:
 
     def observe(self, kind: str, T: int, seconds: float) -> None:
         """A timing of a verify (`kind` "verify") or of a method's draft (`kind` the method) for size T."""
+        self.observe_all([(kind, T, seconds)])
+
+    def observe_all(self, timings: list[tuple[str, int, float]]) -> None:
+        """Timings (kind, T, seconds) in the order they were taken, as `observe` takes each; the kept tables that
+        read their figures are dropped once, after the last."""
+        touched = set()
+        for kind, T, seconds in timings:
+            if self._count(kind, T, seconds):
+                touched.add((kind, T))
+        for kind, T in touched:
+            self._forget(kind, T)
+
+    def _count(self, kind: str, T: int, seconds: float) -> bool:
+        """Move the drift and (kind, T)'s own correction by one timing; False for a figure the warm-up lacks."""
         base = self._base(kind, T)
         if base <= 0:
-            return
+            return False
         own = self.own.get((kind, T), 1.0)
         expected = own * self.drift  # the timing's current figure over its warm-up one
         ratio = min(max(seconds / base, expected / OUTLIER), expected * OUTLIER)
@@ -293,7 +307,7 @@ class Costs:
             self.drift += COST_ALPHA * (ratio / own - self.drift)
         own = self.own[kind, T] = own + max(COST_ALPHA, 1 / (seen + WARM_WEIGHT)) * (ratio / self.drift - own)
         self._figures(kind)[T] = base * own
-        self._forget(kind, T)
+        return True
 
     def _forget(self, kind: str, T: int) -> None:
         """Drop the kept tables that read the figure of (kind, T)."""

@@ -71,6 +71,7 @@ COST_ROUNDS = 4  # timed warm-up rounds of every verify size (the first is not c
 # rounds after the second are left out once the measuring has taken this long: steps that slow (a large model on a
 # CPU) vary little from one timing to the next, and each round costs seconds
 COST_ENOUGH_S = 2.0
+COST_EVERY = 16  # timings (about 8 steps' verifies and drafts) the step costs take at once within an answer
 
 
 class Drafter(Protocol):
@@ -596,8 +597,10 @@ class Engine:
         lookup = self._lookup_tokens(last) if chooser.lookup else None
         learned: dict[str, list[int]] = {key: [0] * self.block_size for key in self._estimates()}
 
+        timings: list[tuple[str, int, float]] = []  # step timings the costs have yet to take (`_timed`)
+
         def finish(reason: str) -> Finished:
-            return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, learned)
+            return self._finish_decode(reason, stats, decode_t0, memory, params.greedy, learned, timings)
 
         steps, clock = self.steps, self.clock
         begun, busy = decode_t0, clock.busy  # a step's host time: its wall time less the model calls in it
@@ -638,7 +641,8 @@ class Engine:
             if plan.T > 1:
                 estimate(plan.estimate).observe(plan.drafts, out.accepted)
                 learned[plan.estimate][min(out.accepted, plan.drafts)] += 1
-            draft_s, verify_s = self._count(ended, stats)
+            draft_s, verify_s = self._count(ended, stats, timings)
+            self._timed(timings, COST_EVERY)
             drafted = min(plan.drafts, remaining - 1)
             step = Step(out.tokens, drafted, min(out.accepted, drafted), draft_s, verify_s, plan.method)
             stats.count(step)
@@ -731,19 +735,28 @@ class Engine:
         self.steps.verify(T, remaining, between)
         self.steps.commit(T)
 
-    def _count(self, ended, stats: GenerationStats) -> tuple[float, float]:
-        """(draft, verify) seconds of intervals that ended, added to the stats and to the step costs."""
+    def _count(self, ended, stats: GenerationStats, timings: list | None = None) -> tuple[float, float]:
+        """(draft, verify) seconds of intervals that ended, added to the stats, and their timings to `timings`
+        for the step costs (`_timed`)."""
         draft = verify = 0.0
         for interval, seconds in ended:
             if interval.kind == "verify":
                 verify += seconds
             else:
                 draft += seconds
-            if self.costs is not None:
-                self.costs.observe(interval.kind, interval.size, seconds)
+            if timings is not None:
+                timings.append((interval.kind, interval.size, seconds))
         stats.draft_s += draft
         stats.verify_s += verify
         return draft, verify
+
+    def _timed(self, timings: list, at_least: int = 1) -> None:
+        """The step costs take the timings gathered (once there are `at_least` of them): auto reads the tables
+        the costs make every step, and making them again after each step's two timings cost more host time than
+        the rest of the step's choosing (COST_EVERY)."""
+        if self.costs is not None and len(timings) >= at_least:
+            self.costs.observe_all(timings)
+            timings.clear()
 
     def _peak_memory(self) -> int:
         if self.device.type == "cuda":
@@ -762,13 +775,16 @@ class Engine:
         memory: DraftMemory,
         greedy: bool,
         learned: dict[str, list[int]],
+        timings: list[tuple[str, int, float]],
     ) -> Finished:
         """End after decoding: the queued work is waited for and counted (the last, unused draft is not); the
-        drafters hold the context of every committed token; each estimate's record learns the answer (how its
-        first drafts landed: `learned[estimate][k]` steps accepted exactly k drafts)."""
+        drafters hold the context of every committed token; the step costs take the answer's last timings; each
+        estimate's record learns the answer (how its first drafts landed: `learned[estimate][k]` steps accepted
+        exactly k drafts)."""
         self.steps.flush_context()
         self.clock.drop_last_draft()
-        self._count(self.clock.ended(wait=True), stats)
+        self._count(self.clock.ended(wait=True), stats, timings)
+        self._timed(timings)
         stats.decode_s = time.perf_counter() - decode_t0
         for key, histogram in learned.items():
             memory.learn(greedy, histogram, key)

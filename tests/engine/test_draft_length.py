@@ -97,6 +97,19 @@ def test_costs_follow_the_step_timings():
     assert costs.step(16) == pytest.approx(2.9, rel=0.02)
 
 
+def test_timings_taken_at_once_move_the_costs_as_taken_one_by_one():
+    """The loop hands the costs a few steps' timings at once (Costs.observe_all): the figures come out as they
+    would one timing at a time, and the tables auto reads are made again from them."""
+    timings = [("verify", 16, 2.6), ("dflash", 16, 0.3), ("verify", 1, 1.4), ("verify", 16, 2.2), ("dflash", 4, 0.2)]
+    one_by_one, at_once = (Costs({1: 1.0, 4: 1.2, 16: 2.0}, {"dflash": {4: 0.2, 16: 0.25}}) for _ in range(2))
+    before = at_once.relative((1, 4, 16))
+    for timing in timings:
+        one_by_one.observe(*timing)
+    at_once.observe_all(timings)
+    assert at_once.own == one_by_one.own and at_once.drift == one_by_one.drift and at_once.seen == one_by_one.seen
+    assert at_once.relative((1, 4, 16)) == one_by_one.relative((1, 4, 16)) != before
+
+
 def test_each_verify_size_has_its_own_draft_cost():
     """A draft for a short verify computes fewer rows (on the CPU the LM head's rows are much of its cost):
     a size's step counts its own draft."""

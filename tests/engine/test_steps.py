@@ -382,3 +382,27 @@ def test_the_cost_warm_up_takes_fewer_rounds_when_its_steps_are_slow(tiny_dirs, 
     assert engine.costs is not None and set(engine.costs.verify) == set(engine.sizes)
     assert timed.count(("verify", max(engine.sizes))) == rounds
     assert all(engine.costs.draft[m][T] > 0 for m, sizes in engine.method_sizes.items() for T in sizes)
+
+
+def test_an_answers_step_timings_all_reach_the_costs_a_few_steps_at_a_time(tiny_dirs, monkeypatch):
+    """auto's costs take the loop's timings in batches of spec.COST_EVERY (making its tables again after every
+    step cost more host time than choosing), and the rest when the answer ends: none is lost."""
+    from dflash_chat.engine import spec
+    from dflash_chat.engine.draft_length import Costs
+    from dflash_chat.engine.steps import clock
+
+    engine = _pair(tiny_dirs, "qwen3_5", draft="auto")
+    engine.warm_up()
+    batches: list[int] = []
+    ended: list[int] = []
+    observe_all, read = Costs.observe_all, clock.Clock.ended
+    monkeypatch.setattr(
+        Costs, "observe_all", lambda self, timings: (batches.append(len(timings)), observe_all(self, timings))
+    )
+    monkeypatch.setattr(
+        clock.Clock, "ended", lambda self, wait=False: ended.append(len(got := read(self, wait))) or got
+    )
+    _, finished, _ = run(engine, [3, 4, 5], SamplingParams(max_new_tokens=40))
+    assert sum(batches) == sum(ended) >= finished.stats.steps  # every interval timed: a verify a step, and drafts
+    assert len(batches) >= 2 and all(n >= spec.COST_EVERY for n in batches[:-1]) and 0 < batches[-1]
+    assert engine.costs is not None and sum(engine.costs.seen.values()) == sum(batches)
