@@ -17,6 +17,7 @@ PROMPTS = 4
 DEMO_PROMPTS = 8  # per class
 DEMO_REPEATS = 3  # runs of each answer, the median counts (bench/demo_pair.py)
 AGAINST_PROMPTS = 4  # code prompts of `--demo --against`
+DECISIONS_PROMPTS = 4  # prompts a class of `--demo --decisions` (the sampled leg answers each twice)
 AGAINST_PAIRS = 3  # runs of each tree, in turn
 TOOLS_PROMPTS = 48  # per class of `--tools`: every held-out chat with a call (16 without, 12 prose questions)
 SYNTHETIC_MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b", "qwen3.8-27b")  # bench/synthetic_models.py holds their shapes
@@ -54,6 +55,16 @@ def register(subparsers) -> None:
         "the share valid for the schema with and without the constraint, the share cut inside a value, τ and "
         "speedup, and the constraint's cost; the mask's cost per token on Qwen3's 151k vocabulary and each "
         "schema's compile time (greedy answers must be the same under every method, else the exit status is 1)",
+    )
+    p.add_argument(
+        "--decisions",
+        nargs="?",
+        const="",
+        metavar="COSTS",
+        help="with --demo: auto's choices scored without timing noise (its step costs frozen, every draft and verify "
+        "it ran priced from one table): per class and temperature, plain decoding's price for the same tokens over "
+        "auto's; COSTS, a table an earlier run printed (its `costs`), prices two trees alike (default: measured at "
+        "warm-up); --prompts a class (default 4), the sampled leg two seeds a prompt",
     )
     p.add_argument(
         "--against",
@@ -236,6 +247,21 @@ def _demo(args) -> int:
     return 0 if figures["identical"] else 1
 
 
+def _decisions(args) -> int:
+    """auto's choices on the demo pair, priced from one table (dflash_chat/bench/decisions.py)."""
+    from dflash_chat.bench import decisions, demo_pair
+
+    figures = decisions.run(
+        prompts=args.prompts,
+        max_new_tokens=args.tokens,
+        legs=demo_pair.sampling_legs(args.temperature, args.top_p, args.top_k),
+        costs_file=Path(args.decisions) if args.decisions else None,
+        device=args.device or "cpu",
+    )
+    print(json.dumps(figures) if args.json else decisions.format_report(figures))
+    return 0
+
+
 def _against(args) -> int:
     """This tree's per-step times against an earlier commit's (dflash_chat/bench/step_guard.py)."""
     from dflash_chat.bench import step_guard
@@ -334,6 +360,13 @@ def _check(args) -> None:
         raise UserError(f"{', '.join(synthetic_only)} go with --synthetic MODEL")
     if args.image and (args.http or not (args.synthetic or args.demo)):
         raise UserError("--image goes with --synthetic MODEL (the vision tower's cost) or --demo (its image class)")
+    if args.decisions is not None and (not args.demo or args.against or args.http or args.load or args.repeats):
+        raise UserError(
+            "--decisions scores auto's choices on the demo pair without timing them: use it with --demo, and "
+            "leave out --against, --http, --load and --repeats"
+        )
+    if args.decisions is not None and args.image:
+        raise UserError("--decisions scores the text classes: leave out --image")
     if args.against and (not args.demo or args.tools or args.structured or args.http or args.target or args.synthetic):
         raise UserError("--against REV compares the demo pair's steps with commit REV's: use it with --demo alone")
     if args.against and (args.temperature is not None or args.top_p is not None or args.top_k is not None):
@@ -389,6 +422,8 @@ def main(args: argparse.Namespace) -> int:
         args.prompts = (
             AGAINST_PROMPTS
             if args.against
+            else DECISIONS_PROMPTS
+            if args.decisions is not None
             else TOOLS_PROMPTS
             if args.tools
             else DEMO_PROMPTS
@@ -408,6 +443,8 @@ def main(args: argparse.Namespace) -> int:
             return _structured(args)
         if args.against:
             return _against(args)
+        if args.decisions is not None:
+            return _decisions(args)
         if args.demo:
             return _demo(args)
     if args.synthetic:
