@@ -6,8 +6,8 @@ the demo classes (the app's drafter, its MTP layer and prompt lookup; speculate 
 frozen at one table, and every draft and verify it ran (a queued draft it did not use included) is priced from
 that table. An answer's figure is plain decoding's price for the same tokens (one plain step a token after the
 first) over auto's: what auto's choices alone are worth at those costs, the same every run for greedy answers.
-`--decisions FILE` prices from a table an earlier run printed (its `costs`), so two trees, or two versions of
-the chooser, are scored on the same prices; without FILE the run measures the table at warm-up, as the app does.
+`--decisions FILE` prices from a table an earlier run printed (its JSON, or its `costs` alone), so two trees,
+or two versions of the chooser, are scored on the same prices; without FILE the run measures the table at warm-up, as the app does.
 Records of earlier answers carry over from answer to answer, as in `bench --demo`; each answer is a new
 conversation. The sampled leg answers each prompt with `seeds` seeds.
 """
@@ -52,9 +52,11 @@ def table(costs: Costs) -> dict:
 
 
 def read_table(path: Path, sizes: dict[str, list[int]], verify_sizes: list[int]) -> FrozenCosts:
-    """The table in `path` (a run's `costs`), with a figure for every size and method the engine weighs."""
+    """The table in `path` (a run's JSON or its `costs`), with a figure for every size and method the engine
+    weighs."""
     try:
         raw = json.loads(path.read_text())
+        raw = raw.get("costs", raw)  # a whole run's JSON, or its table alone
         verify = {int(T): float(s) for T, s in raw["verify"].items()}
         draft = {m: {int(T): float(s) for T, s in d.items()} for m, d in raw["draft"].items()}
     except OSError as exc:

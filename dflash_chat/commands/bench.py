@@ -63,7 +63,7 @@ def register(subparsers) -> None:
         metavar="COSTS",
         help="with --demo: auto's choices scored without timing noise (its step costs frozen, every draft and verify "
         "it ran priced from one table): per class and temperature, plain decoding's price for the same tokens over "
-        "auto's; COSTS, a table an earlier run printed (its `costs`), prices two trees alike (default: measured at "
+        "auto's; COSTS, an earlier run's JSON (or its `costs`), prices two trees alike (default: measured at "
         "warm-up); --prompts a class (default 4), the sampled leg two seeds a prompt",
     )
     p.add_argument(

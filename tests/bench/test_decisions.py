@@ -34,6 +34,9 @@ def test_the_same_table_gives_the_same_greedy_figures_and_every_class_is_scored(
     table = tmp_path / "costs.json"
     table.write_text(json.dumps(first["costs"]))
     again = _run(capsys, str(table))
+    whole = tmp_path / "run.json"  # a whole run's JSON prices alike
+    whole.write_text(json.dumps(first))
+    assert _run(capsys, str(whole))["temperatures"]["0"] == again["temperatures"]["0"]
     assert again["costs"] == first["costs"] and again["setup"]["costs_from"] == str(table)
     for run in (first, again):
         assert len(run["temperatures"]) == 2
