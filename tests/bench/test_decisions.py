@@ -58,13 +58,13 @@ def test_where_drafts_are_free_and_a_verify_costs_a_plain_step_no_answer_is_dear
 
 def test_where_every_draft_costs_many_plain_steps_auto_decodes_plainly(capsys, tmp_path):
     """The frozen table is what auto chooses by: drafts priced at fifty plain steps leave it plain but for its
-    tries, and those make it dearer than plain decoding."""
+    tries, and no step of its can cost less than plain decoding's for the tokens it lands."""
     table = tmp_path / "costs.json"
     table.write_text(json.dumps(_table(1.0, 50.0)))
     for leg in _run(capsys, str(table))["temperatures"].values():
         for c in leg["classes"].values():
             drafted = sum(n for method, n in c["steps"].items() if method != "plain")
-            assert c["steps"]["plain"] > 2 * drafted and c["plain_over_auto"] < 1.0, c
+            assert c["steps"]["plain"] > 2 * drafted and c["plain_over_auto"] <= 1.0, c
 
 
 @pytest.mark.parametrize(
