@@ -108,6 +108,7 @@ def _watch_ctrl_c():
     A Ctrl+C that lands while a module imports is raised once the import is over: thrown inside one, it can
     pass through C++ that cannot carry it (torch.distributed's init: the process aborts, SIGABRT), or be caught
     and lost by a library's `try: import x except: ...` (the command then runs on as if no key was pressed)."""
+    import _thread
     import os
     import signal
     import threading
@@ -119,7 +120,11 @@ def _watch_ctrl_c():
     watching = [True]
 
     def again():
-        if watching:
+        if not watching:
+            return
+        if os.name == "nt":  # os.kill would end the process there
+            _thread.interrupt_main(signal.SIGINT)
+        else:  # a real signal, which also ends a sleep or a read the main thread is blocked in
             os.kill(os.getpid(), signal.SIGINT)
 
     def on_sigint(signum, frame):
