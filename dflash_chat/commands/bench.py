@@ -64,7 +64,12 @@ def register(subparsers) -> None:
         help="with --demo: auto's choices scored without timing noise (its step costs frozen, every draft and verify "
         "it ran priced from one table): per class and temperature, plain decoding's price for the same tokens over "
         "auto's; COSTS, an earlier run's JSON (or its `costs`), prices two trees alike (default: measured at "
-        "warm-up); --prompts a class (default 4), the sampled leg two seeds a prompt",
+        "warm-up); --prompts a class (default 4), the sampled leg --seeds a prompt",
+    )
+    p.add_argument(
+        "--seeds",
+        type=ranged(int, 1, 64),
+        help="--decisions: sampled answers per prompt (default 2; comparing two choosers' sampled figures takes more)",
     )
     p.add_argument(
         "--against",
@@ -257,6 +262,7 @@ def _decisions(args) -> int:
         legs=demo_pair.sampling_legs(args.temperature, args.top_p, args.top_k),
         costs_file=Path(args.decisions) if args.decisions else None,
         device=args.device or "cpu",
+        seeds=args.seeds or decisions.SEEDS,
     )
     print(json.dumps(figures) if args.json else decisions.format_report(figures))
     return 0
@@ -365,6 +371,8 @@ def _check(args) -> None:
             "--decisions scores auto's choices on the demo pair without timing them: use it with --demo, and "
             "leave out --against, --http, --load and --repeats"
         )
+    if args.seeds and args.decisions is None:
+        raise UserError("--seeds goes with --demo --decisions (its sampled answers per prompt)")
     if args.decisions is not None and args.image:
         raise UserError("--decisions scores the text classes: leave out --image")
     if args.against and (not args.demo or args.tools or args.structured or args.http or args.target or args.synthetic):

@@ -84,7 +84,24 @@ def test_a_cost_table_that_cannot_be_used_is_one_line(capsys, tmp_path, content,
     assert err.count("\n") == 1 and said in err and "Traceback" not in err, err
 
 
-def test_decisions_goes_with_the_demo_alone(capsys):
-    assert main(["bench", "--decisions", "--device", "cpu"]) == 2
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["bench", "--decisions", "--device", "cpu"], "use it with --demo"),
+        (["bench", "--demo", "--seeds", "3", "--device", "cpu"], "--seeds goes with --demo --decisions"),
+    ],
+)
+def test_decisions_and_its_seeds_go_with_the_demo_alone(capsys, argv, said):
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "use it with --demo" in err
+    assert err.count("\n") == 1 and said in err
+
+
+def test_the_sampled_leg_answers_each_prompt_once_a_seed(capsys, tmp_path):
+    table = tmp_path / "costs.json"
+    table.write_text(json.dumps(_table(1.0, 0.1)))
+    run = _run(capsys, str(table), "--seeds", "3")
+    assert run["setup"]["seeds"] == 3
+    greedy, sampled = run["temperatures"].values()
+    assert all(c["answers"] == 1 for c in greedy["classes"].values())
+    assert all(c["answers"] == 3 for c in sampled["classes"].values())
