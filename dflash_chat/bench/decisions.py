@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_chat.bench.demo_pair import Sampling, prompt_classes
+from dflash_chat.bench.demo_pair import Sampling, engine_beside, prompt_classes
 from dflash_chat.engine.draft_length import HELD, Costs, DraftMemory, Records
 from dflash_chat.engine.events import Finished
 from dflash_chat.engine.steps import Clock
@@ -79,27 +79,19 @@ def run(
 ) -> dict:
     import torch
 
-    from dflash_chat.engine.load import load_drafter, load_mtp, load_pair
-    from dflash_chat.engine.spec import Engine
+    from dflash_chat.engine.load import load_drafter, load_pair
     from dflash_chat.models.demo import chosen_kind, demo_drafters, demo_paths
 
     target_dir, _ = demo_paths()
     plain = load_pair(target_dir, None, device=device, dtype=torch.float32, draft="off", speculate="none", vision=False)
-    target = plain.engine.target
     kind = chosen_kind()
-    engine = Engine(
-        target,
-        load_drafter(demo_drafters()[kind], target),
-        mtp=load_mtp(target_dir, target),
-        max_context=plain.engine.max_context,
-        end_ids=plain.engine.end_ids,
-    )
+    engine = engine_beside(plain.engine, target_dir, load_drafter(demo_drafters()[kind], plain.engine.target))
     if costs_file is not None:
         engine.costs = read_table(costs_file, engine.method_sizes, engine.sizes)
     else:
         engine.warm_up()
         assert engine.costs is not None, "auto weighs plans: its warm-up measures the costs"
-        engine.costs = FrozenCosts(dict(engine.costs.verify), {m: dict(d) for m, d in engine.costs.draft.items()})
+        engine.costs = FrozenCosts(**table(engine.costs))
     costs = engine.costs
     clock = engine.clock = PricedClock(engine.device)
     classes = prompt_classes(plain.tokenizer, prompts)

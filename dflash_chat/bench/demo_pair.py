@@ -232,7 +232,7 @@ def run(
     `image_sizes`: (width, height) the image class's pictures are drawn at, in turn."""
     import torch
 
-    from dflash_chat.engine.load import load_drafter, load_mtp, load_pair
+    from dflash_chat.engine.load import load_drafter, load_pair
     from dflash_chat.engine.spec import Engine
     from dflash_chat.models.demo import chosen_kind, demo_drafters, demo_paths, demo_vision
     from dflash_chat.runtime.images import Vision
@@ -248,21 +248,11 @@ def run(
         speculate="none",
         vision=demo_vision() or False,
     )  # float32: greedy bit-comparable
-    target, context = plain.engine.target, plain.engine.max_context
+    target = plain.engine.target
     tower, image_token = plain.engine.vision, plain.engine.image_token_id
 
     def make_engine(drafter=None, **settings) -> Engine:
-        # each engine its own drafter and MTP layer: they hold their own caches
-        return Engine(
-            target,
-            drafter,
-            mtp=load_mtp(target_dir, target),
-            max_context=context,
-            end_ids=plain.engine.end_ids,
-            vision=tower,
-            image_token_id=image_token,
-            **settings,
-        )
+        return engine_beside(plain.engine, target_dir, drafter, **settings)
 
     drafters = demo_drafters()
     engines = {
@@ -333,6 +323,24 @@ def run(
         "faster": faster_drafter(figures),
         "goals": goals(figures, chosen_kind()),
     }
+
+
+def engine_beside(plain, target_dir, drafter=None, **settings):
+    """An Engine over `plain`'s loaded target (its context, end ids and vision tower) with its own MTP layer and
+    `drafter`: each engine holds its own drafting caches."""
+    from dflash_chat.engine.load import load_mtp
+    from dflash_chat.engine.spec import Engine
+
+    return Engine(
+        plain.target,
+        drafter,
+        mtp=load_mtp(target_dir, plain.target),
+        max_context=plain.max_context,
+        end_ids=plain.end_ids,
+        vision=plain.vision,
+        image_token_id=plain.image_token_id,
+        **settings,
+    )
 
 
 def faster_drafter(figures: dict) -> dict:

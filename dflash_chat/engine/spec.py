@@ -735,7 +735,7 @@ class Engine:
         self.steps.verify(T, remaining, between)
         self.steps.commit(T)
 
-    def _count(self, ended, stats: GenerationStats, timings: list | None = None) -> tuple[float, float]:
+    def _count(self, ended, stats: GenerationStats, timings: list) -> tuple[float, float]:
         """(draft, verify) seconds of intervals that ended, added to the stats, and their timings to `timings`
         for the step costs (`_timed`)."""
         draft = verify = 0.0
@@ -744,8 +744,7 @@ class Engine:
                 verify += seconds
             else:
                 draft += seconds
-            if timings is not None:
-                timings.append((interval.kind, interval.size, seconds))
+            timings.append((interval.kind, interval.size, seconds))
         stats.draft_s += draft
         stats.verify_s += verify
         return draft, verify
